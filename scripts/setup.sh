@@ -4,6 +4,18 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+# System tools the tests use for real (not mocks): bubblewrap isolates agent-written code,
+# Prometheus checks the metrics, rules and dashboards' queries, Chromium screenshots the report.
+# Installed where we are root (as in CI); elsewhere the tests that need them say how to install.
+need=()
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+if [ "${#need[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "[setup] apt-get install ${need[*]}"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"; } >/tmp/agentrl-apt.log 2>&1 \
+    || echo "[setup] apt-get failed (see /tmp/agentrl-apt.log); the tests that need ${need[*]} will say so"
+fi
 py="${PYTHON:-python3.11}"
 command -v "$py" >/dev/null 2>&1 || py=python3
 if [ ! -x .venv/bin/python ]; then

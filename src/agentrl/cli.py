@@ -43,6 +43,12 @@ PLUGINS = (
     "agentrl.llm.cli",
     "agentrl.offpolicy.cli",
     "agentrl.demo.cli",
+    "agentrl.training.cli",
+    "agentrl.warehouse.cli",
+    "agentrl.deploy.cli",
+    "agentrl.observability.cli",
+    "agentrl.integrations.agent_zero.cli",
+    "agentrl.loop_cli",
 )
 
 

@@ -30,6 +30,18 @@ class Settings(BaseSettings):
     stream_replicas: int = 1
     log_json: bool = False
     log_level: str = "INFO"
+    api_host: str = Field(
+        "127.0.0.1", description="Control API bind address (loopback by default)."
+    )
+    api_port: int = Field(
+        8600, description="Control API port (/training, /models, /feedback, /stats, /metrics)."
+    )
+    api_tokens: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description='Bearer tokens and their scopes, JSON: {"token": ["training:write", "*"]}. Empty: open API.',
+    )
+    gateway_host: str = Field("127.0.0.1", description="OpenAI-compatible gateway bind address.")
+    gateway_port: int = Field(8700, description="OpenAI-compatible gateway port (/v1).")
 
 
 @lru_cache(maxsize=1)

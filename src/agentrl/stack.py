@@ -23,7 +23,13 @@ from agentrl.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
-SERVICES: tuple[tuple[str, str], ...] = (("reward service", "agentrl.rewards.service:serve"),)
+SERVICES: tuple[tuple[str, str], ...] = (
+    ("reward service", "agentrl.rewards.service:serve"),
+    ("warehouse ingester", "agentrl.warehouse.service:serve"),
+    ("training service", "agentrl.training.service:serve"),
+    ("deployment controller", "agentrl.deploy.service:serve"),
+    ("control API", "agentrl.api:serve"),
+)
 
 Serve = Callable[[Bus, asyncio.Event, Settings], Coroutine[Any, Any, None]]
 

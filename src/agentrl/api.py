@@ -1,0 +1,82 @@
+"""The control API (FastAPI): one app assembled from each package's router.
+
+Routers live in their packages (`agentrl.training.api`, `agentrl.warehouse.api`,
+`agentrl.deploy.api`, `agentrl.observability.api`), each exposing `router: APIRouter`;
+this module only mounts those that are installed, like `cli.py` does for commands. A router
+reaches the shared bus and settings through `request.app.state` (see `get_bus`,
+`get_settings_dep`), never by importing another service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+
+from agentrl.settings import Settings
+
+log = logging.getLogger(__name__)
+
+ROUTERS: tuple[str, ...] = (
+    "agentrl.training.api",
+    "agentrl.warehouse.api",
+    "agentrl.deploy.api",
+    "agentrl.observability.api",
+)
+
+
+def create_app(settings: Settings, bus: Any = None) -> FastAPI:
+    """The control API over `bus` (an `agentrl.bus.Bus`, or None for routes that need none)."""
+    app = FastAPI(
+        title="agentrl control API",
+        description="Training jobs, models, feedback, warehouse statistics and metrics.",
+        version="1",
+    )
+    app.state.bus = bus
+    app.state.settings = settings
+    for name in ROUTERS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue
+            raise
+        app.include_router(module.router)
+    return app
+
+
+def get_bus(request: Request) -> Any:
+    """FastAPI dependency: the bus the app was created with."""
+    return request.app.state.bus
+
+
+def get_settings_dep(request: Request) -> Settings:
+    """FastAPI dependency: the settings the app was created with."""
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:
+    """Serve the control API on `settings.api_host:settings.api_port` until `stop` is set."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        create_app(settings, bus),
+        host=settings.api_host,
+        port=settings.api_port,
+        log_level="warning",
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    log.info("control API on http://%s:%s", settings.api_host, settings.api_port)
+    waiter = asyncio.create_task(stop.wait())
+    await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+    server.should_exit = True
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(task, 10)
+    waiter.cancel()
