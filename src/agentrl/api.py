@@ -42,10 +42,20 @@ def create_app(settings: Settings, bus: Any = None) -> FastAPI:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
-            if exc.name == name:
+            if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
                 continue
             raise
         app.include_router(module.router)
+
+    @app.get("/health", tags=["stack"], summary="Every supervised service's state")
+    async def health() -> dict[str, Any]:
+        from agentrl.stack import running_stack
+
+        stack = running_stack(app.state.bus)
+        services = stack.health_report() if stack else {}
+        ok = all(s["healthy"] for s in services.values())
+        return {"ok": ok, "services": services}
+
     return app
 
 

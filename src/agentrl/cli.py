@@ -57,7 +57,7 @@ def _register_plugins() -> None:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
-            if exc.name == name:
+            if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
                 continue
             raise
         module.register(app, bench_app)

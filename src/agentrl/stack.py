@@ -1,7 +1,9 @@
-"""The embedded stack behind `agentrl up`: nats-server, streams, and the services.
+"""The embedded stack behind `agentrl up`: nats-server, streams, and the services, supervised.
 
 A service is `async def serve(bus, stop, settings) -> None` that runs until `stop` is set;
-SERVICES names them by import path so this module needs none of them to import.
+SERVICES names them by import path so this module needs none of them to import. Each runs
+under a supervisor that restarts it with exponential backoff when it dies and keeps its health
+(state, restarts, last error) where the status panel and `GET /health` can read it.
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ import contextlib
 import importlib
 import logging
 import signal
-from collections.abc import Callable, Coroutine
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +38,15 @@ SERVICES: tuple[tuple[str, str], ...] = (
 
 Serve = Callable[[Bus, asyncio.Event, Settings], Coroutine[Any, Any, None]]
 
+BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 
-def load_services() -> list[tuple[str, Serve]]:
+
+def load_services(only: set[str] | None = None) -> list[tuple[str, Serve]]:
+    """The installed services (a package missing from a partial install is skipped)."""
     found: list[tuple[str, Serve]] = []
     for label, path in SERVICES:
+        if only is not None and label not in only:
+            continue
         module_name, attr = path.split(":")
         try:
             module = importlib.import_module(module_name)
@@ -48,28 +58,164 @@ def load_services() -> list[tuple[str, Serve]]:
     return found
 
 
-async def serve_all(url: str, settings: Settings, services: bool, console: Console) -> None:
-    bus = await Bus.connect(url, settings=settings, name="agentrl-up")
+@dataclass
+class ServiceHealth:
+    """What the supervisor knows of one service; `state` is starting, running, restarting,
+    failed (gave up) or stopped."""
+
+    name: str
+    state: str = "starting"
+    restarts: int = 0
+    last_error: str | None = None
+    since: float = field(default_factory=time.time)
+
+    @property
+    def healthy(self) -> bool:
+        return self.state == "running"
+
+
+async def supervise(
+    name: str,
+    serve: Serve,
+    bus: Bus,
+    stop: asyncio.Event,
+    settings: Settings,
+    health: ServiceHealth,
+    backoff: tuple[float, ...] = BACKOFF_S,
+    max_restarts: int | None = None,
+) -> None:
+    """Run `serve` until `stop`; when it raises (or returns early) restart it after a backoff
+    that grows per consecutive failure and resets once it has run for a minute."""
+    failures = 0
+    while not stop.is_set():
+        health.state, health.since = "running", time.time()
+        started = time.monotonic()
+        try:
+            await serve(bus, stop, settings)
+            if stop.is_set():
+                break
+            health.last_error = "returned before the stack stopped"
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            health.last_error = f"{type(exc).__name__}: {exc}"
+            log.exception("%s died; restarting", name, extra={"service": name})
+        if time.monotonic() - started > 60:
+            failures = 0
+        failures += 1
+        health.restarts += 1
+        if max_restarts is not None and health.restarts > max_restarts:
+            health.state = "failed"
+            return
+        health.state, health.since = "restarting", time.time()
+        delay = backoff[min(failures - 1, len(backoff) - 1)]
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+    health.state, health.since = "stopped", time.time()
+
+
+@dataclass
+class RunningStack:
+    """A started stack: the bus, the stop event, every service's health and the URLs served."""
+
+    bus: Bus
+    stop: asyncio.Event
+    settings: Settings
+    nats_url: str
+    health: dict[str, ServiceHealth]
+    tasks: list[asyncio.Task[None]]
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.settings.api_host}:{self.settings.api_port}"
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://{self.settings.gateway_host}:{self.settings.gateway_port}/v1"
+
+    def urls(self) -> dict[str, str]:
+        return {
+            "nats": self.nats_url,
+            "control API": self.api_url,
+            "OpenAPI": f"{self.api_url}/docs",
+            "gateway (OpenAI /v1)": self.gateway_url,
+            "metrics": f"{self.api_url}/metrics",
+            "health": f"{self.api_url}/health",
+        }
+
+    def health_report(self) -> dict[str, Any]:
+        return {name: asdict(h) | {"healthy": h.healthy} for name, h in self.health.items()}
+
+
+@contextlib.asynccontextmanager
+async def stack_services(
+    nats_url: str,
+    settings: Settings,
+    only: set[str] | None = None,
+    max_restarts: int | None = None,
+) -> AsyncIterator[RunningStack]:
+    """Connect to `nats_url`, create the streams and run the services under supervision until
+    the block exits (then stop them and wait up to 15 s)."""
+    bus = await Bus.connect(nats_url, settings=settings, name="agentrl-up")
     await bus.ensure_streams()
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    tasks: list[asyncio.Task[Any]] = []
-    if services:
-        for label, serve in load_services():
-            console.print(f"[green]started[/] {label}")
-            tasks.append(asyncio.create_task(serve(bus, stop, settings), name=label))
-    console.print("[bold]agentrl is up.[/] Ctrl-C stops it.")
-    waiter = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
-    stop.set()
-    for task in tasks:
-        if task in done and task.exception():
-            console.print(f"[red]{task.get_name()} stopped:[/] {task.exception()}")
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 15)
-    await bus.close()
+    health: dict[str, ServiceHealth] = {}
+    tasks: list[asyncio.Task[None]] = []
+    stack = RunningStack(bus, stop, settings, nats_url, health, tasks)
+    for label, serve in load_services(only):
+        health[label] = ServiceHealth(label)
+        tasks.append(
+            asyncio.create_task(
+                supervise(
+                    label, serve, bus, stop, settings, health[label], max_restarts=max_restarts
+                ),
+                name=label,
+            )
+        )
+    _RUNNING[bus] = stack
+    try:
+        yield stack
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 15)
+        for task in tasks:
+            task.cancel()
+        _RUNNING.pop(bus, None)
+        await bus.close()
+
+
+# The control API's `/health` finds the stack that runs it through the bus it was given.
+_RUNNING: weakref.WeakKeyDictionary[Bus, RunningStack] = weakref.WeakKeyDictionary()
+
+
+def running_stack(bus: Any) -> RunningStack | None:
+    """The stack that owns `bus`, if it was started by `stack_services` in this process."""
+    try:
+        return _RUNNING.get(bus)
+    except TypeError:
+        return None
+
+
+async def serve_all(url: str, settings: Settings, services: bool, console: Console) -> None:
+    from agentrl.status_panel import run_panel
+
+    only: set[str] | None = None if services else set()
+    async with stack_services(url, settings, only=only) as stack:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stack.stop.set)
+        for name in stack.health:
+            console.print(f"[green]started[/] {name}")
+        for what, where in stack.urls().items():
+            console.print(f"  {what:<22} {where}")
+        console.print("[bold]agentrl is up.[/] Ctrl-C stops it.")
+        await run_panel(stack, console)
+        failed = [h for h in stack.health.values() if h.last_error]
+        for h in failed:
+            console.print(
+                f"[yellow]{h.name}[/]: {h.restarts} restart(s), last error: {h.last_error}"
+            )
     console.print("stopped cleanly")
 
 
