@@ -33,6 +33,9 @@ STREAMS: tuple[StreamSpec, ...] = (
     StreamSpec("RL_MODELS", ("agent.rl.model.>",), 90 * DAY, 10_000, 256 * 1024**2),
     StreamSpec("RL_FEEDBACK", ("agent.rl.feedback.v1",), 30 * DAY, 1_000_000, 1 * GiB),
     StreamSpec("RL_OFFPOLICY", ("agent.rl.offpolicy.>",), 7 * DAY, 100_000, 512 * 1024**2),
+    # The gateway's completion log (token ids + log-probs per completion id), as long as
+    # the trajectories that point at it.
+    StreamSpec("RL_COMPLETIONS", ("agent.rl.completion.v1",), 30 * DAY, 1_000_000, 4 * GiB),
     StreamSpec("RL_DLQ", (f"{DLQ_PREFIX}.>",), 30 * DAY, 100_000, 1 * GiB),
 )
 
