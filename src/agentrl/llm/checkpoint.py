@@ -10,6 +10,12 @@ A checkpoint is written to a local temp folder, uploaded, and `manifest.json` (s
 every file) goes up last: a folder without a valid manifest is incomplete and ignored, so
 a crash or a failed upload never hides or corrupts an earlier checkpoint. Rotation deletes
 the oldest step folders only after the new one is complete.
+
+Loading never runs code from a checkpoint: the manifest is checked first (every path stays
+inside the folder, no file is missing, extra or changed), weights are safetensors, and the
+trainer state goes through `torch.load(weights_only=True)` (tensors and plain containers
+only, no pickled objects). `load_checkpoint_policy` is the safe way to load a checkpoint
+folder someone else wrote (the deployer, the gateway).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 STATE_FILE = "trainer_state.pt"
 STEP_PREFIX = "step-"
+PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt"}
 
 
 def sha256_file(path: Path) -> str:
@@ -232,8 +239,11 @@ class CheckpointManager:
             raise TrainingError(f"no complete checkpoint at {self.url(name)}", "DATA")
         target = into / name
         target.mkdir(parents=True, exist_ok=True)
+        islink = getattr(self.fs, "islink", None)
         for remote in self.fs.find(src):
             rel = remote[len(src) :].lstrip("/")
+            if islink is not None and islink(remote):  # a link could copy in any host file
+                raise TrainingError(f"symlink {rel!r} in checkpoint {self.url(name)}", "DATA")
             dest = target / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             self.fs.get_file(remote, str(dest))
@@ -247,32 +257,101 @@ class CheckpointManager:
             return None
         with tempfile.TemporaryDirectory(prefix="agentrl-resume-") as tmp:
             local = self.download(name, Path(tmp))
-            if not verify_local(local):
-                raise TrainingError(
-                    f"checkpoint {self.url(name)} fails its sha256 manifest", "DATA"
-                )
-            load_weights(trainer.policy, local)
-            state = torch.load(local / STATE_FILE, map_location="cpu", weights_only=False)
-            trainer.load_trainer_state(state)
+            try:
+                check_manifest(local)
+            except TrainingError as exc:
+                raise TrainingError(f"checkpoint {self.url(name)}: {exc}", "DATA") from exc
+            load_weights(trainer.policy, local, verified=True)
+            trainer.load_trainer_state(load_trainer_state_file(local / STATE_FILE))
         return name
 
 
-def verify_local(folder: Path) -> bool:
+def check_manifest(folder: Path) -> dict[str, str]:
+    """Raise `TrainingError` ("DATA") unless `manifest.json` lists exactly the folder's files,
+    each inside the folder and with the right sha256. Returns the manifest's file table."""
+    root = folder.resolve()
     manifest_path = folder / MANIFEST
-    if not manifest_path.exists():
+    if not manifest_path.is_file():
+        raise TrainingError(f"no {MANIFEST} in {folder}: incomplete checkpoint", "DATA")
+    try:
+        files = json.loads(manifest_path.read_text())["files"]
+        if not isinstance(files, dict):
+            raise TypeError("'files' is not an object")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TrainingError(f"unreadable {MANIFEST} in {folder}: {exc}", "DATA") from exc
+    listed: set[Path] = set()
+    for rel, digest in files.items():
+        p = _inside(root, rel)
+        if not p.is_file():
+            raise TrainingError(f"{rel!r} is listed in the manifest but missing", "DATA")
+        if sha256_file(p) != digest:
+            raise TrainingError(f"{rel!r} does not match its sha256 in the manifest", "DATA")
+        listed.add(p)
+    for p in folder.rglob("*"):
+        if p.is_symlink() or p.is_file():
+            real = _inside(root, str(p.relative_to(folder)))
+            if real != manifest_path.resolve() and real not in listed:
+                raise TrainingError(f"{p.relative_to(folder)} is not in the manifest", "DATA")
+    return {str(k): str(v) for k, v in files.items()}
+
+
+def _inside(root: Path, rel: str) -> Path:
+    """`root/rel` with symlinks resolved; raises if it is absolute or leaves `root`."""
+    if not isinstance(rel, str) or not rel or Path(rel).is_absolute() or "\x00" in rel:
+        raise TrainingError(f"manifest path {rel!r} is not a relative path", "DATA")
+    p = (root / rel).resolve()
+    if not p.is_relative_to(root):
+        raise TrainingError(f"manifest path {rel!r} leaves the checkpoint folder", "DATA")
+    return p
+
+
+def verify_local(folder: Path) -> bool:
+    """True if `check_manifest` passes (the reason it failed is logged)."""
+    try:
+        check_manifest(folder)
+    except TrainingError as exc:
+        log.warning("checkpoint %s fails verification: %s", folder, exc)
         return False
-    manifest = json.loads(manifest_path.read_text())
-    for rel, digest in manifest["files"].items():
-        p = folder / rel
-        if not p.exists() or sha256_file(p) != digest:
-            return False
     return True
 
 
-def load_weights(policy: Any, folder: Path) -> None:
-    """Load saved adapters (LoRA) or full weights from `folder` into `policy.model`."""
+def load_trainer_state_file(path: Path) -> dict[str, Any]:
+    """Optimiser, schedule, counters and RNG: tensors and plain containers only."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # UnpicklingError for anything but tensors and containers
+        raise TrainingError(
+            f"unsafe or unreadable trainer state {path.name}: {exc}", "DATA"
+        ) from exc
+    if not isinstance(state, dict):
+        raise TrainingError(f"trainer state {path.name} is not a dict", "DATA")
+    return state
+
+
+def load_checkpoint_policy(folder: Path | str, **kwargs: Any) -> Any:
+    """Verify a local checkpoint folder against its manifest, then load it as a policy
+    (`agentrl.llm.loading.load_policy`: safetensors only). Raises `TrainingError`."""
+    from agentrl.llm.loading import load_policy
+
+    path = Path(folder)
+    check_manifest(path)
+    pickles = [
+        p.name for p in path.rglob("*") if p.suffix in PICKLE_SUFFIXES and p.name != STATE_FILE
+    ]
+    if pickles:
+        raise TrainingError(f"pickle files in checkpoint {folder}: {pickles[:3]}", "DATA")
+    if not any(path.glob("*.safetensors")):
+        raise TrainingError(f"no safetensors weights in {folder}", "DATA")
+    return load_policy(str(folder), **kwargs)
+
+
+def load_weights(policy: Any, folder: Path, verified: bool = False) -> None:
+    """Load saved adapters (LoRA) or full weights from `folder` into `policy.model`, after
+    checking the manifest (unless the caller just did: `verified=True`)."""
     from safetensors.torch import load_file
 
+    if not verified:
+        check_manifest(folder)
     if policy.is_lora:
         from peft import set_peft_model_state_dict
 
