@@ -1,0 +1,18 @@
+-- One row per feedback event (agent.rl.feedback.v1).
+CREATE TABLE IF NOT EXISTS ${db}.feedback
+(
+    feedback_id String,
+    trajectory_id String,
+    session_id String,
+    user_id String,
+    timestamp DateTime64(3, 'UTC'),
+    type LowCardinality(String),
+    rating UInt8,
+    comment String,
+    ingested_at DateTime64(3, 'UTC')
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(timestamp)
+ORDER BY (type, trajectory_id, feedback_id)
+TTL toDateTime(timestamp) + toIntervalSecond(${hot_ttl_s}) ${archive_action},
+    toDateTime(timestamp) + toIntervalSecond(${delete_ttl_s}) DELETE

@@ -1,0 +1,22 @@
+-- Every agent.rl.model.deployed.v1 event. No TTL: the rollout history is small.
+CREATE TABLE IF NOT EXISTS ${db}.deployments
+(
+    deployment_id String,
+    training_job_id String,
+    timestamp DateTime64(3, 'UTC'),
+    model_id LowCardinality(String),
+    base_model LowCardinality(String),
+    checkpoint_path String,
+    rollout_strategy LowCardinality(String),
+    traffic_percentage Float64,
+    benchmark_passed UInt8,
+    safety_checks_passed UInt8,
+    performance_regression UInt8,
+    approval_status LowCardinality(String),
+    previous_model LowCardinality(String),
+    raw_json String CODEC(ZSTD(3)),
+    ingested_at DateTime64(3, 'UTC')
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toYYYYMM(timestamp)
+ORDER BY (deployment_id, timestamp)

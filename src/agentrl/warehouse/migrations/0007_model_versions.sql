@@ -1,0 +1,18 @@
+-- One row per model version (the seed's "model versioning"), from deployment events: the
+-- newest event of a model id wins (ReplacingMergeTree on updated_at). Kept indefinitely.
+CREATE TABLE IF NOT EXISTS ${db}.model_versions
+(
+    model_id String,
+    base_model LowCardinality(String),
+    training_job_id String,
+    checkpoint_path String,
+    training_date DateTime64(3, 'UTC'),
+    training_samples UInt64,
+    final_reward Float64,
+    last_deployment_id String,
+    traffic_percentage Float64,
+    previous_model String,
+    updated_at DateTime64(3, 'UTC')
+)
+ENGINE = ReplacingMergeTree(updated_at)
+ORDER BY model_id

@@ -1,0 +1,1 @@
+"""Numbered SQL migrations, one file per table (package data)."""

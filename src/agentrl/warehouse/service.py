@@ -1,0 +1,139 @@
+"""The warehouse ingester service (`agentrl up` runs it): JetStream -> ClickHouse.
+
+Durable pull consumers on trajectories, rewards, feedback, training status and deployment
+events; each fetched batch (bounded by `batch_size` events and `batch_timeout_s`) becomes
+columnar inserts (see `ingest`). On start it applies the schema migrations; a schema newer
+than this code stops the service with a clear message, a warehouse that cannot be reached
+is retried with backoff while the status says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentrl.bus import Bus, ConsumeStats
+from agentrl.settings import Settings, get_settings
+from agentrl.warehouse import schema
+from agentrl.warehouse.backend import Backend, SchemaTooNew, WarehouseDown, open_backend
+from agentrl.warehouse.config import WarehouseSettings
+from agentrl.warehouse.ingest import SUBJECT_KINDS, Ingester, IngestStatus
+
+log = logging.getLogger(__name__)
+
+# The ingester running in this process, for the control API's /stats/ingester.
+current: Ingester | None = None
+status_while_starting = IngestStatus()
+
+
+class IngesterService:
+    """Opens the warehouse, migrates it, and runs one consumer per subject until stopped."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        settings: Settings | None = None,
+        wsettings: WarehouseSettings | None = None,
+        *,
+        backend: Backend | None = None,
+        on_inserted: Callable[[str, int], None] | None = None,
+        max_deliver: int = 10_000,
+        nak_delay: float = 5.0,
+        down_hold_s: float = 20.0,
+    ) -> None:
+        self.bus = bus
+        self.settings = settings or get_settings()
+        self.wsettings = wsettings or WarehouseSettings()
+        self._backend = backend
+        self.on_inserted = on_inserted
+        self.max_deliver = max_deliver
+        self.nak_delay = nak_delay
+        self.down_hold_s = down_hold_s
+        self.status = status_while_starting
+        self.consume_stats: dict[str, ConsumeStats] = {}
+        self.ingester: Ingester | None = None
+
+    def _open(self) -> Backend:
+        if self._backend is None:
+            self._backend = open_backend(self.wsettings, Path(self.settings.data_dir))
+        return self._backend
+
+    async def _ready(self, stop: asyncio.Event) -> Backend | None:
+        """Open and migrate the warehouse, retrying with backoff while it is down."""
+        delay = 0.5
+        while not stop.is_set():
+            try:
+                backend = await asyncio.to_thread(self._open)
+                did = await asyncio.to_thread(schema.apply, backend, self.wsettings)
+                for line in did:
+                    log.info("warehouse schema: %s", line)
+                return backend
+            except SchemaTooNew:
+                self.status.state = "failed"
+                raise
+            except WarehouseDown as exc:
+                self.status.state = "down"
+                self.status.last_error = str(exc)
+                log.warning("warehouse not reachable (%s); retrying in %.1fs", exc, delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                delay = min(delay * 2, self.wsettings.backoff_max_s)
+        return None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        global current
+        backend = await self._ready(stop)
+        if backend is None:
+            return
+        ingester = Ingester(
+            backend,
+            self.wsettings.database,
+            backoff_max_s=self.wsettings.backoff_max_s,
+            down_hold_s=self.down_hold_s,
+            on_inserted=self.on_inserted,
+        )
+        ingester.stop = stop
+        ingester.status.state = "up"
+        self.ingester, self.status, current = ingester, ingester.status, ingester
+        tasks = []
+        for subject, kind in SUBJECT_KINDS.items():
+            stats = self.consume_stats.setdefault(kind, ConsumeStats())
+            tasks.append(
+                asyncio.create_task(
+                    self.bus.consume(
+                        subject,
+                        f"{self.wsettings.durable_prefix}-{kind.replace('_', '-')}",
+                        batch_handler=_bind(ingester, kind),
+                        batch=self.wsettings.batch_size,
+                        fetch_timeout=self.wsettings.batch_timeout_s,
+                        ack_wait=self.wsettings.ack_wait_s,
+                        max_deliver=self.max_deliver,
+                        nak_delay=self.nak_delay,
+                        stop=stop,
+                        stats=stats,
+                    ),
+                    name=f"warehouse-{kind}",
+                )
+            )
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            ingester.status.state = "stopped"
+
+
+def _bind(ingester: Ingester, kind: str) -> Any:
+    async def handle(deliveries: list[Any]) -> list[BaseException | None]:
+        return await ingester.handle(kind, deliveries)
+
+    return handle
+
+
+async def serve(bus: Bus, stop: asyncio.Event, settings: Settings) -> None:
+    """`agentrl up`'s warehouse ingester: runs until `stop` is set."""
+    await IngesterService(bus, settings).run(stop)
