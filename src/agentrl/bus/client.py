@@ -1,17 +1,18 @@
 """The JetStream client every agentrl service uses (over nats-py).
 
 Publishing validates the event, sets `Nats-Msg-Id` to its id (so JetStream drops a
-duplicate within the stream's duplicate window), awaits the PubAck and retries timeouts with
-bounded backoff. Consuming runs a durable pull consumer: ack after the handler succeeded,
-nak with delay on a transient error, and dead-letter (RL_DLQ, with the reason and the
-original bytes) whatever fails validation or keeps failing, so a poison message never
-blocks a stream and is never silently dropped.
+duplicate within the stream's duplicate window), awaits the PubAck and retries timeouts,
+no-responders and leader elections with bounded backoff under the same id, so a retry never
+stores a second copy. Consuming runs a durable pull consumer: ack after the handler
+succeeded, nak with delay on a transient error, and dead-letter (RL_DLQ, with the reason and
+the original bytes, or a reference to them when they do not fit) whatever fails validation
+or keeps failing, so a poison message never blocks a stream and is never silently dropped.
+A batch's acks are confirmed by the server before the batch counts as done.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import contextvars
 import gc
@@ -32,6 +33,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, PubAck, StorageType, StreamConfig
 from pydantic import BaseModel, ValidationError
 
+from agentrl.bus import deadletter, wire
 from agentrl.contracts.base import Event, utcnow
 from agentrl.contracts.streams import DLQ_PREFIX, STREAMS, StreamSpec, stream_for
 from agentrl.contracts.subjects import model_for
@@ -39,6 +41,18 @@ from agentrl.errors import BusError, PayloadTooLargeError
 from agentrl.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
+
+# Publish failures worth retrying under the same Msg-Id: the server or the stream's leader
+# is away for a moment (a restart, a reconnect, a cluster electing a leader).
+_RETRYABLE = (
+    TimeoutError,
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.js.errors.NoStreamResponseError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.ConnectionClosedError,
+)
 
 
 class TransientError(BusError):
@@ -100,6 +114,13 @@ class ConsumeStats:
     dead_lettered: int = 0
     batches: int = 0
     errors: list[str] = field(default_factory=list)
+    # Batches whose acks the server did not confirm (they may be redelivered).
+    unconfirmed_batches: int = 0
+    # Dead letters that could not be stored even by reference (the original was still
+    # terminated; its stream and sequence are in the log).
+    dlq_failures: int = 0
+    # time.monotonic() when the latest batch's acks were confirmed.
+    confirmed_at: float = 0.0
 
 
 class Bus:
@@ -112,6 +133,8 @@ class Bus:
         publish_timeout: float = 5.0,
         publish_retries: int = 8,
         async_window: int = 2000,
+        stream_replicas: int = 1,
+        ack_confirm_timeout: float = 5.0,
     ) -> None:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream(
@@ -120,6 +143,10 @@ class Bus:
         self.publish_timeout = publish_timeout
         self.publish_retries = publish_retries
         self.async_window = async_window
+        self.stream_replicas = stream_replicas
+        self.ack_confirm_timeout = ack_confirm_timeout
+        self._fast = wire.supported(nc)
+        self._publisher = wire.AsyncPublisher(nc, async_window) if self._fast else None
 
     # ---- connection -------------------------------------------------------------------
     @classmethod
@@ -130,12 +157,16 @@ class Bus:
         name: str = "agentrl",
         **kw: Any,
     ) -> Bus:
+        """Connect to `url` (or NATS_URL): one server, or a cluster's servers separated by
+        commas (`nats://a:4222,nats://b:4222`); the client reconnects to any of them."""
         settings = settings or get_settings()
         url = url or settings.nats_url
         if not url:
             raise BusError("no NATS URL: pass one, set NATS_URL, or start `agentrl up`")
+        servers = [u.strip() for u in url.split(",") if u.strip()]
+        kw.setdefault("stream_replicas", settings.stream_replicas)
         options: dict[str, Any] = {
-            "servers": [url],
+            "servers": servers,
             "name": name,
             # A few tries for the first connection, so a wrong URL or credentials fail fast;
             # once connected, reconnect forever (a restarting server must not end a service).
@@ -150,7 +181,7 @@ class Bus:
         elif settings.nats_user:
             options["user"] = settings.nats_user
             options["password"] = settings.nats_password or ""
-        if settings.nats_tls_ca or url.startswith("tls://"):
+        if settings.nats_tls_ca or any(u.startswith("tls://") for u in servers):
             import ssl
 
             ctx = ssl.create_default_context(
@@ -168,6 +199,8 @@ class Bus:
         """Flush what is buffered and close (drain would also stop subscriptions)."""
         if self.nc.is_closed:
             return
+        if self._publisher is not None:
+            await self._publisher.close()
         with contextlib.suppress(Exception):
             await self.nc.drain()
 
@@ -179,9 +212,13 @@ class Bus:
 
     # ---- streams ----------------------------------------------------------------------
     async def ensure_streams(
-        self, specs: Iterable[StreamSpec] = STREAMS, replicas: int = 1
+        self, specs: Iterable[StreamSpec] = STREAMS, replicas: int | None = None
     ) -> None:
-        """Create the streams, or update their limits when they changed (idempotent)."""
+        """Create the streams, or update their limits when they changed (idempotent).
+
+        `replicas` defaults to the bus's `stream_replicas` (AGENTRL_STREAM_REPLICAS: 1 for
+        the embedded server, 3 on a production cluster)."""
+        replicas = replicas or self.stream_replicas
         for spec in specs:
             config = StreamConfig(
                 name=spec.name,
@@ -205,6 +242,7 @@ class Bus:
                 or current.max_msgs != config.max_msgs
                 or current.max_bytes != config.max_bytes
                 or current.duplicate_window != config.duplicate_window
+                or (current.num_replicas or 1) != replicas
             ):
                 await self._retry(partial(self.js.update_stream, config))
                 log.debug("updated stream %s", spec.name)
@@ -215,15 +253,22 @@ class Bus:
         except nats.js.errors.NotFoundError:
             return None
 
-    async def _retry(self, call: Callable[[], Awaitable[Any]], attempts: int = 4) -> Any:
-        """A JetStream API call, retried on timeouts (a busy or restarting server)."""
+    async def _retry(self, call: Callable[[], Awaitable[Any]], attempts: int = 8) -> Any:
+        """A JetStream API call, retried on timeouts and on a cluster electing a leader
+        (a busy, restarting or failing-over server)."""
         for attempt in range(attempts):
             try:
                 return await call()
-            except (TimeoutError, nats.errors.TimeoutError):
+            except (
+                TimeoutError,
+                nats.errors.TimeoutError,
+                nats.errors.NoRespondersError,
+                nats.js.errors.ServiceUnavailableError,
+                nats.errors.ConnectionReconnectingError,
+            ):
                 if attempt == attempts - 1:
                     raise
-                await asyncio.sleep(0.2 * 2**attempt)
+                await asyncio.sleep(min(0.2 * 2**attempt, 2.0))
         raise AssertionError("unreachable")
 
     # ---- publishing -------------------------------------------------------------------
@@ -276,17 +321,17 @@ class Bus:
                 return await self.js.publish(
                     subject, data, timeout=self.publish_timeout, headers=hdrs
                 )
-            except (
-                TimeoutError,
-                nats.errors.TimeoutError,
-                nats.errors.NoRespondersError,
-                nats.errors.ConnectionReconnectingError,
-                nats.errors.OutboundBufferLimitError,
-                nats.errors.ConnectionClosedError,
-            ) as exc:
+            except _RETRYABLE as exc:
                 last = exc
                 if self.nc.is_closed:
                     break
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+            except nats.js.errors.APIError as exc:
+                # 503: the stream has no leader yet (a cluster is electing one).
+                if exc.code != 503:
+                    raise
+                last = exc
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
         raise BusError(
@@ -295,26 +340,76 @@ class Bus:
         )
 
     async def publish_many(self, events: Iterable[Event | tuple[str, bytes, str]]) -> list[PubAck]:
-        """Publish many events with pipelined (async) publishing; returns their PubAcks.
+        """Publish many events with pipelined publishing; returns their PubAcks in order.
 
-        Up to `async_window` messages are in flight; any that fail are retried one by one
-        through `publish_raw`, so the call returns only when every message is stored.
+        Events that are pydantic contract objects were validated when they were built and are
+        only serialised here; `(subject, bytes, msg_id)` tuples are sent as they are. Up to
+        `async_window` messages are in flight. Messages that get no PubAck (a timeout, no
+        responders while a cluster elects a stream leader, a reconnect) are published again
+        under the same `Nats-Msg-Id`, so a retry never stores a second copy; the call returns
+        only when every message is stored, and raises `BusError` when one cannot be.
         """
         with _gc_paused():
             items = [e if isinstance(e, tuple) else self.encode(e) for e in events]
-            futures: list[asyncio.Future[PubAck]] = []
-            for subject, data, msg_id in items:
+            for subject, data, _ in items:
                 self._check_size(subject, data)
-                futures.append(
-                    await self.js.publish_async(subject, data, headers={"Nats-Msg-Id": msg_id})
+            if self._publisher is None:
+                return await self._publish_many_public(items)
+            results: list[PubAck | BaseException | None] = [None] * len(items)
+            todo = list(range(len(items)))
+            delay = 0.05
+            for _round in range(self.publish_retries + 1):
+                if self.nc.is_closed:
+                    break
+                try:
+                    got = await self._publisher.publish(
+                        [items[i] for i in todo], timeout=self.publish_timeout
+                    )
+                except _RETRYABLE as exc:
+                    got = [exc] * len(todo)
+                for i, res in zip(todo, got, strict=True):
+                    results[i] = res
+                failed = [i for i in todo if not isinstance(results[i], PubAck)]
+                if not failed:
+                    break
+                hard = [
+                    results[i]
+                    for i in failed
+                    if isinstance(results[i], wire.PubAckError) and results[i].code != 503  # type: ignore[union-attr]
+                ]
+                if hard:
+                    raise BusError(f"publish rejected by the server: {hard[0]}")
+                log.info(
+                    "%d of %d publishes unconfirmed (%r); retrying under the same ids",
+                    len(failed),
+                    len(items),
+                    results[failed[0]],
                 )
-            if futures:
-                await asyncio.wait(futures, timeout=self.publish_timeout)
+                todo = failed
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        acks: list[PubAck] = []
+        for (subject, data, msg_id), res in zip(items, results, strict=True):
+            # Whatever is still unconfirmed goes through the one-by-one path (raises BusError).
+            acks.append(
+                res if isinstance(res, PubAck) else await self.publish_raw(subject, data, msg_id)
+            )
+        return acks
+
+    async def _publish_many_public(self, items: list[tuple[str, bytes, str]]) -> list[PubAck]:
+        """nats-py's own publish_async (used when the wire fast path is unavailable)."""
+        futures: list[asyncio.Future[PubAck]] = []
+        for subject, data, msg_id in items:
+            futures.append(
+                await self.js.publish_async(subject, data, headers={"Nats-Msg-Id": msg_id})
+            )
+        if futures:
+            await asyncio.wait(futures, timeout=self.publish_timeout)
         acks: list[PubAck] = []
         for (subject, data, msg_id), fut in zip(items, futures, strict=True):
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 acks.append(fut.result())
-            else:  # timed out or failed: publish again, synchronously, with retries
+            else:
                 acks.append(await self.publish_raw(subject, data, msg_id))
         return acks
 
@@ -341,6 +436,11 @@ class Bus:
         Each message is validated against its contract; the handler gets the event. A
         failure after `max_deliver` deliveries, a `PermanentError` or a payload that fails
         validation is dead-lettered to RL_DLQ with the reason, then terminated.
+
+        Every batch's acks are confirmed by the server before the next batch is handled,
+        and before this returns: after a clean stop nothing handled is redelivered. Up to
+        two batches are requested ahead; messages already requested when `stop` is set are
+        still handled (within about `fetch_timeout`), so none is left pending.
         """
         if (handler is None) == (batch_handler is None):
             raise BusError("give exactly one of handler or batch_handler")
@@ -356,10 +456,82 @@ class Bus:
             max_ack_pending=max(batch * 4, 1000),
             filter_subject=subject,
         )
-        sub = await self.js.pull_subscribe(
-            subject, durable=durable, stream=spec.name, config=config
-        )
         model = model_for(subject) if validate else None
+        process = partial(
+            self._process,
+            model=model,
+            handler=handler,
+            batch_handler=batch_handler,
+            durable=durable,
+            max_deliver=max_deliver,
+            nak_delay=nak_delay,
+            ack_wait=ack_wait,
+            stats=stats,
+        )
+        if not self._fast:
+            return await self._consume_public(
+                subject, durable, spec.name, config, batch, fetch_timeout, stop, stats, process
+            )
+        await self._retry(partial(self._ensure_consumer, spec.name, durable, config))
+        sub = await self.nc.subscribe(
+            self.nc.new_inbox(), pending_msgs_limit=0, pending_bytes_limit=0
+        )
+        prefix = getattr(self.js, "_prefix", "$JS.API")
+        feed = wire.PullFeed(
+            self.nc,
+            sub,
+            f"{prefix}.CONSUMER.MSG.NEXT.{spec.name}.{durable}",
+            batch,
+            fetch_timeout,
+        )
+        try:
+            while True:
+                if stop.is_set():
+                    if feed.settled:
+                        break
+                else:
+                    try:
+                        await feed.top_up()
+                    except (
+                        nats.errors.ConnectionClosedError,
+                        nats.errors.ConnectionReconnectingError,
+                        nats.errors.OutboundBufferLimitError,
+                    ):
+                        await asyncio.sleep(0.2)
+                        continue
+                msgs = feed.take(batch)
+                if not msgs:
+                    await feed.wait(fetch_timeout / 2 if stop.is_set() else fetch_timeout)
+                    continue
+                stats.batches += 1
+                stats.received += len(msgs)
+                with _gc_paused():
+                    await process(msgs)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        return stats
+
+    async def _ensure_consumer(self, stream: str, durable: str, config: ConsumerConfig) -> None:
+        try:
+            await self.js.consumer_info(stream, durable)
+        except nats.js.errors.NotFoundError:
+            await self.js.add_consumer(stream, config=config)
+
+    async def _consume_public(
+        self,
+        subject: str,
+        durable: str,
+        stream: str,
+        config: ConsumerConfig,
+        batch: int,
+        fetch_timeout: float,
+        stop: asyncio.Event,
+        stats: ConsumeStats,
+        process: Callable[[list[Msg]], Awaitable[None]],
+    ) -> ConsumeStats:
+        """nats-py's own fetch loop (used when the wire fast path is unavailable)."""
+        sub = await self.js.pull_subscribe(subject, durable=durable, stream=stream, config=config)
         try:
             while not stop.is_set():
                 try:
@@ -372,17 +544,7 @@ class Bus:
                 stats.batches += 1
                 stats.received += len(msgs)
                 with _gc_paused():
-                    await self._process(
-                        msgs,
-                        model,
-                        handler,
-                        batch_handler,
-                        durable,
-                        max_deliver,
-                        nak_delay,
-                        ack_wait,
-                        stats,
-                    )
+                    await process(msgs)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -391,6 +553,7 @@ class Bus:
     async def _process(
         self,
         msgs: list[Msg],
+        *,
         model: type[BaseModel] | None,
         handler: Handler | None,
         batch_handler: BatchHandler | None,
@@ -400,6 +563,7 @@ class Bus:
         ack_wait: float,
         stats: ConsumeStats,
     ) -> None:
+        acks: list[tuple[str, bytes]] = []
         good: list[Delivery] = []
         for msg in msgs:
             delivered = int(msg.metadata.num_delivered or 1)
@@ -409,8 +573,9 @@ class Bus:
                     durable,
                     f"exceeded max_deliver={max_deliver} without success",
                     "max_deliver",
+                    stats,
                 )
-                stats.dead_lettered += 1
+                acks.append((msg.reply, wire.TERM))
                 continue
             if model is None:
                 good.append(Delivery(msg, msg.data))
@@ -418,28 +583,49 @@ class Bus:
             try:
                 good.append(Delivery(msg, model.model_validate_json(msg.data)))
             except ValidationError as exc:
-                await self._dead_letter(msg, durable, _validation_reason(exc), "validation")
-                stats.dead_lettered += 1
-        if not good:
+                await self._dead_letter(msg, durable, _validation_reason(exc), "validation", stats)
+                acks.append((msg.reply, wire.TERM))
+        if good:
+            heartbeat = asyncio.create_task(_keep_alive(good, ack_wait))
+            try:
+                outcomes = await self._run_handlers(good, handler, batch_handler)
+            finally:
+                heartbeat.cancel()
+            nak_body = wire.nak(nak_delay)
+            for delivery, outcome in zip(good, outcomes, strict=True):
+                if outcome is None:
+                    acks.append((delivery.msg.reply, wire.ACK))
+                    stats.acked += 1
+                elif isinstance(outcome, PermanentError) or delivery.num_delivered >= max_deliver:
+                    reason = f"{type(outcome).__name__}: {outcome}"
+                    await self._dead_letter(delivery.msg, durable, reason, "handler", stats)
+                    acks.append((delivery.msg.reply, wire.TERM))
+                    stats.errors.append(reason)
+                else:
+                    acks.append((delivery.msg.reply, nak_body))
+                    stats.nakked += 1
+                    stats.errors.append(f"{type(outcome).__name__}: {outcome}")
+        await self._settle(acks, stats)
+
+    async def _settle(self, acks: list[tuple[str, bytes]], stats: ConsumeStats) -> None:
+        """Send a batch's acks, naks and terms, and wait for the server to confirm them."""
+        if not acks:
             return
-        heartbeat = asyncio.create_task(_keep_alive(good, ack_wait))
-        try:
-            outcomes = await self._run_handlers(good, handler, batch_handler)
-        finally:
-            heartbeat.cancel()
-        for delivery, outcome in zip(good, outcomes, strict=True):
-            if outcome is None:
-                await delivery.msg.ack()
-                stats.acked += 1
-            elif isinstance(outcome, PermanentError) or delivery.num_delivered >= max_deliver:
-                reason = f"{type(outcome).__name__}: {outcome}"
-                await self._dead_letter(delivery.msg, durable, reason, "handler")
-                stats.dead_lettered += 1
-                stats.errors.append(reason)
-            else:
-                await delivery.msg.nak(delay=nak_delay)
-                stats.nakked += 1
-                stats.errors.append(f"{type(outcome).__name__}: {outcome}")
+        if self._fast:
+            confirmed = await wire.send_acks(self.nc, acks, self.ack_confirm_timeout)
+        else:
+            confirmed = True
+            for reply, body in acks[:-1]:
+                await self.nc.publish(reply, body)
+            try:
+                await self.nc.request(acks[-1][0], acks[-1][1], timeout=self.ack_confirm_timeout)
+            except Exception as exc:
+                log.warning("acks of a batch not confirmed: %r", exc)
+                confirmed = False
+        if confirmed:
+            stats.confirmed_at = time.monotonic()
+        else:
+            stats.unconfirmed_batches += 1
 
     async def _run_handlers(
         self,
@@ -472,24 +658,65 @@ class Bus:
                 _current.reset(token)
         return outcomes
 
-    async def _dead_letter(self, msg: Msg, consumer: str, reason: str, kind: str) -> None:
-        """Store the message in RL_DLQ with why it failed, then stop its redelivery."""
+    async def _dead_letter(
+        self, msg: Msg, consumer: str, reason: str, kind: str, stats: ConsumeStats
+    ) -> None:
+        """Store the message in RL_DLQ with why it failed (the caller then terminates it).
+
+        The record carries the original bytes, or a reference to them (stream, sequence and
+        an excerpt) when they do not fit in one message. Transient failures are retried by
+        `publish_raw`; if even the reference cannot be stored, the failure is logged with
+        the original's stream and sequence and counted, and the message is still terminated:
+        a dead letter must never stop the consumer.
+        """
         meta = msg.metadata
-        record = {
-            "original_subject": msg.subject,
+        stats.dead_lettered += 1
+        common: dict[str, Any] = {
+            "subject": msg.subject,
             "stream": meta.stream,
             "stream_seq": meta.sequence.stream,
             "consumer": consumer,
             "delivery_count": meta.num_delivered,
-            "error_kind": kind,
-            "error": reason,
-            "dead_lettered_at": utcnow().isoformat(),
+            "kind": kind,
+            "reason": reason,
+            "at": utcnow().isoformat(),
             "headers": dict(msg.headers or {}),
-            "data_b64": base64.b64encode(msg.data).decode(),
+            "data": msg.data,
         }
+        subject = f"{DLQ_PREFIX}.{msg.subject}"
         msg_id = f"dlq:{meta.stream}:{meta.sequence.stream}:{consumer}"
-        await self.publish_raw(f"{DLQ_PREFIX}.{msg.subject}", json.dumps(record).encode(), msg_id)
-        await msg.term()
+        record = deadletter.build_record(**common, max_bytes=self.nc.max_payload)
+        try:
+            await self.publish_raw(subject, record, msg_id)
+        except (BusError, nats.errors.Error) as exc:
+            log.warning(
+                "dead letter for %s seq %s failed (%r); storing it by reference",
+                meta.stream,
+                meta.sequence.stream,
+                exc,
+            )
+            try:
+                await self.publish_raw(
+                    subject,
+                    deadletter.by_reference(
+                        json.loads(deadletter.build_record(**common, max_bytes=0)),
+                        msg.data,
+                        max(self.nc.max_payload - deadletter.HEADROOM_BYTES, 1024),
+                    ),
+                    msg_id,
+                )
+            except (BusError, nats.errors.Error) as exc2:
+                stats.dlq_failures += 1
+                log.error(
+                    "could not dead-letter %s seq %s (%s: %s): %r; terminating it anyway, "
+                    "the original stays in the stream for its retention",
+                    meta.stream,
+                    meta.sequence.stream,
+                    kind,
+                    reason,
+                    exc2,
+                )
+                return
         log.warning(
             "dead-lettered %s seq %s: %s",
             msg.subject,

@@ -1,0 +1,309 @@
+"""Wire-level fast paths over nats-py: pipelined publishing, a pull feed, batched acks.
+
+nats-py spends most of a message's time in per-message machinery: `publish_async` makes a
+future, waits on a semaphore with `wait_for` and validates headers with a regex for every
+message; `fetch` awaits every message of a batch separately; `Msg.ack` is one publish call
+each. Profiled (BENCHMARKS.md), that overhead was larger than JSON validation itself. Here
+a whole chunk of publishes or acks is written to the connection's buffer in one call, and
+delivered messages are drained from the subscription's queue without an await per message.
+
+These helpers use three nats-py internals (`Client._send_command`, `Client._flush_pending`,
+`Subscription._pending_queue`/`_pending_size`); `supported()` checks them once, and the
+`Bus` falls back to nats-py's public API when they are missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import nats.errors
+import orjson
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.api import PubAck
+
+log = logging.getLogger(__name__)
+
+ACK = b"+ACK"
+TERM = b"+TERM"
+_HDR_PREFIX = b"NATS/1.0\r\nNats-Msg-Id: "
+_HDR_SUFFIX = b"\r\n\r\n"
+
+
+def supported(nc: NATS) -> bool:
+    """Whether this nats-py still has the internals the fast paths write through."""
+    return all(hasattr(nc, a) for a in ("_send_command", "_flush_pending", "_nuid"))
+
+
+def nak(delay_s: float) -> bytes:
+    return b'-NAK {"delay": %d}' % int(delay_s * 1e9)
+
+
+def hpub(subject: bytes, reply: bytes, msg_id: str, data: bytes) -> bytes:
+    """One HPUB protocol frame with a `Nats-Msg-Id` header (ids never contain CR/LF)."""
+    hdr = _HDR_PREFIX + msg_id.encode() + _HDR_SUFFIX
+    return b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
+        subject,
+        reply,
+        len(hdr),
+        len(hdr) + len(data),
+        hdr,
+        data,
+    )
+
+
+async def write(nc: NATS, frames: list[bytes]) -> None:
+    """Queue protocol frames on the connection in one buffer and wake its flusher."""
+    if not frames:
+        return
+    if nc.is_closed:
+        raise nats.errors.ConnectionClosedError
+    await nc._send_command(b"".join(frames))
+    await nc._flush_pending()
+
+
+async def send_acks(nc: NATS, acks: Sequence[tuple[str, bytes]], confirm_timeout: float) -> bool:
+    """Send every ack/nak/term of a batch in one write, the last one as a request.
+
+    The server handles one consumer's acks in arrival order and answers an ack that carries
+    a reply subject once it is processed (replicated, on a cluster), so when that answer
+    arrives every earlier ack of the batch is applied too: the acks are confirmed, and a
+    consumer restarted right after sees no redelivery. Returns False when the confirmation
+    did not come (the server or the consumer's leader went away: those messages will be
+    redelivered, which handlers must tolerate anyway).
+    """
+    if not acks:
+        return True
+    *rest, (last_reply, last_body) = acks
+    try:
+        if rest:
+            await write(nc, [b"PUB %s %d\r\n%s\r\n" % (r.encode(), len(b), b) for r, b in rest])
+        await nc.request(last_reply, last_body, timeout=confirm_timeout)
+        return True
+    except (
+        TimeoutError,
+        nats.errors.TimeoutError,
+        nats.errors.NoRespondersError,
+        nats.errors.ConnectionClosedError,
+        nats.errors.ConnectionReconnectingError,
+        nats.errors.OutboundBufferLimitError,
+    ) as exc:
+        log.warning("acks of a batch of %d not confirmed: %r", len(acks), exc)
+        return False
+
+
+class PullFeed:
+    """Keeps pull requests outstanding on a durable consumer and hands out what has arrived.
+
+    Up to two batches are requested at a time, so the server delivers the next batch while
+    the current one is handled. Credit accounting: each request adds its batch size; each
+    delivered message takes one; a request's end status (408 with `Nats-Pending-Messages`)
+    takes what it left unfilled. Requests lost with a server or a leader change are
+    forgotten once their expiry (plus a grace period) has passed.
+    """
+
+    GRACE_S = 0.5
+
+    def __init__(
+        self, nc: NATS, sub: Subscription, next_subject: str, batch: int, expires: float
+    ) -> None:
+        self.nc = nc
+        self.sub = sub
+        self.queue: asyncio.Queue[Msg] = sub._pending_queue
+        self.next_subject = next_subject
+        self.batch = batch
+        self.expires = expires
+        self.credit = 0
+        self.deadline = 0.0
+        self._head: Msg | None = None
+        self._request = b'{"batch":%d,"expires":%d}' % (batch, int(expires * 1e9))
+
+    async def top_up(self) -> None:
+        """Request another batch when less than one batch is outstanding."""
+        now = time.monotonic()
+        if self.credit > 0 and now > self.deadline:
+            log.debug("pull requests expired without an answer (%d credit forgotten)", self.credit)
+            self.credit = 0
+        if self.credit < self.batch:
+            await self.nc.publish(self.next_subject, self._request, reply=self.sub.subject)
+            self.credit += self.batch
+            self.deadline = now + self.expires + self.GRACE_S
+
+    @property
+    def settled(self) -> bool:
+        """No request can still deliver: every one is filled, ended or expired."""
+        return self.credit <= 0 or time.monotonic() > self.deadline
+
+    def take(self, limit: int) -> list[Msg]:
+        """Everything already received (up to `limit` messages), without awaiting."""
+        out: list[Msg] = []
+        if self._head is not None:
+            msg, self._head = self._head, None
+            self._account(msg, out)
+        queue = self.queue
+        while len(out) < limit and not queue.empty():
+            self._account(queue.get_nowait(), out)
+        return out
+
+    def _account(self, msg: Msg, out: list[Msg]) -> None:
+        self.sub._pending_size -= len(msg.data)
+        if msg.reply:  # a stream message: its reply is the `$JS.ACK...` subject
+            out.append(msg)
+            self.credit -= 1
+            return
+        headers = msg.headers or {}
+        status = headers.get("Status", "")
+        if status in ("408", "409", "404"):
+            pending = headers.get("Nats-Pending-Messages")
+            if pending is not None:
+                self.credit -= int(pending)
+            elif status == "409":
+                log.info("pull request ended: 409 %s", headers.get("Description", ""))
+            self.credit = max(self.credit, 0)
+
+    async def wait(self, timeout: float) -> None:
+        """Until something arrives or `timeout` passes."""
+        if self._head is not None or not self.queue.empty():
+            return
+        with contextlib.suppress(TimeoutError):
+            self._head = await asyncio.wait_for(self.queue.get(), timeout)
+
+
+class AsyncPublisher:
+    """Pipelined JetStream publishing with one reply subscription for every PubAck.
+
+    Frames are written in chunks; PubAcks are matched to messages by the last token of the
+    reply subject. At most `window` messages are unacknowledged at a time.
+    """
+
+    def __init__(self, nc: NATS, window: int) -> None:
+        self.nc = nc
+        self.window = max(window, 1)
+        self._sub: Subscription | None = None
+        self._prefix = b""
+        self._lock = asyncio.Lock()
+        self._serial = 0
+
+    async def _ensure_sub(self) -> Subscription:
+        if self._sub is None:
+            inbox = self.nc.new_inbox()
+            self._prefix = inbox.encode() + b"."
+            self._sub = await self.nc.subscribe(
+                inbox + ".*", pending_msgs_limit=0, pending_bytes_limit=0
+            )
+        return self._sub
+
+    async def publish(
+        self, items: Sequence[tuple[str, bytes, str]], timeout: float, chunk: int = 256
+    ) -> list[PubAck | BaseException | None]:
+        """Publish every item once; each result is its PubAck, the error the server
+        answered, or None when no answer came within `timeout` (the caller retries)."""
+        async with self._lock:  # one batch at a time owns the reply queue
+            sub = await self._ensure_sub()
+            queue: asyncio.Queue[Msg] = sub._pending_queue
+            results: list[PubAck | BaseException | None] = [None] * len(items)
+            base = self._serial
+            self._serial += len(items)
+            index: dict[bytes, int] = {}
+            # Drop answers a timed-out earlier batch left behind.
+            while not queue.empty():
+                stale = queue.get_nowait()
+                sub._pending_size -= len(stale.data)
+            outstanding = 0
+            sent = 0
+            prefix = self._prefix
+            deadline = time.monotonic() + timeout
+            while sent < len(items) or outstanding:
+                if sent < len(items) and outstanding < self.window:
+                    n = min(chunk, len(items) - sent, self.window - outstanding)
+                    frames = []
+                    for i in range(sent, sent + n):
+                        subject, data, msg_id = items[i]
+                        token = b"%x" % (base + i)
+                        index[token] = i
+                        frames.append(hpub(subject.encode(), prefix + token, msg_id, data))
+                    await write(self.nc, frames)
+                    sent += n
+                    outstanding += n
+                    deadline = time.monotonic() + timeout
+                    if outstanding < self.window and sent < len(items):
+                        await asyncio.sleep(0)  # let the reader take in PubAcks meanwhile
+                        outstanding -= self._drain(queue, sub, index, results)
+                        continue
+                got = self._drain(queue, sub, index, results)
+                if got:
+                    outstanding -= got
+                    deadline = time.monotonic() + timeout
+                    continue
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    first = await asyncio.wait_for(queue.get(), remaining)
+                except TimeoutError:
+                    break
+                outstanding -= self._one(first, sub, index, results)
+                deadline = time.monotonic() + timeout
+            return results
+
+    @staticmethod
+    def _drain(
+        queue: asyncio.Queue[Msg],
+        sub: Subscription,
+        index: dict[bytes, int],
+        results: list[PubAck | BaseException | None],
+    ) -> int:
+        got = 0
+        while not queue.empty():
+            got += AsyncPublisher._one(queue.get_nowait(), sub, index, results)
+        return got
+
+    @staticmethod
+    def _one(
+        msg: Msg,
+        sub: Subscription,
+        index: dict[bytes, int],
+        results: list[PubAck | BaseException | None],
+    ) -> int:
+        sub._pending_size -= len(msg.data)
+        token = msg.subject.encode().rsplit(b".", 1)[-1]
+        i = index.pop(token, None)
+        if i is None:
+            return 0
+        if not msg.data:  # a status, e.g. 503 no responders while a leader is elected
+            status = (msg.headers or {}).get("Status", "?")
+            results[i] = nats.errors.NoRespondersError() if status == "503" else None
+            return 1
+        resp: dict[str, Any] = orjson.loads(msg.data)
+        if "error" in resp:
+            results[i] = PubAckError(resp["error"])
+        else:
+            results[i] = PubAck(
+                stream=resp["stream"],
+                seq=resp["seq"],
+                domain=resp.get("domain"),
+                duplicate=resp.get("duplicate"),
+            )
+        return 1
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+
+
+class PubAckError(Exception):
+    """The server answered a publish with an error (e.g. no stream, leader not ready)."""
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        self.code = int(error.get("code", 0))
+        self.err_code = int(error.get("err_code", 0))
+        self.description = str(error.get("description", ""))
+        super().__init__(f"{self.code} {self.err_code}: {self.description}")
