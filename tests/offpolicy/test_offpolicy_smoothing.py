@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from agentrl.offpolicy.config import KernelSmoothingConfig
 from agentrl.offpolicy.free_energy import free_energy
 from agentrl.offpolicy.smoothing import (
+    KNN,
     KernelSmoother,
     adaptive_sigmas,
     apply_consensus_update,
@@ -197,18 +199,64 @@ def test_smoother_scale_preservation_within_trust_region() -> None:
     assert float(tight.dh.norm(dim=1).max()) <= 0.01 * (1 + 1e-5)
 
 
-def test_free_energy_definition_and_sign() -> None:
-    z = latents(32, 8, seed=8)
-    nb = compute_knn_kernel(z, 5, 1e-3, 1.0)
-    h, delta = torch.randn(32), torch.randn(32)
-    fe = free_energy(h, delta, z, nb.knn, nb.sigmas, T=0.5)
-    assert float(fe.U) == pytest.approx(0.5 * float(((h - delta) ** 2).sum()), rel=1e-5)
-    p = nb.weights
-    assert float(fe.S) == pytest.approx(float(-(p * p.log()).sum()), rel=1e-4)
-    assert 0.0 <= float(fe.S) <= 32 * math.log(5) + 1e-4
-    assert float(fe.F) == pytest.approx(float(fe.U) - 0.5 * float(fe.S), rel=1e-5)
-    hotter = free_energy(h, delta, z, nb.knn, nb.sigmas, T=2.0)
-    assert float(hotter.F) < float(fe.F)  # F = U - T*S decreases with T (S >= 0)
+def _hand_free_energy(
+    points: list[tuple[float, float]],
+    k: int,
+    sigmas: list[float],
+    h: list[float],
+    delta: list[float],
+    T: float,
+) -> tuple[float, float, float, list[list[int]]]:
+    """U, S, F and the neighbour lists in plain Python (math only): the reference."""
+    neighbours, S = [], 0.0
+    for i, (xi, yi) in enumerate(points):
+        d2 = sorted(
+            ((xi - xj) ** 2 + (yi - yj) ** 2, j) for j, (xj, yj) in enumerate(points) if j != i
+        )[:k]
+        neighbours.append([j for _, j in d2])
+        w = [math.exp(-dd / (2 * sigmas[i] ** 2)) for dd, _ in d2]
+        p = [x / sum(w) for x in w]
+        S -= sum(pj * math.log(pj) for pj in p if pj > 0)
+    U = 0.5 * sum((a - b) ** 2 for a, b in zip(h, delta, strict=True))
+    return U, S, U - T * S, neighbours
+
+
+def _fe(points, k, sigmas, h, delta, T, neighbours):  # type: ignore[no-untyped-def]
+    z = torch.tensor(points, dtype=torch.float64)
+    idx = torch.tensor(neighbours)
+    knn = KNN(indices=idx, distances=(z.unsqueeze(1) - z[idx]).norm(dim=-1))
+    t = functools.partial(torch.tensor, dtype=torch.float64)
+    return free_energy(t(h), t(delta), z, knn, t(sigmas), T=T)
+
+
+def test_free_energy_matches_a_hand_computed_example() -> None:
+    points = [(0.0, 0.0), (1.0, 0.0), (3.0, 0.0), (6.0, 0.0), (1.0, 2.0)]
+    sigmas, k, T = [1.0, 0.5, 2.0, 1.5, 0.8], 3, 0.7
+    h, delta = [1.0, -2.0, 0.5, 3.0, 0.0], [0.0, -1.0, 0.5, 1.0, 2.0]
+    U, S, F, nbrs = _hand_free_energy(points, k, sigmas, h, delta, T)
+    fe = _fe(points, k, sigmas, h, delta, T, nbrs)
+    assert float(fe.U) == pytest.approx(U, rel=1e-9) and pytest.approx(5.0) == U
+    assert float(fe.S) == pytest.approx(S, rel=1e-9) and 0 < S < 5 * math.log(3)
+    assert float(fe.F) == pytest.approx(F, rel=1e-9)
+    # the body's sign (F = U - T*S), not the appendix's U + T*S: raising T by 1.3 lowers F
+    # by exactly 1.3 * S, with S the hand-computed entropy
+    hotter = _fe(points, k, sigmas, h, delta, T + 1.3, nbrs)
+    assert float(fe.F - hotter.F) == pytest.approx(1.3 * S, rel=1e-9)
+
+
+def test_free_energy_of_equidistant_neighbours_is_n_log_k() -> None:
+    # an equilateral triangle: each point has its 2 neighbours at the same distance, so
+    # p(j|i) = 1/2 whatever sigma is and S = 3 * log 2 exactly
+    points = [(0.0, 0.0), (1.0, 0.0), (0.5, math.sqrt(3) / 2)]
+    fe = _fe(points, 2, [0.3, 1.0, 7.0], [0.0] * 3, [1.0, 2.0, 3.0], 2.0, [[1, 2], [0, 2], [0, 1]])
+    assert float(fe.S) == pytest.approx(3 * math.log(2), rel=1e-9)
+    assert float(fe.U) == pytest.approx(7.0) and float(fe.F) == pytest.approx(7.0 - 6 * math.log(2))
+    # neighbourhoods found by the library agree with the hand-picked ones on this example
+    assert sorted(map(sorted, compute_knn(torch.tensor(points), 2).indices.tolist())) == [
+        [0, 1],
+        [0, 2],
+        [1, 2],
+    ]
 
 
 def test_free_energy_is_differentiable() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -115,20 +117,92 @@ def test_smoothing_early_stop_events_and_records(tmp_path: Path) -> None:
     assert pd.read_parquet(tmp_path / "es" / "evals.parquet")["should_stop"].any()
 
 
-@pytest.mark.parametrize("n_step", [1, 3])
-def test_uniform_replay_and_nstep_variants_run(n_step: int) -> None:
+class Chain(gym.Env):  # type: ignore[misc]
+    """A corridor of LENGTH cells: action 0 steps on (+1; the last step ends the episode),
+    action 1 quits (0, ends it). Q*(i, 0) = sum_{k < LENGTH - i} gamma^k, Q*(i, 1) = 0:
+    values computed by hand, independent of the trainer's code."""
+
+    LENGTH = 6
+    QUIT = True
+    observation_space = gym.spaces.Box(0.0, 1.0, (LENGTH + 1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def _obs(self) -> np.ndarray:
+        out = np.zeros(self.LENGTH + 1, np.float32)
+        out[self.pos] = 1.0
+        return out
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):  # type: ignore[no-untyped-def]
+        super().reset(seed=seed)
+        self.pos = 0
+        return self._obs(), {}
+
+    def step(self, action: int):  # type: ignore[no-untyped-def]
+        if int(action) == 1 and self.QUIT:
+            return self._obs(), 0.0, True, False, {}
+        self.pos += 1
+        return self._obs(), 1.0, self.pos == self.LENGTH, False, {}
+
+
+class WalkChain(Chain):
+    """Both actions step on (+1): every policy is optimal, so uncorrected n-step returns
+    collected with exploration are unbiased and Q*(i, a) = sum_{k < LENGTH - i} gamma^k."""
+
+    QUIT = False
+
+
+gym.register("agentrl-test/Chain-v0", entry_point=Chain)
+gym.register("agentrl-test/WalkChain-v0", entry_point=WalkChain)
+
+
+@pytest.mark.parametrize(
+    ("n_step", "prioritized", "target", "loss"),
+    [(1, False, "polyak", "mse"), (3, False, "hard", "huber"), (3, True, "polyak", "mse")],
+)
+def test_replay_and_nstep_variants_learn_the_true_q_values(
+    n_step: int, prioritized: bool, target: str, loss: str
+) -> None:
+    """Every variant must converge to Q* of a small MDP: a wrong n-step return or discount
+    (gamma instead of gamma^n), a broken replay or target update all show up as wrong Q.
+    1-step learning is checked on the corridor with a quit action (control: the greedy
+    policy must walk); n-step returns (uncorrected, like Ape-X's, so biased by exploratory
+    actions where actions differ) on the corridor where both actions walk."""
+    gamma = 0.9
+    quit_ = n_step == 1
     cfg = load_config(
         CARTPOLE,
-        total_steps=1500,
+        env_id="agentrl-test/Chain-v0" if quit_ else "agentrl-test/WalkChain-v0",
+        total_steps=3000,
+        num_envs=4,
         **{
-            "replay.prioritized_replay": False,
+            "network.hidden": [64],
+            "kernel_smoothing.latent_dim": 32,
+            "replay.prioritized_replay": prioritized,
+            "replay.batch_size": 64,
+            "dqn.gamma": gamma,
             "dqn.n_step": n_step,
-            "dqn.learning_starts": 500,
-            "dqn.target_update": "polyak",
-            "dqn.loss": "mse",
-            "evaluation.every_env_steps": 1000,
-            "evaluation.episodes": 2,
+            "dqn.learning_starts": 200,
+            "dqn.epsilon_decay_steps": 1000,
+            "dqn.epsilon_end": 0.2,
+            "dqn.target_update": target,
+            "dqn.target_update_interval": 100,
+            "dqn.loss": loss,
+            "evaluation.every_env_steps": 0,
         },
     )
     result = Trainer(cfg).train()
-    assert result.env_steps >= 1500 and result.updates > 0 and len(result.eval_rows) == 1
+    net = QNetwork(Chain.LENGTH + 1, 2, 32, cfg.network)
+    net.load_state_dict(result.final_state)
+    states = torch.eye(Chain.LENGTH + 1)[: Chain.LENGTH]
+    with torch.no_grad():
+        q = net(states)
+    truth = torch.tensor(
+        [sum(gamma**k for k in range(Chain.LENGTH - i)) for i in range(Chain.LENGTH)]
+    )
+    assert truth[0] == pytest.approx((1 - gamma**6) / (1 - gamma))
+    assert torch.allclose(q[:, 0], truth, atol=0.25), f"Q(s, go) {q[:, 0]} vs Q* {truth}"
+    if quit_:
+        assert torch.allclose(q[:, 1], torch.zeros(Chain.LENGTH), atol=0.25), q[:, 1]
+        assert bool((q.argmax(dim=1) == 0).all())  # the greedy policy walks the corridor
+    else:
+        assert torch.allclose(q[:, 1], truth, atol=0.25), f"Q(s, 1) {q[:, 1]} vs Q* {truth}"
