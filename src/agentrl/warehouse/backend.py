@@ -127,7 +127,7 @@ class ChdbBackend:
         with self._lock:
             try:
                 if params:
-                    return self._session.query(sql, fmt, params=params)
+                    return self._session.query(sql, fmt, params=_chdb_params(params))
                 return self._session.query(sql, fmt)
             except Exception as exc:
                 raise _classify(exc) from exc
@@ -156,6 +156,24 @@ class ChdbBackend:
     def close(self) -> None:
         with self._lock:
             self._session.close()
+
+
+def _chdb_params(params: dict[str, Any]) -> dict[str, str]:
+    """chdb takes parameters as text: arrays as ClickHouse literals (clickhouse-connect
+    formats Python lists itself)."""
+    out = {}
+    for key, value in params.items():
+        if isinstance(value, list | tuple):
+            out[key] = "[" + ",".join(_literal(v) for v in value) + "]"
+        else:
+            out[key] = str(value)
+    return out
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return str(value)
 
 
 class ServerBackend:

@@ -1,0 +1,231 @@
+"""Dataset export with the training request's filters, and the `clickhouse` dataset source.
+
+`select_dataset` is one SQL query: the trajectories (FINAL) joined with each one's latest
+reward (argMax over the version), filtered by the seed's `dataset.filter` fields, sampled
+deterministically (`sample_size` rows ordered by a seeded hash of the id). `export` writes
+the result to Parquet or JSONL; `clickhouse_source` is what a training job calls.
+
+Filter semantics (the same as the training service's JetStream source):
+  min_reward             latest reward >= min_reward (trajectories without a reward are
+                         left out whenever a reward is required, which is the default)
+  max_trajectory_length  turn count <= max_trajectory_length
+  date_range             start <= end_timestamp <= end (when the trajectory finished)
+  task_domains           domain in the list (empty: all)
+  exclude_subordinate_profiles  subordinate profile not in the list
+  sample_size            at most this many, a deterministic sample for a given seed
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+import pyarrow as pa
+
+from agentrl.contracts.training import Dataset, DatasetFilter
+from agentrl.contracts.trajectory import TrajectoryEvent
+from agentrl.settings import Settings, get_settings
+from agentrl.warehouse import schema
+from agentrl.warehouse.backend import Backend, open_backend
+from agentrl.warehouse.config import WarehouseSettings
+from agentrl.warehouse.queries import ts_param
+
+Format = Literal["parquet", "jsonl"]
+
+SUMMARY_COLUMNS = (
+    "trajectory_id",
+    "session_id",
+    "agent_id",
+    "subordinate_profile",
+    "task_id",
+    "domain",
+    "model",
+    "start_timestamp",
+    "end_timestamp",
+    "turn_count",
+    "success",
+    "task_status",
+    "total_tokens",
+)
+
+
+def dataset_sql(
+    database: str,
+    filt: DatasetFilter,
+    sample_size: int | None,
+    *,
+    seed: int = 0,
+    require_reward: bool = True,
+    include_raw: bool = True,
+) -> tuple[str, dict[str, Any]]:
+    """The export query and its parameters (pure: testable without a warehouse)."""
+    params: dict[str, Any] = {"seed": int(seed)}
+    where = ["1"]
+    if filt.max_trajectory_length is not None:
+        params["max_len"] = int(filt.max_trajectory_length)
+        where.append("turn_count <= {max_len:UInt32}")
+    if filt.date_range is not None:
+        params["start"] = ts_param(filt.date_range.start)
+        params["end"] = ts_param(filt.date_range.end)
+        where.append("end_timestamp BETWEEN {start:DateTime64(3)} AND {end:DateTime64(3)}")
+    if filt.task_domains:
+        params["domains"] = [str(d) for d in filt.task_domains]
+        where.append("domain IN {domains:Array(String)}")
+    if filt.exclude_subordinate_profiles:
+        params["profiles"] = list(filt.exclude_subordinate_profiles)
+        where.append("subordinate_profile NOT IN {profiles:Array(String)}")
+    reward_where = "1"
+    if filt.min_reward is not None:
+        params["min_reward"] = float(filt.min_reward)
+        reward_where = "reward >= {min_reward:Float64}"
+        require_reward = True
+    columns = ", ".join(f"t.{c} AS {c}" for c in SUMMARY_COLUMNS)
+    raw = ", t.raw_json AS raw_json" if include_raw else ""
+    join = "INNER JOIN" if require_reward else "LEFT JOIN"
+    limit = ""
+    if sample_size is not None:
+        params["sample"] = int(sample_size)
+        limit = "LIMIT {sample:UInt64}"
+    sql = f"""
+        SELECT {columns}, r.reward AS reward, r.reward_version AS reward_version{raw}
+        FROM (SELECT * FROM {database}.trajectories FINAL WHERE {" AND ".join(where)}) AS t
+        {join} (SELECT trajectory_id, argMax(total_reward, version) AS reward,
+                       max(version) AS reward_version
+                FROM {database}.rewards GROUP BY trajectory_id
+                HAVING {reward_where}) AS r USING trajectory_id
+        ORDER BY cityHash64(t.trajectory_id, {{seed:UInt64}}), t.trajectory_id
+        {limit}
+        SETTINGS join_use_nulls = 1"""
+    return sql, params
+
+
+def select_dataset(
+    backend: Backend,
+    database: str,
+    filt: DatasetFilter | None = None,
+    sample_size: int | None = None,
+    *,
+    seed: int = 0,
+    require_reward: bool = True,
+    include_raw: bool = True,
+) -> pa.Table:
+    sql, params = dataset_sql(
+        database,
+        filt or DatasetFilter(),
+        sample_size,
+        seed=seed,
+        require_reward=require_reward,
+        include_raw=include_raw,
+    )
+    return backend.query(sql, params)
+
+
+def to_bytes(table: pa.Table, fmt: Format) -> bytes:
+    """Parquet (zstd) or JSONL bytes; in JSONL the stored trajectory is a nested object."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        sink = io.BytesIO()
+        pq.write_table(table, sink, compression="zstd")
+        return sink.getvalue()
+    out = io.BytesIO()
+    names = [n for n in table.column_names if n != "raw_json"]
+    raws = table.column("raw_json").to_pylist() if "raw_json" in table.column_names else None
+    for i, row in enumerate(table.select(names).to_pylist()):
+        line = orjson.dumps(row, option=orjson.OPT_NAIVE_UTC)
+        if raws is not None:
+            line = line[:-1] + b',"trajectory":' + raws[i].encode() + b"}"
+        out.write(line + b"\n")
+    return out.getvalue()
+
+
+def export(
+    backend: Backend,
+    database: str,
+    path: str | Path,
+    filt: DatasetFilter | None = None,
+    sample_size: int | None = None,
+    *,
+    fmt: Format | None = None,
+    seed: int = 0,
+    include_raw: bool = True,
+) -> int:
+    """Write the filtered dataset to `path` (.parquet or .jsonl); returns the row count."""
+    path = Path(path)
+    fmt = fmt or ("jsonl" if path.suffix in (".jsonl", ".json") else "parquet")
+    table = select_dataset(backend, database, filt, sample_size, seed=seed, include_raw=include_raw)
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, path, compression="zstd")
+    else:
+        path.write_bytes(to_bytes(table, "jsonl"))
+    return int(table.num_rows)
+
+
+@dataclass(frozen=True)
+class RewardedTrajectory:
+    """One training example from the warehouse: the stored (redacted) trajectory and the
+    total of its latest reward version."""
+
+    trajectory: TrajectoryEvent
+    reward: float
+    reward_version: int
+
+
+def rewarded_from_table(table: pa.Table) -> list[RewardedTrajectory]:
+    raws = table.column("raw_json").to_pylist()
+    rewards = table.column("reward").to_pylist()
+    versions = table.column("reward_version").to_pylist()
+    return [
+        RewardedTrajectory(TrajectoryEvent.model_validate_json(raw), float(r), int(v))
+        for raw, r, v in zip(raws, rewards, versions, strict=True)
+    ]
+
+
+def clickhouse_source(
+    dataset: Dataset,
+    settings: Settings | None = None,
+    *,
+    seed: int = 0,
+    api_url: str | None = None,
+    api_token: str | None = None,
+    timeout_s: float = 60.0,
+) -> list[RewardedTrajectory]:
+    """The `clickhouse` dataset source of a training request (`dataset.source == "clickhouse"`).
+
+    Returns the trajectories matching `dataset.filter`, each with its latest reward, at most
+    `dataset.sample_size` of them (a deterministic sample for `seed`). It reads the
+    warehouse directly when this process may (a ClickHouse server via AGENTRL_CLICKHOUSE_URL,
+    or the embedded chdb when this process owns it, as the services of `agentrl up` do);
+    with `api_url` it asks the control API's `POST /stats/export` instead (for a process
+    beside the one that owns chdb, e.g. a training job's child process). Blocking: call it
+    through `asyncio.to_thread` from async code.
+    """
+    if api_url is not None:
+        import httpx
+        import pyarrow.parquet as pq
+
+        headers = {"Authorization": f"Bearer {api_token}"} if api_token else {}
+        body = {
+            "filter": dataset.filter.model_dump(mode="json", exclude_none=True),
+            "sample_size": dataset.sample_size,
+            "seed": seed,
+            "format": "parquet",
+        }
+        response = httpx.post(
+            api_url.rstrip("/") + "/stats/export", json=body, headers=headers, timeout=timeout_s
+        )
+        response.raise_for_status()
+        return rewarded_from_table(pq.read_table(io.BytesIO(response.content)))
+    settings = settings or get_settings()
+    wsettings = WarehouseSettings()
+    backend = open_backend(wsettings, Path(settings.data_dir))
+    schema.apply(backend, wsettings)  # idempotent; an empty warehouse gives an empty dataset
+    table = select_dataset(
+        backend, wsettings.database, dataset.filter, dataset.sample_size, seed=seed
+    )
+    return rewarded_from_table(table)
