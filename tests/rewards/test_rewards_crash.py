@@ -1,5 +1,9 @@
 """A reward service process killed with SIGKILL mid-stream: after a restart nothing is lost,
-no reward id is stored twice, and no trajectory entered the statistics twice."""
+no reward id is stored twice, and no trajectory entered the statistics twice.
+
+JetStream's duplicate window is shrunk to one second (after each start, since the service's
+ensure_streams() restores the configured 120 s), and the restart waits past it: exactly-once
+must come from the service's outbox, not from the server dropping a copy in time."""
 
 from __future__ import annotations
 
@@ -54,6 +58,23 @@ async def count_rewards(bus: Bus) -> int:
     return int((await bus.js.stream_info("RL_REWARDS")).state.messages)
 
 
+async def started(bus: Bus, proc: subprocess.Popen[bytes], log: Path) -> None:
+    """Wait for the service's consumer, then shrink the duplicate windows to 1 s."""
+    deadline = time.monotonic() + 60
+    while True:
+        assert proc.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, "the service never created its consumer"
+        try:
+            await bus.js.consumer_info("RL_TRAJECTORIES", "rewards")
+            break
+        except Exception:
+            await asyncio.sleep(0.05)
+    for stream in ("RL_TRAJECTORIES", "RL_REWARDS"):
+        cfg = (await bus.js.stream_info(stream)).config
+        cfg.duplicate_window = 1.0
+        await bus.js.update_stream(cfg)
+
+
 async def test_sigkill_mid_stream_then_restart(server: EmbeddedNats, tmp_path: Path) -> None:
     bus = await Bus.connect(server.url)
     await bus.ensure_streams()
@@ -65,6 +86,7 @@ async def test_sigkill_mid_stream_then_restart(server: EmbeddedNats, tmp_path: P
     log = tmp_path / "service.log"
     proc = serve(server.url, tmp_path / "data", config, log)
     try:
+        await started(bus, proc, log)
         for k in range(0, len(docs), 500):
             await bus.publish_many([TrajectoryEvent.model_validate(d) for d in docs[k : k + 500]])
         deadline = time.monotonic() + 90
@@ -76,15 +98,16 @@ async def test_sigkill_mid_stream_then_restart(server: EmbeddedNats, tmp_path: P
         proc.wait(10)
         at_kill = await count_rewards(bus)
         assert at_kill < 1500, "the kill came too late to test anything"
+        await asyncio.sleep(1.5)  # past the 1 s window: a republished copy would be stored
         proc = serve(server.url, tmp_path / "data", config, log)
+        await started(bus, proc, log)
         deadline = time.monotonic() + 120
         while await count_rewards(bus) < 1500:
             assert proc.poll() is None, log.read_text()
             assert time.monotonic() < deadline, f"stuck at {await count_rewards(bus)} rewards"
             await asyncio.sleep(0.05)
-        await asyncio.sleep(1.0)  # anything republished late would show up now
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # SIGTERM drains every publish in flight before exiting
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
     got = await read_stream(bus, "RL_REWARDS", "agent.rl.reward.v1")

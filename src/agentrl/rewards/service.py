@@ -4,13 +4,16 @@ It also consumes `agent.rl.feedback.v1`: feedback for a scored trajectory produc
 reward version (same trajectory, version + 1, its own deterministic id); feedback that arrives
 before its trajectory waits in the store and is folded into version 1.
 
-Per batch (fetched 256 at a time): drop opted-out trajectories, republish stored rewards of
-redelivered ones, redact PII, lint all code of the batch in one ruff+bandit run, run custom
+Per batch (fetched 256 at a time): drop opted-out trajectories, ack redelivered ones whose
+reward is already stored (never scored or published twice), redact PII, lint all code of the batch in one ruff+bandit run, run custom
 reward functions concurrently, score the batch (vectorised), and commit windows, rewards and an
 outbox entry per reward in one SQLite transaction. Then the bus acks the trajectories while
 the rewards are published in the background; their PubAcks empty the outbox, and whatever a
-crash leaves in it is published at the next start under the same ids. A trajectory that
-cannot be scored is dead-lettered with the reason; the service keeps going.
+crash leaves in it is published at the next start under the same ids, except the ones the
+reward stream already holds (exactly once at any delay; JetStream's duplicate window is only
+the second line of defence). A trajectory that cannot be scored is dead-lettered with the
+reason; the service keeps going. The two consumers run in one TaskGroup: when one fails, the
+other is cancelled and the service stops with the error (the supervisor restarts it).
 """
 
 from __future__ import annotations
@@ -24,8 +27,11 @@ import os
 import sqlite3
 import time
 from collections import Counter, deque
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import nats.errors
 
 from agentrl.bus import Bus, ConsumeStats, Delivery, PermanentError, TransientError
 from agentrl.contracts.feedback import FeedbackEvent
@@ -72,6 +78,7 @@ class RewardService:
         self.ack_wait = ack_wait
         self.max_inflight = max_inflight
         self._inflight: deque[asyncio.Task[None]] = deque()
+        self._inflight_ids: set[str] = set()  # reward ids an in-flight publish carries
         self._failures_seen = 0
         # Skip two lookups per batch while there is nothing to find (the common case).
         self._have_dropped = self.store.has_rows("dropped")
@@ -83,7 +90,11 @@ class RewardService:
 
     # ---- lifecycle --------------------------------------------------------------------
     async def run(self, stop: asyncio.Event | None = None) -> None:
-        """Consume trajectories and feedback until `stop` is set."""
+        """Consume trajectories and feedback until `stop` is set.
+
+        Structured: both consumers and the housekeeping loop run in one TaskGroup, so when
+        one fails the others are cancelled before the store closes, and `run` raises that
+        failure (the caller, e.g. `agentrl up`'s supervisor, restarts the service)."""
         stop = stop or asyncio.Event()
         await self.bus.ensure_streams()
         self._maybe_prune()
@@ -92,55 +103,72 @@ class RewardService:
             self.config.calculator_version,
             self.store.count(),
         )
-        await self._replay_outbox()
-        collector = asyncio.create_task(self._collect_while_idle(stop))
         try:
-            await asyncio.gather(
-                self.bus.consume(
-                    TRAJECTORY,
-                    self.durable,
-                    batch_handler=self.handle_trajectories,
-                    batch=self.batch,
-                    max_deliver=self.max_deliver,
-                    ack_wait=self.ack_wait,
-                    stop=stop,
-                    stats=self.trajectory_stats,
-                ),
-                self.bus.consume(
-                    FEEDBACK,
-                    f"{self.durable}-feedback",
-                    batch_handler=self.handle_feedback,
-                    batch=self.batch,
-                    max_deliver=self.max_deliver,
-                    ack_wait=self.ack_wait,
-                    stop=stop,
-                    stats=self.feedback_stats,
-                ),
-            )
+            await self._replay_outbox()
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    tg.create_task(
+                        self.bus.consume(
+                            TRAJECTORY,
+                            self.durable,
+                            batch_handler=self.handle_trajectories,
+                            batch=self.batch,
+                            max_deliver=self.max_deliver,
+                            ack_wait=self.ack_wait,
+                            stop=stop,
+                            stats=self.trajectory_stats,
+                        ),
+                        name="rewards:trajectories",
+                    )
+                    tg.create_task(
+                        self.bus.consume(
+                            FEEDBACK,
+                            f"{self.durable}-feedback",
+                            batch_handler=self.handle_feedback,
+                            batch=self.batch,
+                            max_deliver=self.max_deliver,
+                            ack_wait=self.ack_wait,
+                            stop=stop,
+                            stats=self.feedback_stats,
+                        ),
+                        name="rewards:feedback",
+                    )
+                    tg.create_task(self._housekeeping(stop), name="rewards:housekeeping")
+            except BaseExceptionGroup as group:
+                first = _first_error(group)
+                log.error("reward service stopped: %s: %s", type(first).__name__, first)
+                raise first from group
             await self._drain_publishes()
         finally:
-            collector.cancel()
+            await self._cancel_publishes()
             self.close()
 
     # ---- publishing: pipelined, confirmed through the outbox ------------------------------
-    def _publish_later(self, items: list[tuple[str, bytes, str]], confirm: bool) -> None:
-        """Publish in the background; with `confirm`, take the rewards out of the outbox once
-        JetStream has them. The batch handler returns meanwhile, so the next batch is fetched
-        and scored while these PubAcks travel."""
+    def _publish_later(self, items: list[tuple[str, bytes, str]]) -> None:
+        """Publish in the background and take the rewards out of the outbox once JetStream
+        has them. The batch handler returns meanwhile, so the next batch is fetched and
+        scored while these PubAcks travel."""
         if items:
-            self._inflight.append(asyncio.create_task(self._publish(items, confirm)))
+            self._inflight_ids.update(rid for _, _, rid in items)
+            self._inflight.append(asyncio.create_task(self._publish(items)))
 
-    async def _publish(self, items: list[tuple[str, bytes, str]], confirm: bool) -> None:
+    async def _publish(self, items: list[tuple[str, bytes, str]]) -> None:
+        ids = [rid for _, _, rid in items]
         try:
-            await self.bus.publish_many(items)
-        except Exception as exc:  # left in the outbox: retried by the next replay
-            log.warning("publishing %d rewards failed (kept in the outbox): %s", len(items), exc)
-            self.counters["publish_failures"] += 1
-            return
-        if confirm:
-            # A service closed meanwhile replays these at its next start.
+            try:
+                await self.bus.publish_many(items)
+            except Exception as exc:  # left in the outbox: retried by the next replay
+                log.warning(
+                    "publishing %d rewards failed (kept in the outbox): %s", len(items), exc
+                )
+                self.counters["publish_failures"] += 1
+                return
+            # A service closed meanwhile replays these at its next start (after checking the
+            # stream, so they are not published twice).
             with contextlib.suppress(sqlite3.ProgrammingError):
-                self.store.confirm([rid for _, _, rid in items])
+                self.store.confirm(ids)
+        finally:
+            self._inflight_ids.difference_update(ids)
 
     async def _backpressure(self) -> None:
         """At most `max_inflight` batches of rewards wait for their PubAcks."""
@@ -157,21 +185,57 @@ class RewardService:
             await self._inflight.popleft()
         await self._replay_outbox()
 
+    async def _cancel_publishes(self) -> None:
+        """After a failure: stop what is in flight (the outbox keeps it for the next start)."""
+        tasks = list(self._inflight)
+        self._inflight.clear()
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=10)
+
     async def _replay_outbox(self, older_than_s: float = 0.0) -> None:
-        """Publish what a crash (or a failed publish) left unconfirmed, under the same ids."""
+        """Publish what a crash (or a failed publish) left unconfirmed, under the same ids.
+
+        A crash between JetStream's PubAck and the confirm leaves rewards in the outbox that
+        the stream already holds; publishing them again would duplicate them once the
+        duplicate window has passed. So the reward stream is read back (message ids only)
+        from the oldest row's time on, and what it holds is confirmed without publishing."""
         while True:
-            rows = self.store.outbox(older_than_s, limit=2000)
+            rows = [
+                r
+                for r in self.store.outbox_rows(older_than_s, limit=5000)
+                if r[0] not in self._inflight_ids
+            ]
             if not rows:
                 return
-            latest = {str(json.loads(data)["reward_id"]): data for _, data in rows}
+            since = min(at for _, _, at in rows)
+            try:
+                stored = await published_reward_ids(self.bus, since - STREAM_CHECK_MARGIN_S)
+            except Exception as exc:
+                log.warning("cannot read the reward stream back, will retry later: %s", exc)
+                return
+            already = [rid for rid, _, _ in rows if rid in stored]
+            latest: dict[str, bytes] = {}
+            for rid, data, _ in rows:
+                if rid in stored:
+                    continue
+                latest_id = str(json.loads(data)["reward_id"])
+                if latest_id not in stored:
+                    latest[latest_id] = data
             try:
                 await self.bus.publish_many([(REWARD, data, rid) for rid, data in latest.items()])
             except Exception as exc:
                 log.warning("outbox replay failed, will retry later: %s", exc)
                 return
-            self.store.confirm([rid for rid, _ in rows])
-            self.counters["outbox_replayed"] += len(rows)
-            log.info("published %d rewards left in the outbox", len(rows))
+            self.store.confirm([rid for rid, _, _ in rows])
+            self.counters["outbox_replayed"] += len(rows) - len(already)
+            self.counters["outbox_already_published"] += len(already)
+            log.info(
+                "outbox: published %d rewards, %d were already in the stream",
+                len(rows) - len(already),
+                len(already),
+            )
 
     def close(self) -> None:
         self.store.close()
@@ -191,11 +255,16 @@ class RewardService:
             gc.collect()
             self._last_collect = time.monotonic()
 
-    async def _collect_while_idle(self, stop: asyncio.Event) -> None:
-        """Idle consumers still make a little cyclic garbage (fetch timeouts)."""
+    async def _housekeeping(self, stop: asyncio.Event) -> None:
+        """Every few seconds: collect cyclic garbage (idle consumers still make a little) and
+        publish outbox rows a failed publish left behind."""
         while not stop.is_set():
-            await asyncio.sleep(5.0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 5.0)
+            if stop.is_set():
+                return
             self._maybe_collect()
+            await self._replay_outbox(older_than_s=30.0)
 
     def _maybe_prune(self) -> None:
         if time.monotonic() - self._last_prune > 3600:
@@ -217,45 +286,37 @@ class RewardService:
         ids = [e.trajectory_id for e in events]
         stored = self.store.rewards(ids)
         already_dropped = self.store.dropped(ids) if self._have_dropped else set()
-        republish: list[bytes] = []
+        delta: Counter[str] = Counter()  # counted only once the batch is committed
         drops: list[tuple[str, str]] = []
         todo: list[int] = []
         first_seen: set[str] = set()
         for i, ev in enumerate(events):
             tid = ev.trajectory_id
-            if tid in stored:  # redelivered or republished: same reward, same id
-                if tid not in first_seen:
-                    republish.append(stored[tid].reward_json)
-                    self.counters["republished"] += 1
-                first_seen.add(tid)
+            if tid in stored:  # redelivered or republished: its reward is in the outbox or out
+                self.counters["redelivered"] += 1  # observed, not committed state
             elif tid in already_dropped or tid in first_seen:
-                first_seen.add(tid)
+                pass
             elif (why := opt_out_reason(ev, self.config)) is not None:
                 drops.append((tid, why))
-                self._have_dropped = True
-                self.counters["dropped_opt_out"] += 1
-                first_seen.add(tid)
+                delta["dropped_opt_out"] += 1
             else:
                 todo.append(i)
-                first_seen.add(tid)
+            first_seen.add(tid)
 
         prepared = await self.preparer.prepare(events, [d.data for d in deliveries], todo)
-        self.counters.update(prepared.counters)
+        delta.update(prepared.counters)
         for i, failure in prepared.failures.items():
             cls = PermanentError if failure.kind == "permanent" else TransientError
             outcomes[i] = cls(failure.reason)
         order, inputs = prepared.order, prepared.inputs
 
         # Sync from here to the commit: the feedback handler cannot interleave.
-        rewards, applied = self._score_and_commit(order, inputs, drops, outcomes)
+        rewards, _ = self._score_and_commit(order, inputs, drops, outcomes, delta)
+        if drops:
+            self._have_dropped = True
         self._maybe_collect()
         self._maybe_prune()
-        self._publish_later(
-            [(REWARD, b, str(json.loads(b)["reward_id"])) for b in republish], confirm=False
-        )
-        self._publish_later([(REWARD, r.to_json(), r.reward_id) for r in rewards], confirm=True)
-        self.counters["rewards_published"] += len(rewards)
-        self.counters["feedback_applied"] += applied
+        self._publish_later([(REWARD, r.to_json(), r.reward_id) for r in rewards])
         await self._backpressure()
         return outcomes
 
@@ -265,8 +326,10 @@ class RewardService:
         inputs: dict[int, ScoringInput],
         drops: list[tuple[str, str]],
         outcomes: list[BaseException | None],
+        delta: Counter[str],
     ) -> tuple[list[Scored], int]:
-        """Fold in pending feedback, score, commit; returns the rewards and the feedback count."""
+        """Fold in pending feedback, score, commit; returns the rewards and the feedback count.
+        `delta` (this batch's counts) enters `self.counters` only after the commit."""
         ids = [inputs[i].trajectory.trajectory_id for i in order]
         pending = self.store.pending_feedback(ids) if self._have_pending else {}
         for i in order:
@@ -298,15 +361,18 @@ class RewardService:
             for r in rewards
         ]
         applied = [(fid, 1) for r in rewards for fid in fb_by_id[r.trajectory_id].feedback_ids]
-        self.counters["trajectories_scored"] += len(rewards)
+        delta["trajectories_scored"] += len(rewards)
+        delta["rewards_published"] += len(rewards)
+        delta["feedback_applied"] += len(applied)
         self.store.commit(
             rewards=rows,
             windows=new_state,
             feedback_applied=applied,
             dropped=drops,
-            counters=dict(self.counters),
+            counters=dict(self.counters + delta),
             outbox=[(r.reward_id, r.trajectory_id) for r in rewards],
         )
+        self.counters.update(delta)
         self.state = new_state
         return rewards, len(applied)
 
@@ -321,17 +387,15 @@ class RewardService:
         latest: dict[str, Scored] = {}
         states: dict[str, FeedbackState] = {}
         new_rows: list[tuple[str, str, str, int | None]] = []
-        republish: dict[str, bytes] = {}
+        delta: Counter[str] = Counter()
         for i, ev in enumerate(events):
             tid = ev.trajectory_id
             if ev.feedback_id in seen or any(r[0] == ev.feedback_id for r in new_rows):
-                if tid in stored and tid not in latest:
-                    republish[tid] = stored[tid].reward_json
-                continue
+                continue  # its reward version is committed: published or in the outbox
             if tid in dropped or (
                 ev.user_id is not None and ev.user_id in self.config.opt_out_users
             ):
-                self.counters["feedback_dropped_opt_out"] += 1
+                delta["feedback_dropped_opt_out"] += 1
                 continue
             try:
                 FeedbackState().apply(ev.type, ev.rating)
@@ -345,8 +409,7 @@ class RewardService:
             )
             if tid not in stored and tid not in latest:
                 new_rows.append((ev.feedback_id, tid, json.dumps(payload), None))
-                self.counters["feedback_pending"] += 1
-                self._have_pending = True
+                delta["feedback_pending"] += 1
                 continue
             if tid not in latest:
                 previous = json.loads(stored[tid].reward_json)
@@ -356,28 +419,70 @@ class RewardService:
             states[tid].apply(ev.type, ev.rating, ev.feedback_id)
             latest[tid] = rescore_with_feedback(previous, states[tid], self.state, self.config)
             new_rows.append((ev.feedback_id, tid, json.dumps(payload), latest[tid].version))
-            self.counters["feedback_applied"] += 1
+            delta["feedback_applied"] += 1
+        delta["rewards_published"] += len(latest)
         rows = [(tid, r.version, r.to_json(), states[tid].to_dict()) for tid, r in latest.items()]
         self.store.commit(
             rewards=rows,
             feedback_new=new_rows,
-            counters=dict(self.counters),
+            counters=dict(self.counters + delta),
             outbox=[(r.reward_id, r.trajectory_id) for r in latest.values()],
         )
-        self._publish_later(
-            [(REWARD, r.to_json(), r.reward_id) for r in latest.values()], confirm=True
-        )
-        self._publish_later(
-            [
-                (REWARD, b, str(json.loads(b)["reward_id"]))
-                for tid, b in republish.items()
-                if tid not in latest
-            ],
-            confirm=False,
-        )
-        self.counters["rewards_published"] += len(latest)
+        self.counters.update(delta)
+        if delta["feedback_pending"]:
+            self._have_pending = True
+        self._publish_later([(REWARD, r.to_json(), r.reward_id) for r in latest.values()])
         await self._backpressure()
         return outcomes
+
+
+STREAM_CHECK_MARGIN_S = 5.0  # clock skew and commit-to-publish delay, in seconds
+
+
+async def published_reward_ids(bus: Bus, since: float, timeout: float = 2.0) -> set[str]:
+    """The message ids (= reward ids) the reward stream holds from `since` (unix seconds) on.
+
+    Reads headers only, through an ephemeral consumer that the server deletes by itself."""
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    stamp = datetime.fromtimestamp(max(since, 0.0), UTC)
+    sub = await bus.js.pull_subscribe(
+        REWARD,
+        stream="RL_REWARDS",
+        config=ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_TIME,
+            opt_start_time=stamp,
+            ack_policy=AckPolicy.NONE,
+            headers_only=True,
+            inactive_threshold=30.0,
+            filter_subject=REWARD,
+        ),
+    )
+    out: set[str] = set()
+    try:
+        pending = int((await sub.consumer_info()).num_pending or 0)
+        seen = 0
+        while seen < pending:
+            try:
+                msgs = await sub.fetch(min(5000, pending - seen), timeout=timeout)
+            except (TimeoutError, nats.errors.TimeoutError):
+                break
+            seen += len(msgs)
+            out.update((m.headers or {}).get("Nats-Msg-Id", "") for m in msgs)
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    if seen < pending:
+        raise RuntimeError(f"read {seen} of {pending} reward message ids back")
+    return out
+
+
+def _first_error(group: BaseExceptionGroup) -> BaseException:  # type: ignore[type-arg]
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return _first_error(exc)
+        return exc
+    return group
 
 
 def config_path(settings: Settings) -> Path | None:

@@ -2,15 +2,17 @@
 
 Why one transaction per batch: the window statistics, the record that a trajectory was scored
 (with its reward, for redelivery and late feedback) and the applied feedback ids must move
-together. If the process dies after the commit but before the rewards were published or the
-trajectories acked, the redelivered trajectories are found here and their stored rewards are
-published again under the same ids (JetStream drops the duplicates); they are never scored
-twice, so the windows never count a trajectory twice.
+together. If the process dies after the commit but before the trajectories were acked, the
+redelivered trajectories are found here and acked without scoring them again, so the windows
+never count a trajectory twice.
 
 The same transaction puts each new reward into an outbox; the service publishes it in the
-background and deletes it when JetStream confirms (PubAck). So the trajectories can be acked
-before the PubAcks arrive (the next batch is scored meanwhile): whatever a crash leaves in the
-outbox is published again at start, under the same reward id.
+background and deletes it when JetStream confirms (PubAck). The outbox is the only way a reward
+is ever published: a row in it means "not yet confirmed", a reward without a row was confirmed.
+So a redelivered trajectory whose reward is confirmed is acked without republishing, at any
+delay (JetStream's duplicate window, 120 s, is only the second line of defence), and whatever a
+crash leaves in the outbox is published again at start, under the same reward id, after
+checking the reward stream for the ones that did get through.
 """
 
 from __future__ import annotations
@@ -195,13 +197,20 @@ class RewardStore:
         """(outbox reward id, the trajectory's latest reward JSON) for rewards not yet
         confirmed published, oldest first. A superseded version is answered with the latest
         one, which is what consumers keep anyway."""
+        return [(rid, data) for rid, data, _ in self.outbox_rows(older_than_s, limit)]
+
+    def outbox_rows(
+        self, older_than_s: float = 0.0, limit: int = 10_000
+    ) -> list[tuple[str, bytes, float]]:
+        """Like `outbox()`, with each row's creation time (unix seconds)."""
         cutoff = time.time() - older_than_s
         rows = self.db.execute(
-            "SELECT o.reward_id, r.reward FROM outbox o JOIN rewards r USING (trajectory_id) "
+            "SELECT o.reward_id, r.reward, o.created_at FROM outbox o "
+            "JOIN rewards r USING (trajectory_id) "
             "WHERE o.created_at <= ? ORDER BY o.created_at LIMIT ?",
             (cutoff, limit),
         ).fetchall()
-        return [(str(rid), bytes(data)) for rid, data in rows]
+        return [(str(rid), bytes(data), float(at)) for rid, data, at in rows]
 
     def confirm(self, reward_ids: Sequence[str]) -> None:
         """JetStream stored these rewards: take them out of the outbox."""
@@ -214,15 +223,38 @@ class RewardStore:
             cur.execute("ROLLBACK")
             raise
 
+    def unconfirmed(self, trajectory_ids: Sequence[str]) -> set[str]:
+        """The trajectories among these whose latest reward is still in the outbox."""
+        out: set[str] = set()
+        for chunk in _chunks(list(trajectory_ids), 500):
+            q = f"SELECT trajectory_id FROM outbox WHERE trajectory_id IN ({','.join('?' * len(chunk))})"
+            out.update(r[0] for r in self.db.execute(q, chunk))
+        return out
+
     def prune(self, retention_s: float) -> int:
-        """Forget rewards, feedback and drop records older than the retention."""
+        """Forget rewards, feedback and drop records older than the retention.
+
+        A reward still in the outbox (never confirmed published) is kept whatever its age:
+        pruning it would orphan its outbox row and lose the reward."""
         cutoff = time.time() - retention_s
         cur = self.db.cursor()
         cur.execute("BEGIN IMMEDIATE")
-        n = cur.execute("DELETE FROM rewards WHERE scored_at < ?", (cutoff,)).rowcount
-        cur.execute("DELETE FROM feedback WHERE received_at < ?", (cutoff,))
-        cur.execute("DELETE FROM dropped WHERE dropped_at < ?", (cutoff,))
-        cur.execute("COMMIT")
+        try:
+            n = cur.execute(
+                "DELETE FROM rewards WHERE scored_at < ? AND trajectory_id NOT IN "
+                "(SELECT trajectory_id FROM outbox)",
+                (cutoff,),
+            ).rowcount
+            cur.execute(
+                "DELETE FROM feedback WHERE received_at < ? AND trajectory_id NOT IN "
+                "(SELECT trajectory_id FROM outbox)",
+                (cutoff,),
+            )
+            cur.execute("DELETE FROM dropped WHERE dropped_at < ?", (cutoff,))
+            cur.execute("COMMIT")
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
         return int(n)
 
 

@@ -1,0 +1,234 @@
+"""Exactly-once rewards at any delay, structured shutdown, and outbox bookkeeping.
+
+JetStream's duplicate window is shrunk to one second here, so nothing passes because a copy
+happened to fall inside the default 120 s window; every wait is for a condition."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import nats.js.errors
+import pytest
+from nats.js.api import ConsumerConfig, RetentionPolicy
+
+from agentrl.bus import Bus, EmbeddedNats
+from agentrl.contracts.subjects import REWARD, TRAJECTORY
+from agentrl.contracts.trajectory import TrajectoryEvent
+from agentrl.rewards import RewardConfig, ScoringInput, score_batch
+from agentrl.rewards.bench import read_stream
+from agentrl.rewards.samples import sample_trajectory
+from agentrl.rewards.service import RewardService
+from agentrl.rewards.store import RewardStore
+from agentrl.rewards.window import WindowState
+
+STREAMS = ("RL_TRAJECTORIES", "RL_REWARDS", "RL_FEEDBACK", "RL_DLQ")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
+    srv = EmbeddedNats(data_dir=tmp_path_factory.mktemp("rewards-once-nats"))
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture()
+async def bus(server: EmbeddedNats) -> AsyncIterator[Bus]:
+    b = await Bus.connect(server.url, name="rewards-once-test")
+    await b.ensure_streams()
+    for stream in STREAMS:
+        await b.js.purge_stream(stream)
+    yield b
+    await asyncio.wait_for(b.close(), 10)
+
+
+async def until(cond: Callable[[], Awaitable[bool]], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def shrink_duplicate_windows(bus: Bus, seconds: float = 1.0) -> None:
+    """JetStream drops a repeated Nats-Msg-Id only inside this window."""
+    for stream in ("RL_TRAJECTORIES", "RL_REWARDS"):
+        cfg = (await bus.js.stream_info(stream)).config
+        cfg.duplicate_window = seconds
+        await bus.js.update_stream(cfg)
+
+
+async def consumer_exists(bus: Bus, durable: str) -> bool:
+    try:
+        await bus.js.consumer_info("RL_TRAJECTORIES", durable)
+    except Exception:
+        return False
+    return True
+
+
+async def all_acked(bus: Bus, durable: str) -> bool:
+    """The consumer has acked every trajectory the stream holds."""
+    last = (await bus.js.stream_info("RL_TRAJECTORIES")).state.last_seq
+    info = await bus.js.consumer_info("RL_TRAJECTORIES", durable)
+    return info.ack_floor.stream_seq == last and not info.num_ack_pending
+
+
+async def reward_count(bus: Bus) -> int:
+    return int((await bus.js.stream_info("RL_REWARDS")).state.messages)
+
+
+def fresh(i: int) -> dict[str, Any]:
+    return sample_trajectory(i, trajectory_id=str(uuid.uuid4()))
+
+
+class Service:
+    def __init__(self, bus: Bus, data_dir: Path, durable: str, **kw: Any) -> None:
+        self.service = RewardService(bus, RewardConfig(), data_dir, durable=durable, **kw)
+        self.stop_event = asyncio.Event()
+        self.task = asyncio.create_task(self.service.run(self.stop_event))
+
+    async def stop(self) -> None:
+        self.stop_event.set()
+        await asyncio.wait_for(self.task, 30)
+
+
+async def started(bus: Bus, tmp_path: Path, durable: str) -> Service:
+    svc = Service(bus, tmp_path, durable)
+    await until(lambda: consumer_exists(bus, durable), "the consumer")
+    await shrink_duplicate_windows(bus)  # after the service's ensure_streams()
+    return svc
+
+
+async def test_trajectory_redelivered_after_the_duplicate_window_is_not_rewarded_twice(
+    bus: Bus, tmp_path: Path
+) -> None:
+    name = f"once-{uuid.uuid4().hex[:8]}"
+    svc = await started(bus, tmp_path, name)
+    doc = fresh(1)
+    await bus.publish(TrajectoryEvent.model_validate(doc))
+    await until(lambda: _ge(reward_count(bus), 1), "the first reward")
+    first = (await read_stream(bus, "RL_REWARDS", REWARD))[0]
+    # Past the 1 s window JetStream stores any copy; the producer retries the trajectory.
+    await asyncio.sleep(1.5)
+    await bus.publish_raw(TRAJECTORY, json.dumps(doc).encode(), "a-late-producer-retry")
+    await until(lambda: all_acked(bus, name), "the redelivered trajectory to be acked")
+    await svc.stop()  # drains every publish in flight
+    got = await read_stream(bus, "RL_REWARDS", REWARD)
+    assert [d["reward_id"] for d in got] == [first["reward_id"]]
+    assert svc.service.counters["trajectories_scored"] == 1
+    assert svc.service.counters["redelivered"] == 1
+
+
+async def test_outbox_replay_skips_rewards_the_stream_already_holds(
+    bus: Bus, tmp_path: Path
+) -> None:
+    name = f"once-{uuid.uuid4().hex[:8]}"
+    svc = await started(bus, tmp_path, name)
+    await bus.publish(TrajectoryEvent.model_validate(fresh(2)))
+    await until(lambda: _ge(reward_count(bus), 1), "the reward")
+    await svc.stop()
+    (published,) = await read_stream(bus, "RL_REWARDS", REWARD)
+    # The state a crash between JetStream's PubAck and the confirm leaves: the reward is
+    # stored in the stream and still in the outbox.
+    db = sqlite3.connect(tmp_path / "rewards" / "state.sqlite")
+    with db:
+        db.execute(
+            "INSERT INTO outbox VALUES (?, ?, ?)",
+            (published["reward_id"], published["trajectory_id"], time.time()),
+        )
+    db.close()
+    await asyncio.sleep(1.5)  # past the stream's 1 s duplicate window
+    again = Service(bus, tmp_path, name)
+    await until(lambda: consumer_exists(bus, name), "the consumer")
+    await again.stop()
+    got = await read_stream(bus, "RL_REWARDS", REWARD)
+    assert [d["reward_id"] for d in got] == [published["reward_id"]]
+    assert again.service.counters["outbox_already_published"] == 1
+    assert RewardStore(tmp_path / "rewards" / "state.sqlite").outbox() == []
+
+
+async def test_a_failing_consumer_stops_the_whole_service(bus: Bus, tmp_path: Path) -> None:
+    """The feedback consumer cannot be created (RL_FEEDBACK was made a work-queue stream and
+    another consumer already owns its subject): the service must stop with that error, its
+    trajectory consumer cancelled, not left running on a closed store."""
+    name = f"once-{uuid.uuid4().hex[:8]}"
+    spec = (await bus.js.stream_info("RL_FEEDBACK")).config
+    await bus.js.delete_stream("RL_FEEDBACK")
+    await bus.js.add_stream(replace(spec, retention=RetentionPolicy.WORK_QUEUE))
+    await bus.js.add_consumer("RL_FEEDBACK", ConsumerConfig(durable_name="someone-else"))
+    try:
+        before = set(asyncio.all_tasks())
+        svc = Service(bus, tmp_path, name)
+        with pytest.raises(nats.js.errors.BadRequestError):
+            await asyncio.wait_for(svc.task, 30)
+        await asyncio.sleep(0)  # let cancellations land
+        left = [
+            t.get_name()
+            for t in asyncio.all_tasks() - before
+            if t is not asyncio.current_task() and not t.done()
+        ]
+        assert left == [], f"tasks still running after the service failed: {left}"
+        # The trajectory consumer is gone: a trajectory published now stays undelivered.
+        await bus.publish(TrajectoryEvent.model_validate(fresh(3)))
+        await asyncio.sleep(0.3)
+        info = await bus.js.consumer_info("RL_TRAJECTORIES", name)
+        assert info.delivered.consumer_seq == 0 and info.num_pending == 1
+        with pytest.raises(sqlite3.ProgrammingError):  # closed after its consumers stopped
+            svc.service.store.count()
+    finally:
+        await bus.js.delete_stream("RL_FEEDBACK")
+        await bus.ensure_streams()
+
+
+async def test_counters_move_only_when_the_batch_commits(bus: Bus, tmp_path: Path) -> None:
+    name = f"once-{uuid.uuid4().hex[:8]}"
+    svc = await started(bus, tmp_path, name)
+    # A real SQLite failure inside the batch transaction (think: disk full).
+    svc.service.store.db.execute(
+        "CREATE TEMP TRIGGER fail_commit BEFORE INSERT ON rewards "
+        "BEGIN SELECT RAISE(ABORT, 'disk full'); END"
+    )
+    docs = [fresh(10 + i) for i in range(5)]
+    await bus.publish_many([TrajectoryEvent.model_validate(d) for d in docs])
+    stats = svc.service.trajectory_stats
+    await until(lambda: _true(stats.nakked >= 10), "two failed attempts")
+    assert svc.service.counters["trajectories_scored"] == 0
+    assert svc.service.counters["rewards_published"] == 0
+    assert await reward_count(bus) == 0
+    svc.service.store.db.execute("DROP TRIGGER fail_commit")
+    await until(lambda: _ge(reward_count(bus), 5), "the rewards after the disk recovered")
+    await svc.stop()
+    assert svc.service.counters["trajectories_scored"] == 5
+    assert svc.service.counters["rewards_published"] == 5
+    persisted = RewardStore(tmp_path / "rewards" / "state.sqlite").load_counters()
+    assert persisted["trajectories_scored"] == 5
+
+
+def test_pruning_keeps_rewards_that_were_never_confirmed(tmp_path: Path) -> None:
+    items = [ScoringInput(TrajectoryEvent.model_validate(fresh(20 + i))) for i in range(2)]
+    (kept, gone), _ = score_batch(items, WindowState(), RewardConfig())
+    store = RewardStore(tmp_path / "state.sqlite")
+    store.commit(
+        rewards=[(r.trajectory_id, 1, r.to_json(), {}) for r in (kept, gone)],
+        outbox=[(kept.reward_id, kept.trajectory_id)],  # `gone` was confirmed, `kept` not
+    )
+    store.db.execute("UPDATE rewards SET scored_at = scored_at - 100 * 86400")
+    assert store.prune(30 * 86400) == 1
+    assert [rid for rid, _ in store.outbox()] == [kept.reward_id]  # still publishable
+    assert set(store.rewards([kept.trajectory_id, gone.trajectory_id])) == {kept.trajectory_id}
+    store.close()
+
+
+async def _ge(value: Awaitable[int], want: int) -> bool:
+    return await value >= want
+
+
+async def _true(value: bool) -> bool:
+    return value
