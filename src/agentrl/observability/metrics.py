@@ -1,0 +1,477 @@
+"""Every Prometheus metric agentrl exports, in one place (services import these objects).
+
+Names follow Prometheus conventions, which corrects the seed where it slipped: counters end
+in `_total`; durations are seconds; a traffic share is a 0-1 ratio
+(`agent_rl_model_traffic_ratio`, not `..._percentage`); an error rate is not exported as a
+gauge but derived in PromQL from `agent_rl_gateway_requests_total` and
+`agent_rl_gateway_errors_total`; no label takes unbounded values (no trajectory, session or
+job ids): model versions, subjects, consumers and task domains go through a `LabelCap`, which
+keeps the first N distinct values and maps the rest to "other".
+
+Multiprocess: training jobs run in child processes. When `PROMETHEUS_MULTIPROC_DIR` (or
+`AGENTRL_METRICS_MULTIPROC_DIR`) is set before this module is imported, every process writes
+its samples to memory-mapped files there and `/metrics` merges them (prometheus_client's
+multiprocess mode); `enable_multiprocess(dir)` sets it up from code (before the first import).
+
+Recording must never break a service: the helpers at the bottom swallow and count any error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+ENV_MULTIPROC = "PROMETHEUS_MULTIPROC_DIR"
+ENV_AGENTRL_MULTIPROC = "AGENTRL_METRICS_MULTIPROC_DIR"
+ENV_DISABLED = "AGENTRL_METRICS_DISABLED"
+
+
+def enable_multiprocess(directory: Path | str, clean: bool = True) -> Path:
+    """Switch this process (and the children it starts) to multiprocess metrics in
+    `directory`. Call before `agentrl.observability.metrics` is first imported; `clean`
+    empties the directory (stale files of dead processes would be summed forever)."""
+    path = Path(directory)
+    if clean and path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ[ENV_MULTIPROC] = str(path)
+    os.environ[ENV_AGENTRL_MULTIPROC] = str(path)
+    return path
+
+
+if os.environ.get(ENV_AGENTRL_MULTIPROC) and not os.environ.get(ENV_MULTIPROC):
+    os.environ[ENV_MULTIPROC] = os.environ[ENV_AGENTRL_MULTIPROC]
+
+from prometheus_client import (  # noqa: E402  (the environment above must be set first)
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client import values as _values  # noqa: E402
+
+MULTIPROCESS = bool(os.environ.get(ENV_MULTIPROC))
+if MULTIPROCESS:  # the value class is chosen per metric child: make sure it is the mmap one
+    _values.ValueClass = _values.get_value_class()
+
+
+def enabled() -> bool:
+    """Metrics on (default) or off (`AGENTRL_METRICS_DISABLED=1`, used by the overhead bench)."""
+    return not _DISABLED[0]
+
+
+_DISABLED = [os.environ.get(ENV_DISABLED, "") not in ("", "0", "false")]
+
+
+def set_enabled(on: bool) -> None:
+    """Turn recording on or off at run time (benchmarks measure the overhead this way)."""
+    _DISABLED[0] = not on
+
+
+# ---- bounded label values ----------------------------------------------------------------
+
+OTHER = "other"
+
+
+class LabelCap:
+    """Keeps at most `max_values` distinct label values (first come, or a fixed allow-list);
+    anything else becomes "other", so a flood of new versions or subjects cannot blow up
+    Prometheus's series count."""
+
+    def __init__(
+        self, name: str, max_values: int = 20, allowed: tuple[str, ...] = (), max_len: int = 64
+    ) -> None:
+        self.name = name
+        self.max_values = max_values
+        self.max_len = max_len
+        self._seen: set[str] = set(allowed)
+        self._fixed = bool(allowed)
+        self._lock = threading.Lock()
+
+    def __call__(self, value: Any) -> str:
+        text = str(value if value not in (None, "") else "unknown")[: self.max_len]
+        if text in self._seen:
+            return text
+        if self._fixed:
+            return OTHER
+        with self._lock:
+            if len(self._seen) < self.max_values:
+                self._seen.add(text)
+                return text
+        return OTHER
+
+    def reset(self) -> None:
+        with self._lock:
+            if not self._fixed:
+                self._seen.clear()
+
+
+MODEL_VERSION = LabelCap("model_version", max_values=20)
+SUBJECT = LabelCap("subject", max_values=40)
+CONSUMER = LabelCap("consumer", max_values=40)
+STREAM = LabelCap("stream", max_values=20)
+AGENT_TYPE = LabelCap("agent_type", max_values=20)
+TASK_DOMAIN = LabelCap("task_domain", max_values=30)
+TASK_TYPE = LabelCap("task_type", max_values=30)
+TABLE = LabelCap("table", max_values=20)
+COMPONENT = LabelCap("component", max_values=20)
+COLLECTOR = LabelCap("collector", max_values=20)
+STATUS = LabelCap(
+    "status",
+    allowed=(
+        "queued",
+        "started",
+        "running",
+        "completed",
+        "failed",
+        "cancelled",
+        "pending",
+        "validating",
+        "canary",
+        "promoted",
+        "deployed",
+        "rolled_back",
+        "rejected",
+        "ok",
+        "error",
+    ),
+)
+
+# ---- the seed's metrics (conventions applied) ---------------------------------------------
+
+# Training jobs
+TRAINING_JOBS = Counter(
+    "agent_rl_training_jobs_total",
+    "Training jobs that reached a status (queued, started, completed, failed, cancelled).",
+    ["status"],
+)
+TRAINING_DURATION = Histogram(
+    "agent_rl_training_duration_seconds",
+    "Wall time of a finished training job.",
+    buckets=(60, 300, 600, 1800, 3600, 7200, 14400),
+)
+TRAINING_SAMPLES = Histogram(
+    "agent_rl_training_samples",
+    "Number of samples a training job used.",
+    buckets=(100, 1000, 5000, 10000, 50000, 100000),
+)
+TRAINING_QUEUE_DEPTH = Gauge(
+    "agent_rl_training_queue_depth",
+    "Training jobs waiting in the queue.",
+    multiprocess_mode="livemax",
+)
+TRAINING_JOBS_RUNNING = Gauge(
+    "agent_rl_training_jobs_running",
+    "Training jobs running now.",
+    multiprocess_mode="livemax",
+)
+TRAINING_STEPS = Counter(
+    "agent_rl_training_steps_total",
+    "Optimiser steps taken by training jobs (reported from the job processes).",
+)
+TRAINING_REWARD = Gauge(
+    "agent_rl_training_reward_mean",
+    "Mean reward of the latest training step of the running job (its training curve).",
+    multiprocess_mode="mostrecent",
+)
+TRAINING_LOSS = Gauge(
+    "agent_rl_training_loss",
+    "Loss of the latest training step of the running job.",
+    multiprocess_mode="mostrecent",
+)
+
+# Model performance
+MODEL_REWARD_MEAN = Gauge(
+    "agent_rl_model_reward_mean",
+    "Mean reward of a model version over the deployment monitor's window.",
+    ["model_version"],
+    multiprocess_mode="mostrecent",
+)
+MODEL_BENCHMARK_SCORE = Gauge(
+    "agent_rl_model_benchmark_score",
+    "Validation/benchmark score of a model version by task type (0-1).",
+    ["model_version", "task_type"],
+    multiprocess_mode="mostrecent",
+)
+
+# Trajectories
+TRAJECTORIES = Counter(
+    "agent_rl_trajectories_collected_total",
+    "Trajectories received by the reward service.",
+    ["agent_type", "task_domain"],
+)
+TRAJECTORY_LENGTH = Histogram(
+    "agent_rl_trajectory_length_turns",
+    "Number of turns in a trajectory.",
+    buckets=(1, 3, 5, 10, 20, 50),
+)
+TRAJECTORY_REWARD = Histogram(
+    "agent_rl_trajectory_reward",
+    "Total reward of a trajectory, per serving model version.",
+    ["model_version"],
+    buckets=(-1.0, -0.5, 0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0),
+)
+TRAJECTORY_SUCCESS = Counter(
+    "agent_rl_trajectory_success_total",
+    "Trajectories whose outcome was a success, per serving model version.",
+    ["model_version"],
+)
+REWARD_COMPONENT = Histogram(
+    "agent_rl_reward_component",
+    "Value of each reward component (task completion, efficiency, code quality, feedback).",
+    ["component"],
+    buckets=(-1.0, -0.5, 0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+)
+
+# Deployments
+MODEL_DEPLOYMENTS = Counter(
+    "agent_rl_model_deployments_total",
+    "Deployment state changes (canary, promoted, rolled_back, failed).",
+    ["status"],
+)
+MODEL_TRAFFIC_RATIO = Gauge(
+    "agent_rl_model_traffic_ratio",
+    "Share of the public model's traffic routed to a version (0-1).",
+    ["model_version"],
+    multiprocess_mode="mostrecent",
+)
+
+# ---- what operators need beyond the seed -------------------------------------------------
+
+GATEWAY_REQUESTS = Counter(
+    "agent_rl_gateway_requests_total",
+    "Chat completion requests served by the gateway, per model version.",
+    ["model_version"],
+)
+GATEWAY_ERRORS = Counter(
+    "agent_rl_gateway_errors_total",
+    "Chat completion requests that failed, per model version (error rate = errors/requests).",
+    ["model_version"],
+)
+GATEWAY_LATENCY = Histogram(
+    "agent_rl_gateway_request_duration_seconds",
+    "Gateway request latency per model version.",
+    ["model_version"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+REWARD_LATENCY = Histogram(
+    "agent_rl_reward_latency_seconds",
+    "Reward service: time to compute and publish the rewards of one batch of trajectories.",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+REWARDS_PUBLISHED = Counter(
+    "agent_rl_rewards_published_total",
+    "Rewards published by the reward service.",
+)
+BUS_PUBLISHED = Counter(
+    "agent_rl_bus_published_messages_total",
+    "Messages published to JetStream (acknowledged), per subject.",
+    ["subject"],
+)
+BUS_CONSUMED = Counter(
+    "agent_rl_bus_consumed_messages_total",
+    "Messages handled and acknowledged, per durable consumer.",
+    ["consumer"],
+)
+BUS_DEAD_LETTERS = Counter(
+    "agent_rl_bus_dead_letters_total",
+    "Messages sent to the dead-letter stream, per original subject.",
+    ["subject"],
+)
+BUS_CONSUMER_PENDING = Gauge(
+    "agent_rl_bus_consumer_pending_messages",
+    "Consumer lag: messages in the stream not yet delivered to the consumer.",
+    ["stream", "consumer"],
+    multiprocess_mode="mostrecent",
+)
+BUS_CONSUMER_ACK_PENDING = Gauge(
+    "agent_rl_bus_consumer_ack_pending_messages",
+    "Messages delivered to the consumer and not yet acknowledged.",
+    ["stream", "consumer"],
+    multiprocess_mode="mostrecent",
+)
+BUS_CONSUMER_REDELIVERED = Gauge(
+    "agent_rl_bus_consumer_redelivered_messages",
+    "Messages currently redelivered (delivered more than once) to the consumer.",
+    ["stream", "consumer"],
+    multiprocess_mode="mostrecent",
+)
+BUS_STREAM_MESSAGES = Gauge(
+    "agent_rl_bus_stream_messages",
+    "Messages stored in a JetStream stream.",
+    ["stream"],
+    multiprocess_mode="mostrecent",
+)
+BUS_STREAM_BYTES = Gauge(
+    "agent_rl_bus_stream_bytes",
+    "Bytes stored in a JetStream stream.",
+    ["stream"],
+    multiprocess_mode="mostrecent",
+)
+WAREHOUSE_BATCH_ROWS = Histogram(
+    "agent_rl_warehouse_insert_batch_rows",
+    "Rows per warehouse insert batch.",
+    ["table"],
+    buckets=(1, 10, 50, 100, 500, 1000, 5000, 10000),
+)
+WAREHOUSE_INSERT_LATENCY = Histogram(
+    "agent_rl_warehouse_insert_duration_seconds",
+    "Time to insert one batch into the warehouse.",
+    ["table"],
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+WAREHOUSE_ROWS = Counter(
+    "agent_rl_warehouse_rows_inserted_total",
+    "Rows inserted into the warehouse, per table.",
+    ["table"],
+)
+COLLECTOR_ERRORS = Counter(
+    "agent_rl_metrics_collector_errors_total",
+    "Metric collectors that failed (logged and skipped), per collector.",
+    ["collector"],
+)
+COLLECTOR_LAST_SUCCESS = Gauge(
+    "agent_rl_metrics_collector_last_success_timestamp_seconds",
+    "Unix time of a collector's last successful run.",
+    ["collector"],
+    multiprocess_mode="mostrecent",
+)
+
+# The metric names the dashboards and rules may use (checked by the tests).
+ALL_METRICS: tuple[Any, ...] = tuple(
+    obj for obj in list(globals().values()) if isinstance(obj, Counter | Gauge | Histogram)
+)
+
+
+def metric_names() -> set[str]:
+    """Every exported series family name, with the suffixes Prometheus adds."""
+    names: set[str] = set()
+    for m in ALL_METRICS:
+        base = m._name
+        if isinstance(m, Counter):
+            names.add(f"{base}_total")
+        elif isinstance(m, Histogram):
+            names.update({f"{base}_bucket", f"{base}_sum", f"{base}_count"})
+        else:
+            names.add(base)
+    return names
+
+
+# ---- registry and exposition ---------------------------------------------------------------
+
+
+def registry() -> CollectorRegistry:
+    """The registry `/metrics` exposes: the process registry, or in multiprocess mode a fresh
+    one that merges every process's files (the documented prometheus_client pattern)."""
+    if not MULTIPROCESS:
+        return REGISTRY
+    from prometheus_client import multiprocess
+
+    merged = CollectorRegistry()
+    multiprocess.MultiProcessCollector(merged)
+    return merged
+
+
+def exposition() -> bytes:
+    """The text format of every metric (what `/metrics` returns)."""
+    return generate_latest(registry())
+
+
+def mark_process_dead(pid: int) -> None:
+    """A job child process exited: drop its live gauges (multiprocess mode only)."""
+    if MULTIPROCESS:
+        from prometheus_client import multiprocess
+
+        with contextlib.suppress(Exception):
+            multiprocess.mark_process_dead(pid)
+
+
+# ---- never-failing recording helpers -----------------------------------------------------
+
+_errors = [0]
+
+
+@contextlib.contextmanager
+def safe() -> Iterator[None]:
+    """Run a recording block; any error is logged once per 100 and never propagates."""
+    try:
+        yield
+    except Exception:  # a metric must never break the service that records it
+        _errors[0] += 1
+        if _errors[0] % 100 == 1:
+            log.exception("recording a metric failed (%d so far)", _errors[0])
+
+
+def inc(counter: Counter, amount: float = 1.0, **labels: str) -> None:
+    """`counter.labels(**labels).inc(amount)` that cannot raise and respects `enabled()`."""
+    if _DISABLED[0]:
+        return
+    with safe():
+        (counter.labels(**labels) if labels else counter).inc(amount)
+
+
+def observe(hist: Histogram, value: float, **labels: str) -> None:
+    if _DISABLED[0]:
+        return
+    with safe():
+        (hist.labels(**labels) if labels else hist).observe(value)
+
+
+def set_gauge(gauge: Gauge, value: float, **labels: str) -> None:
+    if _DISABLED[0]:
+        return
+    with safe():
+        (gauge.labels(**labels) if labels else gauge).set(value)
+
+
+def record_gateway_request(version: str, duration_s: float, error: bool) -> None:
+    """One gateway request: count, latency, and the error count (error rate in PromQL)."""
+    if _DISABLED[0]:
+        return
+    with safe():
+        v = MODEL_VERSION(version)
+        GATEWAY_REQUESTS.labels(model_version=v).inc()
+        GATEWAY_LATENCY.labels(model_version=v).observe(duration_s)
+        if error:
+            GATEWAY_ERRORS.labels(model_version=v).inc()
+
+
+def record_trajectory(
+    agent_type: str, task_domain: str, turns: int, reward: float | None, model_version: str,
+    success: bool | None = None,
+) -> None:  # fmt: skip
+    """One scored trajectory (reward service)."""
+    if _DISABLED[0]:
+        return
+    with safe():
+        TRAJECTORIES.labels(
+            agent_type=AGENT_TYPE(agent_type), task_domain=TASK_DOMAIN(task_domain)
+        ).inc()
+        TRAJECTORY_LENGTH.observe(turns)
+        v = MODEL_VERSION(model_version)
+        if reward is not None:
+            TRAJECTORY_REWARD.labels(model_version=v).observe(reward)
+        if success:
+            TRAJECTORY_SUCCESS.labels(model_version=v).inc()
+
+
+def record_dead_letter(subject: str) -> None:
+    inc(BUS_DEAD_LETTERS, subject=SUBJECT(subject))
+
+
+def record_training_status(status: str) -> None:
+    inc(TRAINING_JOBS, status=STATUS(status))
+
+
+def record_deployment(status: str) -> None:
+    inc(MODEL_DEPLOYMENTS, status=STATUS(status))
