@@ -1,0 +1,269 @@
+"""The dataset of a training job: logged trajectories joined with their latest reward.
+
+I/O (`read_subject`) reads a JetStream stream with an ordered consumer from a start time
+(the request's date_range start, a margin earlier) to the end as of the call. Everything else
+is pure: keep the highest reward version per trajectory, apply every filter of the seed in
+a fixed order counting what each removes, draw a seeded sample, split off a holdout by
+task_id (all attempts of one task land on the same side, so the holdout is unseen tasks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import numpy as np
+import orjson
+
+from agentrl.contracts.training import DatasetFilter
+
+FILTER_ORDER = (
+    "no_reward",
+    "opted_out",
+    "min_reward",
+    "max_trajectory_length",
+    "date_range",
+    "task_domains",
+    "exclude_subordinate_profiles",
+    "agent_ids",
+)
+CLOCK_SKEW = timedelta(hours=1)
+
+
+@dataclass
+class Record:
+    """One trajectory with its latest reward (raw dicts: parsing 100k models costs seconds)."""
+
+    trajectory: dict[str, Any]
+    reward: dict[str, Any]
+
+    @property
+    def trajectory_id(self) -> str:
+        return str(self.trajectory["trajectory_id"])
+
+    @property
+    def task_id(self) -> str:
+        return str((self.trajectory.get("task_context") or {}).get("task_id") or self.trajectory_id)
+
+    @property
+    def domain(self) -> str:
+        return str((self.trajectory.get("task_context") or {}).get("domain") or "general")
+
+    @property
+    def score(self) -> float:
+        return float(self.reward["total_reward"])
+
+
+@dataclass
+class FilterReport:
+    """How many trajectories each stage removed (and how many were read)."""
+
+    trajectories: int = 0
+    rewards: int = 0
+    removed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FILTER_ORDER, 0))
+    kept: int = 0
+    sampled: int = 0
+    holdout: int = 0
+
+    def message(self) -> str:
+        parts = ", ".join(f"{k} -{v}" for k, v in self.removed.items())
+        return (
+            f"no trajectories left after filtering: {self.trajectories} trajectories read, "
+            f"{self.rewards} rewards read; removed by filter: {parts}; kept {self.kept}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "trajectories": self.trajectories,
+            "rewards": self.rewards,
+            "removed": dict(self.removed),
+            "kept": self.kept,
+            "sampled": self.sampled,
+            "holdout": self.holdout,
+        }
+
+
+# -- pure -------------------------------------------------------------------------------------
+
+
+def reward_version(reward: dict[str, Any]) -> int:
+    """The reward's version (top level, or in a nested extras object on the wire)."""
+    v = reward.get("version")
+    if v is None:
+        for value in reward.values():
+            if isinstance(value, dict) and isinstance(value.get("version"), int):
+                v = value["version"]
+                break
+    return int(v or 1)
+
+
+def latest_rewards(rewards: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """trajectory_id -> its highest reward version (later timestamp breaks ties)."""
+    best: dict[str, tuple[int, str, dict[str, Any]]] = {}
+    for r in rewards:
+        tid = r.get("trajectory_id")
+        if not tid:
+            continue
+        key = (reward_version(r), str(r.get("timestamp", "")))
+        cur = best.get(tid)
+        if cur is None or key > cur[:2]:
+            best[tid] = (key[0], key[1], r)
+    return {tid: v[2] for tid, v in best.items()}
+
+
+def _ts(value: Any) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+
+
+def apply_filters(
+    trajectories: Iterable[dict[str, Any]],
+    rewards: dict[str, dict[str, Any]],
+    flt: DatasetFilter,
+    report: FilterReport | None = None,
+) -> tuple[list[Record], FilterReport]:
+    """Join and filter, counting removals per filter in `FILTER_ORDER`. A trajectory that
+    occurs twice (a republish under another message id) is kept once."""
+    report = report or FilterReport()
+    removed = report.removed
+    domains = set(flt.task_domains)
+    excluded = set(flt.exclude_subordinate_profiles)
+    agents = set((flt.model_extra or {}).get("agent_ids") or ())
+    start = flt.date_range.start if flt.date_range else None
+    end = flt.date_range.end if flt.date_range else None
+    seen: set[str] = set()
+    kept: list[Record] = []
+    for t in trajectories:
+        tid = t.get("trajectory_id")
+        if not tid or tid in seen:
+            continue
+        seen.add(tid)
+        report.trajectories += 1
+        reward = rewards.get(tid)
+        if reward is None:
+            removed["no_reward"] += 1
+            continue
+        if (t.get("metadata") or {}).get("rl_opt_out"):
+            removed["opted_out"] += 1
+            continue
+        if flt.min_reward is not None and float(reward["total_reward"]) < flt.min_reward:
+            removed["min_reward"] += 1
+            continue
+        if flt.max_trajectory_length is not None and len(t.get("turns") or ()) > (
+            flt.max_trajectory_length
+        ):
+            removed["max_trajectory_length"] += 1
+            continue
+        if start is not None and end is not None:
+            ts = _ts(t.get("end_timestamp")) or _ts(t.get("start_timestamp"))
+            if ts is None or ts < start or ts > end:
+                removed["date_range"] += 1
+                continue
+        if domains and (t.get("task_context") or {}).get("domain", "general") not in domains:
+            removed["task_domains"] += 1
+            continue
+        if excluded and t.get("subordinate_profile") in excluded:
+            removed["exclude_subordinate_profiles"] += 1
+            continue
+        if agents and t.get("agent_id") not in agents:
+            removed["agent_ids"] += 1
+            continue
+        kept.append(Record(t, reward))
+    report.kept = len(kept)
+    return kept, report
+
+
+def seeded_sample(records: list[Record], size: int | None, seed: int) -> list[Record]:
+    """`size` records drawn without replacement, the same ones for the same data and seed
+    whatever order the stream delivered them in."""
+    ordered = sorted(records, key=lambda r: r.trajectory_id)
+    if size is None or size >= len(ordered):
+        return ordered
+    idx = np.random.default_rng(seed).choice(len(ordered), size=size, replace=False)
+    return [ordered[i] for i in sorted(idx.tolist())]
+
+
+def holdout_split(
+    records: list[Record], fraction: float, seed: int
+) -> tuple[list[Record], list[Record]]:
+    """Split by task_id: about `fraction` of the tasks (at least one when fraction > 0 and
+    there are two or more tasks) go to the holdout."""
+    tasks = sorted({r.task_id for r in records})
+    if fraction <= 0 or len(tasks) < 2:
+        return records, []
+    n = min(len(tasks) - 1, max(1, round(fraction * len(tasks))))
+    pick = np.random.default_rng(seed + 1).choice(len(tasks), size=n, replace=False)
+    held = {tasks[i] for i in pick.tolist()}
+    train = [r for r in records if r.task_id not in held]
+    hold = [r for r in records if r.task_id in held]
+    return train, hold
+
+
+# -- I/O --------------------------------------------------------------------------------------
+
+
+async def read_subject(
+    js: Any,
+    stream: str,
+    subject: str,
+    start: datetime | None = None,
+    idle_timeout: float = 2.0,
+) -> list[bytes]:
+    """Every message of `subject` in `stream` stored at or after `start` (all when None), up
+    to the stream's last message at the time of the call; ordered push consumer, no acks."""
+    from nats.js.api import DeliverPolicy
+
+    info = await js.stream_info(stream)
+    last = int(info.state.last_seq)
+    if int(info.state.messages) == 0:
+        return []
+    out: list[bytes] = []
+    done = asyncio.Event()
+
+    async def on_msg(msg: Any) -> None:
+        out.append(msg.data)
+        meta = msg.metadata
+        if meta.sequence.stream >= last or meta.num_pending == 0:
+            done.set()
+
+    kw: dict[str, Any] = {"ordered_consumer": True, "cb": on_msg, "stream": stream}
+    if start is not None:
+        from nats.js.api import ConsumerConfig
+
+        kw["deliver_policy"] = DeliverPolicy.BY_START_TIME
+        kw["config"] = ConsumerConfig(opt_start_time=(start - CLOCK_SKEW).isoformat())
+    sub = await js.subscribe(subject, **kw)
+    try:
+        count = -1
+        while not done.is_set():  # stop early when nothing matches or the stream is idle
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), idle_timeout)
+            if len(out) == count:
+                break
+            count = len(out)
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    return out
+
+
+def parse_all(blobs: Iterable[bytes]) -> list[dict[str, Any]]:
+    """orjson-parse payloads, skipping any that are not JSON objects (they were dead-lettered
+    upstream; a dataset must not fail on one)."""
+    out = []
+    for b in blobs:
+        try:
+            d = orjson.loads(b)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(d, dict):
+            out.append(d)
+    return out

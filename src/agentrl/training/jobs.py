@@ -1,0 +1,592 @@
+"""The two job kinds, run inside the job process (see worker.py).
+
+`dataset`: load the logged trajectories and their latest rewards, build samples, train with
+`agentrl.llm`'s PolicyTrainer one optimiser step at a time (cancel is checked between steps,
+progress is reported every N steps, a checkpoint written every save_interval steps), then
+evaluate on the holdout and write the final checkpoint, the curves and the model card.
+
+`environment`: online rollouts in one of the project's environments through the existing
+`agentrl.llm` loop (`train_on_env`, one small adapter, so the entry point can change later).
+
+Holdout evaluation of a dataset job is off-policy: the holdout's logged trajectories are
+re-weighted by how much more (or less) likely the trained policy makes them than the base
+model (self-normalised importance sampling over whole trajectories, log-ratio clipped to
++-20). `holdout_reward` is that estimate of the trained policy's reward on the holdout
+tasks and `improvement_over_baseline` its difference to the base model's (the plain mean).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from agentrl.errors import TrainingError
+from agentrl.training.worker import Emitter, finite
+
+if TYPE_CHECKING:
+    from agentrl.llm.config import TrainerConfig
+    from agentrl.llm.loop import LoopSettings, TrainingResult
+    from agentrl.llm.samples import PolicySample
+    from agentrl.llm.trainer import PolicyTrainer
+
+log = logging.getLogger(__name__)
+
+COMPLETION_SUBJECT = "agent.rl.completion.v1"
+COMPLETION_STREAM = "RL_COMPLETIONS"
+
+
+# -- shared -----------------------------------------------------------------------------------
+
+
+def trainer_config(spec: dict[str, Any], algorithm: str) -> TrainerConfig:
+    from agentrl.contracts.training import TrainingRequest
+    from agentrl.llm.config import TrainerConfig
+
+    req = TrainingRequest.model_validate(spec["request"])
+    tc = req.training_config
+    hp = tc.hyperparameters
+    extra = hp.model_extra or {}
+    try:
+        return TrainerConfig(
+            algorithm=algorithm,  # type: ignore[arg-type]
+            model=tc.base_model,
+            learning_rate=hp.learning_rate,
+            batch_size=hp.batch_size,
+            epochs=1,
+            clip_epsilon=min(hp.clip_epsilon, 0.99),
+            gamma=hp.gamma,
+            gae_lambda=hp.gae_lambda,
+            mixed_precision=tc.compute.mixed_precision,
+            device=spec.get("device", "cpu"),
+            save_interval=tc.checkpointing.save_interval,
+            max_checkpoints=tc.checkpointing.max_checkpoints,
+            storage_path=spec["storage_path"],
+            max_length=int(spec.get("max_length", 1024)),
+            skip_zero_advantage=False,
+            seed=int(extra.get("seed", 0)),
+            lora_r=int(extra.get("lora_r", 16)),
+            kl_coef=float(extra.get("kl_coef", 0.0)),
+        )
+    except TrainingError as exc:
+        raise TrainingError(str(exc), "CONFIG") from exc
+    except ValueError as exc:
+        raise TrainingError(f"invalid training configuration: {exc}", "CONFIG") from exc
+
+
+def load_trainer(config: TrainerConfig, spec: dict[str, Any], callback: Any) -> PolicyTrainer:
+    """Load the base model; an unknown or unloadable model is a CONFIG error."""
+    from agentrl.llm.trainer import PolicyTrainer
+
+    kw: dict[str, Any] = {}
+    if spec.get("tiny_kwargs") and config.model.lower() in ("tiny", "tiny-random"):
+        kw["tiny_kwargs"] = spec["tiny_kwargs"]
+    try:
+        return PolicyTrainer.from_config(config, callback, **kw)
+    except TrainingError as exc:
+        code = "CONFIG" if "cannot load model" in str(exc) else exc.code
+        raise TrainingError(str(exc), code) from exc
+
+
+def check_store(storage_path: str) -> None:
+    """Fail early (INFRA) when the checkpoint store cannot be written."""
+    import fsspec
+
+    try:
+        fs, root = fsspec.core.url_to_fs(storage_path)
+        fs.makedirs(root, exist_ok=True)
+        probe = root.rstrip("/") + "/.write-probe"
+        with fs.open(probe, "wb") as fh:
+            fh.write(b"ok")
+        fs.rm(probe)
+    except Exception as exc:
+        raise TrainingError(
+            f"checkpoint store {storage_path} cannot be written: {type(exc).__name__}: {exc}",
+            "INFRA",
+        ) from exc
+
+
+def write_curves(history: list[dict[str, float]], path: Path, title: str) -> str | None:
+    """Loss and batch reward per optimiser step as a PNG."""
+    if not history:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [h.get("step", i + 1) for i, h in enumerate(history)]
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    axes[0].plot(steps, [h.get("loss", np.nan) for h in history])
+    axes[0].set_title("loss")
+    axes[1].plot(steps, [h.get("reward_mean", np.nan) for h in history])
+    axes[1].set_title("batch reward")
+    for ax in axes:
+        ax.set_xlabel("step")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return str(path)
+
+
+def current_metrics(m: dict[str, float]) -> dict[str, Any]:
+    return {
+        "loss": finite(m.get("loss")),
+        "reward_mean": finite(m.get("reward_mean")),
+        "reward_std": finite(m.get("reward_std")),
+        "policy_entropy": finite(m.get("policy_entropy")),
+        "kl_divergence": finite(m.get("approx_kl", m.get("kl_ref"))),
+        "learning_rate": finite(m.get("learning_rate")),
+    }
+
+
+class Progress:
+    """Step counting, ETA and periodic progress events."""
+
+    def __init__(self, emitter: Emitter, total_steps: int, epochs: int, every: int) -> None:
+        self.emitter = emitter
+        self.total = max(1, total_steps)
+        self.epochs = epochs
+        self.every = every
+        self.t0 = time.monotonic()
+        self.done_at_start = 0
+        self.train_s = 0.0
+
+    def report(
+        self,
+        step: int,
+        epoch: int,
+        metrics: dict[str, float],
+        best: Any = None,
+        force: bool = False,
+    ) -> None:
+        if not force and step % self.every and step != self.total:
+            return
+        elapsed = time.monotonic() - self.t0
+        new = max(1, step - self.done_at_start)
+        eta = elapsed / new * max(0, self.total - step)
+        self.emitter.emit(
+            "running",
+            phase="training",
+            progress={
+                "current_epoch": epoch,
+                "total_epochs": self.epochs,
+                "current_step": step,
+                "total_steps": self.total,
+                "percent_complete": round(min(100.0, 100.0 * step / self.total), 2),
+                "eta_seconds": round(eta, 1),
+            },
+            metrics={"current": current_metrics(metrics), **({"best": best} if best else {})},
+            train_s=self.train_s,
+        )
+
+
+# -- dataset jobs -----------------------------------------------------------------------------
+
+
+async def load_data(spec: dict[str, Any]) -> dict[str, Any]:
+    """Trajectories, rewards, completion log and feedback corrections from JetStream."""
+    import nats
+
+    from agentrl.contracts.training import TrainingRequest
+    from agentrl.training.dataset import parse_all, read_subject
+
+    req = TrainingRequest.model_validate(spec["request"])
+    ds = req.training_config.dataset
+    start = ds.filter.date_range.start if ds.filter.date_range else None
+    try:
+        nc = await nats.connect(spec["nats_url"], connect_timeout=5, max_reconnect_attempts=3)
+    except Exception as exc:
+        raise TrainingError(f"cannot reach NATS at {spec['nats_url']}: {exc!r}", "INFRA") from exc
+    try:
+        js = nc.jetstream(timeout=10)
+        trajs = await read_subject(js, ds.stream_name, "agent.rl.trajectory.v1", start)
+        rewards = await read_subject(js, "RL_REWARDS", "agent.rl.reward.v1", start)
+        completions: list[bytes] = []
+        feedback: list[bytes] = []
+        try:
+            completions = await read_subject(js, COMPLETION_STREAM, COMPLETION_SUBJECT, start)
+        except Exception:  # no completion log yet: every sample is re-tokenised
+            log.info("no %s stream: samples use re-tokenised text", COMPLETION_STREAM)
+        if req.training_config.algorithm == "dpo":
+            with _suppress():
+                feedback = await read_subject(js, "RL_FEEDBACK", "agent.rl.feedback.v1", start)
+    except TrainingError:
+        raise
+    except Exception as exc:
+        raise TrainingError(f"reading the dataset from JetStream failed: {exc!r}", "INFRA") from exc
+    finally:
+        await nc.close()
+    comp = {str(c["completion_id"]): c for c in parse_all(completions) if c.get("completion_id")}
+    corrections = [f for f in parse_all(feedback) if f.get("type") == "correction"]
+    return {
+        "trajectories": parse_all(trajs),
+        "rewards": parse_all(rewards),
+        "completions": comp,
+        "corrections": corrections,
+    }
+
+
+class _suppress:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return True
+
+
+def trajectory_logps(trainer: PolicyTrainer, samples: list[PolicySample]) -> dict[str, float]:
+    """Sum of the policy's log-probs of each trajectory's actions (per episode id)."""
+    copies = [copy.copy(s) for s in samples]
+    for s in copies:
+        s.old_logprobs = None
+    trainer.score(copies, force_old=True)
+    out: dict[str, float] = {}
+    for s in copies:
+        assert s.old_logprobs is not None
+        out[s.episode_id] = out.get(s.episode_id, 0.0) + float(s.old_logprobs.sum())
+    return out
+
+
+def snis_reward(
+    new: dict[str, float], base: dict[str, float], rewards: dict[str, float]
+) -> float | None:
+    """Self-normalised importance-sampling estimate of the reward under the new policy."""
+    ids = [k for k in rewards if k in new and k in base]
+    if not ids:
+        return None
+    logw = np.clip(np.array([new[k] - base[k] for k in ids]), -20, 20)
+    w = np.exp(logw - logw.max())
+    r = np.array([rewards[k] for k in ids])
+    return float((w * r).sum() / w.sum())
+
+
+def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
+    from agentrl.contracts.training import TrainingRequest
+    from agentrl.llm.checkpoint import CheckpointManager
+    from agentrl.llm.samples import truncate
+    from agentrl.training.dataset import (
+        FilterReport,
+        apply_filters,
+        holdout_split,
+        latest_rewards,
+        seeded_sample,
+    )
+    from agentrl.training.requests import estimator as estimator_of
+    from agentrl.training.samples import build_pairs, build_samples
+
+    req = TrainingRequest.model_validate(spec["request"])
+    tc = req.training_config
+    est = estimator_of(req)
+    algorithm = "dpo" if est == "dpo" else ("rloo" if est == "rloo" else "grpo")
+    config = trainer_config(spec, algorithm)
+    check_store(spec["storage_path"])
+    emitter.emit("running", phase="loading data")
+    t_load = time.monotonic()
+    data = asyncio.run(load_data(spec))
+    seed = config.seed
+    report = FilterReport(rewards=len(data["rewards"]))
+    records, report = apply_filters(
+        data["trajectories"], latest_rewards(data["rewards"]), tc.dataset.filter, report
+    )
+    records = seeded_sample(records, tc.dataset.sample_size, seed)
+    report.sampled = len(records)
+    holdout_size = req.evaluation.holdout_size if req.evaluation.enabled else 0.0
+    train, hold = holdout_split(records, holdout_size, seed)
+    report.holdout = len(hold)
+    if not train:
+        raise TrainingError(report.message(), "DATA")
+    emitter.emit(
+        "running",
+        phase="loading model",
+        dataset=report.as_dict(),
+        load_data_s=time.monotonic() - t_load,
+    )
+    history: list[dict[str, float]] = []
+    state: dict[str, Any] = {"best": None}
+    trainer = load_trainer(config, spec, None)
+    tok = trainer.policy.tokenizer
+    ckpt = CheckpointManager(
+        config.storage_path,
+        config.max_checkpoints,
+        run_info={
+            "name": f"agentrl {est} on logged trajectories (job {req.training_job_id})",
+            "data": f"{len(train)} trajectories from {tc.dataset.stream_name} "
+            f"(holdout {len(hold)}), filter {tc.dataset.filter.model_dump(mode='json')}",
+        },
+    )
+
+    def fit(items: list[Any]) -> list[Any]:
+        kept = []
+        for s in items:
+            try:
+                kept.append(truncate(s, config.max_length))
+            except ValueError:
+                continue
+        return kept
+
+    if algorithm == "dpo":
+        units, bstats = build_pairs(train, tok, corrections=data["corrections"])
+        hold_samples, _ = build_samples(hold, tok, completions=data["completions"])
+    else:
+        units, bstats = build_samples(train, tok, estimator=est, completions=data["completions"])
+        units = fit([s for s in units if abs(s.advantage) > 1e-8])
+        hold_samples, _ = build_samples(hold, tok, completions=data["completions"])
+    hold_samples = fit(hold_samples)
+    if not units:
+        raise TrainingError(
+            f"nothing to train on: {len(train)} trajectories gave no "
+            + (
+                "preference pairs (every task has one attempt or tied rewards)"
+                if algorithm == "dpo"
+                else "sample with a non-zero advantage (all rewards equal?)"
+            ),
+            "DATA",
+        )
+    hold_rewards = {r.trajectory_id: r.score for r in hold}
+    base_logps = trajectory_logps(trainer, hold_samples) if hold_samples else {}
+    resumed = ckpt.resume(trainer) if spec.get("resume") else None
+    if resumed:
+        log.info("resumed from %s at step %d", resumed, trainer.global_step)
+    batch = config.batch_size
+    per_epoch = math.ceil(len(units) / batch)
+    epochs = tc.hyperparameters.epochs
+    prog = Progress(emitter, per_epoch * epochs, epochs, int(spec.get("status_every_steps", 10)))
+    prog.done_at_start = trainer.global_step
+    emitter.emit(
+        "running",
+        phase="training",
+        samples=bstats.samples,
+        exact_token_samples=bstats.exact_token_samples,
+        pairs=bstats.pairs,
+        grouped_trajectories=bstats.grouped_trajectories,
+        baseline_trajectories=bstats.baseline_trajectories,
+        resumed_from=resumed,
+        progress={
+            "current_step": trainer.global_step,
+            "total_steps": per_epoch * epochs,
+            "total_epochs": epochs,
+        },
+    )
+    rng = np.random.default_rng(seed)
+    step = 0
+    last_saved = trainer.global_step
+    for epoch in range(epochs):
+        order = rng.permutation(len(units))
+        for b in range(per_epoch):
+            step += 1
+            if step <= trainer.global_step:
+                continue  # done before the resume
+            emitter.check()
+            chunk = [units[i] for i in order[b * batch : (b + 1) * batch]]
+            t0 = time.monotonic()
+            if algorithm == "dpo":
+                metrics = trainer.train_on_pairs(chunk)
+            else:
+                metrics = trainer.train_on_samples(chunk, allow_empty=True)
+            prog.train_s += time.monotonic() - t0
+            if not metrics:
+                trainer.global_step = step  # nothing trainable in this chunk: count it anyway
+                continue
+            m = metrics[-1]
+            if "reward_mean" not in m:
+                m["reward_mean"] = (
+                    float(np.mean([p.margin for p in chunk])) if algorithm == "dpo" else 0.0
+                )
+            history.append(m)
+            if trainer.global_step - last_saved >= config.save_interval:
+                path = ckpt.save(trainer, m)
+                last_saved = trainer.global_step
+                state["last_checkpoint"] = path
+                emitter.emit("running", phase="checkpoint", last_checkpoint=path)
+                if hold_samples:
+                    score = snis_reward(
+                        trajectory_logps(trainer, hold_samples), base_logps, hold_rewards
+                    )
+                    if score is not None and ckpt.save_best(trainer, score, m):
+                        state["best"] = {
+                            "epoch": epoch + 1,
+                            "step": trainer.global_step,
+                            "reward_mean": score,
+                            "checkpoint_path": ckpt.url("best"),
+                        }
+            prog.report(trainer.global_step, epoch + 1, m, state["best"])
+    emitter.check()
+    t_eval = time.monotonic()
+    evaluation: dict[str, Any] = {}
+    if hold_samples:
+        base_reward = float(np.mean(list(hold_rewards.values())))
+        est_reward = snis_reward(trajectory_logps(trainer, hold_samples), base_logps, hold_rewards)
+        if est_reward is not None:
+            evaluation = {
+                "holdout_reward": est_reward,
+                "improvement_over_baseline": est_reward - base_reward,
+                "holdout_trajectories": len(hold),
+                "base_holdout_reward": base_reward,
+                "method": "snis",
+            }
+            if ckpt.save_best(trainer, est_reward, history[-1] if history else {}):
+                state["best"] = {
+                    "epoch": epochs,
+                    "step": trainer.global_step,
+                    "reward_mean": est_reward,
+                    "checkpoint_path": ckpt.url("best"),
+                }
+    last = history[-1] if history else {}
+    final = ckpt.save(trainer, {**last, **evaluation}, name="final")
+    curves = write_curves(history, Path(spec["job_dir"]) / "curves.png", f"{est} job")
+    emitter.emit(
+        "completed",
+        progress={
+            "current_epoch": epochs,
+            "total_epochs": epochs,
+            "current_step": trainer.global_step,
+            "total_steps": per_epoch * epochs,
+            "percent_complete": 100.0,
+            "eta_seconds": 0.0,
+        },
+        metrics={
+            "current": current_metrics(last),
+            **({"best": state["best"]} if state["best"] else {}),
+        },
+        evaluation_results=evaluation or None,
+        artifacts={
+            "final_checkpoint": final,
+            "training_curves": curves,
+            "model_card": f"{final}/model_card.md",
+            "base_model": tc.base_model,
+        },
+        train_s=prog.train_s,
+        eval_s=time.monotonic() - t_eval,
+        dataset=report.as_dict(),
+        samples=bstats.samples,
+        exact_token_samples=bstats.exact_token_samples,
+    )
+
+
+# -- environment jobs -------------------------------------------------------------------------
+
+
+def train_on_env(
+    config: TrainerConfig, loop: LoopSettings, trainer: PolicyTrainer, on_iteration: Any
+) -> TrainingResult:
+    """The one call into agentrl.llm's online loop (swap for `train_on_env` of the learning
+    configuration when it lands)."""
+    from agentrl.llm.loop import run_training
+
+    return run_training(config, loop, on_iteration=on_iteration, trainer=trainer)
+
+
+def run_environment_job(spec: dict[str, Any], emitter: Emitter) -> None:
+    from dataclasses import asdict
+
+    from agentrl.contracts.training import TrainingRequest
+    from agentrl.llm.loop import LoopSettings
+
+    req = TrainingRequest.model_validate(spec["request"])
+    tc = req.training_config
+    env = dict((tc.model_extra or {}).get("environment") or {})
+    from agentrl.training.requests import estimator as estimator_of
+
+    est = estimator_of(req)
+    config = trainer_config(spec, est if est in ("gigpo", "grpo", "rloo", "ppo", "dpo") else "grpo")
+    check_store(spec["storage_path"])
+    allowed = {
+        "env_id",
+        "iterations",
+        "tasks_per_iteration",
+        "group_size",
+        "max_steps",
+        "max_new_tokens",
+        "eval_episodes",
+        "base_seed",
+        "system_prompt",
+        "env_kwargs",
+    }
+    unknown = set(env) - allowed
+    if unknown:
+        raise TrainingError(
+            f"unknown training_config.environment fields: {sorted(unknown)}", "CONFIG"
+        )
+    loop = LoopSettings(
+        **env,
+        resume=bool(spec.get("resume")),
+        out_dir=Path(spec["job_dir"]) / "run",
+        write_files=True,
+    )
+    prog = Progress(emitter, loop.iterations, loop.iterations, 1)
+    history: list[dict[str, float]] = []
+
+    def on_step(m: dict[str, float]) -> None:
+        history.append(m)
+        emitter.check()
+
+    emitter.emit("running", phase="loading model")
+    trainer = load_trainer(config, spec, on_step)
+    start_step = trainer.global_step
+    t_train = time.monotonic()
+
+    def on_iteration(rec: Any) -> None:
+        emitter.check()
+        m = {
+            "loss": rec.loss,
+            "reward_mean": rec.reward_mean,
+            "reward_std": rec.reward_std,
+            "policy_entropy": rec.policy_entropy,
+            "approx_kl": rec.approx_kl,
+            "learning_rate": trainer.learning_rate,
+        }
+        prog.train_s = time.monotonic() - t_train
+        prog.report(
+            rec.iteration, rec.iteration, {k: v for k, v in m.items() if v is not None}, force=True
+        )
+
+    emitter.emit("running", phase="training", progress={"total_steps": loop.iterations})
+    result = train_on_env(config, loop, trainer, on_iteration)
+    last = asdict(result.records[-1]) if result.records else {}
+    evaluation = None
+    if last.get("eval_success") is not None:
+        evaluation = {"holdout_reward": last["eval_success"], "method": "greedy_eval_success"}
+        if result.initial_eval_success is not None:
+            evaluation["improvement_over_baseline"] = (
+                last["eval_success"] - result.initial_eval_success
+            )
+    metrics = {
+        "loss": last.get("loss"),
+        "reward_mean": last.get("reward_mean"),
+        "reward_std": last.get("reward_std"),
+        "policy_entropy": last.get("policy_entropy"),
+        "approx_kl": last.get("approx_kl"),
+        "learning_rate": trainer.learning_rate,
+    }
+    final = result.final_checkpoint
+    emitter.emit(
+        "completed",
+        progress={
+            "current_epoch": loop.iterations,
+            "total_epochs": loop.iterations,
+            "current_step": loop.iterations,
+            "total_steps": loop.iterations,
+            "percent_complete": 100.0,
+            "eta_seconds": 0.0,
+        },
+        metrics={"current": current_metrics(metrics)},
+        evaluation_results=evaluation,
+        artifacts={
+            "final_checkpoint": final,
+            "training_curves": result.curve_png,
+            "model_card": f"{final}/model_card.md" if final else None,
+            "base_model": tc.base_model,
+        },
+        train_s=sum(r["rollout_s"] + r["update_s"] for r in map(asdict, result.records)),
+        optimizer_steps=trainer.global_step - start_step,
+    )
+    (Path(spec["job_dir"]) / "history.json").write_text(json.dumps(history, default=float))

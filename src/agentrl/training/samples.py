@@ -1,0 +1,329 @@
+"""Logged trajectories -> training samples (policy-gradient samples and DPO pairs).
+
+Each turn is one sample: the context is the task's instructions, the earlier observations
+and the agent's earlier responses, then this turn's observation (rendered with the model's
+chat template); the action is the agent's JSON response of the turn (`raw_response`, or the
+tool call as JSON when no raw response was logged). Where the gateway logged the completion
+(`action.completion_id` found in the completion log), the exact prompt and completion token
+ids are used and the behaviour log-probs become the old log-probs of the importance ratio.
+
+Advantages: attempts of the same task_id form a group (GRPO: (r - mean) / std, RLOO:
+leave-one-out, GiGPO: episode advantage + step advantage over anchor groups of identical
+observations). A task with a single attempt has no group to compare with, so its advantage
+is r minus a per-domain running baseline: an exponential moving average (alpha 0.1) of the
+domain's rewards in end-time order, taken before the attempt is added and started at the
+mean reward of the domain's single attempts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from agentrl.llm.samples import PolicySample
+from agentrl.llm.trainer import PreferencePair
+from agentrl.training.dataset import Record
+
+BASELINE_ALPHA = 0.1
+
+
+@dataclass
+class Turn:
+    prompt: list[dict[str, str]]
+    action: str
+    completion_id: str | None
+    anchor: str
+
+
+@dataclass
+class BuildStats:
+    trajectories: int = 0
+    samples: int = 0
+    exact_token_samples: int = 0
+    grouped_trajectories: int = 0
+    baseline_trajectories: int = 0
+    pairs: int = 0
+    correction_pairs: int = 0
+    skipped_turns: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _content(obs: dict[str, Any]) -> str:
+    content = obs.get("content")
+    text = content if isinstance(content, str) else json.dumps(content, sort_keys=True)
+    kind = obs.get("type")
+    if kind == "tool_result":
+        return f"Tool result: {text}"
+    if kind == "subordinate_response":
+        return f"Subordinate response: {text}"
+    return text
+
+
+def action_text(action: dict[str, Any], thoughts: Sequence[str] = ()) -> str:
+    """The agent's response as it produced it: raw_response, else the Agent Zero JSON."""
+    raw = action.get("raw_response")
+    if raw:
+        return str(raw)
+    return json.dumps(
+        {
+            "thoughts": list(thoughts),
+            "tool_name": action.get("tool_name") or action.get("type", "response"),
+            "tool_args": action.get("tool_args") or {},
+        }
+    )
+
+
+def trajectory_turns(traj: dict[str, Any]) -> list[Turn]:
+    """Context and action of each turn of one trajectory."""
+    task = traj.get("task_context") or {}
+    history: list[dict[str, str]] = []
+    instructions = str(task.get("instructions") or "")
+    turns: list[Turn] = []
+    for i, turn in enumerate(traj.get("turns") or ()):
+        obs = _content(turn.get("observation") or {})
+        if i == 0 and instructions and obs != instructions:
+            user = f"{instructions}\n\n{obs}" if obs else instructions
+        else:
+            user = obs
+        history.append({"role": "user", "content": user})
+        action = turn.get("action") or {}
+        text = action_text(action, turn.get("thought_process") or ())
+        cid = action.get("completion_id")
+        turns.append(Turn(list(history), text, str(cid) if cid else None, obs))
+        history.append({"role": "assistant", "content": text})
+    return turns
+
+
+def _render(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    if getattr(tokenizer, "chat_template", None):
+        out: str = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        return out
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+    return text + "assistant: "
+
+
+def episode_advantages(records: Sequence[Record], estimator: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per record: its advantage and whether it came from a group (True) or the baseline."""
+    from agentrl.advantages import grpo_advantages, rloo_advantages
+
+    scores = np.array([r.score for r in records], dtype=np.float64)
+    tasks = [r.task_id for r in records]
+    sizes: dict[str, int] = defaultdict(int)
+    for t in tasks:
+        sizes[t] += 1
+    grouped = np.array([sizes[t] > 1 for t in tasks])
+    adv = np.zeros(len(records))
+    if grouped.any():
+        idx = np.flatnonzero(grouped)
+        gids = [tasks[i] for i in idx]
+        fn = rloo_advantages if estimator == "rloo" else grpo_advantages
+        adv[idx] = fn(scores[idx], gids)
+    adv[~grouped] = running_baseline(
+        [records[i] for i in np.flatnonzero(~grouped)], scores[~grouped]
+    )
+    return adv, grouped
+
+
+def running_baseline(records: Sequence[Record], scores: np.ndarray) -> np.ndarray:
+    """r - b_domain, with b an EMA of the domain's earlier rewards (see the module doc)."""
+    out = np.zeros(len(records))
+    if not len(records):
+        return out
+    order = sorted(
+        range(len(records)), key=lambda i: str(records[i].trajectory.get("end_timestamp"))
+    )
+    by_domain: dict[str, list[float]] = defaultdict(list)
+    for i, r in enumerate(records):
+        by_domain[r.domain].append(float(scores[i]))
+    base = {d: float(np.mean(v)) for d, v in by_domain.items()}
+    for i in order:
+        d = records[i].domain
+        out[i] = scores[i] - base[d]
+        base[d] += BASELINE_ALPHA * (scores[i] - base[d])
+    return out
+
+
+def gigpo_step_advantages(
+    records: Sequence[Record], turns: Sequence[Sequence[Turn]]
+) -> list[list[float]]:
+    """GiGPO per turn for grouped records (anchor = identical observation text)."""
+    from agentrl.advantages import gigpo_advantages
+
+    gids: list[str] = []
+    eids: list[str] = []
+    anchors: list[str] = []
+    rewards: list[float] = []
+    ep_scores: list[float] = []
+    for r, ts in zip(records, turns, strict=True):
+        for k, t in enumerate(ts):
+            gids.append(r.task_id)
+            eids.append(r.trajectory_id)
+            anchors.append(t.anchor)
+            rewards.append(r.score if k == len(ts) - 1 else 0.0)
+            ep_scores.append(r.score)
+    res = gigpo_advantages(
+        gids, eids, anchors, rewards, ep_scores, gamma=0.95, omega=1.0, combine="additive"
+    )
+    out: list[list[float]] = []
+    pos = 0
+    for ts in turns:
+        out.append([float(a) for a in res.advantages[pos : pos + len(ts)]])
+        pos += len(ts)
+    return out
+
+
+def build_samples(
+    records: Sequence[Record],
+    tokenizer: Any,
+    *,
+    estimator: str = "grpo",
+    completions: dict[str, dict[str, Any]] | None = None,
+    stats: BuildStats | None = None,
+) -> tuple[list[PolicySample], BuildStats]:
+    """Policy-gradient samples of every turn of every record (see the module doc)."""
+    stats = stats or BuildStats()
+    completions = completions or {}
+    stats.trajectories = len(records)
+    turns = [trajectory_turns(r.trajectory) for r in records]
+    adv, grouped = episode_advantages(records, "rloo" if estimator == "rloo" else "grpo")
+    stats.grouped_trajectories = int(grouped.sum())
+    stats.baseline_trajectories = int((~grouped).sum())
+    step_adv: list[list[float]] | None = None
+    if estimator == "gigpo" and grouped.any():
+        gi = [i for i in range(len(records)) if grouped[i]]
+        per = gigpo_step_advantages([records[i] for i in gi], [turns[i] for i in gi])
+        step_adv = [[float(adv[i])] * len(turns[i]) for i in range(len(records))]
+        for j, i in enumerate(gi):
+            step_adv[i] = per[j]
+    exact: list[tuple[int, int, dict[str, Any]]] = []
+    texts: list[tuple[int, int]] = []
+    for i, ts in enumerate(turns):
+        for k, t in enumerate(ts):
+            comp = completions.get(t.completion_id) if t.completion_id else None
+            if comp and comp.get("completion_token_ids") and comp.get("prompt_token_ids"):
+                exact.append((i, k, comp))
+            else:
+                texts.append((i, k))
+    samples: list[PolicySample] = []
+    prompts = [_render(tokenizer, turns[i][k].prompt) for i, k in texts]
+    actions = [turns[i][k].action for i, k in texts]
+    p_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"] if prompts else []
+    a_ids = tokenizer(actions, add_special_tokens=False)["input_ids"] if actions else []
+    eos = tokenizer.eos_token_id
+
+    def make(i: int, k: int, prompt: list[int], action: list[int], old: Any) -> None:
+        a = step_adv[i][k] if step_adv is not None else float(adv[i])
+        r = records[i]
+        samples.append(
+            PolicySample(
+                prompt_ids=prompt,
+                action_ids=action,
+                advantage=a,
+                old_logprobs=old,
+                reward=r.score,
+                group_id=r.task_id,
+                episode_id=r.trajectory_id,
+                step_index=k,
+                meta={"exact_tokens": old is not None, "domain": r.domain},
+            )
+        )
+
+    for (i, k), p, a in zip(texts, p_ids, a_ids, strict=True):
+        action = list(a)
+        if eos is not None and (not action or action[-1] != eos):
+            action.append(int(eos))
+        if not p:
+            stats.skipped_turns += 1
+            continue
+        make(i, k, list(p), action, None)
+    for i, k, comp in exact:
+        action = [int(x) for x in comp["completion_token_ids"]]
+        lps = comp.get("completion_logprobs")
+        old = (
+            torch.tensor([float(x) for x in lps], dtype=torch.float32)
+            if lps is not None and len(lps) == len(action)
+            else None
+        )
+        make(i, k, [int(x) for x in comp["prompt_token_ids"]], action, old)
+        stats.exact_token_samples += 1
+    samples.sort(key=lambda s: (s.episode_id, s.step_index))
+    stats.samples = len(samples)
+    return samples, stats
+
+
+def build_pairs(
+    records: Sequence[Record],
+    tokenizer: Any,
+    *,
+    corrections: Sequence[dict[str, Any]] = (),
+    stats: BuildStats | None = None,
+) -> tuple[list[PreferencePair], BuildStats]:
+    """DPO pairs: per task the best vs the worst attempt (ties skipped), and for each
+    feedback correction the corrected response vs the agent's last response."""
+    stats = stats or BuildStats()
+    by_task: dict[str, list[Record]] = defaultdict(list)
+    for r in records:
+        by_task[r.task_id].append(r)
+    pairs: list[PreferencePair] = []
+    for group in by_task.values():
+        if len(group) < 2:
+            continue
+        ranked = sorted(group, key=lambda r: r.score)
+        worst, best = ranked[0], ranked[-1]
+        margin = best.score - worst.score
+        if margin <= 0:
+            continue
+        chosen = _turn_samples(best, tokenizer)
+        rejected = _turn_samples(worst, tokenizer)
+        if chosen and rejected:
+            pairs.append(PreferencePair(chosen, rejected, margin))
+    by_id = {r.trajectory_id: r for r in records}
+    for c in corrections:
+        rec = by_id.get(str(c.get("trajectory_id")))
+        text = c.get("correction") or c.get("comment")
+        if rec is None or not text:
+            continue
+        last = trajectory_turns(rec.trajectory)[-1]
+        prompt = _tok(tokenizer, _render(tokenizer, last.prompt))
+        chosen_ids = _tok(tokenizer, str(text), eos=True)
+        rejected_ids = _tok(tokenizer, last.action, eos=True)
+        if prompt and chosen_ids != rejected_ids:
+            pairs.append(
+                PreferencePair(
+                    [PolicySample(prompt, chosen_ids, episode_id=rec.trajectory_id)],
+                    [PolicySample(list(prompt), rejected_ids, episode_id=rec.trajectory_id)],
+                    1.0,
+                )
+            )
+            stats.correction_pairs += 1
+    stats.pairs = len(pairs)
+    return pairs, stats
+
+
+def _tok(tokenizer: Any, text: str, eos: bool = False) -> list[int]:
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if (
+        eos
+        and tokenizer.eos_token_id is not None
+        and (not ids or ids[-1] != tokenizer.eos_token_id)
+    ):
+        ids.append(int(tokenizer.eos_token_id))
+    return ids
+
+
+def _turn_samples(record: Record, tokenizer: Any) -> list[PolicySample]:
+    out = []
+    for k, t in enumerate(trajectory_turns(record.trajectory)):
+        prompt = _tok(tokenizer, _render(tokenizer, t.prompt))
+        action = _tok(tokenizer, t.action, eos=True)
+        if prompt and action:
+            out.append(PolicySample(prompt, action, episode_id=record.trajectory_id, step_index=k))
+    return out

@@ -1,0 +1,767 @@
+"""The training service: triggers, a durable job queue, jobs in child processes, status events.
+
+    agent.rl.reward.v1            -> threshold trigger  -+
+    cron (croniter, UTC)          -> schedule trigger   -+-> agent.rl.training.request.v1
+    API / CLI / NATS              -> manual             -+        |
+                                                                  v
+    request consumer -> SQLite job table (queued) -> scheduler (priority, FIFO, one job per
+    device) -> `python -m agentrl.training.worker` -> events.jsonl -> agent.rl.training.status.v1
+                                                                     + KV bucket agentrl_training
+
+Every state change is committed to SQLite before it is announced. After a restart, a job
+that was running resumes from its last checkpoint (up to `max_resumes` times) or ends as
+failed INFRA; requests a trigger committed but did not publish are published from the outbox.
+A request with a known job id (a redelivery) never starts a second job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from agentrl.bus import Bus, Delivery, PermanentError, TransientError
+from agentrl.contracts.base import new_id, utcnow
+from agentrl.contracts.subjects import REWARD, TRAINING_REQUEST, TRAJECTORY
+from agentrl.contracts.training import TrainingRequest, TrainingStatus
+from agentrl.settings import Settings, get_settings
+from agentrl.training.requests import defaults, job_kind, merge
+from agentrl.training.settings import TrainingSettings
+from agentrl.training.store import JobRow, Store
+from agentrl.training.triggers import (
+    Clock,
+    CronSchedule,
+    ThresholdState,
+    count_rewards,
+    trigger_id,
+    utc_clock,
+)
+
+log = logging.getLogger(__name__)
+
+CANCEL_SUBJECT = "agent.rl.training.cancel.v1"
+KV_BUCKET = "agentrl_training"
+PLATFORM = "agentrl-training-v1"
+UUID_RE = re.compile(r"^[0-9a-fA-F-]{8,64}$")
+
+
+def validation_reason(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:10]:
+        loc = ".".join(str(p) for p in err["loc"]) or "<payload>"
+        parts.append(f"{loc}: {err['msg']}")
+    return "invalid training request: " + "; ".join(parts)
+
+
+def latest_step_checkpoint(storage_path: str) -> str | None:
+    """The newest complete step-* checkpoint under `storage_path` (manifest present)."""
+    import fsspec
+
+    try:
+        fs, root = fsspec.core.url_to_fs(storage_path)
+        names = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
+    except (FileNotFoundError, OSError):
+        return None
+    steps = [n for n in names if n.startswith("step-") and fs.exists(f"{root}/{n}/manifest.json")]
+    return f"{storage_path.rstrip('/')}/{steps[-1]}" if steps else None
+
+
+class RunningJob:
+    """A job process and what the service knows about it."""
+
+    def __init__(self, row: JobRow, proc: asyncio.subprocess.Process, job_dir: Path) -> None:
+        self.row = row
+        self.proc = proc
+        self.job_dir = job_dir
+        self.started = time.monotonic()
+        self.last_progress = time.monotonic()
+        self.cancel_requested = False
+        self.final: dict[str, Any] | None = None
+        self.latest: dict[str, Any] = {}
+        self.peak_rss = 0.0
+        self.peak_gpu = 0.0
+        self.offset = 0
+        self.train_s = 0.0
+
+
+class TrainingService:
+    """One training service; `await service.run(stop)` until `stop` is set."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        settings: Settings | None = None,
+        tsettings: TrainingSettings | None = None,
+        *,
+        clock: Clock = utc_clock,
+        durable: str = "training",
+        poll_s: float = 0.1,
+        cron_poll_s: float = 1.0,
+    ) -> None:
+        self.bus = bus
+        self.settings = settings or get_settings()
+        self.ts = tsettings or TrainingSettings()
+        self.root = Path(self.settings.data_dir).resolve() / "training"
+        self.store = Store(self.root / "state.sqlite")
+        self.clock = clock
+        self.durable = durable
+        self.poll_s = poll_s
+        self.cron_poll_s = cron_poll_s
+        self.running: dict[str, RunningJob] = {}
+        self.wake = asyncio.Event()
+        self.kv: Any = None
+        self.counters: dict[str, int] = {
+            "requests": 0,
+            "duplicates": 0,
+            "invalid": 0,
+            "threshold_triggers": 0,
+            "schedule_triggers": 0,
+            "completed": 0,
+            "failed": 0,
+            "cancelled": 0,
+        }
+        self.schedule = CronSchedule(self.ts.schedule, clock) if self.ts.schedule else None
+        self._torch_version = _version("torch")
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        stop = stop or asyncio.Event()
+        await self.bus.ensure_streams()
+        self.kv = await self._kv()
+        await self._flush_outbox()
+        await self.recover()
+        tasks = [
+            asyncio.create_task(self._consume_requests(stop), name="training-requests"),
+            asyncio.create_task(self._consume_cancels(stop), name="training-cancels"),
+            asyncio.create_task(self._scheduler(stop), name="training-scheduler"),
+        ]
+        if self.ts.threshold > 0:
+            tasks.append(
+                asyncio.create_task(self._consume_rewards(stop), name="training-threshold")
+            )
+            if self.ts.threshold_scope != "global":
+                tasks.append(asyncio.create_task(self._index_trajectories(stop)))
+        if self.schedule is not None:
+            tasks.append(asyncio.create_task(self._cron(stop), name="training-cron"))
+        log.info("training service started (%d devices)", len(self.ts.devices))
+        try:
+            await stop.wait()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._stop_jobs()
+            self.store.close()
+
+    async def _kv(self) -> Any:
+        from nats.js.api import KeyValueConfig
+
+        try:
+            return await self.bus.js.key_value(KV_BUCKET)
+        except Exception:
+            return await self.bus.js.create_key_value(
+                KeyValueConfig(bucket=KV_BUCKET, history=1, ttl=90 * 24 * 3600)
+            )
+
+    async def _stop_jobs(self) -> None:
+        """On shutdown, stop job processes; their rows stay 'running' so the next start
+        resumes them from their checkpoints (or fails them)."""
+        for job in list(self.running.values()):
+            with contextlib.suppress(ProcessLookupError):
+                job.proc.kill()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(job.proc.wait(), 5)
+
+    async def recover(self) -> None:
+        """Jobs left 'running' by a stopped or killed service: resume or fail (INFRA)."""
+        for row in self.store.jobs("running"):
+            if row.pid:
+                _kill_stale(row.pid)
+            storage = self._storage_path(row)
+            ckpt = latest_step_checkpoint(storage)
+            if ckpt is not None and row.resumes < self.ts.max_resumes:
+                self.store.update(row.job_id, status="queued", resumes=row.resumes + 1, pid=None)
+                log.info("job %s resumes from %s", row.job_id, ckpt, extra={"job_id": row.job_id})
+                await self._publish_status(
+                    row.job_id, "queued", extra={"resume_from": ckpt, "resumes": row.resumes + 1}
+                )
+            else:
+                why = (
+                    "no checkpoint was written before"
+                    if ckpt is None
+                    else f"it already resumed {row.resumes} times"
+                )
+                await self._finish(
+                    row,
+                    "failed",
+                    error={
+                        "code": "INFRA",
+                        "message": "the training service stopped while this job was running and "
+                        f"it cannot resume ({why}); start it again",
+                    },
+                    artifacts={"last_checkpoint": ckpt} if ckpt else None,
+                )
+
+    # -- requests ---------------------------------------------------------------------------
+
+    async def _consume_requests(self, stop: asyncio.Event) -> None:
+        await self.bus.consume(
+            TRAINING_REQUEST,
+            self.durable,
+            self.handle_request,
+            stop=stop,
+            validate=False,
+            batch=32,
+            ack_wait=30,
+        )
+
+    async def handle_request(self, data: bytes) -> None:
+        """Validate, persist as queued (once per job id), announce. Invalid: failed status
+        naming the field, then dead-letter."""
+        try:
+            req = TrainingRequest.model_validate_json(data)
+        except ValidationError as exc:
+            self.counters["invalid"] += 1
+            reason = validation_reason(exc)
+            job_id = _job_id_of(data)
+            if job_id and self.store.get(job_id) is None:
+                await self._publish_status(
+                    job_id, "failed", error={"code": "CONFIG", "message": reason}
+                )
+            raise PermanentError(reason) from exc
+        kind = job_kind(req)
+        added = self.store.add_job(
+            req.training_job_id, req.priority, kind, req.model_dump(mode="json")
+        )
+        if not added:
+            self.counters["duplicates"] += 1
+            log.info("request %s already known: not started again", req.training_job_id)
+            return
+        self.counters["requests"] += 1
+        await self._publish_status(req.training_job_id, "queued", extra={"kind": kind})
+        self.wake.set()
+
+    # -- cancel -----------------------------------------------------------------------------
+
+    async def _consume_cancels(self, stop: asyncio.Event) -> None:
+        await self.bus.consume(
+            CANCEL_SUBJECT, f"{self.durable}-cancel", self.handle_cancel, stop=stop, validate=False
+        )
+
+    async def handle_cancel(self, data: bytes) -> None:
+        try:
+            job_id = str(orjson.loads(data)["training_job_id"])
+        except Exception as exc:
+            raise PermanentError(f"cancel message without training_job_id: {exc}") from exc
+        await self.cancel(job_id)
+
+    async def cancel(self, job_id: str) -> bool:
+        row = self.store.get(job_id)
+        if row is None or row.status not in ("queued", "running"):
+            return False
+        job = self.running.get(job_id)
+        if job is None:
+            await self._finish(
+                row, "cancelled", error={"code": "CANCELLED", "message": "cancelled before it ran"}
+            )
+            return True
+        job.cancel_requested = True
+        with contextlib.suppress(ProcessLookupError):
+            job.proc.send_signal(signal.SIGTERM)
+        asyncio.get_running_loop().call_later(self.ts.cancel_grace_s, _kill, job.proc)
+        return True
+
+    # -- scheduler and jobs -----------------------------------------------------------------
+
+    async def _scheduler(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            free = [
+                d for d in self.ts.devices if d not in {j.row.device for j in self.running.values()}
+            ]
+            while free:
+                row = self.store.next_queued()
+                if row is None:
+                    break
+                await self._start(row, free.pop(0))
+            for job in list(self.running.values()):
+                await self._poll(job)
+            self.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), self.poll_s)
+
+    def _storage_path(self, row: JobRow) -> str:
+        requested = row.request["training_config"].get("checkpointing", {}).get("storage_path")
+        base = self.ts.checkpoint_root(Path(self.settings.data_dir))
+        if requested and requested != "./.agentrl/checkpoints":
+            base = requested
+        return f"{base.rstrip('/')}/{row.job_id}"
+
+    async def _start(self, row: JobRow, device: str) -> None:
+        job_dir = self.root / "jobs" / row.job_id
+        job_dir.mkdir(parents=True, exist_ok=True)
+        resume = row.resumes > 0
+        spec = {
+            "request": row.request,
+            "kind": row.kind,
+            "job_dir": str(job_dir),
+            "nats_url": self._nats_url(),
+            "device": device,
+            "storage_path": self._storage_path(row),
+            "resume": resume,
+            "status_every_steps": self.ts.status_every_steps,
+            "heartbeat_s": self.ts.heartbeat_s,
+            "max_length": self.ts.max_length,
+            "tiny_kwargs": self.ts.tiny_kwargs,
+        }
+        (job_dir / "spec.json").write_text(json.dumps(spec, indent=2))
+        events = job_dir / "events.jsonl"
+        offset = events.stat().st_size if events.exists() else 0
+        log_fh = open(job_dir / "process.log", "ab")  # noqa: SIM115 - handed to the child
+        env = {**os.environ, "AGENTRL_DATA_DIR": str(self.settings.data_dir)}
+        if device.startswith("cuda:"):
+            env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
+            spec["device"] = "cuda"
+            (job_dir / "spec.json").write_text(json.dumps(spec, indent=2))
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "agentrl.training.worker",
+                str(job_dir),
+                stdout=log_fh,
+                stderr=log_fh,
+                stdin=asyncio.subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            log_fh.close()
+            await self._finish(
+                row,
+                "failed",
+                error={"code": "INFRA", "message": f"cannot start the job process: {exc}"},
+            )
+            return
+        finally:
+            with contextlib.suppress(Exception):
+                log_fh.close()
+        self.store.update(
+            row.job_id, status="running", device=device, pid=proc.pid, job_dir=str(job_dir)
+        )
+        row.status, row.device = "running", device
+        job = RunningJob(row, proc, job_dir)
+        job.offset = offset
+        self.running[row.job_id] = job
+        await self._publish_status(
+            row.job_id, "running", job=job, extra={"device": device, "resumed": resume}
+        )
+
+    async def _poll(self, job: RunningJob) -> None:
+        """Read new events of a job; publish progress; finish it when its process ended."""
+        path = job.job_dir / "events.jsonl"
+        lines: list[bytes] = []
+        if path.exists():
+            with open(path, "rb") as fh:
+                fh.seek(job.offset)
+                chunk = fh.read()
+            end = chunk.rfind(b"\n") + 1
+            job.offset += end
+            lines = chunk[:end].splitlines()
+        for line in lines:
+            try:
+                ev = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            job.peak_rss = max(job.peak_rss, float(ev.get("peak_rss_gb") or 0.0))
+            job.peak_gpu = max(job.peak_gpu, float(ev.get("peak_gpu_gb") or 0.0))
+            if "train_s" in ev:
+                job.train_s = float(ev["train_s"])
+            status = ev.get("status")
+            if status == "heartbeat":
+                continue
+            job.last_progress = time.monotonic()
+            if status == "running":
+                job.latest.update({k: v for k, v in ev.items() if k in ("progress", "metrics")})
+                if "progress" in ev or "metrics" in ev:
+                    await self._publish_status(job.row.job_id, "running", job=job)
+            elif status in ("completed", "failed", "cancelled"):
+                job.final = ev
+        if job.proc.returncode is None and (
+            time.monotonic() - job.last_progress > self.ts.hang_timeout_s
+        ):
+            log.warning(
+                "job %s silent for %.0fs: killing it", job.row.job_id, self.ts.hang_timeout_s
+            )
+            job.final = {
+                "status": "failed",
+                "code": "INFRA",
+                "message": f"job made no progress for {self.ts.hang_timeout_s:.0f}s (hung); killed",
+            }
+            _kill(job.proc)
+        if job.proc.returncode is None:
+            return
+        await self._poll_tail(job)
+        del self.running[job.row.job_id]
+        await self._conclude(job)
+        self.wake.set()
+
+    async def _poll_tail(self, job: RunningJob) -> None:
+        path = job.job_dir / "events.jsonl"
+        if not path.exists():
+            return
+        with open(path, "rb") as fh:
+            fh.seek(job.offset)
+            rest = fh.read()
+        for line in rest.splitlines():
+            with contextlib.suppress(orjson.JSONDecodeError):
+                ev = orjson.loads(line)
+                if ev.get("status") in ("completed", "failed", "cancelled"):
+                    job.final = ev
+
+    async def _conclude(self, job: RunningJob) -> None:
+        row = self.store.get(job.row.job_id) or job.row
+        ev = job.final or {}
+        code = job.proc.returncode
+        storage = self._storage_path(row)
+        last_ckpt = latest_step_checkpoint(storage)
+        if job.cancel_requested and ev.get("status") != "completed":
+            await self._finish(
+                row,
+                "cancelled",
+                job=job,
+                error={"code": "CANCELLED", "message": "cancelled on request"},
+                artifacts={"last_checkpoint": last_ckpt} if last_ckpt else None,
+            )
+        elif ev.get("status") == "completed":
+            await self._finish(row, "completed", job=job, final=ev)
+        elif ev.get("status") == "failed":
+            await self._finish(
+                row,
+                "failed",
+                job=job,
+                final=ev,
+                error={
+                    "code": ev.get("code", "INFRA"),
+                    "message": ev.get("message"),
+                    "traceback": ev.get("traceback"),
+                },
+                artifacts={"last_checkpoint": last_ckpt} if last_ckpt else None,
+            )
+        else:
+            how = (
+                f"killed by signal {signal.Signals(-code).name}"
+                if code is not None and code < 0
+                else f"exited with code {code}"
+            )
+            hint = " (the kernel's OOM killer sends SIGKILL)" if code == -signal.SIGKILL else ""
+            await self._finish(
+                row,
+                "failed",
+                job=job,
+                error={
+                    "code": "INFRA",
+                    "message": f"the job process {how}{hint} before it "
+                    f"reported a result; see {job.job_dir / 'process.log'}",
+                },
+                artifacts={"last_checkpoint": last_ckpt} if last_ckpt else None,
+            )
+
+    async def _finish(
+        self,
+        row: JobRow,
+        status: str,
+        *,
+        job: RunningJob | None = None,
+        final: dict[str, Any] | None = None,
+        error: dict[str, Any] | None = None,
+        artifacts: dict[str, Any] | None = None,
+    ) -> None:
+        self.store.update(row.job_id, status=status, pid=None)
+        self.counters[status] = self.counters.get(status, 0) + 1
+        await self._publish_status(
+            row.job_id, status, job=job, final=final, error=error, artifacts=artifacts
+        )
+
+    # -- status events ----------------------------------------------------------------------
+
+    def build_status(
+        self,
+        job_id: str,
+        status: str,
+        *,
+        job: RunningJob | None = None,
+        final: dict[str, Any] | None = None,
+        error: dict[str, Any] | None = None,
+        artifacts: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> TrainingStatus:
+        payload: dict[str, Any] = {
+            "training_job_id": job_id,
+            "timestamp": utcnow().isoformat(),
+            "status": status,
+            "metadata": {
+                "training_platform": PLATFORM,
+                **({"pytorch_version": self._torch_version} if self._torch_version else {}),
+            },
+        }
+        src = {**(job.latest if job else {}), **(final or {})}
+        if "progress" in src:
+            payload["progress"] = {k: v for k, v in src["progress"].items() if v is not None}
+        if "metrics" in src:
+            m = src["metrics"]
+            payload["metrics"] = {
+                "current": {k: v for k, v in (m.get("current") or {}).items() if v is not None}
+            }
+            if m.get("best"):
+                payload["metrics"]["best"] = {k: v for k, v in m["best"].items() if v is not None}
+        if src.get("evaluation_results"):
+            payload["evaluation_results"] = {
+                k: v for k, v in src["evaluation_results"].items() if v is not None
+            }
+        arts = {**(src.get("artifacts") or {}), **(artifacts or {})}
+        if job is not None:
+            arts.setdefault("logs", str(job.job_dir / "job.log"))
+        arts = {k: v for k, v in arts.items() if v is not None}
+        if arts:
+            payload["artifacts"] = arts
+        if job is not None:
+            payload["resource_usage"] = self._usage(job, final)
+        if error:
+            payload["error"] = {k: v for k, v in error.items() if v is not None}
+        if extra:
+            payload["metadata"].update(extra)
+        return TrainingStatus.model_validate(payload)
+
+    def _usage(self, job: RunningJob, final: dict[str, Any] | None) -> dict[str, Any]:
+        wall = time.monotonic() - job.started
+        gpus = 1 if (job.row.device or "").startswith("cuda") else 0
+        hours = wall / 3600
+        price = self.ts.gpu_hour_price_usd if gpus else self.ts.cpu_hour_price_usd
+        usage: dict[str, Any] = {
+            "gpu_hours": round(hours * gpus, 6),
+            "peak_memory_gb": round(max(job.peak_rss, job.peak_gpu), 4),
+            "total_training_time_seconds": round(wall, 3),
+            "peak_rss_gb": round(job.peak_rss, 4),
+        }
+        if job.peak_gpu:
+            usage["peak_gpu_memory_gb"] = round(job.peak_gpu, 4)
+        if price is not None:
+            usage["cost_usd"] = round(hours * max(gpus, 1) * price, 6)
+        if job.train_s:
+            usage["train_step_seconds"] = round(job.train_s, 3)
+        return usage
+
+    async def _publish_status(self, job_id: str, status: str, **kw: Any) -> TrainingStatus:
+        event = self.build_status(job_id, status, **kw)
+        self.store.update(job_id, last_status=json.loads(event.to_json()))
+        await self.bus.publish(event)
+        if self.kv is not None:
+            try:
+                await self.kv.put(job_id, event.to_json())
+            except Exception as exc:  # the stream has the event; the KV is a convenience
+                log.warning("could not store status of %s in KV: %s", job_id, exc)
+        return event
+
+    # -- triggers ---------------------------------------------------------------------------
+
+    def new_request(
+        self, reason: str, request_id: str, override: dict[str, Any]
+    ) -> TrainingRequest:
+        base = defaults(self.ts)
+        base.update(
+            training_job_id=request_id, trigger_reason=reason, timestamp=self.clock().isoformat()
+        )
+        previous = self.store.get_state("last_trigger_job")
+        if previous:
+            base["metadata"]["previous_training_job"] = previous
+        return TrainingRequest.model_validate(merge(base, override))
+
+    async def _emit_request(self, req: TrainingRequest, state: dict[str, Any]) -> None:
+        """Commit trigger state and the request (outbox) together, then publish."""
+        subject, data, msg_id = self.bus.encode(req)
+        self.store.set_state(
+            {**state, "last_trigger_job": req.training_job_id}, outbox=[(msg_id, subject, data)]
+        )
+        await self._flush_outbox()
+
+    async def _flush_outbox(self) -> None:
+        for msg_id, subject, data in self.store.outbox():
+            await self.bus.publish_raw(subject, bytes(data), msg_id)
+            self.store.outbox_done(msg_id)
+
+    async def _consume_rewards(self, stop: asyncio.Event) -> None:
+        await self.bus.consume(
+            REWARD,
+            f"{self.durable}-threshold",
+            batch_handler=self.handle_rewards,
+            stop=stop,
+            validate=False,
+            batch=1000,
+            ack_wait=60,
+        )
+
+    async def handle_rewards(self, batch: list[Delivery]) -> None:
+        state = ThresholdState.from_json(self.store.get_state("threshold"))
+        items: list[tuple[int, str, int]] = []
+        for d in batch:
+            seq = int(d.msg.metadata.sequence.stream)
+            try:
+                r = orjson.loads(d.data)
+                tid = str(r["trajectory_id"])
+            except Exception:
+                items.append((seq, "", 0))  # not a reward: counted as seen, never as new
+                continue
+            from agentrl.training.dataset import reward_version
+
+            items.append((seq, self._scope_key(tid), reward_version(r)))
+        fired = count_rewards(state, items, self.ts.threshold)
+        if not fired:
+            self.store.set_state({"threshold": state.to_json()})
+            return
+        for key, n in fired:
+            override: dict[str, Any] = {}
+            if self.ts.threshold_scope == "domain":
+                override = {"training_config": {"dataset": {"filter": {"task_domains": [key]}}}}
+            elif self.ts.threshold_scope == "agent":
+                override = {"training_config": {"dataset": {"filter": {"agent_ids": [key]}}}}
+            req = self.new_request(
+                "threshold_reached",
+                trigger_id("threshold", self.ts.threshold_scope, key, n),
+                {
+                    **override,
+                    "requester": "agentrl-threshold-trigger",
+                    "metadata": {
+                        "notes": f"{self.ts.threshold} new rewarded trajectories"
+                        + (f" ({self.ts.threshold_scope} {key})" if key != "*" else "")
+                    },
+                },
+            )
+            self.counters["threshold_triggers"] += 1
+            await self._emit_request(req, {"threshold": state.to_json()})
+
+    def _scope_key(self, trajectory_id: str) -> str:
+        if self.ts.threshold_scope == "global":
+            return "*"
+        key = self.store.get_state(f"scope:{trajectory_id}")
+        if key is None:
+            raise TransientError(f"trajectory {trajectory_id} not indexed yet")
+        return str(key)
+
+    async def _index_trajectories(self, stop: asyncio.Event) -> None:
+        """For per-domain / per-agent thresholds: remember each trajectory's scope key."""
+
+        async def index(batch: list[Delivery]) -> None:
+            values = {}
+            for d in batch:
+                with contextlib.suppress(Exception):
+                    t = orjson.loads(d.data)
+                    key = (
+                        (t.get("task_context") or {}).get("domain", "general")
+                        if self.ts.threshold_scope == "domain"
+                        else t.get("agent_id", "")
+                    )
+                    values[f"scope:{t['trajectory_id']}"] = key
+            self.store.set_state(values)
+
+        await self.bus.consume(
+            TRAJECTORY,
+            f"{self.durable}-scope",
+            batch_handler=index,
+            stop=stop,
+            validate=False,
+            batch=1000,
+        )
+
+    async def _cron(self, stop: asyncio.Event) -> None:
+        assert self.schedule is not None
+        last = self.store.get_state("schedule_last")
+        if last is None:  # first start ever: nothing was missed
+            self.store.set_state({"schedule_last": self.clock().isoformat()})
+        while not stop.is_set():
+            await self.check_schedule()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.cron_poll_s)
+
+    async def check_schedule(self) -> bool:
+        """Fire once when a schedule time passed since the last firing (missed ones too)."""
+        assert self.schedule is not None
+        last = datetime.fromisoformat(self.store.get_state("schedule_last"))
+        due = self.schedule.due(last)
+        if due is None:
+            return False
+        req = self.new_request(
+            "scheduled",
+            trigger_id("schedule", self.ts.schedule, due.isoformat()),
+            {
+                "requester": "agentrl-schedule-trigger",
+                "metadata": {"notes": f"schedule {self.ts.schedule!r} at {due.isoformat()}"},
+            },
+        )
+        self.counters["schedule_triggers"] += 1
+        await self._emit_request(req, {"schedule_last": due.isoformat()})
+        return True
+
+    def _nats_url(self) -> str:
+        servers = getattr(self.bus.nc, "connected_url", None)
+        if servers is not None:
+            return f"{servers.scheme}://{servers.hostname}:{servers.port}"
+        return self.settings.nats_url or ""
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _kill(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+
+
+def _kill_stale(pid: int) -> None:
+    """Kill a job process left by a previous service (only if it is one of ours)."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return
+    if b"agentrl.training.worker" in cmd:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _job_id_of(data: bytes) -> str | None:
+    try:
+        value = orjson.loads(data).get("training_job_id")
+    except Exception:
+        return None
+    return str(value) if isinstance(value, str) and UUID_RE.match(value) else None
+
+
+Serve = Callable[[Bus, asyncio.Event, Settings], Any]
+
+
+async def serve(bus: Bus, stop: asyncio.Event, settings: Settings) -> None:
+    """The training service inside `agentrl up`."""
+    service = TrainingService(bus, settings)
+    await service.run(stop)
+
+
+__all__ = ["CANCEL_SUBJECT", "KV_BUCKET", "TrainingService", "new_id", "serve"]

@@ -1,0 +1,62 @@
+"""Settings of the training service (AGENTRL_TRAINING_* environment variables)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class TrainingSettings(BaseSettings):
+    """Triggers, queue and job defaults; every field can be set as AGENTRL_TRAINING_<NAME>."""
+
+    model_config = SettingsConfigDict(env_prefix="AGENTRL_TRAINING_", extra="ignore")
+
+    # Triggers
+    threshold: int = Field(5000, ge=0, description="New rewarded trajectories per job; 0: off.")
+    threshold_scope: Literal["global", "domain", "agent"] = Field(
+        "global", description="Count per task domain or per agent instead of globally."
+    )
+    schedule: str = Field("0 2 * * *", description="Cron expression (UTC); empty: off.")
+    # Queue and jobs
+    devices: list[str] = Field(
+        default_factory=lambda: ["cpu"],
+        description="One running job per entry (e.g. ['cuda:0', 'cuda:1']).",
+    )
+    status_every_steps: int = Field(10, gt=0, description="Progress events every N steps.")
+    heartbeat_s: float = Field(2.0, gt=0.0)
+    hang_timeout_s: float = Field(
+        900.0, gt=0.0, description="A job silent this long is killed (failed INFRA)."
+    )
+    cancel_grace_s: float = Field(
+        3.5, gt=0.0, description="After SIGTERM, seconds before the job is killed."
+    )
+    max_resumes: int = Field(2, ge=0, description="Restarts a job may resume from checkpoints.")
+    gpu_hour_price_usd: float | None = Field(None, ge=0.0, description="cost_usd when set.")
+    cpu_hour_price_usd: float | None = Field(None, ge=0.0)
+    # Defaults of a generated (trigger) request
+    base_model: str = "smollm2"
+    algorithm: str = "grpo"
+    advantage_estimator: str | None = Field(
+        None, description="e.g. 'gigpo' (travels in hyperparameters; algorithm stays grpo)."
+    )
+    sample_size: int | None = Field(10000, gt=0)
+    batch_size: int = Field(32, gt=0)
+    epochs: int = Field(1, gt=0)
+    learning_rate: float = Field(1e-5, gt=0.0)
+    save_interval: int = Field(50, gt=0)
+    holdout_size: float = Field(0.1, ge=0.0, lt=1.0)
+    min_reward: float | None = None
+    max_length: int = Field(1024, gt=8, description="Tokens per sample (prompt + action).")
+    tiny_kwargs: dict[str, int] = Field(
+        default_factory=dict, description="Size of the 'tiny' test model (tests and benches)."
+    )
+    storage_path: str | None = Field(
+        None, description="Checkpoint root (default: <data_dir>/training/checkpoints)."
+    )
+    dataset_timeout_s: float = Field(60.0, gt=0.0)
+
+    def checkpoint_root(self, data_dir: Path) -> str:
+        return self.storage_path or str((data_dir / "training" / "checkpoints").resolve())

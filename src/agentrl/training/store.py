@@ -1,0 +1,176 @@
+"""Durable state of the training service: jobs, trigger state and an outbox (one SQLite file).
+
+Every transition is committed before it is announced, so a restart knows which jobs were
+running (resume or fail them), which trigger counts were reached and which requests still
+have to be published (the outbox keeps them until their PubAck).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PRIORITY_RANK = {"high": 0, "normal": 1, "low": 2}
+ACTIVE = ("queued", "running")
+FINAL = ("completed", "failed", "cancelled")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    priority INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    request TEXT NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL,
+    device TEXT,
+    pid INTEGER,
+    job_dir TEXT,
+    resumes INTEGER NOT NULL DEFAULT 0,
+    last_status TEXT
+);
+CREATE INDEX IF NOT EXISTS jobs_queue ON jobs(status, priority, seq);
+CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS outbox (msg_id TEXT PRIMARY KEY, subject TEXT NOT NULL, data BLOB NOT NULL);
+"""
+
+
+@dataclass
+class JobRow:
+    job_id: str
+    seq: int
+    priority: int
+    status: str
+    kind: str
+    request: dict[str, Any]
+    created: float
+    updated: float
+    device: str | None
+    pid: int | None
+    job_dir: str | None
+    resumes: int
+    last_status: dict[str, Any] | None
+
+
+class Store:
+    """Thread-safe (one lock) SQLite store; every method is one transaction."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._lock = threading.Lock()
+        self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self.db.close()
+
+    # -- jobs -------------------------------------------------------------------------------
+
+    def add_job(self, job_id: str, priority: str, kind: str, request: dict[str, Any]) -> bool:
+        """Insert a queued job; False when the id is already known (a redelivered request)."""
+        now = time.time()
+        with self._lock:
+            seq = self.db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
+            cur = self.db.execute(
+                "INSERT OR IGNORE INTO jobs(job_id, seq, priority, status, kind, request, created,"
+                " updated) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?)",
+                (job_id, seq, PRIORITY_RANK.get(priority, 1), kind, json.dumps(request), now, now),
+            )
+            return cur.rowcount == 1
+
+    def get(self, job_id: str) -> JobRow | None:
+        with self._lock:
+            row = self.db.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+        return _row(row) if row else None
+
+    def jobs(self, status: str | None = None) -> list[JobRow]:
+        sql = "SELECT * FROM jobs"
+        args: tuple[Any, ...] = ()
+        if status:
+            sql += " WHERE status = ?"
+            args = (status,)
+        with self._lock:
+            rows = self.db.execute(sql + " ORDER BY seq", args).fetchall()
+        return [_row(r) for r in rows]
+
+    def next_queued(self) -> JobRow | None:
+        """The job to run next: highest priority first, then first come first served."""
+        with self._lock:
+            row = self.db.execute(
+                "SELECT * FROM jobs WHERE status = 'queued' ORDER BY priority, seq LIMIT 1"
+            ).fetchone()
+        return _row(row) if row else None
+
+    def update(self, job_id: str, **fields: Any) -> None:
+        if "last_status" in fields and fields["last_status"] is not None:
+            fields["last_status"] = json.dumps(fields["last_status"])
+        fields["updated"] = time.time()
+        cols = ", ".join(f"{k} = ?" for k in fields)
+        with self._lock:
+            self.db.execute(f"UPDATE jobs SET {cols} WHERE job_id = ?", (*fields.values(), job_id))
+
+    # -- state and outbox ---------------------------------------------------------------------
+
+    def get_state(self, key: str, default: Any = None) -> Any:
+        with self._lock:
+            row = self.db.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default
+
+    def set_state(
+        self, values: dict[str, Any], outbox: list[tuple[str, str, bytes]] | None = None
+    ) -> None:
+        """Write state keys and queue outbox messages in one transaction."""
+        with self._lock:
+            self.db.execute("BEGIN")
+            try:
+                for k, v in values.items():
+                    self.db.execute(
+                        "INSERT INTO state(key, value) VALUES (?, ?) "
+                        "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                        (k, json.dumps(v)),
+                    )
+                for msg_id, subject, data in outbox or []:
+                    self.db.execute(
+                        "INSERT OR IGNORE INTO outbox(msg_id, subject, data) VALUES (?, ?, ?)",
+                        (msg_id, subject, data),
+                    )
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+
+    def outbox(self) -> list[tuple[str, str, bytes]]:
+        with self._lock:
+            return list(self.db.execute("SELECT msg_id, subject, data FROM outbox").fetchall())
+
+    def outbox_done(self, msg_id: str) -> None:
+        with self._lock:
+            self.db.execute("DELETE FROM outbox WHERE msg_id = ?", (msg_id,))
+
+
+def _row(r: tuple[Any, ...]) -> JobRow:
+    return JobRow(
+        job_id=r[0],
+        seq=r[1],
+        priority=r[2],
+        status=r[3],
+        kind=r[4],
+        request=json.loads(r[5]),
+        created=r[6],
+        updated=r[7],
+        device=r[8],
+        pid=r[9],
+        job_dir=r[10],
+        resumes=r[11],
+        last_status=json.loads(r[12]) if r[12] else None,
+    )

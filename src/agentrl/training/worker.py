@@ -1,0 +1,155 @@
+"""The job process: `python -m agentrl.training.worker JOB_DIR` runs one training job.
+
+The service starts it as a child process, so a crash, an OOM kill or a hang ends this
+process and never the service. It reads `JOB_DIR/spec.json` (the request and where to find
+NATS and the checkpoint store), appends its events as JSON lines to `JOB_DIR/events.jsonl`
+(the service tails that file and publishes status events), and writes its log to
+`JOB_DIR/job.log`. SIGTERM asks it to cancel: it stops after the current optimiser step
+(the service kills it if that takes longer than the grace period); checkpoints already
+written stay where they are. It dies with its parent (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import math
+import os
+import resource
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentrl.errors import TrainingError
+
+log = logging.getLogger("agentrl.training.worker")
+
+
+class Cancelled(Exception):
+    """Raised inside the job when SIGTERM asked it to stop."""
+
+
+class Emitter:
+    """Appends events to events.jsonl (one JSON object per line, flushed at once)."""
+
+    def __init__(self, path: Path) -> None:
+        self.fh = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+        self.lock = threading.Lock()
+        self.t0 = time.monotonic()
+        self.cancel = threading.Event()
+
+    def emit(self, status: str, **fields: Any) -> None:
+        fields = {k: v for k, v in fields.items() if v is not None}
+        record = {"status": status, "t": time.time(), "peak_rss_gb": peak_rss_gb(), **fields}
+        gpu = peak_gpu_gb()
+        if gpu is not None:
+            record["peak_gpu_gb"] = gpu
+        with self.lock:
+            self.fh.write(json.dumps(record, default=_jsonable) + "\n")
+            self.fh.flush()
+
+    def check(self) -> None:
+        if self.cancel.is_set():
+            raise Cancelled()
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return float(x) if hasattr(x, "__float__") else str(x)
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+
+
+def peak_gpu_gb() -> float | None:
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return float(torch.cuda.max_memory_allocated()) / 1024**3
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def finite(x: Any) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def run(job_dir: Path) -> int:
+    spec = json.loads((job_dir / "spec.json").read_text())
+    emitter = Emitter(job_dir / "events.jsonl")
+    signal.signal(signal.SIGTERM, lambda *_: emitter.cancel.set())
+    stop_beat = threading.Event()
+
+    def beat() -> None:
+        while not stop_beat.wait(float(spec.get("heartbeat_s", 2.0))):
+            emitter.emit("heartbeat")
+
+    threading.Thread(target=beat, daemon=True).start()
+    try:
+        emitter.emit("running", phase="starting", pid=os.getpid())
+        if spec.get("kind") == "environment":
+            from agentrl.training.jobs import run_environment_job
+
+            run_environment_job(spec, emitter)
+        else:
+            from agentrl.training.jobs import run_dataset_job
+
+            run_dataset_job(spec, emitter)
+        return 0
+    except Cancelled:
+        emitter.emit("cancelled", message="cancelled on request")
+        return 0
+    except TrainingError as exc:
+        emitter.emit("failed", code=exc.code, message=str(exc), traceback=traceback.format_exc())
+        return 1
+    except MemoryError as exc:
+        emitter.emit(
+            "failed", code="OOM", message=f"out of memory: {exc}", traceback=traceback.format_exc()
+        )
+        return 1
+    except Exception as exc:
+        code = "OOM" if "out of memory" in str(exc).lower() else "INFRA"
+        emitter.emit(
+            "failed",
+            code=code,
+            message=f"{type(exc).__name__}: {exc}",
+            traceback=traceback.format_exc(),
+        )
+        return 1
+    finally:
+        stop_beat.set()
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _die_with_parent()
+    job_dir = Path(argv[0])
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=[logging.FileHandler(job_dir / "job.log")],
+    )
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(run(job_dir))
+
+
+Callback = Callable[[dict[str, float]], None]
+
+if __name__ == "__main__":
+    main()
