@@ -39,6 +39,7 @@ from agentrl.contracts.base import new_id, utcnow
 from agentrl.contracts.subjects import REWARD, TRAINING_REQUEST, TRAJECTORY
 from agentrl.contracts.training import TrainingRequest, TrainingStatus
 from agentrl.settings import Settings, get_settings
+from agentrl.training.kv import CANCEL_SUBJECT, STATUS_BUCKET, bucket
 from agentrl.training.requests import defaults, job_kind, merge
 from agentrl.training.settings import TrainingSettings
 from agentrl.training.store import JobRow, Store
@@ -53,8 +54,6 @@ from agentrl.training.triggers import (
 
 log = logging.getLogger(__name__)
 
-CANCEL_SUBJECT = "agent.rl.training.cancel.v1"
-KV_BUCKET = "agentrl_training"
 PLATFORM = "agentrl-training-v1"
 UUID_RE = re.compile(r"^[0-9a-fA-F-]{8,64}$")
 
@@ -96,6 +95,7 @@ class RunningJob:
         self.peak_gpu = 0.0
         self.offset = 0
         self.train_s = 0.0
+        self.slot = 0
 
 
 class TrainingService:
@@ -169,14 +169,7 @@ class TrainingService:
             self.store.close()
 
     async def _kv(self) -> Any:
-        from nats.js.api import KeyValueConfig
-
-        try:
-            return await self.bus.js.key_value(KV_BUCKET)
-        except Exception:
-            return await self.bus.js.create_key_value(
-                KeyValueConfig(bucket=KV_BUCKET, history=1, ttl=90 * 24 * 3600)
-            )
+        return await bucket(self.bus.js, STATUS_BUCKET)
 
     async def _stop_jobs(self) -> None:
         """On shutdown, stop job processes; their rows stay 'running' so the next start
@@ -290,9 +283,8 @@ class TrainingService:
 
     async def _scheduler(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            free = [
-                d for d in self.ts.devices if d not in {j.row.device for j in self.running.values()}
-            ]
+            busy = {j.slot for j in self.running.values()}
+            free = [i for i in range(len(self.ts.devices)) if i not in busy]
             while free:
                 row = self.store.next_queued()
                 if row is None:
@@ -311,7 +303,8 @@ class TrainingService:
             base = requested
         return f"{base.rstrip('/')}/{row.job_id}"
 
-    async def _start(self, row: JobRow, device: str) -> None:
+    async def _start(self, row: JobRow, slot: int) -> None:
+        device = self.ts.devices[slot]
         job_dir = self.root / "jobs" / row.job_id
         job_dir.mkdir(parents=True, exist_ok=True)
         resume = row.resumes > 0
@@ -366,6 +359,7 @@ class TrainingService:
         row.status, row.device = "running", device
         job = RunningJob(row, proc, job_dir)
         job.offset = offset
+        job.slot = slot
         self.running[row.job_id] = job
         await self._publish_status(
             row.job_id, "running", job=job, extra={"device": device, "resumed": resume}
@@ -764,4 +758,4 @@ async def serve(bus: Bus, stop: asyncio.Event, settings: Settings) -> None:
     await service.run(stop)
 
 
-__all__ = ["CANCEL_SUBJECT", "KV_BUCKET", "TrainingService", "new_id", "serve"]
+__all__ = ["CANCEL_SUBJECT", "TrainingService", "new_id", "serve"]
