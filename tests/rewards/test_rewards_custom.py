@@ -177,7 +177,8 @@ def test_custom_functions_are_weighted_components_configured_in_yaml(tmp_path: P
     assert (
         comps["answer_given"].score == 1.0 and comps["answer_given"].weight == 0.5
     )  # weights: wins
-    assert comps["answer_given"].source == "custom"
+    assert comps["answer_given"].source == "automated"  # the schema's value
+    assert (comps["answer_given"].model_extra or {})["source_kind"] == "custom"
     assert comps["per_step_async"].weight == 0.1
     assert "always_broken" not in comps
     assert r.metadata is not None and r.metadata.model_extra is not None
@@ -189,7 +190,7 @@ def test_custom_functions_are_weighted_components_configured_in_yaml(tmp_path: P
         }
     ]
     assert r.reward_type == "dense"
-    steps = (r.model_extra or {})["step_rewards"]["per_step_async"]
+    steps = (r.step_rewards or {})["per_step_async"]
     assert [s["base_reward"] for s in steps] == pytest.approx([0.1 * i for i in range(len(steps))])
     # raw total over the components that apply (the broken one counts as missing)
     w = {

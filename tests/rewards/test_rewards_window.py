@@ -71,11 +71,11 @@ def test_scoring_a_batch_equals_scoring_one_by_one() -> None:
     state = WindowState(20, 15)
     for item, b in zip(items, batch, strict=True):
         (one,), state = score_batch([item], state, cfg)
-        assert one.payload["normalized_total_reward"] == pytest.approx(
-            b.payload["normalized_total_reward"], abs=1e-9
+        assert one.payload["normalization"]["normalized_total_reward"] == pytest.approx(
+            b.payload["normalization"]["normalized_total_reward"], abs=1e-9
         )
-        assert one.payload["raw_total_reward"] == pytest.approx(
-            b.payload["raw_total_reward"], abs=1e-12
+        assert one.payload["normalization"]["raw_total_reward"] == pytest.approx(
+            b.payload["normalization"]["raw_total_reward"], abs=1e-12
         )
         for name, comp in b.payload["reward_components"].items():
             assert one.payload["reward_components"][name]["score"] == pytest.approx(comp["score"])
@@ -111,4 +111,4 @@ def test_a_component_that_does_not_apply_contributes_zero_after_normalisation() 
         comps = r.payload["reward_components"]
         assert "code_quality" not in comps
         want = sum(w[n] * c["normalized_score"] for n, c in comps.items())
-        assert r.payload["normalized_total_reward"] == pytest.approx(want)
+        assert r.payload["normalization"]["normalized_total_reward"] == pytest.approx(want)

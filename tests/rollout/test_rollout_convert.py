@@ -58,7 +58,8 @@ async def test_sokoban_group_round_trip() -> None:
         assert {t.observation.type for t in event.turns[1:]} <= {"tool_result"}
         assert event.task_context.task_id == task.name
         assert "You are playing Sokoban" in event.task_context.instructions
-        assert event.task_context.model_extra["ground_truth"] == episode.ground_truth  # type: ignore[index]
+        # a null extra is omitted on the wire (the published schemas accept no null)
+        assert (event.task_context.model_extra or {}).get("ground_truth") == episode.ground_truth
         assert [a.action.type for a in event.turns] == ["response"] * len(event.turns)
         assert event.outcome is not None
         assert event.outcome.task_status == (

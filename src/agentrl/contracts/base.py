@@ -2,17 +2,26 @@
 
 Typed fields are strict (a string is not silently turned into a number), unknown fields are
 kept (a newer producer may add fields an older consumer must pass on), timestamps must carry
-a timezone, and ids are any non-empty string (the seed itself publishes ids like "traj-456").
+a timezone, and ids are any non-empty string on input (the seed itself publishes ids like
+"traj-456"); producers mint canonical UUIDs (`new_id`).
+
+On the wire the events follow PMOVES.AI's published agent-rl JSON Schemas: unset optional
+values are omitted (their types do not accept null), and the top level carries the seed's
+fields only (`additionalProperties: false` there; nested objects are open). agentrl's
+additions travel in nested objects; an old top-level placement is still accepted on input
+(moved where it lives now, with a DeprecationWarning) and unknown top-level fields are folded
+into `metadata` so nothing is lost.
 """
 
 from __future__ import annotations
 
 import hashlib
 import uuid
+import warnings
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 Id = Annotated[str, StringConstraints(min_length=1, strip_whitespace=True)]
 # Timestamps arrive as ISO 8601 strings in JSON; strict mode would refuse a string for a
@@ -38,11 +47,79 @@ class Part(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow", populate_by_name=True)
 
 
+def without_nulls(value: Any) -> Any:
+    """A copy of a JSON-like value without null object members, at any depth (for producers
+    that publish plain dicts: the published schemas accept no null)."""
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_nulls(v) for v in value]
+    return value
+
+
+def with_field(block: Any, name: str, value: Any) -> Any:
+    """`block` (None, a dict or a Part) with `name` set, unless it is set there already."""
+    if block is None:
+        return {name: value}
+    if isinstance(block, BaseModel):
+        if getattr(block, name, None) is not None:
+            return block
+        block = block.model_dump(by_alias=True, exclude_none=True)
+    if isinstance(block, dict):
+        if block.get(name) is None:
+            return {**block, name: value}
+        return block
+    return block  # not an object: let validation report it
+
+
 class Event(Part):
-    """A payload published on one subject; `SUBJECT` names it, `msg_id()` de-duplicates it."""
+    """A payload published on one subject; `SUBJECT` names it, `msg_id()` de-duplicates it.
+
+    `MOVED` maps an agentrl addition that used to travel at the top level to the nested
+    (block, field) where it lives now; `FOLD_INTO` is the open nested object that takes any
+    other unknown top-level field (None: the event has no published schema, keep them).
+    """
 
     SUBJECT: ClassVar[str]
     ID_FIELD: ClassVar[str | None] = None
+    MOVED: ClassVar[dict[str, tuple[str, str]]] = {}
+    FOLD_INTO: ClassVar[str | None] = "metadata"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _wire_placement(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        known = cls.model_fields.keys() | {
+            f.alias for f in cls.model_fields.values() if f.alias is not None
+        }
+        strays = [k for k in data if k not in known]
+        if not strays or (cls.FOLD_INTO is None and not any(k in cls.MOVED for k in strays)):
+            return data
+        data = dict(data)
+        for key in strays:
+            if key in cls.MOVED:
+                block, name = cls.MOVED[key]
+                warnings.warn(
+                    f"{cls.SUBJECT}: top-level '{key}' is deprecated; it travels as "
+                    f"'{block}.{name}' now",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+            elif cls.FOLD_INTO is not None:
+                block, name = cls.FOLD_INTO, key
+                warnings.warn(
+                    f"{cls.SUBJECT}: unknown top-level field '{key}' moved into "
+                    f"'{block}.{key}' (the published schema allows no extra top-level fields)",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+            else:
+                continue
+            value = data.pop(key)
+            if value is not None:
+                data[block] = with_field(data.get(block), name, value)
+        return data
 
     def msg_id(self) -> str:
         """The JetStream `Nats-Msg-Id`: the event's own id, or a content hash when it has none."""
@@ -51,7 +128,12 @@ class Event(Part):
         return hashlib.sha256(self.to_json()).hexdigest()
 
     def to_json(self) -> bytes:
-        return self.model_dump_json(by_alias=True).encode()
+        """The wire form: unset (None) fields omitted, as the published schemas require."""
+        return self.model_dump_json(by_alias=True, exclude_none=True).encode()
+
+    def to_wire(self) -> dict[str, Any]:
+        """The wire form as a JSON-ready dict (what `to_json` encodes)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
     @classmethod
     def from_json(cls, data: bytes | str) -> Any:

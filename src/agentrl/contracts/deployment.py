@@ -1,10 +1,16 @@
-"""`agent.rl.model.deployed.v1`: a validated model was rolled out (seed 000, section 5)."""
+"""`agent.rl.model.deployed.v1`: a validated model was rolled out (seed 000, section 5).
+
+`deployment_config.serving_platform` names the serving engine where it is one of the
+published schema's values (tensorzero, vllm, tgi, ollama); agentrl's own gateway with its
+embedded Hugging Face backend has no value there and goes out as `agentrl-gateway` (the one
+documented deviation from PMOVES.AI's schema).
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from agentrl.contracts.base import Event, Finite, Id, Part, Percent, Timestamp, new_id
 
@@ -14,8 +20,15 @@ class ModelInfo(Part):
     base_model: str
     checkpoint_path: str
     training_date: Timestamp | None = None
-    training_samples: int | None = Field(None, ge=0)
+    training_samples: int | None = Field(None, ge=1, description=">= 1, or absent.")
     final_reward: Finite | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _zero_is_unknown(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("training_samples") == 0:
+            data = {k: v for k, v in data.items() if k != "training_samples"}
+        return data
 
 
 class RampStep(Part):
@@ -23,8 +36,13 @@ class RampStep(Part):
     percentage: Percent
 
 
+SERVING_PLATFORMS = ("tensorzero", "vllm", "tgi", "ollama")
+
+
 class DeploymentConfig(Part):
-    serving_platform: str = "agentrl-gateway"
+    serving_platform: str = Field(
+        "agentrl-gateway", description=f"One of {SERVING_PLATFORMS}, or agentrl-gateway."
+    )
     endpoint: str
     model_name: str
     rollout_strategy: Literal["canary", "blue_green", "immediate"] = "canary"
@@ -41,7 +59,7 @@ class ValidationResults(Part):
 
 class DeploymentMetadata(Part):
     deployed_by: str | None = None
-    approval_status: Literal["automated", "manual_approved"] = "automated"
+    approval_status: Literal["automated", "manual_approved", "emergency_override"] = "automated"
     previous_model: str | None = None
 
 

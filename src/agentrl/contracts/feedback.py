@@ -12,8 +12,11 @@ FeedbackType = Literal["thumbs_up", "thumbs_down", "rating", "correction", "aban
 
 
 class FeedbackEvent(Event):
+    """Added to the seed (no published schema): top-level extras are kept as they are."""
+
     SUBJECT: ClassVar[str] = "agent.rl.feedback.v1"
     ID_FIELD: ClassVar[str | None] = "feedback_id"
+    FOLD_INTO: ClassVar[str | None] = None
 
     feedback_id: Id = Field(default_factory=new_id)
     trajectory_id: Id

@@ -1,10 +1,20 @@
-"""`agent.rl.training.request.v1` and `agent.rl.training.status.v1` (seed 000, sections 3-4)."""
+"""`agent.rl.training.request.v1` and `agent.rl.training.status.v1` (seed 000, sections 3-4).
+
+Wire values follow PMOVES.AI's published schemas, while agentrl's code keeps its own names:
+- algorithm `gigpo` travels as `grpo` with `hyperparameters.adv_estimator: "gigpo"` (verl's
+  convention) and comes back as `gigpo`; `gigpo` is also accepted as input shorthand;
+- `compute.mixed_precision` `no` travels as `fp32` (`fp32` reads back as `no`);
+- error codes agentrl adds (`CONFIG`, `CANCELLED`) travel as `UNKNOWN` with `detail_code`;
+- `progress.total_epochs` / `total_steps` are >= 1 or absent (0 on input means unknown);
+- dataset source `file` is deprecated input for `local`.
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+import warnings
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from agentrl.contracts.base import (
     Event,
@@ -15,13 +25,18 @@ from agentrl.contracts.base import (
     Percent,
     Timestamp,
     new_id,
+    with_field,
 )
 from agentrl.contracts.trajectory import Domain
 
-Algorithm = Literal["ppo", "dpo", "rloo", "grpo", "gigpo"]
-TriggerReason = Literal["scheduled", "threshold_reached", "manual"]
+Algorithm = Literal["ppo", "dpo", "rloo", "grpo", "reinforce", "gigpo"]
+TriggerReason = Literal["scheduled", "threshold_reached", "manual", "performance_degradation"]
 JobStatus = Literal["queued", "running", "completed", "failed", "cancelled"]
-ErrorCode = Literal["OOM", "CONVERGENCE", "DATA", "INFRA", "CONFIG", "CANCELLED"]
+ErrorCode = Literal[
+    "OOM", "CONVERGENCE", "DATA", "INFRA", "TIMEOUT", "UNKNOWN", "CONFIG", "CANCELLED"
+]
+WIRE_ERROR_CODES = ("OOM", "CONVERGENCE", "DATA", "INFRA", "TIMEOUT", "UNKNOWN")
+Priority = Literal["low", "normal", "high", "urgent"]
 
 
 class DateRange(Part):
@@ -44,10 +59,27 @@ class DatasetFilter(Part):
 
 
 class Dataset(Part):
-    source: Literal["nats_stream", "clickhouse", "file"] = "nats_stream"
+    source: Literal["nats_stream", "clickhouse", "s3", "local"] = "nats_stream"
     stream_name: str = "RL_TRAJECTORIES"
     filter: DatasetFilter = Field(default_factory=DatasetFilter)
-    sample_size: int | None = Field(None, gt=0)
+    sample_size: int = Field(
+        10_000, gt=0, description="Required by the published schema; the seed's value."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_values(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            if data.get("source") == "file":
+                warnings.warn(
+                    "dataset.source 'file' is deprecated: use 'local'",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+                data = {**data, "source": "local"}
+            if "sample_size" in data and data["sample_size"] is None:
+                data = {k: v for k, v in data.items() if k != "sample_size"}
+        return data
 
 
 class Hyperparameters(Part):
@@ -57,13 +89,32 @@ class Hyperparameters(Part):
     clip_epsilon: float = Field(0.2, gt=0.0, allow_inf_nan=False)
     gamma: float = Field(0.99, ge=0.0, le=1.0)
     gae_lambda: float = Field(0.95, ge=0.0, le=1.0)
+    adv_estimator: str | None = Field(
+        None, description="verl's advantage estimator; 'gigpo' marks a GiGPO job."
+    )
 
 
 class Compute(Part):
     gpu_count: int = Field(0, ge=0)
     gpu_type: str | None = None
     distributed: bool = False
-    mixed_precision: Literal["no", "fp16", "bf16"] = "no"
+    mixed_precision: Literal["no", "fp16", "bf16"] = Field(
+        "no", description="'no' travels as the schema's 'fp32'."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fp32(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("mixed_precision") == "fp32":
+            data = {**data, "mixed_precision": "no"}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _wire(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        if out.get("mixed_precision") == "no":
+            out["mixed_precision"] = "fp32"
+        return out
 
 
 class Checkpointing(Part):
@@ -79,6 +130,30 @@ class TrainingConfig(Part):
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
     compute: Compute = Field(default_factory=Compute)
     checkpointing: Checkpointing = Field(default_factory=Checkpointing)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gigpo_from_wire(cls, data: Any) -> Any:
+        # in memory: algorithm "gigpo" with adv_estimator "gigpo"; on the wire: grpo + gigpo
+        if not isinstance(data, dict) or data.get("algorithm") not in ("grpo", "gigpo"):
+            return data
+        hp = data.get("hyperparameters")
+        if data["algorithm"] == "gigpo":
+            return {**data, "hyperparameters": with_field(hp, "adv_estimator", "gigpo")}
+        est = (
+            hp.get("adv_estimator") if isinstance(hp, dict) else getattr(hp, "adv_estimator", None)
+        )
+        if est == "gigpo":
+            data = {**data, "algorithm": "gigpo"}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _wire(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        if out.get("algorithm") == "gigpo":
+            out["algorithm"] = "grpo"
+            out["hyperparameters"] = {**out.get("hyperparameters", {}), "adv_estimator": "gigpo"}
+        return out
 
 
 class Evaluation(Part):
@@ -104,17 +179,30 @@ class TrainingRequest(Event):
     trigger_reason: TriggerReason
     training_config: TrainingConfig
     evaluation: Evaluation = Field(default_factory=Evaluation)
-    priority: Literal["normal", "high", "low"] = "normal"
+    priority: Priority = "normal"
     metadata: RequestMetadata = Field(default_factory=RequestMetadata)
 
 
 class Progress(Part):
     current_epoch: int = Field(0, ge=0)
-    total_epochs: int = Field(0, ge=0)
+    total_epochs: int | None = Field(None, ge=1, description=">= 1, or absent when unknown.")
     current_step: int = Field(0, ge=0)
-    total_steps: int = Field(0, ge=0)
+    total_steps: int | None = Field(None, ge=1, description=">= 1, or absent when unknown.")
     percent_complete: Percent = 0.0
     eta_seconds: NonNegative | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _zero_is_unknown(cls, data: Any) -> Any:
+        if isinstance(data, dict) and (
+            data.get("total_epochs") == 0 or data.get("total_steps") == 0
+        ):
+            data = {
+                k: v
+                for k, v in data.items()
+                if not (k in ("total_epochs", "total_steps") and v == 0)
+            }
+        return data
 
 
 class CurrentMetrics(Part):
@@ -162,6 +250,27 @@ class StatusError(Part):
     code: ErrorCode
     message: str | None = None
     traceback: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _detail_from_wire(cls, data: Any) -> Any:
+        if (
+            isinstance(data, dict)
+            and data.get("code") == "UNKNOWN"
+            and data.get("detail_code") in ("CONFIG", "CANCELLED")
+        ):
+            detail = data["detail_code"]
+            data = {k: v for k, v in data.items() if k != "detail_code"}
+            data["code"] = detail
+        return data
+
+    @model_serializer(mode="wrap")
+    def _wire(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        if out.get("code") not in WIRE_ERROR_CODES:
+            out["detail_code"] = out["code"]
+            out["code"] = "UNKNOWN"
+        return out
 
 
 class StatusMetadata(Part):

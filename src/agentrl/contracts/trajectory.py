@@ -1,4 +1,9 @@
-"""`agent.rl.trajectory.v1`: one multi-turn interaction of an agent (seed 000, section 1)."""
+"""`agent.rl.trajectory.v1`: one multi-turn interaction of an agent (seed 000, section 1).
+
+The `outcome` block agentrl adds travels as `metadata.outcome` (the published schema allows
+no extra top-level field); `TrajectoryEvent.outcome` still reads it, and a top-level
+`outcome` on input is moved there with a DeprecationWarning.
+"""
 
 from __future__ import annotations
 
@@ -17,9 +22,11 @@ from agentrl.contracts.base import (
     new_id,
 )
 
-ObservationType = Literal["user_message", "tool_result", "subordinate_response"]
-ActionType = Literal["tool_call", "subordinate_call", "response"]
-Domain = Literal["coding", "research", "data_analysis", "general"]
+ObservationType = Literal["user_message", "tool_result", "subordinate_response", "system_message"]
+ActionType = Literal["tool_call", "subordinate_call", "response", "memory_update"]
+Domain = Literal["coding", "research", "data_analysis", "general", "debugging", "writing"]
+# The profiles PMOVES's schema names; other Agent Zero profiles travel in metadata.agent_profile.
+SUBORDINATE_PROFILES = ("researcher", "developer", "hacker", "rl-trainer")
 TaskStatus = Literal["completed_successfully", "partial_completion", "failed"]
 FeedbackKind = Literal["thumbs_up", "thumbs_down", "rating"]
 
@@ -32,8 +39,16 @@ class ObservationContext(Part):
 
 class Observation(Part):
     type: ObservationType
-    content: Any = Field(description="A string or any JSON object.")
+    content: Any = Field(description="A string or any JSON object (null reads as '').")
     context: ObservationContext | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _content_not_null(cls, data: Any) -> Any:
+        # required on the wire, where null is not allowed: an empty observation is ""
+        if isinstance(data, dict) and "content" in data and data["content"] is None:
+            data = {**data, "content": ""}
+        return data
 
 
 class Action(Part):
@@ -51,7 +66,7 @@ class TurnResult(Part):
 
 
 class Turn(Part):
-    turn_id: int = Field(ge=0)
+    turn_id: int = Field(ge=1, description="Counts from 1, as in the seed.")
     timestamp: Timestamp
     observation: Observation
     thought_process: list[str] = Field(default_factory=list)
@@ -64,14 +79,6 @@ class TaskContext(Part):
     instructions: str
     complexity_score: Score01 | None = None
     domain: Domain = "general"
-
-
-class TrajectoryMetadata(Part):
-    model: str | None = None
-    temperature: NonNegative | None = None
-    total_tokens: int | None = Field(None, ge=0)
-    total_cost_usd: NonNegative | None = None
-    rl_opt_out: bool = False
 
 
 class UserFeedback(Part):
@@ -98,9 +105,19 @@ class Outcome(Part):
     )
 
 
+class TrajectoryMetadata(Part):
+    model: str = Field("unknown", description="Required by the published schema.")
+    temperature: NonNegative | None = None
+    total_tokens: int | None = Field(None, ge=0)
+    total_cost_usd: NonNegative | None = None
+    rl_opt_out: bool = False
+    outcome: Outcome | None = Field(None, description="agentrl's addition (was top-level).")
+
+
 class TrajectoryEvent(Event):
     SUBJECT: ClassVar[str] = "agent.rl.trajectory.v1"
     ID_FIELD: ClassVar[str | None] = "trajectory_id"
+    MOVED: ClassVar[dict[str, tuple[str, str]]] = {"outcome": ("metadata", "outcome")}
 
     trajectory_id: Id = Field(default_factory=new_id)
     session_id: Id
@@ -111,7 +128,11 @@ class TrajectoryEvent(Event):
     turns: list[Turn] = Field(min_length=1)
     task_context: TaskContext
     metadata: TrajectoryMetadata = Field(default_factory=TrajectoryMetadata)
-    outcome: Outcome | None = None
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """agentrl's outcome block (it travels as `metadata.outcome`)."""
+        return self.metadata.outcome
 
     @model_validator(mode="after")
     def _ordered(self) -> TrajectoryEvent:
@@ -121,6 +142,7 @@ class TrajectoryEvent(Event):
 
 
 __all__ = [
+    "SUBORDINATE_PROFILES",
     "Action",
     "Domain",
     "Finite",

@@ -85,7 +85,7 @@ class DemoResult:
 
 
 def new_job_id() -> str:
-    return f"demo-{uuid.uuid4().hex[:12]}"
+    return str(uuid.uuid4())  # the published schemas want a canonical UUID
 
 
 class RewardInbox:
@@ -118,6 +118,50 @@ class RewardInbox:
             self.changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), min(left, 1.0))
+
+
+def training_request(settings: DemoSettings, config: TrainerConfig, job_id: str) -> TrainingRequest:
+    """The `agent.rl.training.request.v1` the demo publishes for its job."""
+    return TrainingRequest.model_validate(
+        {
+            "training_job_id": job_id,
+            "timestamp": utcnow(),
+            "requester": "agentrl-demo",
+            "trigger_reason": "manual",
+            "training_config": {
+                "algorithm": settings.algorithm,
+                "base_model": settings.model,
+                "hyperparameters": {
+                    "learning_rate": settings.learning_rate,
+                    "batch_size": config.batch_size,
+                    "epochs": config.epochs,
+                },
+                "checkpointing": {"storage_path": config.storage_path},
+            },
+        }
+    )
+
+
+def status_event(
+    settings: DemoSettings, job_id: str, state: str, it: int, step: int, **extra: Any
+) -> TrainingStatus:
+    """The `agent.rl.training.status.v1` the demo publishes after iteration `it`."""
+    return TrainingStatus(
+        training_job_id=job_id,
+        timestamp=utcnow(),
+        status=state,  # type: ignore[arg-type]
+        progress=Progress(
+            current_epoch=it,
+            total_epochs=settings.iterations,
+            current_step=step,
+            percent_complete=100.0 * it / settings.iterations,
+        ),
+        **extra,
+    )
+
+
+def _non_negative(x: float | None) -> float | None:
+    return None if x is None else max(0.0, float(x))
 
 
 def trainer_config(settings: DemoSettings, job_id: str) -> TrainerConfig:
@@ -161,25 +205,7 @@ async def run_loop(
     job_id = job_id or new_job_id()
     result = DemoResult(job_id=job_id)
     config = trainer.config if trainer is not None else trainer_config(settings, job_id)
-    request = TrainingRequest.model_validate(
-        {
-            "training_job_id": job_id,
-            "timestamp": utcnow(),
-            "requester": "agentrl-demo",
-            "trigger_reason": "manual",
-            "training_config": {
-                "algorithm": settings.algorithm,
-                "base_model": settings.model,
-                "hyperparameters": {
-                    "learning_rate": settings.learning_rate,
-                    "batch_size": config.batch_size,
-                    "epochs": config.epochs,
-                },
-                "checkpointing": {"storage_path": config.storage_path},
-            },
-        }
-    )
-    await bus.publish(request)
+    await bus.publish(training_request(settings, config, job_id))
 
     inbox = RewardInbox()
     stop_inbox = asyncio.Event()
@@ -190,20 +216,8 @@ async def run_loop(
     )
 
     async def status(state: str, it: int, **extra: Any) -> None:
-        await bus.publish(
-            TrainingStatus(
-                training_job_id=job_id,
-                timestamp=utcnow(),
-                status=state,  # type: ignore[arg-type]
-                progress=Progress(
-                    current_epoch=it,
-                    total_epochs=settings.iterations,
-                    current_step=trainer.global_step if trainer else 0,
-                    percent_complete=100.0 * it / settings.iterations,
-                ),
-                **extra,
-            )
-        )
+        step = trainer.global_step if trainer else 0
+        await bus.publish(status_event(settings, job_id, state, it, step, **extra))
         result.statuses_published += 1
 
     try:
@@ -289,7 +303,8 @@ async def run_loop(
                         reward_mean=report.reward_mean,
                         reward_std=report.reward_std,
                         policy_entropy=last.get("policy_entropy"),
-                        kl_divergence=last.get("approx_kl"),
+                        # KL >= 0 (the schema says so); a negative k1 estimate is noise
+                        kl_divergence=_non_negative(last.get("approx_kl")),
                         learning_rate=last.get("learning_rate"),
                     )
                 ),

@@ -11,8 +11,8 @@ Totals (documented in docs/guide/rewards.md):
   normalized = sum(w_i x z_i), z_i = (s_i - mean_i) / (std_i + 1e-8) over the trailing window
                of component i including this score; a component that does not apply gives 0,
                as the seed says.
-`total_reward` is one of the two (config `total_reward`, default raw) and `total_reward_kind`
-says which.
+`total_reward` is one of the two (config `total_reward`, default raw) and
+`normalization.total_reward_kind` says which.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import pydantic_core
 
-from agentrl.contracts.base import utcnow
-from agentrl.contracts.reward import RewardEvent
+from agentrl.contracts.base import utcnow, without_nulls
+from agentrl.contracts.reward import COMPONENT_SOURCES, SOURCE_OF_KIND, RewardEvent
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.rewards import components as C
 from agentrl.rewards.config import RewardConfig
@@ -91,7 +91,7 @@ class Scored:
 
     @property
     def version(self) -> int:
-        return int(self.payload["version"])
+        return int(_moved(self.payload, "metadata", "version"))
 
     def to_json(self) -> bytes:
         if self._json is None:
@@ -251,10 +251,10 @@ def score_batch(
             applicable_w += wj
             if cs.informative:
                 informative_w += wj
-            comp = {
+            comp: dict[str, Any] = {
                 "score": cs.score,
                 "weight": wj,
-                "source": cs.source,
+                **_source(cs.source),
                 "reasoning": cs.reasoning or None,
                 "normalized_score": _f(zl[i][j]),
                 "window_mean": _f(ml[i][j]),
@@ -323,7 +323,7 @@ def rescore_with_feedback(
     comps[C.USER_FEEDBACK] = {
         "score": cs.score,
         "weight": old["weight"] if old is not None else config.component_weights()[C.USER_FEEDBACK],
-        "source": cs.source,
+        **_source(cs.source),
         "reasoning": cs.reasoning,
         "normalized_score": _f((cs.score - mean) / (std + EPS)),
         "window_mean": _f(mean),
@@ -338,7 +338,7 @@ def rescore_with_feedback(
     meta["feedback"] = feedback.to_dict()
     if cs.source in ("human", "implicit"):
         meta["evaluation_method"] = "hybrid"
-    version = int(previous["version"]) + 1
+    version = int(_moved(previous, "metadata", "version")) + 1
     return Scored(
         _payload(
             previous["trajectory_id"],
@@ -347,12 +347,13 @@ def rescore_with_feedback(
             comps,
             num / den if den > 0 else 0.0,
             normed,
-            previous.get("total_reward_kind", config.total_reward),
+            _moved(previous, "normalization", "total_reward_kind") or config.total_reward,
             version=version,
-            calculator_version=previous.get("calculator_version") or config.calculator_version,
+            calculator_version=_moved(previous, "metadata", "calculator_version")
+            or config.calculator_version,
             normalization=previous.get("normalization"),
             metadata=meta,
-            step_rewards=previous.get("step_rewards") or {},
+            step_rewards=_moved(previous, "metadata", "step_rewards") or {},
             supersedes=previous["reward_id"],
         )
     )
@@ -374,7 +375,16 @@ def _payload(
     step_rewards: Mapping[str, Any],
     supersedes: str | None = None,
 ) -> dict[str, Any]:
-    """The `agent.rl.reward.v1` payload (field names of contracts.reward.RewardEvent)."""
+    """The `agent.rl.reward.v1` payload in its wire form (contracts.reward.RewardEvent): the
+    seed's top-level fields only, agentrl's additions in `normalization` and `metadata`, no
+    nulls."""
+    norm = {"method": "none", **(normalization or {})}
+    norm.update(raw_total_reward=raw, normalized_total_reward=normed, total_reward_kind=kind)
+    meta = {**metadata, "version": version, "calculator_version": calculator_version}
+    if step_rewards:
+        meta["step_rewards"] = dict(step_rewards)
+    if supersedes:
+        meta["supersedes"] = supersedes
     payload: dict[str, Any] = {
         "reward_id": reward_id(trajectory_id, calculator_version, version),
         "trajectory_id": trajectory_id,
@@ -383,19 +393,25 @@ def _payload(
         "reward_components": comps,
         "total_reward": raw if kind == "raw" else normed,
         "reward_type": "dense" if step_rewards else "sparse",
-        "normalization": normalization,
-        "metadata": metadata,
-        "raw_total_reward": raw,
-        "normalized_total_reward": normed,
-        "total_reward_kind": kind,
-        "version": version,
-        "calculator_version": calculator_version,
+        "normalization": norm,
+        "metadata": meta,
     }
-    if step_rewards:
-        payload["step_rewards"] = dict(step_rewards)
-    if supersedes:
-        payload["supersedes"] = supersedes
-    return payload
+    return without_nulls(payload)
+
+
+def _moved(payload: Mapping[str, Any], block: str, key: str) -> Any:
+    """A field of a stored reward payload, where it lives now or at its old top-level place."""
+    nested = payload.get(block)
+    if isinstance(nested, Mapping) and nested.get(key) is not None:
+        return nested[key]
+    return payload.get(key)
+
+
+def _source(kind: str) -> dict[str, str]:
+    """A component's `source` as the schema allows it; agentrl's finer kind in `source_kind`."""
+    if kind in COMPONENT_SOURCES:
+        return {"source": kind}
+    return {"source": SOURCE_OF_KIND.get(kind, "automated"), "source_kind": kind}
 
 
 def _f(x: float) -> float:

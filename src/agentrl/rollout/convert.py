@@ -16,7 +16,7 @@ Mapping (seed 000's fields; the RL-only data rides in extra fields the contract 
   turn extras         reward, done, logprobs, value, step_info
   task_context        task_id = task name; instructions = the task's opening messages and first
                       observation; extras env_id, seed, ground_truth, max_episode_steps, ...
-  outcome             completed_successfully if the last step succeeded, else failed
+  metadata.outcome    completed_successfully if the last step succeeded, else failed
 Coming back, an Agent Zero trajectory without extras gets its anchors from the observation
 content (the state the agent saw, without history) and base_reward None.
 """
@@ -179,17 +179,17 @@ def episode_to_trajectory(
             initial_messages=[m.to_openai() for m in task.initial_messages],
         ),
         metadata=TrajectoryMetadata(
-            model=model,
+            model=model or "unknown",
             temperature=temperature,
             total_tokens=total_tokens or None,
             episode_index=episode.episode_index,
             termination_reason=reason,
             total_reward=episode.total_reward,
-        ),
-        outcome=Outcome(
-            task_status="completed_successfully" if success else "failed",
-            completion_percentage=1.0 if success else 0.0,
-            task_abandoned=reason in (TERMINATE_ACTION, CRITICAL_ERROR),
+            outcome=Outcome(
+                task_status="completed_successfully" if success else "failed",
+                completion_percentage=1.0 if success else 0.0,
+                task_abandoned=reason in (TERMINATE_ACTION, CRITICAL_ERROR),
+            ),
         ),
     )
 

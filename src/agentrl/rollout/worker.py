@@ -136,8 +136,8 @@ class RLRolloutWorker:
         self.termination_pattern = (
             re.compile(task.termination_regex) if task.termination_regex else None
         )
-        self.episode_id = episode_id or uuid.uuid4().hex
-        self.group_id = group_id or uuid.uuid4().hex
+        self.episode_id = episode_id or str(uuid.uuid4())  # canonical: the trajectory_id
+        self.group_id = group_id or str(uuid.uuid4())
         self.episode_index = episode_index
         self.env_in_thread = env_in_thread
         # Per-episode state (A).
@@ -401,7 +401,7 @@ async def run_group(
     """
     if n < 1:
         raise ValueError("a group needs n >= 1 episodes")
-    gid = group_id or uuid.uuid4().hex
+    gid = group_id or str(uuid.uuid4())
     workers = [
         RLRolloutWorker(task, policy, env_factory, group_id=gid, episode_index=i, **worker_kwargs)
         for i in range(n)
