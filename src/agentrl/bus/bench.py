@@ -4,14 +4,19 @@ consume and ack them all with a durable pull consumer; raw nats-py is the peer."
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
-from agentrl.bus.client import Bus, Delivery
-from agentrl.bus.server import EmbeddedNats
+from agentrl.bus import client
+from agentrl.bus.client import Bus, ConsumeStats, Delivery
+from agentrl.bus.server import EmbeddedNats, NatsCluster
 from agentrl.contracts.trajectory import TrajectoryEvent
+
+log = logging.getLogger(__name__)
 
 
 def sample_trajectory(i: int, turns: int = 5) -> TrajectoryEvent:
@@ -56,6 +61,13 @@ def sample_trajectory(i: int, turns: int = 5) -> TrajectoryEvent:
     )
 
 
+def set_instrumentation(enabled: bool) -> None:
+    """The one switch for the bus's instrumentation during a bench run (counters, and the
+    metrics the observability engineer attaches to them), so the bench can measure its
+    cost as `metrics_overhead_fraction` by running with it on and off."""
+    client.INSTRUMENTED = enabled
+
+
 async def _run(url: str, n: int, chunk: int = 50_000) -> dict[str, Any]:
     bus = await Bus.connect(url, name="bench-bus")
     await bus.ensure_streams()
@@ -70,31 +82,7 @@ async def _run(url: str, n: int, chunk: int = 50_000) -> dict[str, Any]:
         published += sum(1 for a in acks if not a.duplicate)
     publish_s = time.perf_counter() - t0
 
-    seen: dict[str, int] = {}
-    stop = asyncio.Event()
-
-    async def handle(batch: list[Delivery]) -> None:
-        for d in batch:
-            tid = d.event.trajectory_id
-            seen[tid] = seen.get(tid, 0) + 1
-        if len(seen) >= n:
-            stop.set()
-
-    durable = f"bench-{uuid.uuid4().hex[:8]}"
-    t1 = time.perf_counter()
-    consumer = asyncio.create_task(
-        bus.consume(TrajectoryEvent.SUBJECT, durable, batch_handler=handle, batch=512, stop=stop)
-    )
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=max(60.0, n / 500))
-    except TimeoutError:
-        stop.set()
-    stats = await consumer
-    consume_s = time.perf_counter() - t1
-    # Everything acked? The consumer's pending count must be zero.
-    info = await bus.js.consumer_info("RL_TRAJECTORIES", durable)
-    await bus.js.delete_consumer("RL_TRAJECTORIES", durable)
-
+    seen, stats, consume_s, info = await _consume_all(bus, n)
     raw = await _raw_nats_py_publish(bus, events[: min(n, 20000)])
     await bus.close()
     expected = {e.trajectory_id for e in events}
@@ -113,6 +101,46 @@ async def _run(url: str, n: int, chunk: int = 50_000) -> dict[str, Any]:
     }
 
 
+async def _consume_all(
+    bus: Bus, n: int, stream: str = "RL_TRAJECTORIES"
+) -> tuple[dict[str, int], ConsumeStats, float, Any]:
+    """Consume and ack `n` trajectories with a fresh durable consumer; the time runs until
+    the last batch's acks were confirmed by the server. Returns the consumer's info read
+    after it stopped (its ack-pending count must be 0)."""
+    seen: dict[str, int] = {}
+    stop = asyncio.Event()
+
+    async def handle(batch: list[Delivery]) -> None:
+        for d in batch:
+            tid = d.event.trajectory_id
+            seen[tid] = seen.get(tid, 0) + 1
+        if len(seen) >= n:
+            stop.set()
+
+    durable = f"bench-{uuid.uuid4().hex[:8]}"
+    stats = ConsumeStats()
+    t1 = time.monotonic()
+    consumer = asyncio.create_task(
+        bus.consume(
+            TrajectoryEvent.SUBJECT,
+            durable,
+            batch_handler=handle,
+            batch=512,
+            stop=stop,
+            stats=stats,
+        )
+    )
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=max(60.0, n / 500))
+    except TimeoutError:
+        stop.set()
+    await consumer
+    consume_s = (stats.confirmed_at or time.monotonic()) - t1
+    info = await bus.js.consumer_info(stream, durable)
+    await bus.js.delete_consumer(stream, durable)
+    return seen, stats, consume_s, info
+
+
 async def _raw_nats_py_publish(bus: Bus, events: list[TrajectoryEvent]) -> float:
     """Peer: nats-py's own publish_async on pre-serialised bytes (no validation, no retry)."""
     await bus.js.purge_stream("RL_TRAJECTORIES")
@@ -128,14 +156,166 @@ async def _raw_nats_py_publish(bus: Bus, events: list[TrajectoryEvent]) -> float
     return rate
 
 
-def run_bus_benchmark(n: int, url: str | None = None) -> dict[str, Any]:
-    """Run against `url`, or against a fresh embedded server in a temporary data dir."""
-    if url:
-        return asyncio.run(_run(url, n))
+def run_bus_benchmark(
+    n: int, url: str | None = None, cluster: int = 0, failover_n: int = 20_000
+) -> dict[str, Any]:
+    """Run against `url`, or against a fresh embedded server in a temporary data dir; with
+    `cluster`, also against a fresh `cluster`-node cluster (R3 streams) with a leader kill."""
     import tempfile
 
-    with (
-        tempfile.TemporaryDirectory(prefix="agentrl-bench-") as tmp,
-        EmbeddedNats(data_dir=tmp) as srv,
-    ):
-        return asyncio.run(_run(srv.url, n))
+    if url:
+        res = asyncio.run(_run(url, n))
+    else:
+        with (
+            tempfile.TemporaryDirectory(prefix="agentrl-bench-") as tmp,
+            EmbeddedNats(data_dir=tmp) as srv,
+        ):
+            res = asyncio.run(_run(srv.url, n))
+    if cluster:
+        with (
+            tempfile.TemporaryDirectory(prefix="agentrl-bench-cluster-") as tmp,
+            NatsCluster(tmp, size=cluster) as nodes,
+        ):
+            res.update(asyncio.run(run_cluster(nodes, n, failover_n)))
+    return res
+
+
+async def run_cluster(
+    nodes: NatsCluster, n: int, failover_n: int, kill_after: float = 0.3
+) -> dict[str, Any]:
+    """Publish and consume rates on streams replicated to every node, then the failover
+    drill: publish `failover_n` trajectories while a consumer consumes them, SIGKILL the
+    stream leader's server after `kill_after` of them, restart it, and check that every
+    trajectory is stored exactly once and consumed."""
+    replicas = min(3, len(nodes.nodes))
+    bus = await Bus.connect(nodes.url, name="bench-cluster", publish_retries=40)
+    await bus.ensure_streams(replicas=replicas)
+    await bus._retry(partial(bus.js.purge_stream, "RL_TRAJECTORIES"))
+    events = [sample_trajectory(i) for i in range(n)]
+    t0 = time.perf_counter()
+    acks = await bus.publish_many(events)
+    publish_rate = sum(1 for a in acks if not a.duplicate) / (time.perf_counter() - t0)
+    _seen, stats, consume_s, _info = await _consume_all(bus, n)
+    consume_rate = stats.acked / consume_s
+    await bus._retry(partial(bus.js.purge_stream, "RL_TRAJECTORIES"))
+    drill = await failover_drill(bus, nodes, failover_n, kill_after)
+    await bus.close()
+    return {
+        "cluster_nodes": len(nodes.nodes),
+        "cluster_replicas": replicas,
+        "cluster_publish_msgs_per_s": publish_rate,
+        "cluster_consume_msgs_per_s": consume_rate,
+        **drill,
+    }
+
+
+async def failover_drill(
+    bus: Bus, nodes: NatsCluster, n: int, kill_after: float = 0.3, chunk: int = 250
+) -> dict[str, Any]:
+    """Publish `n` fresh trajectories in chunks while a consumer consumes them; SIGKILL the
+    RL_TRAJECTORIES leader's server once `kill_after` of them are stored, restart it a
+    second after publishing resumed. Measures the seconds from the kill to the first
+    chunk stored after it (publishing resumed) and to the first message published after
+    the kill being consumed (consuming resumed); counts what the stream and the consumer
+    lost or hold twice."""
+    run = uuid.uuid4().hex[:8]
+    events = [
+        sample_trajectory(i).model_copy(update={"trajectory_id": str(uuid.uuid4())})
+        for i in range(n)
+    ]
+    expected = {e.trajectory_id for e in events}
+    seen: dict[str, int] = {}
+    marks: dict[str, float] = {}
+    stop = asyncio.Event()
+
+    after_kill: set[str] = set()
+
+    async def handle(batch: list[Delivery]) -> None:
+        for d in batch:
+            tid = d.event.trajectory_id
+            seen[tid] = seen.get(tid, 0) + 1
+            if tid in after_kill and "consume_resumed" not in marks:
+                marks["consume_resumed"] = time.monotonic()
+        if len(seen) >= n:
+            stop.set()
+
+    stats = ConsumeStats()
+    consumer = asyncio.create_task(
+        bus.consume(
+            TrajectoryEvent.SUBJECT,
+            f"drill-{run}",
+            batch_handler=handle,
+            batch=256,
+            ack_wait=5.0,
+            stop=stop,
+            stats=stats,
+        )
+    )
+    victim: EmbeddedNats | None = None
+    t0 = time.monotonic()
+    for start in range(0, n, chunk):
+        if victim is None and start >= n * kill_after:
+            info = await bus._retry(partial(bus.js.stream_info, "RL_TRAJECTORIES"))
+            leader = info.cluster.leader if info.cluster else None
+            victim = nodes.node_named(leader) if leader else nodes.nodes[0]
+            victim.kill()
+            marks["kill"] = time.monotonic()
+            after_kill.update(e.trajectory_id for e in events[start:])
+            log.info("killed stream leader %s", leader)
+        await bus.publish_many(events[start : start + chunk])
+        if "kill" in marks and "publish_resumed" not in marks:
+            marks["publish_resumed"] = time.monotonic()
+        if (
+            victim is not None
+            and not victim.running
+            and (time.monotonic() - marks["publish_resumed"] > 1.0)
+        ):
+            await asyncio.to_thread(victim.start)
+    publish_s = time.monotonic() - t0
+    if victim is not None and not victim.running:
+        await asyncio.to_thread(victim.start)
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=max(120.0, n / 200))
+    except TimeoutError:
+        stop.set()
+    await consumer
+    stored = await _stored_ids(bus, n)
+    return {
+        "leader_failover_s": marks["publish_resumed"] - marks["kill"] if victim else None,
+        "consume_failover_s": marks.get("consume_resumed", float("nan")) - marks["kill"]
+        if victim
+        else None,
+        "failover_messages": n,
+        "failover_publish_msgs_per_s": n / publish_s,
+        "cluster_lost": len(expected - seen.keys()) + len(expected - stored.keys()),
+        "cluster_duplicates": sum(c - 1 for c in stored.values()),
+        "cluster_redelivered": sum(c - 1 for c in seen.values()),
+        "cluster_unconfirmed_ack_batches": stats.unconfirmed_batches,
+    }
+
+
+async def _stored_ids(bus: Bus, n: int) -> dict[str, int]:
+    """Every trajectory id the stream holds, with how often (a fresh consumer reads it)."""
+    stored: dict[str, int] = {}
+    stop = asyncio.Event()
+    info = await bus._retry(partial(bus.js.stream_info, "RL_TRAJECTORIES"))
+    total = info.state.messages
+
+    async def handle(batch: list[Delivery]) -> None:
+        for d in batch:
+            tid = d.event.trajectory_id
+            stored[tid] = stored.get(tid, 0) + 1
+        if sum(stored.values()) >= total:
+            stop.set()
+
+    durable = f"audit-{uuid.uuid4().hex[:8]}"
+    task = asyncio.create_task(
+        bus.consume(TrajectoryEvent.SUBJECT, durable, batch_handler=handle, batch=512, stop=stop)
+    )
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=max(60.0, n / 500))
+    except TimeoutError:
+        stop.set()
+    await task
+    await bus._retry(partial(bus.js.delete_consumer, "RL_TRAJECTORIES", durable))
+    return stored

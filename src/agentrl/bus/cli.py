@@ -13,11 +13,19 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         ),
         port: int = typer.Option(0, help="NATS port; 0 picks a free one."),
         no_services: bool = typer.Option(False, help="Only the NATS server and its streams."),
+        cluster: int = typer.Option(
+            0,
+            help="Start a JetStream cluster of this many nats-servers on loopback (e.g. 3) "
+            "with streams replicated min(3, N) times, instead of one server.",
+        ),
     ) -> None:
         """Start the embedded stack: nats-server with JetStream and all streams, then the
         agentrl services (reward service). Ctrl-C stops everything cleanly."""
         from agentrl.stack import run_stack
 
+        if cluster:
+            _up_cluster(cluster, data_dir, not no_services)
+            return
         run_stack(data_dir=data_dir, port=port or None, services=not no_services)
 
     @bench.command("bus")
@@ -27,6 +35,14 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         url: str = typer.Option(
             None, help="Benchmark an existing server instead of the embedded one."
         ),
+        cluster: int = typer.Option(
+            0,
+            help="Also run on a fresh cluster of this many local nats-servers (3): R3 "
+            "publish/consume rates and a stream-leader SIGKILL while publishing.",
+        ),
+        failover_n: int = typer.Option(
+            20_000, help="Trajectories published during the leader-kill drill."
+        ),
     ) -> None:
         """Publish N ~4 KB trajectory events (pipelined, with PubAcks and de-duplication ids),
         then consume and ack them with a durable pull consumer. Targets on 2 cores:
@@ -35,7 +51,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         from agentrl.bus.bench import run_bus_benchmark
 
         count = n or (20_000 if quick else 100_000)
-        res = run_bus_benchmark(count, url)
+        res = run_bus_benchmark(count, url, cluster=cluster, failover_n=failover_n)
         rows = [
             {"path": "agentrl Bus.publish_many (validated)", "msgs/s": res["publish_msgs_per_s"]},
             {
@@ -44,4 +60,69 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             },
             {"path": "agentrl Bus.consume + ack", "msgs/s": res["consume_msgs_per_s"]},
         ]
-        report("bus", rows, res)
+        if cluster:
+            rows += [
+                {
+                    "path": f"cluster x{cluster} R3 publish_many",
+                    "msgs/s": res["cluster_publish_msgs_per_s"],
+                },
+                {
+                    "path": f"cluster x{cluster} R3 consume + ack",
+                    "msgs/s": res["cluster_consume_msgs_per_s"],
+                },
+                {
+                    "path": "leader SIGKILL -> publishing resumed (s)",
+                    "msgs/s": res["leader_failover_s"],
+                },
+                {
+                    "path": "leader SIGKILL -> consuming resumed (s)",
+                    "msgs/s": res["consume_failover_s"],
+                },
+                {
+                    "path": "consumer redeliveries in the drill",
+                    "msgs/s": res["cluster_redelivered"],
+                },
+            ]
+        keys = [
+            "messages",
+            "message_bytes",
+            "publish_msgs_per_s",
+            "consume_msgs_per_s",
+            "published",
+            "consumed",
+            "acked",
+            "ack_pending_after",
+            "lost",
+            "duplicates",
+            "raw_nats_py_publish_msgs_per_s",
+        ]
+        if cluster:
+            keys += [
+                "cluster_publish_msgs_per_s",
+                "cluster_consume_msgs_per_s",
+                "leader_failover_s",
+                "cluster_lost",
+                "cluster_duplicates",
+            ]
+        report("bus", rows, {k: res[k] for k in keys})
+
+
+def _up_cluster(size: int, data_dir: str | None, services: bool) -> None:
+    """`agentrl up --cluster N`: N local nats-servers, NATS_URL pointing at all of them and
+    AGENTRL_STREAM_REPLICAS=min(3, N), then the usual stack against them."""
+    import os
+    from pathlib import Path
+
+    from agentrl.bus.server import NatsCluster
+    from agentrl.settings import get_settings
+    from agentrl.stack import run_stack
+
+    base = Path(data_dir) if data_dir else get_settings().data_dir
+    with NatsCluster(base / "cluster", size=size) as nodes:
+        os.environ["NATS_URL"] = nodes.url
+        os.environ["AGENTRL_STREAM_REPLICAS"] = str(min(3, size))
+        get_settings.cache_clear()
+        print(f"nats cluster of {size} servers, JetStream store under {base / 'cluster'}")
+        for node in nodes.nodes:
+            print(f"  {node.server_name} listening on {node.url}  log: {node.log_file}")
+        run_stack(data_dir=data_dir, services=services)

@@ -19,6 +19,7 @@ import gc
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -41,6 +42,11 @@ from agentrl.errors import BusError, PayloadTooLargeError
 from agentrl.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
+
+# The bus's instrumentation switch: `Bus.counters` (and whatever metrics the observability
+# package attaches to them) are kept only while this is true; `agentrl bench bus` flips it
+# to measure what instrumentation costs.
+INSTRUMENTED = True
 
 # Publish failures worth retrying under the same Msg-Id: the server or the stream's leader
 # is away for a moment (a restart, a reconnect, a cluster electing a leader).
@@ -80,7 +86,7 @@ class Delivery:
 
     @property
     def num_delivered(self) -> int:
-        return int(self.msg.metadata.num_delivered or 1)
+        return _num_delivered(self.msg)
 
     async def in_progress(self) -> None:
         """Tell the server the handler is still working (resets the ack timer)."""
@@ -135,6 +141,7 @@ class Bus:
         async_window: int = 2000,
         stream_replicas: int = 1,
         ack_confirm_timeout: float = 5.0,
+        stall_timeout: float = 1.0,
     ) -> None:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream(
@@ -145,6 +152,13 @@ class Bus:
         self.async_window = async_window
         self.stream_replicas = stream_replicas
         self.ack_confirm_timeout = ack_confirm_timeout
+        # A pipelined publish round gives up on its unanswered messages after this long
+        # without a single PubAck, and publishes them again (same Msg-Id): PubAcks lost
+        # with a killed stream leader are re-sent as soon as a new leader can take them.
+        self.stall_timeout = min(publish_timeout, stall_timeout)
+        # Per-connection counts for monitoring: published, publish_retried, consumed,
+        # acked, nakked, dead_lettered, dlq_failures, acks_unconfirmed.
+        self.counters: Counter[str] = Counter()
         self._fast = wire.supported(nc)
         self._publisher = wire.AsyncPublisher(nc, async_window) if self._fast else None
 
@@ -269,6 +283,12 @@ class Bus:
                 if attempt == attempts - 1:
                     raise
                 await asyncio.sleep(min(0.2 * 2**attempt, 2.0))
+            except nats.js.errors.APIError as exc:
+                # 10005 "no suitable peers for placement": a cluster still forming, or a
+                # node restarting, has too few peers for the replicas for a moment.
+                if exc.err_code != 10005 or attempt == attempts - 1:
+                    raise
+                await asyncio.sleep(min(0.2 * 2**attempt, 2.0))
         raise AssertionError("unreachable")
 
     # ---- publishing -------------------------------------------------------------------
@@ -363,7 +383,7 @@ class Bus:
                     break
                 try:
                     got = await self._publisher.publish(
-                        [items[i] for i in todo], timeout=self.publish_timeout
+                        [items[i] for i in todo], timeout=self.stall_timeout
                     )
                 except _RETRYABLE as exc:
                     got = [exc] * len(todo)
@@ -386,14 +406,19 @@ class Bus:
                     results[failed[0]],
                 )
                 todo = failed
+                if INSTRUMENTED:
+                    self.counters["publish_retried"] += len(failed)
+                # A short cap: a new stream leader takes publishes as soon as it is elected.
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                delay = min(delay * 2, 0.5)
         acks: list[PubAck] = []
         for (subject, data, msg_id), res in zip(items, results, strict=True):
             # Whatever is still unconfirmed goes through the one-by-one path (raises BusError).
             acks.append(
                 res if isinstance(res, PubAck) else await self.publish_raw(subject, data, msg_id)
             )
+        if INSTRUMENTED:
+            self.counters["published"] += len(acks)
         return acks
 
     async def _publish_many_public(self, items: list[tuple[str, bytes, str]]) -> list[PubAck]:
@@ -566,7 +591,7 @@ class Bus:
         acks: list[tuple[str, bytes]] = []
         good: list[Delivery] = []
         for msg in msgs:
-            delivered = int(msg.metadata.num_delivered or 1)
+            delivered = _num_delivered(msg)
             if delivered > max_deliver:
                 await self._dead_letter(
                     msg,
@@ -626,6 +651,12 @@ class Bus:
             stats.confirmed_at = time.monotonic()
         else:
             stats.unconfirmed_batches += 1
+        if INSTRUMENTED:
+            c = self.counters
+            c["consumed"] += len(acks)
+            c["acked"] += sum(1 for _, body in acks if body is wire.ACK)
+            if not confirmed:
+                c["acks_unconfirmed"] += len(acks)
 
     async def _run_handlers(
         self,
@@ -671,6 +702,8 @@ class Bus:
         """
         meta = msg.metadata
         stats.dead_lettered += 1
+        if INSTRUMENTED:
+            self.counters["dead_lettered"] += 1
         common: dict[str, Any] = {
             "subject": msg.subject,
             "stream": meta.stream,
@@ -707,6 +740,8 @@ class Bus:
                 )
             except (BusError, nats.errors.Error) as exc2:
                 stats.dlq_failures += 1
+                if INSTRUMENTED:
+                    self.counters["dlq_failures"] += 1
                 log.error(
                     "could not dead-letter %s seq %s (%s: %s): %r; terminating it anyway, "
                     "the original stays in the stream for its retention",
@@ -773,6 +808,17 @@ async def _keep_alive(deliveries: list[Delivery], ack_wait: float) -> None:
         for d in deliveries:
             with contextlib.suppress(Exception):
                 await d.in_progress()
+
+
+def _num_delivered(msg: Msg) -> int:
+    """The delivery count from the `$JS.ACK` reply subject, without building nats-py's
+    whole Metadata object (a measurable share of a message's consume cost)."""
+    tokens = msg.reply.split(".")
+    if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
+        return int(tokens[4])
+    if len(tokens) >= 11:  # $JS.ACK.<domain>.<hash>.<stream>.<consumer>.<delivered>...
+        return int(tokens[6])
+    return int(msg.metadata.num_delivered or 1)
 
 
 def _validation_reason(exc: ValidationError) -> str:

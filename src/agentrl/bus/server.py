@@ -67,12 +67,22 @@ class EmbeddedNats:
         port: int | None = None,
         settings: Settings | None = None,
         max_payload: int = MAX_PAYLOAD,
+        *,
+        server_name: str | None = None,
+        cluster_name: str | None = None,
+        cluster_port: int | None = None,
+        routes: list[str] | None = None,
     ) -> None:
         self.settings = settings or get_settings()
         self.data_dir = Path(data_dir or self.settings.data_dir).resolve()
         self.port = port or self.settings.nats_port or free_port()
         self.max_payload = max_payload
+        self.server_name = server_name
+        self.cluster_name = cluster_name
+        self.cluster_port = cluster_port
+        self.routes = routes or []
         self.proc: subprocess.Popen[bytes] | None = None
+        self._start_offset = 0
 
     @property
     def store_dir(self) -> Path:
@@ -95,6 +105,14 @@ class EmbeddedNats:
             "max_payload": self.max_payload,
             "jetstream": {"store_dir": str(self.store_dir)},
         }
+        if self.server_name:
+            conf["server_name"] = self.server_name
+        if self.cluster_name and self.cluster_port:
+            conf["cluster"] = {
+                "name": self.cluster_name,
+                "listen": f"127.0.0.1:{self.cluster_port}",
+                "routes": self.routes,
+            }
         if s.nats_token:
             conf["authorization"] = {"token": s.nats_token}
         elif s.nats_user:
@@ -110,8 +128,16 @@ class EmbeddedNats:
         return json.dumps(conf, indent=2)
 
     def start(self, timeout: float = 20.0) -> EmbeddedNats:
+        self.launch()
+        assert self.proc is not None
+        self._wait_ready(self._start_offset, timeout)
+        log.info("nats-server listening on %s (store %s)", self.url, self.store_dir)
+        return self
+
+    def launch(self) -> None:
+        """Start the process without waiting for it (a cluster starts all nodes first)."""
         if self.proc is not None:
-            return self
+            return
         self.store_dir.mkdir(parents=True, exist_ok=True)
         conf = self.data_dir / "nats-server.conf"
         conf.write_text(self.config_text())
@@ -127,9 +153,10 @@ class EmbeddedNats:
             )
         finally:
             log_fh.close()
-        self._wait_ready(start_offset, timeout)
-        log.info("nats-server listening on %s (store %s)", self.url, self.store_dir)
-        return self
+        self._start_offset = start_offset
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        self._wait_ready(self._start_offset, timeout)
 
     def _wait_ready(self, offset: int, timeout: float) -> None:
         assert self.proc is not None
@@ -202,3 +229,94 @@ def nats_url(settings: Settings | None = None):  # type: ignore[no-untyped-def]
         return
     with EmbeddedNats(settings=settings) as server:
         yield server.url
+
+
+class NatsCluster:
+    """A JetStream cluster of `size` nats-servers on loopback (routes between all of them,
+    one store per node under `data_dir/node-<i>`), as NATS's own tests run one: for tests,
+    `agentrl up --cluster 3` and `agentrl bench bus --cluster 3`.
+
+    `url` lists every node, comma separated (what `Bus.connect` and NATS_URL accept).
+    Nodes can be killed (SIGKILL) and restarted on their store to test failover.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path | str,
+        size: int = 3,
+        settings: Settings | None = None,
+        max_payload: int = MAX_PAYLOAD,
+        name: str = "agentrl",
+    ) -> None:
+        if size < 1:
+            raise ServerError("a cluster needs at least one node")
+        self.data_dir = Path(data_dir).resolve()
+        ports = [free_port() for _ in range(size)]
+        cluster_ports = [free_port() for _ in range(size)]
+        routes = [f"nats-route://127.0.0.1:{p}" for p in cluster_ports]
+        self.nodes = [
+            EmbeddedNats(
+                data_dir=self.data_dir / f"node-{i}",
+                port=ports[i],
+                settings=settings,
+                max_payload=max_payload,
+                server_name=f"{name}-{i}",
+                cluster_name=name,
+                cluster_port=cluster_ports[i],
+                routes=[r for j, r in enumerate(routes) if j != i],
+            )
+            for i in range(size)
+        ]
+
+    @property
+    def url(self) -> str:
+        return ",".join(node.url for node in self.nodes)
+
+    def start(self, timeout: float = 30.0) -> NatsCluster:
+        for node in self.nodes:
+            node.data_dir.mkdir(parents=True, exist_ok=True)
+            node.launch()
+        try:
+            for node in self.nodes:
+                node.wait_ready(timeout)
+            self._wait_jetstream(timeout)
+        except Exception:
+            self.stop()
+            raise
+        log.info("nats cluster of %d nodes listening on %s", len(self.nodes), self.url)
+        return self
+
+    def _wait_jetstream(self, timeout: float) -> None:
+        """Until the JetStream meta group has a leader (the cluster can create streams)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for node in self.nodes:
+                if b"JetStream cluster new metadata leader" in node._log_bytes(
+                    node._start_offset
+                ) or b"Self is new JetStream cluster metadata leader" in node._log_bytes(
+                    node._start_offset
+                ):
+                    return
+            time.sleep(0.05)
+        raise ServerError(f"JetStream cluster has no metadata leader after {timeout}s")
+
+    def node_named(self, server_name: str) -> EmbeddedNats:
+        for node in self.nodes:
+            if node.server_name == server_name:
+                return node
+        raise KeyError(server_name)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> NatsCluster:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
