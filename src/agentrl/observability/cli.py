@@ -1,0 +1,50 @@
+"""`agentrl observability generate` (dashboards, provisioning, alert rules) and
+`agentrl report --out DIR` (an HTML page with PNG plots). Heavy imports stay inside."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer, bench: typer.Typer) -> None:
+    obs = typer.Typer(
+        help="Observability: Grafana dashboards and Prometheus alert rules (generated files).",
+        no_args_is_help=True,
+    )
+    app.add_typer(obs, name="observability")
+
+    @obs.command("generate")
+    def generate_cmd(
+        out: Path = typer.Option(Path("ops"), help="Where to write grafana/ and prometheus/."),
+        check: bool = typer.Option(False, help="Only check that the files in OUT are current."),
+    ) -> None:
+        """Write the five dashboards, Grafana provisioning files and Prometheus rules (+ tests)."""
+        from agentrl.observability import generate
+
+        if check:
+            stale = generate.stale(out)
+            if stale:
+                typer.echo(f"stale generated files in {out}: {', '.join(stale)}", err=True)
+                raise typer.Exit(1)
+            typer.echo(f"{out}: generated files are current")
+            return
+        for path in generate.write(out):
+            typer.echo(f"wrote {path}")
+
+    @app.command("report")
+    def report_cmd(
+        out: Path = typer.Option(..., "--out", help="Directory for index.html and the PNG plots."),
+        source: str = typer.Option(
+            "auto", help="Where the data comes from: auto (warehouse, else streams), warehouse, streams."
+        ),
+        nats_url: str = typer.Option(None, help="NATS server for --source streams (default: NATS_URL)."),
+        hours: float = typer.Option(24 * 7, help="How far back to read."),
+    ) -> None:
+        """Write an HTML report with plots: reward per version, training curves, success rate,
+        canary traffic with rollbacks, reward components."""
+        from agentrl.observability.report import run_report
+
+        page = run_report(out, source=source, nats_url=nats_url, hours=hours)
+        typer.echo(f"report: {page}")

@@ -1,0 +1,283 @@
+"""Prometheus alert rules (and their promtool unit tests), as data.
+
+`agentrl observability generate` writes them to `ops/prometheus/`; `promtool check rules`
+and `promtool test rules` run on the generated files in the tests.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+NO_TRAJECTORIES_MINUTES = 15
+ERROR_RATIO_THRESHOLD = 0.05
+CANARY_REWARD_MARGIN = 0.05
+LAG_MIN_PENDING = 100
+
+ALERTS: list[dict[str, Any]] = [
+    {
+        "alert": "AgentRLTrainingJobFailed",
+        "expr": 'sum(increase(agent_rl_training_jobs_total{status="failed"}[15m])) > 0',
+        "labels": {"severity": "warning"},
+        "annotations": {
+            "summary": "A training job failed",
+            "description": "{{ $value }} training job(s) failed in the last 15 minutes; "
+            "see GET /training and the job's error in agent.rl.training.status.v1.",
+        },
+    },
+    {
+        "alert": "AgentRLNoTrajectories",
+        "expr": "(sum(increase(agent_rl_trajectories_collected_total"
+        f"[{NO_TRAJECTORIES_MINUTES}m])) or vector(0)) == 0",
+        "for": "5m",
+        "labels": {"severity": "warning"},
+        "annotations": {
+            "summary": f"No trajectories for {NO_TRAJECTORIES_MINUTES} minutes",
+            "description": "The reward service has received no trajectories: are the agents "
+            "running and publishing to agent.rl.trajectory.v1?",
+        },
+    },
+    {
+        "alert": "AgentRLDeadLettersRising",
+        "expr": "sum by (subject) (increase(agent_rl_bus_dead_letters_total[10m])) > 0",
+        "for": "5m",
+        "labels": {"severity": "warning"},
+        "annotations": {
+            "summary": "Dead letters on {{ $labels.subject }}",
+            "description": "{{ $value }} messages of {{ $labels.subject }} went to RL_DLQ in "
+            "10 minutes; read them with `agentrl bus dlq`.",
+        },
+    },
+    {
+        "alert": "AgentRLCanaryRewardBelowLive",
+        "expr": "(agent_rl_model_reward_mean and on (model_version) "
+        "(agent_rl_model_traffic_ratio > 0 and agent_rl_model_traffic_ratio < 0.5)) "
+        "< on () group_left () (max(agent_rl_model_reward_mean and on (model_version) "
+        f"(agent_rl_model_traffic_ratio >= 0.5)) - {CANARY_REWARD_MARGIN})",
+        "for": "10m",
+        "labels": {"severity": "critical"},
+        "annotations": {
+            "summary": "Canary {{ $labels.model_version }} rewards below the live version",
+            "description": "Mean reward {{ $value }} of the canary is more than "
+            f"{CANARY_REWARD_MARGIN} below the live version's; the controller should roll back.",
+        },
+    },
+    {
+        "alert": "AgentRLVersionErrorRateHigh",
+        "expr": "sum by (model_version) (rate(agent_rl_gateway_errors_total[5m])) / "
+        "sum by (model_version) (rate(agent_rl_gateway_requests_total[5m])) "
+        f"> {ERROR_RATIO_THRESHOLD}",
+        "for": "5m",
+        "labels": {"severity": "critical"},
+        "annotations": {
+            "summary": "Error rate of {{ $labels.model_version }} above "
+            f"{ERROR_RATIO_THRESHOLD:.0%}",
+            "description": "{{ $value | humanizePercentage }} of the gateway's requests to "
+            "{{ $labels.model_version }} failed over 5 minutes.",
+        },
+    },
+    {
+        "alert": "AgentRLConsumerLagGrowing",
+        "expr": "deriv(agent_rl_bus_consumer_pending_messages[10m]) > 0 and "
+        f"agent_rl_bus_consumer_pending_messages > {LAG_MIN_PENDING}",
+        "for": "10m",
+        "labels": {"severity": "warning"},
+        "annotations": {
+            "summary": "Consumer {{ $labels.consumer }} is falling behind",
+            "description": "{{ $labels.consumer }} on {{ $labels.stream }} has a growing "
+            "backlog: scale the service or look for a slow handler.",
+        },
+    },
+]
+
+
+def rule_file() -> dict[str, Any]:
+    return {"groups": [{"name": "agentrl", "interval": "30s", "rules": ALERTS}]}
+
+
+def _render(text: str, labels: dict[str, str], value: str) -> str:
+    """Prometheus's template expansion for the few forms the annotations use."""
+    text = re.sub(r"\{\{ \$value( \| humanizePercentage)? \}\}", value, text)
+    return re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda mo: labels[mo.group(1)], text)
+
+
+def _fires(name: str, value: str, **labels: str) -> list[dict[str, Any]]:
+    """The alert `name` firing with `labels`, annotations expanded with `value`."""
+    rule = next(a for a in ALERTS if a["alert"] == name)
+    return [
+        {
+            "exp_labels": {**rule["labels"], **labels},
+            "exp_annotations": {
+                k: _render(v, labels, value) for k, v in rule["annotations"].items()
+            },
+        }
+    ]
+
+
+def unit_tests() -> dict[str, Any]:
+    """promtool unit tests: each alert fires on synthetic series (and stays quiet first)."""
+    return {
+        "rule_files": ["agentrl.rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "name": "training job failed",
+                "interval": "1m",
+                "input_series": [
+                    {
+                        "series": 'agent_rl_training_jobs_total{status="failed"}',
+                        "values": "0 0 0 1 1 1",
+                    }
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "2m", "alertname": "AgentRLTrainingJobFailed", "exp_alerts": []},
+                    {
+                        "eval_time": "5m",
+                        "alertname": "AgentRLTrainingJobFailed",
+                        "exp_alerts": _fires("AgentRLTrainingJobFailed", "1"),
+                    },
+                ],
+            },
+            {
+                "name": "no trajectories",
+                "interval": "1m",
+                "input_series": [
+                    {
+                        "series": 'agent_rl_trajectories_collected_total{agent_type="a0",task_domain="d"}',
+                        "values": "0+10x20 200x40",
+                    }
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "20m", "alertname": "AgentRLNoTrajectories", "exp_alerts": []},
+                    {
+                        "eval_time": "60m",
+                        "alertname": "AgentRLNoTrajectories",
+                        "exp_alerts": _fires("AgentRLNoTrajectories", "0"),
+                    },
+                ],
+            },
+            {
+                "name": "dead letters rising",
+                "interval": "1m",
+                "input_series": [
+                    {
+                        "series": 'agent_rl_bus_dead_letters_total{subject="agent.rl.trajectory.v1"}',
+                        "values": "0x10 1+1x20",
+                    }
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "9m", "alertname": "AgentRLDeadLettersRising", "exp_alerts": []},
+                    {
+                        "eval_time": "20m",
+                        "alertname": "AgentRLDeadLettersRising",
+                        "exp_alerts": _fires(
+                            "AgentRLDeadLettersRising", "10", subject="agent.rl.trajectory.v1"
+                        ),
+                    },
+                ],
+            },
+            {
+                "name": "canary reward below live",
+                "interval": "1m",
+                "input_series": [
+                    {
+                        "series": 'agent_rl_model_traffic_ratio{model_version="v1"}',
+                        "values": "0.9x30",
+                    },
+                    {
+                        "series": 'agent_rl_model_traffic_ratio{model_version="v2"}',
+                        "values": "0.1x30",
+                    },
+                    {
+                        "series": 'agent_rl_model_reward_mean{model_version="v1"}',
+                        "values": "0.8x30",
+                    },
+                    {
+                        "series": 'agent_rl_model_reward_mean{model_version="v2"}',
+                        "values": "0.8x5 0.5x25",
+                    },
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "5m",
+                        "alertname": "AgentRLCanaryRewardBelowLive",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "25m",
+                        "alertname": "AgentRLCanaryRewardBelowLive",
+                        "exp_alerts": _fires(
+                            "AgentRLCanaryRewardBelowLive", "0.5", model_version="v2"
+                        ),
+                    },
+                ],
+            },
+            {
+                "name": "error rate of a version",
+                "interval": "1m",
+                "input_series": [
+                    {
+                        "series": 'agent_rl_gateway_requests_total{model_version="v1"}',
+                        "values": "0+100x30",
+                    },
+                    {
+                        "series": 'agent_rl_gateway_errors_total{model_version="v1"}',
+                        "values": "0+1x30",
+                    },
+                    {
+                        "series": 'agent_rl_gateway_requests_total{model_version="v2"}',
+                        "values": "0+100x30",
+                    },
+                    {
+                        "series": 'agent_rl_gateway_errors_total{model_version="v2"}',
+                        "values": "0+1x10 10+20x20",
+                    },
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "9m",
+                        "alertname": "AgentRLVersionErrorRateHigh",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "25m",
+                        "alertname": "AgentRLVersionErrorRateHigh",
+                        "exp_alerts": _fires(
+                            "AgentRLVersionErrorRateHigh", "20%", model_version="v2"
+                        ),
+                    },
+                ],
+            },
+            {
+                "name": "consumer lag growing",
+                "interval": "1m",
+                "input_series": [
+                    {
+                        "series": 'agent_rl_bus_consumer_pending_messages{stream="RL_TRAJECTORIES",consumer="rewards"}',
+                        "values": "0x10 50+20x30",
+                    },
+                    {
+                        "series": 'agent_rl_bus_consumer_pending_messages{stream="RL_REWARDS",consumer="warehouse"}',
+                        "values": "500x40",
+                    },
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "10m",
+                        "alertname": "AgentRLConsumerLagGrowing",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "35m",
+                        "alertname": "AgentRLConsumerLagGrowing",
+                        "exp_alerts": _fires(
+                            "AgentRLConsumerLagGrowing",
+                            "",
+                            stream="RL_TRAJECTORIES",
+                            consumer="rewards",
+                        ),
+                    },
+                ],
+            },
+        ],
+    }
