@@ -1,0 +1,270 @@
+"""Serving backends behind one small protocol (as vLLM's server puts its engine behind one):
+`LocalBackend` (the embedded Hugging Face base + LoRA adapters) and `UpstreamBackend` (any
+OpenAI-compatible server: vLLM with runtime LoRA loading, llama.cpp's server, ...).
+
+A backend failure is a `BackendError` with the status the gateway answers: 502 when the
+backend failed, 504 when it did not answer in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+from agentrl.deploy.errors import BackendError, ChecksumError, DeployError
+from agentrl.deploy.openai_types import ChatRequest, Generation
+from agentrl.deploy.registry import ModelRecord
+
+log = logging.getLogger(__name__)
+
+
+class Backend(Protocol):
+    """Serves the versions prepared on it."""
+
+    async def prepare(self, record: ModelRecord) -> None: ...
+
+    async def release(self, model_id: str) -> None: ...
+
+    async def generate(self, model_id: str, request: ChatRequest) -> Generation: ...
+
+    def stream(self, model_id: str, request: ChatRequest) -> AsyncIterator[tuple[str, Any]]: ...
+
+    async def close(self) -> None: ...
+
+
+# ---- checkpoints ----------------------------------------------------------------------
+def manifest_sha256(folder: Path) -> str:
+    """The version's fingerprint: sha256 of its manifest.json (which lists every file's)."""
+    return hashlib.sha256((folder / "manifest.json").read_bytes()).hexdigest()
+
+
+def fetch_checkpoint(path: str, cache_dir: Path) -> Path:
+    """A local folder for `path` (local paths as they are; s3://... copied into the cache)."""
+    if "://" not in path or path.startswith("file://"):
+        return Path(path.removeprefix("file://"))
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(path)
+    target = cache_dir / hashlib.sha256(path.encode()).hexdigest()[:16]
+    if not (target / "manifest.json").exists():
+        tmp = target.with_suffix(".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        fs.get(root.rstrip("/") + "/", str(tmp), recursive=True)
+        tmp.rename(target)
+    return target
+
+
+def verify_checkpoint(record: ModelRecord, cache_dir: Path) -> Path:
+    """The checkpoint's local folder, after checking every file against its manifest and
+    the manifest against the sha256 in the registry. Raises ChecksumError otherwise."""
+    from agentrl.llm.checkpoint import verify_local
+
+    if record.checkpoint_path is None:
+        raise DeployError(f"{record.model_id} has no checkpoint")
+    folder = fetch_checkpoint(record.checkpoint_path, cache_dir)
+    if not (folder / "manifest.json").exists():
+        raise ChecksumError(
+            f"{record.checkpoint_path} has no manifest.json: not a complete checkpoint"
+        )
+    actual = manifest_sha256(folder)
+    if record.sha256 and actual != record.sha256:
+        raise ChecksumError(
+            f"{record.model_id}: manifest sha256 {actual[:12]}… differs from the registry's "
+            f"{record.sha256[:12]}…; the checkpoint changed after registration"
+        )
+    if not verify_local(folder):
+        raise ChecksumError(
+            f"{record.model_id}: a file of {record.checkpoint_path} fails its sha256"
+        )
+    return folder
+
+
+# ---- local ----------------------------------------------------------------------------
+class LocalBackend:
+    """Versions as LoRA adapters over one in-memory base (see `agentrl.deploy.local`)."""
+
+    def __init__(self, engine: Any, cache_dir: Path) -> None:
+        self.engine = engine
+        self.cache_dir = cache_dir
+
+    async def prepare(self, record: ModelRecord) -> None:
+        if record.checkpoint_path is None:
+            return  # the base model itself
+        folder = await asyncio.to_thread(verify_checkpoint, record, self.cache_dir)
+        await asyncio.to_thread(self.engine.load_adapter, record.model_id, folder)
+
+    async def release(self, model_id: str) -> None:
+        await asyncio.to_thread(self.engine.unload_adapter, model_id)
+
+    async def generate(self, model_id: str, request: ChatRequest) -> Generation:
+        return await self.engine.generate(self._version(model_id), request)  # type: ignore[no-any-return]
+
+    async def stream(self, model_id: str, request: ChatRequest) -> AsyncIterator[tuple[str, Any]]:
+        async for item in self.engine.stream(self._version(model_id), request):
+            yield item
+
+    def _version(self, model_id: str) -> str | None:
+        return model_id if model_id in self.engine.adapters else None
+
+    async def close(self) -> None:
+        return None
+
+
+# ---- upstream -------------------------------------------------------------------------
+class UpstreamBackend:
+    """An OpenAI-compatible server. Version -> the server's model name (record.serving
+    ["upstream_model"], else the model_id when adapters are loaded at run time, else the
+    server's own model name). With `load_lora`, `prepare` calls vLLM's
+    `/v1/load_lora_adapter` so a new version is an adapter in the running server."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+        load_lora: bool = False,
+        default_model: str | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
+        )
+        self.load_lora = load_lora
+        self.default_model = default_model
+        self.names: dict[str, str] = {}
+
+    async def prepare(self, record: ModelRecord) -> None:
+        name = record.serving.get("upstream_model")
+        if name is None and self.load_lora and record.checkpoint_path:
+            resp = await self.client.post(
+                "/load_lora_adapter",
+                json={"lora_name": record.model_id, "lora_path": record.checkpoint_path},
+            )
+            if resp.status_code >= 400 and "already" not in resp.text:
+                raise DeployError(f"upstream refused adapter {record.model_id}: {resp.text[:300]}")
+            name = record.model_id
+        self.names[record.model_id] = name or self.default_model or record.model_id
+
+    async def release(self, model_id: str) -> None:
+        if self.load_lora and model_id in self.names:
+            try:
+                await self.client.post("/unload_lora_adapter", json={"lora_name": model_id})
+            except httpx.HTTPError:
+                log.warning("could not unload adapter %s upstream", model_id)
+        self.names.pop(model_id, None)
+
+    def _body(self, model_id: str, request: ChatRequest) -> dict[str, Any]:
+        body = request.model_dump(exclude_none=True, exclude={"episode_id"})
+        body["model"] = self.names.get(model_id, self.default_model or model_id)
+        if request.logprobs:
+            body.setdefault("return_tokens_as_token_ids", True)  # vLLM: ids in the log
+        return body
+
+    async def generate(self, model_id: str, request: ChatRequest) -> Generation:
+        try:
+            resp = await self.client.post("/chat/completions", json=self._body(model_id, request))
+        except httpx.TimeoutException as exc:
+            raise BackendError(f"upstream {self.base_url} timed out: {exc!r}", 504) from exc
+        except httpx.HTTPError as exc:
+            raise BackendError(f"upstream {self.base_url} failed: {exc!r}", 502) from exc
+        if resp.status_code >= 500:
+            raise BackendError(f"upstream answered {resp.status_code}: {resp.text[:300]}", 502)
+        if resp.status_code >= 400:
+            raise BackendError(f"upstream refused the request: {resp.text[:500]}", resp.status_code)
+        try:
+            data = resp.json()
+            return from_openai(data)
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise BackendError(f"upstream answer is not a chat completion: {exc!r}", 502) from exc
+
+    async def stream(self, model_id: str, request: ChatRequest) -> AsyncIterator[tuple[str, Any]]:
+        body = self._body(model_id, request)
+        body["stream"] = True
+        gen = Generation(content="")
+        try:
+            async with self.client.stream("POST", "/chat/completions", json=body) as resp:
+                if resp.status_code >= 400:
+                    text = (await resp.aread()).decode(errors="replace")
+                    status = 502 if resp.status_code >= 500 else resp.status_code
+                    raise BackendError(
+                        f"upstream answered {resp.status_code}: {text[:300]}", status
+                    )
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        break
+                    chunk = json.loads(payload)
+                    _accumulate(gen, chunk)
+                    yield "chunk", chunk
+        except httpx.TimeoutException as exc:
+            raise BackendError(f"upstream {self.base_url} timed out: {exc!r}", 504) from exc
+        except httpx.HTTPError as exc:
+            raise BackendError(f"upstream {self.base_url} failed: {exc!r}", 502) from exc
+        yield "done", gen
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+def _token_id(token: str) -> int | None:
+    if token.startswith("token_id:"):
+        try:
+            return int(token.split(":", 1)[1])
+        except ValueError:
+            return None
+    return None
+
+
+def from_openai(data: dict[str, Any]) -> Generation:
+    choice = data["choices"][0]
+    message = choice.get("message") or {}
+    lp = ((choice.get("logprobs") or {}).get("content")) or []
+    tokens = [e.get("token", "") for e in lp]
+    ids = [t for t in (_token_id(x) for x in tokens) if t is not None]
+    usage = data.get("usage") or {}
+    return Generation(
+        content=message.get("content"),
+        finish_reason=choice.get("finish_reason") or "stop",
+        tool_calls=message.get("tool_calls"),
+        prompt_token_ids=list(data.get("prompt_token_ids") or choice.get("prompt_token_ids") or []),
+        completion_token_ids=list(choice.get("token_ids") or ids),
+        token_logprobs=[float(e.get("logprob", 0.0)) for e in lp],
+        tokens=tokens,
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        completion_tokens=int(usage.get("completion_tokens") or len(tokens)),
+        raw=data,
+    )
+
+
+def _accumulate(gen: Generation, chunk: dict[str, Any]) -> None:
+    for choice in chunk.get("choices") or []:
+        delta = choice.get("delta") or {}
+        if delta.get("content"):
+            gen.content = (gen.content or "") + delta["content"]
+        for e in ((choice.get("logprobs") or {}).get("content")) or []:
+            gen.tokens.append(e.get("token", ""))
+            gen.token_logprobs.append(float(e.get("logprob", 0.0)))
+            tid = _token_id(e.get("token", ""))
+            if tid is not None:
+                gen.completion_token_ids.append(tid)
+        if choice.get("finish_reason"):
+            gen.finish_reason = choice["finish_reason"]
+    usage = chunk.get("usage")
+    if usage:
+        gen.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        gen.completion_tokens = int(usage.get("completion_tokens") or 0)

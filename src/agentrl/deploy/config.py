@@ -1,0 +1,150 @@
+"""Deployment settings (AGENTRL_DEPLOY_*) and the declarative rollout plan.
+
+A rollout is data, like a Flagger canary: a list of steps (set the new version's weight,
+then pause) and an analysis (metrics, tolerances, the sequential test's error rate, a
+minimum sample count, how many failed checks roll back). The three strategies are three
+default step lists over the same code path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Strategy = Literal["canary", "blue_green", "immediate"]
+
+
+class Step(BaseModel):
+    """Set the new version's traffic to `weight` percent, then wait `pause_s` seconds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weight: float = Field(ge=0.0, le=100.0)
+    pause_s: float = Field(0.0, ge=0.0)
+
+
+class Analysis(BaseModel):
+    """How the monitor judges the new version against the live one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    period_s: float = Field(300.0, gt=0.0, description="Seconds between checks (seed: 5 min).")
+    alpha: float = Field(0.05, gt=0.0, lt=1.0, description="Error rate of the sequential test.")
+    min_samples: int = Field(20, ge=1, description="Per version, before any verdict.")
+    max_error_increase: float = Field(0.05, ge=0.0, description="Tolerated error-rate increase.")
+    max_reward_drop: float = Field(0.1, ge=0.0, description="Tolerated mean-reward drop.")
+    reward_range: tuple[float, float] = (-1.0, 1.0)
+    failure_threshold: int = Field(1, ge=1, description="Failed checks in a row -> rollback.")
+    advance_on: Literal["no_failure", "pass"] = Field(
+        "no_failure",
+        description="Advance a step after its pause when no check failed (Flagger-like) or "
+        "only when every check passed (non-inferiority shown).",
+    )
+
+    @model_validator(mode="after")
+    def _range(self) -> Analysis:
+        lo, hi = self.reward_range
+        if not hi > lo:
+            raise ValueError("reward_range must be (low, high) with high > low")
+        return self
+
+
+class RolloutPlan(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    strategy: Strategy = "canary"
+    steps: list[Step]
+    analysis: Analysis = Field(default_factory=Analysis)
+
+    @model_validator(mode="after")
+    def _steps(self) -> RolloutPlan:
+        if not self.steps:
+            raise ValueError("a rollout needs at least one step")
+        if self.steps[-1].weight != 100.0:
+            raise ValueError("the last step must set weight 100 (full rollout)")
+        return self
+
+    @classmethod
+    def default(
+        cls,
+        strategy: Strategy = "canary",
+        ramp: tuple[float, ...] = (10.0, 25.0, 50.0, 100.0),
+        delay_s: float = 3600.0,
+        analysis: Analysis | None = None,
+    ) -> RolloutPlan:
+        """canary: the ramp, one pause per step; blue_green: 0 % (warm, verified) then all
+        at once, watched for one pause; immediate: 100 % now, watched for one pause."""
+        analysis = analysis or Analysis()
+        for w in ramp:
+            if not 0 <= w <= 100:
+                raise ValueError(f"ramp weight {w} is outside 0..100 percent")
+        if strategy == "canary":
+            steps = [Step(weight=w, pause_s=delay_s) for w in ramp]
+            if steps[-1].weight != 100.0:
+                steps.append(Step(weight=100.0, pause_s=delay_s))
+        elif strategy == "blue_green":
+            steps = [Step(weight=0.0, pause_s=0.0), Step(weight=100.0, pause_s=delay_s)]
+        else:
+            steps = [Step(weight=100.0, pause_s=delay_s)]
+        return cls(strategy=strategy, steps=steps, analysis=analysis)
+
+
+class DeploySettings(BaseSettings):
+    """AGENTRL_DEPLOY_* settings of the controller and the gateway."""
+
+    model_config = SettingsConfigDict(env_prefix="AGENTRL_DEPLOY_", env_file=".env", extra="ignore")
+
+    public_model: str = Field("agentrl-policy", description="The name agents ask the gateway for.")
+    bucket: str = Field("agentrl_models", description="NATS KV bucket of the registry.")
+    strategy: Strategy = "canary"
+    ramp: tuple[float, ...] = (10.0, 25.0, 50.0, 100.0)
+    step_delay_s: float = Field(3600.0, ge=0.0)
+    monitor_period_s: float = Field(300.0, gt=0.0)
+    alpha: float = 0.05
+    min_samples: int = 20
+    max_error_increase: float = 0.05
+    max_reward_drop: float = 0.1
+    reward_range: tuple[float, float] = (-1.0, 1.0)
+    auto_deploy: bool = Field(True, description="Deploy validated candidates without a human.")
+    # validation
+    validate_models: bool = Field(True, description="Run validation before deploying.")
+    benchmark_threshold: float = Field(0.0, description="Mean benchmark score needed to pass.")
+    benchmark_episodes: int = Field(2, ge=1, description="Held-out episodes per environment.")
+    benchmark_seed: int = Field(90_000, description="First held-out seed (training uses low ones).")
+    regression_tolerance: float = Field(0.05, ge=0.0, description="Seed: delta < -0.05 fails.")
+    safety_min_score: float = Field(0.0, ge=0.0, le=1.0)
+    safety_max_drop: float = Field(0.1, ge=0.0, le=1.0, description="Allowed drop vs live.")
+    judge_url: str | None = Field(None, description="OpenAI-compatible judge for safety checks.")
+    judge_model: str = "judge"
+    judge_api_key: str | None = None
+    # serving
+    backend: Literal["local", "upstream"] = "local"
+    base_model: str = Field("smollm2", description="Live model when nothing is registered yet.")
+    upstream_url: str | None = Field(None, description="OpenAI-compatible server (e.g. vLLM).")
+    upstream_api_key: str | None = None
+    upstream_load_lora: bool = Field(False, description="Load adapters into vLLM at run time.")
+    backend_timeout_s: float = 60.0
+    max_batch_size: int = 8
+    batch_wait_ms: float = 5.0
+    api_keys: list[str] = Field(default_factory=list, description="Gateway bearer keys.")
+    completion_log: bool = Field(True, description="Publish token ids + log-probs per completion.")
+    cache_dir: Path | None = Field(None, description="Local copies of remote checkpoints.")
+    retention_days: float = Field(90.0, description="Seed: models 90 days, best indefinitely.")
+
+    def plan(self, strategy: Strategy | None = None) -> RolloutPlan:
+        return RolloutPlan.default(
+            strategy or self.strategy,
+            self.ramp,
+            self.step_delay_s,
+            Analysis(
+                period_s=self.monitor_period_s,
+                alpha=self.alpha,
+                min_samples=self.min_samples,
+                max_error_increase=self.max_error_increase,
+                max_reward_drop=self.max_reward_drop,
+                reward_range=self.reward_range,
+            ),
+        )

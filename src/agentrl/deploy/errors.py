@@ -1,0 +1,21 @@
+"""Deployment errors: each message says what went wrong and what to do."""
+
+from __future__ import annotations
+
+from agentrl.errors import AgentRLError
+
+
+class DeployError(AgentRLError):
+    """A deployment action was refused or failed (bad ramp, no previous version, ...)."""
+
+
+class ChecksumError(DeployError):
+    """A checkpoint's files do not match the sha256 recorded in the registry."""
+
+
+class BackendError(DeployError):
+    """A serving backend failed (502) or timed out (504)."""
+
+    def __init__(self, message: str, status: int = 502) -> None:
+        super().__init__(message)
+        self.status = status

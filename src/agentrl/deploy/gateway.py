@@ -1,0 +1,466 @@
+"""The OpenAI-compatible gateway: `POST /v1/chat/completions` (streaming or not, tools,
+log-probs, vLLM's `guided_choice`) and `GET /v1/models`, routed over the registered
+versions by a sticky weighted split.
+
+The public name (default "agentrl-policy") is split across versions by the registry's
+weights; a session keeps its version (key: header `x-agentrl-session`, TensorZero's
+`episode_id` as header `x-episode-id` or body field, else the OpenAI `user` field). Asking
+for a version's own model_id pins it. Every answer names the version that served it
+(`model` and the `x-agentrl-model-version` header). Per-version counters (requests,
+errors, latencies) live in `GatewayState.stats` for the monitor and the metrics exporter.
+The completion log (token ids + log-probs per completion id) goes to a queue that a
+background task publishes: never on the request's path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+
+from agentrl.deploy import split as splitting
+from agentrl.deploy.backends import Backend
+from agentrl.deploy.errors import BackendError, DeployError
+from agentrl.deploy.openai_types import (
+    ChatRequest,
+    Generation,
+    chunk,
+    completion_body,
+    error_body,
+    logprobs_block,
+    new_completion_id,
+)
+
+log = logging.getLogger(__name__)
+
+VERSION_HEADER = "x-agentrl-model-version"
+SESSION_HEADERS = ("x-agentrl-session", "x-episode-id", "x-session-id")
+
+
+@dataclass
+class VersionStats:
+    """Counters of one version (cumulative; the monitor takes differences)."""
+
+    requests: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    completion_tokens: int = 0
+    latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
+    first_error_at: float | None = None  # time.time() of the first error (benchmarks)
+
+    def snapshot(self) -> dict[str, Any]:
+        lat = sorted(self.latency_ms)
+        p = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None  # noqa: E731
+        return {
+            "requests": self.requests,
+            "errors": self.errors,
+            "timeouts": self.timeouts,
+            "completion_tokens": self.completion_tokens,
+            "latency_p50_ms": p(0.5),
+            "latency_p99_ms": p(0.99),
+        }
+
+
+class CompletionLog:
+    """A bounded queue of completion records and the task that publishes them in batches.
+
+    When the bus cannot keep up the oldest records are dropped (and counted) rather than
+    slowing requests down."""
+
+    def __init__(self, bus: Any, maxsize: int = 20_000, batch: int = 256) -> None:
+        self.bus = bus
+        self.queue: deque[Any] = deque(maxlen=maxsize)
+        self.batch = batch
+        self.published = 0
+        self.dropped = 0
+        self.failed = 0
+        self._wake = asyncio.Event()
+
+    def submit(self, record: Any) -> None:
+        if len(self.queue) == self.queue.maxlen:
+            self.dropped += 1
+        self.queue.append(record)
+        self._wake.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set() or self.queue:
+            if not self.queue:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), 0.5)
+                continue
+            items = [self.queue.popleft() for _ in range(min(self.batch, len(self.queue)))]
+            try:
+                await self.bus.publish_many(items)
+                self.published += len(items)
+            except Exception:  # never let the log take the gateway down
+                self.failed += len(items)
+                log.warning(
+                    "completion log: could not publish %d records", len(items), exc_info=True
+                )
+                await asyncio.sleep(0.5)
+
+
+class GatewayState:
+    """What the gateway routes by; the manager (`agentrl.deploy.serving`) keeps it current."""
+
+    def __init__(
+        self,
+        public_name: str = "agentrl-policy",
+        *,
+        api_keys: list[str] | None = None,
+        completion_log: CompletionLog | None = None,
+        timeout_s: float = 60.0,
+    ) -> None:
+        self.public_name = public_name
+        self.weights: dict[str, float] = {}
+        self.order: list[str] = []
+        self.backends: dict[str, Backend] = {}
+        self.stats: dict[str, VersionStats] = {}
+        self.api_keys = list(api_keys or [])
+        self.completion_log = completion_log
+        self.timeout_s = timeout_s
+        self.unanswered = 0  # requests that got no HTTP answer at all (should stay 0)
+        self.rng = random.Random()
+
+    def set_split(self, weights: dict[str, float], order: list[str]) -> None:
+        """Replace the routing weights at once (only versions with a backend may get traffic)."""
+        ready = {v: w for v, w in weights.items() if v in self.backends and w > 0}
+        if not ready and weights:
+            raise DeployError("no version of the split is ready to serve")
+        self.weights = ready
+        self.order = [v for v in order if v in ready] + [v for v in ready if v not in order]
+
+    def stats_for(self, model_id: str) -> VersionStats:
+        s = self.stats.get(model_id)
+        if s is None:
+            s = self.stats[model_id] = VersionStats()
+        return s
+
+    def models(self) -> list[str]:
+        return [self.public_name, *sorted(self.backends)]
+
+    def resolve(self, name: str, session: str | None) -> str:
+        if name == self.public_name:
+            if not self.weights:
+                raise DeployError("no model version is serving yet")
+            return splitting.choose(self.weights, self.order, session, self.public_name, self.rng)
+        if name in self.backends:
+            return name
+        raise KeyError(name)
+
+
+def _session_key(request: Request, body: ChatRequest) -> str | None:
+    for h in SESSION_HEADERS:
+        if request.headers.get(h):
+            return request.headers[h]
+    return body.episode_id or body.user
+
+
+def _error(
+    status: int,
+    message: str,
+    type_: str,
+    code: str | None = None,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    return JSONResponse(
+        error_body(message, type_, code, param), status_code=status, headers=headers
+    )
+
+
+def create_gateway_app(state: GatewayState) -> FastAPI:
+    app = FastAPI(
+        title="agentrl gateway", description="OpenAI-compatible chat completions.", version="1"
+    )
+    app.state.gateway = state
+
+    def unauthorized(request: Request) -> JSONResponse | None:
+        if not state.api_keys:
+            return None
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        token = token.strip()
+        if scheme.lower() == "bearer" and any(
+            hmac.compare_digest(token.encode(), k.encode()) for k in state.api_keys
+        ):
+            return None
+        return _error(
+            401,
+            "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
+            "invalid_request_error",
+            "invalid_api_key",
+        )
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "weights": state.weights}
+
+    @app.get("/v1/stats")
+    async def stats() -> dict[str, Any]:
+        return {
+            "weights": state.weights,
+            "versions": {k: v.snapshot() for k, v in state.stats.items()},
+            "completion_log": None
+            if state.completion_log is None
+            else {
+                "published": state.completion_log.published,
+                "dropped": state.completion_log.dropped,
+                "queued": len(state.completion_log.queue),
+            },
+        }
+
+    @app.get("/v1/models", response_model=None)
+    async def models(request: Request) -> Any:
+        if (denied := unauthorized(request)) is not None:
+            return denied
+        now = int(time.time())
+        return {
+            "object": "list",
+            "data": [
+                {"id": m, "object": "model", "created": now, "owned_by": "agentrl"}
+                for m in state.models()
+            ],
+        }
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(request: Request) -> Any:
+        if (denied := unauthorized(request)) is not None:
+            return denied
+        try:
+            body = ChatRequest.model_validate(json.loads(await request.body()))
+        except (ValueError, ValidationError) as exc:
+            msg = (
+                str(exc)
+                if not isinstance(exc, ValidationError)
+                else "; ".join(
+                    f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5]
+                )
+            )
+            return _error(400, f"invalid request: {msg}", "invalid_request_error")
+        session = _session_key(request, body)
+        try:
+            model_id = state.resolve(body.model, session)
+        except KeyError:
+            return _error(
+                404,
+                f"The model '{body.model}' does not exist. Available models: "
+                f"{', '.join(state.models())}",
+                "invalid_request_error",
+                "model_not_found",
+                "model",
+            )
+        except DeployError as exc:
+            return _error(503, str(exc), "service_unavailable")
+        backend = state.backends[model_id]
+        stats = state.stats_for(model_id)
+        completion_id = new_completion_id()
+        headers = {VERSION_HEADER: model_id}
+        stats.requests += 1
+        started = time.perf_counter()
+        if body.stream:
+            return await _stream(
+                state, backend, model_id, body, completion_id, session, headers, started
+            )
+        try:
+            gen = await asyncio.wait_for(backend.generate(model_id, body), state.timeout_s)
+        except (TimeoutError, BackendError, DeployError, Exception) as exc:
+            return _failed(stats, exc, model_id, headers)
+        stats.latency_ms.append((time.perf_counter() - started) * 1000)
+        stats.completion_tokens += gen.completion_tokens
+        if gen.raw is not None:
+            out = dict(gen.raw)
+            out["id"], out["model"] = completion_id, model_id
+        else:
+            out = completion_body(gen, completion_id, model_id, body)
+        _log(state, completion_id, model_id, session, gen)
+        return JSONResponse(out, headers=headers)
+
+    return app
+
+
+def _failed(
+    stats: VersionStats, exc: BaseException, model_id: str, headers: dict[str, str]
+) -> JSONResponse:
+    if isinstance(exc, TimeoutError):
+        status, msg = 504, f"model version {model_id} did not answer in time"
+        stats.timeouts += 1
+    elif isinstance(exc, BackendError):
+        status, msg = exc.status, f"model version {model_id} failed: {exc}"
+        if status == 504:
+            stats.timeouts += 1
+    elif isinstance(exc, DeployError):
+        status, msg = 400, str(exc)
+    else:
+        log.exception("backend of %s raised", model_id, exc_info=exc)
+        status, msg = 502, f"model version {model_id} failed: {type(exc).__name__}: {exc}"
+    if status >= 500:
+        stats.errors += 1
+        if stats.first_error_at is None:
+            stats.first_error_at = time.time()
+    type_ = "server_error" if status >= 500 else "invalid_request_error"
+    return _error(
+        status, msg, type_, "upstream_timeout" if status == 504 else None, headers=headers
+    )
+
+
+def _log(
+    state: GatewayState, completion_id: str, model_id: str, session: str | None, gen: Generation
+) -> None:
+    if state.completion_log is None:
+        return
+    from agentrl.contracts.base import utcnow
+    from agentrl.contracts.completion import CompletionRecord
+
+    try:
+        record = CompletionRecord(
+            completion_id=completion_id,
+            model=model_id,
+            session_id=session,
+            prompt_token_ids=gen.prompt_token_ids,
+            completion_token_ids=gen.completion_token_ids,
+            completion_logprobs=[max(x, -1e30) for x in gen.token_logprobs],
+            timestamp=utcnow(),
+        )
+    except ValidationError:
+        log.warning("completion %s not logged: invalid record", completion_id)
+        return
+    state.completion_log.submit(record)
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+async def _stream(
+    state: GatewayState,
+    backend: Backend,
+    model_id: str,
+    body: ChatRequest,
+    completion_id: str,
+    session: str | None,
+    headers: dict[str, str],
+    started: float,
+) -> Response:
+    stats = state.stats_for(model_id)
+    source = backend.stream(model_id, body).__aiter__()
+    try:  # the first item decides the status: a failing backend still gets a 502/504
+        first = await asyncio.wait_for(source.__anext__(), state.timeout_s)
+    except StopAsyncIteration:
+        first = None
+    except BaseException as exc:
+        if isinstance(exc, asyncio.CancelledError):
+            raise
+        return _failed(stats, exc, model_id, headers)
+    buffered = (
+        bool(body.tools and body.tool_choice != "none")
+        or bool(body.stops())
+        or bool(body.guided_choice)
+    )
+    include_usage = bool((body.stream_options or {}).get("include_usage"))
+
+    async def events() -> AsyncIterator[bytes]:
+        tokenizer = getattr(getattr(backend, "engine", None), "tokenizer", None)
+        eos = getattr(getattr(backend, "engine", None), "eos_ids", set())
+        ids: list[int] = []
+        sent = ""
+        if tokenizer is not None:
+            yield _sse(chunk(completion_id, model_id, {"role": "assistant", "content": ""}))
+        item: tuple[str, Any] | None = first
+        try:
+            while item is not None:
+                kind, value = item
+                if kind == "chunk":  # upstream: pass through under our id and version
+                    value["id"], value["model"] = completion_id, model_id
+                    yield _sse(value)
+                elif kind == "token" and not buffered and tokenizer is not None:
+                    tok, lp, tops = value
+                    if tok not in eos:
+                        ids.append(tok)
+                    text = tokenizer.decode(ids, skip_special_tokens=True)
+                    if not text.endswith("\ufffd") and len(text) > len(sent):
+                        delta, sent = text[len(sent) :], text
+                        lpb = None
+                        if body.logprobs:
+                            t = tokenizer.decode([tok])
+                            alts = [
+                                {"token": tokenizer.decode([a]), "logprob": v, "bytes": None}
+                                for a, v in tops
+                            ]
+                            lpb = {
+                                "content": [
+                                    {
+                                        "token": t,
+                                        "logprob": lp,
+                                        "bytes": list(t.encode()),
+                                        "top_logprobs": alts,
+                                    }
+                                ]
+                            }
+                        yield _sse(chunk(completion_id, model_id, {"content": delta}, logprobs=lpb))
+                elif kind == "done":
+                    gen: Generation = value
+                    if tokenizer is not None:
+                        if gen.tool_calls:
+                            calls = [{"index": i, **c} for i, c in enumerate(gen.tool_calls)]
+                            yield _sse(chunk(completion_id, model_id, {"tool_calls": calls}))
+                        elif buffered or len(gen.content or "") > len(sent):
+                            rest = (gen.content or "")[len(sent) if not buffered else 0 :]
+                            lpb = (
+                                logprobs_block(gen, body.top_logprobs)
+                                if (buffered and body.logprobs)
+                                else None
+                            )
+                            if rest or lpb:
+                                yield _sse(
+                                    chunk(completion_id, model_id, {"content": rest}, logprobs=lpb)
+                                )
+                        yield _sse(chunk(completion_id, model_id, {}, gen.finish_reason))
+                        if include_usage:
+                            usage = {
+                                "prompt_tokens": gen.prompt_tokens,
+                                "completion_tokens": gen.completion_tokens,
+                                "total_tokens": gen.prompt_tokens + gen.completion_tokens,
+                            }
+                            yield _sse(
+                                {
+                                    "id": completion_id,
+                                    "object": "chat.completion.chunk",
+                                    "created": int(time.time()),
+                                    "model": model_id,
+                                    "choices": [],
+                                    "usage": usage,
+                                }
+                            )
+                    stats.latency_ms.append((time.perf_counter() - started) * 1000)
+                    stats.completion_tokens += gen.completion_tokens
+                    _log(state, completion_id, model_id, session, gen)
+                try:
+                    item = await source.__anext__()
+                except StopAsyncIteration:
+                    item = None
+        except Exception as exc:  # mid-stream failure: tell the client in-band, count it
+            stats.errors += 1
+            status = exc.status if isinstance(exc, BackendError) else 502
+            yield _sse(
+                error_body(
+                    f"model version {model_id} failed mid-stream: {exc}",
+                    "server_error",
+                    str(status),
+                )
+            )
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)

@@ -1,0 +1,489 @@
+"""The embedded backend: one Hugging Face base model in memory, each version's LoRA adapter
+attached to it (peft `load_adapter`), and concurrent requests batched together.
+
+A batch may mix versions: peft's mixed-adapter forward (`adapter_names=[...]`, one per
+row, "__base__" for the bare base) applies each row's adapter, so a canary split does not
+halve the batch. Requests wait in a queue; a batcher takes up to `max_batch_size`, waiting at
+most `max_wait_ms` after the first, and runs one prefill + KV-cache decode loop in a worker
+thread. Per row: temperature (0 = greedy), token limit, top-k log-probs, stop strings, and a
+callback per token for streaming. Log-probs are those of the distribution sampled
+(log softmax(logits / temperature); plain log softmax when greedy), as the trainers need.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import random
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentrl.deploy.choices import pick
+from agentrl.deploy.errors import BackendError, DeployError
+from agentrl.deploy.openai_types import ChatRequest, Generation, tool_call
+
+log = logging.getLogger(__name__)
+
+BASE_ADAPTER = "__base__"
+TokenCallback = Callable[[int, float, list[tuple[int, float]]], None]
+
+
+@dataclass
+class _Row:
+    prompt_ids: list[int]
+    adapter: str
+    temperature: float
+    max_new_tokens: int
+    top_k: int
+    stops: list[str]
+    future: asyncio.Future[tuple[list[int], list[float], list[list[tuple[int, float]]], str]]
+    on_token: TokenCallback | None = None
+
+
+@dataclass
+class EngineStats:
+    batch_sizes: list[int] = field(default_factory=list)
+    new_tokens: int = 0
+
+
+class LocalEngine:
+    """One base model + adapters; `generate()` is safe to call from many coroutines."""
+
+    def __init__(
+        self,
+        base: str = "smollm2",
+        *,
+        seed: int = 0,
+        tiny_kwargs: dict[str, Any] | None = None,
+        max_batch_size: int = 8,
+        max_wait_ms: float = 5.0,
+        default_max_tokens: int = 256,
+    ) -> None:
+        from agentrl.llm.loading import load_policy
+
+        policy = load_policy(base, seed=seed, tiny_kwargs=tiny_kwargs)
+        self.base_spec = {"name": base, "seed": seed, "tiny_kwargs": tiny_kwargs}
+        self.model: Any = policy.model.eval()
+        self.tokenizer = policy.tokenizer
+        self.is_peft = False
+        self.adapters: dict[str, str] = {}  # model_id -> adapter name
+        self.max_batch_size = max_batch_size
+        self.max_wait_ms = max_wait_ms
+        self.default_max_tokens = default_max_tokens
+        self.stats = EngineStats()
+        self.pad_id = self.tokenizer.pad_token_id
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        eos_list = eos if isinstance(eos, list) else [eos]
+        self.eos_ids = {e for e in [*eos_list, self.tokenizer.eos_token_id] if e is not None}
+        self.context = int(getattr(self.model.config, "max_position_embeddings", 2048))
+        self._lock = threading.Lock()  # adapters change only between batches
+        self._queue: asyncio.Queue[_Row] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._batcher: asyncio.Task[None] | None = None
+        self._rng = torch.Generator()
+        self._rng.manual_seed(seed)
+        self._py_rng = random.Random(seed)
+
+    # ---- adapters ---------------------------------------------------------------------
+    def load_adapter(self, model_id: str, folder: Path) -> None:
+        """Attach the LoRA adapter in `folder` as version `model_id` (base stays loaded)."""
+        from agentrl.llm.loading import BASE_FILE
+
+        if not (folder / "adapter_config.json").exists():
+            raise DeployError(
+                f"{folder} holds no LoRA adapter (adapter_config.json); the local backend "
+                "serves adapters over one base — serve full models through an upstream server"
+            )
+        spec_file = folder / BASE_FILE
+        if spec_file.exists():
+            spec = json.loads(spec_file.read_text())
+            mine = self.base_spec
+            if (
+                spec.get("name", "").lower() != str(mine["name"]).lower()
+                or (spec.get("tiny_kwargs") != mine["tiny_kwargs"])
+                or int(spec.get("seed", 0)) != int(mine["seed"] or 0)
+            ):
+                raise DeployError(
+                    f"adapter {model_id} was trained on base {spec}, but the gateway serves "
+                    f"{mine}; start the gateway with that base model"
+                )
+        name = "v_" + "".join(c if c.isalnum() else "_" for c in model_id)
+        with self._lock:
+            if model_id in self.adapters:
+                return
+            if not self.is_peft:
+                from peft import PeftModel
+
+                self.model = PeftModel.from_pretrained(self.model, str(folder), adapter_name=name)
+                self.is_peft = True
+            else:
+                self.model.load_adapter(str(folder), adapter_name=name)
+            self.model.eval()
+            self.adapters[model_id] = name
+
+    def unload_adapter(self, model_id: str) -> None:
+        with self._lock:
+            name = self.adapters.pop(model_id, None)
+            if name is not None and self.is_peft:
+                self.model.delete_adapter(name)
+
+    def adapter_of(self, model_id: str | None) -> str:
+        if model_id is None:
+            return BASE_ADAPTER
+        return self.adapters.get(model_id, BASE_ADAPTER)
+
+    # ---- prompts ----------------------------------------------------------------------
+    def encode(self, request: ChatRequest) -> list[int]:
+        messages = [_flatten(m) for m in request.messages]
+        tools = request.tools if request.tool_choice != "none" else None
+        if tools:
+            messages = _with_tool_prompt(messages, tools, request.tool_choice)
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        ids: list[int] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return ids
+
+    # ---- generation -------------------------------------------------------------------
+    async def generate(
+        self,
+        model_id: str | None,
+        request: ChatRequest,
+        on_token: TokenCallback | None = None,
+    ) -> Generation:
+        prompt = self.encode(request)
+        if request.guided_choice:
+            return await asyncio.to_thread(self._guided, model_id, prompt, request)
+        limit = request.token_limit(self.default_max_tokens)
+        if len(prompt) + limit > self.context:
+            limit = self.context - len(prompt)
+            if limit < 1:
+                raise DeployError(
+                    f"prompt of {len(prompt)} tokens fills the model's context of {self.context}"
+                )
+        temperature = 1.0 if request.temperature is None else float(request.temperature)
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._queue is None:
+            self._loop, self._queue, self._batcher = loop, asyncio.Queue(), None
+        future: asyncio.Future[Any] = loop.create_future()
+        top_k = (request.top_logprobs or 0) if request.logprobs else 0
+        row = _Row(
+            prompt,
+            self.adapter_of(model_id),
+            temperature,
+            limit,
+            top_k,
+            request.stops(),
+            future,
+            on_token,
+        )
+        self._queue.put_nowait(row)
+        if self._batcher is None or self._batcher.done():
+            self._batcher = loop.create_task(self._run_batches(self._queue))
+        ids, logps, tops, finish = await future
+        return self._result(prompt, ids, logps, tops, finish, request)
+
+    def _result(
+        self,
+        prompt: list[int],
+        ids: list[int],
+        logps: list[float],
+        tops: list[list[tuple[int, float]]],
+        finish: str,
+        request: ChatRequest,
+    ) -> Generation:
+        text = self.tokenizer.decode(
+            [i for i in ids if i not in self.eos_ids], skip_special_tokens=True
+        )
+        for s in request.stops():
+            if s in text:
+                text = text[: text.index(s)]
+        calls = None
+        if request.tools and request.tool_choice != "none":
+            calls = parse_tool_calls(text, request.tools)
+        tokens = [self.tokenizer.decode([i]) for i in ids]
+        top_text = (
+            [[(self.tokenizer.decode([t]), v) for t, v in row] for row in tops] if tops else None
+        )
+        return Generation(
+            content=None if calls else text,
+            finish_reason="tool_calls" if calls else finish,
+            tool_calls=calls,
+            prompt_token_ids=prompt,
+            completion_token_ids=ids,
+            token_logprobs=logps,
+            tokens=tokens,
+            top_logprobs=top_text,
+            prompt_tokens=len(prompt),
+            completion_tokens=len(ids),
+        )
+
+    async def stream(
+        self, model_id: str | None, request: ChatRequest
+    ) -> AsyncIterator[tuple[str, Any]]:
+        """("token", (id, logprob, tops)) per token as it is generated, then ("done", Generation)."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[int, float, list[tuple[int, float]]]] = asyncio.Queue()
+
+        def on_token(tok: int, lp: float, tops: list[tuple[int, float]]) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (tok, lp, tops))
+
+        task = asyncio.create_task(self.generate(model_id, request, on_token))
+        while not task.done() or not queue.empty():
+            getter = asyncio.create_task(queue.get())
+            done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+            if getter in done:
+                yield "token", getter.result()
+            else:
+                getter.cancel()
+        yield "done", task.result()
+
+    async def _run_batches(self, queue: asyncio.Queue[_Row]) -> None:
+        loop = asyncio.get_running_loop()
+        while not queue.empty():
+            batch = [queue.get_nowait()]
+            deadline = loop.time() + self.max_wait_ms / 1000.0
+            while len(batch) < self.max_batch_size:
+                if not queue.empty():
+                    batch.append(queue.get_nowait())
+                    continue
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(queue.get(), remaining))
+                except TimeoutError:
+                    break
+            live = [r for r in batch if not r.future.done()]
+            if not live:
+                continue
+            try:
+                results = await asyncio.to_thread(self._decode, live)
+            except Exception as exc:
+                log.exception("local generation failed")
+                for r in live:
+                    if not r.future.done():
+                        r.future.set_exception(
+                            BackendError(f"local generation failed: {type(exc).__name__}: {exc}")
+                        )
+                continue
+            self.stats.batch_sizes.append(len(live))
+            for r, res in zip(live, results, strict=True):
+                self.stats.new_tokens += len(res[0])
+                if not r.future.done():
+                    r.future.set_result(res)
+
+    def _forward(self, adapters: list[str], **kw: Any) -> Any:
+        if self.is_peft:
+            return self.model(adapter_names=adapters, **kw)
+        return self.model(**kw)
+
+    @torch.no_grad()
+    def _decode(
+        self, rows: list[_Row]
+    ) -> list[tuple[list[int], list[float], list[list[tuple[int, float]]], str]]:
+        with self._lock:
+            return self._decode_locked(rows)
+
+    def _decode_locked(
+        self, rows: list[_Row]
+    ) -> list[tuple[list[int], list[float], list[list[tuple[int, float]]], str]]:
+        n = len(rows)
+        width = max(len(r.prompt_ids) for r in rows)
+        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+            mask[i, width - len(r.prompt_ids) :] = 1
+        adapters = [r.adapter for r in rows]
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self._forward(
+            adapters,
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache, logits = out.past_key_values, out.logits[:, -1, :].float()
+        temps = torch.tensor([r.temperature for r in rows])
+        next_pos = mask.sum(-1, keepdim=True)
+        done = [False] * n
+        toks: list[list[int]] = [[] for _ in rows]
+        lps: list[list[float]] = [[] for _ in rows]
+        tops: list[list[list[tuple[int, float]]]] = [[] for _ in rows]
+        finish = ["length"] * n
+        max_steps = max(r.max_new_tokens for r in rows)
+        for _step in range(max_steps):
+            greedy = temps <= 0
+            scaled = logits / torch.where(greedy, torch.ones_like(temps), temps)[:, None]
+            logp = torch.log_softmax(scaled, dim=-1)
+            sampled = torch.multinomial(logp.exp(), 1, generator=self._rng).squeeze(-1)
+            choice = torch.where(greedy, logp.argmax(-1), sampled)
+            chosen_lp = logp.gather(-1, choice[:, None]).squeeze(-1)
+            for i, r in enumerate(rows):
+                if done[i]:
+                    choice[i] = self.pad_id
+                    continue
+                tok, lp = int(choice[i]), float(chosen_lp[i])
+                toks[i].append(tok)
+                lps[i].append(lp)
+                top: list[tuple[int, float]] = []
+                if r.top_k:
+                    v, k = logp[i].topk(r.top_k)
+                    top = list(zip(k.tolist(), v.tolist(), strict=True))
+                    tops[i].append(top)
+                if r.on_token is not None:
+                    r.on_token(tok, lp, top)
+                if tok in self.eos_ids or (r.stops and any(s in self.tokenizer.decode(toks[i]) for s in r.stops)):
+                    done[i], finish[i] = True, "stop"
+                elif len(toks[i]) >= r.max_new_tokens:
+                    done[i] = True
+            if all(done):
+                break
+            mask = torch.cat([mask, mask.new_ones((n, 1))], dim=1)
+            out = self._forward(
+                adapters,
+                input_ids=choice[:, None],
+                attention_mask=mask,
+                position_ids=next_pos,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            next_pos = next_pos + 1
+            cache, logits = out.past_key_values, out.logits[:, -1, :].float()
+        return [(toks[i], lps[i], tops[i], finish[i]) for i in range(n)]
+
+    # ---- scoring ----------------------------------------------------------------------
+    @torch.no_grad()
+    def score(
+        self, model_id: str | None, prompt: list[int], continuations: list[list[int]]
+    ) -> list[list[float]]:
+        """Per-token log-probs of each continuation after `prompt` under version `model_id`."""
+        with self._lock:
+            adapter = self.adapter_of(model_id)
+            seqs = [prompt + c for c in continuations]
+            width = max(len(s) for s in seqs)
+            n = len(seqs)
+            ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((n, width), dtype=torch.long)
+            for i, s in enumerate(seqs):
+                ids[i, : len(s)] = torch.tensor(s)
+                mask[i, : len(s)] = 1
+            logits = self._forward([adapter] * n, input_ids=ids, attention_mask=mask).logits.float()
+            logp = torch.log_softmax(logits, dim=-1)
+            out = []
+            for i, c in enumerate(continuations):
+                start = len(prompt)
+                rows = logp[i, start - 1 : start - 1 + len(c)]
+                out.append(rows.gather(-1, torch.tensor(c)[:, None]).squeeze(-1).tolist())
+            return out
+
+    def _guided(self, model_id: str | None, prompt: list[int], request: ChatRequest) -> Generation:
+        choices = list(request.guided_choice or [])
+        encoded = [self.tokenizer(c, add_special_tokens=False)["input_ids"] for c in choices]
+        if any(not e for e in encoded):
+            raise DeployError("guided_choice has an empty choice")
+        per_token = self.score(model_id, prompt, encoded)
+        scores = [sum(t) for t in per_token]
+        temperature = 1.0 if request.temperature is None else float(request.temperature)
+        index, probs = pick(scores, temperature, self._py_rng)
+        ids = encoded[index]
+        top = None
+        if request.logprobs and request.top_logprobs:
+            order = sorted(range(len(choices)), key=lambda j: -probs[j])[: request.top_logprobs]
+            top = [[(choices[j], math.log(max(probs[j], 1e-300))) for j in order]]
+        calls = None
+        if request.tools and request.tool_choice != "none":
+            calls = parse_tool_calls(choices[index], request.tools)
+        return Generation(
+            content=None if calls else choices[index],
+            finish_reason="tool_calls" if calls else "stop",
+            tool_calls=calls,
+            prompt_token_ids=prompt,
+            completion_token_ids=ids,
+            token_logprobs=per_token[index],
+            tokens=[self.tokenizer.decode([i]) for i in ids],
+            top_logprobs=(top + [[]] * (len(ids) - 1)) if top else None,
+            prompt_tokens=len(prompt),
+            completion_tokens=len(ids),
+        )
+
+
+def _flatten(message: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI message -> {role, content: str} for a plain chat template."""
+    role = message.get("role", "user")
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(
+            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
+    if content is None:
+        content = ""
+    if message.get("tool_calls"):
+        calls = [
+            {
+                "name": c["function"]["name"],
+                "arguments": _json_or_text(c["function"].get("arguments")),
+            }
+            for c in message["tool_calls"]
+            if isinstance(c, dict) and "function" in c
+        ]
+        content = (content + "\n" if content else "") + json.dumps(
+            calls[0] if len(calls) == 1 else calls
+        )
+    if role == "developer":
+        role = "system"
+    return {"role": role, "content": content}
+
+
+def _json_or_text(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _with_tool_prompt(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]], tool_choice: Any
+) -> list[dict[str, Any]]:
+    """SmolLM2's template ignores `tools`: describe them in the system message instead."""
+    specs = [t.get("function", t) for t in tools]
+    text = (
+        "You can call these tools:\n"
+        + "\n".join(json.dumps(s) for s in specs)
+        + '\nTo call a tool, answer only with JSON: {"name": "<tool>", "arguments": {...}}.'
+    )
+    if tool_choice == "required" or isinstance(tool_choice, dict):
+        text += " You must call a tool now."
+    if messages and messages[0]["role"] == "system":
+        return [
+            {"role": "system", "content": messages[0]["content"] + "\n\n" + text},
+            *messages[1:],
+        ]
+    return [{"role": "system", "content": text}, *messages]
+
+
+def parse_tool_calls(text: str, tools: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """A model's JSON answer -> OpenAI tool calls, when it names one of the offered tools
+    (OpenAI's {"name", "arguments"} or Agent Zero's {"tool_name", "tool_args"})."""
+    from agentrl.rollout.parsing import extract_json_object
+
+    names = {t.get("function", t).get("name") for t in tools}
+    obj = extract_json_object(text)
+    if obj is None:
+        return None
+    name = obj.get("name", obj.get("tool_name"))
+    args = obj.get("arguments", obj.get("tool_args", obj.get("parameters", {})))
+    if name in names:
+        return [tool_call(str(name), args if args is not None else {})]
+    return None

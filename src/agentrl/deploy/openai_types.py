@@ -1,0 +1,138 @@
+"""The slice of OpenAI's chat-completions wire format the gateway speaks, as pydantic models
+(vLLM's `entrypoints/openai/protocol.py` is the model: requests mirror OpenAI's, unknown
+fields are kept so vLLM/TensorZero extras pass through), and the result a backend returns.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    stop: str | list[str] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    user: str | None = None
+    seed: int | None = None
+    guided_choice: list[str] | None = None  # vLLM's extension: answer with one of these
+    episode_id: str | None = None  # TensorZero's sticky key, accepted as a body field too
+    stream_options: dict[str, Any] | None = None
+
+    def token_limit(self, default: int) -> int:
+        return self.max_completion_tokens or self.max_tokens or default
+
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+@dataclass
+class Generation:
+    """What a backend produced for one request (the gateway shapes the response from it)."""
+
+    content: str | None
+    finish_reason: str = "stop"
+    tool_calls: list[dict[str, Any]] | None = None
+    prompt_token_ids: list[int] = field(default_factory=list)
+    completion_token_ids: list[int] = field(default_factory=list)
+    token_logprobs: list[float] = field(default_factory=list)
+    tokens: list[str] = field(default_factory=list)  # each completion token as text
+    top_logprobs: list[list[tuple[str, float]]] | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    raw: dict[str, Any] | None = None  # an upstream answer, passed on as it came
+
+
+def new_completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def logprobs_block(gen: Generation, top: int | None) -> dict[str, Any]:
+    content = []
+    for i, (tok, lp) in enumerate(zip(gen.tokens, gen.token_logprobs, strict=False)):
+        alts = []
+        if top and gen.top_logprobs is not None and i < len(gen.top_logprobs):
+            alts = [
+                {"token": t, "logprob": v, "bytes": list(t.encode())}
+                for t, v in gen.top_logprobs[i][:top]
+            ]
+        content.append(
+            {"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": alts}
+        )
+    return {"content": content}
+
+
+def completion_body(
+    gen: Generation, completion_id: str, model: str, req: ChatRequest
+) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": gen.content}
+    if gen.tool_calls:
+        message["tool_calls"] = gen.tool_calls
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": message,
+        "finish_reason": gen.finish_reason,
+        "logprobs": logprobs_block(gen, req.top_logprobs) if req.logprobs else None,
+    }
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": gen.prompt_tokens,
+            "completion_tokens": gen.completion_tokens,
+            "total_tokens": gen.prompt_tokens + gen.completion_tokens,
+        },
+    }
+
+
+def chunk(
+    completion_id: str,
+    model: str,
+    delta: dict[str, Any],
+    finish: str | None = None,
+    logprobs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}],
+    }
+
+
+def error_body(
+    message: str, type_: str, code: str | None = None, param: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def tool_call(name: str, arguments: Any) -> dict[str, Any]:
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": args},
+    }

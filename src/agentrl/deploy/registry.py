@@ -1,0 +1,374 @@
+"""The model registry: one NATS KV bucket (`agentrl_models`) with history.
+
+Keys (all JSON):
+    model.<model_id>      ModelRecord: checkpoint + sha256, validation results, state,
+                          traffic weight, and every decision (who, when, why, evidence)
+    split.<public_name>   Split: the weights the gateway routes by (it survives restarts)
+    rollout.<public_name> Rollout: the active rollout's plan, step and timers
+    job.<training_job_id> the model_id registered for a training job (idempotency)
+    seq.<public_name>     the last version number handed out
+The bucket keeps 64 revisions per key, so `history(key)` shows how a record or the split
+changed. Writes are compare-and-set, so the controller, the API and the CLI can act on the
+same model without losing each other's updates. Retention (seed: models 90 days, the best
+ones indefinitely) is `prune()`: retired / rolled-back / rejected records older than the
+retention that are not marked best are purged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any, Literal, TypeVar
+
+import nats.js.errors
+from nats.js.api import KeyValueConfig
+from nats.js.kv import KeyValue
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentrl.contracts.base import utcnow
+from agentrl.deploy.config import RolloutPlan
+from agentrl.deploy.errors import DeployError
+
+State = Literal["candidate", "canary", "live", "retired", "rolled_back", "rejected"]
+HISTORY = 64
+
+# Allowed state changes. "rejected" (failed validation) is added to the issue's five states
+# so a blocked candidate is visibly different from one waiting for its rollout.
+TRANSITIONS: dict[str, set[str]] = {
+    "candidate": {"canary", "live", "rejected", "retired"},
+    "canary": {"live", "rolled_back", "canary"},
+    "live": {"retired", "rolled_back"},
+    "retired": {"live", "canary"},
+    "rolled_back": {"canary", "live", "retired"},
+    "rejected": {"canary", "live", "retired"},  # a human may override a failed validation
+}
+
+
+class Decision(BaseModel):
+    """One entry of the audit trail."""
+
+    model_config = ConfigDict(extra="allow")
+
+    at: datetime = Field(default_factory=utcnow)
+    by: str
+    action: str
+    reason: str
+    from_state: str | None = None
+    to_state: str | None = None
+    evidence: dict[str, Any] = Field(default_factory=dict)
+
+
+class ModelRecord(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model_id: str
+    version: int
+    public_name: str
+    base_model: str
+    checkpoint_path: str | None = None  # None: the base model itself, no adapters
+    sha256: str | None = None  # sha256 of the checkpoint's manifest.json
+    training_job_id: str | None = None
+    training_samples: int | None = None
+    final_reward: float | None = None
+    validation_results: dict[str, Any] = Field(default_factory=dict)
+    validation_details: dict[str, Any] = Field(default_factory=dict)
+    state: State = "candidate"
+    traffic_weight: float = 0.0
+    best: bool = False
+    serving: dict[str, Any] = Field(default_factory=dict)  # backend overrides (upstream, ...)
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+    decisions: list[Decision] = Field(default_factory=list)
+
+    def decide(self, decision: Decision) -> None:
+        self.decisions.append(decision)
+        self.updated_at = decision.at
+
+
+class Split(BaseModel):
+    """What the gateway routes by: weights in percent per model_id, newest first."""
+
+    public_name: str
+    weights: dict[str, float] = Field(default_factory=dict)
+    order: list[str] = Field(default_factory=list)
+    live: str | None = None
+    canary: str | None = None
+    previous_live: list[str] = Field(default_factory=list)
+    paused: bool = False
+    updated_at: datetime = Field(default_factory=utcnow)
+    reason: str = ""
+
+
+class Rollout(BaseModel):
+    model_id: str
+    plan: RolloutPlan
+    step: int = 0
+    started_at: datetime = Field(default_factory=utcnow)
+    step_started_at: datetime = Field(default_factory=utcnow)
+    paused: bool = False
+    failures: int = 0
+    deployment_id: str
+    training_job_id: str | None = None
+    previous_model: str | None = None
+    approval_status: Literal["automated", "manual_approved"] = "automated"
+    deployed_by: str = "agentrl-deploy-controller"
+    status: Literal["running", "promoted", "rolled_back"] = "running"
+    last_check: dict[str, Any] = Field(default_factory=dict)
+
+
+def check_transition(record: ModelRecord, to_state: str) -> None:
+    if to_state not in TRANSITIONS.get(record.state, set()):
+        raise DeployError(
+            f"model {record.model_id} is {record.state}; it cannot become {to_state} "
+            f"(allowed: {sorted(TRANSITIONS.get(record.state, set()))})"
+        )
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class Registry:
+    """Typed access to the registry bucket; open with `await Registry.open(js)`."""
+
+    def __init__(self, kv: KeyValue, bucket: str) -> None:
+        self.kv = kv
+        self.bucket = bucket
+
+    @classmethod
+    async def open(cls, js: Any, bucket: str = "agentrl_models", replicas: int = 1) -> Registry:
+        try:
+            kv = await js.key_value(bucket)
+        except nats.js.errors.BucketNotFoundError:
+            try:
+                kv = await js.create_key_value(
+                    KeyValueConfig(bucket=bucket, history=HISTORY, replicas=replicas)
+                )
+            except nats.js.errors.BadRequestError:  # created concurrently
+                kv = await js.key_value(bucket)
+        return cls(kv, bucket)
+
+    # ---- raw --------------------------------------------------------------------------
+    async def _get(self, key: str, model: type[M]) -> tuple[M | None, int]:
+        try:
+            entry = await self.kv.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            return None, 0
+        if entry.value is None or not entry.value:
+            return None, 0
+        return model.model_validate_json(entry.value), int(entry.revision or 0)
+
+    async def _put(self, key: str, value: BaseModel, revision: int) -> int:
+        data = value.model_dump_json().encode()
+        if revision:
+            return int(await self.kv.update(key, data, last=revision))
+        try:
+            return int(await self.kv.create(key, data))
+        except nats.js.errors.KeyWrongLastSequenceError:
+            raise
+        except nats.js.errors.APIError as exc:  # create of a key deleted earlier
+            entry = None
+            try:
+                entry = await self.kv.get(key)
+            except nats.js.errors.KeyNotFoundError:
+                pass
+            if entry is not None and entry.value:
+                raise nats.js.errors.KeyWrongLastSequenceError() from exc
+            return int(await self.kv.put(key, data))
+
+    async def _mutate(
+        self, key: str, model: type[M], fn: Callable[[M | None], M | Awaitable[M]]
+    ) -> M:
+        """Read-modify-write with compare-and-set, retried on a concurrent write."""
+        for _ in range(20):
+            current, rev = await self._get(key, model)
+            if current is not None:
+                current = current.model_copy(deep=True)
+            result = fn(current)
+            value = await result if isinstance(result, Awaitable) else result
+            try:
+                await self._put(key, value, rev)
+                return value
+            except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.BadRequestError):
+                await asyncio.sleep(0.01)
+        raise DeployError(f"registry key {key} kept changing under us; try again")
+
+    # ---- models -----------------------------------------------------------------------
+    async def get_model(self, model_id: str) -> ModelRecord | None:
+        return (await self._get(f"model.{model_id}", ModelRecord))[0]
+
+    async def require_model(self, model_id: str) -> ModelRecord:
+        record = await self.get_model(model_id)
+        if record is None:
+            known = [m.model_id for m in await self.list_models()]
+            raise DeployError(f"no model {model_id!r} in the registry; known: {known}")
+        return record
+
+    async def list_models(self, public_name: str | None = None) -> list[ModelRecord]:
+        try:
+            keys = await self.kv.keys(filters=["model.>"])
+        except nats.js.errors.NoKeysError:
+            return []
+        out = []
+        for key in keys:
+            record, _ = await self._get(key, ModelRecord)
+            if record is not None and (public_name is None or record.public_name == public_name):
+                out.append(record)
+        return sorted(out, key=lambda r: (r.public_name, r.version))
+
+    async def put_model(self, record: ModelRecord) -> ModelRecord:
+        def replace(_: ModelRecord | None) -> ModelRecord:
+            return record
+
+        return await self._mutate(f"model.{record.model_id}", ModelRecord, replace)
+
+    async def update_model(self, model_id: str, fn: Callable[[ModelRecord], None]) -> ModelRecord:
+        def apply(current: ModelRecord | None) -> ModelRecord:
+            if current is None:
+                raise DeployError(f"no model {model_id!r} in the registry")
+            fn(current)
+            current.updated_at = utcnow()
+            return current
+
+        return await self._mutate(f"model.{model_id}", ModelRecord, apply)
+
+    async def transition(
+        self,
+        model_id: str,
+        to_state: str,
+        *,
+        by: str,
+        action: str,
+        reason: str,
+        evidence: dict[str, Any] | None = None,
+        weight: float | None = None,
+    ) -> ModelRecord:
+        def apply(record: ModelRecord) -> None:
+            if record.state != to_state:
+                check_transition(record, to_state)
+            record.decide(
+                Decision(
+                    by=by,
+                    action=action,
+                    reason=reason,
+                    from_state=record.state,
+                    to_state=to_state,
+                    evidence=evidence or {},
+                )
+            )
+            record.state = to_state  # type: ignore[assignment]
+            if weight is not None:
+                record.traffic_weight = weight
+
+        return await self.update_model(model_id, apply)
+
+    async def record(
+        self, model_id: str, *, by: str, action: str, reason: str, evidence: dict[str, Any]
+    ) -> ModelRecord:
+        """Append a decision that changes no state (a hold, a passed check, ...)."""
+
+        def apply(record: ModelRecord) -> None:
+            record.decide(
+                Decision(
+                    by=by,
+                    action=action,
+                    reason=reason,
+                    from_state=record.state,
+                    to_state=record.state,
+                    evidence=evidence,
+                )
+            )
+
+        return await self.update_model(model_id, apply)
+
+    async def next_version(self, public_name: str) -> int:
+        class Seq(BaseModel):
+            n: int = 0
+
+        def bump(cur: Seq | None) -> Seq:
+            return Seq(n=(cur.n if cur else 0) + 1)
+
+        return (await self._mutate(f"seq.{public_name}", Seq, bump)).n
+
+    async def model_for_job(self, training_job_id: str) -> str | None:
+        class Job(BaseModel):
+            model_id: str
+
+        found, _ = await self._get(f"job.{_key(training_job_id)}", Job)
+        return found.model_id if found else None
+
+    async def bind_job(self, training_job_id: str, model_id: str) -> None:
+        await self.kv.put(
+            f"job.{_key(training_job_id)}", json.dumps({"model_id": model_id}).encode()
+        )
+
+    # ---- split and rollout ------------------------------------------------------------
+    async def get_split(self, public_name: str) -> tuple[Split | None, int]:
+        return await self._get(f"split.{public_name}", Split)
+
+    async def update_split(self, public_name: str, fn: Callable[[Split], None]) -> Split:
+        def apply(current: Split | None) -> Split:
+            split = current or Split(public_name=public_name)
+            fn(split)
+            _check_weights(split.weights)
+            split.updated_at = utcnow()
+            return split
+
+        return await self._mutate(f"split.{public_name}", Split, apply)
+
+    async def get_rollout(self, public_name: str) -> Rollout | None:
+        return (await self._get(f"rollout.{public_name}", Rollout))[0]
+
+    async def put_rollout(self, public_name: str, rollout: Rollout | None) -> None:
+        key = f"rollout.{public_name}"
+        if rollout is None:
+            try:
+                await self.kv.delete(key)
+            except nats.js.errors.KeyNotFoundError:
+                pass
+            return
+        await self.kv.put(key, rollout.model_dump_json().encode())
+
+    async def history(self, key: str) -> list[dict[str, Any]]:
+        """Every stored revision of `key` (oldest first) as decoded JSON."""
+        try:
+            entries = await self.kv.history(key)
+        except nats.js.errors.NoKeysError:
+            return []
+        out = []
+        for e in entries:
+            if e.value:
+                out.append({"revision": e.revision, "value": json.loads(e.value)})
+        return out
+
+    # ---- retention --------------------------------------------------------------------
+    async def prune(self, retention_days: float, now: datetime | None = None) -> list[str]:
+        """Purge finished records older than the retention unless they are best models."""
+        now = now or utcnow()
+        cutoff = now - timedelta(days=retention_days)
+        gone = []
+        for record in await self.list_models():
+            if record.state in {"retired", "rolled_back", "rejected"} and not record.best:
+                if record.updated_at < cutoff:
+                    await self.kv.purge(f"model.{record.model_id}")
+                    gone.append(record.model_id)
+        return gone
+
+
+def _check_weights(weights: dict[str, float]) -> None:
+    for version, w in weights.items():
+        if not 0.0 <= w <= 100.0:
+            raise DeployError(f"weight {w} for {version} is outside 0..100 percent")
+    total = sum(weights.values())
+    if weights and abs(total - 100.0) > 1e-6:
+        raise DeployError(f"traffic weights add up to {total}, not 100 percent")
+
+
+def _key(text: str) -> str:
+    """A KV-safe key token for an arbitrary id."""
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in text)
+    if safe == text:
+        return safe
+    return f"{safe[:40]}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"

@@ -1,0 +1,150 @@
+"""`serve(bus, stop, settings)`: the deployment controller, its monitor and the gateway in
+one process (listed in `agentrl.stack.SERVICES`, so `agentrl up` runs it).
+
+The gateway binds to `settings.gateway_host:gateway_port` (loopback by default). The
+controller consumes training statuses (durable consumer `deploy-controller`, so a restart
+resumes), validates, rolls out and monitors; the serving manager keeps the gateway's split in
+step with the registry; the completion log publishes token records off the request path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentrl.deploy.actions import Deployer
+from agentrl.deploy.config import DeploySettings, RolloutPlan
+from agentrl.deploy.controller import BY, Controller
+from agentrl.deploy.gateway import CompletionLog, GatewayState, create_gateway_app
+from agentrl.deploy.monitor import RewardTracker
+from agentrl.deploy.registry import Registry
+from agentrl.deploy.serving import ServingManager
+from agentrl.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Deployment:
+    """Everything `serve` runs, built by `build` (tests and benchmarks use the parts)."""
+
+    registry: Registry
+    deployer: Deployer
+    state: GatewayState
+    manager: ServingManager
+    controller: Controller
+    tracker: RewardTracker
+    completion_log: CompletionLog | None
+    settings: DeploySettings
+
+
+async def build(
+    bus: Any,
+    settings: Settings,
+    deploy: DeploySettings | None = None,
+    *,
+    engine: Any = None,
+    validate: Any = "default",
+    plan: RolloutPlan | None = None,
+) -> Deployment:
+    deploy = deploy or DeploySettings()
+    data = Path(settings.data_dir) / "deploy"
+    cache = deploy.cache_dir or data / "checkpoints"
+    cache.mkdir(parents=True, exist_ok=True)
+    registry = await Registry.open(bus.js, deploy.bucket, replicas=settings.stream_replicas)
+    endpoint = f"http://{settings.gateway_host}:{settings.gateway_port}/v1/chat/completions"
+    deployer = Deployer(registry, bus, deploy.public_model, endpoint)
+    completion_log = CompletionLog(bus) if deploy.completion_log else None
+    state = GatewayState(
+        deploy.public_model,
+        api_keys=deploy.api_keys,
+        completion_log=completion_log,
+        timeout_s=deploy.backend_timeout_s,
+    )
+    tracker = RewardTracker(*deploy.reward_range)
+    if validate == "default":
+        from agentrl.deploy.validation import Validator
+
+        validate = Validator(deploy, registry, cache)
+
+    async def refused(model_id: str, reason: str) -> None:
+        rollout = await registry.get_rollout(deploy.public_model)
+        if rollout is not None and rollout.model_id == model_id and rollout.status == "running":
+            await deployer.rollback(by="agentrl-gateway", reason=f"cannot serve: {reason}")
+        else:
+            await registry.record(
+                model_id, by="agentrl-gateway", action="refuse_to_serve", reason=reason, evidence={}
+            )
+
+    manager = ServingManager(registry, state, deploy, cache, engine=engine, on_refused=refused)
+    controller = Controller(
+        deployer,
+        deploy,
+        stats=state.stats,
+        tracker=tracker,
+        cache_dir=cache,
+        validate=validate,
+        plan=plan,
+    )
+    return Deployment(
+        registry, deployer, state, manager, controller, tracker, completion_log, deploy
+    )
+
+
+async def run_gateway(app: Any, host: str, port: int, stop: asyncio.Event) -> None:
+    import uvicorn
+
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=host, port=port, log_level="warning", lifespan="off", access_log=False
+        )
+    )
+    task = asyncio.create_task(server.serve())
+    waiter = asyncio.create_task(stop.wait())
+    await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+    server.should_exit = True
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(task, 10)
+    waiter.cancel()
+
+
+async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:
+    """Run the controller, the monitor and the gateway until `stop` is set."""
+    d = await build(bus, settings)
+    await d.deployer.bootstrap(d.settings.base_model, by=BY)
+    await d.manager.sync(force=True)
+    tasks = [
+        asyncio.create_task(d.manager.run(stop), name="deploy-serving"),
+        asyncio.create_task(d.controller.run(stop), name="deploy-monitor"),
+        asyncio.create_task(d.tracker.run(bus, stop), name="deploy-rewards"),
+        asyncio.create_task(
+            bus.consume(
+                "agent.rl.training.status.v1",
+                "deploy-controller",
+                d.controller.handle_status,
+                stop=stop,
+                batch=8,
+                ack_wait=600.0,
+            ),
+            name="deploy-statuses",
+        ),
+        asyncio.create_task(
+            run_gateway(
+                create_gateway_app(d.state), settings.gateway_host, settings.gateway_port, stop
+            ),
+            name="gateway",
+        ),
+    ]
+    if d.completion_log is not None:
+        tasks.append(asyncio.create_task(d.completion_log.run(stop), name="completion-log"))
+    log.info("gateway on http://%s:%s/v1", settings.gateway_host, settings.gateway_port)
+    try:
+        await stop.wait()
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 15)
+        await d.manager.close()
