@@ -1,0 +1,94 @@
+"""Triggers: threshold counting (pure), cron with an injected clock through the real service,
+including a schedule missed while the service was down, and restarts that must not re-fire."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import pytest
+from training_helpers import Statuses, running_service, settings_for, tsettings
+
+from agentrl.bus import Bus
+from agentrl.training.triggers import CronSchedule, ThresholdState, count_rewards
+
+
+def test_threshold_counts_first_versions_once():
+    state = ThresholdState()
+    fired = count_rewards(state, [(i, "*", 1) for i in range(1, 5)], threshold=5)
+    assert fired == [] and state.counts["*"] == 4
+    # Redelivered sequences and later reward versions do not count.
+    fired = count_rewards(state, [(3, "*", 1), (4, "*", 1), (5, "*", 2), (6, "*", 1)], 5)
+    assert fired == [("*", 1)] and state.counts["*"] == 0 and state.last_seq == 6
+    again = ThresholdState.from_json(state.to_json())
+    assert count_rewards(again, [(6, "*", 1)], 5) == [] and again.fired == {"*": 1}
+
+
+def test_threshold_per_scope():
+    state = ThresholdState()
+    items = [(i + 1, "coding" if i % 2 else "research", 1) for i in range(6)]
+    assert count_rewards(state, items, threshold=3) == [("research", 1), ("coding", 1)]
+
+
+def test_cron_due_collapses_missed_runs():
+    now = [datetime(2026, 11, 20, 1, 0, tzinfo=UTC)]
+    cron = CronSchedule("0 2 * * *", lambda: now[0])
+    assert cron.due(now[0]) is None
+    last = now[0]
+    now[0] = datetime(2026, 11, 23, 3, 0, tzinfo=UTC)  # three 02:00s passed
+    assert cron.due(last) == datetime(2026, 11, 23, 2, 0, tzinfo=UTC)
+    with pytest.raises(ValueError):
+        CronSchedule("61 * * * *")
+
+
+async def test_cron_trigger_with_injected_clock_and_missed_schedule(nats, data_dir):
+    now = [datetime(2026, 11, 20, 1, 0, tzinfo=UTC)]
+    bus = await Bus.connect(nats.url, settings=settings_for(data_dir, nats.url))
+    await bus.ensure_streams()
+    statuses = await Statuses().start(bus)
+    settings = settings_for(data_dir, nats.url)
+    ts = tsettings(schedule="0 2 * * *", devices=[])  # no device: jobs stay queued (cheap)
+    kw = {"clock": lambda: now[0], "cron_poll_s": 0.05}
+    try:
+        async with running_service(bus, settings, ts, **kw) as svc:
+            await asyncio.sleep(0.3)
+            assert svc.store.jobs() == []  # first start: nothing was missed
+            now[0] = datetime(2026, 11, 20, 2, 0, 30, tzinfo=UTC)
+            await _wait(lambda: len(svc.store.jobs()) == 1)
+            first = svc.store.jobs()[0]
+            assert first.request["trigger_reason"] == "scheduled"
+            await asyncio.sleep(0.3)
+            assert len(svc.store.jobs()) == 1  # fires once per schedule time
+        now[0] = datetime(2026, 11, 23, 3, 0, tzinfo=UTC)  # down for three schedule times
+        async with running_service(bus, settings, ts, **kw) as svc:
+            await _wait(lambda: len(svc.store.jobs()) == 2)
+            await asyncio.sleep(0.4)
+            jobs = svc.store.jobs()
+            assert len(jobs) == 2, "a missed schedule runs once, not once per missed time"
+            assert "2026-11-23T02:00:00" in jobs[1].request["metadata"]["notes"]
+            assert jobs[1].request["metadata"]["previous_training_job"] == first.job_id
+            await _wait(lambda: statuses.states(jobs[1].job_id) == ["queued"])
+        async with running_service(bus, settings, ts, **kw) as svc:  # restart, same clock
+            await asyncio.sleep(0.5)
+            assert len(svc.store.jobs()) == 2
+    finally:
+        await bus.close()
+
+
+async def _wait(cond, timeout: float = 10.0) -> None:
+    end = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        if asyncio.get_running_loop().time() > end:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.05)
+
+
+def test_default_schedule_is_daily_at_two():
+    from agentrl.training.settings import TrainingSettings
+
+    s = TrainingSettings()
+    assert s.schedule == "0 2 * * *" and s.threshold == 5000
+    cron = CronSchedule(s.schedule, lambda: datetime(2026, 11, 23, 5, tzinfo=UTC))
+    assert cron.next_after(datetime(2026, 11, 23, 5, tzinfo=UTC)) == datetime(
+        2026, 11, 24, 2, tzinfo=UTC
+    )
