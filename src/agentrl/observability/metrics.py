@@ -219,7 +219,9 @@ TRAJECTORY_REWARD = Histogram(
     "agent_rl_trajectory_reward",
     "Total reward of a trajectory, per serving model version.",
     ["model_version"],
-    buckets=(-1.0, -0.5, 0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0),
+    # the seed's buckets; rewards <= 0 fall in le="0.0" (a negative lowest bucket would make
+    # prometheus_client drop _sum, and the mean reward per version needs it)
+    buckets=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
 )
 TRAJECTORY_SUCCESS = Counter(
     "agent_rl_trajectory_success_total",
@@ -230,7 +232,7 @@ REWARD_COMPONENT = Histogram(
     "agent_rl_reward_component",
     "Value of each reward component (task completion, efficiency, code quality, feedback).",
     ["component"],
-    buckets=(-1.0, -0.5, 0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+    buckets=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
 )
 
 # Deployments

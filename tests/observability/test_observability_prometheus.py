@@ -1,0 +1,158 @@
+"""The real thing: Debian's `prometheus` scrapes the control API's /metrics (served by the
+stack's supervisor, over a real nats-server) during a short run; then every PromQL
+expression of the dashboards and alert rules is evaluated through Prometheus's HTTP API
+without error, every metric they name exists in its TSDB, and the rules load healthy."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from agentrl.observability import generate
+from agentrl.observability import metrics as m
+from agentrl.settings import Settings
+from agentrl.stack import stack_services
+
+OPS = Path(__file__).resolve().parents[2] / "ops"
+PROMETHEUS = shutil.which("prometheus")
+pytestmark = pytest.mark.skipif(
+    PROMETHEUS is None,
+    reason="prometheus is missing: install Debian's `prometheus` package "
+    "(apt-get install prometheus; scripts/setup.sh does it as root)",
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def activity() -> None:
+    """What the services record in a short run (one of each labelled series)."""
+    m.record_training_status("completed")
+    m.record_training_status("failed")
+    m.observe(m.TRAINING_DURATION, 420.0)
+    m.observe(m.TRAINING_SAMPLES, 2048)
+    m.set_gauge(m.TRAINING_QUEUE_DEPTH, 1)
+    m.set_gauge(m.TRAINING_JOBS_RUNNING, 1)
+    m.inc(m.TRAINING_STEPS, 10)
+    m.set_gauge(m.TRAINING_REWARD, 0.4)
+    m.set_gauge(m.TRAINING_LOSS, 1.2)
+    for version, ratio, reward in (("v1", 0.9, 0.7), ("v2", 0.1, 0.6)):
+        m.set_gauge(m.MODEL_REWARD_MEAN, reward, model_version=version)
+        m.set_gauge(m.MODEL_TRAFFIC_RATIO, ratio, model_version=version)
+        m.set_gauge(m.MODEL_BENCHMARK_SCORE, 0.5, model_version=version, task_type="sokoban")
+        m.record_gateway_request(version, 0.05, error=version == "v2")
+        m.record_trajectory("agent_zero", "sokoban", 4, reward, version, success=True)
+    m.observe(m.REWARD_COMPONENT, 0.5, component="task_completion")
+    m.record_deployment("canary")
+    m.record_deployment("rolled_back")
+    m.record_deployment("promoted")
+    m.observe(m.REWARD_LATENCY, 0.01)
+    m.inc(m.REWARDS_PUBLISHED)
+    m.inc(m.BUS_PUBLISHED, subject="agent.rl.feedback.v1")
+    m.inc(m.BUS_CONSUMED, consumer="rewards")
+    m.record_dead_letter("agent.rl.trajectory.v1")
+    m.observe(m.WAREHOUSE_BATCH_ROWS, 100, table="rewards")
+    m.observe(m.WAREHOUSE_INSERT_LATENCY, 0.02, table="rewards")
+    m.inc(m.WAREHOUSE_ROWS, 100, table="rewards")
+    m.inc(m.COLLECTOR_ERRORS, 0, collector="jetstream")
+
+
+async def test_prometheus_scrapes_up_and_evaluates_every_expression(
+    nats_url: str, tmp_path: Path
+) -> None:
+    api_port, prom_port = free_port(), free_port()
+    settings = Settings(api_port=api_port, data_dir=tmp_path / "data")
+    config = yaml.safe_load((OPS / "prometheus/prometheus.yml").read_text())
+    config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+    config["scrape_configs"][0]["static_configs"] = [{"targets": [f"127.0.0.1:{api_port}"]}]
+    rules = yaml.safe_load((OPS / "prometheus/agentrl.rules.yml").read_text())
+    rules["groups"][0]["interval"] = "1s"
+    (tmp_path / "agentrl.rules.yml").write_text(yaml.safe_dump(rules))
+    config["rule_files"] = [str(tmp_path / "agentrl.rules.yml")]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+
+    async with stack_services(nats_url, settings, only={"control API"}) as stack:
+        durable = f"prom-{uuid.uuid4().hex[:8]}"
+        await stack.bus.js.add_consumer(
+            "RL_FEEDBACK",
+            ConsumerConfig(
+                durable_name=durable,
+                ack_policy=AckPolicy.EXPLICIT,
+                deliver_policy=DeliverPolicy.NEW,
+            ),
+        )
+        await stack.bus.publish_raw("agent.rl.feedback.v1", b"{}", f"prom-{durable}")
+        activity()
+        prom = subprocess.Popen(
+            [
+                PROMETHEUS,  # type: ignore[list-item]
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{prom_port}",
+                "--log.level=warn",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(tmp_path / "prometheus.log", "w"),  # noqa: SIM115
+        )
+        base = f"http://127.0.0.1:{prom_port}"
+        try:
+            async with httpx.AsyncClient(base_url=base, timeout=5) as client:
+                up = await wait_for_scrapes(client, prom, tmp_path, scrapes=3)
+                assert up["health"] == "up", up
+                activity()  # a second round so rate() and increase() have two points
+                await asyncio.sleep(2.5)
+                names = set((await client.get("/api/v1/label/__name__/values")).json()["data"])
+                exprs = generate.expressions(OPS)
+                for where, expr in exprs:
+                    resp = (await client.get("/api/v1/query", params={"query": expr})).json()
+                    assert resp["status"] == "success", (where, expr, resp)
+                    missing = set(re.findall(r"\bagent_rl_\w+", expr)) - names
+                    assert not missing, (where, missing)
+                assert "agent_rl_bus_consumer_pending_messages" in names  # from the collector
+                for _ in range(50):  # every rule evaluated, none with an error
+                    got = (await client.get("/api/v1/rules")).json()["data"]["groups"][0]
+                    if all(r["health"] == "ok" for r in got["rules"]):
+                        break
+                    await asyncio.sleep(0.2)
+                assert len(got["rules"]) == 6, got
+                assert all(r["health"] == "ok" for r in got["rules"]), got["rules"]
+        finally:
+            prom.terminate()
+            prom.wait(timeout=20)
+            await stack.bus.js.delete_consumer("RL_FEEDBACK", durable)
+
+
+async def wait_for_scrapes(
+    client: httpx.AsyncClient, prom: subprocess.Popen[bytes], tmp: Path, scrapes: int
+) -> dict:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if prom.poll() is not None:
+            raise AssertionError(f"prometheus exited: {(tmp / 'prometheus.log').read_text()}")
+        try:
+            targets = (await client.get("/api/v1/targets")).json()["data"]["activeTargets"]
+            if targets and targets[0]["health"] == "up":
+                count = await client.get(
+                    "/api/v1/query", params={"query": "count_over_time(up[1m])"}
+                )
+                result = count.json()["data"]["result"]
+                if result and float(result[0]["value"][1]) >= scrapes:
+                    return targets[0]
+        except httpx.HTTPError:
+            pass
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"no scrape within 60 s: {(tmp / 'prometheus.log').read_text()}")
