@@ -17,7 +17,9 @@ class WarehouseSettings(BaseSettings):
     with it, a ClickHouse server through clickhouse-connect. The SQL is the same.
     """
 
-    model_config = SettingsConfigDict(env_prefix="AGENTRL_WAREHOUSE_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="AGENTRL_WAREHOUSE_", extra="ignore", populate_by_name=True
+    )
 
     clickhouse_url: str | None = Field(
         None,
@@ -60,6 +62,11 @@ class WarehouseSettings(BaseSettings):
     )
     ack_wait_s: float = Field(30.0, gt=0)
     backoff_max_s: float = Field(30.0, gt=0, description="Longest retry delay while it is down.")
+    migrate: bool = Field(
+        True,
+        description="Apply the schema migrations on start; false where a deploy step runs "
+        "`agentrl warehouse migrate` instead.",
+    )
     durable_prefix: str = Field("warehouse", description="Durable consumer names' prefix.")
 
     def chdb_path(self, data_dir: Path) -> Path:

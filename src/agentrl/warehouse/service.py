@@ -68,9 +68,10 @@ class IngesterService:
         while not stop.is_set():
             try:
                 backend = await asyncio.to_thread(self._open)
-                did = await asyncio.to_thread(schema.apply, backend, self.wsettings)
-                for line in did:
-                    log.info("warehouse schema: %s", line)
+                if self.wsettings.migrate:
+                    did = await asyncio.to_thread(schema.apply, backend, self.wsettings)
+                    for line in did:
+                        log.info("warehouse schema: %s", line)
                 return backend
             except SchemaTooNew:
                 self.status.state = "failed"
