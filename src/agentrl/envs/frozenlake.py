@@ -13,18 +13,25 @@ from typing import Any
 
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv, generate_random_map
 
-from agentrl.envs.actions import parse_direction
+from agentrl.envs.actions import DIRECTIONS, parse_direction
 from agentrl.envs.base import Observation
 
 ACTIONS = {"left": 0, "down": 1, "right": 2, "up": 3}  # gymnasium's action numbering
 LEGEND = "Legend: S start, F frozen (safe), H hole, G goal, P you."
+OBS_FORMATS = ("grid", "egocentric")
+_TILE_WORDS = {"S": "frozen", "F": "frozen", "H": "hole", "G": "goal"}
+_DELTAS = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 
 
 class FrozenLakeTextEnv:
     """FrozenLake behind the `TextEnv` protocol.
 
     `size` 4 or 8 (any >= 2 works), `frozen_prob` the chance a generated tile is frozen,
-    `is_slippery` gymnasium's slip dynamics. Reward: `success_reward` on reaching G, 0 on
+    `is_slippery` gymnasium's slip dynamics. `obs_format` "grid" shows the whole board with
+    a headline and a step counter; "egocentric" shows only the agent's and the goal's
+    row/column and what lies up/down/left/right (frozen, hole, goal, wall): no headline,
+    no counter, so the same state gives the same text in every episode (prompts repeat,
+    and a policy can cache them). `valid_actions()` lists the moves. Reward: `success_reward` on reaching G, 0 on
     falling into a hole (the episode ends either way), `step_penalty` per step.
     """
 
@@ -39,9 +46,13 @@ class FrozenLakeTextEnv:
         invalid_action_penalty: float = 0.0,
         success_reward: float = 1.0,
         desc: list[str] | None = None,
+        obs_format: str = "grid",
     ) -> None:
         if size < 2:
             raise ValueError(f"size must be >= 2, got {size}")
+        if obs_format not in OBS_FORMATS:
+            raise ValueError(f"obs_format must be one of {OBS_FORMATS}, got {obs_format!r}")
+        self.obs_format = obs_format
         self.size = size
         self.is_slippery = is_slippery
         self.frozen_prob = frozen_prob
@@ -137,7 +148,41 @@ class FrozenLakeTextEnv:
             rows.append("".join("P" if (r, c) == (r0, c0) else ch for c, ch in enumerate(row)))
         return "\n".join(rows)
 
+    def valid_actions(self) -> list[str]:
+        """The moves a policy may choose from (a valid-action policy scores exactly these)."""
+        return list(DIRECTIONS) if not self._done else []
+
+    def goal(self) -> tuple[int, int]:
+        for r, row in enumerate(self.desc):
+            c = row.find("G")
+            if c >= 0:
+                return r, c
+        raise ValueError("the map has no goal")
+
+    def egocentric(self) -> str:
+        """Agent and goal row/column plus the four neighbours: repeats across episodes."""
+        r0, c0 = self._pos(self._state)
+        gr, gc = self.goal()
+        n = len(self.desc)
+        around = []
+        for name, (dr, dc) in _DELTAS.items():
+            r, c = r0 + dr, c0 + dc
+            what = "wall" if not (0 <= r < n and 0 <= c < n) else _TILE_WORDS[self.desc[r][c]]
+            around.append(f"{name.capitalize()}: {what}.")
+        return (
+            f"You are at row {r0}, column {c0}. The goal is at row {gr}, column {gc}. "
+            + " ".join(around)
+        )
+
     def _observation(self, headline: str) -> Observation:
+        if self.obs_format == "egocentric":
+            grid = self.grid()
+            text = self.egocentric()
+            if self._done:
+                text = f"{headline}\n{text}"
+            else:
+                text += " Your move: up, down, left or right?"
+            return {"text": text, "anchor": grid}
         grid = self.grid()
         lines = [headline, LEGEND, grid]
         if self.max_steps is not None:

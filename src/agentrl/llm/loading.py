@@ -55,6 +55,9 @@ class LoraSettings:
     alpha: int = 32
     dropout: float = 0.0
     target_modules: tuple[str, ...] = DEFAULT_LORA_TARGETS
+    # Decoder layer indices that get adapters (None: all). Adapters on the upper layers only
+    # leave the lower ones frozen, so their outputs can be cached per prompt.
+    layers: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -224,6 +227,7 @@ def apply_lora(model: PreTrainedModel, lora: LoraSettings) -> Any:
         target_modules=targets,
         bias="none",
         task_type="CAUSAL_LM",
+        layers_to_transform=list(lora.layers) if lora.layers is not None else None,
     )
     return get_peft_model(model, config)
 
