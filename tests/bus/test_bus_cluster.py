@@ -1,0 +1,132 @@
+"""The bus on a real three-node JetStream cluster on loopback (R3 streams), as production
+runs it: replicas, several server URLs, and a stream leader SIGKILLed while publishing and
+consuming."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from agentrl.bus import Bus, Delivery
+from agentrl.bus.bench import failover_drill, sample_trajectory
+from agentrl.bus.server import NatsCluster, free_port
+from agentrl.contracts.streams import StreamSpec
+from agentrl.contracts.trajectory import TrajectoryEvent
+from agentrl.settings import Settings
+
+SLOW = os.environ.get("AGENTRL_SLOW") == "1"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
+    with NatsCluster(tmp_path_factory.mktemp("cluster"), size=3) as nodes:
+        yield nodes
+
+
+@pytest.fixture()
+async def cbus(cluster: NatsCluster) -> AsyncIterator[Bus]:
+    b = await Bus.connect(cluster.url, stream_replicas=3, publish_retries=40)
+    await b.ensure_streams()
+    yield b
+    await b.close()
+
+
+async def test_streams_are_replicated_three_times_and_messages_flow(cbus: Bus) -> None:
+    info = await cbus.js.stream_info("RL_TRAJECTORIES")
+    assert info.config.num_replicas == 3
+    assert info.cluster is not None and info.cluster.leader
+    assert len(info.cluster.replicas or []) == 2
+    events = [
+        sample_trajectory(i).model_copy(update={"trajectory_id": str(uuid.uuid4())})
+        for i in range(300)
+    ]
+    acks = await cbus.publish_many(events)
+    assert not any(a.duplicate for a in acks)
+    assert all(a.duplicate for a in await cbus.publish_many(events[:10]))
+    got: set[str] = set()
+    stop = asyncio.Event()
+    wanted = {e.trajectory_id for e in events}
+
+    async def handle(batch: list[Delivery]) -> None:
+        got.update(d.event.trajectory_id for d in batch)
+        if wanted <= got:
+            stop.set()
+
+    durable = f"r3-{uuid.uuid4().hex[:6]}"
+    task = asyncio.create_task(
+        cbus.consume(TrajectoryEvent.SUBJECT, durable, batch_handler=handle, stop=stop)
+    )
+    await asyncio.wait_for(stop.wait(), 30)
+    await task
+    consumer = await cbus.js.consumer_info("RL_TRAJECTORIES", durable)
+    assert consumer.num_ack_pending == 0
+    assert consumer.config.num_replicas in (0, 3)  # 0 = inherits the stream's R3
+
+
+async def test_stream_replicas_come_from_the_environment(
+    cluster: NatsCluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("AGENTRL_STREAM_REPLICAS", "3")
+    monkeypatch.setenv("NATS_URL", cluster.url)
+    settings = Settings(data_dir=tmp_path)
+    assert settings.stream_replicas == 3
+    bus = await Bus.connect(settings=settings)
+    try:
+        assert bus.stream_replicas == 3
+        spec = StreamSpec("RL_TEST_R3", ("agentrl.test.r3",), 3600, 100, 1024 * 1024)
+        await bus.ensure_streams([spec])
+        info = await bus.js.stream_info("RL_TEST_R3")
+        assert info.config.num_replicas == 3
+        await bus.js.delete_stream("RL_TEST_R3")
+    finally:
+        await bus.close()
+
+
+async def test_several_urls_connect_past_a_dead_server(cluster: NatsCluster) -> None:
+    dead = f"nats://127.0.0.1:{free_port()}"
+    bus = await Bus.connect(f"{dead}, {cluster.nodes[1].url}")
+    try:
+        assert bus.nc.is_connected
+        assert bus.nc.connected_url is not None
+        assert bus.nc.connected_url.port == cluster.nodes[1].port
+    finally:
+        await bus.close()
+
+
+async def _drill(tmp_path: Path, n: int) -> dict:  # type: ignore[type-arg]
+    with NatsCluster(tmp_path / "drill", size=3) as nodes:
+        bus = await Bus.connect(nodes.url, stream_replicas=3, publish_retries=40)
+        try:
+            await bus.ensure_streams()
+            return await failover_drill(bus, nodes, n)
+        finally:
+            await bus.close()
+
+
+def _check(res: dict, n: int) -> None:  # type: ignore[type-arg]
+    assert res["failover_messages"] == n
+    assert res["cluster_lost"] == 0, res
+    assert res["cluster_duplicates"] == 0, res
+    # nats-server elects a new stream leader 4-9 s after losing one (its raft election
+    # timeout); the client must take up publishing and consuming right after.
+    assert res["leader_failover_s"] < 20, res
+    assert res["consume_failover_s"] < 25, res
+
+
+async def test_stream_leader_sigkill_while_publishing_and_consuming(tmp_path: Path) -> None:
+    n = 3000
+    _check(await _drill(tmp_path, n), n)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SLOW, reason="20,000-trajectory failover soak: set AGENTRL_SLOW=1")
+async def test_stream_leader_sigkill_with_20000_trajectories(tmp_path: Path) -> None:
+    n = 20_000
+    res = await _drill(tmp_path, n)
+    print(res)
+    _check(res, n)
