@@ -1,0 +1,130 @@
+"""Migrations are idempotent, a newer stored schema is refused, and retention works: the TTL
+clauses are in every table and the engine really archives (recompresses) and deletes rows."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from agentrl.settings import Settings
+from agentrl.warehouse import samples as S
+from agentrl.warehouse import schema
+from agentrl.warehouse.backend import Backend, SchemaTooNew, open_backend
+from agentrl.warehouse.config import WarehouseSettings
+from agentrl.warehouse.queries import Analytics
+from agentrl.warehouse.service import IngesterService
+
+from .conftest import store
+
+TABLES = {
+    "trajectories",
+    "turns",
+    "rewards",
+    "feedback",
+    "training_jobs",
+    "deployments",
+    "model_versions",
+}
+
+
+def created(backend: Backend, db: str) -> dict[str, str]:
+    rows = backend.query(
+        "SELECT name, create_table_query FROM system.tables WHERE database = {db:String}",
+        {"db": db},
+    ).to_pylist()
+    return {r["name"]: r["create_table_query"] for r in rows}
+
+
+def test_schema_applied_twice_without_change(
+    backend: Backend, wsettings: WarehouseSettings
+) -> None:
+    first = created(backend, wsettings.database)
+    assert set(first) == TABLES | {"schema_migrations"}
+    assert schema.apply(backend, wsettings) == []
+    assert created(backend, wsettings.database) == first
+    assert schema.current_version(backend, wsettings) == schema.LATEST == 7
+    for name, sql in first.items():
+        if name in TABLES:
+            assert "ReplacingMergeTree" in sql, name
+    assert "`model` LowCardinality(String)" in first["trajectories"]
+    assert "`tool_name` LowCardinality(String)" in first["turns"]
+    assert "PARTITION BY toDate(end_timestamp)" in first["trajectories"]
+
+
+def test_ttl_clauses_present_and_configurable(
+    backend: Backend, wsettings: WarehouseSettings
+) -> None:
+    tables = created(backend, wsettings.database)
+    for name, column in schema.TTL_TABLES.items():
+        sql = tables[name]
+        assert (
+            f"TTL toDateTime({column}) + toIntervalSecond(2592000) RECOMPRESS CODEC(ZSTD(17))"
+            in sql
+        )
+        assert f"toDateTime({column}) + toIntervalSecond(7776000)" in sql
+    shorter = wsettings.model_copy(update={"hot_ttl_s": 7 * 86400, "delete_ttl_s": 14 * 86400})
+    did = schema.apply(backend, shorter)
+    assert len(did) == 4 and all(d.startswith("retention of") for d in did)
+    assert "toIntervalSecond(604800) RECOMPRESS" in created(backend, wsettings.database)["turns"]
+    assert schema.apply(backend, shorter) == []
+
+
+def test_newer_schema_refused(backend: Backend, wsettings: WarehouseSettings) -> None:
+    db = wsettings.database
+    backend.command(
+        f"INSERT INTO {db}.schema_migrations (version, name, checksum) VALUES (99, 'future', '')"
+    )
+    with pytest.raises(SchemaTooNew, match="version 99, newer than this agentrl knows"):
+        schema.apply(backend, wsettings)
+    service = IngesterService(bus=None, settings=Settings(data_dir=Path(".")), wsettings=wsettings)  # type: ignore[arg-type]
+    with pytest.raises(SchemaTooNew):
+        asyncio.run(service.run(asyncio.Event()))
+    assert service.status.state == "failed"
+
+
+def parts(backend: Backend, db: str) -> list[dict[str, object]]:
+    return backend.query(
+        "SELECT partition, rows, default_compression_codec AS codec FROM system.parts "
+        "WHERE database = {db:String} AND table = 'trajectories' AND active AND rows > 0 "
+        "ORDER BY partition",
+        {"db": db},
+    ).to_pylist()
+
+
+def test_ttl_archives_then_deletes(chdb_path: Path) -> None:
+    """Short test TTL: hot 1 hour, deleted after 3 days; rows of now, 2 and 5 days ago."""
+    ws = WarehouseSettings(
+        path=chdb_path,
+        database=f"ttl_{uuid.uuid4().hex[:8]}",
+        hot_ttl_s=3600,
+        delete_ttl_s=3 * 86400,
+    )
+    backend = open_backend(ws, chdb_path)
+    schema.apply(backend, ws)
+    now = datetime.now(UTC)
+    ages = {0: timedelta(0), 1: timedelta(days=2), 2: timedelta(days=5)}
+    assert (
+        store(backend, ws.database, [S.trajectory(i, start=now - a) for i, a in ages.items()]) == {}
+    )
+    backend.command(f"OPTIMIZE TABLE {ws.database}.trajectories FINAL")
+    got = parts(backend, ws.database)
+    today, two_days = now.date().isoformat(), (now - ages[1]).date().isoformat()
+    assert [(p["partition"], p["rows"]) for p in got] == [(two_days, 1), (today, 1)]
+    codec = {p["partition"]: p["codec"] for p in got}
+    assert codec == {two_days: "ZSTD(17)", today: "LZ4"}  # archived vs hot
+    assert Analytics(backend, ws.database).counts()["trajectories"] == 2
+    # and in real time: rows that age past a 1-second hot TTL get archived
+    quick = ws.model_copy(update={"database": f"ttlq_{uuid.uuid4().hex[:8]}", "hot_ttl_s": 1})
+    schema.apply(backend, quick)
+    store(backend, quick.database, [S.trajectory(i, start=datetime.now(UTC)) for i in range(3)])
+    assert [p["codec"] for p in parts(backend, quick.database)] == ["LZ4"]
+    time.sleep(2.1)
+    backend.command(f"OPTIMIZE TABLE {quick.database}.trajectories FINAL")
+    assert [(p["rows"], p["codec"]) for p in parts(backend, quick.database)] == [(3, "ZSTD(17)")]
+    for db in (ws.database, quick.database):
+        backend.command(f"DROP DATABASE {db}")
