@@ -9,6 +9,10 @@ import pytest
 from deploy_helpers import TINY, write_checkpoint
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "plan(rollout_plan): the rollout plan of the harness")
+
+
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     root = tmp_path_factory.mktemp("ckpts")

@@ -187,7 +187,8 @@ class Controller:
             self._baselines = {
                 rollout.deployment_id: (time.time(), {v: self._counts(v) for v in (new, live) if v})
             }
-        since, base = self._baselines[rollout.deployment_id]
+        _, base = self._baselines[rollout.deployment_id]
+        since = rollout.started_at.timestamp()  # rewards carry their arrival time
 
         def summary(v: str | None) -> Summary:
             if v is None:

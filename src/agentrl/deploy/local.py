@@ -342,7 +342,9 @@ class LocalEngine:
                     tops[i].append(top)
                 if r.on_token is not None:
                     r.on_token(tok, lp, top)
-                if tok in self.eos_ids or (r.stops and any(s in self.tokenizer.decode(toks[i]) for s in r.stops)):
+                if tok in self.eos_ids or (
+                    r.stops and any(s in self.tokenizer.decode(toks[i]) for s in r.stops)
+                ):
                     done[i], finish[i] = True, "stop"
                 elif len(toks[i]) >= r.max_new_tokens:
                     done[i] = True
