@@ -142,6 +142,50 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         typer.echo(json.dumps(cleaned, indent=2))
         typer.echo(f"redacted: {dict(report.counts)}", err=True)
 
+    @bench.command("redaction")
+    def bench_redaction(
+        n: int = typer.Option(2000, help="Sample trajectories timed through redact_event."),
+    ) -> None:
+        """PII redaction: precision and recall on the labelled corpus (agentrl.rewards.pii_corpus,
+        205 hand-written strings, half of them near-misses), and the cost of redacting at the
+        edge (`redact_event`, what producers call before publishing) per trajectory in µs."""
+        from agentrl.benchmarks.report import report
+        from agentrl.rewards.pii_bench import edge_cost, score_corpus
+
+        scores = score_corpus()
+        cost = edge_cost(n)
+        rows = [
+            {"kind": kind, "positives": v["positives"], "recall": round(v["recall"], 3)}
+            for kind, v in scores["per_kind"].items()
+        ]
+        rows.append(
+            {
+                "kind": "all",
+                "positives": scores["positives"],
+                "recall": round(scores["recall"], 3),
+                "precision": round(scores["precision"], 3),
+                "false_positives": scores["false_positives"],
+            }
+        )
+        for miss in scores["misses"]:
+            typer.echo(f"missed: {miss!r}", err=True)
+        for alarm in scores["false_alarms"]:
+            typer.echo(f"false alarm: {alarm!r}", err=True)
+        report(
+            "redaction",
+            rows,
+            {
+                "precision": round(scores["precision"], 4),
+                "recall": round(scores["recall"], 4),
+                "corpus_strings": scores["strings"],
+                "false_positives": scores["false_positives"],
+                "false_negatives": scores["false_negatives"],
+                "edge_redaction_us_per_trajectory": round(cost["us_per_trajectory"], 1),
+                "edge_redaction_us_clean": round(cost["us_clean_median"], 1),
+                "edge_redaction_us_with_pii": round(cost["us_with_pii_median"], 1),
+            },
+        )
+
     @bench.command("rewards")
     def bench_rewards(
         quick: bool = typer.Option(

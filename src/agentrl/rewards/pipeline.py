@@ -129,7 +129,7 @@ class Preparer:
         redactions: dict[str, int] = {}
         if self.config.redact:
             data = raw if raw is not None else event.to_json()
-            kinds = self.redactor.candidates(data)
+            kinds = self.redactor.candidates_json(data)
             if kinds:
                 # Walk the message as sent (every string it carries, extra fields included).
                 report = RedactionReport()

@@ -1,20 +1,28 @@
-"""PII redaction of trajectories before anything is stored or published downstream.
+r"""PII redaction of trajectories before anything is stored or published downstream.
 
 Why here: the reward service is the first consumer that keeps anything derived from a
 trajectory (scores, reasons, extracted code, custom-function inputs), so it scrubs every string
-first. The kinds (seed 000, "Security & Privacy"): e-mail addresses, API keys and tokens
-(provider prefixes, bearer tokens, JWTs, long high-entropy secrets), ``password=...`` style
-assignments, phone numbers and Luhn-valid credit-card numbers.
+first. Producers redact too, before publishing (`redact_event`: the rollout worker, the
+publishing helper and the Agent Zero plugin call it), so raw PII never reaches the trajectory
+stream; the reward service stays the second line. The kinds (seed 000, "Security &
+Privacy", widened after a review): e-mail addresses (non-ASCII too), API keys and tokens
+(provider prefixes, bearer and Basic credentials, JWTs signed or not, 32+ hex keys next to a
+key word, long high-entropy secrets), password assignments (multi-word after "Password:",
+"my password is ..."), phone numbers, Luhn-valid card numbers (spaces, dashes, dots, mixed),
+US social security numbers, IBANs (mod-97 checked) and IPv4/IPv6 addresses (not loopback).
 
 Speed: most strings contain no PII, so all strings of a payload are joined and scanned once with
-one combined pattern; only when that finds a candidate are the strings redacted one by one.
+cheap byte operations; only when that finds a candidate are the strings redacted one by one.
 Joining cannot hide a match (a match inside one string is a match of the joined text), so the
-pre-scan only ever costs false positives, never misses.
+pre-scan only ever costs false positives, never misses. On raw JSON the pre-scan is sound for
+every valid encoding: a payload with `\u` or `\/` escapes is decoded first (`candidates_json`).
 """
 
 from __future__ import annotations
 
 import functools
+import ipaddress
+import json
 import math
 import re
 from collections import Counter
@@ -31,7 +39,10 @@ KINDS = (
     "jwt",
     "password",
     "email",
+    "iban",
     "credit_card",
+    "ssn",
+    "ip_address",
     "phone",
     "high_entropy_secret",
 )
@@ -46,23 +57,55 @@ _PROVIDER_KEY = (
     r"|AIza[0-9A-Za-z_\-]{35}"  # Google
     r"|hf_[A-Za-z0-9]{30,}"  # Hugging Face
     r"|npm_[A-Za-z0-9]{36}|pypi-[A-Za-z0-9_\-]{50,}"  # npm, PyPI
+    r"|key-[0-9a-z]{32}"  # Mailgun
     r"|SG\.[A-Za-z0-9_\-]{22}\.[A-Za-z0-9_\-]{43})"  # SendGrid
 )
 
 _PATTERNS: dict[str, str] = {
     "private_key": r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)",
-    "bearer_token": r"(?i:\bbearer)\s+[A-Za-z0-9\-._~+/]{8,}=*",
-    # key = value, key: value, "key": "value"; the key names say it is a secret.
+    # Bearer tokens, and HTTP Basic credentials after "Authorization:" ("basic" alone is a word).
+    "bearer_token": (
+        r"(?i:\bbearer)\s+[A-Za-z0-9\-._~+/]{8,}=*"
+        r"|(?i:authorization[\"']?[ \t]{0,4}[:=][ \t]{0,4}[\"']?basic)[ \t]+(?P<v>[A-Za-z0-9+/]{6,}={0,2})"
+    ),
+    # key = value, key: value, "key": "value"; the key names say it is a secret. After a
+    # password word and ':' the value may be several words (up to the end of the line or a
+    # quote); "my password is X" counts too.
     "password": (
-        r"(?i:(?P<k>password|passwd|pwd|passphrase|secret|api[_-]?key|access[_-]?token|auth[_-]?token"
+        r"(?i:(?P<k2>password|passwd|passphrase))[\"']?[ \t]{0,4}:[ \t]{0,4}(?![\"'\s,}]|\[REDACTED)"
+        r"(?P<v3>[^\s\"',;}&]{3,}(?:[ \t]+[^\s\"',;}&]+){0,8})"
+        r"|(?i:(?P<k>password|passwd|pwd|passphrase|secret|api[_-]?key|access[_-]?token|auth[_-]?token"
         r"|refresh[_-]?token|token|private[_-]?key))"
         r"[\"']?[ \t]{0,4}[:=][ \t]{0,4}[\"']?(?![\"'\s,}]|\[REDACTED)(?P<v>[^\s\"',;}&]{3,})"
+        r"|(?i:\b(?:my|the|our|your)\s+(?:password|passphrase|passcode|pin)\s+(?:is|was)\s*:?\s+)"
+        r"[\"']?(?!\[REDACTED|(?i:not|required|incorrect|wrong|invalid|missing|expired|too|empty"
+        r"|set|correct|changed|reset|needed|stored|hashed|bent|the|a|an|for|in|on|at|to|being)\b)"
+        r"(?P<v2>[^\s\"',;]{3,})"
     ),
-    "api_key": rf"(?<![A-Za-z0-9]){_PROVIDER_KEY}(?![A-Za-z0-9])",
-    "jwt": r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",
-    "email": r"(?<![\w.+-])[A-Za-z0-9._%+\-]{1,64}@[A-Za-z0-9](?:[A-Za-z0-9\-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9\-]*[A-Za-z0-9])?)*\.[A-Za-z]{2,}\b",
-    # 13-19 digits, optionally grouped by single spaces or dashes; Luhn-checked below.
-    "credit_card": r"(?<![\d\-])\d(?:[ \-]?\d){12,18}(?![\d\-])",
+    "api_key": (
+        rf"(?<![A-Za-z0-9]){_PROVIDER_KEY}(?![A-Za-z0-9])"
+        # 32-64 hex characters near a key word: a hash alone is not a key, "API key: <hex>" is.
+        r"|(?i:\b(?:api|key|token|secret|apikey|access)\w{0,10})[^\n]{0,30}?(?<![0-9A-Za-z])"
+        r"(?P<v>[0-9a-fA-F]{32,64})(?![0-9A-Za-z])"
+    ),
+    # Signed (three segments) or unsigned (alg "none": the third segment is empty).
+    "jwt": r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.(?:[A-Za-z0-9_\-]{8,}|(?![A-Za-z0-9_\-]))",
+    # ASCII and internationalised addresses (letters of any script).
+    "email": r"(?<![\w.+-])[\w.%+\-]{1,64}@[^\W_](?:[\w\-]*[^\W_])?(?:\.[^\W_](?:[\w\-]*[^\W_])?)*\.[^\W\d_]{2,}\b(?!:[\w~/])",
+    # Country, check digits, 11-30 letters/digits (optionally in groups); mod-97 checked below.
+    "iban": r"\b[A-Z]{2}\d{2}(?:[ ]?[A-Z0-9]){11,30}\b",
+    # 13-19 digits, optionally grouped by spaces, dashes or dots (mixed too); Luhn-checked below.
+    "credit_card": r"(?<![\d\-.])\d(?:[ \-.]?\d){12,18}(?![\d\-]|\.\d)",
+    # US social security numbers: area-group-serial with dashes, or 9 digits after "SSN".
+    "ssn": (
+        r"(?<![\d\-])(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}(?![\d\-])"
+        r"|(?i:\b(?:ssn|social security(?: number| no\.?)?)\b)\W{0,6}(?P<v>\d{9})(?!\d)"
+    ),
+    # IPv4 and IPv6 (validated by the ipaddress module; loopback and unspecified are kept).
+    "ip_address": (
+        r"(?<![\w.])(?<!v)(?<![vV]ersion )(?:\d{1,3}\.){3}\d{1,3}(?!\.?\d)(?![\w.]*\.\d)"
+        r"|(?<![\w:.])(?=[0-9A-Fa-f:.]*::|(?:[0-9A-Fa-f]{1,4}:){7})[0-9A-Fa-f:.]{2,45}(?![\w:])"
+    ),
     # International (+CC ...) or NANP with separators; a bare run of digits (ids, epoch seconds)
     # is deliberately not a phone number.
     "phone": (
@@ -73,6 +116,7 @@ _PATTERNS: dict[str, str] = {
     "high_entropy_secret": r"(?<![A-Za-z0-9+/_\-])[A-Za-z0-9+/_\-]{32,}={0,2}(?![A-Za-z0-9+/_\-])",
 }
 
+_VALUE_GROUPS = ("v", "v2", "v3")
 _UUID = re.compile(r"^[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
 _HEX = re.compile(r"^[0-9a-fA-F]+$")
 
@@ -96,12 +140,55 @@ def shannon_entropy(text: str) -> float:
     return -sum(c / n * math.log2(c / n) for c in Counter(text).values())
 
 
+_CARD_SEP = re.compile(r"[ \-.]")
+
+
 def _accept_card(match: str) -> bool:
-    digits = re.sub(r"[ \-]", "", match)
+    """Luhn-valid, 13-19 digits; grouped numbers need card-like groups (3-6 digits), so a
+    decimal such as 3.14159265358979 is not a card."""
+    groups = _CARD_SEP.split(match)
+    digits = "".join(groups)
     if not 13 <= len(digits) <= 19 or len(set(digits)) < 2:
         return False
-    seps = set(re.findall(r"[ \-]", match))
-    return len(seps) <= 1 and luhn_ok(digits)
+    if len(groups) > 1 and not all(3 <= len(g) <= 6 for g in groups):
+        return False
+    return luhn_ok(digits)
+
+
+def iban_ok(text: str) -> bool:
+    """ISO 13616 mod-97 check of an IBAN (spaces allowed)."""
+    compact = text.replace(" ", "").upper()
+    if not 15 <= len(compact) <= 34 or not compact[:2].isalpha() or not compact[2:4].isdigit():
+        return False
+    moved = compact[4:] + compact[:4]
+    try:
+        number = int("".join(str(int(ch, 36)) for ch in moved))
+    except ValueError:
+        return False
+    return number % 97 == 1
+
+
+def _accept_iban(match: str) -> bool:
+    return iban_ok(match)
+
+
+def _accept_ip(match: str) -> bool:
+    """A valid IPv4/IPv6 address that is not loopback or unspecified (0.0.0.0, ::1, ::)."""
+    core = match.rstrip(".")
+    try:
+        addr = ipaddress.ip_address(core)
+    except ValueError:
+        return False
+    if addr.is_loopback or addr.is_unspecified:
+        return False
+    if ":" in core and not any(c.isdigit() for c in core):
+        return False  # a::b, dead::beef: Rust/C++ paths far more often than addresses
+    return ":" not in core or "::" in core or core.count(":") == 7
+
+
+def _accept_ssn(match: str) -> bool:
+    digits = "".join(ch for ch in match if ch.isdigit())[-9:]
+    return len(digits) == 9 and digits[:3] not in ("000", "666") and digits[0] != "9"
 
 
 def _accept_phone(match: str) -> bool:
@@ -128,6 +215,9 @@ def _accept_secret(match: str) -> bool:
 
 _ACCEPT: dict[str, Callable[[str], bool]] = {
     "credit_card": _accept_card,
+    "iban": _accept_iban,
+    "ip_address": _accept_ip,
+    "ssn": _accept_ssn,
     "phone": _accept_phone,
     "high_entropy_secret": _accept_secret,
 }
@@ -166,8 +256,9 @@ class Redactor:
 
         Mostly C-speed byte operations plus the real patterns on a few short slices: an empty
         answer means certainly no PII; a kind in the answer may be a false alarm that the real
-        pattern then rejects. Valid on JSON text too: no PII pattern matches a character that
-        JSON escapes, and the password check allows escaped whitespace in its gap.
+        pattern then rejects. Valid on JSON text without `\\u` / `\\/` escapes too (no PII
+        pattern matches a character JSON must escape, and the password check allows escaped
+        whitespace in its gap); for any JSON use `candidates_json`.
         """
         raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
         found: set[str] = set()
@@ -181,7 +272,11 @@ class Redactor:
             token = raw[pos:end]
             if not (
                 _UUID_B.fullmatch(token)
-                or (_WORDS_B.fullmatch(token) and not _KEY_PREFIX_B.search(token))
+                or (
+                    _WORDS_B.fullmatch(token)
+                    and not _KEY_PREFIX_B.search(token)
+                    and not _HEXISH_B.search(token)
+                )
             ):
                 found.add("api_key")
                 if end - pos >= 32:
@@ -194,13 +289,31 @@ class Redactor:
         if b"xox" in raw:
             found.add("api_key")
         low = raw.lower()
-        if b"bearer" in low:
+        if b"bearer" in low or (b"basic" in low and b"authorization" in low):
             found.add("bearer_token")
         if _secret_assignment(low):
             found.add("password")
         if b"0" * 9 in raw.translate(_DIGIT_MAP, _DIGIT_SEPARATORS):
             found.update(_numbers_near_runs(raw))
+        if "ip_address" in self._compiled and _address_shape(raw):
+            found.add("ip_address")
         return frozenset(k for k in found if k in self._compiled)
+
+    def candidates_json(self, raw: bytes) -> frozenset[str]:
+        """`candidates` for a JSON document in any valid encoding.
+
+        An escape can spell any character (`\\u0040` is "@", `\\/` is "/"), which the byte
+        scan cannot see through; such documents are decoded and their strings (and keys)
+        scanned instead. Escape-free JSON, the common case, keeps the byte fast path."""
+        if b"\\u" not in raw and b"\\/" not in raw:
+            return self.candidates(raw)
+        strings: list[str] = []
+        keys: list[str] = []
+        _collect(json.loads(raw), strings, keys)
+        todo = self.candidates("\n".join(strings)) if strings else frozenset()
+        if "password" in self._compiled and any(_secret_key(k) for k in keys):
+            todo = todo | {"password"}
+        return todo
 
     def redact_text(
         self,
@@ -237,15 +350,16 @@ class Redactor:
             if accept is not None and not accept(m.group(0)):
                 return m.group(0)
             groups = m.re.groupindex
-            if "k" in groups and m.group("k").lower() == "token" and m.group("v").isdigit():
+            if "k" in groups and (m.group("k") or "").lower() == "token" and m.group("v").isdigit():
                 return m.group(0)  # "token: 1500" counts tokens, it is not a secret
             if report is not None:
                 report.counts[kind] += 1
-            if "v" in groups:  # keep the key name of `password = value`
-                start, end = m.span("v")
-                whole = m.group(0)
-                offset = m.start()
-                return whole[: start - offset] + replacement + whole[end - offset :]
+            for name in _VALUE_GROUPS:  # keep the key name of `password = value`
+                if name in groups and m.group(name) is not None:
+                    start, end = m.span(name)
+                    whole = m.group(0)
+                    offset = m.start()
+                    return whole[: start - offset] + replacement + whole[end - offset :]
             return replacement
 
         return _sub
@@ -331,6 +445,12 @@ _DIGSEP_MAP = bytes(
 _RUN9 = b"0" * 9
 _NON_DIGITS = bytes(i for i in range(256) if not 48 <= i <= 57)
 _RUN20 = b"a" * 20
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
+_ADDR_MAP = bytes(
+    ord("0") if i in _HEX_DIGITS else i if i in (ord("."), ord(":")) else ord(" ")
+    for i in range(256)
+)
+_HEXISH_B = re.compile(rb"^[0-9a-fA-F]{32,}$")
 _UUID_B = re.compile(rb"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
 _WORDS_B = re.compile(rb"[a-z_\-]+")  # snake/kebab-case words: names, not keys ...
 _KEY_PREFIX_B = re.compile(
@@ -353,6 +473,14 @@ _WHOLE = re.compile(r"[\s\S]+")
 _CARD_B = re.compile(_PATTERNS["credit_card"].encode())
 _PHONE_B = re.compile(_PATTERNS["phone"].encode())
 _EMAIL_B = re.compile(_PATTERNS["email"].encode())
+# (kind, bytes pattern, how far before / after a digit run a match may start / end)
+_NUMBER_CHECKS = (
+    ("credit_card", _CARD_B, 1, 1),
+    ("phone", _PHONE_B, 1, 1),
+    ("ssn", re.compile(_PATTERNS["ssn"].encode()), 40, 1),
+    ("iban", re.compile(_PATTERNS["iban"].encode()), 40, 40),
+)
+_MY_PASSWORD_B = re.compile(rb"(?:password|passphrase|passcode|pin)\s+(?:is|was)\b")
 
 
 def _numbers_near_runs(raw: bytes, limit: int = 64) -> set[str]:
@@ -367,20 +495,44 @@ def _numbers_near_runs(raw: bytes, limit: int = 64) -> set[str]:
         end = runs.find(b" ", pos)
         end = len(runs) if end == -1 else end
         if len(raw[pos:end].translate(None, _DIGIT_SEPARATORS)) >= 9:
-            for kind, pattern in (("credit_card", _CARD_B), ("phone", _PHONE_B)):
+            for kind, pattern, back, ahead in _NUMBER_CHECKS:
                 if kind not in found:
                     accept = _ACCEPT[kind]
                     if any(
-                        accept(m.group(0).decode())
-                        for m in pattern.finditer(raw, max(0, pos - 1), end + 1)
+                        accept(m.group(0).decode(errors="replace"))
+                        for m in pattern.finditer(raw, max(0, pos - back), end + ahead)
                     ):
                         found.add(kind)
         pos = runs.find(_RUN9, end)
-    return {"credit_card", "phone"}  # too many runs to check: let the real patterns decide
+    return {k for k, _, _, _ in _NUMBER_CHECKS}  # too many runs to check: let the patterns decide
+
+
+_IPV4_SHAPE = re.compile(rb"0{1,3}\.0{1,3}\.0{1,3}\.0{1,3}")
+
+
+def _address_shape(raw: bytes, limit: int = 64) -> bool:
+    """Whether `raw` may hold an IP address. Hex digits become "0" (':' and '.' stay): IPv6
+    needs "::" or, written out, a 1-, 3- or 4-character group between hex groups (clock
+    times have only 2-digit groups, JSON's `":4000` no group before the colon); IPv4 is
+    four dotted groups, checked at each "0.0"."""
+    x = raw.translate(_ADDR_MAP)
+    if b"::" in x or b"0:0:0" in x or b"0:000" in x or b"000:0" in x:
+        return True
+    pos = x.find(b"0.0")
+    for _ in range(limit):
+        if pos == -1:
+            return False
+        if _IPV4_SHAPE.search(x, max(0, pos - 2), pos + 14):
+            return True
+        pos = x.find(b"0.0", pos + 3)
+    return True
 
 
 def _secret_assignment(low: bytes, limit: int = 64) -> bool:
-    """The assignment pattern, tried only around occurrences of the secret words."""
+    """The assignment pattern, tried only around occurrences of the secret words (and
+    "my password is ...")."""
+    if (b"pin is" in low or b"pin was" in low or b"pass" in low) and _MY_PASSWORD_B.search(low):
+        return True
     for word in _SECRET_WORDS:
         pos = low.find(word)
         # Every secret name but "pass..." ends with its word, so the next byte must open the
@@ -401,12 +553,15 @@ def _secret_assignment(low: bytes, limit: int = 64) -> bool:
 
 
 def _email_near_at(raw: bytes, limit: int = 64) -> bool:
-    """The e-mail pattern, tried only on slices around the first `limit` '@' signs."""
+    """The e-mail pattern, tried only on slices around the first `limit` '@' signs (an
+    address with non-ASCII letters, which the bytes pattern cannot match, always counts)."""
     pos = raw.find(b"@")
     for _ in range(limit):
         if pos == -1:
             return False
         if _EMAIL_B.search(raw, max(0, pos - 65), pos + 256):
+            return True
+        if not raw[max(0, pos - 65) : pos + 256].isascii():
             return True
         pos = raw.find(b"@", pos + 1)
     return True
@@ -428,16 +583,21 @@ def _string_gate(text: str, todo: frozenset[str]) -> frozenset[str]:
             continue
         if kind == "private_key" and "-----BEGIN" not in text:
             continue
-        if kind == "password" and (
-            ("=" not in text and ":" not in text)
-            or not any(w in text.lower() for w in _SECRET_WORDS_S)
-        ):
+        if kind == "password":
+            low = text.lower()
+            if (
+                "=" not in text and ":" not in text and " is " not in low and " was " not in low
+            ) or not (any(w in low for w in _SECRET_WORDS_S) or "pin" in low):
+                continue
+        if kind == "bearer_token":
+            low = text.lower()
+            if "bearer" not in low and not ("basic" in low and "authorization" in low):
+                continue
+        if kind == "ip_address" and "." not in text and ":" not in text:
             continue
-        if kind == "bearer_token" and "bearer" not in text.lower():
-            continue
-        if kind in ("phone", "credit_card", "api_key", "high_entropy_secret"):
+        if kind in _DIGIT_KINDS or kind in ("api_key", "high_entropy_secret"):
             raw = text.encode("utf-8", "surrogatepass")
-            if kind in ("phone", "credit_card") and len(raw.translate(None, _NON_DIGITS)) < 9:
+            if kind in _DIGIT_KINDS and len(raw.translate(None, _NON_DIGITS)) < 9:
                 continue
             if (
                 kind == "api_key"
@@ -454,7 +614,11 @@ def _string_gate(text: str, todo: frozenset[str]) -> frozenset[str]:
     return frozenset(out)
 
 
+_DIGIT_KINDS = frozenset(("phone", "credit_card", "ssn", "iban"))
 _MIN_LEN = {
+    "iban": 15,
+    "ssn": 9,
+    "ip_address": 4,
     "email": 6,
     "api_key": 20,
     "high_entropy_secret": 32,
@@ -497,3 +661,37 @@ def redact_payload(
     """Redact any JSON-like payload (e.g. a trajectory dict) with the default patterns."""
     report = RedactionReport()
     return default_redactor().redact(payload, report, skip_keys), report
+
+
+# Ids are machine-made and join events together (a GiGPO group is one session): never rewritten.
+EVENT_ID_KEYS = frozenset(
+    {"trajectory_id", "session_id", "feedback_id", "reward_id", "completion_id", "job_id"}
+)
+
+
+def redact_event(event: Any, redactor: Redactor | None = None) -> tuple[Any, dict[str, int]]:
+    """Redact an event before it is published (the producer side of "PII is scrubbed before
+    storage"): returns the event with every PII match replaced, and the counts per kind.
+
+    `event` is a contract model (e.g. a `TrajectoryEvent`; the result is re-validated into the
+    same class) or a JSON-like dict (the result is a dict). The same object comes back, with
+    empty counts, when nothing was found, which is the common case and costs a byte scan of
+    the serialised event. Top-level ids (`EVENT_ID_KEYS`) are kept as they are.
+    """
+    r = redactor or default_redactor()
+    is_model = hasattr(event, "model_validate") and not isinstance(event, dict)
+    if is_model:
+        to_json = getattr(event, "to_json", None)
+        raw = to_json() if callable(to_json) else event.model_dump_json().encode()
+    else:
+        raw = json.dumps(event, default=str).encode()
+    kinds = r.candidates_json(raw)
+    if not kinds:
+        return event, {}
+    report = RedactionReport()
+    cleaned = r.redact(json.loads(raw), report, EVENT_ID_KEYS, kinds)
+    if not report.total:
+        return event, {}
+    if is_model:
+        return type(event).model_validate(cleaned), dict(report.counts)
+    return cleaned, dict(report.counts)

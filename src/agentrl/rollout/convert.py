@@ -96,9 +96,11 @@ def episode_to_trajectory(
     temperature: float | None = None,
     domain: str = "general",
     subordinate_profile: str | None = None,
+    redact: bool = True,
 ) -> TrajectoryEvent:
     """A finished episode as an `agent.rl.trajectory.v1` event (trajectory_id = episode_id,
-    session_id = group_id, so a GiGPO group is one session)."""
+    session_id = group_id, so a GiGPO group is one session). PII is redacted (the edge: what
+    is published never carries it) unless `redact=False`."""
     steps = episode.steps
     if not steps:
         raise ValueError(
@@ -157,7 +159,7 @@ def episode_to_trajectory(
         )
     success = episode.success
     reason = episode.termination_reason
-    return TrajectoryEvent(
+    event = TrajectoryEvent(
         trajectory_id=episode.episode_id,
         session_id=episode.group_id,
         agent_id=agent_id,
@@ -192,6 +194,11 @@ def episode_to_trajectory(
             ),
         ),
     )
+    if redact:  # scrubbed before it is published and stored (agentrl.rewards.redact)
+        from agentrl.rewards.redact import redact_event
+
+        event, _ = redact_event(event)
+    return event
 
 
 def _last_answer(step: StepData) -> str | None:

@@ -1,0 +1,338 @@
+"""A labelled corpus for measuring PII redaction (precision and recall), written by hand.
+
+Each entry is (text, kind, secret): `kind` is the PII kind the text carries (None for a
+negative: text that must come out unchanged) and `secret` the substring that must not survive
+redaction. The negatives are deliberately close to the positives (hashes, UUIDs, versions,
+timestamps, Luhn-invalid numbers, loopback addresses, "the password is required"), because
+those are what a pattern gets wrong. `agentrl bench redaction` scores the redactor on it.
+"""
+
+from __future__ import annotations
+
+Entry = tuple[str, str | None, str | None]
+
+_POSITIVE: list[Entry] = [
+    # ---- e-mail --------------------------------------------------------------------------
+    ("write to jane.doe+rl@example.co.uk today", "email", "jane.doe+rl@example.co.uk"),
+    ("contact: bob@example.com", "email", "bob@example.com"),
+    ("From: Alice Smith <alice.smith@corp.example.org>", "email", "alice.smith@corp.example.org"),
+    ("cc ops-team@mail.example.io and nobody else", "email", "ops-team@mail.example.io"),
+    (
+        "my email is j_r.r.tolkien@middle-earth.example",
+        "email",
+        "j_r.r.tolkien@middle-earth.example",
+    ),
+    ("send the report to José.García@ejemplo.es please", "email", "José.García@ejemplo.es"),
+    ("Kontakt: jürgen.müller@bücher.de", "email", "jürgen.müller@bücher.de"),
+    ("адрес: ivan.petrov@пример.рф", "email", "ivan.petrov@пример.рф"),
+    ("邮箱 用户@例子.广告 谢谢", "email", "用户@例子.广告"),
+    ('{"user": "first.last@sub.example.net"}', "email", "first.last@sub.example.net"),
+    ("mailto:support123@help.example.com?subject=hi", "email", "support123@help.example.com"),
+    # ---- API keys ------------------------------------------------------------------------
+    (
+        "use sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1w now",
+        "api_key",
+        "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1w",
+    ),
+    (
+        "OPENAI sk-Zx81mNq2Lp0rTs7uVw4yXa6bCd9eFg3h",
+        "api_key",
+        "sk-Zx81mNq2Lp0rTs7uVw4yXa6bCd9eFg3h",
+    ),
+    (
+        "anthropic key sk-ant-api03-Qw7Er9Ty1Ui3Op5As7Df9Gh1Jk3Lz5Xc",
+        "api_key",
+        "sk-ant-api03-Qw7Er9Ty1Ui3Op5As7Df9Gh1Jk3Lz5Xc",
+    ),
+    (
+        "git clone with ghp_16C7e42F292c6912E7710c838347Ae178B4a",
+        "api_key",
+        "ghp_16C7e42F292c6912E7710c838347Ae178B4a",
+    ),
+    ("aws id AKIAIOSFODNN7EXAMPLE in the config", "api_key", "AKIAIOSFODNN7EXAMPLE"),
+    (
+        "maps key AIzaSyD-9tSrke72PouQMnMX-a7eZSW0jkFMBWY",
+        "api_key",
+        "AIzaSyD-9tSrke72PouQMnMX-a7eZSW0jkFMBWY",
+    ),
+    ("slack xoxb-2048-4096-aBcDeFgHiJkLmNoP", "api_key", "xoxb-2048-4096-aBcDeFgHiJkLmNoP"),
+    ("stripe sk_live_4eC39HqLyjWDarjtT1zdp7dc", "api_key", "sk_live_4eC39HqLyjWDarjtT1zdp7dc"),
+    (
+        "HF token hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ012345",
+        "api_key",
+        "hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ012345",
+    ),
+    ("gitlab glpat-xY7zQ9wE3rT5yU1iO2pA", "api_key", "glpat-xY7zQ9wE3rT5yU1iO2pA"),
+    (
+        "my API key is 5f4dcc3b5aa765d61d8327deb882cf99",
+        "api_key",
+        "5f4dcc3b5aa765d61d8327deb882cf99",
+    ),
+    (
+        "X-Api-Key 0a1b2c3d4e5f60718293a4b5c6d7e8f9 sent",
+        "api_key",
+        "0a1b2c3d4e5f60718293a4b5c6d7e8f9",
+    ),
+    (
+        "access key: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b",
+        "api_key",
+        "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b",
+    ),
+    ("mailgun key-3ax6xnjp29jd6fds4gc373sgvjxteol0", "api_key", "3ax6xnjp29jd6fds4gc373sgvjxteol0"),
+    (
+        "token 7c4a8d09ca3762af61e59520943dc26494f8941b for the bot",
+        "api_key",
+        "7c4a8d09ca3762af61e59520943dc26494f8941b",
+    ),
+    # ---- bearer / basic credentials --------------------------------------------------------
+    ("Authorization: Bearer abc123.def456-ghi789", "bearer_token", "abc123.def456-ghi789"),
+    ("curl -H 'Authorization: Bearer Zm9vYmFyYmF6cXV4'", "bearer_token", "Zm9vYmFyYmF6cXV4"),
+    ("bearer 0123456789abcdefXYZ", "bearer_token", "0123456789abcdefXYZ"),
+    ("Authorization: Basic dXNlcjpwYXNzd29yZA==", "bearer_token", "dXNlcjpwYXNzd29yZA=="),
+    (
+        'headers = {"Authorization": "Basic YWxhZGRpbjpvcGVuc2VzYW1l"}',
+        "bearer_token",
+        "YWxhZGRpbjpvcGVuc2VzYW1l",
+    ),
+    ("authorization: basic Ym9iOnNlY3JldA==", "bearer_token", "Ym9iOnNlY3JldA=="),
+    ("proxy used Bearer tok_live_88aa99bb", "bearer_token", "tok_live_88aa99bb"),
+    # ---- JWT ---------------------------------------------------------------------------
+    (
+        "token eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+        "jwt",
+        "dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+    ),
+    ("unsigned eyJhbGciOiJub25lIn0.eyJzdWIiOiJhZG1pbiJ9. works", "jwt", "eyJzdWIiOiJhZG1pbiJ9"),
+    (
+        "cookie=eyJ0eXAiOiJKV1QiLCJhbGciOiJub25lIn0.eyJ1c2VyIjoiYm9iIn0.",
+        "jwt",
+        "eyJ1c2VyIjoiYm9iIn0",
+    ),
+    (
+        "id_token: eyJraWQiOiIxIn0.eyJlbWFpbCI6ImFAYi5jIn0.c2lnbmF0dXJlX2J5dGVz",
+        "jwt",
+        "c2lnbmF0dXJlX2J5dGVz",
+    ),
+    # ---- passwords -----------------------------------------------------------------------
+    ('db_password = "hunter2!x"', "password", "hunter2!x"),
+    ("password=Tr0ub4dor&3", "password", "Tr0ub4dor"),
+    ("Password: correct horse battery staple", "password", "correct horse battery staple"),
+    ("PASSWORD: blue sky 42", "password", "blue sky 42"),
+    ("my password is qwerty123", "password", "qwerty123"),
+    ("The password was Summer2024!", "password", "Summer2024!"),
+    ("our passphrase is open-sesame-99", "password", "open-sesame-99"),
+    ("pwd: s3cr3tPa55", "password", "s3cr3tPa55"),
+    ("export API_KEY=abcd1234efgh", "password", "abcd1234efgh"),
+    ("client_secret: 'xyz-9988-secret'", "password", "xyz-9988-secret"),
+    ('{"password": "p@ss w0rd"}', "password", "p@ss w0rd"),
+    ("login with user admin and passwd=letmein99", "password", "letmein99"),
+    ("auth_token = zz9plural-alpha", "password", "zz9plural-alpha"),
+    ("my pin is 482913", "password", "482913"),
+    # ---- phone -------------------------------------------------------------------------
+    ("call me on +1 415-555-0132 tomorrow", "phone", "415-555-0132"),
+    ("office (415) 555-0199", "phone", "555-0199"),
+    ("London +44 20 7946 0958", "phone", "7946 0958"),
+    ("Berlin +49 30 901820 12", "phone", "901820"),
+    ("cell 212.555.0147 after six", "phone", "555.0147"),
+    ("fax: 646-555-0123", "phone", "555-0123"),
+    ("WhatsApp +33 6 12 34 56 78", "phone", "12 34 56 78"),
+    ("ring +61 2 9374 4000", "phone", "9374 4000"),
+    # ---- credit cards ------------------------------------------------------------------
+    ("paid with 4111 1111 1111 1111, thanks", "credit_card", "4111 1111 1111 1111"),
+    ("card 4111111111111111 exp 12/29", "credit_card", "4111111111111111"),
+    ("mc 5500-0055-5555-5559", "credit_card", "5500-0055-5555-5559"),
+    ("amex 3782 822463 10005", "credit_card", "3782 822463 10005"),
+    ("dots 6011.1111.1111.1117 also", "credit_card", "6011.1111.1111.1117"),
+    ("mixed 4012 8888-8888.1881 separators", "credit_card", "4012 8888-8888.1881"),
+    ("visa13 4222222222222", "credit_card", "4222222222222"),
+    ("jcb 3530 1113 3330 0000", "credit_card", "3530 1113 3330 0000"),
+    ("diners 3056 930902 5904", "credit_card", "3056 930902 5904"),
+    ("MasterCard 5105105105105100 on file", "credit_card", "5105105105105100"),
+    # ---- IBAN --------------------------------------------------------------------------
+    ("IBAN DE89 3704 0044 0532 0130 00", "iban", "DE89 3704 0044 0532 0130 00"),
+    ("pay to GB82WEST12345698765432", "iban", "GB82WEST12345698765432"),
+    ("FR14 2004 1010 0505 0001 3M02 606 (Paris)", "iban", "FR14 2004 1010 0505 0001 3M02 606"),
+    ("rekening NL91ABNA0417164300", "iban", "NL91ABNA0417164300"),
+    ("ES91 2100 0418 4502 0005 1332", "iban", "ES91 2100 0418 4502 0005 1332"),
+    ("IT60X0542811101000000123456", "iban", "IT60X0542811101000000123456"),
+    ("Belgian BE68539007547034.", "iban", "BE68539007547034"),
+    ("CH9300762011623852957 is the Swiss one", "iban", "CH9300762011623852957"),
+    ("AT61 1904 3002 3457 3201", "iban", "AT61 1904 3002 3457 3201"),
+    ("PL61109010140000071219812874", "iban", "PL61109010140000071219812874"),
+    # ---- SSN ---------------------------------------------------------------------------
+    ("SSN 123-45-6789 on the form", "ssn", "123-45-6789"),
+    ("social security number: 219-09-9999", "ssn", "219-09-9999"),
+    ("ssn=536-22-1234", "ssn", "536-22-1234"),
+    ("SSN: 401337712", "ssn", "401337712"),
+    ("her number is 078-05-1120", "ssn", "078-05-1120"),
+    ("Social Security No. 323-44-5521", "ssn", "323-44-5521"),
+    # ---- IP addresses --------------------------------------------------------------------
+    ("ssh admin@192.168.1.20 -p 22", "ip_address", "192.168.1.20"),
+    ("db host 10.0.0.5", "ip_address", "10.0.0.5"),
+    ("from 172.16.254.3.", "ip_address", "172.16.254.3"),
+    ("resolver 8.8.8.8 answered", "ip_address", "8.8.8.8"),
+    ("client ip: 203.0.113.42", "ip_address", "203.0.113.42"),
+    ("X-Forwarded-For: 54.239.28.85", "ip_address", "54.239.28.85"),
+    ("v6 2001:db8::8a2e:370:7334 reached", "ip_address", "2001:db8::8a2e:370:7334"),
+    ("link-local fe80::1ff:fe23:4567:890a%eth0", "ip_address", "fe80::1ff:fe23:4567:890a"),
+    (
+        "full 2001:0db8:85a3:0000:0000:8a2e:0370:7334",
+        "ip_address",
+        "2001:0db8:85a3:0000:0000:8a2e:0370:7334",
+    ),
+    ("mapped ::ffff:192.0.2.128 seen", "ip_address", "::ffff:192.0.2.128"),
+    ("server at 198.51.100.7:8080", "ip_address", "198.51.100.7"),
+    # ---- private keys --------------------------------------------------------------------
+    (
+        "-----BEGIN RSA PRIVATE KEY-----\nMIIEabc\n-----END RSA PRIVATE KEY-----",
+        "private_key",
+        "MIIEabc",
+    ),
+    (
+        "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXk\n-----END OPENSSH PRIVATE KEY-----",
+        "private_key",
+        "b3BlbnNzaC1rZXk",
+    ),
+    (
+        "key:\n-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEI",
+        "private_key",
+        "MC4CAQAwBQYDK2VwBCIEI",
+    ),
+    # ---- high-entropy secrets -------------------------------------------------------------
+    (
+        "secret blob wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY end",
+        "high_entropy_secret",
+        "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    ),
+    (
+        "aws_secret wJalrXUtnFEMI/K7MDENG+bPxRfiCYzEXAMPLE2",
+        "high_entropy_secret",
+        "wJalrXUtnFEMI/K7MDENG+bPxRfiCYzEXAMPLE2",
+    ),
+    (
+        "signing material 9Xk2Lm4Qp7Rs1Tu8Vw3Yz6Ab0Cd5Ef2GhJ end",
+        "high_entropy_secret",
+        "9Xk2Lm4Qp7Rs1Tu8Vw3Yz6Ab0Cd5Ef2GhJ",
+    ),
+]
+
+_NEGATIVE: list[str] = [
+    # lookalikes of e-mail
+    "decorators like @reward_function and user@localhost are not addresses",
+    "@dataclass(frozen=True) on the class",
+    "npm install @types/node@20",
+    "matrix product a @ b in numpy",
+    "twitter handle @agentrl_bot",
+    "the price is 5 @ 3.99 each",
+    "git@github.com:org/repo.git is an ssh remote",
+    # lookalikes of API keys
+    "task-sk-value and sk-short are not keys; neither is completed_successfully_and_more",
+    "the sk-learn style api is nice",
+    "very_long_snake_case_identifier_for_a_function_name",
+    "kebab-case-names-are-long-but-not-secret-at-all",
+    "uuid 123e4567-e89b-12d3-a456-426614174000",
+    "commit 3f786850e387550fdab836ed7e6dc881de23001b fixed it",
+    "sha256 e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+    "md5sum of the file is d41d8cd98f00b204e9800998ecf8427e",
+    "docker image sha256:4bcff63911fcb4448bd4fdacec207030997caf25e9bea4045fa6c8c44de311d1",
+    "the key insight is to cache results",
+    "primary key constraint failed on id 42",
+    # lookalikes of bearer / basic
+    "the bearer of bad news",
+    "a basic idea: authorization is checked later",
+    "bearer bonds were popular",
+    "Authorization header missing",
+    # lookalikes of JWT
+    "eyJ alone is not a token",
+    "the string eyJhbGciOi was truncated",
+    # lookalikes of passwords
+    "the password is required (see docs)",
+    "password reset link expired",
+    "enter your password below",
+    "token: 1500",
+    "max_tokens=256 and total_tokens: 2048",
+    "a secret to everybody",
+    "the pin was bent",
+    "Forgot password? Click here.",
+    "passwords must be at least 12 characters",
+    # lookalikes of phones
+    "epoch 1733659200, order 1234567890 and the date 2025-12-08",
+    "build 20251208 finished in 12.5 s",
+    "invoice no. 000123456",
+    "coordinates 52.5200, 13.4050",
+    "scores 0.8775 0.8625 0.5 1.0",
+    "range(1000000)",
+    "port 8080 and pid 31337",
+    # lookalikes of cards
+    "4111 1111 1111 1112 fails the Luhn check",
+    "pi is 3.14159265358979",
+    "ISBN 978-3-16-148410-0",
+    "tracking 1Z999AA10123456784",
+    "timestamp 1733659200123 in ms",
+    "account 0000 0000 0000 0000",
+    "population 8045311447 people",
+    # lookalikes of IBAN
+    "DE89370400440532013001 has a bad checksum",
+    "model GPT4 and RTX4090 cards",
+    "ticket AB12 is done",
+    "ISO code DE and number 89",
+    # lookalikes of SSN
+    "000-12-3456 is not a valid SSN",
+    "666-12-3456 neither",
+    "date 2025-12-08",
+    "room 12-34-56",
+    "call ext. 123-4567",
+    # lookalikes of IP addresses
+    "loopback 127.0.0.1 only",
+    "bind 0.0.0.0:8000",
+    "version 1.2.3.4 of the tool",
+    "python 3.11.7 installed",
+    "999.1.1.1 is not an address",
+    "time 12:30:45 and std::vector<int>",
+    "MAC 00:1A:2B:3C:4D:5E on the NIC",
+    "ratio 16:9 and 4:3",
+    "localhost ::1 works",
+    "a::b in rust paths like std::io::Result",
+    "released v2.10.4.1 today",
+    # lookalikes of private keys
+    "a PRIVATE KEY is mentioned but not included",
+    "-----BEGIN PUBLIC KEY----- is fine to share",
+    # lookalikes of high-entropy secrets
+    "/usr/local/lib/python3.11/site-packages/agentrl",
+    "https://example.com/docs/getting-started/installation",
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    "ThisIsAVeryLongCamelCaseClassNameForTesting",
+    "base64 of hello is aGVsbG8=",
+    "color #ff00ff and #00ff00",
+    # ordinary agent text
+    "The capital of France is Paris.",
+    "I will now run the tests with pytest -q.",
+    "def add(a, b):\n    return a + b",
+    "=== 3 passed, 1 failed in 0.12s ===",
+    "Sum of 1..10 is 55",
+    "The file was written to results/output.csv",
+    "Traceback (most recent call last): ValueError: bad input",
+    "SELECT * FROM users WHERE id = 7",
+    "HTTP/1.1 200 OK",
+    "Moved the box left; 3 boxes remain on targets.",
+    "FrozenLake: reached the goal in 6 steps",
+    "The agent called the search tool with query 'weather in Berlin'",
+    "subtotal: 1234.56 EUR",
+    "temperature=0.7 top_p=0.95",
+    "learning rate 3e-4, batch 32, 10 epochs",
+    "step 4500/10000 loss 0.0123",
+    "GPU memory 78 GiB, 16 cores",
+    "see RFC 4122 section 4.3",
+    "the meeting is at 10:30 in room 4.12",
+    "bumped numpy from 1.26.4 to 2.1.0",
+    "Windows path C:\\Users\\Public\\Documents",
+    "regex [A-Za-z0-9+/]{32,} matches base64",
+    "user_id: 42, session: sess-1",
+    "status: completed_successfully",
+    "the token budget is 4096 tokens",
+    "secret_santa_assignments.csv was generated",
+    "my password manager is great",
+    "phone numbers look like +CC NNN",
+]
+
+CORPUS: list[Entry] = _POSITIVE + [(text, None, None) for text in _NEGATIVE]
