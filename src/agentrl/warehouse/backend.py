@@ -12,6 +12,8 @@ owns the embedded warehouse, and other processes query it through the control AP
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
 import threading
 from pathlib import Path
@@ -250,6 +252,7 @@ def _classify(exc: BaseException) -> WarehouseError:
 
 _shared: dict[str, Backend] = {}
 _shared_lock = threading.Lock()
+_atexit_registered = False
 
 
 def open_backend(settings: Any, data_dir: Path) -> Backend:
@@ -269,6 +272,10 @@ def open_backend(settings: Any, data_dir: Path) -> Backend:
                         other.close()
                         del _shared[other_key]
                 backend = ChdbBackend(settings.chdb_path(data_dir))
+                global _atexit_registered
+                if not _atexit_registered:  # close chdb cleanly before the interpreter goes
+                    atexit.register(close_backends)
+                    _atexit_registered = True
             _shared[key] = backend
         return backend
 
@@ -276,5 +283,6 @@ def open_backend(settings: Any, data_dir: Path) -> Backend:
 def close_backends() -> None:
     with _shared_lock:
         for backend in _shared.values():
-            backend.close()
+            with contextlib.suppress(Exception):
+                backend.close()
         _shared.clear()

@@ -28,8 +28,7 @@ import pyarrow as pa
 from agentrl.contracts.training import Dataset, DatasetFilter
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.settings import Settings, get_settings
-from agentrl.warehouse import schema
-from agentrl.warehouse.backend import Backend, open_backend
+from agentrl.warehouse.backend import Backend
 from agentrl.warehouse.config import WarehouseSettings
 from agentrl.warehouse.queries import ts_param
 
@@ -221,10 +220,11 @@ def clickhouse_source(
         )
         response.raise_for_status()
         return rewarded_from_table(pq.read_table(io.BytesIO(response.content)))
+    from agentrl.warehouse.access import open_migrated
+
     settings = settings or get_settings()
     wsettings = WarehouseSettings()
-    backend = open_backend(wsettings, Path(settings.data_dir))
-    schema.apply(backend, wsettings)  # idempotent; an empty warehouse gives an empty dataset
+    backend = open_migrated(settings, wsettings)  # an empty warehouse: an empty dataset
     table = select_dataset(
         backend, wsettings.database, dataset.filter, dataset.sample_size, seed=seed
     )
