@@ -208,11 +208,11 @@ class Registry:
 
     async def list_models(self, public_name: str | None = None) -> list[ModelRecord]:
         try:
-            keys = await self.kv.keys(filters=["model.>"])
+            keys = await self.kv.keys()  # (server-side filters are unreliable across versions)
         except nats.js.errors.NoKeysError:
             return []
         out = []
-        for key in keys:
+        for key in (k for k in keys if k.startswith("model.")):
             record, _ = await self._get(key, ModelRecord)
             if record is not None and (public_name is None or record.public_name == public_name):
                 out.append(record)
