@@ -179,7 +179,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         base_model: str = typer.Option(None, help="e.g. smollm2, tiny, or a HF id/folder."),
         algorithm: str = typer.Option(None, help="grpo, rloo, dpo, ppo (gigpo: see --estimator)."),
         estimator: str = typer.Option(None, help="Advantage estimator, e.g. gigpo (with grpo)."),
-        priority: str = typer.Option(None, help="high, normal or low."),
+        priority: str = typer.Option(None, help="urgent, high, normal or low."),
         sample_size: int = typer.Option(None, help="Trajectories to sample."),
         min_reward: float = typer.Option(None, help="Dataset filter: minimum total reward."),
         env: str = typer.Option(None, help="Train online in this environment instead."),
@@ -206,7 +206,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         if algorithm:
             tc["algorithm"] = algorithm
         if estimator:
-            tc.setdefault("hyperparameters", {})["advantage_estimator"] = estimator
+            tc.setdefault("hyperparameters", {})["adv_estimator"] = estimator
         if sample_size:
             tc.setdefault("dataset", {})["sample_size"] = sample_size
         if min_reward is not None:

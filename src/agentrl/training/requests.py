@@ -25,7 +25,7 @@ def defaults(settings: TrainingSettings) -> dict[str, Any]:
         "epochs": settings.epochs,
     }
     if settings.advantage_estimator:
-        hp["advantage_estimator"] = settings.advantage_estimator
+        hp["adv_estimator"] = settings.advantage_estimator
     dataset: dict[str, Any] = {"source": "nats_stream", "stream_name": "RL_TRAJECTORIES"}
     if settings.sample_size:
         dataset["sample_size"] = settings.sample_size
@@ -73,10 +73,10 @@ def job_kind(request: TrainingRequest) -> str:
 
 def estimator(request: TrainingRequest) -> str:
     """The advantage estimator: GiGPO travels as algorithm 'grpo' with
-    `hyperparameters.advantage_estimator = 'gigpo'` (older producers send algorithm 'gigpo')."""
+    `hyperparameters.adv_estimator = 'gigpo'` (the contract reads it back as 'gigpo')."""
     algo = str(request.training_config.algorithm)
-    extra = request.training_config.hyperparameters.model_extra or {}
-    named = extra.get("advantage_estimator") or extra.get("estimator")
+    hp = request.training_config.hyperparameters
+    named = getattr(hp, "adv_estimator", None) or (hp.model_extra or {}).get("adv_estimator")
     if algo == "gigpo" or (algo == "grpo" and named == "gigpo"):
         return "gigpo"
     return algo

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-PRIORITY_RANK = {"high": 0, "normal": 1, "low": 2}
+PRIORITY_RANK = {"urgent": 0, "high": 1, "normal": 2, "low": 3}
 ACTIVE = ("queued", "running")
 FINAL = ("completed", "failed", "cancelled")
 
@@ -84,7 +84,7 @@ class Store:
             cur = self.db.execute(
                 "INSERT OR IGNORE INTO jobs(job_id, seq, priority, status, kind, request, created,"
                 " updated) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?)",
-                (job_id, seq, PRIORITY_RANK.get(priority, 1), kind, json.dumps(request), now, now),
+                (job_id, seq, PRIORITY_RANK.get(priority, 2), kind, json.dumps(request), now, now),
             )
             return cur.rowcount == 1
 
