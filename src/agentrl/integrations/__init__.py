@@ -1,0 +1,1 @@
+"""Integrations of agentrl with agent frameworks (Agent Zero)."""

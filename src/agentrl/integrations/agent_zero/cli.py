@@ -1,0 +1,137 @@
+"""`agentrl agent-zero ...`: install the plugin, flush its spool, send feedback, follow
+deployments (heavy imports stay inside the commands)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer, bench: typer.Typer) -> None:
+    a0 = typer.Typer(
+        help=(
+            "Agent Zero integration: a plugin that publishes every monologue as "
+            "agent.rl.trajectory.v1, the rl_training tool, feedback and the deployment listener."
+        ),
+        no_args_is_help=True,
+    )
+    app.add_typer(a0, name="agent-zero")
+
+    def plugin_config(path: Path):  # type: ignore[no-untyped-def]
+        from agentrl.integrations.agent_zero.config import PLUGIN_NAME, load_config
+
+        plugin_dir = path / "usr" / "plugins" / PLUGIN_NAME
+        if not (plugin_dir / "plugin.yaml").is_file():
+            raise typer.BadParameter(
+                f"no agentrl plugin in {path} (run `agentrl agent-zero install`)"
+            )
+        return load_config(plugin_dir)
+
+    @a0.command("install")
+    def install_cmd(
+        path: Path = typer.Argument(..., help="The Agent Zero checkout (its root folder)."),
+        layout: str = typer.Option(
+            "auto", help="plugin (usr/plugins/agentrl), legacy (python/extensions/) or auto."
+        ),
+    ) -> None:
+        """Copy the plugin into PATH and print the chat model settings to use."""
+        from agentrl.integrations.agent_zero.config import load_config
+        from agentrl.integrations.agent_zero.install import install, model_settings
+
+        if layout not in ("auto", "plugin", "legacy"):
+            raise typer.BadParameter("layout is auto, plugin or legacy")
+        try:
+            done = install(path, None if layout == "auto" else layout)  # type: ignore[arg-type]
+        except FileNotFoundError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from exc
+        typer.echo(f"installed the agentrl plugin ({done.layout} layout) into {done.root}:")
+        for f in done.files:
+            typer.echo(f"  {f.relative_to(done.root)}")
+        cfg = load_config(done.plugin_dir)
+        typer.echo(
+            f"\nsettings: {done.plugin_dir / 'default_config.yaml'} (NATS {cfg.nats_url}, "
+            f"spool {cfg.spool_path()})"
+        )
+        typer.echo("Agent Zero's Python needs agentrl too: pip install agentrl (same version)")
+        if done.layout == "plugin":
+            typer.echo("enable it in Agent Zero: Settings > Plugins > agentrl")
+        typer.echo("\n" + model_settings(cfg.gateway_url, cfg.model_name))
+
+    @a0.command("flush")
+    def flush_cmd(
+        path: Path = typer.Argument(..., help="The Agent Zero checkout with the plugin."),
+        timeout: float = typer.Option(30.0, help="Seconds to keep trying."),
+    ) -> None:
+        """Publish what the spool holds (oldest first)."""
+        import asyncio
+
+        from agentrl.integrations.agent_zero.publisher import Outbox
+
+        outbox = Outbox(plugin_config(path))
+        before = len(outbox.spool)
+        sent = asyncio.run(outbox.flush(timeout))
+        typer.echo(f"published {sent} of {before} spooled event(s); {len(outbox.spool)} left")
+        if outbox.last_error:
+            typer.echo(f"error: {outbox.last_error}", err=True)
+            raise typer.Exit(1)
+
+    @a0.command("feedback")
+    def feedback_cmd(
+        path: Path = typer.Argument(..., help="The Agent Zero checkout with the plugin."),
+        trajectory_id: str = typer.Argument(...),
+        kind: str = typer.Argument(
+            ..., help="thumbs_up, thumbs_down, rating, correction, abandoned"
+        ),
+        rating: int = typer.Option(None, min=1, max=5),
+        comment: str = typer.Option(None),
+        correction: str = typer.Option(None, help="The answer the agent should have given."),
+    ) -> None:
+        """Send user feedback on a trajectory (agent.rl.feedback.v1; spooled if NATS is away)."""
+        import asyncio
+        from typing import cast
+
+        from pydantic import ValidationError
+
+        from agentrl.contracts.feedback import FeedbackType
+        from agentrl.integrations.agent_zero.feedback import feedback_event, send_feedback
+
+        try:
+            event = feedback_event(
+                trajectory_id,
+                cast(FeedbackType, kind),
+                rating=rating,
+                comment=comment,
+                correction=correction,
+            )
+        except ValidationError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+        sent = asyncio.run(send_feedback(plugin_config(path), event))
+        typer.echo(f"feedback {event.feedback_id} {'published' if sent else 'spooled'}")
+
+    @a0.command("listen")
+    def listen_cmd(
+        path: Path = typer.Argument(..., help="The Agent Zero checkout whose model to switch."),
+        durable: str = typer.Option("agent-zero-deployments", help="Durable consumer name."),
+    ) -> None:
+        """Follow agent.rl.model.deployed.v1: switch the chat model on non-canary rollouts."""
+        import asyncio
+        import signal
+
+        from agentrl.bus import Bus
+        from agentrl.integrations.agent_zero.deployment import ModelSwitcher, listen
+
+        cfg = plugin_config(path)
+
+        async def run() -> None:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            async with await Bus.connect(cfg.nats_url) as bus:
+                await bus.ensure_streams()
+                typer.echo(f"following deployments on {cfg.nats_url}; Ctrl-C stops", err=True)
+                await listen(bus, ModelSwitcher(path), stop, durable)
+
+        asyncio.run(run())

@@ -1,0 +1,88 @@
+"""The plugin's settings: `default_config.yaml` of the plugin, overridden by the
+`config.json` Agent Zero's settings screen saves next to it, then by AGENTRL_A0_* variables.
+
+The same files are read in every layout (upstream `usr/plugins/agentrl/`, or the older
+`python/extensions/` layout, where `agentrl agent-zero install` puts them under
+`usr/plugins/agentrl/` as well), so a setting means the same wherever the plugin runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+PLUGIN_NAME = "agentrl"
+ENV_PREFIX = "AGENTRL_A0_"
+
+
+class AgentZeroConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    enabled: bool = Field(True, description="Record and publish trajectories at all.")
+    opt_out: bool = Field(False, description="The user opted out of RL: publish nothing.")
+    nats_url: str = "nats://127.0.0.1:4222"
+    nats_token: str = ""
+    gateway_url: str = "http://127.0.0.1:8700/v1"
+    api_url: str = "http://127.0.0.1:8600"
+    api_token: str = ""
+    spool_dir: str = Field("usr/agentrl/spool", description="Relative to Agent Zero's root.")
+    redact: bool = Field(True, description="Redact PII before anything leaves the agent.")
+    publish_timeout_s: float = Field(
+        2.0, gt=0, description="The most a monologue's end waits on NATS before spooling."
+    )
+    connect_timeout_s: float = Field(1.0, gt=0)
+    model_name: str = Field("agentrl-policy", description="The gateway's public model name.")
+    domain: str = "general"
+    agent_zero_root: str = Field("", description="Agent Zero's folder; empty: the cwd.")
+
+    def root(self) -> Path:
+        return Path(self.agent_zero_root or os.getcwd())
+
+    def spool_path(self) -> Path:
+        p = Path(self.spool_dir)
+        return p if p.is_absolute() else self.root() / p
+
+
+def plugin_dir_for(file: str | Path) -> Path | None:
+    """The plugin folder (the one holding plugin.yaml) of a plugin file, in either layout."""
+    here = Path(file).resolve()
+    for parent in here.parents:
+        if (parent / "plugin.yaml").is_file():
+            return parent
+        legacy = parent / "usr" / "plugins" / PLUGIN_NAME
+        if (legacy / "plugin.yaml").is_file():
+            return legacy
+    return None
+
+
+def load_config(plugin_dir: Path | None, env: Mapping[str, str] | None = None) -> AgentZeroConfig:
+    values: dict[str, Any] = {}
+    if plugin_dir is not None:
+        default = plugin_dir / "default_config.yaml"
+        if default.is_file():
+            values.update(yaml.safe_load(default.read_text()) or {})
+        saved = plugin_dir / "config.json"
+        if saved.is_file():
+            values.update(json.loads(saved.read_text()) or {})
+    environ: Mapping[str, str] = os.environ if env is None else env
+    for name in AgentZeroConfig.model_fields:
+        key = ENV_PREFIX + name.upper()
+        if key in environ:
+            values[name] = environ[key]
+    if not values.get("agent_zero_root") and plugin_dir is not None:
+        values["agent_zero_root"] = str(_root_of(plugin_dir))
+    return AgentZeroConfig.model_validate(values)
+
+
+def _root_of(plugin_dir: Path) -> Path:
+    """Agent Zero's root: the folder above `usr/plugins/agentrl`."""
+    parts = plugin_dir.resolve().parts
+    if len(parts) >= 3 and parts[-3:-1] == ("usr", "plugins"):
+        return Path(*parts[:-3])
+    return plugin_dir.parent

@@ -1,0 +1,323 @@
+"""Pure core: Agent Zero's message loop, step by step, into one `agent.rl.trajectory.v1`.
+
+One monologue (a user message, or a superior's message to a subordinate) is one trajectory;
+each message-loop iteration is one turn. Agent Zero's LLM answers a JSON object
+(`thoughts`, `headline`, `tool_name`, `tool_args`); the tool it names runs and its result is
+the next turn's observation. Nothing here imports Agent Zero: the adapter (`hooks`) feeds
+plain values in, so this module is tested without it.
+
+Mapping (seed 000, trajectory payload):
+  observation   turn 1: the user (or superior's) message; then the previous tool's result
+                (`subordinate_response` after call_subordinate), or a `system_message` when
+                the previous response was not a valid tool call
+  thought_process  the response's `thoughts`
+  action        `tool_name` / `tool_args`; type response (the `response` tool),
+                subordinate_call (call_subordinate), memory_update (memory_* tools) or
+                tool_call; extras `headline`, `tool_method`, `completion_id`, `parse_error`
+  result        the tool's answer; success False when the response was not JSON, the tool
+                never returned (it raised or was interrupted) or its answer was malformed
+  metadata      the serving model version, token usage when known, the agent's number,
+                profile and parent (subordinates), `outcome`
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from agentrl.contracts.base import new_id
+from agentrl.contracts.trajectory import SUBORDINATE_PROFILES, TrajectoryEvent
+
+RESPONSE_TOOL = "response"
+SUBORDINATE_TOOL = "call_subordinate"
+MEMORY_TOOLS = ("memory_save", "memory_delete", "memory_forget")
+NOT_JSON = "the response is not a JSON tool request"
+
+
+def parse_response(text: str) -> tuple[dict[str, Any] | None, str | None]:
+    """Agent Zero's JSON answer (the outermost {...}, as its own parser finds it), or the
+    reason it is not one."""
+    start = text.find("{")
+    end = text.rfind("}")
+    if start < 0 or end <= start:
+        return None, NOT_JSON
+    try:
+        value = json.loads(text[start : end + 1])
+    except json.JSONDecodeError as exc:
+        return None, f"{NOT_JSON} ({exc.msg})"
+    if not isinstance(value, dict):
+        return None, NOT_JSON
+    name = value.get("tool_name", value.get("tool"))
+    if not isinstance(name, str) or not name:
+        return None, "the response has no tool_name"
+    return value, None
+
+
+def action_type(tool_name: str | None) -> str:
+    if tool_name == RESPONSE_TOOL or not tool_name:
+        return "response"
+    if tool_name == SUBORDINATE_TOOL:
+        return "subordinate_call"
+    if tool_name in MEMORY_TOOLS:
+        return "memory_update"
+    return "tool_call"
+
+
+def as_text(value: Any) -> tuple[str, bool]:
+    """A tool's answer as text, and whether it was malformed (not a string)."""
+    if isinstance(value, str):
+        return value, False
+    if value is None:
+        return "", True
+    try:
+        return json.dumps(value, default=str), True
+    except (TypeError, ValueError):
+        return repr(value), True
+
+
+@dataclass
+class ToolRun:
+    name: str
+    args: dict[str, Any]
+    started: float
+    answer: str | None = None
+    malformed: bool = False
+    break_loop: bool = False
+    duration_ms: float | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TurnRecord:
+    turn_id: int
+    at: datetime
+    observation_type: str
+    observation: Any
+    raw_response: str | None = None
+    tool: ToolRun | None = None
+    llm: dict[str, Any] = field(default_factory=dict)  # completion id, model, usage
+
+
+@dataclass
+class Identity:
+    """Who is talking: Agent Zero's context (the session) and the agent in it."""
+
+    session_id: str
+    number: int = 0
+    profile: str = ""
+    parent_agent_id: str | None = None
+    parent_trajectory_id: str | None = None
+
+    @property
+    def agent_id(self) -> str:
+        if self.number == 0:
+            return "agent-zero-main"
+        return f"subordinate-{self.profile or 'default'}-{self.number}"
+
+
+class TrajectoryRecorder:
+    """Collects one monologue's turns; `finish()` returns the trajectory (None: no turns)."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        instructions: str,
+        *,
+        task_id: str | None = None,
+        model: str = "unknown",
+        domain: str = "general",
+        now: datetime | None = None,
+    ) -> None:
+        self.identity = identity
+        self.instructions = instructions
+        self.task_id = task_id or new_id()
+        self.trajectory_id = new_id()
+        self.model = model
+        self.domain = domain
+        self.started_at = now or datetime.now(UTC)
+        self.turns: list[TurnRecord] = []
+        self.current: TurnRecord | None = None
+        self.models_seen: list[str] = []
+        self.total_tokens = 0
+
+    # ---- the loop, step by step ----------------------------------------------------------
+    def begin_turn(self, now: datetime | None = None) -> None:
+        if self.current is not None:  # a turn that never ended (interrupted): close it
+            self.end_turn()
+        obs_type, obs = self._next_observation()
+        self.current = TurnRecord(len(self.turns) + 1, now or datetime.now(UTC), obs_type, obs)
+
+    def llm_answered(
+        self, completion_id: str | None, model: str | None, usage: dict[str, Any] | None
+    ) -> None:
+        """What the gateway said about the completion (the serving version, token usage)."""
+        turn = self._turn()
+        if completion_id:
+            turn.llm["completion_id"] = completion_id
+        if model:
+            turn.llm["model"] = model
+            self.models_seen.append(model)
+        if usage:
+            turn.llm["usage"] = usage
+            total = usage.get("total_tokens")
+            if isinstance(total, int) and total >= 0:
+                self.total_tokens += total
+
+    def tool_started(self, name: str, args: dict[str, Any] | None) -> None:
+        self._turn().tool = ToolRun(name, dict(args or {}), time.perf_counter())
+
+    def tool_finished(
+        self, name: str, answer: Any, break_loop: bool = False, **extras: Any
+    ) -> None:
+        turn = self._turn()
+        run = turn.tool if turn.tool is not None and turn.tool.name == name else None
+        if run is None:
+            run = turn.tool = ToolRun(name, {}, time.perf_counter())
+        run.answer, run.malformed = as_text(answer)
+        run.break_loop = bool(break_loop)
+        run.duration_ms = max(0.0, (time.perf_counter() - run.started) * 1000.0)
+        run.extras.update({k: v for k, v in extras.items() if v is not None})
+
+    def response_text(self, text: str) -> None:
+        """The LLM's full answer of this turn (as Agent Zero's chat model returned it)."""
+        self._turn().raw_response = text
+
+    def end_turn(self, raw_response: str | None = None) -> None:
+        """Close the turn; `raw_response` is used when no answer was recorded for it."""
+        if self.current is None:
+            return
+        if self.current.raw_response is None:
+            self.current.raw_response = raw_response
+        self.turns.append(self.current)
+        self.current = None
+
+    # ---- the trajectory --------------------------------------------------------------------
+    def finish(self, now: datetime | None = None) -> TrajectoryEvent | None:
+        if self.current is not None:
+            self.end_turn()
+        if not self.turns:
+            return None
+        end = max(now or datetime.now(UTC), self.started_at)
+        turns = [self._turn_payload(t) for t in self.turns]
+        last = self.turns[-1].tool
+        done = last is not None and last.answer is not None and last.break_loop
+        ident = self.identity
+        metadata: dict[str, Any] = {
+            "model": self.models_seen[-1] if self.models_seen else self.model,
+            "agent_number": ident.number,
+            "source": "agent-zero",
+            "outcome": {
+                "task_status": "completed_successfully" if done else "failed",
+                "completion_percentage": 1.0 if done else 0.0,
+            },
+        }
+        if self.total_tokens:
+            metadata["total_tokens"] = self.total_tokens
+        if len(set(self.models_seen)) > 1:
+            metadata["models"] = sorted(set(self.models_seen))
+        if ident.profile:
+            metadata["agent_profile"] = ident.profile
+        if ident.parent_agent_id:
+            metadata["parent_agent_id"] = ident.parent_agent_id
+        if ident.parent_trajectory_id:
+            metadata["parent_trajectory_id"] = ident.parent_trajectory_id
+        payload: dict[str, Any] = {
+            "trajectory_id": self.trajectory_id,
+            "session_id": ident.session_id,
+            "agent_id": ident.agent_id,
+            "start_timestamp": self.started_at,
+            "end_timestamp": end,
+            "turns": turns,
+            "task_context": {
+                "task_id": self.task_id,
+                "instructions": self.instructions,
+                "domain": self.domain,
+            },
+            "metadata": metadata,
+        }
+        if ident.profile in SUBORDINATE_PROFILES:  # other profiles: metadata.agent_profile
+            payload["subordinate_profile"] = ident.profile
+        return TrajectoryEvent.model_validate(payload)
+
+    # ---- internals -----------------------------------------------------------------------
+    def _turn(self) -> TurnRecord:
+        if self.current is None:
+            self.begin_turn()
+        assert self.current is not None
+        return self.current
+
+    def _next_observation(self) -> tuple[str, Any]:
+        if not self.turns:
+            return "user_message", self.instructions
+        prev = self.turns[-1]
+        if prev.tool is None:
+            return "system_message", "the previous response was not a valid tool request"
+        if prev.tool.answer is None:
+            return "system_message", f"tool '{prev.tool.name}' did not return"
+        if prev.tool.name == SUBORDINATE_TOOL:
+            return "subordinate_response", prev.tool.answer
+        return "tool_result", prev.tool.answer
+
+    def _turn_payload(self, turn: TurnRecord) -> dict[str, Any]:
+        raw = turn.raw_response
+        parsed, parse_error = parse_response(raw) if raw is not None else (None, None)
+        run = turn.tool
+        if parsed is None and run is not None:
+            parse_error = None  # Agent Zero's lenient parser read it: a tool ran
+        name: str | None
+        if parsed is not None:
+            name = str(parsed.get("tool_name", parsed.get("tool")))
+            args = parsed.get("tool_args", parsed.get("args", {}))
+        else:
+            name = run.name if run is not None else None
+            args = run.args if run is not None else {}
+        thoughts = parsed.get("thoughts", []) if parsed is not None else []
+        if isinstance(thoughts, str):
+            thoughts = [thoughts]
+        base, _, method = (name or "").partition(":")
+        action: dict[str, Any] = {
+            "type": action_type(base or None),
+            "tool_args": args if isinstance(args, dict) else {"value": args},
+        }
+        if base:
+            action["tool_name"] = base
+        if method:
+            action["tool_method"] = method
+        if raw is not None:
+            action["raw_response"] = raw
+        if parsed is not None and isinstance(parsed.get("headline"), str):
+            action["headline"] = parsed["headline"]
+        if parse_error is not None:
+            action["parse_error"] = parse_error
+        action.update(turn.llm)
+        result: dict[str, Any]
+        if run is None:
+            result = {"success": False, "error": parse_error or "no tool ran"}
+        elif run.answer is None:
+            result = {
+                "success": False,
+                "error": f"tool '{run.name}' did not return (it raised or was interrupted)",
+            }
+        else:
+            result = {
+                "success": parse_error is None and not run.malformed,
+                "output": run.answer,
+                "execution_time_ms": run.duration_ms,
+            }
+            if run.malformed:
+                result["error"] = "the tool's answer was not text"
+                result["malformed"] = True
+            elif parse_error is not None:
+                result["error"] = parse_error
+            result.update(run.extras)
+        return {
+            "turn_id": turn.turn_id,
+            "timestamp": turn.at,
+            "observation": {"type": turn.observation_type, "content": turn.observation},
+            "thought_process": [str(t) for t in thoughts] if isinstance(thoughts, list) else [],
+            "action": action,
+            "result": result,
+        }
