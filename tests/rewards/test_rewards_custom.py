@@ -218,3 +218,49 @@ def test_config_validation(tmp_path: Path) -> None:
     assert (
         RewardConfig(opt_out_users=["u"]).calculator_version == a.calculator_version
     )  # not a scoring setting
+
+
+def test_sync_function_timeout_is_enforced_and_the_loop_keeps_running() -> None:
+    """A 2 s sync function with a 0.1 s timeout: the call returns after about the timeout,
+    the event loop keeps ticking meanwhile (acks and heartbeats would go out), the worker is
+    killed, the timeout is counted, and the next call gets a fresh worker."""
+    import os
+    import time
+
+    def sleepy(messages: Any, ground_truth: Any = None, **kw: Any) -> EvaluateResult:
+        if kw.get("pid"):
+            return EvaluateResult(score=1.0, reason=str(os.getpid()))
+        time.sleep(2.0)
+        return EvaluateResult(score=1.0)
+
+    fn = reward_function(sleepy, name="tmp_sleepy")
+
+    async def main() -> tuple[EvaluateResult, float, int, EvaluateResult]:
+        ticks = 0
+        stop = asyncio.Event()
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not stop.is_set():
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        tick_task = asyncio.create_task(ticker())
+        t0 = time.perf_counter()
+        res = await fn.evaluate([], None, timeout=0.1)
+        took = time.perf_counter() - t0
+        stop.set()
+        await tick_task
+        after = await fn.evaluate([], None, timeout=5.0, pid=True)
+        return res, took, ticks, after
+
+    try:
+        res, took, ticks, after = asyncio.run(main())
+    finally:
+        fn.close()
+    assert res.error is not None and "timed out after 0.1s" in res.error
+    assert took < 1.5, f"the call took {took:.2f}s: the timeout was not enforced"
+    assert ticks >= 5, "the event loop was frozen during the call"
+    assert fn.stats["timeouts"] == 1
+    assert after.error is None and after.score == 1.0  # a fresh worker answered
+    assert int(after.reason or 0) != os.getpid()  # ... in another process

@@ -217,8 +217,10 @@ async def test_pii_never_reaches_rewards_state_or_custom_functions(
 ) -> None:
     seen: list[str] = []
 
-    @reward_function(name="peek")
-    def peek(messages: list[dict[str, Any]], ground_truth: Any = None, **kw: Any) -> EvaluateResult:
+    @reward_function(name="peek")  # async: runs in this process, so `seen` fills up
+    async def peek(
+        messages: list[dict[str, Any]], ground_truth: Any = None, **kw: Any
+    ) -> EvaluateResult:
         seen.append(json.dumps(messages))
         raise ValueError(f"echoing input: {messages[0]['content']}")
 
@@ -245,6 +247,7 @@ async def test_pii_never_reaches_rewards_state_or_custom_functions(
         assert secret not in published
         assert secret.encode() not in stored
         assert all(secret not in s for s in seen)
+    assert len(seen) == 20
     assert "[REDACTED:EMAIL]" in published  # the custom function's error quoted redacted text
     first = next(d for d in got if d["trajectory_id"] == docs[0]["trajectory_id"])
     assert first["metadata"]["redactions"] == {

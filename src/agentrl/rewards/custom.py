@@ -16,6 +16,10 @@ name and becomes an extra weighted component once the YAML config gives it a wei
 
 `evaluate()` never raises: an exception, a timeout or an out-of-range score comes back as an
 `EvaluateResult` with `error` set, which the reward service records in the reward's metadata.
+Async functions run on the event loop under `asyncio.wait_for`; sync functions run in forked
+worker processes (`agentrl.rewards.isolation`), so a slow or stuck one cannot freeze the
+service's loop (acks, heartbeats) and is killed when it overruns its timeout. Timeouts are
+counted in `RewardFunction.stats`.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import importlib
 import inspect
 import json
 import math
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, overload
 
@@ -33,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.errors import AgentRLError, ConfigError
+from agentrl.rewards.isolation import WorkerPool
 
 
 class RewardFunctionError(AgentRLError, ValueError):
@@ -121,7 +127,20 @@ class RewardFunction:
         self.fn = fn
         self.name = name
         self.is_async = inspect.iscoroutinefunction(fn)
+        self.stats: Counter[str] = Counter()  # calls, timeouts, errors
+        self._pool: WorkerPool | None = None
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+
+    def _workers(self) -> WorkerPool:
+        if self._pool is None:
+            self._pool = WorkerPool(self.fn, f"reward-fn-{self.name}")
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the worker processes of a sync function (they also die with this process)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.is_async:
@@ -139,28 +158,38 @@ class RewardFunction:
         timeout: float | None = 5.0,
         **kwargs: Any,
     ) -> EvaluateResult:
-        """Run the function; never raises (errors come back with `error` set, score 0)."""
+        """Run the function; never raises (errors come back with `error` set, score 0).
+
+        A sync function runs in a worker process, off the event loop; past `timeout` the
+        worker is killed (a thread could not be stopped) and the call reports a timeout."""
+        self.stats["calls"] += 1
         try:
             if self.is_async:
                 raw = await asyncio.wait_for(
                     self.fn(messages=messages, ground_truth=ground_truth, **kwargs), timeout
                 )
             else:
-                raw = self.fn(messages=messages, ground_truth=ground_truth, **kwargs)
+                call_kwargs = {"messages": messages, "ground_truth": ground_truth, **kwargs}
+                raw = await asyncio.to_thread(self._workers().call, (), call_kwargs, timeout)
             return coerce_result(raw, self.name)
         except TimeoutError:
-            return _failed(f"reward function {self.name!r} timed out after {timeout}s")
+            self.stats["timeouts"] += 1
+            return _failed(
+                f"reward function {self.name!r} timed out after {timeout}s", kind="timeout"
+            )
         except RewardFunctionError as exc:
+            self.stats["errors"] += 1
             return _failed(str(exc))
         except Exception as exc:
+            self.stats["errors"] += 1
             return _failed(f"reward function {self.name!r} raised {type(exc).__name__}: {exc}")
 
     def __repr__(self) -> str:
         return f"RewardFunction({self.name!r}, async={self.is_async})"
 
 
-def _failed(message: str) -> EvaluateResult:
-    return EvaluateResult(score=0.0, error=message, is_score_valid=False)
+def _failed(message: str, kind: str = "error") -> EvaluateResult:
+    return EvaluateResult(score=0.0, error=message, is_score_valid=False, error_kind=kind)
 
 
 REGISTRY: dict[str, RewardFunction] = {}

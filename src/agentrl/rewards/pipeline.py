@@ -166,6 +166,8 @@ class Preparer:
         for (i, name), res in zip(keys, results, strict=True):
             if res.error:
                 batch.counters["custom_function_errors"] += 1
+                if (res.model_extra or {}).get("error_kind") == "timeout":
+                    batch.counters["custom_function_timeouts"] += 1
                 # Error texts can quote inputs: they pass through redaction too.
                 clean = self.redactor.redact_text(res.error) if self.config.redact else res.error
                 res = res.model_copy(update={"error": clean})
