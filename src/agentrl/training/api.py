@@ -7,7 +7,6 @@ publishes `agent.rl.feedback.v1`. Scopes: `training:read`, `training:write`, `fe
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 from typing import Any, Literal
@@ -177,11 +176,7 @@ async def start_training(
                 )
             raise HTTPException(status.HTTP_409_CONFLICT, "Idempotency-Key conflict") from None
     await bus.publish(req)
-    current = await _wait_status(bus.js, req.training_job_id, 1.0)
-    return StartResponse(
-        training_job_id=req.training_job_id,
-        status=current["status"] if current else "submitted",
-    )
+    return StartResponse(training_job_id=req.training_job_id, status="submitted")
 
 
 async def _idem_get(kv: Any, key: str) -> dict[str, Any] | None:
@@ -193,16 +188,6 @@ async def _idem_get(kv: Any, key: str) -> dict[str, Any] | None:
         return None
     data: dict[str, Any] = json.loads(entry.value)
     return data
-
-
-async def _wait_status(js: Any, job_id: str, timeout: float) -> dict[str, Any] | None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while True:
-        current = await read_status(js, job_id)
-        if current is not None or loop.time() >= end:
-            return current
-        await asyncio.sleep(0.05)
 
 
 @router.get(

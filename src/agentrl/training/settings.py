@@ -40,7 +40,8 @@ class TrainingSettings(BaseSettings):
     base_model: str = "smollm2"
     algorithm: str = "grpo"
     advantage_estimator: str | None = Field(
-        None, description="e.g. 'gigpo' (travels as hyperparameters.adv_estimator with algorithm grpo)."
+        None,
+        description="e.g. 'gigpo' (travels as hyperparameters.adv_estimator with algorithm grpo).",
     )
     sample_size: int | None = Field(10000, gt=0)
     batch_size: int = Field(32, gt=0)
