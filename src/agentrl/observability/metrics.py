@@ -21,30 +21,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
+
+from agentrl.observability.multiproc import (  # noqa: F401  (re-exported)
+    ENV_AGENTRL_MULTIPROC,
+    ENV_MULTIPROC,
+    enable_multiprocess,
+)
 
 log = logging.getLogger(__name__)
 
-ENV_MULTIPROC = "PROMETHEUS_MULTIPROC_DIR"
-ENV_AGENTRL_MULTIPROC = "AGENTRL_METRICS_MULTIPROC_DIR"
 ENV_DISABLED = "AGENTRL_METRICS_DISABLED"
-
-
-def enable_multiprocess(directory: Path | str, clean: bool = True) -> Path:
-    """Switch this process (and the children it starts) to multiprocess metrics in
-    `directory`. Call before `agentrl.observability.metrics` is first imported; `clean`
-    empties the directory (stale files of dead processes would be summed forever)."""
-    path = Path(directory)
-    if clean and path.exists():
-        shutil.rmtree(path)
-    path.mkdir(parents=True, exist_ok=True)
-    os.environ[ENV_MULTIPROC] = str(path)
-    os.environ[ENV_AGENTRL_MULTIPROC] = str(path)
-    return path
 
 
 if os.environ.get(ENV_AGENTRL_MULTIPROC) and not os.environ.get(ENV_MULTIPROC):
