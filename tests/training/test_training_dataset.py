@@ -188,3 +188,74 @@ def test_dpo_pairs_best_vs_worst_and_corrections(tokenizer):
     assert task_pair.margin == pytest.approx(0.8)
     assert task_pair.chosen[0].episode_id == trajs[1]["trajectory_id"]
     assert task_pair.rejected[0].episode_id == trajs[0]["trajectory_id"]
+
+
+async def test_load_data_from_jetstream_with_date_range_and_completion_log(nats, data_dir):
+    """The job's loader against a real stream: start-time delivery, latest reward version,
+    completion records by id."""
+    from datetime import UTC, datetime
+
+    from training_helpers import publish_data, publish_raw, settings_for
+
+    from agentrl.bus import Bus
+    from agentrl.contracts.completion import CompletionRecord
+    from agentrl.training.dataset import read_subject
+    from agentrl.training.jobs import load_data
+    from agentrl.training.requests import fill_request
+    from agentrl.training.settings import TrainingSettings
+
+    bus = await Bus.connect(nats.url, settings=settings_for(data_dir, nats.url))
+    await bus.ensure_streams()
+    trajs = [trajectory(i, completion_id=f"c-{i}" if i < 3 else None) for i in range(20)]
+    try:
+        await publish_data(bus, trajs, [0.5] * 20)
+        await publish_raw(
+            bus, "agent.rl.reward.v1", [reward(trajs[0], 0.9, version=2)], "reward_id"
+        )
+        for i in range(3):
+            await bus.publish(
+                CompletionRecord(
+                    completion_id=f"c-{i}",
+                    model="v1",
+                    prompt_token_ids=[1, 2],
+                    completion_token_ids=[3],
+                    completion_logprobs=[-0.1],
+                    timestamp=datetime.now(UTC),
+                )
+            )
+        later = await read_subject(
+            bus.js,
+            "RL_TRAJECTORIES",
+            "agent.rl.trajectory.v1",
+            datetime(2099, 1, 1, tzinfo=UTC),
+            idle_timeout=0.3,
+        )
+        assert later == []
+        req = fill_request(
+            {
+                "training_config": {
+                    "base_model": "tiny",
+                    "dataset": {
+                        "filter": {
+                            "date_range": {
+                                "start": "2026-11-20T12:00:00Z",
+                                "end": "2026-11-20T12:09:59Z",
+                            }
+                        }
+                    },
+                }
+            },
+            TrainingSettings(),
+        )
+        data = await load_data({"request": req.model_dump(mode="json"), "nats_url": nats.url})
+        assert len(data["trajectories"]) == 20 and len(data["rewards"]) == 21
+        assert set(data["completions"]) == {"c-0", "c-1", "c-2"}
+        kept, report = apply_filters(
+            data["trajectories"],
+            latest_rewards(data["rewards"]),
+            req.training_config.dataset.filter,
+        )
+        assert report.removed["date_range"] == 10 and len(kept) == 10
+        assert {r.trajectory_id: r.score for r in kept}[trajs[0]["trajectory_id"]] == 0.9
+    finally:
+        await bus.close()

@@ -113,7 +113,8 @@ async def test_cancel_and_killed_job_process(nats, data_dir):
     bus = await _bus(nats, data_dir)
     statuses = await Statuses().start(bus)
     settings = settings_for(data_dir, nats.url)
-    ts = tsettings(devices=["cpu", "cpu"], batch_size=2, save_interval=1, sample_size=40)
+    ts = tsettings(devices=["cpu", "cpu"], batch_size=2, save_interval=1, sample_size=40,
+                   holdout_size=0.0)
     await publish_data(
         bus, [trajectory(i, task=f"t{i // 4}") for i in range(40)], [(i % 4) / 3 for i in range(40)]
     )

@@ -239,7 +239,7 @@ async def read_subject(
         from nats.js.api import ConsumerConfig
 
         kw["deliver_policy"] = DeliverPolicy.BY_START_TIME
-        kw["config"] = ConsumerConfig(opt_start_time=(start - CLOCK_SKEW).isoformat())
+        kw["config"] = ConsumerConfig(opt_start_time=start - CLOCK_SKEW)
     sub = await js.subscribe(subject, **kw)
     try:
         count = -1

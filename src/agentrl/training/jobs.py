@@ -137,7 +137,7 @@ def write_curves(history: list[dict[str, float]], path: Path, title: str) -> str
     return str(path)
 
 
-def current_metrics(m: dict[str, float]) -> dict[str, Any]:
+def current_metrics(m: dict[str, Any]) -> dict[str, Any]:
     return {
         "loss": finite(m.get("loss")),
         "reward_mean": finite(m.get("reward_mean")),
@@ -333,6 +333,7 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
                 continue
         return kept
 
+    units: list[Any]
     if algorithm == "dpo":
         units, bstats = build_pairs(train, tok, corrections=data["corrections"])
         hold_samples, _ = build_samples(hold, tok, completions=data["completions"])

@@ -127,7 +127,7 @@ def episode_advantages(records: Sequence[Record], estimator: str) -> tuple[np.nd
         fn = rloo_advantages if estimator == "rloo" else grpo_advantages
         adv[idx] = fn(scores[idx], gids)
     adv[~grouped] = running_baseline(
-        [records[i] for i in np.flatnonzero(~grouped)], scores[~grouped]
+        [records[int(i)] for i in np.flatnonzero(~grouped)], scores[~grouped]
     )
     return adv, grouped
 
