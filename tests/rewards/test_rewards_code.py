@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
+import uuid
 
 import pytest
 
 from agentrl.contracts.trajectory import TrajectoryEvent
+from agentrl.rewards import RewardConfig, score_batch
 from agentrl.rewards.code import (
     CodeChecker,
     SnippetReport,
@@ -16,8 +19,9 @@ from agentrl.rewards.code import (
     parse_pytest_summary,
 )
 from agentrl.rewards.components import code_quality
-from agentrl.rewards.pipeline import Failure, score_payloads
+from agentrl.rewards.pipeline import Failure, Preparer, score_payloads
 from agentrl.rewards.samples import sample_trajectory
+from agentrl.rewards.window import WindowState
 
 CLEAN = "def add(a, b):\n    return a + b\n"
 SYNTAX_ERROR = "def broken(:\n    pass\n"
@@ -141,3 +145,48 @@ def test_code_quality_from_real_tools_through_the_pipeline() -> None:
     assert metrics["critical_issues"] == 1 and metrics["tests_passed"] == 1
     assert cq.score == pytest.approx((metrics["lint_score"] / 10 + 1.0 + 0.5) / 3)
     assert cq.reasoning is not None and "1 critical security issue" in cq.reasoning
+
+
+# ---- one bad snippet must not poison its batch (issue 11, defect 2) ------------------------
+def _traj_with_code(i: int, code: str) -> TrajectoryEvent:
+    doc = sample_trajectory(i, code=True, trajectory_id=str(uuid.uuid4()))
+    doc["turns"][1]["action"] = {
+        "type": "tool_call",
+        "tool_name": "code_execution_tool",
+        "tool_args": {"runtime": "python", "code": code},
+    }
+    return TrajectoryEvent.model_validate(doc)
+
+
+STACK_BUSTER = "x = " + "+".join(["1"] * 20_000) + "\n"  # overflows ruff's stack (exit 134)
+
+
+def test_a_snippet_that_crashes_ruff_is_isolated_and_the_rest_is_scored() -> None:
+    events = [
+        _traj_with_code(1, "import os\nprint(os.getcwd())\n"),
+        _traj_with_code(2, STACK_BUSTER),
+        _traj_with_code(3, "def f(x):\n    return x +\n"),  # a syntax error is a finding
+    ]
+    preparer = Preparer(RewardConfig())
+    batch = asyncio.run(preparer.prepare(events))
+    assert batch.failures == {}  # nobody is retried or dead-lettered
+    good, bad, broken = (batch.inputs[i].code for i in range(3))
+    assert good.lint_score is not None and good.unavailable is None
+    assert broken.lint_score is not None and broken.lint_findings >= 1
+    assert bad.lint_score is None and bad.unavailable is not None
+    assert "ruff failed" in bad.unavailable
+    rewards, _ = score_batch([batch.inputs[i] for i in range(3)], WindowState(), RewardConfig())
+    cq = rewards[1].payload["reward_components"]["code_quality"]
+    assert "unavailable" in cq["metrics"]  # scored from what could be measured (tests)
+    assert preparer.checker.stats["unanalysable"] == 1
+    preparer.checker.close()
+
+
+def test_the_tools_are_bounded_by_a_timeout() -> None:
+    checker = CodeChecker(timeout_s=0.001)  # nothing can finish in a millisecond
+    t0 = time.perf_counter()
+    reports = checker.check_sync(["print(1)\n", "print(2)\n"])
+    assert time.perf_counter() - t0 < 20
+    assert all(r.error is not None for r in reports)
+    assert any("past 0.001s" in (r.error or "") for r in reports)
+    checker.close()

@@ -6,8 +6,12 @@ results come from the outcome block (`test_results: {passed, total}`) or, failin
 the last pytest summary line in a code tool's output.
 
 Checking is batched: a whole batch of snippets is written to one temporary directory, ruff
-runs once over it as a subprocess (JSON output) while bandit runs in-process in a thread on
-the same files, and results are cached by content hash.
+runs once over it as a subprocess (JSON output) while bandit runs in a forked worker process
+on the same files, and results are cached by content hash. Both tools are bounded by a
+timeout. When a batch run fails (a snippet that crashes ruff, e.g. a 20,000-term expression
+that overflows its stack, or a timeout), the batch is bisected until the culprit is alone:
+that snippet gets a report marked unanalysable (the code-quality component says so and the
+trajectory is still scored), and every other snippet its real report.
 
 Lint score (documented formula, in the spirit of pylint's 10-point score):
     score = max(0, 10 - 10 x (5 x syntax_errors + other_findings) / lines)
@@ -36,6 +40,7 @@ from typing import Any
 
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.rewards.components import CodeEvidence
+from agentrl.rewards.isolation import ForkedWorker, WorkerCrashed, WorkerTimeout
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +142,7 @@ def _parses(code: str) -> bool:
 
 @dataclass(frozen=True)
 class SnippetReport:
-    """Checker findings for one snippet."""
+    """Checker findings for one snippet (`error` set: the tools could not analyse it)."""
 
     lines: int
     syntax_errors: int
@@ -145,6 +150,11 @@ class SnippetReport:
     high: int  # bandit HIGH severity
     medium: int
     low: int
+    error: str | None = None
+
+
+class CheckerFailure(RuntimeError):
+    """ruff or bandit failed (crashed, timed out) on a batch of snippets."""
 
 
 def lint_score(reports: Sequence[SnippetReport]) -> float:
@@ -157,12 +167,19 @@ def lint_score(reports: Sequence[SnippetReport]) -> float:
 
 
 def evidence_for(code: ExtractedCode, reports: Sequence[SnippetReport]) -> CodeEvidence:
-    """Fold one trajectory's extracted code and checker reports into component evidence."""
+    """Fold one trajectory's extracted code and checker reports into component evidence;
+    snippets the tools could not analyse are left out and named in `unavailable`."""
     ev = CodeEvidence(
         contains_code=code.contains_code,
         tests_passed=code.tests_passed,
         tests_total=code.tests_total,
     )
+    failed = [r.error for r in reports if r.error]
+    if failed:
+        ev.unavailable = (
+            f"{len(failed)} of {len(reports)} snippet(s) could not be analysed: {failed[0]}"
+        )
+        reports = [r for r in reports if not r.error]
     if reports:
         ev.lint_score = lint_score(reports)
         ev.lint_findings = sum(r.syntax_errors + r.findings for r in reports)
@@ -187,14 +204,23 @@ class CodeChecker:
         ignore: Sequence[str] = DEFAULT_LINT_IGNORE,
         cache_size: int = 4096,
         ruff: str | None = None,
+        timeout_s: float = 30.0,
     ) -> None:
         self.rules = tuple(rules)
         self.ignore = tuple(ignore)
         self.ruff = ruff or _find_ruff()
         self.cache_size = cache_size
+        self.timeout_s = timeout_s
         self._cache: OrderedDict[str, SnippetReport] = OrderedDict()
-        self._bandit_conf: Any = None
-        self.stats = {"snippets": 0, "cache_hits": 0, "ruff_runs": 0, "bandit_runs": 0}
+        self._bandit_worker = ForkedWorker(_bandit_counts, "bandit")
+        self.stats = {
+            "snippets": 0,
+            "cache_hits": 0,
+            "ruff_runs": 0,
+            "bandit_runs": 0,
+            "batch_failures": 0,
+            "unanalysable": 0,
+        }
 
     def _key(self, code: str) -> str:
         return hashlib.blake2b(code.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
@@ -214,14 +240,36 @@ class CodeChecker:
             else:
                 todo.setdefault(key, code)
         if todo:
-            for key, report in self._run(todo).items():
+            for key, report in self._run_isolated(todo).items():
                 self._cache[key] = report
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
         # A snippet evicted during this very call (huge batches) is recomputed alone.
         return [
-            self._cache.get(k) or self._run({k: s})[k] for k, s in zip(keys, snippets, strict=True)
+            self._cache.get(k) or self._run_isolated({k: s})[k]
+            for k, s in zip(keys, snippets, strict=True)
         ]
+
+    def _run_isolated(self, todo: dict[str, str]) -> dict[str, SnippetReport]:
+        """`_run`, bisecting a failing batch down to the snippets that make it fail."""
+        try:
+            return self._run(todo)
+        except CheckerFailure as exc:
+            self.stats["batch_failures"] += 1
+            if len(todo) == 1:
+                ((key, code),) = todo.items()
+                self.stats["unanalysable"] += 1
+                log.warning("code could not be analysed (%s); scoring without it", exc)
+                return {key: SnippetReport(_code_lines(code), 0, 0, 0, 0, 0, error=str(exc))}
+            items = list(todo.items())
+            half = len(items) // 2
+            return {
+                **self._run_isolated(dict(items[:half])),
+                **self._run_isolated(dict(items[half:])),
+            }
+
+    def close(self) -> None:
+        self._bandit_worker.kill()
 
     def _run(self, todo: dict[str, str]) -> dict[str, SnippetReport]:
         with tempfile.TemporaryDirectory(prefix="agentrl-code-") as tmp:
@@ -250,13 +298,21 @@ class CodeChecker:
                 ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-            )  # runs while bandit works in this thread
-            bandit = self._bandit(list(paths.values()))
-            out, err = proc.communicate()
+            )  # runs while bandit works in its worker process
+            try:
+                bandit = self._bandit(list(paths.values()))
+                out, err = proc.communicate(timeout=self.timeout_s)
+            except subprocess.TimeoutExpired as exc:
+                raise CheckerFailure(f"ruff ran past {self.timeout_s}s") from exc
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
             self.stats["ruff_runs"] += 1
             if proc.returncode != 0:
-                raise RuntimeError(
-                    f"ruff failed (exit {proc.returncode}): {err.decode(errors='replace')[:500]}"
+                raise CheckerFailure(
+                    f"ruff failed (exit {proc.returncode}): "
+                    f"{err.decode(errors='replace').strip()[-300:]}"
                 )
             ruff: dict[str, list[dict[str, Any]]] = {}
             for item in json.loads(out or b"[]"):
@@ -279,24 +335,39 @@ class CodeChecker:
             return reports
 
     def _bandit(self, paths: list[str]) -> dict[str, tuple[int, int, int]]:
-        """(HIGH, MEDIUM, LOW) severity counts per file, through bandit's own manager."""
-        logging.getLogger("bandit").setLevel(logging.ERROR)
-        logging.getLogger("stevedore.extension").setLevel(logging.CRITICAL)  # optional formatters
-        from bandit.core import config as b_config
-        from bandit.core import manager as b_manager
-
-        if self._bandit_conf is None:
-            self._bandit_conf = b_config.BanditConfig()
-        mgr = b_manager.BanditManager(self._bandit_conf, "file", quiet=True)
-        mgr.discover_files(paths)
-        mgr.run_tests()
+        """(HIGH, MEDIUM, LOW) severity counts per file, from the bandit worker process."""
+        try:
+            counts: dict[str, tuple[int, int, int]] = self._bandit_worker.call(
+                (paths,), {}, self.timeout_s
+            )
+        except (WorkerTimeout, WorkerCrashed) as exc:
+            raise CheckerFailure(f"bandit: {exc}") from exc
         self.stats["bandit_runs"] += 1
-        counts: dict[str, list[int]] = {p: [0, 0, 0] for p in paths}
-        for issue in mgr.get_issue_list():
-            row = counts.setdefault(issue.fname, [0, 0, 0])
-            sev = str(issue.severity).upper()
-            row[0 if sev == "HIGH" else 1 if sev == "MEDIUM" else 2] += 1
-        return {p: (c[0], c[1], c[2]) for p, c in counts.items()}
+        return counts
+
+
+_BANDIT_CONF: Any = None
+
+
+def _bandit_counts(paths: list[str]) -> dict[str, tuple[int, int, int]]:
+    """Runs in the bandit worker: bandit's own manager over `paths`."""
+    global _BANDIT_CONF
+    logging.getLogger("bandit").setLevel(logging.ERROR)
+    logging.getLogger("stevedore.extension").setLevel(logging.CRITICAL)  # optional formatters
+    from bandit.core import config as b_config
+    from bandit.core import manager as b_manager
+
+    if _BANDIT_CONF is None:
+        _BANDIT_CONF = b_config.BanditConfig()
+    mgr = b_manager.BanditManager(_BANDIT_CONF, "file", quiet=True)
+    mgr.discover_files(paths)
+    mgr.run_tests()
+    counts: dict[str, list[int]] = {p: [0, 0, 0] for p in paths}
+    for issue in mgr.get_issue_list():
+        row = counts.setdefault(issue.fname, [0, 0, 0])
+        sev = str(issue.severity).upper()
+        row[0 if sev == "HIGH" else 1 if sev == "MEDIUM" else 2] += 1
+    return {p: (c[0], c[1], c[2]) for p, c in counts.items()}
 
 
 def _find_ruff() -> str:

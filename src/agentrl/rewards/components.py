@@ -160,6 +160,7 @@ class CodeEvidence:
     tests_total: int | None = None
     critical_issues: int | None = None  # bandit HIGH severity findings
     other_security_issues: int = 0
+    unavailable: str | None = None  # why (some of) the code could not be analysed
 
 
 def code_quality(evidence: CodeEvidence) -> ComponentScore | None:
@@ -199,12 +200,18 @@ def code_quality(evidence: CodeEvidence) -> ComponentScore | None:
             critical_issues=evidence.critical_issues,
             other_security_issues=evidence.other_security_issues,
         )
+    if evidence.unavailable:
+        metrics["unavailable"] = evidence.unavailable
+        parts.append(f"analysis unavailable ({evidence.unavailable})")
     if not scores:
         return ComponentScore(
             0.5,
             source="linter",
-            reasoning="code found but nothing measurable (not Python, no tests)",
+            reasoning=", ".join(parts)
+            if evidence.unavailable
+            else "code found but nothing measurable (not Python, no tests)",
             informative=False,
+            metrics=metrics,
         )
     return ComponentScore(
         sum(scores) / len(scores), source="linter", reasoning=", ".join(parts), metrics=metrics

@@ -22,7 +22,13 @@ from pydantic import ValidationError
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.errors import AgentRLError
 from agentrl.rewards.calculator import Scored, ScoringInput, score_batch
-from agentrl.rewards.code import CodeChecker, ExtractedCode, evidence_for, extract_code
+from agentrl.rewards.code import (
+    CodeChecker,
+    ExtractedCode,
+    SnippetReport,
+    evidence_for,
+    extract_code,
+)
 from agentrl.rewards.config import RewardConfig
 from agentrl.rewards.custom import (
     EvaluateResult,
@@ -98,18 +104,19 @@ class Preparer:
                     f"cannot prepare trajectory for scoring: {type(exc).__name__}: {exc}",
                 )
 
-        # One ruff+bandit run for all the code of the batch.
+        # One ruff+bandit run for all the code of the batch (the checker isolates a snippet
+        # that breaks the tools); should the checker itself fail, the code is scored as
+        # unanalysable rather than failing (and finally dead-lettering) the whole batch.
         snippets = [s for i in found for s in found[i][1].python]
-        reports = []
+        reports: list[SnippetReport] = []
         if snippets:
             try:
                 reports = await self.checker.check(snippets)
             except Exception as exc:
                 log.warning("code checker failed: %s", exc, exc_info=True)
-                for i in [i for i in found if found[i][1].python]:
-                    out.failures[i] = Failure("transient", f"code checker failed: {exc}")
-                    del found[i]
-                snippets, reports = [], []
+                out.counters["code_checker_failures"] += 1
+                why = f"code checker failed: {type(exc).__name__}: {exc}"
+                reports = [SnippetReport(0, 0, 0, 0, 0, 0, error=why) for _ in snippets]
         it = iter(reports)
         for i, (traj, code, redactions) in found.items():
             mine = [next(it) for _ in code.python]
