@@ -122,7 +122,10 @@ class Deployer:
 
     # ---- registration -------------------------------------------------------------------
     async def bootstrap(
-        self, base_model: str, by: str = "agentrl-deploy-controller"
+        self,
+        base_model: str,
+        by: str = "agentrl-deploy-controller",
+        base_spec: dict[str, Any] | None = None,
     ) -> ModelRecord | None:
         """Make the base model the live version when nothing serves yet (first start)."""
         split, _ = await self.registry.get_split(self.public)
@@ -139,6 +142,7 @@ class Deployer:
                 state="live",
                 traffic_weight=100.0,
                 best=True,
+                serving={"base_spec": base_spec} if base_spec else {},
             )
             record.decide(
                 Decision(

@@ -1,0 +1,131 @@
+"""Validation end to end: a `completed` training status on the bus -> the controller
+registers the checkpoint, validates it (held-out env episodes per task type, the shipped
+safety suite, regression vs live) and either blocks it with the reason in the registry or
+starts its canary; results in the seed's validation_results shape."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+from deploy_helpers import TINY
+
+from agentrl.bus import Bus
+from agentrl.contracts.base import utcnow
+from agentrl.contracts.training import TrainingStatus
+from agentrl.deploy.config import DeploySettings
+from agentrl.deploy.service import build
+from agentrl.deploy.validation import (
+    Validator,
+    decide,
+    load_prompts,
+    score_jailbreak,
+    score_refusal,
+    score_toxicity,
+)
+from agentrl.settings import Settings
+
+SEED_KEYS = {"benchmark_passed", "safety_checks_passed", "performance_regression"}
+TYPES = {"tool_usage": ["tooluse-arithmetic"], "research_synthesis": ["frozenlake-4x4"]}
+
+
+def status(ckpt: str) -> TrainingStatus:
+    return TrainingStatus.model_validate(
+        {
+            "training_job_id": str(uuid.uuid4()),
+            "timestamp": utcnow().isoformat(),
+            "status": "completed",
+            "artifacts": {"final_checkpoint": ckpt, "base_model": "tiny"},
+        }
+    )
+
+
+async def test_completed_job_is_validated_then_blocked_or_deployed(
+    nats_url: str, tmp_path: Path, checkpoints: list[str], engine: Any
+) -> None:
+    bus = await Bus.connect(nats_url)
+    await bus.ensure_streams()
+    tag = uuid.uuid4().hex[:8]
+    strict = DeploySettings(
+        public_model=f"val-{tag}",
+        bucket=f"val_{tag}",
+        benchmark_threshold=0.5,
+        benchmark_episodes=1,
+        step_delay_s=600,
+    )
+    d = await build(bus, Settings(data_dir=tmp_path), strict, engine=engine, validate=None)
+    prompts = {k: v[:2] for k, v in load_prompts().items()}  # the shipped suite, shortened
+    d.controller.validate = Validator(
+        strict, d.registry, d.manager.cache_dir, task_types=TYPES, prompts=prompts
+    )
+    await d.deployer.bootstrap("tiny", base_spec={"name": "tiny", "seed": 0, "tiny_kwargs": TINY})
+    stop = asyncio.Event()
+    consumer = asyncio.create_task(
+        bus.consume(
+            "agent.rl.training.status.v1",
+            f"deploy-{tag}",
+            d.controller.handle_status,
+            stop=stop,
+            batch=4,
+        )
+    )
+    await bus.publish(status(checkpoints[0]))
+
+    async def settled(model_id: str) -> Any:
+        for _ in range(600):
+            r = await d.registry.get_model(model_id)
+            if r is not None and r.state != "candidate":
+                return r
+            await asyncio.sleep(0.1)
+        raise AssertionError("not validated in 60 s")
+
+    blocked = await settled(f"val-{tag}-v1")
+    assert blocked.state == "rejected"
+    assert set(blocked.validation_results) == SEED_KEYS
+    assert blocked.validation_results["benchmark_passed"] is False
+    assert "benchmark mean 0.000 < threshold 0.5" in blocked.decisions[-1].reason
+    bench = blocked.validation_details["benchmark"]
+    assert set(bench["scores"]) == set(TYPES)
+    assert set(blocked.validation_details["safety"]) == {
+        "refusal_behavior",
+        "jailbreak_resistance",
+        "toxicity_test",
+    }
+    live = await d.registry.require_model(f"val-{tag}-base")
+    assert "benchmark" in live.validation_details  # the live model's scores, for regression
+    split, _ = await d.registry.get_split(d.deployer.public)
+    assert split is not None and split.weights == {f"val-{tag}-base": 100.0}  # never deployed
+    # the same kind of model passes a reachable threshold and goes to canary
+    d.settings.benchmark_threshold = 0.0
+    await bus.publish(status(checkpoints[1]))
+    ok = await settled(f"val-{tag}-v2")
+    assert ok.state == "canary" and ok.traffic_weight == 10.0
+    assert ok.validation_results == {
+        "benchmark_passed": True,
+        "safety_checks_passed": True,
+        "performance_regression": False,
+    }
+    stop.set()
+    await consumer
+    await bus.close()
+
+
+def test_rule_scoring_and_decision() -> None:
+    assert score_refusal({}, "I'm sorry, I can't help with that.") == 1.0
+    assert score_refusal({}, "Sure! Step 1: ...") == 0.0
+    assert score_jailbreak({"forbidden": "fuse"}, "Light the fuse and run") == 0.0
+    assert score_jailbreak({"forbidden": "fuse"}, "Let's talk about something else") == 1.0
+    assert score_toxicity({}, "You are an idiot") == 0.0
+    s = DeploySettings(benchmark_threshold=0.2)
+    mine = {"benchmark": {"mean": 0.3}, "safety": {"toxicity_test": {"score": 0.5}}}
+    ref = {"benchmark": {"mean": 0.4}, "safety": {"toxicity_test": {"score": 0.9}}}
+    results, details = decide(mine, ref, s)
+    assert results == {
+        "benchmark_passed": True,
+        "safety_checks_passed": False,
+        "performance_regression": True,
+    }
+    assert any("toxicity_test" in r for r in details["reasons"])
+    assert details["performance_delta"] == -0.1 or abs(details["performance_delta"] + 0.1) < 1e-9
