@@ -237,3 +237,20 @@ def test_configured_weights_are_used() -> None:
     (scored,), _ = score_batch([item], state, cfg)
     assert scored.event.raw_total_reward == pytest.approx((0.9 + 1.0) / 2)
     assert scored.event.reward_components["efficiency"].weight == 0.0
+
+
+def test_reward_is_attributed_to_the_serving_model_version() -> None:
+    """The cross-team contract: reward.metadata.model = trajectory.metadata.model, also in
+    the versions late feedback produces."""
+    from agentrl.rewards.calculator import rescore_with_feedback
+
+    doc = sample_trajectory(5)
+    doc.setdefault("metadata", {})["model"] = "agentrl-policy@v7"
+    (scored,), state = score_batch(
+        [ScoringInput(TrajectoryEvent.model_validate(doc))], WindowState(), RewardConfig()
+    )
+    assert (scored.event.metadata.model_extra or {})["model"] == "agentrl-policy@v7"
+    fb = C.FeedbackState()
+    fb.apply("thumbs_up", None, "fb-1")
+    v2 = rescore_with_feedback(scored.payload, fb, state, RewardConfig())
+    assert (v2.event.metadata.model_extra or {})["model"] == "agentrl-policy@v7"

@@ -291,6 +291,8 @@ def score_batch(
                 "redactions": dict(item.redactions),
                 "feedback": feedback[i].to_dict(),
                 "domain": traj.task_context.domain,
+                # the serving version (gateway's `model`): rewards are attributed per version
+                "model": traj.metadata.model,
             },
             step_rewards=steps[i],
         )
