@@ -1,0 +1,173 @@
+"""One-line instrumentation hooks for the services (each service calls one function here).
+
+Each hook records a whole batch at once (one `inc` per distinct label set, one increment per
+touched histogram bucket), so the per-message cost stays far below the services' own work,
+and never raises: an error is logged and counted by `metrics.safe`.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from agentrl.observability import metrics as m
+
+
+def observe_many(hist: Any, values: Iterable[float]) -> None:
+    """`hist.observe(v)` for every v, batched: one increment per touched bucket."""
+    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not vals:
+        return
+    try:
+        bounds = hist._upper_bounds
+        counts = [0] * len(bounds)
+        for v in vals:
+            counts[bisect_left(bounds, v)] += 1
+        hist._sum.inc(math.fsum(vals))
+        for i, c in enumerate(counts):
+            if c:
+                hist._buckets[i].inc(c)
+    except AttributeError:  # prometheus_client internals changed: the slow, public way
+        for v in vals:
+            hist.observe(v)
+
+
+def reward_batch(events: list[Any], rewards: list[Any], seconds: float) -> None:
+    """The reward service scored `rewards` for the trajectories `events` in `seconds`."""
+    if not m.enabled():
+        return
+    with m.safe():
+        by_id = {getattr(e, "trajectory_id", None): e for e in events}
+        kinds: Counter[tuple[str, str]] = Counter()
+        turns: list[float] = []
+        per_version: dict[str, list[float]] = {}
+        success: Counter[str] = Counter()
+        components: dict[str, list[float]] = {}
+        for r in rewards:
+            payload = getattr(r, "payload", r)
+            ev = by_id.get(payload.get("trajectory_id"))
+            version = m.MODEL_VERSION(getattr(getattr(ev, "metadata", None), "model", None))
+            per_version.setdefault(version, []).append(float(payload.get("total_reward", 0.0)))
+            for name, comp in (payload.get("reward_components") or {}).items():
+                score = (
+                    comp.get("score") if isinstance(comp, Mapping) else getattr(comp, "score", None)
+                )
+                if score is not None:
+                    components.setdefault(m.COMPONENT(name), []).append(score)
+            if ev is None:
+                continue
+            kinds[
+                (
+                    m.AGENT_TYPE(getattr(ev, "subordinate_profile", None) or "agent"),
+                    m.TASK_DOMAIN(getattr(getattr(ev, "task_context", None), "domain", None)),
+                )
+            ] += 1
+            turns.append(len(getattr(ev, "turns", ()) or ()))
+            outcome = getattr(getattr(ev, "metadata", None), "outcome", None)
+            if outcome is not None and getattr(outcome, "task_status", None) == "completed_successfully":
+                success[version] += 1
+        for (agent, domain), n in kinds.items():
+            m.TRAJECTORIES.labels(agent_type=agent, task_domain=domain).inc(n)
+        observe_many(m.TRAJECTORY_LENGTH, turns)
+        for version, values in per_version.items():
+            observe_many(m.TRAJECTORY_REWARD.labels(model_version=version), values)
+        for version, n in success.items():
+            m.TRAJECTORY_SUCCESS.labels(model_version=version).inc(n)
+        for name, values in components.items():
+            observe_many(m.REWARD_COMPONENT.labels(component=name), values)
+        if rewards:
+            m.REWARDS_PUBLISHED.inc(len(rewards))
+        m.REWARD_LATENCY.observe(seconds)
+
+
+def bus_published(subject: str, n: int = 1) -> None:
+    if n and m.enabled():
+        with m.safe():
+            m.BUS_PUBLISHED.labels(subject=m.SUBJECT(subject)).inc(n)
+
+
+def bus_consumed(consumer: str, n: int = 1) -> None:
+    if n and m.enabled():
+        with m.safe():
+            m.BUS_CONSUMED.labels(consumer=m.CONSUMER(consumer)).inc(n)
+
+
+def bus_dead_letter(subject: str) -> None:
+    m.record_dead_letter(subject)
+
+
+def warehouse_insert(table: str, rows: int, seconds: float) -> None:
+    if not m.enabled():
+        return
+    with m.safe():
+        t = m.TABLE(table)
+        m.WAREHOUSE_BATCH_ROWS.labels(table=t).observe(rows)
+        m.WAREHOUSE_INSERT_LATENCY.labels(table=t).observe(seconds)
+        m.WAREHOUSE_ROWS.labels(table=t).inc(rows)
+
+
+def gateway_request(version: str, seconds: float, error: bool) -> None:
+    m.record_gateway_request(version, seconds, error)
+
+
+def training_status(
+    status: str, duration_s: float | None = None, samples: int | None = None
+) -> None:
+    """A job reached `status`; a finished job also reports its duration and sample count."""
+    m.record_training_status(status)
+    if duration_s is not None and status in ("completed", "failed", "cancelled"):
+        m.observe(m.TRAINING_DURATION, duration_s)
+    if samples:
+        m.observe(m.TRAINING_SAMPLES, samples)
+
+
+def training_queue(queued: int, running: int) -> None:
+    m.set_gauge(m.TRAINING_QUEUE_DEPTH, queued)
+    m.set_gauge(m.TRAINING_JOBS_RUNNING, running)
+
+
+def training_step(
+    steps: int = 1, reward_mean: float | None = None, loss: float | None = None
+) -> None:
+    """From a job process (multiprocess mode): its optimiser steps and latest curve point."""
+    m.inc(m.TRAINING_STEPS, steps)
+    if reward_mean is not None and math.isfinite(reward_mean):
+        m.set_gauge(m.TRAINING_REWARD, reward_mean)
+    if loss is not None and math.isfinite(loss):
+        m.set_gauge(m.TRAINING_LOSS, loss)
+
+
+def deployment(
+    status: str | None = None,
+    traffic: Mapping[str, float] | None = None,
+    rewards: Mapping[str, float] | None = None,
+    scores: Mapping[tuple[str, str], float] | None = None,
+) -> None:
+    """A deployment changed state and/or the split and per-version rewards were measured.
+    `traffic` is {version: ratio 0-1}; versions no longer in the split drop to 0."""
+    if status:
+        m.record_deployment(status)
+    if not m.enabled():
+        return
+    with m.safe():
+        if traffic is not None:
+            live = {m.MODEL_VERSION(v): float(r) for v, r in traffic.items()}
+            for labels, _ in list(_known_traffic.items()):
+                if labels not in live:
+                    m.MODEL_TRAFFIC_RATIO.labels(model_version=labels).set(0.0)
+            for v, r in live.items():
+                m.MODEL_TRAFFIC_RATIO.labels(model_version=v).set(r)
+                _known_traffic[v] = r
+        for v, value in (rewards or {}).items():
+            if value is not None and math.isfinite(value):
+                m.MODEL_REWARD_MEAN.labels(model_version=m.MODEL_VERSION(v)).set(value)
+        for (v, task), value in (scores or {}).items():
+            m.MODEL_BENCHMARK_SCORE.labels(
+                model_version=m.MODEL_VERSION(v), task_type=m.TASK_TYPE(task)
+            ).set(value)
+
+
+_known_traffic: dict[str, float] = {}
