@@ -1,0 +1,293 @@
+"""Stand-ins for the few Agent Zero objects the plugin touches, and a driver that replays
+recorded loop data through Agent Zero's extension interface exactly as Agent Zero calls it.
+
+Agent Zero cannot be installed here, and nothing of it is copied: these classes are written
+for the tests from its source, read at agent0ai/agent-zero 2d95cd9 (2026-04-03):
+- helpers/extension.py: `Extension(agent, **kwargs)` with `execute(**kwargs)` (may be
+  async); extension classes are loaded per point from `<plugin>/extensions/python/<point>/`
+  (every enabled plugin), file-name order, one class per file, `cls(agent=agent).execute(**kw)`;
+- helpers/tool.py: `Tool(agent, name, method, args, message, loop_data, **kwargs)`,
+  `async execute(**kwargs) -> Response(message, break_loop, additional)`;
+- agent.py: `LoopData(user_message, iteration, last_response, ...)`; `Agent.number`,
+  `config.profile`, `context.id`, `data` ("_superior" / "_subordinate");
+  `monologue()` calls monologue_start(loop_data), then per iteration message_loop_start,
+  chat_model_call_after(call_data, response, reasoning), response_stream_end,
+  hist_add_ai_response (sets loop_data.last_response), process_tools ->
+  tool_execute_before(tool_args, tool_name) / tool_execute_after(response, tool_name),
+  message_loop_end (finally), and monologue_end (finally);
+- tools/call_subordinate.py: `Agent(number + 1, config)` with the profile from the tool's
+  args, `sub.set_data("_superior", agent)`, `agent.set_data("_subordinate", sub)`, then
+  the subordinate's monologue; its answer is the tool's Response (break_loop False).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+POINTS = (
+    "monologue_start",
+    "message_loop_start",
+    "chat_model_call_after",
+    "response_stream_end",
+    "tool_execute_before",
+    "tool_execute_after",
+    "message_loop_end",
+    "monologue_end",
+)
+
+HELPERS = {
+    "helpers/__init__.py": "",
+    "helpers/extension.py": """
+        from abc import abstractmethod
+
+
+        class Extension:
+            def __init__(self, agent, **kwargs):
+                self.agent = agent
+                self.kwargs = kwargs
+
+            @abstractmethod
+            def execute(self, **kwargs):
+                pass
+    """,
+    "helpers/tool.py": """
+        from abc import abstractmethod
+        from dataclasses import dataclass
+        from typing import Any
+
+
+        @dataclass
+        class Response:
+            message: str
+            break_loop: bool
+            additional: dict[str, Any] | None = None
+
+
+        class Tool:
+            def __init__(self, agent, name, method, args, message, loop_data, **kwargs):
+                self.agent = agent
+                self.name = name
+                self.method = method
+                self.args = args
+                self.loop_data = loop_data
+                self.message = message
+                self.progress = ""
+
+            @abstractmethod
+            async def execute(self, **kwargs):
+                pass
+    """,
+}
+
+
+def make_checkout(root: Path, legacy: bool = False) -> Path:
+    """An Agent Zero-shaped folder: the stand-in helpers (under python/ for the legacy layout)."""
+    base = root / "python" if legacy else root
+    for rel, text in HELPERS.items():
+        path = base / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    if legacy:
+        (root / "python" / "__init__.py").write_text("")
+    return root
+
+
+def import_file(path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def classes_in(path: Path, base: type) -> list[type]:
+    """Agent Zero's rule: the last (by name) subclass of `base` defined or imported."""
+    members = inspect.getmembers(import_file(path), inspect.isclass)
+    return [c for _, c in reversed(members) if c is not base and issubclass(c, base)][:1]
+
+
+class Extensions:
+    """Extension classes of each point, found under `folders` like Agent Zero finds them."""
+
+    def __init__(self, folders: list[Path]) -> None:
+        from helpers.extension import Extension  # the stand-in (sys.path)
+
+        self.by_point: dict[str, list[type]] = {}
+        for point in POINTS:
+            found = {}
+            for folder in folders:
+                d = folder / point
+                if d.is_dir():
+                    for f in sorted(d.glob("*.py")):
+                        found.setdefault(f.name, classes_in(f, Extension))
+            self.by_point[point] = [c for name in sorted(found) for c in found[name]]
+
+    async def call(self, point: str, agent: Any, **kwargs: Any) -> None:
+        for cls in self.by_point.get(point, []):
+            result = cls(agent=agent).execute(**kwargs)
+            if inspect.isawaitable(result):
+                await result
+
+
+@dataclass
+class Config:
+    profile: str = ""
+
+
+class Context:
+    def __init__(self, context_id: str) -> None:
+        self.id = context_id
+        self.data: dict[str, Any] = {}
+
+    def get_data(self, key: str, recursive: bool = True) -> Any:
+        return self.data.get(key)
+
+    def set_data(self, key: str, value: Any, recursive: bool = True) -> None:
+        self.data[key] = value
+
+
+@dataclass
+class Message:
+    """A history message: Agent Zero keeps the user message as the fw.user_message template."""
+
+    content: Any
+    id: str = ""
+
+
+class LoopData:
+    def __init__(self, **kwargs: Any) -> None:
+        self.iteration = -1
+        self.user_message: Message | None = None
+        self.last_response = ""
+        self.params_temporary: dict[str, Any] = {}
+        self.current_tool = None
+        for key, value in kwargs.items():
+            setattr(self, key, value)
+
+
+@dataclass
+class Agent:
+    number: int
+    config: Config
+    context: Context
+    data: dict[str, Any] = field(default_factory=dict)
+    last_user_message: Message | None = None
+
+    @property
+    def agent_name(self) -> str:
+        return f"A{self.number}"
+
+    def get_data(self, key: str) -> Any:
+        return self.data.get(key)
+
+    def set_data(self, key: str, value: Any) -> None:
+        self.data[key] = value
+
+
+def parse_tool_request(text: str) -> dict[str, Any] | None:
+    """What process_tools finds: the outermost JSON object (None: a misformat)."""
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end <= start:
+        return None
+    try:
+        value = json.loads(text[start : end + 1])
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+class Driver:
+    """Replays recorded iterations of Agent Zero's message loop through the extensions."""
+
+    def __init__(self, extensions: Extensions) -> None:
+        self.ext = extensions
+
+    async def monologue(self, agent: Agent, iterations: list[dict[str, Any]]) -> str | None:
+        from helpers.tool import Response
+
+        loop_data = LoopData(user_message=agent.last_user_message)
+        await self.ext.call("monologue_start", agent, loop_data=loop_data)
+        try:
+            for it in iterations:
+                loop_data.iteration += 1
+                await self.ext.call("message_loop_start", agent, loop_data=loop_data)
+                try:
+                    text = it["response"]
+                    call_data = {"model": None, "messages": [], "background": False}
+                    await self.ext.call(
+                        "chat_model_call_after",
+                        agent,
+                        call_data=call_data,
+                        response=text,
+                        reasoning="",
+                    )
+                    await self.ext.call("response_stream_end", agent, loop_data=loop_data)
+                    loop_data.last_response = text  # hist_add_ai_response
+                    request = parse_tool_request(text)
+                    if request is None:
+                        continue  # fw.msg_misformat.md warning; the loop goes on
+                    if not isinstance(request.get("tool_name"), str) or not isinstance(
+                        request.get("tool_args"), dict
+                    ):
+                        raise ValueError("Tool request must have a tool_name and tool_args")
+                    raw_name = request["tool_name"]
+                    name = raw_name.split(":", 1)[0]
+                    args = request["tool_args"]
+                    await self.ext.call(
+                        "tool_execute_before", agent, tool_args=args, tool_name=name
+                    )
+                    outcome = it["tool"]
+                    if "raises" in outcome:
+                        raise RuntimeError(outcome["raises"])
+                    if "subordinate" in outcome:
+                        answer = await self.call_subordinate(agent, args, outcome["subordinate"])
+                        response = Response(message=answer or "", break_loop=False)
+                    else:
+                        response = Response(
+                            message=outcome.get("message"),
+                            break_loop=outcome.get("break_loop", False),
+                        )
+                    await self.ext.call(
+                        "tool_execute_after", agent, response=response, tool_name=name
+                    )
+                    if response.break_loop:
+                        return str(response.message)
+                except Exception:
+                    pass  # handle_exception: a repairable error goes back to the agent
+                finally:
+                    await self.ext.call("message_loop_end", agent, loop_data=loop_data)
+            return None
+        finally:
+            await self.ext.call("monologue_end", agent, loop_data=loop_data)
+
+    async def call_subordinate(
+        self, agent: Agent, args: dict[str, Any], recording: dict[str, Any]
+    ) -> str | None:
+        if agent.get_data("_subordinate") is None:
+            config = Config(profile=args.get("profile", args.get("agent_profile", "")))
+            sub = Agent(agent.number + 1, config, agent.context)
+            sub.set_data("_superior", agent)
+            agent.set_data("_subordinate", sub)
+        sub = agent.get_data("_subordinate")
+        sub.last_user_message = Message({"user_message": args.get("message", "")})
+        return await self.monologue(sub, recording["iterations"])
+
+
+def install_standins(root: Path) -> None:
+    sys.path.insert(0, str(root))
+    for name in [m for m in sys.modules if m == "helpers" or m.startswith("helpers.")]:
+        del sys.modules[name]
+
+
+def remove_standins(root: Path) -> None:
+    if str(root) in sys.path:
+        sys.path.remove(str(root))
+    for name in [m for m in sys.modules if m == "helpers" or m.startswith("helpers.")]:
+        del sys.modules[name]
