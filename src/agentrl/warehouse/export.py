@@ -30,7 +30,7 @@ from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.settings import Settings, get_settings
 from agentrl.warehouse.backend import Backend
 from agentrl.warehouse.config import WarehouseSettings
-from agentrl.warehouse.queries import ts_param
+from agentrl.warehouse.queries import latest_rewards_sql, ts_param
 
 Format = Literal["parquet", "jsonl"]
 
@@ -76,28 +76,29 @@ def dataset_sql(
     if filt.exclude_subordinate_profiles:
         params["profiles"] = list(filt.exclude_subordinate_profiles)
         where.append("subordinate_profile NOT IN {profiles:Array(String)}")
-    reward_where = "1"
+    having = "1"
     if filt.min_reward is not None:
         params["min_reward"] = float(filt.min_reward)
-        reward_where = "reward >= {min_reward:Float64}"
+        having = "reward >= {min_reward:Float64}"
         require_reward = True
     columns = ", ".join(f"t.{c} AS {c}" for c in SUMMARY_COLUMNS)
+    inner = ", ".join(("tkey", *SUMMARY_COLUMNS, *(("raw_json",) if include_raw else ())))
     raw = ", t.raw_json AS raw_json" if include_raw else ""
     join = "INNER JOIN" if require_reward else "LEFT JOIN"
-    limit = ""
-    if sample_size is not None:
+    tail = ""
+    if sample_size is not None:  # deterministic sample: the ids with the smallest seeded hash
         params["sample"] = int(sample_size)
-        limit = "LIMIT {sample:UInt64}"
+        tail = (
+            "ORDER BY cityHash64(t.trajectory_id, {seed:UInt64}), t.trajectory_id "
+            "LIMIT {sample:UInt64}"
+        )
     sql = f"""
         SELECT {columns}, r.reward AS reward, r.reward_version AS reward_version{raw}
-        FROM (SELECT * FROM {database}.trajectories FINAL WHERE {" AND ".join(where)}) AS t
-        {join} (SELECT trajectory_id, argMax(total_reward, version) AS reward,
-                       max(version) AS reward_version
-                FROM {database}.rewards GROUP BY trajectory_id
-                HAVING {reward_where}) AS r USING trajectory_id
-        ORDER BY cityHash64(t.trajectory_id, {{seed:UInt64}}), t.trajectory_id
-        {limit}
-        SETTINGS join_use_nulls = 1"""
+        FROM (SELECT {inner} FROM {database}.trajectories FINAL
+              WHERE {" AND ".join(where)}) AS t
+        {join} ({latest_rewards_sql(database, having)}) AS r USING tkey
+        {tail}
+        SETTINGS join_use_nulls = 1, do_not_merge_across_partitions_select_final = 1"""
     return sql, params
 
 

@@ -13,6 +13,19 @@ from typing import Any
 
 from agentrl.warehouse.backend import Backend
 
+# Redelivered rows always fall into the partition of their first copy (partitions are a
+# function of the event's own timestamp), so FINAL may collapse within partitions only:
+# parts of different days are then read in parallel without a merge across them.
+READ_SETTINGS = "\nSETTINGS do_not_merge_across_partitions_select_final = 1"
+
+
+def latest_rewards_sql(database: str, having: str = "1") -> str:
+    """The latest reward version of each trajectory, keyed by `tkey` (cityHash64 of the id)."""
+    return (
+        f"SELECT tkey, argMax(total_reward, version) AS reward, max(version) AS reward_version "
+        f"FROM {database}.rewards GROUP BY tkey HAVING {having}"
+    )
+
 
 def ts_param(value: datetime) -> str:
     """A DateTime64(3) query parameter (UTC), accepted by chdb and clickhouse-connect."""
@@ -42,14 +55,13 @@ class Analytics:
         self.db = database
 
     def _rows(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = self.backend.query(sql, params or None).to_pylist()
+        rows: list[dict[str, Any]] = self.backend.query(
+            sql + READ_SETTINGS, params or None
+        ).to_pylist()
         return rows
 
     def _latest_rewards(self) -> str:
-        return (
-            f"SELECT trajectory_id, argMax(total_reward, version) AS reward, "
-            f"max(version) AS reward_version FROM {self.db}.rewards GROUP BY trajectory_id"
-        )
+        return latest_rewards_sql(self.db)
 
     def counts(self) -> dict[str, int]:
         """Rows per table after collapsing redeliveries (distinct events)."""
@@ -80,9 +92,9 @@ class Analytics:
                    min(r.reward) AS min, quantileExact(0.1)(r.reward) AS p10,
                    quantileExact(0.5)(r.reward) AS p50, quantileExact(0.9)(r.reward) AS p90,
                    max(r.reward) AS max
-            FROM (SELECT trajectory_id, model, domain FROM {self.db}.trajectories FINAL
+            FROM (SELECT tkey, model, domain FROM {self.db}.trajectories FINAL
                   WHERE {where}) AS t
-            INNER JOIN ({self._latest_rewards()}) AS r USING trajectory_id
+            INNER JOIN ({self._latest_rewards()}) AS r USING tkey
             GROUP BY model, domain ORDER BY model, domain"""
         return self._rows(sql, params)
 
@@ -106,9 +118,9 @@ class Analytics:
                    t.model AS model, count() AS trajectories, avg(t.success) AS success_rate,
                    countIf(r.reward_version > 0) AS rewarded,
                    avgIf(r.reward, r.reward_version > 0) AS mean_reward
-            FROM (SELECT trajectory_id, model, end_timestamp, success
+            FROM (SELECT tkey, model, end_timestamp, success
                   FROM {self.db}.trajectories FINAL WHERE {where}) AS t
-            LEFT JOIN ({self._latest_rewards()}) AS r USING trajectory_id
+            LEFT JOIN ({self._latest_rewards()}) AS r USING tkey
             GROUP BY bucket, model ORDER BY bucket, model"""
         rows = self._rows(sql, params)
         for row in rows:  # avgIf over nothing is nan: no reward yet

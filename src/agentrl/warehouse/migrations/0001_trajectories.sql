@@ -23,7 +23,9 @@ CREATE TABLE IF NOT EXISTS ${db}.trajectories
     success UInt8,
     completion_percentage Float64,
     raw_json String CODEC(ZSTD(3)),
-    ingested_at DateTime64(3, 'UTC')
+    ingested_at DateTime64(3, 'UTC'),
+    -- 64-bit join key: joins and GROUP BY on UInt64 instead of strings (several times faster)
+    tkey UInt64 MATERIALIZED cityHash64(trajectory_id)
 )
 ENGINE = ReplacingMergeTree
 PARTITION BY toDate(end_timestamp)

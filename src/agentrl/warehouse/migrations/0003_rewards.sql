@@ -23,7 +23,9 @@ CREATE TABLE IF NOT EXISTS ${db}.rewards
     normalization_std Float64,
     evaluator LowCardinality(String),
     confidence Float64,
-    ingested_at DateTime64(3, 'UTC')
+    ingested_at DateTime64(3, 'UTC'),
+    -- 64-bit join key: joins and GROUP BY on UInt64 instead of strings (several times faster)
+    tkey UInt64 MATERIALIZED cityHash64(trajectory_id)
 )
 ENGINE = ReplacingMergeTree
 PARTITION BY toDate(timestamp)
