@@ -375,6 +375,35 @@ async def test_bad_trajectories_are_dead_lettered_and_the_service_keeps_going(
     assert svc.service.stats()["dead_lettered"] == 3
 
 
+async def test_large_bad_messages_are_dead_lettered_and_the_service_keeps_going(
+    bus: Bus, tmp_path: Path
+) -> None:
+    """Poison messages near the server's max_payload (their dead letters cannot carry them
+    whole): the service stays up, dead-letters each, and scores the good one after them."""
+    limit = bus.nc.max_payload
+    svc = Running(bus, tmp_path, RewardConfig(max_turns=12), durable=durable())
+    big_junk = b"{" + b"x" * int(limit * 0.9)
+    await bus.publish_raw(TRAJECTORY, big_junk, "big-junk")
+    too_long = fresh(4, turns=13)
+    too_long["turns"][0]["observation"]["content"] = "y" * int(limit * 0.8)
+    await bus.publish_raw(TRAJECTORY, json.dumps(too_long).encode(), "big-too-long")
+    good = fresh(5)
+    await publish_trajectories(bus, [good])
+    got = await wait_rewards(bus, 1)
+    deadline = time.monotonic() + 20
+    while svc.service.stats()["dead_lettered"] < 2:
+        assert not svc.task.done(), f"the service died: {svc.task.exception()!r}"
+        assert time.monotonic() < deadline, "the big messages were not dead-lettered"
+        await asyncio.sleep(0.05)
+    assert not svc.task.done()
+    await svc.stop()
+    assert [d["trajectory_id"] for d in got] == [good["trajectory_id"]]
+    info = await bus.js.consumer_info("RL_TRAJECTORIES", svc.service.durable)
+    assert info.num_pending == 0 and info.num_ack_pending == 0  # nothing left to redeliver
+    dead = await bus.dead_letters()
+    assert len(dead) == 2
+
+
 async def test_state_file_is_sqlite_with_rewards_and_windows(bus: Bus, tmp_path: Path) -> None:
     svc = Running(bus, tmp_path, durable=durable())
     await publish_trajectories(bus, docs_for(10, offset=1200))
