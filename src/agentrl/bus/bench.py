@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from agentrl.bus import client
 from agentrl.bus.client import Bus, ConsumeStats, Delivery
 from agentrl.bus.server import EmbeddedNats, NatsCluster
+from agentrl.contracts.reward import RewardEvent
 from agentrl.contracts.trajectory import TrajectoryEvent
 
 log = logging.getLogger(__name__)
@@ -209,15 +211,28 @@ async def run_cluster(
     }
 
 
+Service = Callable[[Bus, asyncio.Event], Coroutine[Any, Any, Any]]
+
+
 async def failover_drill(
-    bus: Bus, nodes: NatsCluster, n: int, kill_after: float = 0.3, chunk: int = 250
+    bus: Bus,
+    nodes: NatsCluster,
+    n: int,
+    kill_after: float = 0.3,
+    chunk: int = 250,
+    service: Service | None = None,
 ) -> dict[str, Any]:
-    """Publish `n` fresh trajectories in chunks while a consumer consumes them; SIGKILL the
+    """Publish `n` fresh trajectories in chunks while they are consumed; SIGKILL the
     RL_TRAJECTORIES leader's server once `kill_after` of them are stored, restart it a
     second after publishing resumed. Measures the seconds from the kill to the first
-    chunk stored after it (publishing resumed) and to the first message published after
-    the kill being consumed (consuming resumed); counts what the stream and the consumer
-    lost or hold twice."""
+    chunk stored after it (publishing resumed) and to the first trajectory published after
+    the kill being handled (consuming resumed); counts what the stream and the consumer
+    lost or hold twice.
+
+    The consumer is a plain `Bus.consume` batch handler, or `service` (e.g. the reward
+    service: `service(bus, stop)` runs until `stop`), which must publish exactly one
+    `agent.rl.reward.v1` per trajectory: then RL_REWARDS is audited as well.
+    """
     run = uuid.uuid4().hex[:8]
     events = [
         sample_trajectory(i).model_copy(update={"trajectory_id": str(uuid.uuid4())})
@@ -227,7 +242,6 @@ async def failover_drill(
     seen: dict[str, int] = {}
     marks: dict[str, float] = {}
     stop = asyncio.Event()
-
     after_kill: set[str] = set()
 
     async def handle(batch: list[Delivery]) -> None:
@@ -240,17 +254,25 @@ async def failover_drill(
             stop.set()
 
     stats = ConsumeStats()
-    consumer = asyncio.create_task(
-        bus.consume(
-            TrajectoryEvent.SUBJECT,
-            f"drill-{run}",
-            batch_handler=handle,
-            batch=256,
-            ack_wait=5.0,
-            stop=stop,
-            stats=stats,
+    consumer: asyncio.Task[Any]
+    watcher: asyncio.Task[None] | None = None
+    if service is None:
+        consumer = asyncio.create_task(
+            bus.consume(
+                TrajectoryEvent.SUBJECT,
+                f"drill-{run}",
+                batch_handler=handle,
+                batch=256,
+                ack_wait=5.0,
+                stop=stop,
+                stats=stats,
+            )
         )
-    )
+    else:
+        await bus._retry(partial(bus.js.purge_stream, "RL_REWARDS"))
+        consumer = asyncio.create_task(service(bus, stop))
+        # The service's output is what shows it resumed: watch rewards as they arrive.
+        watcher = asyncio.create_task(_watch_rewards(bus, n, after_kill, seen, marks, stop))
     victim: EmbeddedNats | None = None
     t0 = time.monotonic()
     for start in range(0, n, chunk):
@@ -258,9 +280,9 @@ async def failover_drill(
             info = await bus._retry(partial(bus.js.stream_info, "RL_TRAJECTORIES"))
             leader = info.cluster.leader if info.cluster else None
             victim = nodes.node_named(leader) if leader else nodes.nodes[0]
+            after_kill.update(e.trajectory_id for e in events[start:])
             victim.kill()
             marks["kill"] = time.monotonic()
-            after_kill.update(e.trajectory_id for e in events[start:])
             log.info("killed stream leader %s", leader)
         await bus.publish_many(events[start : start + chunk])
         if "kill" in marks and "publish_resumed" not in marks:
@@ -279,8 +301,10 @@ async def failover_drill(
     except TimeoutError:
         stop.set()
     await consumer
+    if watcher is not None:
+        await watcher
     stored = await _stored_ids(bus, n)
-    return {
+    res: dict[str, Any] = {
         "leader_failover_s": marks["publish_resumed"] - marks["kill"] if victim else None,
         "consume_failover_s": marks.get("consume_resumed", float("nan")) - marks["kill"]
         if victim
@@ -288,10 +312,53 @@ async def failover_drill(
         "failover_messages": n,
         "failover_publish_msgs_per_s": n / publish_s,
         "cluster_lost": len(expected - seen.keys()) + len(expected - stored.keys()),
-        "cluster_duplicates": sum(c - 1 for c in stored.values()),
-        "cluster_redelivered": sum(c - 1 for c in seen.values()),
+        "cluster_duplicates": sum(c - 1 for c in stored.values())
+        + (sum(c - 1 for c in seen.values()) if service is not None else 0),
+        "cluster_redelivered": sum(c - 1 for c in seen.values()) if service is None else None,
         "cluster_unconfirmed_ack_batches": stats.unconfirmed_batches,
     }
+    if service is not None:
+        res["rewarded"] = len(seen)
+        res["reward_duplicates"] = sum(c - 1 for c in seen.values())
+    return res
+
+
+async def _watch_rewards(
+    bus: Bus,
+    n: int,
+    after_kill: set[str],
+    rewards: dict[str, int],
+    marks: dict[str, float],
+    stop: asyncio.Event,
+) -> None:
+    """Count rewards per trajectory as they are stored (an ordered reader of RL_REWARDS);
+    stop once every trajectory has one."""
+    got = asyncio.Event()
+
+    async def handle(batch: list[Delivery]) -> None:
+        for d in batch:
+            tid = d.event.trajectory_id
+            rewards[tid] = rewards.get(tid, 0) + 1
+            if tid in after_kill and "consume_resumed" not in marks:
+                marks["consume_resumed"] = time.monotonic()
+        if len(rewards) >= n:
+            got.set()
+
+    durable = f"reward-audit-{uuid.uuid4().hex[:8]}"
+    task = asyncio.create_task(
+        bus.consume(RewardEvent.SUBJECT, durable, batch_handler=handle, batch=512, stop=got)
+    )
+    waiter = asyncio.create_task(stop.wait())
+    await asyncio.wait(
+        [task, waiter, asyncio.create_task(got.wait())], return_when="FIRST_COMPLETED"
+    )
+    if got.is_set():
+        await asyncio.sleep(1.0)  # a late duplicate would show up now
+        stop.set()
+    got.set()
+    await task
+    waiter.cancel()
+    await bus._retry(partial(bus.js.delete_consumer, "RL_REWARDS", durable))
 
 
 async def _stored_ids(bus: Bus, n: int) -> dict[str, int]:
