@@ -113,8 +113,9 @@ async def test_cancel_and_killed_job_process(nats, data_dir):
     bus = await _bus(nats, data_dir)
     statuses = await Statuses().start(bus)
     settings = settings_for(data_dir, nats.url)
-    ts = tsettings(devices=["cpu", "cpu"], batch_size=2, save_interval=1, sample_size=40,
-                   holdout_size=0.0)
+    ts = tsettings(
+        devices=["cpu", "cpu"], batch_size=2, save_interval=1, sample_size=40, holdout_size=0.0
+    )
     await publish_data(
         bus, [trajectory(i, task=f"t{i // 4}") for i in range(40)], [(i % 4) / 3 for i in range(40)]
     )
@@ -182,6 +183,25 @@ async def test_bad_jobs_fail_with_their_code_and_service_goes_on(nats, data_dir)
     }
     try:
         async with running_service(bus, settings, ts):
+            # The other kind of job shares the lifecycle and runs beside the failures.
+            env_job = fill_request(
+                {
+                    "training_config": {
+                        "base_model": "tiny",
+                        "environment": {
+                            "env_id": "frozenlake-4x4",
+                            "iterations": 2,
+                            "tasks_per_iteration": 1,
+                            "group_size": 2,
+                            "max_steps": 2,
+                            "max_new_tokens": 8,
+                            "eval_episodes": 1,
+                        },
+                    }
+                },
+                ts,
+            )
+            await bus.publish(env_job)
             ids = {}
             for code, body in cases.items():
                 req = fill_request(body, ts)
@@ -193,6 +213,11 @@ async def test_bad_jobs_fail_with_their_code_and_service_goes_on(nats, data_dir)
                 err = ev["error"]  # agentrl's own codes travel as UNKNOWN + detail_code
                 assert err.get("detail_code", err["code"]) == code, (code, err)
                 assert ev["error"]["message"]
+            done = await statuses.wait(env_job.training_job_id, ("completed", "failed"), 120)
+            assert done["status"] == "completed", done
+            assert (Path(done["artifacts"]["final_checkpoint"]) / "manifest.json").exists()
+            assert done["progress"]["current_step"] == 2
+            assert "holdout_reward" in done["evaluation_results"]
             data_msg = next(e for e in statuses.of(ids["DATA"]) if e["status"] == "failed")
             assert "min_reward -24" in data_msg["error"]["message"]
             assert "traceback" in data_msg["error"]
