@@ -119,7 +119,7 @@ def test_plans_and_refusals() -> None:
     assert [s.weight for s in RolloutPlan.default("canary").steps] == [10, 25, 50, 100]
     assert [s.weight for s in RolloutPlan.default("blue_green").steps] == [0, 100]
     assert [s.weight for s in RolloutPlan.default("immediate").steps] == [100]
-    with pytest.raises(ValueError, match="outside 0..100"):
+    with pytest.raises(ValueError, match=r"outside 0\.\.100"):
         RolloutPlan.default("canary", ramp=(10, 150))
 
 

@@ -389,6 +389,8 @@ class Deployer:
         version is replaced by the one live before it."""
         rollout = await self.registry.get_rollout(self.public)
         split, _ = await self.registry.get_split(self.public)
+        bad: str | None
+        restore: str | None
         if rollout is not None and rollout.status == "running":
             bad, restore = rollout.model_id, rollout.previous_model
         else:

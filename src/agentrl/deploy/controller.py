@@ -26,6 +26,7 @@ from agentrl.deploy.config import DeploySettings, RolloutPlan
 from agentrl.deploy.errors import DeployError
 from agentrl.deploy.monitor import RewardTracker, Summary, analyse
 from agentrl.deploy.registry import ModelRecord
+from agentrl.deploy.sequential import CheckResult
 
 log = logging.getLogger(__name__)
 
@@ -201,8 +202,9 @@ class Controller:
         plan = rollout.plan
         step = plan.steps[rollout.step]
         elapsed = time.time() - rollout.step_started_at.timestamp()
+        checks: list[CheckResult] = []
         if live is None:
-            verdict, checks = "pass", []
+            verdict = "pass"
         else:
             verdict, checks = analyse(summary(new), summary(live), plan.analysis)
         evidence = {

@@ -373,7 +373,7 @@ async def _stream(
 
     async def events() -> AsyncIterator[bytes]:
         tokenizer = getattr(getattr(backend, "engine", None), "tokenizer", None)
-        eos = getattr(getattr(backend, "engine", None), "eos_ids", set())
+        eos: set[int] = getattr(getattr(backend, "engine", None), "eos_ids", set())
         ids: list[int] = []
         sent = ""
         if tokenizer is not None:

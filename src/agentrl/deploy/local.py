@@ -108,7 +108,7 @@ class LocalEngine:
             if (
                 spec.get("name", "").lower() != str(mine["name"]).lower()
                 or (spec.get("tiny_kwargs") != mine["tiny_kwargs"])
-                or int(spec.get("seed", 0)) != int(mine["seed"] or 0)
+                or int(spec.get("seed", 0)) != int(str(mine["seed"] or 0))
             ):
                 raise DeployError(
                     f"adapter {model_id} was trained on base {spec}, but the gateway serves "
@@ -138,6 +138,9 @@ class LocalEngine:
         if model_id is None:
             return BASE_ADAPTER
         return self.adapters.get(model_id, BASE_ADAPTER)
+
+    def _text(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
     # ---- prompts ----------------------------------------------------------------------
     def encode(self, request: ChatRequest) -> list[int]:
@@ -199,19 +202,15 @@ class LocalEngine:
         finish: str,
         request: ChatRequest,
     ) -> Generation:
-        text = self.tokenizer.decode(
-            [i for i in ids if i not in self.eos_ids], skip_special_tokens=True
-        )
+        text = self._text([i for i in ids if i not in self.eos_ids])
         for s in request.stops():
             if s in text:
                 text = text[: text.index(s)]
         calls = None
         if request.tools and request.tool_choice != "none":
             calls = parse_tool_calls(text, request.tools)
-        tokens = [self.tokenizer.decode([i]) for i in ids]
-        top_text = (
-            [[(self.tokenizer.decode([t]), v) for t, v in row] for row in tops] if tops else None
-        )
+        tokens = [self._text([i]) for i in ids]
+        top_text = [[(self._text([t]), v) for t, v in row] for row in tops] if tops else None
         return Generation(
             content=None if calls else text,
             finish_reason="tool_calls" if calls else finish,
@@ -412,7 +411,7 @@ class LocalEngine:
             prompt_token_ids=prompt,
             completion_token_ids=ids,
             token_logprobs=per_token[index],
-            tokens=[self.tokenizer.decode([i]) for i in ids],
+            tokens=[self._text([i]) for i in ids],
             top_logprobs=(top + [[]] * (len(ids) - 1)) if top else None,
             prompt_tokens=len(prompt),
             completion_tokens=len(ids),

@@ -17,6 +17,7 @@ retention that are not marked best are purged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 from collections.abc import Awaitable, Callable
@@ -170,10 +171,8 @@ class Registry:
             raise
         except nats.js.errors.APIError as exc:  # create of a key deleted earlier
             entry = None
-            try:
+            with contextlib.suppress(nats.js.errors.KeyNotFoundError):
                 entry = await self.kv.get(key)
-            except nats.js.errors.KeyNotFoundError:
-                pass
             if entry is not None and entry.value:
                 raise nats.js.errors.KeyWrongLastSequenceError() from exc
             return int(await self.kv.put(key, data))
@@ -324,10 +323,8 @@ class Registry:
     async def put_rollout(self, public_name: str, rollout: Rollout | None) -> None:
         key = f"rollout.{public_name}"
         if rollout is None:
-            try:
+            with contextlib.suppress(nats.js.errors.KeyNotFoundError):
                 await self.kv.delete(key)
-            except nats.js.errors.KeyNotFoundError:
-                pass
             return
         await self.kv.put(key, rollout.model_dump_json().encode())
 
@@ -350,10 +347,10 @@ class Registry:
         cutoff = now - timedelta(days=retention_days)
         gone = []
         for record in await self.list_models():
-            if record.state in {"retired", "rolled_back", "rejected"} and not record.best:
-                if record.updated_at < cutoff:
-                    await self.kv.purge(f"model.{record.model_id}")
-                    gone.append(record.model_id)
+            finished = record.state in {"retired", "rolled_back", "rejected"}
+            if finished and not record.best and record.updated_at < cutoff:
+                await self.kv.purge(f"model.{record.model_id}")
+                gone.append(record.model_id)
         return gone
 
 
