@@ -8,13 +8,14 @@ from agentrl.bus.client import (
     TransientError,
     current_delivery,
 )
-from agentrl.bus.server import EmbeddedNats
+from agentrl.bus.server import EmbeddedNats, NatsCluster
 
 __all__ = [
     "Bus",
     "ConsumeStats",
     "Delivery",
     "EmbeddedNats",
+    "NatsCluster",
     "PermanentError",
     "TransientError",
     "current_delivery",
