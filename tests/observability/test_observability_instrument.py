@@ -99,3 +99,17 @@ def test_deployment_hook_zeroes_versions_that_left_the_split() -> None:
     assert m.MODEL_TRAFFIC_RATIO.labels(model_version="dv2")._value.get() == 0.0
     assert m.MODEL_TRAFFIC_RATIO.labels(model_version="dv1")._value.get() == 1.0
     assert m.MODEL_DEPLOYMENTS.labels(status="rolled_back")._value.get() >= 1
+
+
+def test_bench_metrics_reports_hook_costs() -> None:
+    from agentrl.observability.bench import run_metrics_benchmark
+
+    res = run_metrics_benchmark(batch=16, batches=2)
+    assert set(res) == {
+        "reward_hook_us_per_trajectory",
+        "bus_hook_us_per_message",
+        "gateway_hook_us_per_request",
+        "scrape_ms",
+        "scrape_bytes",
+    }
+    assert 0 < res["reward_hook_us_per_trajectory"] < 1000 and res["scrape_bytes"] > 1000

@@ -14,6 +14,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         no_args_is_help=True,
     )
     app.add_typer(obs, name="observability")
+    _register_bench(bench)
 
     @obs.command("generate")
     def generate_cmd(
@@ -37,9 +38,12 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     def report_cmd(
         out: Path = typer.Option(..., "--out", help="Directory for index.html and the PNG plots."),
         source: str = typer.Option(
-            "auto", help="Where the data comes from: auto (warehouse, else streams), warehouse, streams."
+            "auto",
+            help="Where the data comes from: auto (warehouse, else streams), warehouse, streams.",
         ),
-        nats_url: str = typer.Option(None, help="NATS server for --source streams (default: NATS_URL)."),
+        nats_url: str = typer.Option(
+            None, help="NATS server for --source streams (default: NATS_URL)."
+        ),
         hours: float = typer.Option(24 * 7, help="How far back to read."),
     ) -> None:
         """Write an HTML report with plots: reward per version, training curves, success rate,
@@ -48,3 +52,20 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         page = run_report(out, source=source, nats_url=nats_url, hours=hours)
         typer.echo(f"report: {page}")
+
+
+def _register_bench(bench: typer.Typer) -> None:
+    @bench.command("metrics")
+    def bench_metrics(
+        batch: int = typer.Option(256, help="Messages per batch (the services' batch size)."),
+    ) -> None:
+        """CPU cost of the metrics hooks per trajectory / message / request, and of a scrape."""
+        from agentrl.benchmarks.report import report
+        from agentrl.observability.bench import run_metrics_benchmark
+
+        res = run_metrics_benchmark(batch=batch)
+        report(
+            "metrics hooks (CPU time, best of 7)",
+            [{"hook": k, "value": v} for k, v in res.items()],
+            res,
+        )

@@ -18,7 +18,8 @@ from agentrl.observability import metrics as m
 
 def observe_many(hist: Any, values: Iterable[float]) -> None:
     """`hist.observe(v)` for every v, batched: one increment per touched bucket."""
-    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    isfinite = math.isfinite
+    vals = [float(v) for v in values if v is not None and isfinite(v)]
     if not vals:
         return
     try:
@@ -36,48 +37,55 @@ def observe_many(hist: Any, values: Iterable[float]) -> None:
 
 
 def reward_batch(events: list[Any], rewards: list[Any], seconds: float) -> None:
-    """The reward service scored `rewards` for the trajectories `events` in `seconds`."""
+    """The reward service scored `rewards` for the trajectories `events` in `seconds`.
+    Raw values are grouped first; label caps apply once per distinct value."""
     if not m.enabled():
         return
     with m.safe():
-        by_id = {getattr(e, "trajectory_id", None): e for e in events}
-        kinds: Counter[tuple[str, str]] = Counter()
+        by_id = {e.trajectory_id: e for e in events}
+        kinds: Counter[tuple[Any, Any]] = Counter()
         turns: list[float] = []
-        per_version: dict[str, list[float]] = {}
-        success: Counter[str] = Counter()
+        per_model: dict[Any, list[float]] = {}
+        success: Counter[Any] = Counter()
         components: dict[str, list[float]] = {}
         for r in rewards:
-            payload = getattr(r, "payload", r)
+            payload = r.payload if hasattr(r, "payload") else r
             ev = by_id.get(payload.get("trajectory_id"))
-            version = m.MODEL_VERSION(getattr(getattr(ev, "metadata", None), "model", None))
-            per_version.setdefault(version, []).append(float(payload.get("total_reward", 0.0)))
-            for name, comp in (payload.get("reward_components") or {}).items():
-                score = (
-                    comp.get("score") if isinstance(comp, Mapping) else getattr(comp, "score", None)
-                )
-                if score is not None:
-                    components.setdefault(m.COMPONENT(name), []).append(score)
+            meta = ev.metadata if ev is not None else None
+            model = meta.model if meta is not None else None
+            values = per_model.get(model)
+            if values is None:
+                values = per_model[model] = []
+            values.append(float(payload.get("total_reward", 0.0)))
+            comps = payload.get("reward_components")
+            if comps:
+                for name, comp in comps.items():
+                    score = (
+                        comp.get("score") if type(comp) is dict else getattr(comp, "score", None)
+                    )
+                    if score is not None:
+                        bucket = components.get(name)
+                        if bucket is None:
+                            bucket = components[name] = []
+                        bucket.append(score)
             if ev is None:
                 continue
-            kinds[
-                (
-                    m.AGENT_TYPE(getattr(ev, "subordinate_profile", None) or "agent"),
-                    m.TASK_DOMAIN(getattr(getattr(ev, "task_context", None), "domain", None)),
-                )
-            ] += 1
-            turns.append(len(getattr(ev, "turns", ()) or ()))
-            outcome = getattr(getattr(ev, "metadata", None), "outcome", None)
-            if outcome is not None and getattr(outcome, "task_status", None) == "completed_successfully":
-                success[version] += 1
+            kinds[(ev.subordinate_profile, ev.task_context.domain)] += 1
+            turns.append(len(ev.turns))
+            outcome = meta.outcome if meta is not None else None
+            if outcome is not None and outcome.task_status == "completed_successfully":
+                success[model] += 1
         for (agent, domain), n in kinds.items():
-            m.TRAJECTORIES.labels(agent_type=agent, task_domain=domain).inc(n)
+            m.TRAJECTORIES.labels(
+                agent_type=m.AGENT_TYPE(agent or "agent"), task_domain=m.TASK_DOMAIN(domain)
+            ).inc(n)
         observe_many(m.TRAJECTORY_LENGTH, turns)
-        for version, values in per_version.items():
-            observe_many(m.TRAJECTORY_REWARD.labels(model_version=version), values)
-        for version, n in success.items():
-            m.TRAJECTORY_SUCCESS.labels(model_version=version).inc(n)
-        for name, values in components.items():
-            observe_many(m.REWARD_COMPONENT.labels(component=name), values)
+        for model, values in per_model.items():
+            observe_many(m.TRAJECTORY_REWARD.labels(model_version=m.MODEL_VERSION(model)), values)
+        for model, n in success.items():
+            m.TRAJECTORY_SUCCESS.labels(model_version=m.MODEL_VERSION(model)).inc(n)
+        for name, scores in components.items():
+            observe_many(m.REWARD_COMPONENT.labels(component=m.COMPONENT(name)), scores)
         if rewards:
             m.REWARDS_PUBLISHED.inc(len(rewards))
         m.REWARD_LATENCY.observe(seconds)
