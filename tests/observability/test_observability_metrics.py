@@ -152,3 +152,30 @@ def test_multiprocess_mode_merges_job_processes(tmp_path: Path) -> None:
     got = samples(out)
     assert got[("agent_rl_training_steps_total", ())] == 7.0
     assert got[("agent_rl_training_reward_mean", ())] == pytest.approx(0.4)  # most recent
+
+
+LATE = """
+import agentrl  # imports the bus, which imports the metrics: in-memory mode first
+from agentrl.observability import metrics as m
+assert not m.MULTIPROCESS
+from agentrl.observability.multiproc import enable_multiprocess
+enable_multiprocess({path!r}, clean=False)
+assert m.MULTIPROCESS
+m.inc(m.TRAINING_STEPS, 5)
+m.inc(m.GATEWAY_REQUESTS, model_version="late")
+"""
+
+
+def test_multiprocess_can_be_enabled_after_import(tmp_path: Path) -> None:
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    env = {"PATH": "/usr/bin:/bin"}
+    subprocess.run([sys.executable, "-c", LATE.format(path=str(mp))], env=env, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PARENT],
+        env={**env, "AGENTRL_METRICS_MULTIPROC_DIR": str(mp)},
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    got = samples(out)
+    assert got[("agent_rl_training_steps_total", ())] == 5.0
+    assert got[("agent_rl_gateway_requests_total", (("model_version", "late"),))] == 1.0

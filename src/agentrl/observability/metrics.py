@@ -344,6 +344,21 @@ ALL_METRICS: tuple[Any, ...] = tuple(
 )
 
 
+def switch_to_multiprocess() -> None:
+    """Called by `multiproc.enable_multiprocess` when this module was imported first (as
+    `import agentrl` does): rebuild every metric's value storage on the memory-mapped files.
+    Samples recorded before the switch are dropped (there are none at a service's start)."""
+    global MULTIPROCESS
+    _values.ValueClass = _values.get_value_class()
+    for metric in ALL_METRICS:
+        if metric._labelnames:
+            with metric._lock:
+                metric._metrics = {}
+        else:
+            metric._metric_init()
+    MULTIPROCESS = True
+
+
 def metric_names() -> set[str]:
     """Every exported series family name, with the suffixes Prometheus adds."""
     names: set[str] = set()

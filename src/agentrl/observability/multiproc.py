@@ -2,14 +2,13 @@
 
 Training jobs run in child processes; for their metrics to reach the one `/metrics`
 endpoint, every process must write samples to a shared directory (prometheus_client's
-multiprocess mode), and that must be decided before `agentrl.observability.metrics` is first
-imported. `agentrl up` calls `enable_for_stack(data_dir)` first thing; children inherit the
-environment variable and write there too.
+multiprocess mode). `agentrl up` calls `enable_for_stack(data_dir)` first thing (when the
+metrics module is already imported, its storage is moved onto the files); children inherit
+the environment variable and write there too.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import sys
@@ -18,23 +17,19 @@ from pathlib import Path
 ENV_MULTIPROC = "PROMETHEUS_MULTIPROC_DIR"
 ENV_AGENTRL_MULTIPROC = "AGENTRL_METRICS_MULTIPROC_DIR"
 
-log = logging.getLogger(__name__)
-
 
 def enable_multiprocess(directory: Path | str, clean: bool = True) -> Path:
     """Switch this process (and the children it starts) to multiprocess metrics in
     `directory`; `clean` empties it (stale files of dead processes would be summed)."""
-    if "agentrl.observability.metrics" in sys.modules and not os.environ.get(ENV_MULTIPROC):
-        log.warning(
-            "metrics were imported before multiprocess mode was enabled: this process's own "
-            "unlabelled metrics stay in memory and are missing from the merged /metrics"
-        )
     path = Path(directory)
     if clean and path.exists():
         shutil.rmtree(path)
     path.mkdir(parents=True, exist_ok=True)
     os.environ[ENV_MULTIPROC] = str(path)
     os.environ[ENV_AGENTRL_MULTIPROC] = str(path)
+    metrics = sys.modules.get("agentrl.observability.metrics")
+    if metrics is not None:  # imported already (`import agentrl` does): move its storage
+        metrics.switch_to_multiprocess()
     return path
 
 
