@@ -22,6 +22,7 @@ for the tests from its source, read at agent0ai/agent-zero 2d95cd9 (2026-04-03):
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import inspect
 import json
@@ -116,9 +117,10 @@ def classes_in(path: Path, base: type) -> list[type]:
 class Extensions:
     """Extension classes of each point, found under `folders` like Agent Zero finds them."""
 
-    def __init__(self, folders: list[Path]) -> None:
-        from helpers.extension import Extension  # the stand-in (sys.path)
-
+    def __init__(self, folders: list[Path], package: str = "helpers") -> None:
+        # the stand-in (sys.path): helpers.extension, or python.helpers.extension (legacy)
+        Extension = importlib.import_module(f"{package}.extension").Extension
+        self.package = package
         self.by_point: dict[str, list[type]] = {}
         for point in POINTS:
             found = {}
@@ -210,7 +212,7 @@ class Driver:
         self.ext = extensions
 
     async def monologue(self, agent: Agent, iterations: list[dict[str, Any]]) -> str | None:
-        from helpers.tool import Response
+        Response = importlib.import_module(f"{self.ext.package}.tool").Response
 
         loop_data = LoopData(user_message=agent.last_user_message)
         await self.ext.call("monologue_start", agent, loop_data=loop_data)

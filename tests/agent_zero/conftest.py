@@ -45,6 +45,16 @@ def a0_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
     server.stop()
 
 
+def make_agent(rec: dict[str, Any]) -> Agent:
+    """The recording's agent, in a chat (context) of its own."""
+    context = Context(f"{rec['context_id']}-{uuid.uuid4().hex[:8]}")
+    spec = rec["agent"]
+    agent = Agent(spec["number"], Config(spec["profile"]), context)
+    um = rec["user_message"]
+    agent.last_user_message = Message(um["content"], um.get("id", ""))
+    return agent
+
+
 class Checkout:
     """An Agent Zero folder with the plugin installed and the stand-in helpers importable."""
 
@@ -64,13 +74,8 @@ class Checkout:
         path.write_text(json.dumps(current))
         hooks.reset_caches()
 
-    def agent(self, rec: dict[str, Any], suffix: str | None = None) -> Agent:
-        context = Context(f"{rec['context_id']}-{suffix or uuid.uuid4().hex[:8]}")
-        spec = rec["agent"]
-        agent = Agent(spec["number"], Config(spec["profile"]), context)
-        um = rec["user_message"]
-        agent.last_user_message = Message(um["content"], um.get("id", ""))
-        return agent
+    def agent(self, rec: dict[str, Any]) -> Agent:
+        return make_agent(rec)
 
     async def run(self, rec: dict[str, Any], agent: Agent | None = None) -> tuple[Agent, Any]:
         agent = agent or self.agent(rec)

@@ -1,0 +1,177 @@
+"""The deployment listener (immediate switches Agent Zero's chat model, canary does nothing)
+and `agentrl agent-zero install` in both layouts (the legacy one driven end to end)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from a0_standins import Driver, Extensions, install_standins, make_checkout, remove_standins
+from typer.testing import CliRunner
+
+from agentrl.bus import Bus
+from agentrl.cli import app
+from agentrl.contracts import ModelDeployed
+from agentrl.contracts.base import new_id, utcnow
+from agentrl.integrations.agent_zero import hooks
+from agentrl.integrations.agent_zero.deployment import (
+    ModelSwitcher,
+    handle_model_deployment,
+    listen,
+)
+from agentrl.integrations.agent_zero.install import install
+from conftest import make_agent, recording, trajectories_of
+
+MODEL_CONFIG_DEFAULT = {  # the shape of plugins/_model_config/default_config.yaml upstream
+    "allow_chat_override": True,
+    "chat_model": {"provider": "other", "name": "agentrl-policy", "api_base": "http://gw/v1"},
+    "utility_model": {"provider": "openrouter", "name": "small"},
+}
+
+
+def deployment(strategy: str, model_id: str = "agentrl-policy-v7") -> ModelDeployed:
+    return ModelDeployed.model_validate(
+        {
+            "training_job_id": new_id(),
+            "timestamp": utcnow(),
+            "model_info": {"model_id": model_id, "base_model": "tiny", "checkpoint_path": "/c"},
+            "deployment_config": {
+                "endpoint": "http://127.0.0.1:8700/v1/chat/completions",
+                "model_name": model_id,
+                "rollout_strategy": strategy,
+                "traffic_percentage": 100.0 if strategy == "immediate" else 10.0,
+            },
+            "validation_results": {
+                "benchmark_passed": True,
+                "safety_checks_passed": True,
+                "performance_regression": False,
+            },
+        }
+    )
+
+
+def upstream_root(tmp_path: Path) -> Path:
+    root = tmp_path / "a0"
+    default = root / "plugins" / "_model_config" / "default_config.yaml"
+    default.parent.mkdir(parents=True)
+    default.write_text(yaml.safe_dump(MODEL_CONFIG_DEFAULT))
+    return root
+
+
+async def test_immediate_switches_the_model_canary_does_nothing(tmp_path: Path) -> None:
+    root = upstream_root(tmp_path)
+    switcher = ModelSwitcher(root)
+    assert await handle_model_deployment(deployment("canary"), switcher) is None
+    assert not switcher.plugin_config.exists()  # nothing written
+    assert switcher.current() == "agentrl-policy"
+
+    name = await handle_model_deployment(deployment("immediate").to_json(), switcher)
+    assert name == "agentrl-policy-v7"
+    saved = json.loads(switcher.plugin_config.read_text())
+    assert saved["chat_model"]["name"] == "agentrl-policy-v7"
+    assert saved["chat_model"]["api_base"] == "http://gw/v1"  # the rest kept
+    assert saved["utility_model"] == MODEL_CONFIG_DEFAULT["utility_model"]
+
+    await handle_model_deployment(deployment("canary", "agentrl-policy-v8"), switcher)
+    assert switcher.current() == "agentrl-policy-v7"
+
+
+async def test_legacy_settings_json_is_switched(tmp_path: Path) -> None:
+    settings = tmp_path / "a0" / "usr" / "settings.json"
+    settings.parent.mkdir(parents=True)
+    settings.write_text(json.dumps({"chat_model_name": "old", "chat_model_api_base": "x"}))
+    switcher = ModelSwitcher(tmp_path / "a0")
+    await handle_model_deployment(deployment("immediate"), switcher)
+    saved = json.loads(settings.read_text())
+    assert saved == {"chat_model_name": "agentrl-policy-v7", "chat_model_api_base": "x"}
+    with pytest.raises(FileNotFoundError, match="no Agent Zero chat model settings"):
+        ModelSwitcher(tmp_path / "nothing").switch("m")
+
+
+async def test_listener_follows_deployments_on_nats(tmp_path: Path, a0_nats: Any) -> None:
+    root = upstream_root(tmp_path)
+    switcher = ModelSwitcher(root)
+    bus = await Bus.connect(a0_nats.url)
+    try:
+        await bus.ensure_streams()
+        stop = asyncio.Event()
+        task = asyncio.create_task(listen(bus, switcher, stop, f"a0-{new_id()[:8]}"))
+        await bus.publish(deployment("canary", "v-canary"))
+        await bus.publish(deployment("immediate", "v-now"))
+        for _ in range(100):
+            if switcher.current() == "v-now":
+                break
+            await asyncio.sleep(0.1)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        assert switcher.current() == "v-now"
+    finally:
+        await bus.close()
+
+
+def test_install_plugin_layout_keeps_saved_settings(tmp_path: Path) -> None:
+    root = make_checkout(tmp_path / "a0")
+    saved = root / "usr" / "plugins" / "agentrl" / "config.json"
+    saved.parent.mkdir(parents=True)
+    saved.write_text('{"nats_url": "nats://mine:4222"}')
+    result = CliRunner().invoke(app, ["agent-zero", "install", str(root)])
+    assert result.exit_code == 0, result.output
+    assert (
+        "plugin layout" in result.output and "api_base: http://127.0.0.1:8700/v1" in result.output
+    )
+    plugin = root / "usr" / "plugins" / "agentrl"
+    for rel in (
+        "plugin.yaml",
+        "default_config.yaml",
+        "extensions/python/monologue_end/_80_agentrl_trajectory.py",
+        "extensions/python/tool_execute_after/_80_agentrl_trajectory.py",
+        "tools/rl_training.py",
+        "prompts/agent.system.tool.rl_training.md",
+        "agents/rl-trainer/agent.yaml",
+    ):
+        assert (plugin / rel).is_file(), rel
+    meta = yaml.safe_load((plugin / "plugin.yaml").read_text())
+    assert {"name", "title", "description", "version", "settings_sections"} <= set(meta)
+    assert saved.read_text() == '{"nats_url": "nats://mine:4222"}'  # never overwritten
+    bad = CliRunner().invoke(app, ["agent-zero", "install", str(tmp_path / "empty")])
+    assert bad.exit_code == 2 and "not an Agent Zero checkout" in bad.output
+
+
+async def test_legacy_layout_end_to_end(tmp_path: Path, a0_nats: Any) -> None:
+    """Older checkouts and forks: python/extensions/<point>/ and python.helpers.extension."""
+    root = make_checkout(tmp_path / "a0-legacy", legacy=True)
+    done = install(root)
+    assert done.layout == "legacy"
+    assert (root / "python" / "tools" / "rl_training.py").is_file()
+    assert (root / "prompts" / "agent.system.tool.rl_training.md").is_file()
+    assert (root / "agents" / "rl-trainer" / "_context.md").is_file()
+    (done.plugin_dir / "config.json").write_text(json.dumps({"nats_url": a0_nats.url}))
+    install_standins(root)  # only python/helpers exists: the shims fall back to it
+    hooks.reset_caches()
+    try:
+        from python.helpers.extension import Extension  # type: ignore[import-not-found]
+
+        with pytest.raises(ImportError):
+            import helpers.extension  # type: ignore[import-not-found]  # noqa: F401
+        ext = Extensions([root / "python" / "extensions"], package="python.helpers")
+        assert all(issubclass(c, Extension) for cs in ext.by_point.values() for c in cs)
+        rec = recording("main_with_tools")
+        agent = make_agent(rec)
+        answer = await Driver(ext).monologue(agent, rec["iterations"])
+        assert answer == "The sum of [1, 2, 3] is 6."
+        (payload,) = await trajectories_of(a0_nats.url, agent.context.id)
+        assert [t["action"]["tool_name"] for t in payload["turns"]] == [
+            "code_execution_tool",
+            "response",
+        ]
+    finally:
+        remove_standins(root)
+        import sys
+
+        for name in [m for m in sys.modules if m == "python" or m.startswith("python.")]:
+            del sys.modules[name]
+        hooks.reset_caches()
