@@ -106,3 +106,41 @@ def test_token_auth_config_is_enforced(tmp_path: Path) -> None:
         asyncio.run(attempt(settings))
         with pytest.raises(BusError, match="cannot connect"):
             asyncio.run(attempt(Settings(data_dir=tmp_path)))
+
+
+def test_up_cluster_runs_three_servers_with_r3_streams(tmp_path: Path) -> None:
+    import asyncio
+    import re
+
+    from agentrl.bus import Bus
+
+    env = {**os.environ, "AGENTRL_DATA_DIR": str(tmp_path), "COLUMNS": "400"}
+    env.pop("NATS_URL", None)
+    env.pop("AGENTRL_STREAM_REPLICAS", None)
+    proc = subprocess.Popen(
+        [AGENTRL, "up", "--cluster", "3", "--no-services"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    try:
+        out = wait_for_line(proc, "agentrl is up")
+        urls = re.findall(r"agentrl-\d listening on (nats://127\.0\.0\.1:\d+)", out)
+        assert len(urls) == 3
+        assert len(nats_servers_using(tmp_path)) == 3
+
+        async def replicas() -> int:
+            bus = await Bus.connect(",".join(urls))
+            try:
+                info = await bus.js.stream_info("RL_TRAJECTORIES")
+                return int(info.config.num_replicas or 1)
+            finally:
+                await bus.close()
+
+        assert asyncio.run(replicas()) == 3
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, rest
+    assert nats_servers_using(tmp_path) == []
