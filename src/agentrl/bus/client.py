@@ -39,6 +39,7 @@ from agentrl.contracts.base import Event, utcnow
 from agentrl.contracts.streams import DLQ_PREFIX, STREAMS, StreamSpec, stream_for
 from agentrl.contracts.subjects import model_for
 from agentrl.errors import BusError, PayloadTooLargeError
+from agentrl.observability import instrument as obs
 from agentrl.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -308,7 +309,10 @@ class Bus:
 
     async def publish(self, event: Event | dict[str, Any], subject: str | None = None) -> PubAck:
         subject, data, msg_id = self.encode(event, subject)
-        return await self.publish_raw(subject, data, msg_id)
+        ack = await self.publish_raw(subject, data, msg_id)
+        if INSTRUMENTED:
+            obs.bus_published(subject)
+        return ack
 
     async def publish_json(self, subject: str, payload: dict[str, Any], msg_id: str) -> PubAck:
         """Publish a JSON object; validated when the subject has a contract."""
@@ -370,23 +374,37 @@ class Bus:
         only when every message is stored, and raises `BusError` when one cannot be.
         """
         with _gc_paused():
-            items = [e if isinstance(e, tuple) else self.encode(e) for e in events]
-            for subject, data, _ in items:
-                self._check_size(subject, data)
             if self._publisher is None:
+                items = [e if isinstance(e, tuple) else self.encode(e) for e in events]
+                for subject, data, _ in items:
+                    self._check_size(subject, data)
                 return await self._publish_many_public(items)
-            results: list[PubAck | BaseException | None] = [None] * len(items)
-            todo = list(range(len(items)))
+            pending = list(events)
+            encoded: list[tuple[str, bytes, str]] = []
+
+            def first_time(i: int) -> tuple[str, bytes, str]:
+                # Serialised chunk by chunk while earlier chunks are stored (in order: the
+                # publisher asks for 0, 1, 2, ...).
+                e = pending[i]
+                t = e if isinstance(e, tuple) else self.encode(e)
+                self._check_size(t[0], t[1])
+                encoded.append(t)
+                return t
+
+            results: list[PubAck | BaseException | None] = [None] * len(pending)
+            todo = list(range(len(pending)))
             delay = 0.05
-            for _round in range(self.publish_retries + 1):
+            for round_ in range(self.publish_retries + 1):
                 if self.nc.is_closed:
                     break
+                get = first_time if round_ == 0 else (lambda j: encoded[todo[j]])
                 try:
-                    got = await self._publisher.publish(
-                        [items[i] for i in todo], timeout=self.stall_timeout
-                    )
+                    got = await self._publisher.publish(len(todo), get, timeout=self.stall_timeout)
                 except _RETRYABLE as exc:
                     got = [exc] * len(todo)
+                if len(encoded) < len(pending):  # the first round broke off: encode the rest
+                    for i in range(len(encoded), len(pending)):
+                        first_time(i)
                 for i, res in zip(todo, got, strict=True):
                     results[i] = res
                 failed = [i for i in todo if not isinstance(results[i], PubAck)]
@@ -402,7 +420,7 @@ class Bus:
                 log.info(
                     "%d of %d publishes unconfirmed (%r); retrying under the same ids",
                     len(failed),
-                    len(items),
+                    len(pending),
                     results[failed[0]],
                 )
                 todo = failed
@@ -411,6 +429,7 @@ class Bus:
                 # A short cap: a new stream leader takes publishes as soon as it is elected.
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.5)
+            items = encoded
         acks: list[PubAck] = []
         for (subject, data, msg_id), res in zip(items, results, strict=True):
             # Whatever is still unconfirmed goes through the one-by-one path (raises BusError).
@@ -419,6 +438,7 @@ class Bus:
             )
         if INSTRUMENTED:
             self.counters["published"] += len(acks)
+            obs.bus_published_many(items)
         return acks
 
     async def _publish_many_public(self, items: list[tuple[str, bytes, str]]) -> list[PubAck]:
@@ -630,6 +650,8 @@ class Bus:
                     acks.append((delivery.msg.reply, nak_body))
                     stats.nakked += 1
                     stats.errors.append(f"{type(outcome).__name__}: {outcome}")
+        if INSTRUMENTED and acks:
+            obs.bus_consumed(durable, sum(1 for _, body in acks if body is wire.ACK))
         await self._settle(acks, stats)
 
     async def _settle(self, acks: list[tuple[str, bytes]], stats: ConsumeStats) -> None:
@@ -704,6 +726,7 @@ class Bus:
         stats.dead_lettered += 1
         if INSTRUMENTED:
             self.counters["dead_lettered"] += 1
+            obs.bus_dead_letter(msg.subject)
         common: dict[str, Any] = {
             "subject": msg.subject,
             "stream": meta.stream,

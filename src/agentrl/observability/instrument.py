@@ -179,3 +179,16 @@ def deployment(
 
 
 _known_traffic: dict[str, float] = {}
+
+
+def bus_published_many(items: list[tuple[str, bytes, str]]) -> None:
+    """A pipelined batch of (subject, data, msg_id) was stored: one inc per subject."""
+    if not items or not m.enabled():
+        return
+    with m.safe():
+        first = items[0][0]
+        if all(item[0] == first for item in items):  # the common case: one subject
+            m.BUS_PUBLISHED.labels(subject=m.SUBJECT(first)).inc(len(items))
+            return
+        for subject, n in Counter(item[0] for item in items).items():
+            m.BUS_PUBLISHED.labels(subject=m.SUBJECT(subject)).inc(n)
