@@ -37,6 +37,7 @@ from agentrl.bus import Bus, ConsumeStats, Delivery, PermanentError, TransientEr
 from agentrl.contracts.feedback import FeedbackEvent
 from agentrl.contracts.subjects import FEEDBACK, REWARD, TRAJECTORY
 from agentrl.contracts.trajectory import TrajectoryEvent
+from agentrl.observability import instrument as obs
 from agentrl.rewards.calculator import Scored, ScoringInput, rescore_with_feedback, score_batch
 from agentrl.rewards.code import CodeChecker
 from agentrl.rewards.components import FeedbackState
@@ -280,6 +281,7 @@ class RewardService:
     # ---- trajectories -----------------------------------------------------------------
     async def handle_trajectories(self, deliveries: list[Delivery]) -> list[BaseException | None]:
         """The batch handler of `agent.rl.trajectory.v1` (one outcome per delivery)."""
+        started = time.perf_counter()
         n = len(deliveries)
         outcomes: list[BaseException | None] = [None] * n
         events: list[TrajectoryEvent] = [d.event for d in deliveries]
@@ -312,6 +314,7 @@ class RewardService:
 
         # Sync from here to the commit: the feedback handler cannot interleave.
         rewards, _ = self._score_and_commit(order, inputs, drops, outcomes, delta)
+        obs.reward_batch(events, rewards, time.perf_counter() - started)  # never raises
         if drops:
             self._have_dropped = True
         self._maybe_collect()
