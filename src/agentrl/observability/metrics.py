@@ -257,7 +257,7 @@ GATEWAY_LATENCY = Histogram(
 )
 REWARD_LATENCY = Histogram(
     "agent_rl_reward_latency_seconds",
-    "Reward service: time to compute and publish the rewards of one batch of trajectories.",
+    "Reward service: time to validate, score and commit one batch of trajectories.",
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
 REWARDS_PUBLISHED = Counter(
