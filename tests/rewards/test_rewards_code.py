@@ -94,10 +94,10 @@ def test_pytest_summary(text: str, want: tuple[int, int] | None) -> None:
 
 def test_outcome_test_results_win_over_parsed_output() -> None:
     doc = sample_trajectory(12, code=True)
-    doc["outcome"]["test_results"] = {"passed": 2, "total": 5}
+    doc["metadata"]["outcome"]["test_results"] = {"passed": 2, "total": 5}
     code = extract_code(TrajectoryEvent.model_validate(doc))
     assert (code.tests_passed, code.tests_total) == (2, 5)
-    doc["outcome"].pop("test_results")
+    doc["metadata"]["outcome"].pop("test_results")
     code = extract_code(TrajectoryEvent.model_validate(doc))
     assert (code.tests_passed, code.tests_total) == (1, 1)  # from the pytest output
 

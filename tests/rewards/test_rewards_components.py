@@ -167,7 +167,7 @@ def seed_example_input() -> tuple[ScoringInput, WindowState]:
     doc = sample_trajectory(
         1, domain="coding", turns=5, status="partial_completion", feedback="thumbs_up"
     )
-    doc["outcome"]["completion_percentage"] = 0.8  # 0.5 + 0.5 x 0.8 = 0.9
+    doc["metadata"]["outcome"]["completion_percentage"] = 0.8  # 0.5 + 0.5 x 0.8 = 0.9
     item = ScoringInput(
         TrajectoryEvent.model_validate(doc),
         code=C.CodeEvidence(contains_code=True, lint_score=8.5),  # "pylint score 8.5/10"

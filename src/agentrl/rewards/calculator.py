@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pydantic_core
 
-from agentrl.contracts.base import utcnow, without_nulls
+from agentrl.contracts.base import utcnow
 from agentrl.contracts.reward import COMPONENT_SOURCES, SOURCE_OF_KIND, RewardEvent
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.rewards import components as C
@@ -398,7 +398,30 @@ def _payload(
         "normalization": norm,
         "metadata": meta,
     }
-    return without_nulls(payload)
+    return _without_nulls(payload)
+
+
+def _without_nulls(d: dict[str, Any]) -> dict[str, Any]:
+    """`contracts.base.without_nulls` for the reward payload, without a call per leaf (the
+    generic one was ~10 % of the service's time): only dicts and lists are descended into."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if v is None:
+            continue
+        t = type(v)
+        if t is dict:
+            v = _without_nulls(v)
+        elif t is list:
+            v = _list_without_nulls(v)
+        out[k] = v
+    return out
+
+
+def _list_without_nulls(items: list[Any]) -> list[Any]:
+    return [
+        _without_nulls(x) if type(x) is dict else _list_without_nulls(x) if type(x) is list else x
+        for x in items
+    ]
 
 
 def _moved(payload: Mapping[str, Any], block: str, key: str) -> Any:

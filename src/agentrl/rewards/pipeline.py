@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import pydantic_core
 from pydantic import ValidationError
 
 from agentrl.contracts.trajectory import TrajectoryEvent
@@ -144,7 +145,7 @@ class Preparer:
                     json.loads(data), report, frozenset({"trajectory_id"}), kinds
                 )
                 if report.total:
-                    event = TrajectoryEvent.model_validate_json(json.dumps(cleaned))
+                    event = TrajectoryEvent.model_validate_json(pydantic_core.to_json(cleaned))
                     redactions = dict(report.counts)
                     for kind, cnt in report.counts.items():
                         counters[f"redacted_{kind}"] += cnt

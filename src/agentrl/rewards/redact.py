@@ -403,7 +403,7 @@ class Redactor:
         if kind is str:
             if len(value) < 6:
                 return value
-            here = self.candidates(value) & todo if len(value) > 64 else _string_gate(value, todo)
+            here = _string_gate(value, todo)
             return self._apply(value, here, replacers) if here else value
         if kind is dict:
             keys_matter = "password" in todo
@@ -522,7 +522,10 @@ def _address_shape(raw: bytes, limit: int = 64) -> bool:
     for _ in range(limit):
         if pos == -1:
             return False
-        if _IPV4_SHAPE.search(x, max(0, pos - 2), pos + 14):
+        # a float has one dot; an address two more within the next 12 characters
+        if x.count(b".", pos + 2, pos + 14) >= 2 and _IPV4_SHAPE.search(
+            x, max(0, pos - 2), pos + 14
+        ):
             return True
         pos = x.find(b"0.0", pos + 3)
     return True
@@ -586,7 +589,7 @@ def _string_gate(text: str, todo: frozenset[str]) -> frozenset[str]:
         if kind == "password":
             low = text.lower()
             if (
-                "=" not in text and ":" not in text and " is " not in low and " was " not in low
+                "=" not in text and ":" not in text and "is" not in low and "was" not in low
             ) or not (any(w in low for w in _SECRET_WORDS_S) or "pin" in low):
                 continue
         if kind == "bearer_token":

@@ -145,6 +145,5 @@ def sample_trajectory(
             "complexity_score": round(rng.random(), 2),
             "domain": domain,
         },
-        "metadata": metadata,
-        "outcome": outcome,
+        "metadata": {**metadata, "outcome": outcome},  # the wire placement (contracts)
     }
