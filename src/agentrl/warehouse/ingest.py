@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from agentrl.bus import Delivery, PermanentError, TransientError
 from agentrl.contracts.subjects import FEEDBACK, MODEL_DEPLOYED, REWARD, TRAINING_STATUS, TRAJECTORY
+from agentrl.observability import instrument as obs
 from agentrl.warehouse import rows
 from agentrl.warehouse.backend import Backend, WarehouseDataError, WarehouseDown
 
@@ -81,7 +82,9 @@ def insert_built(backend: Backend, database: str, built: rows.Built) -> dict[int
         if not owners:
             continue
         table = table_rows.to_arrow((lambda o: o not in bad) if bad else None)
+        started = time.perf_counter()
         bad.update(_insert_narrowing(backend, f"{database}.{table_rows.name}", table, owners))
+        obs.warehouse_insert(table_rows.name, table.num_rows, time.perf_counter() - started)
     return bad
 
 
