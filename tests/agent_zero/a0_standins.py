@@ -11,6 +11,7 @@ for the tests from its source, read at agent0ai/agent-zero 2d95cd9 (2026-04-03):
 - agent.py: `LoopData(user_message, iteration, last_response, ...)`; `Agent.number`,
   `config.profile`, `context.id`, `data` ("_superior" / "_subordinate");
   `monologue()` calls monologue_start(loop_data), then per iteration message_loop_start,
+  chat_model_call_before(call_data) (call_data["model"] is the LiteLLM chat wrapper),
   chat_model_call_after(call_data, response, reasoning), response_stream_end,
   hist_add_ai_response (sets loop_data.last_response), process_tools ->
   tool_execute_before(tool_args, tool_name) / tool_execute_after(response, tool_name),
@@ -35,6 +36,7 @@ from typing import Any
 POINTS = (
     "monologue_start",
     "message_loop_start",
+    "chat_model_call_before",
     "chat_model_call_after",
     "response_stream_end",
     "tool_execute_before",
@@ -193,6 +195,39 @@ class Agent:
         self.data[key] = value
 
 
+class Served:
+    """What LiteLLM hands its success callbacks for a call to agentrl's gateway: the
+    assembled response (`id`, `model`, `usage`) and the provider's headers, prefixed
+    `llm_provider-` (litellm ModelResponse._hidden_params["additional_headers"])."""
+
+    def __init__(self, served: dict[str, Any]) -> None:
+        self.id = served["id"]
+        self.model = served["model"]
+        self.usage = dict(served["usage"])
+        self._hidden_params = {
+            "additional_headers": {"llm_provider-x-agentrl-model-version": served["model"]}
+        }
+
+
+class ChatModel:
+    """Agent Zero's LiteLLM chat wrapper for one recorded call: `unified_call(**kwargs)`
+    passes extra kwargs (here: `metadata`) to LiteLLM, which reports the finished call to
+    its callbacks; the reply is the recorded response text."""
+
+    def __init__(self, iteration: dict[str, Any]) -> None:
+        self.iteration = iteration
+        self.kwargs_seen: dict[str, Any] = {}
+
+    async def unified_call(self, messages: Any = None, **kwargs: Any) -> tuple[str, str]:
+        self.kwargs_seen = kwargs
+        served = self.iteration.get("served")
+        if served is not None and "metadata" in kwargs:
+            from agentrl.integrations.agent_zero import capture
+
+            capture.record({"litellm_params": {"metadata": kwargs["metadata"]}}, Served(served))
+        return self.iteration["response"], ""
+
+
 def parse_tool_request(text: str) -> dict[str, Any] | None:
     """What process_tools finds: the outermost JSON object (None: a misformat)."""
     start, end = text.find("{"), text.rfind("}")
@@ -221,14 +256,15 @@ class Driver:
                 loop_data.iteration += 1
                 await self.ext.call("message_loop_start", agent, loop_data=loop_data)
                 try:
-                    text = it["response"]
-                    call_data = {"model": None, "messages": [], "background": False}
+                    call_data = {"model": ChatModel(it), "messages": [], "background": False}
+                    await self.ext.call("chat_model_call_before", agent, call_data=call_data)
+                    text, reasoning = await call_data["model"].unified_call(messages=[])
                     await self.ext.call(
                         "chat_model_call_after",
                         agent,
                         call_data=call_data,
                         response=text,
-                        reasoning="",
+                        reasoning=reasoning,
                     )
                     await self.ext.call("response_stream_end", agent, loop_data=loop_data)
                     loop_data.last_response = text  # hist_add_ai_response

@@ -81,6 +81,7 @@ async def test_main_agent_with_tool_calls(checkout: Checkout, a0_nats: Any) -> N
     assert t1["turn_id"] == 1 and t2["turn_id"] == 2
     assert t1["observation"] == {"type": "user_message", "content": ctx["instructions"]}
     assert t1["thought_process"] == first["thoughts"]
+    assert t1["action"].pop("llm_time_ms") >= 0
     assert t1["action"] == {
         "type": "tool_call",
         "tool_name": "code_execution_tool",
@@ -96,6 +97,29 @@ async def test_main_agent_with_tool_calls(checkout: Checkout, a0_nats: Any) -> N
     assert t2["result"]["output"] == "The sum of [1, 2, 3] is 6."
     assert event.start_timestamp <= event.turns[0].timestamp <= event.end_timestamp
     assert not list(checkout.spool_dir.glob("*.event"))  # delivered, nothing left spooled
+
+
+async def test_serving_version_completion_ids_and_usage(
+    checkout: Checkout, a0_nats: Any, monkeypatch: Any
+) -> None:
+    """With LiteLLM present (here: its success callback played by the stand-in chat model),
+    each turn carries the gateway's completion id and serving version, and the trajectory
+    the version and the token total."""
+    from agentrl.integrations.agent_zero import capture
+
+    monkeypatch.setattr(capture, "ensure_litellm_callback", lambda: True)
+    rec = recording("main_with_tools")
+    agent, _ = await checkout.run(rec)
+    (payload,) = await trajectories_of(a0_nats.url, agent.context.id)
+    check_wire(payload)
+    served = [it["served"] for it in rec["iterations"]]
+    assert payload["metadata"]["model"] == "agentrl-policy-v3"
+    assert payload["metadata"]["total_tokens"] == sum(s["usage"]["total_tokens"] for s in served)
+    for turn, s in zip(payload["turns"], served, strict=True):
+        assert turn["action"]["completion_id"] == s["id"]
+        assert turn["action"]["model"] == "agentrl-policy-v3"
+        assert turn["action"]["usage"] == s["usage"]
+    assert capture.take("anything") is None and not capture._results  # nothing left behind
 
 
 async def test_subordinate_call(checkout: Checkout, a0_nats: Any) -> None:

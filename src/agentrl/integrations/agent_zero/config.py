@@ -38,6 +38,9 @@ class AgentZeroConfig(BaseModel):
     )
     connect_timeout_s: float = Field(1.0, gt=0)
     model_name: str = Field("agentrl-policy", description="The gateway's public model name.")
+    capture_wait_s: float = Field(
+        0.5, ge=0, description="The most a turn waits for LiteLLM's report of the call."
+    )
     domain: str = "general"
     agent_zero_root: str = Field("", description="Agent Zero's folder; empty: the cwd.")
 

@@ -7,6 +7,7 @@ logic lives here, in the installed agentrl package. Read from Agent Zero's sourc
 
   monologue_start(loop_data)           a user (or superior's) message starts a monologue
   message_loop_start(loop_data)        one LLM call + tool run begins
+  chat_model_call_before(call_data)    tag the main chat call (capture: serving version)
   chat_model_call_after(call_data, response, reasoning)   the LLM's full answer (upstream)
   tool_execute_before(tool_args, tool_name), tool_execute_after(response, tool_name)
   message_loop_end(loop_data)          loop_data.last_response: the answer (fork fallback)
@@ -27,6 +28,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from agentrl.contracts.base import new_id
+from agentrl.integrations.agent_zero import capture
 from agentrl.integrations.agent_zero.config import AgentZeroConfig, load_config, plugin_dir_for
 from agentrl.integrations.agent_zero.publisher import Outbox
 from agentrl.integrations.agent_zero.recorder import (
@@ -167,14 +170,40 @@ async def message_loop_start(agent: Any, loop_data: Any, plugin_file: str | Path
         rec.begin_turn()
 
 
+def _main_call(rec: TrajectoryRecorder | None, call_data: Any) -> bool:
+    """This turn's main chat call (not a background call such as chat compaction)."""
+    return (
+        rec is not None
+        and rec.current is not None
+        and isinstance(call_data, dict)
+        and not call_data.get("background")
+    )
+
+
+@guarded
+async def chat_model_call_before(agent: Any, call_data: Any, plugin_file: str | Path) -> None:
+    rec = recorder(agent)
+    if not _main_call(rec, call_data) or rec is None or rec.current is None:
+        return
+    model = call_data.get("model")
+    if capture.takes_extra_kwargs(model) and capture.ensure_litellm_callback():
+        rec.current.call_id = new_id()
+        call_data["model"] = capture.TaggedModel(model, rec.current.call_id)
+
+
 @guarded
 async def chat_model_call_after(
     agent: Any, call_data: Any, response: Any, plugin_file: str | Path
 ) -> None:
     rec = recorder(agent)
-    background = isinstance(call_data, dict) and call_data.get("background")
-    if rec is not None and rec.current is not None and not background:
-        rec.response_text(response if isinstance(response, str) else str(response))
+    if not _main_call(rec, call_data) or rec is None or rec.current is None:
+        return
+    rec.response_text(response if isinstance(response, str) else str(response))
+    if rec.current.call_id is not None:
+        wait = config_for(plugin_file).capture_wait_s
+        got = await capture.wait_for(rec.current.call_id, wait)
+        if got is not None:
+            rec.llm_answered(got.get("completion_id"), got.get("model"), got.get("usage"))
 
 
 @guarded

@@ -20,31 +20,16 @@ from agentrl.integrations.agent_zero.spool import Spool
 
 log = logging.getLogger("agentrl.agent_zero")
 
-# ids and names are not PII; leave them exactly as they are
-SKIP_KEYS = frozenset(
-    {
-        "trajectory_id",
-        "session_id",
-        "agent_id",
-        "task_id",
-        "feedback_id",
-        "completion_id",
-        "parent_trajectory_id",
-        "parent_agent_id",
-        "model",
-        "tool_name",
-    }
-)
-
 
 def redacted(event: Event) -> Event:
-    """The event with PII replaced (agentrl.rewards.redact, the reward service's patterns)."""
-    from agentrl.rewards.redact import redact_payload
+    """The event with PII replaced (agentrl.rewards.redact, the reward service's patterns);
+    the same object when nothing was found."""
+    from agentrl.rewards.redact import redact_event
 
-    clean, report = redact_payload(event.to_wire(), SKIP_KEYS)
-    if not report.total:
-        return event
-    out: Event = type(event).model_validate(clean)
+    clean, counts = redact_event(event)
+    if counts:
+        log.info("agentrl: redacted %s in %s", dict(counts), event.SUBJECT)
+    out: Event = clean
     return out
 
 

@@ -99,6 +99,8 @@ class TurnRecord:
     raw_response: str | None = None
     tool: ToolRun | None = None
     llm: dict[str, Any] = field(default_factory=dict)  # completion id, model, usage
+    started: float = field(default_factory=time.perf_counter)
+    call_id: str | None = None  # the tag of this turn's chat-model call (capture)
 
 
 @dataclass
@@ -183,7 +185,9 @@ class TrajectoryRecorder:
 
     def response_text(self, text: str) -> None:
         """The LLM's full answer of this turn (as Agent Zero's chat model returned it)."""
-        self._turn().raw_response = text
+        turn = self._turn()
+        turn.raw_response = text
+        turn.llm["llm_time_ms"] = round((time.perf_counter() - turn.started) * 1000.0, 3)
 
     def end_turn(self, raw_response: str | None = None) -> None:
         """Close the turn; `raw_response` is used when no answer was recorded for it."""

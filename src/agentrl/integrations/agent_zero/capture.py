@@ -1,0 +1,138 @@
+"""The serving model version, completion id and token usage of each chat-model call.
+
+Agent Zero's chat model returns text only (models.py `unified_call` -> (response,
+reasoning)), but it passes extra keyword arguments on to LiteLLM, and LiteLLM hands every
+finished call (the assembled response: `id`, `model`, `usage`, and the provider's response
+headers in `_hidden_params["additional_headers"]`, prefixed `llm_provider-`) to its callbacks.
+So the plugin tags the main chat call at `chat_model_call_before` (LiteLLM `metadata`), a
+LiteLLM callback files what the gateway answered under that tag, and `chat_model_call_after`
+takes it back, waiting at most a fraction of a second. agentrl's gateway names the version
+that served in `x-agentrl-model-version` and in the response's `model`; the completion id is
+the key of its completion log (`agent.rl.completion.v1`). Without LiteLLM (or for a model
+object that takes no extra arguments) nothing is tagged and the trajectory records the
+configured public model name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+CALL_KEY = "agentrl_call_id"
+VERSION_HEADERS = ("llm_provider-x-agentrl-model-version", "x-agentrl-model-version")
+KEEP = 1000  # answers nobody took (a call Agent Zero abandoned) are dropped after this many
+
+_results: OrderedDict[str, dict[str, Any]] = OrderedDict()
+_lock = threading.Lock()
+_callback: Any = None
+
+
+def _usage(obj: Any) -> dict[str, Any] | None:
+    usage = getattr(obj, "usage", None)
+    if usage is None:
+        return None
+    for method in ("model_dump", "dict"):
+        fn = getattr(usage, method, None)
+        if callable(fn):
+            try:
+                out = fn()
+                break
+            except Exception:
+                continue
+    else:
+        out = usage if isinstance(usage, dict) else dict(vars(usage))
+    keep = ("prompt_tokens", "completion_tokens", "total_tokens")
+    return {k: out[k] for k in keep if isinstance(out.get(k), int)} or None
+
+
+def record(kwargs: dict[str, Any], response_obj: Any) -> None:
+    """File one finished LiteLLM call (what a LiteLLM success callback receives)."""
+    params = kwargs.get("litellm_params") or {}
+    meta = params.get("metadata") or kwargs.get("metadata") or {}
+    call_id = meta.get(CALL_KEY) if isinstance(meta, dict) else None
+    if not call_id:
+        return
+    hidden = getattr(response_obj, "_hidden_params", None) or {}
+    headers = hidden.get("additional_headers") or {} if isinstance(hidden, dict) else {}
+    version = next((str(headers[h]) for h in VERSION_HEADERS if headers.get(h)), None)
+    answer = {
+        "completion_id": getattr(response_obj, "id", None),
+        "model": version or getattr(response_obj, "model", None),
+        "usage": _usage(response_obj),
+    }
+    with _lock:
+        _results[str(call_id)] = answer
+        while len(_results) > KEEP:
+            _results.popitem(last=False)
+
+
+def take(call_id: str) -> dict[str, Any] | None:
+    with _lock:
+        return _results.pop(call_id, None)
+
+
+async def wait_for(call_id: str, timeout: float) -> dict[str, Any] | None:
+    """The filed answer of `call_id` (LiteLLM may log a streamed call a moment later)."""
+    end = time.monotonic() + timeout
+    while True:
+        got = take(call_id)
+        if got is not None or time.monotonic() >= end:
+            return got
+        await asyncio.sleep(0.01)
+
+
+def ensure_litellm_callback() -> bool:
+    """Register the capturing callback with LiteLLM once; False when LiteLLM is missing."""
+    global _callback
+    if _callback is not None:
+        return True
+    try:
+        import litellm
+        from litellm.integrations.custom_logger import CustomLogger
+    except ImportError:
+        return False
+
+    class AgentRLCapture(CustomLogger):  # type: ignore[misc]
+        def log_success_event(self, kwargs: Any, response_obj: Any, start: Any, end: Any) -> None:
+            record(kwargs, response_obj)
+
+        async def async_log_success_event(
+            self, kwargs: Any, response_obj: Any, start: Any, end: Any
+        ) -> None:
+            record(kwargs, response_obj)
+
+    _callback = AgentRLCapture()
+    litellm.callbacks = [*(getattr(litellm, "callbacks", None) or []), _callback]
+    return True
+
+
+def takes_extra_kwargs(model: Any) -> bool:
+    fn = getattr(model, "unified_call", None)
+    if not callable(fn):
+        return False
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+class TaggedModel:
+    """Agent Zero's chat model with one call tagged: `unified_call` passes `metadata` on to
+    LiteLLM; everything else is the wrapped model's."""
+
+    def __init__(self, inner: Any, call_id: str) -> None:
+        self._inner = inner
+        self._call_id = call_id
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def unified_call(self, *args: Any, **kwargs: Any) -> Any:
+        meta = dict(kwargs.pop("metadata", None) or {})
+        meta[CALL_KEY] = self._call_id
+        return await self._inner.unified_call(*args, metadata=meta, **kwargs)
