@@ -220,7 +220,9 @@ class ServerBackend:
         self._call("command", sql, parameters=params or None)
 
     def query(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
-        table: pa.Table = self._call("query_arrow", sql, parameters=params or None)
+        table: pa.Table = self._call(
+            "query_arrow", sql, parameters=params or None, use_strings=True
+        )
         return table
 
     def insert(self, table: str, data: pa.Table) -> None:
