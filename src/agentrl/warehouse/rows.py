@@ -396,7 +396,7 @@ def status_rows(
             str(ev.status),
             u32(progress.current_epoch, "current_epoch"),
             u64(progress.current_step, "current_step"),
-            u64(progress.total_steps, "total_steps"),
+            u64(progress.total_steps or 0, "total_steps"),  # absent on the wire when unknown
             float(progress.percent_complete),
             f64(current.loss),
             f64(current.reward_mean),
