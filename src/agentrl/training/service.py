@@ -38,6 +38,7 @@ from agentrl.bus import Bus, Delivery, PermanentError, TransientError
 from agentrl.contracts.base import new_id, utcnow
 from agentrl.contracts.subjects import REWARD, TRAINING_REQUEST, TRAJECTORY
 from agentrl.contracts.training import TrainingRequest, TrainingStatus
+from agentrl.observability import instrument as obs
 from agentrl.settings import Settings, get_settings
 from agentrl.training.kv import CANCEL_SUBJECT, STATUS_BUCKET, bucket
 from agentrl.training.requests import defaults, job_kind, merge
@@ -292,6 +293,7 @@ class TrainingService:
                 await self._start(row, free.pop(0))
             for job in list(self.running.values()):
                 await self._poll(job)
+            obs.training_queue(len(self.store.jobs("queued")), len(self.running))
             self.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self.poll_s)
@@ -487,6 +489,8 @@ class TrainingService:
     ) -> None:
         self.store.update(row.job_id, status=status, pid=None)
         self.counters[status] = self.counters.get(status, 0) + 1
+        took = time.monotonic() - job.started if job is not None else None
+        obs.training_status(status, took, (final or {}).get("samples"))  # never raises
         await self._publish_status(
             row.job_id, status, job=job, final=final, error=error, artifacts=artifacts
         )
