@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from agentrl.errors import TrainingError
+from agentrl.observability import instrument as obs
 from agentrl.training.worker import Emitter, finite
 
 if TYPE_CHECKING:
@@ -170,6 +171,9 @@ class Progress:
     ) -> None:
         if not force and step % self.every and step != self.total:
             return
+        # job process -> multiprocess metrics (the steps since the last report, the curve)
+        obs.training_step(step - getattr(self, "_obs_step", step), metrics.get("reward_mean"), metrics.get("loss"))
+        self._obs_step = step
         elapsed = time.monotonic() - self.t0
         new = max(1, step - self.done_at_start)
         eta = elapsed / new * max(0, self.total - step)
