@@ -113,6 +113,14 @@ class TrajectoryMetadata(Part):
     rl_opt_out: bool = False
     outcome: Outcome | None = Field(None, description="agentrl's addition (was top-level).")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _model_named(cls, data: Any) -> Any:
+        # `model: null` was valid once; the published schema requires a name
+        if isinstance(data, dict) and "model" in data and data["model"] is None:
+            data = {k: v for k, v in data.items() if k != "model"}
+        return data
+
 
 class TrajectoryEvent(Event):
     SUBJECT: ClassVar[str] = "agent.rl.trajectory.v1"
