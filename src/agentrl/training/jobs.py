@@ -172,7 +172,8 @@ class Progress:
         if not force and step % self.every and step != self.total:
             return
         # job process -> multiprocess metrics (the steps since the last report, the curve)
-        obs.training_step(step - getattr(self, "_obs_step", step), metrics.get("reward_mean"), metrics.get("loss"))
+        since = getattr(self, "_obs_step", self.done_at_start)
+        obs.training_step(step - since, metrics.get("reward_mean"), metrics.get("loss"))
         self._obs_step = step
         elapsed = time.monotonic() - self.t0
         new = max(1, step - self.done_at_start)
