@@ -192,3 +192,24 @@ def bus_published_many(items: list[tuple[str, bytes, str]]) -> None:
             return
         for subject, n in Counter(item[0] for item in items).items():
             m.BUS_PUBLISHED.labels(subject=m.SUBJECT(subject)).inc(n)
+
+
+def gateway_started(version: str) -> None:
+    """A chat completion request was routed to `version` (counts every request, streamed too)."""
+    if m.enabled():
+        with m.safe():
+            m.GATEWAY_REQUESTS.labels(model_version=m.MODEL_VERSION(version)).inc()
+
+
+def gateway_done(version: str, seconds: float) -> None:
+    """A non-streamed request to `version` answered after `seconds`."""
+    if m.enabled():
+        with m.safe():
+            m.GATEWAY_LATENCY.labels(model_version=m.MODEL_VERSION(version)).observe(seconds)
+
+
+def gateway_error(version: str) -> None:
+    """A request to `version` failed on the server side (5xx: backend error or timeout)."""
+    if m.enabled():
+        with m.safe():
+            m.GATEWAY_ERRORS.labels(model_version=m.MODEL_VERSION(version)).inc()
