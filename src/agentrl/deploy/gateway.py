@@ -42,6 +42,7 @@ from agentrl.deploy.openai_types import (
     logprobs_block,
     new_completion_id,
 )
+from agentrl.observability import instrument as obs
 
 log = logging.getLogger(__name__)
 
@@ -269,6 +270,7 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
         completion_id = new_completion_id()
         headers = {VERSION_HEADER: model_id}
         stats.requests += 1
+        obs.gateway_started(model_id)
         started = time.perf_counter()
         if body.stream:
             return await _stream(
@@ -279,6 +281,7 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
         except (TimeoutError, BackendError, DeployError, Exception) as exc:
             return _failed(stats, exc, model_id, headers)
         stats.latency_ms.append((time.perf_counter() - started) * 1000)
+        obs.gateway_done(model_id, time.perf_counter() - started)
         stats.completion_tokens += gen.completion_tokens
         if gen.raw is not None:
             out = dict(gen.raw)
@@ -308,6 +311,7 @@ def _failed(
         status, msg = 502, f"model version {model_id} failed: {type(exc).__name__}: {exc}"
     if status >= 500:
         stats.errors += 1
+        obs.gateway_error(model_id)
         if stats.first_error_at is None:
             stats.first_error_at = time.time()
     type_ = "server_error" if status >= 500 else "invalid_request_error"
