@@ -213,3 +213,19 @@ def gateway_error(version: str) -> None:
     if m.enabled():
         with m.safe():
             m.GATEWAY_ERRORS.labels(model_version=m.MODEL_VERSION(version)).inc()
+
+
+_DEPLOY_STATUS = {
+    "bootstrap": "deployed",
+    "set_weight": "canary",
+    "step": "canary",
+    "manual_weight": "canary",
+    "promote": "promoted",
+    "rollback": "rolled_back",
+}
+
+
+def deployment_action(action: str | None, model_id: str, weight: float | None = None) -> None:
+    """The deployer published a deployment event for `action` (start/step/promote/rollback)."""
+    status = _DEPLOY_STATUS.get(action or "", action or "unknown")
+    m.record_deployment(status)
