@@ -114,7 +114,7 @@ def run(job_dir: Path) -> int:
         return 0
     except Cancelled:
         emitter.emit("cancelled", message="cancelled on request")
-        return 0
+        os._exit(0)  # no interpreter teardown: the service waits for this exit
     except TrainingError as exc:
         emitter.emit("failed", code=exc.code, message=str(exc), traceback=traceback.format_exc())
         return 1
