@@ -18,6 +18,8 @@ from agentrl.contracts.deployment import ModelDeployed
 from agentrl.deploy.config import RolloutPlan
 from agentrl.deploy.errors import DeployError
 from agentrl.deploy.registry import Decision, ModelRecord, Registry, Rollout, Split
+from agentrl.logs import audit
+from agentrl.observability import instrument as obs
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +121,9 @@ class Deployer:
             return
         event = build_event(record, public_name=self.public, endpoint=self.endpoint, **kw)
         await self.bus.publish(event)
+        obs.deployment_action(kw.get("action"), record.model_id, kw.get("weight"))
+        audit(f"deployment.{kw.get('action')}", actor=kw.get("deployed_by"), model_id=record.model_id,
+              deployment_id=event.deployment_id, weight=kw.get("weight"), reason=kw.get("reason"))  # fmt: skip
 
     # ---- registration -------------------------------------------------------------------
     async def bootstrap(
