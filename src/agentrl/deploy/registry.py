@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentrl.contracts.base import utcnow
 from agentrl.deploy.config import RolloutPlan
 from agentrl.deploy.errors import DeployError
+from agentrl.observability import instrument as obs
 
 State = Literal["candidate", "canary", "live", "retired", "rolled_back", "rejected"]
 HISTORY = 64
@@ -315,7 +316,9 @@ class Registry:
             split.updated_at = utcnow()
             return split
 
-        return await self._mutate(f"split.{public_name}", Split, apply)
+        split = await self._mutate(f"split.{public_name}", Split, apply)
+        obs.deployment(traffic={v: w / 100.0 for v, w in split.weights.items()})  # 0-1 ratios
+        return split
 
     async def get_rollout(self, public_name: str) -> Rollout | None:
         return (await self._get(f"rollout.{public_name}", Rollout))[0]
