@@ -27,6 +27,7 @@ from agentrl.deploy.errors import DeployError
 from agentrl.deploy.monitor import RewardTracker, Summary, analyse
 from agentrl.deploy.registry import ModelRecord
 from agentrl.deploy.sequential import CheckResult
+from agentrl.observability import instrument as obs
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +198,7 @@ class Controller:
             req, err = self._counts(v)
             b_req, b_err = base.get(v, (0, 0))
             n, total = self.tracker.summary(v, since)
+            obs.deployment(rewards={v: total / n} if n else None)  # reward per version gauge
             return Summary(req - b_req, err - b_err, n, total)
 
         plan = rollout.plan
