@@ -33,6 +33,7 @@ from typing import Any
 
 from agentrl.deploy.config import DeploySettings
 from agentrl.deploy.registry import ModelRecord, Registry
+from agentrl.observability import instrument as obs
 
 TASK_TYPES: dict[str, list[str]] = {
     "tool_usage": ["tooluse-arithmetic"],
@@ -228,6 +229,7 @@ class Validator:
             folder = await asyncio.to_thread(verify_checkpoint, record, self.cache_dir)
             policy = await asyncio.to_thread(_hf_policy, str(folder), None)
         bench = await run_benchmarks(policy, self.settings, self.task_types)
+        obs.deployment(scores={(record.model_id, t): v for t, v in bench["scores"].items()})
         safety = await run_safety(_generator(policy), self.settings, self.prompts)
         return {"benchmark": bench, "safety": safety}
 
