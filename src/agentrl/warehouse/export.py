@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from agentrl.contracts.training import Dataset, DatasetFilter
 from agentrl.contracts.trajectory import TrajectoryEvent
+from agentrl.logs import audit
 from agentrl.settings import Settings, get_settings
 from agentrl.warehouse.backend import Backend
 from agentrl.warehouse.config import WarehouseSettings
@@ -120,7 +121,10 @@ def select_dataset(
         require_reward=require_reward,
         include_raw=include_raw,
     )
-    return backend.query(sql, params)
+    table = backend.query(sql, params)
+    audit("data.read", source="warehouse", rows=int(table.num_rows), sample_size=sample_size,
+          filter=(filt or DatasetFilter()).model_dump(mode="json", exclude_none=True))  # fmt: skip
+    return table
 
 
 def to_bytes(table: pa.Table, fmt: Format) -> bytes:
@@ -163,6 +167,7 @@ def export(
         pq.write_table(table, path, compression="zstd")
     else:
         path.write_bytes(to_bytes(table, "jsonl"))
+    audit("data.export", destination=str(path), rows=int(table.num_rows), format=fmt)
     return int(table.num_rows)
 
 
