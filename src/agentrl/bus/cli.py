@@ -21,7 +21,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     ) -> None:
         """Start the embedded stack: nats-server with JetStream and all streams, then the
         agentrl services (reward service). Ctrl-C stops everything cleanly."""
+        from agentrl.observability.multiproc import enable_for_stack
         from agentrl.stack import run_stack
+
+        enable_for_stack(data_dir)  # job child processes report to the one /metrics
 
         if cluster:
             _up_cluster(cluster, data_dir, not no_services)
