@@ -113,6 +113,44 @@ async def _run(url: str, n: int, chunk: int = 50_000) -> dict[str, Any]:
     }
 
 
+async def _onoff(url: str, n: int, rounds: int = 2) -> dict[str, Any]:
+    """Instrumentation cost: publish + consume `n` messages with the bus's instrumentation
+    (counters and Prometheus metrics) on and off, alternating, `rounds` times each. CPU time
+    of this process per message decides (wall rates on a shared machine move more than the
+    effect); the fraction is median CPU on / median CPU off - 1, floored at 0."""
+    from agentrl.observability import metrics as obs_metrics
+
+    bus = await Bus.connect(url, name="bench-bus-onoff")
+    await bus.ensure_streams()
+    events = [sample_trajectory(i) for i in range(n)]
+    cpu: dict[bool, list[float]] = {True: [], False: []}
+    rate: dict[bool, list[float]] = {True: [], False: []}
+    try:
+        for _ in range(rounds):
+            for on in (False, True):
+                set_instrumentation(on)
+                obs_metrics.set_enabled(on)
+                await bus.js.purge_stream("RL_TRAJECTORIES")
+                c0, t0 = time.process_time(), time.perf_counter()
+                await bus.publish_many(events)
+                publish_s = time.perf_counter() - t0
+                _seen, _stats, consume_s, _info = await _consume_all(bus, n)
+                cpu[on].append((time.process_time() - c0) / n)
+                rate[on].append(2 * n / (publish_s + consume_s))
+    finally:
+        set_instrumentation(True)
+        obs_metrics.set_enabled(True)
+        await bus.close()
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    return {
+        "metrics_on_msgs_per_s": med(rate[True]),
+        "metrics_off_msgs_per_s": med(rate[False]),
+        "metrics_on_cpu_us_per_msg": med(cpu[True]) * 1e6,
+        "metrics_off_cpu_us_per_msg": med(cpu[False]) * 1e6,
+        "metrics_overhead_fraction": round(max(0.0, med(cpu[True]) / med(cpu[False]) - 1), 4),
+    }
+
+
 async def _consume_all(
     bus: Bus, n: int, stream: str = "RL_TRAJECTORIES"
 ) -> tuple[dict[str, int], ConsumeStats, float, Any]:
@@ -177,12 +215,14 @@ def run_bus_benchmark(
 
     if url:
         res = asyncio.run(_run(url, n))
+        res.update(asyncio.run(_onoff(url, min(n, 20_000))))
     else:
         with (
             tempfile.TemporaryDirectory(prefix="agentrl-bench-") as tmp,
             EmbeddedNats(data_dir=tmp) as srv,
         ):
             res = asyncio.run(_run(srv.url, n))
+            res.update(asyncio.run(_onoff(srv.url, min(n, 20_000))))
     if cluster:
         with (
             tempfile.TemporaryDirectory(prefix="agentrl-bench-cluster-") as tmp,

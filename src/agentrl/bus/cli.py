@@ -70,6 +70,14 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 f"{res['raw_publish_cpu_us_per_msg']:.1f} | {res['consume_cpu_us_per_msg']:.1f}",
             },
         ]
+        rows.append(
+            {
+                "path": "metrics on | off: msgs/s (publish+consume), CPU us/msg",
+                "msgs/s": f"{res['metrics_on_msgs_per_s']:,.0f} | {res['metrics_off_msgs_per_s']:,.0f}"
+                f", {res['metrics_on_cpu_us_per_msg']:.1f} | {res['metrics_off_cpu_us_per_msg']:.1f}"
+                f" (overhead {res['metrics_overhead_fraction']:.1%})",
+            }
+        )
         if cluster:
             rows += [
                 {
@@ -105,6 +113,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             "lost",
             "duplicates",
             "raw_nats_py_publish_msgs_per_s",
+            "metrics_on_msgs_per_s",
+            "metrics_off_msgs_per_s",
+            "metrics_overhead_fraction",
         ]
         if cluster:
             keys += [
