@@ -258,6 +258,11 @@ def _reward_service_cmd(url: str, data_dir: Path) -> list[str]:
     ]
 
 
+def _reward_service_no_metrics_cmd(url: str, data_dir: Path) -> list[str]:
+    """The same service with Prometheus metrics off (the overhead comparison)."""
+    return ["env", "AGENTRL_METRICS_DISABLED=1", *_reward_service_cmd(url, data_dir)]
+
+
 def _echo_cmd(url: str, data_dir: Path) -> list[str]:
     return [sys.executable, "-m", "agentrl.rewards.bench", "echo", url]
 
@@ -313,6 +318,18 @@ def run_rewards_benchmark(
                 "rewards (no code)", _reward_service_cmd, "rewards", n, False, paced_s, url, say
             )
         ]
+        rows.append(
+            await _phase(
+                "rewards (no code, metrics off)",
+                _reward_service_no_metrics_cmd,
+                "rewards",
+                n,
+                False,
+                paced_s,
+                url,
+                say,
+            )
+        )
         rows.append(
             await _phase(
                 "rewards (with code)",

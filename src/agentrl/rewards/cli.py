@@ -220,7 +220,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 paced_s=2.0 if quick else 4.0,
                 progress=lambda m: bar.update(task, description=m),
             )
-        plain_row, code_row, peer = rows
+        plain_row, off_row, code_row, peer = rows
+        # metrics cost: service CPU per trajectory with metrics on vs off (wall rates on a
+        # shared machine move more than the effect; both are reported)
+        overhead = max(0.0, plain_row["service_cpu_us"] / off_row["service_cpu_us"] - 1)
         figures = {
             "trajectories_per_s": round(plain_row["per_s"], 1),
             "code_trajectories_per_s": round(code_row["per_s"], 1),
@@ -233,6 +236,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             "service_cpu_us_per_trajectory": round(plain_row["service_cpu_us"], 1),
             "code_service_cpu_us_per_trajectory": round(code_row["service_cpu_us"], 1),
             "peer_raw_nats_py_echo_per_s": round(peer["per_s"], 1),
+            "metrics_off_trajectories_per_s": round(off_row["per_s"], 1),
+            "metrics_off_service_cpu_us_per_trajectory": round(off_row["service_cpu_us"], 1),
+            "metrics_overhead_fraction": round(overhead, 4),
             "n": plain,
             "n_code": code,
             "complete": all(r["complete"] for r in rows),
