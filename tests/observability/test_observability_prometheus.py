@@ -1,7 +1,9 @@
-"""The real thing: Debian's `prometheus` scrapes the control API's /metrics (served by the
-stack's supervisor, over a real nats-server) during a short run; then every PromQL
-expression of the dashboards and alert rules is evaluated through Prometheus's HTTP API
-without error, every metric they name exists in its TSDB, and the rules load healthy."""
+"""The real thing: Debian's `prometheus` scrapes the control API's /metrics while the stack's
+supervisor runs the real reward service over a real nats-server (trajectories in, rewards
+out, one poison message dead-lettered); then every PromQL expression of the dashboards and
+alert rules is evaluated through Prometheus's HTTP API without error, every metric they name
+exists in its TSDB, and the rules load healthy. Services that a short run does not exercise
+(training jobs, canaries, the gateway) record through the same hooks directly."""
 
 from __future__ import annotations
 
@@ -19,8 +21,12 @@ import pytest
 import yaml
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from agentrl.bus.server import EmbeddedNats
+from agentrl.contracts.subjects import TRAJECTORY
+from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.observability import generate
 from agentrl.observability import metrics as m
+from agentrl.rewards.samples import sample_trajectory
 from agentrl.settings import Settings
 from agentrl.stack import stack_services
 
@@ -40,7 +46,7 @@ def free_port() -> int:
 
 
 def activity() -> None:
-    """What the services record in a short run (one of each labelled series)."""
+    """What the services not running in this test record (one of each labelled series)."""
     m.record_training_status("completed")
     m.record_training_status("failed")
     m.observe(m.TRAINING_DURATION, 420.0)
@@ -55,25 +61,16 @@ def activity() -> None:
         m.set_gauge(m.MODEL_TRAFFIC_RATIO, ratio, model_version=version)
         m.set_gauge(m.MODEL_BENCHMARK_SCORE, 0.5, model_version=version, task_type="sokoban")
         m.record_gateway_request(version, 0.05, error=version == "v2")
-        m.record_trajectory("agent_zero", "sokoban", 4, reward, version, success=True)
-    m.observe(m.REWARD_COMPONENT, 0.5, component="task_completion")
     m.record_deployment("canary")
     m.record_deployment("rolled_back")
     m.record_deployment("promoted")
-    m.observe(m.REWARD_LATENCY, 0.01)
-    m.inc(m.REWARDS_PUBLISHED)
-    m.inc(m.BUS_PUBLISHED, subject="agent.rl.feedback.v1")
-    m.inc(m.BUS_CONSUMED, consumer="rewards")
-    m.record_dead_letter("agent.rl.trajectory.v1")
     m.observe(m.WAREHOUSE_BATCH_ROWS, 100, table="rewards")
     m.observe(m.WAREHOUSE_INSERT_LATENCY, 0.02, table="rewards")
     m.inc(m.WAREHOUSE_ROWS, 100, table="rewards")
     m.inc(m.COLLECTOR_ERRORS, 0, collector="jetstream")
 
 
-async def test_prometheus_scrapes_up_and_evaluates_every_expression(
-    nats_url: str, tmp_path: Path
-) -> None:
+async def test_prometheus_scrapes_up_and_evaluates_every_expression(tmp_path: Path) -> None:
     api_port, prom_port = free_port(), free_port()
     settings = Settings(api_port=api_port, data_dir=tmp_path / "data")
     config = yaml.safe_load((OPS / "prometheus/prometheus.yml").read_text())
@@ -85,7 +82,27 @@ async def test_prometheus_scrapes_up_and_evaluates_every_expression(
     config["rule_files"] = [str(tmp_path / "agentrl.rules.yml")]
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
 
-    async with stack_services(nats_url, settings, only={"control API"}) as stack:
+    server = EmbeddedNats(data_dir=tmp_path / "nats")  # its own: the reward service's durable
+    server.start()
+    published = m.REWARDS_PUBLISHED._value.get()
+    try:
+        await run_with_prometheus(server.url, settings, tmp_path, api_port, prom_port, published)
+    finally:
+        server.stop()
+
+
+async def run_with_prometheus(
+    url: str, settings: Settings, tmp_path: Path, api_port: int, prom_port: int, published: float
+) -> None:
+    only = {"reward service", "control API"}
+    async with stack_services(url, settings, only=only) as stack:
+        events = [TrajectoryEvent.model_validate(sample_trajectory(i)) for i in range(30)]
+        await stack.bus.publish_many(events)
+        await stack.bus.publish_raw(TRAJECTORY, b'{"not": "a trajectory"}', "poison-1")
+        deadline = time.monotonic() + 90
+        while m.REWARDS_PUBLISHED._value.get() < published + 30:  # the real service scored
+            assert time.monotonic() < deadline, "the reward service scored nothing in 90 s"
+            await asyncio.sleep(0.2)
         durable = f"prom-{uuid.uuid4().hex[:8]}"
         await stack.bus.js.add_consumer(
             "RL_FEEDBACK",
@@ -123,6 +140,20 @@ async def test_prometheus_scrapes_up_and_evaluates_every_expression(
                     missing = set(re.findall(r"\bagent_rl_\w+", expr)) - names
                     assert not missing, (where, missing)
                 assert "agent_rl_bus_consumer_pending_messages" in names  # from the collector
+                got = (
+                    await client.get(
+                        "/api/v1/query",
+                        params={"query": "sum(agent_rl_trajectories_collected_total)"},
+                    )
+                ).json()["data"]["result"]
+                assert float(got[0]["value"][1]) >= 30  # from the reward service itself
+                dlq = (
+                    await client.get(
+                        "/api/v1/query",
+                        params={"query": "sum(agent_rl_bus_dead_letters_total)"},
+                    )
+                ).json()["data"]["result"]
+                assert float(dlq[0]["value"][1]) >= 1  # the poison message, by the bus
                 for _ in range(50):  # every rule evaluated, none with an error
                     got = (await client.get("/api/v1/rules")).json()["data"]["groups"][0]
                     if all(r["health"] == "ok" for r in got["rules"]):
