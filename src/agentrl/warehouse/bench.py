@@ -97,7 +97,9 @@ async def _ingest(n: int, data: Path, progress: Callable[[str], None]) -> dict[s
             await bus.publish_many(rewards[k : k + 2000])
         progress("ingesting rewards")
         t_rew = await _drain(bus, settings, ws, "RL_REWARDS", "reward")
-        counts = Analytics(open_backend(ws, data), ws.database).counts()
+        backend = open_backend(ws, data)
+        counts = Analytics(backend, ws.database).counts()
+        cost = _cost_breakdown(trajs[:2000], backend)
         dead = int((await bus.js.stream_info("RL_DLQ")).state.messages)
         await bus.close()
     turns = counts["turns"]
@@ -110,7 +112,33 @@ async def _ingest(n: int, data: Path, progress: Callable[[str], None]) -> dict[s
         "trajectories_per_s": counts["trajectories"] / t_traj,
         "rewards_per_s": counts["rewards"] / t_rew,
         "lost": (n - counts["trajectories"]) + (n - counts["rewards"]),
+        **cost,
         "dead_lettered": dead,
+    }
+
+
+def _cost_breakdown(trajs: list[Any], backend: Backend) -> dict[str, float]:
+    """Where an ingested trajectory's CPU goes: the contract's validation (done by the bus
+    on every delivery) vs the warehouse's own conversion and insert (µs per trajectory)."""
+    from agentrl.contracts.trajectory import TrajectoryEvent
+    from agentrl.warehouse import rows
+    from agentrl.warehouse.ingest import insert_built
+
+    raws = [t.to_json() for t in trajs]
+    t0 = time.perf_counter()
+    events = [TrajectoryEvent.model_validate_json(r) for r in raws]
+    t1 = time.perf_counter()
+    ws = WarehouseSettings(database="bench_cost")
+    schema.apply(backend, ws)
+    built = rows.build("trajectory", [(e, r, "") for e, r in zip(events, raws, strict=True)], 0)
+    t2 = time.perf_counter()
+    insert_built(backend, ws.database, built)
+    t3 = time.perf_counter()
+    n = len(trajs)
+    return {
+        "validate_us": (t1 - t0) / n * 1e6,
+        "convert_us": (t2 - t1) / n * 1e6,
+        "insert_us": (t3 - t2) / n * 1e6,
     }
 
 

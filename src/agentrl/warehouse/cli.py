@@ -316,6 +316,14 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 "max_ms": "",
                 "rate": f"{ingest['turns_per_s']:,.0f} turns/s, {ingest['trajectories_per_s']:,.0f} traj/s, rewards {ingest['rewards_per_s']:,.0f}/s",
             },
+            {
+                "query": "ingest CPU per trajectory (us)",
+                "turns": "",
+                "p50_ms": "",
+                "p99_ms": "",
+                "max_ms": "",
+                "rate": f"contract validation {ingest['validate_us']:,.0f}, rows {ingest['convert_us']:,.0f}, arrow + insert {ingest['insert_us']:,.0f}",
+            },
             *rows,
             {
                 "query": f"export {figs['export_rows']:,} trajectories -> Parquet",

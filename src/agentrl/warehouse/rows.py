@@ -173,34 +173,25 @@ class RowRejected(ValueError):
 
 @dataclass
 class TableRows:
-    """Column lists of one table plus, per row, the index of the delivery it came from."""
+    """Rows of one table (tuples in schema order) plus, per row, the index of the delivery
+    it came from. Columns are formed once, when the arrow table is built."""
 
     name: str
-    columns: dict[str, list[Any]] = field(default_factory=dict)
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
     owners: list[int] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        self.columns = {f.name: [] for f in SCHEMAS[self.name]}
-        self._cols = list(self.columns.values())
-
-    def add(self, owner: int, values: Sequence[Any]) -> None:
-        for col, value in zip(self._cols, values, strict=True):
-            col.append(value)
+    def add(self, owner: int, values: tuple[Any, ...]) -> None:
+        self.rows.append(values)
         self.owners.append(owner)
 
     def to_arrow(self, keep: Callable[[int], bool] | None = None) -> pa.Table:
         schema = SCHEMAS[self.name]
-        if keep is None:
-            return pa.table(
-                [pa.array(c, type=f.type) for c, f in zip(self._cols, schema, strict=True)],
-                schema=schema,
-            )
-        rows = [i for i, o in enumerate(self.owners) if keep(o)]
+        rows = self.rows
+        if keep is not None:
+            rows = [r for r, o in zip(rows, self.owners, strict=True) if keep(o)]
+        columns = list(zip(*rows, strict=True)) if rows else [()] * len(schema)
         return pa.table(
-            [
-                pa.array([c[i] for i in rows], type=f.type)
-                for c, f in zip(self._cols, schema, strict=True)
-            ],
+            [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)],
             schema=schema,
         )
 
@@ -451,18 +442,25 @@ def deployment_rows(
 
 
 def _extra(block: Any, name: str) -> Any:
-    """A field of an open nested object, declared or extra (None when absent)."""
+    """A field of an open nested object, declared or extra (None when absent). Extras are
+    looked up in the model's extra dict: a missing attribute costs pydantic an exception."""
     if block is None:
         return None
-    return getattr(block, name, None)
+    if name in type(block).model_fields:
+        return getattr(block, name)
+    extra = block.__pydantic_extra__
+    return extra.get(name) if extra else None
 
 
 def _turn_tokens(action: Any) -> int:
     """Tokens of a turn when the producer recorded them (action.tokens or action.usage)."""
-    tokens = getattr(action, "tokens", None)
+    extra = action.__pydantic_extra__
+    if not extra:
+        return 0
+    tokens = extra.get("tokens")
     if isinstance(tokens, int):
         return tokens
-    usage = getattr(action, "usage", None)
+    usage = extra.get("usage")
     if isinstance(usage, dict):
         total = usage.get("total_tokens")
         if isinstance(total, int):
