@@ -179,7 +179,8 @@ def seed_example_input() -> tuple[ScoringInput, WindowState]:
 
 def test_seed_worked_example_total_is_0_8775_not_0_8625() -> None:
     item, state = seed_example_input()
-    (scored,), _ = score_batch([item], state, RewardConfig())
+    # The seed's formula (no completion scaling): its example is a partial completion.
+    (scored,), _ = score_batch([item], state, RewardConfig(efficiency_by_completion=False))
     reward = scored.event
     comps = {name: (c.score, c.weight) for name, c in reward.reward_components.items()}
     assert comps == {
@@ -200,7 +201,9 @@ def test_seed_worked_example_total_is_0_8775_not_0_8625() -> None:
 
 def test_total_reward_can_be_the_normalised_total() -> None:
     item, state = seed_example_input()
-    (scored,), _ = score_batch([item], state, RewardConfig(total_reward="normalized"))
+    (scored,), _ = score_batch(
+        [item], state, RewardConfig(total_reward="normalized", efficiency_by_completion=False)
+    )
     reward = scored.event
     assert reward.total_reward_kind == "normalized"
     assert reward.total_reward == reward.normalized_total_reward

@@ -191,6 +191,7 @@ def score_batch(
                 float(mean[q]),
                 float(std[q]),
                 config.efficiency_min_history,
+                by_completion=config.efficiency_by_completion,
             )
         new_turns[domain] = turns
 

@@ -67,8 +67,11 @@ def efficiency(
     mean_turns: float,
     std_turns: float,
     min_history: int,
+    *,
+    by_completion: bool = True,
 ) -> ComponentScore:
-    """Efficiency against the running turn statistics of the trajectory's domain.
+    """Efficiency against the running turn statistics of the trajectory's domain, times the
+    completion fraction (`by_completion`, the seed correction; see `completion_fraction`).
 
     With fewer than `min_history` past trajectories of the domain there is no fair comparison
     yet: the score is a neutral 0.5, marked not informative.
@@ -89,12 +92,29 @@ def efficiency(
             informative=False,
             metrics=metrics,
         )
-    score = efficiency_score(turns, mean_turns, std_turns)
+    raw = efficiency_score(turns, mean_turns, std_turns)
+    done = completion_fraction(trajectory.outcome) if by_completion else 1.0
+    score = raw * done
+    metrics.update(efficiency_raw=raw, completion_fraction=done)
     return ComponentScore(
         score,
-        reasoning=f"completed in {turns} turns, avg is {mean_turns:.1f} ± {std_turns:.1f} turns for {domain} tasks",
+        reasoning=(
+            f"completed in {turns} turns, avg is {mean_turns:.1f} ± {std_turns:.1f} turns for "
+            f"{domain} tasks; x {done:.2f} completion"
+        ),
         metrics=metrics,
     )
+
+
+def completion_fraction(outcome: Outcome | None) -> float:
+    """Seed correction: efficiency counts only in proportion to completion (1 when completed,
+    the completion percentage when partial, 0 when failed; 1 without an outcome block), so a
+    short failure never earns the efficiency a short success does."""
+    if outcome is None or outcome.task_status == "completed_successfully":
+        return 1.0
+    if outcome.task_status == "partial_completion":
+        return max(0.0, min(1.0, float(outcome.completion_percentage)))
+    return 0.0
 
 
 def efficiency_signals(trajectory: TrajectoryEvent) -> dict[str, Any]:

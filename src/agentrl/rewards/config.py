@@ -63,6 +63,11 @@ class RewardConfig(BaseModel):
     efficiency_min_history: int = Field(
         5, ge=1, description="Earlier trajectories a domain needs before efficiency is scored."
     )
+    efficiency_by_completion: bool = Field(
+        True,
+        description="Seed correction: efficiency x completion (1 done, pct partial, 0 failed); "
+        "False gives the seed's formula (a short failure earns efficiency).",
+    )
     total_reward: Literal["raw", "normalized"] = "raw"
     custom_functions: list[CustomFunctionSpec] = Field(default_factory=list)
     redact: bool = True
@@ -136,6 +141,7 @@ class RewardConfig(BaseModel):
                 "window",
                 "efficiency_window",
                 "efficiency_min_history",
+                "efficiency_by_completion",
                 "total_reward",
                 "custom_functions",
                 "code_tools",
