@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Sets up .venv (if needed) and runs the main job: the closed loop demo on the embedded
-# stack (real nats-server, reward service, rollouts, a training update). Extra arguments
-# go to `agentrl demo`.
+# Sets up .venv (if needed) and runs the main job: SmolLM2-135M learns text FrozenLake as a
+# valid-action policy (configs/frozenlake-valid-action.yaml), then the base and the trained
+# model are compared on 50 held-out maps. Ends with the table, a PNG of held-out success per
+# iteration (runs/learning/heldout_success.png) and, as the last line, one JSON object:
+# base_heldout_success, trained_heldout_success, heldout_seeds, wall_s.
+# Extra arguments go to `agentrl learn` (e.g. --iterations 20, --model tiny). The closed loop
+# over the bus (reward service, rollouts, an update) is `agentrl demo`.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/setup.sh
-exec .venv/bin/agentrl demo "$@"
+exec .venv/bin/agentrl learn "$@"

@@ -303,25 +303,21 @@ class UpperLayerScorer:
         device = next(self.model.parameters()).device
         head: nn.Module = base_of(self.model).get_output_embeddings()
         weight = head.weight[self.choice_ids.to(device)]  # [C, H]: only the candidates' rows
-        out: list[torch.Tensor | None] = [None] * len(texts)
-        hid: list[torch.Tensor | None] = [None] * len(texts)
-        groups: dict[int, list[int]] = {}
-        for i, t in enumerate(texts):
-            groups.setdefault(int(self.features[t].shape[0]), []).append(i)
+        feats = [self.features[t] for t in texts]
+        lengths = torch.tensor([int(f.shape[0]) for f in feats], device=device)
+        width = int(lengths.max())
+        # Right padding: causal attention never lets a real position see the padding, so
+        # each row is exactly what it would be alone; one batched call per scoring step.
+        hidden = feats[0].new_zeros((len(feats), width, feats[0].shape[-1]))
+        for r, f in enumerate(feats):
+            hidden[r, : f.shape[0]] = f
         with autocast(self.dtype, device):
-            for rows in groups.values():
-                hidden = torch.stack([self.features[texts[i]] for i in rows])
-                hidden = self._run(hidden, self.start, len(self.inner.layers))
-                last = self.inner.norm(hidden[:, -1])
-                logits = (last @ weight.T).float() / self.temperature
-                renorm = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
-                for k, i in enumerate(rows):
-                    out[i] = renorm[k]
-                    hid[i] = last[k]
-        return (
-            torch.stack([t for t in out if t is not None]),
-            torch.stack([h for h in hid if h is not None]),
-        )
+            hidden = self._run(hidden, self.start, len(self.inner.layers))
+            rows = torch.arange(len(feats), device=device)
+            last = self.inner.norm(hidden[rows, lengths - 1])
+            logits = (last @ weight.T).float() / self.temperature
+            renorm = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+        return renorm, last
 
     @torch.no_grad()
     def score(self, texts: Sequence[str]) -> torch.Tensor:

@@ -113,6 +113,40 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         if int(os.environ.get("RANK", "0")) == 0:
             print(json.dumps(result.summary(), default=float))
 
+    @app.command("learn")
+    def learn(
+        config: Path = typer.Option(
+            Path("configs/frozenlake-valid-action.yaml"), help="A valid-action learning config."
+        ),
+        iterations: int = typer.Option(None, min=1, help="Override the config's iterations."),
+        algorithm: str = typer.Option(None, help="Override: gigpo, grpo, rloo or ppo."),
+        model: str = typer.Option(None, help="Override: 'smollm2', 'tiny', a HF id or folder."),
+        heldout_seeds: int = typer.Option(None, min=1, help="Override: held-out maps."),
+        time_budget_s: float = typer.Option(None, min=1, help="Override: training seconds."),
+        seed: int = typer.Option(None, help="Override the config's seed."),
+        out: str = typer.Option(None, help="Override: output folder (adapter, PNG, JSON)."),
+    ) -> None:
+        """The main job: train SmolLM2 with the shipped valid-action configuration on text
+        FrozenLake and compare it with its base on held-out maps (table, PNG, and a last JSON
+        line with base_heldout_success, trained_heldout_success, heldout_seeds, wall_s).
+
+        Example: agentrl learn --config configs/frozenlake-valid-action.yaml
+        """
+        from rich.console import Console
+
+        from agentrl.llm.main_job import run_main_job
+
+        overrides = {
+            "iterations": iterations,
+            "algorithm": algorithm,
+            "model": model,
+            "heldout_seeds": heldout_seeds,
+            "time_budget_s": time_budget_s,
+            "seed": seed,
+            "out_dir": out,
+        }
+        run_main_job(config, overrides, Console(stderr=True))
+
     @bench.command("trainer")
     def bench_trainer(
         cases: str = typer.Option(

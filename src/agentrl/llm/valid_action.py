@@ -34,9 +34,8 @@ log = logging.getLogger(__name__)
 
 HELDOUT_OFFSET = 1_000_000  # held-out map seeds start here; training seeds stay below
 SYSTEM_PROMPT = (
-    "You cross a frozen lake on a grid, from the start to the goal. Row numbers grow "
-    "downwards, column numbers to the right. Stepping on a hole ends the game; a wall "
-    "blocks the move. Answer with one move: up, down, left or right."
+    "Frozen lake: walk to the goal; a hole ends the game, a wall blocks. Rows grow "
+    "downwards. Reply with one move: up, down, left or right."
 )
 LogprobFn = Callable[[Sequence[str]], torch.Tensor]  # prompt texts -> [N, n_choices]
 
@@ -88,7 +87,9 @@ class ValidActionConfig(BaseModel):
     heldout_seeds: int = Field(50, gt=0)
     eval_every: int = Field(5, ge=0, description="Held-out greedy eval every N iterations.")
     seed: int = 0
-    threads: int | None = None
+    threads: int = Field(
+        0, ge=0, description="torch threads; 0: all cores, or 1 when the machine is overloaded."
+    )
     out_dir: str = "runs/learning"
     save_adapter: bool = True
     env_kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -540,6 +541,21 @@ class Learner:
         return float(np.mean(losses)) if losses else 0.0, float(np.mean(ents)) if ents else 0.0
 
 
+def pick_threads(requested: int) -> int:
+    """Threads for torch. On a machine whose load already exceeds its cores, one thread is
+    faster than two (measured: 2x), because OpenMP workers wait on each other's barriers."""
+    import os
+
+    if requested:
+        return requested
+    cores = os.cpu_count() or 1
+    try:
+        busy = os.getloadavg()[0] > cores
+    except OSError:
+        busy = False
+    return 1 if busy else cores
+
+
 def train_on_env(
     config: ValidActionConfig,
     *,
@@ -552,8 +568,7 @@ def train_on_env(
     outputs). Writes the adapter (checkpoint format) and a PNG of held-out success per
     iteration under `config.out_dir` when `save_adapter`.
     """
-    if config.threads:
-        torch.set_num_threads(config.threads)
+    torch.set_num_threads(pick_threads(config.threads))
     t_load = time.perf_counter()
     learner = learner or Learner(config)
     load_s = time.perf_counter() - t_load
