@@ -138,11 +138,15 @@ def closed_port() -> int:
 
 
 async def run_for(service: IngesterService, seconds: float) -> dict[str, object]:
-    """Run the service for `seconds`; returns its status as it was just before the stop."""
+    """Run the service for `seconds`; returns its status as `GET /stats/ingester` showed it
+    just before the stop."""
+    from agentrl.warehouse.api import ingester as ingester_route
+
     stop = asyncio.Event()
     task = asyncio.create_task(service.run(stop))
     await asyncio.sleep(seconds)
-    status = service.status.as_dict()
+    status = ingester_route()
+    assert status["running_here"] is True
     stop.set()
     await asyncio.wait_for(task, 30)
     return status

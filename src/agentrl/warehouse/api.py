@@ -126,10 +126,9 @@ def models(a: Analytics = Depends(_analytics)) -> list[dict[str, Any]]:
 def ingester() -> dict[str, Any]:
     from agentrl.warehouse import service
 
-    status = (
-        service.current.status if service.current is not None else service.status_while_starting
-    )
-    return {"running_here": service.current is not None, **status.as_dict()}
+    if service.current is None:
+        return {"running_here": False, "state": "not running in this process"}
+    return {"running_here": True, **service.current.status.as_dict()}
 
 
 class ExportRequest(BaseModel):

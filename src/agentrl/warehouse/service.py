@@ -25,9 +25,8 @@ from agentrl.warehouse.ingest import SUBJECT_KINDS, Ingester, IngestStatus
 
 log = logging.getLogger(__name__)
 
-# The ingester running in this process, for the control API's /stats/ingester.
-current: Ingester | None = None
-status_while_starting = IngestStatus()
+# The ingester service running in this process, for the control API's /stats/ingester.
+current: IngesterService | None = None
 
 
 class IngesterService:
@@ -53,7 +52,7 @@ class IngesterService:
         self.max_deliver = max_deliver
         self.nak_delay = nak_delay
         self.down_hold_s = down_hold_s
-        self.status = status_while_starting
+        self.status = IngestStatus(backend=self.wsettings.backend_name)
         self.consume_stats: dict[str, ConsumeStats] = {}
         self.ingester: Ingester | None = None
 
@@ -86,7 +85,16 @@ class IngesterService:
         return None
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Run until `stop` is set; `/stats/ingester` reports this service meanwhile."""
         global current
+        current = self
+        try:
+            await self._run(stop)
+        finally:
+            if current is self:
+                current = None
+
+    async def _run(self, stop: asyncio.Event) -> None:
         backend = await self._ready(stop)
         if backend is None:
             return
@@ -99,7 +107,7 @@ class IngesterService:
         )
         ingester.stop = stop
         ingester.status.state = "up"
-        self.ingester, self.status, current = ingester, ingester.status, ingester
+        self.ingester, self.status = ingester, ingester.status
         tasks = []
         for subject, kind in SUBJECT_KINDS.items():
             stats = self.consume_stats.setdefault(kind, ConsumeStats())
