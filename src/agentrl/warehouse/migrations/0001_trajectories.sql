@@ -32,3 +32,5 @@ PARTITION BY toDate(end_timestamp)
 ORDER BY (domain, model, trajectory_id)
 TTL toDateTime(end_timestamp) + toIntervalSecond(${hot_ttl_s}) ${archive_action},
     toDateTime(end_timestamp) + toIntervalSecond(${delete_ttl_s}) DELETE
+-- an acked event is on disk: the insert returns after its part was fsynced
+SETTINGS fsync_after_insert = 1, fsync_part_directory = 1

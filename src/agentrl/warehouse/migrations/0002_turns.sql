@@ -20,3 +20,5 @@ PARTITION BY toDate(timestamp)
 ORDER BY (tool_name, trajectory_id, turn_id)
 TTL toDateTime(timestamp) + toIntervalSecond(${hot_ttl_s}) ${archive_action},
     toDateTime(timestamp) + toIntervalSecond(${delete_ttl_s}) DELETE
+-- an acked event is on disk: the insert returns after its part was fsynced
+SETTINGS fsync_after_insert = 1, fsync_part_directory = 1

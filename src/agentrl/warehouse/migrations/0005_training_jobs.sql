@@ -23,3 +23,5 @@ CREATE TABLE IF NOT EXISTS ${db}.training_jobs
 ENGINE = ReplacingMergeTree
 PARTITION BY toYYYYMM(timestamp)
 ORDER BY (training_job_id, timestamp, event_id)
+-- an acked event is on disk: the insert returns after its part was fsynced
+SETTINGS fsync_after_insert = 1, fsync_part_directory = 1

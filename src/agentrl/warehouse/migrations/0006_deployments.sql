@@ -20,3 +20,5 @@ CREATE TABLE IF NOT EXISTS ${db}.deployments
 ENGINE = ReplacingMergeTree
 PARTITION BY toYYYYMM(timestamp)
 ORDER BY (deployment_id, timestamp)
+-- an acked event is on disk: the insert returns after its part was fsynced
+SETTINGS fsync_after_insert = 1, fsync_part_directory = 1

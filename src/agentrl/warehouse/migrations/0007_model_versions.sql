@@ -16,3 +16,5 @@ CREATE TABLE IF NOT EXISTS ${db}.model_versions
 )
 ENGINE = ReplacingMergeTree(updated_at)
 ORDER BY model_id
+-- an acked event is on disk: the insert returns after its part was fsynced
+SETTINGS fsync_after_insert = 1, fsync_part_directory = 1
