@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import shutil
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -136,11 +137,17 @@ class UpstreamBackend:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # TCP_NODELAY: httpx writes headers and body separately; with Nagle + delayed ACK
+        # every call waited for the peer's ACK timer (measured: 7 ms -> 0.8 ms per call).
+        transport = httpx.AsyncHTTPTransport(
+            socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
+        )
         self.client = httpx.AsyncClient(
             base_url=self.base_url,
             headers=headers,
+            transport=transport,
             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
         )
         self.load_lora = load_lora
         self.default_model = default_model

@@ -59,6 +59,7 @@ class Controller:
         self.plan = plan or settings.plan()
         self._baselines: dict[str, tuple[float, dict[str, tuple[int, int]]]] = {}
         self.last_action: tuple[float, str] | None = None
+        self.ticks: list[float] = []  # when each look happened (benchmarks), last 1000
 
     # ---- training -> candidate ----------------------------------------------------------
     async def handle_status(self, event: Any) -> ModelRecord | None:
@@ -179,6 +180,7 @@ class Controller:
 
     async def tick(self) -> str | None:
         """One look at the running rollout; returns what was done (or None)."""
+        self.ticks = [*self.ticks[-999:], time.time()]
         rollout = await self.registry.get_rollout(self.deployer.public)
         if rollout is None or rollout.status != "running":
             return None

@@ -80,8 +80,11 @@ class CompletionLog:
     When the bus cannot keep up the oldest records are dropped (and counted) rather than
     slowing requests down."""
 
-    def __init__(self, bus: Any, maxsize: int = 20_000, batch: int = 256) -> None:
+    def __init__(
+        self, bus: Any, maxsize: int = 20_000, batch: int = 512, linger_s: float = 0.1
+    ) -> None:
         self.bus = bus
+        self.linger_s = linger_s  # gather records this long: one publish per many requests
         self.queue: deque[Any] = deque(maxlen=maxsize)
         self.batch = batch
         self.published = 0
@@ -102,6 +105,8 @@ class CompletionLog:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), 0.5)
                 continue
+            if len(self.queue) < self.batch and not stop.is_set():
+                await asyncio.sleep(self.linger_s)
             items = [self.queue.popleft() for _ in range(min(self.batch, len(self.queue)))]
             try:
                 await self.bus.publish_many(items)

@@ -1,0 +1,527 @@
+"""`agentrl bench gateway`: what the gateway costs and how fast it reacts.
+
+1. Added latency: a fast scripted OpenAI-compatible backend and the gateway (upstream
+   backend, completion log on, both in their own processes) are called side by side in one
+   run: an open-loop client alternates direct and gateway requests at the target rate for
+   each path, so both see the same machine load. Added = gateway percentile - direct one.
+2. Rollback time: a canary on a backend that always answers 500, with the gateway under
+   traffic; from the first error a client sees to the moment every answer comes from the
+   live version again (the monitor period is printed beside it).
+3. Batching: completion tokens/s of the local backend (LoRA over one base) with 8
+   concurrent sessions vs one at a time.
+4. Split accuracy and stickiness over 10,000 sessions.
+The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPLY = {
+    "id": "chatcmpl-bench",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "bench",
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "ok"},
+            "finish_reason": "stop",
+            "logprobs": None,
+        }
+    ],
+    "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+}
+
+
+# ---- processes -------------------------------------------------------------------------
+async def backend_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """A minimal ASGI chat-completions server: the fastest honest backend we can write."""
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        msg = await receive()
+        more = msg.get("more_body", False)
+    status = int(os.environ.get("BENCH_STATUS", "200"))
+    body = json.dumps(
+        REPLY
+        if status == 200
+        else {"error": {"message": "scripted failure", "type": "server_error"}}
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def _serve_backend(port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(backend_app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def _serve_gateway(port: int, upstream: str, nats_url: str) -> None:
+    import uvicorn
+
+    from agentrl.deploy.backends import UpstreamBackend
+    from agentrl.deploy.gateway import CompletionLog, GatewayState, create_gateway_app
+
+    async def main() -> None:
+        from agentrl.bus import Bus
+
+        bus = await Bus.connect(nats_url)
+        state = GatewayState("agentrl-policy", completion_log=CompletionLog(bus))
+        state.backends["v1"] = UpstreamBackend(upstream, timeout_s=30)
+        state.set_split({"v1": 100.0}, ["v1"])
+        stop = asyncio.Event()
+        log_task = asyncio.create_task(state.completion_log.run(stop))  # type: ignore[union-attr]
+        server = uvicorn.Server(
+            uvicorn.Config(
+                create_gateway_app(state),
+                host="127.0.0.1",
+                port=port,
+                log_level="warning",
+                access_log=False,
+                lifespan="off",
+            )
+        )
+        await server.serve()
+        stop.set()
+        await log_task
+
+    asyncio.run(main())
+
+
+def _spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "agentrl.deploy.bench", *args],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+async def _wait_http(url: str, timeout: float = 30.0) -> None:
+    import httpx
+
+    start = time.time()
+    async with httpx.AsyncClient() as c:
+        while time.time() - start < timeout:
+            try:
+                await c.post(
+                    url, json={"model": "x", "messages": [{"role": "user", "content": "hi"}]}
+                )
+                return
+            except httpx.HTTPError:
+                await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def _free_port() -> int:
+    from agentrl.bus.server import free_port
+
+    return free_port()
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+# ---- 1. added latency ------------------------------------------------------------------
+class _Conn:
+    """One keep-alive HTTP/1.1 connection speaking just enough HTTP for the benchmark (a
+    general client such as httpx costs more CPU per request than the gateway itself on this
+    machine, and would measure the client)."""
+
+    def __init__(self, host: str, port: int, path: str, body: bytes) -> None:
+        self.host, self.port = host, port
+        self.request = (
+            f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def call(self) -> int:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        self.writer.write(self.request)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        await self.reader.readexactly(length)
+        return status
+
+
+async def latency_run(
+    direct: str, gateway: str, rate: float, duration: float, conns: int = 64
+) -> dict[str, Any]:
+    """Open-loop arrivals at `rate` per path, alternating direct and gateway; latency is
+    send -> last byte on a keep-alive connection."""
+    from urllib.parse import urlsplit
+
+    body = json.dumps(
+        {
+            "model": "agentrl-policy",
+            "max_tokens": 1,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
+    ).encode()
+    pools: dict[str, asyncio.Queue[_Conn]] = {}
+    for name, url in (("direct", direct), ("gateway", gateway)):
+        u = urlsplit(url)
+        q: asyncio.Queue[_Conn] = asyncio.Queue()
+        for _ in range(conns):
+            q.put_nowait(_Conn(u.hostname or "127.0.0.1", u.port or 80, u.path, body))
+        pools[name] = q
+    lat: dict[str, list[float]] = {"direct": [], "gateway": []}
+    unanswered = 0
+
+    async def one(path: str, record: bool = True) -> None:
+        nonlocal unanswered
+        conn = await pools[path].get()
+        t = time.perf_counter()
+        try:
+            status = await asyncio.wait_for(conn.call(), 30)
+            if status != 200:
+                unanswered += 1
+            elif record:
+                lat[path].append((time.perf_counter() - t) * 1000)
+        except (OSError, asyncio.IncompleteReadError, TimeoutError, ValueError):
+            unanswered += 1
+            conn.writer = None
+        finally:
+            pools[path].put_nowait(conn)
+
+    await asyncio.gather(*(one(p, False) for p in ("direct", "gateway") for _ in range(conns)))
+    n = int(rate * duration) * 2
+    tasks = []
+    start = time.perf_counter()
+    for i in range(n):
+        delay = start + i / (2 * rate) - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one("direct" if i % 2 == 0 else "gateway")))
+    await asyncio.gather(*tasks)
+    wall = time.perf_counter() - start
+    for q in pools.values():
+        while not q.empty():
+            c = q.get_nowait()
+            if c.writer is not None:
+                c.writer.close()
+    d, g = lat["direct"], lat["gateway"]
+    return {
+        "rate": rate,
+        "achieved_rate": len(g) / wall,
+        "n": len(g),
+        "direct_p50": _pct(d, 0.5),
+        "direct_p99": _pct(d, 0.99),
+        "gateway_p50": _pct(g, 0.5),
+        "gateway_p99": _pct(g, 0.99),
+        "added_p50": _pct(g, 0.5) - _pct(d, 0.5),
+        "added_p99": _pct(g, 0.99) - _pct(d, 0.99),
+        "unanswered": unanswered,
+    }
+
+
+# ---- 2. rollback time ------------------------------------------------------------------
+async def rollback_run(
+    nats_url: str, good: str, bad: str, period: float, data_dir: Path
+) -> dict[str, Any]:
+    import httpx
+    import uvicorn
+
+    from agentrl.bus import Bus
+    from agentrl.deploy.config import Analysis, DeploySettings, RolloutPlan, Step
+    from agentrl.deploy.gateway import VERSION_HEADER, create_gateway_app
+    from agentrl.deploy.service import build
+    from agentrl.settings import Settings
+
+    bus = await Bus.connect(nats_url)
+    await bus.ensure_streams()
+    port = _free_port()
+    plan = RolloutPlan(
+        steps=[Step(weight=10, pause_s=3600), Step(weight=100, pause_s=0)],
+        analysis=Analysis(period_s=period, min_samples=10),
+    )
+    d = await build(
+        bus,
+        Settings(data_dir=data_dir, gateway_port=port),
+        DeploySettings(
+            public_model="bench-policy",
+            bucket="bench_models",
+            monitor_period_s=period,
+            completion_log=False,
+        ),
+        validate=None,
+        plan=plan,
+    )
+    base = await d.deployer.bootstrap("upstream")
+    assert base is not None
+    await d.registry.update_model(
+        base.model_id, lambda r: r.serving.update(kind="upstream", base_url=good)
+    )
+    cand = await d.deployer.register(
+        checkpoint_path="",
+        base_model="upstream",
+        sha256="",
+        serving={"kind": "upstream", "base_url": bad},
+    )
+    await d.registry.update_model(cand.model_id, lambda r: setattr(r, "checkpoint_path", None))
+    stop = asyncio.Event()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_gateway_app(d.state),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+        )
+    )
+    tasks = [
+        asyncio.create_task(x)
+        for x in (d.manager.run(stop, poll_s=0.05), d.controller.run(stop), server.serve())
+    ]
+    while not server.started:
+        await asyncio.sleep(0.01)
+    await d.manager.sync(force=True)
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    first_error: float | None = None
+    last_bad: float | None = None
+    unanswered = 0
+    body = {
+        "model": "bench-policy",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 1,
+    }
+    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=64)) as client:
+        await d.deployer.start(cand.model_id, plan, by="bench")
+        t0 = time.time()
+        i = 0
+
+        async def one(k: int) -> None:
+            nonlocal first_error, last_bad, unanswered
+            try:
+                r = await client.post(url, json={**body, "user": f"s{k}"})
+            except httpx.HTTPError:
+                unanswered += 1
+                return
+            if r.headers.get(VERSION_HEADER) == cand.model_id:
+                now = time.time()
+                first_error = first_error or now
+                last_bad = now
+
+        while time.time() - t0 < period * 4 + 10:
+            await asyncio.gather(*(one(i + k) for k in range(20)))
+            i += 20
+            await asyncio.sleep(0.05)  # ~200 requests/s offered
+            if d.controller.last_action and time.time() - d.controller.last_action[0] > 2:
+                break
+    stop.set()
+    server.should_exit = True
+    await asyncio.gather(*tasks, return_exceptions=True)
+    record = await d.registry.require_model(cand.model_id)
+    await bus.close()
+    rolled = record.state == "rolled_back"
+    # The first bad window closes at the first look after the first error; from then to the
+    # last answer the bad version gave is what the issue bounds by one period + 1 s.
+    window_end = min(
+        (t for t in d.controller.ticks if first_error and t >= first_error), default=float("nan")
+    )
+    took = (last_bad - window_end) if (rolled and first_error and last_bad) else float("nan")
+    from_first = (last_bad - first_error) if (rolled and first_error and last_bad) else float("nan")
+    decision_at = d.controller.last_action[0] if d.controller.last_action else float("nan")
+    return {
+        "rolled_back": rolled,
+        "rollback_s": max(took, 0.0),
+        "first_error_to_live_s": from_first,
+        "period_s": period,
+        "decision_after_first_error_s": decision_at - (first_error or decision_at),
+        "unanswered": unanswered,
+        "evidence": record.decisions[-1].evidence if rolled else None,
+    }
+
+
+# ---- 3. batching -----------------------------------------------------------------------
+async def batching_run(model: str, tokens: int) -> dict[str, Any]:
+    from agentrl.deploy.local import LocalEngine
+    from agentrl.deploy.openai_types import ChatRequest
+
+    engine = LocalEngine(model, max_batch_size=8, max_wait_ms=5.0)
+    reqs = [
+        ChatRequest(
+            model="x",
+            max_tokens=tokens,
+            temperature=1.0,
+            messages=[{"role": "user", "content": f"Tell me about the number {i}."}],
+        )
+        for i in range(8)
+    ]
+    await engine.generate(None, reqs[0])  # warm up
+    t = time.perf_counter()
+    seq_tokens = 0
+    for r in reqs:
+        seq_tokens += (await engine.generate(None, r)).completion_tokens
+    seq = seq_tokens / (time.perf_counter() - t)
+    t = time.perf_counter()
+    gens = await asyncio.gather(*(engine.generate(None, r) for r in reqs))
+    conc = sum(g.completion_tokens for g in gens) / (time.perf_counter() - t)
+    return {
+        "model": model,
+        "tokens_per_s_sequential": seq,
+        "tokens_per_s_8_concurrent": conc,
+        "batching_factor": conc / seq,
+        "batch_sizes": engine.stats.batch_sizes[-3:],
+    }
+
+
+# ---- 4. split --------------------------------------------------------------------------
+def split_run(sessions: int = 10_000) -> dict[str, Any]:
+    from agentrl.deploy.split import choose
+
+    worst, sticky_same, total = 0.0, 0, 0
+    for weights in (
+        {"new": 10.0, "live": 90.0},
+        {"new": 25.0, "live": 75.0},
+        {"new": 50.0, "live": 50.0},
+    ):
+        order = list(weights)
+        keys = [f"session-{i}" for i in range(sessions)]
+        first = [choose(weights, order, k, "agentrl-policy") for k in keys]
+        again = [choose(weights, order, k, "agentrl-policy") for k in keys]
+        for v, w in weights.items():
+            worst = max(worst, abs(first.count(v) / sessions - w / 100))
+        sticky_same += sum(a == b for a, b in zip(first, again, strict=True))
+        total += sessions
+    return {"split_max_abs_err": worst, "sticky_fraction": sticky_same / total}
+
+
+# ---- driver ----------------------------------------------------------------------------
+def run_bench(
+    duration: float = 3.0, model: str = "tiny", tokens: int = 32, period: float = 2.0
+) -> None:
+    import logging
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from agentrl.bus.server import EmbeddedNats
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    console = Console()
+    load = os.getloadavg()
+    tmp = Path(tempfile.mkdtemp(prefix="agentrl-bench-gw-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    results: dict[str, Any] = {}
+    with EmbeddedNats(data_dir=tmp) as nats:
+        try:
+            bp, fp, gp = _free_port(), _free_port(), _free_port()
+            procs.append(_spawn("backend", str(bp)))
+            procs.append(_spawn("backend", str(fp), env={"BENCH_STATUS": "500"}))
+            procs.append(_spawn("gateway", str(gp), f"http://127.0.0.1:{bp}/v1", nats.url))
+            direct = f"http://127.0.0.1:{bp}/v1/chat/completions"
+            gateway = f"http://127.0.0.1:{gp}/v1/chat/completions"
+
+            async def main() -> None:
+                await _wait_http(direct)
+                await _wait_http(gateway)
+                for rate in (200.0, 1000.0):
+                    console.print(f"latency at {rate:g} requests/s per path ...")
+                    results[f"lat{int(rate)}"] = await latency_run(direct, gateway, rate, duration)
+                console.print(f"rollback with a {period:g} s monitor period ...")
+                results["rollback"] = await rollback_run(
+                    nats.url, f"http://127.0.0.1:{bp}/v1", f"http://127.0.0.1:{fp}/v1", period, tmp
+                )
+                console.print(f"batching on the local backend ({model}) ...")
+                results["batching"] = await batching_run(model, tokens)
+
+            asyncio.run(main())
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                p.wait(10)
+    results["split"] = split_run()
+    table = Table(
+        title=f"agentrl bench gateway (load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, {os.cpu_count()} cores)"
+    )
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for rate in (200, 1000):
+        r = results[f"lat{rate}"]
+        table.add_row(f"{rate} req/s: achieved gateway rate", f"{r['achieved_rate']:.0f}/s")
+        table.add_row(
+            f"{rate} req/s: direct p50 / p99 ms", f"{r['direct_p50']:.2f} / {r['direct_p99']:.2f}"
+        )
+        table.add_row(
+            f"{rate} req/s: gateway p50 / p99 ms",
+            f"{r['gateway_p50']:.2f} / {r['gateway_p99']:.2f}",
+        )
+        table.add_row(
+            f"{rate} req/s: added p50 / p99 ms", f"{r['added_p50']:.2f} / {r['added_p99']:.2f}"
+        )
+    rb, bt, sp = results["rollback"], results["batching"], results["split"]
+    table.add_row("rollback: first bad window -> all traffic on live", f"{rb['rollback_s']:.2f} s")
+    table.add_row(
+        "rollback: first error -> all traffic on live", f"{rb['first_error_to_live_s']:.2f} s"
+    )
+    table.add_row("rollback: monitor period", f"{rb['period_s']:.2f} s")
+    table.add_row(
+        f"batching ({bt['model']}): sequential tokens/s", f"{bt['tokens_per_s_sequential']:.1f}"
+    )
+    table.add_row(
+        f"batching ({bt['model']}): 8 concurrent tokens/s", f"{bt['tokens_per_s_8_concurrent']:.1f}"
+    )
+    table.add_row("batching factor", f"{bt['batching_factor']:.2f}")
+    table.add_row("split max abs error (10,000 sessions)", f"{sp['split_max_abs_err']:.4f}")
+    table.add_row("sticky fraction", f"{sp['sticky_fraction']:.4f}")
+    table.add_row("TensorZero (published, Rust)", "< 1 ms p99 added at 10,000 QPS")
+    console.print(table)
+    unanswered = (
+        results["lat200"]["unanswered"] + results["lat1000"]["unanswered"] + rb["unanswered"]
+    )
+    print(
+        json.dumps(
+            {
+                "added_p50_ms_1000rps": round(results["lat1000"]["added_p50"], 3),
+                "added_p99_ms_1000rps": round(results["lat1000"]["added_p99"], 3),
+                "added_p99_ms_200rps": round(results["lat200"]["added_p99"], 3),
+                "rollback_s": round(rb["rollback_s"], 3),
+                "monitor_period_s": rb["period_s"],
+                "batching_factor": round(bt["batching_factor"], 3),
+                "split_max_abs_err": round(sp["split_max_abs_err"], 5),
+                "sticky_fraction": sp["sticky_fraction"],
+                "errors_unanswered": unanswered,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":  # the benchmark's helper processes
+    kind = sys.argv[1]
+    if kind == "backend":
+        _serve_backend(int(sys.argv[2]))
+    elif kind == "gateway":
+        _serve_gateway(int(sys.argv[2]), sys.argv[3], sys.argv[4])
