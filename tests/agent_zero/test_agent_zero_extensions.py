@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import uuid
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -47,6 +49,11 @@ def check_wire(payload: dict[str, Any]) -> TrajectoryEvent:
         jsonschema.Draft202012Validator(schema, format_checker=checker).iter_errors(payload)
     )
     assert [e.message for e in errors] == []
+    pmoves = os.environ.get("AGENTRL_PMOVES_SCHEMAS")  # PMOVES.AI's schemas/agent-rl folder
+    if pmoves:
+        theirs = json.loads((Path(pmoves) / "trajectory.v1.schema.json").read_text())
+        v = jsonschema.Draft202012Validator(theirs, format_checker=checker)
+        assert [e.message for e in v.iter_errors(payload)] == []
     return TrajectoryEvent.model_validate(payload)
 
 
