@@ -175,3 +175,31 @@ async def test_legacy_layout_end_to_end(tmp_path: Path, a0_nats: Any) -> None:
         for name in [m for m in sys.modules if m == "python" or m.startswith("python.")]:
             del sys.modules[name]
         hooks.reset_caches()
+
+
+def test_feedback_and_flush_commands(tmp_path: Path, a0_nats: Any) -> None:
+    """`feedback` spools while NATS is unreachable; `flush` delivers once NATS is there."""
+    import asyncio as aio
+
+    from agentrl.bus.server import free_port
+    from conftest import stream_payloads
+
+    root = make_checkout(tmp_path / "a0")
+    install(root)
+    config = root / "usr" / "plugins" / "agentrl" / "config.json"
+    down = f"nats://127.0.0.1:{free_port()}"
+    config.write_text(json.dumps({"nats_url": down, "publish_timeout_s": 1.0}))
+    hooks.reset_caches()
+    tid = new_id()
+    runner = CliRunner()
+    bad = runner.invoke(app, ["agent-zero", "feedback", str(root), tid, "rating"])
+    assert bad.exit_code != 0 and "rating" in bad.output  # a rating needs --rating
+    out = runner.invoke(app, ["agent-zero", "feedback", str(root), tid, "rating", "--rating", "5"])
+    assert out.exit_code == 0 and "spooled" in out.output, out.output
+    failed = runner.invoke(app, ["agent-zero", "flush", str(root), "--timeout", "1"])
+    assert failed.exit_code == 1 and "1 left" in failed.output
+    config.write_text(json.dumps({"nats_url": a0_nats.url}))
+    done = runner.invoke(app, ["agent-zero", "flush", str(root)])
+    assert done.exit_code == 0 and "published 1 of 1" in done.output, done.output
+    stored = aio.run(stream_payloads(a0_nats.url, "agent.rl.feedback.v1"))
+    assert [f["rating"] for f in stored if f["trajectory_id"] == tid] == [5]
