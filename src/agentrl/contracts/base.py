@@ -77,7 +77,8 @@ class Event(Part):
 
     `MOVED` maps an agentrl addition that used to travel at the top level to the nested
     (block, field) where it lives now; `FOLD_INTO` is the open nested object that takes any
-    other unknown top-level field (None: the event has no published schema, keep them).
+    other unknown top-level field (None, or a name that is not a field of the event: the
+    event has no published schema, keep them where they are).
     """
 
     SUBJECT: ClassVar[str]
@@ -94,7 +95,8 @@ class Event(Part):
             f.alias for f in cls.model_fields.values() if f.alias is not None
         }
         strays = [k for k in data if k not in known]
-        if not strays or (cls.FOLD_INTO is None and not any(k in cls.MOVED for k in strays)):
+        fold = cls.FOLD_INTO if cls.FOLD_INTO in cls.model_fields else None
+        if not strays or (fold is None and not any(k in cls.MOVED for k in strays)):
             return data
         data = dict(data)
         for key in strays:
@@ -106,8 +108,8 @@ class Event(Part):
                     DeprecationWarning,
                     stacklevel=2,
                 )
-            elif cls.FOLD_INTO is not None:
-                block, name = cls.FOLD_INTO, key
+            elif fold is not None:
+                block, name = fold, key
                 warnings.warn(
                     f"{cls.SUBJECT}: unknown top-level field '{key}' moved into "
                     f"'{block}.{key}' (the published schema allows no extra top-level fields)",

@@ -36,7 +36,7 @@ def wire_schema(model: type[Event]) -> dict[str, Any]:
     """The JSON Schema of `model`'s wire form."""
     schema = model.model_json_schema(mode="validation")
     _clean(schema)
-    if model.FOLD_INTO is not None:  # the subjects PMOVES publishes schemas for
+    if model.FOLD_INTO in model.model_fields:  # the subjects PMOVES publishes schemas for
         schema["additionalProperties"] = False
     always = [n for n, f in model.model_fields.items() if f.default_factory is not None]
     schema["required"] = list(dict.fromkeys([*schema.get("required", []), *always]))
