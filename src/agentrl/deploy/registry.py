@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentrl.contracts.base import utcnow
 from agentrl.deploy.config import RolloutPlan
 from agentrl.deploy.errors import DeployError
+from agentrl.logs import audit
 from agentrl.observability import instrument as obs
 
 State = Literal["candidate", "canary", "live", "retired", "rolled_back", "rejected"]
@@ -262,7 +263,9 @@ class Registry:
             if weight is not None:
                 record.traffic_weight = weight
 
-        return await self.update_model(model_id, apply)
+        updated = await self.update_model(model_id, apply)
+        audit(f"deployment.{action}", actor=by, model_id=model_id, reason=reason, state=to_state)
+        return updated
 
     async def record(
         self, model_id: str, *, by: str, action: str, reason: str, evidence: dict[str, Any]
@@ -281,7 +284,9 @@ class Registry:
                 )
             )
 
-        return await self.update_model(model_id, apply)
+        updated = await self.update_model(model_id, apply)
+        audit(f"deployment.{action}", actor=by, model_id=model_id, reason=reason)
+        return updated
 
     async def next_version(self, public_name: str) -> int:
         class Seq(BaseModel):
