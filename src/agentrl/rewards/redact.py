@@ -286,8 +286,7 @@ class Redactor:
             found.add("jwt")
         if b"-----BEGIN" in raw:
             found.add("private_key")
-        if b"xox" in raw:
-            found.add("api_key")
+        # (Slack's xox… tokens are >= 20 key characters: the run check above finds them.)
         low = raw.lower()
         if b"bearer" in low or (b"basic" in low and b"authorization" in low):
             found.add("bearer_token")
@@ -305,7 +304,7 @@ class Redactor:
         An escape can spell any character (`\\u0040` is "@", `\\/` is "/"), which the byte
         scan cannot see through; such documents are decoded and their strings (and keys)
         scanned instead. Escape-free JSON, the common case, keeps the byte fast path."""
-        if b"\\u" not in raw and b"\\/" not in raw:
+        if b"\\" not in raw or (b"\\u" not in raw and b"\\/" not in raw):
             return self.candidates(raw)
         strings: list[str] = []
         keys: list[str] = []
@@ -454,7 +453,7 @@ _HEXISH_B = re.compile(rb"^[0-9a-fA-F]{32,}$")
 _UUID_B = re.compile(rb"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
 _WORDS_B = re.compile(rb"[a-z_\-]+")  # snake/kebab-case words: names, not keys ...
 _KEY_PREFIX_B = re.compile(
-    rb"sk-|sk_|rk_|pk_|gh[pousr]_|github_pat_|glpat-|hf_|npm_|pypi-"
+    rb"sk-|sk_|rk_|pk_|gh[pousr]_|github_pat_|glpat-|hf_|npm_|pypi-|xox[abprs]-|key-"
 )  # ... unless
 _SECRET_WORDS = (b"pass", b"pwd", b"secret", b"key", b"token")
 _SECRET_WORDS_S = tuple(w.decode() for w in _SECRET_WORDS)
@@ -507,37 +506,53 @@ def _numbers_near_runs(raw: bytes, limit: int = 64) -> set[str]:
     return {k for k, _, _, _ in _NUMBER_CHECKS}  # too many runs to check: let the patterns decide
 
 
-_IPV4_SHAPE = re.compile(rb"0{1,3}\.0{1,3}\.0{1,3}\.0{1,3}")
+_IPV4_NEAR = re.compile(rb"(?:\d{1,3}\.){3}\d{1,3}")
+# Needles end with ':' (rare in the mapped text, where every hex digit is "0"), so the
+# search skips fast: a 1-char group, a 3-4-char group, or four 2-char groups before a colon.
+_COLON_GROUPS = (b"0:0:", b"000:", b"00:00:00:00:")
 
 
 def _address_shape(raw: bytes, limit: int = 64) -> bool:
-    """Whether `raw` may hold an IP address. Hex digits become "0" (':' and '.' stay): IPv6
-    needs "::" or, written out, a 1-, 3- or 4-character group between hex groups (clock
-    times have only 2-digit groups, JSON's `":4000` no group before the colon); IPv4 is
-    four dotted groups, checked at each "0.0"."""
-    x = raw.translate(_ADDR_MAP)
-    if b"::" in x or b"0:0:0" in x or b"0:000" in x or b"000:0" in x:
+    """Whether `raw` may hold an IP address (a necessary condition, cheap when false).
+
+    IPv4: some '.' has a digit on each side and another '.' within the next group (dots are
+    rare, so this walks few positions; a float fails the second test), then the dotted-quad
+    pattern decides. IPv6: "::", or, written out, hex groups before a colon that a clock time
+    cannot show (a 1-char group followed by another colon, a 3-4-char group, or four 2-char
+    groups) once hex digits are mapped to "0"; JSON's `"key": 4000` has no group before the
+    colon."""
+    if b"::" in raw:
         return True
-    pos = x.find(b"0.0")
-    for _ in range(limit):
-        if pos == -1:
-            return False
-        # a float has one dot; an address two more within the next 12 characters
-        if x.count(b".", pos + 2, pos + 14) >= 2 and _IPV4_SHAPE.search(
-            x, max(0, pos - 2), pos + 14
+    x = raw.translate(_ADDR_MAP)
+    if any(g in x for g in _COLON_GROUPS):
+        return True
+    n = len(raw)
+    pos = raw.find(b".", 1)
+    checks = 0
+    while pos != -1 and pos + 1 < n:
+        if (
+            48 <= raw[pos - 1] <= 57
+            and 48 <= raw[pos + 1] <= 57
+            and raw.find(b".", pos + 2, pos + 5) != -1
         ):
-            return True
-        pos = x.find(b"0.0", pos + 3)
-    return True
+            if _IPV4_NEAR.search(raw, max(0, pos - 3), pos + 13):
+                return True
+            checks += 1
+            if checks >= limit:
+                return True
+        pos = raw.find(b".", pos + 1)
+    return False
 
 
 def _secret_assignment(low: bytes, limit: int = 64) -> bool:
     """The assignment pattern, tried only around occurrences of the secret words (and
     "my password is ...")."""
-    if (b"pin is" in low or b"pin was" in low or b"pass" in low) and _MY_PASSWORD_B.search(low):
+    if b"pin " in low and _MY_PASSWORD_B.search(low):
         return True
     for word in _SECRET_WORDS:
         pos = low.find(word)
+        if word == b"pass" and pos != -1 and _MY_PASSWORD_B.search(low, pos):
+            return True
         # Every secret name but "pass..." ends with its word, so the next byte must open the
         # assignment (quote, escape, space, ':' or '='): "total_tokens" is skipped cheaply.
         check_next = word != b"pass"

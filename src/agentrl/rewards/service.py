@@ -80,6 +80,11 @@ class RewardService:
         self.max_inflight = max_inflight
         self._inflight: deque[asyncio.Task[None]] = deque()
         self._inflight_ids: set[str] = set()  # reward ids an in-flight publish carries
+        # One SQLite connection, used from the loop and (for the fsynced batch commit) from a
+        # worker thread: every use goes through this lock, so transactions never overlap and
+        # the loop keeps acking and publishing while the disk flushes.
+        self._db = asyncio.Lock()
+        self._committing: asyncio.Future[None] | None = None
         self._failures_seen = 0
         # Skip two lookups per batch while there is nothing to find (the common case).
         self._have_dropped = self.store.has_rows("dropped")
@@ -142,6 +147,8 @@ class RewardService:
             await self._drain_publishes()
         finally:
             await self._cancel_publishes()
+            if self._committing is not None and not self._committing.done():
+                await asyncio.wait([self._committing], timeout=30)
             self.close()
 
     # ---- publishing: pipelined, confirmed through the outbox ------------------------------
@@ -166,8 +173,9 @@ class RewardService:
                 return
             # A service closed meanwhile replays these at its next start (after checking the
             # stream, so they are not published twice).
-            with contextlib.suppress(sqlite3.ProgrammingError):
-                self.store.confirm(ids)
+            async with self._db:
+                with contextlib.suppress(sqlite3.ProgrammingError):
+                    self.store.confirm(ids)
         finally:
             self._inflight_ids.difference_update(ids)
 
@@ -203,11 +211,9 @@ class RewardService:
         duplicate window has passed. So the reward stream is read back (message ids only)
         from the oldest row's time on, and what it holds is confirmed without publishing."""
         while True:
-            rows = [
-                r
-                for r in self.store.outbox_rows(older_than_s, limit=5000)
-                if r[0] not in self._inflight_ids
-            ]
+            async with self._db:
+                found = self.store.outbox_rows(older_than_s, limit=5000)
+            rows = [r for r in found if r[0] not in self._inflight_ids]
             if not rows:
                 return
             since = min(at for _, _, at in rows)
@@ -229,7 +235,8 @@ class RewardService:
             except Exception as exc:
                 log.warning("outbox replay failed, will retry later: %s", exc)
                 return
-            self.store.confirm([rid for rid, _, _ in rows])
+            async with self._db:
+                self.store.confirm([rid for rid, _, _ in rows])
             self.counters["outbox_replayed"] += len(rows) - len(already)
             self.counters["outbox_already_published"] += len(already)
             log.info(
@@ -286,8 +293,9 @@ class RewardService:
         outcomes: list[BaseException | None] = [None] * n
         events: list[TrajectoryEvent] = [d.event for d in deliveries]
         ids = [e.trajectory_id for e in events]
-        stored = self.store.rewards(ids)
-        already_dropped = self.store.dropped(ids) if self._have_dropped else set()
+        async with self._db:
+            stored = self.store.rewards(ids)
+            already_dropped = self.store.dropped(ids) if self._have_dropped else set()
         delta: Counter[str] = Counter()  # counted only once the batch is committed
         drops: list[tuple[str, str]] = []
         todo: list[int] = []
@@ -312,18 +320,19 @@ class RewardService:
             outcomes[i] = cls(failure.reason)
         order, inputs = prepared.order, prepared.inputs
 
-        # Sync from here to the commit: the feedback handler cannot interleave.
-        rewards, _ = self._score_and_commit(order, inputs, drops, outcomes, delta)
+        # Under the lock from here to the commit: the feedback handler cannot interleave.
+        async with self._db:
+            rewards, _ = await self._score_and_commit(order, inputs, drops, outcomes, delta)
+            self._maybe_prune()
         obs.reward_batch(events, rewards, time.perf_counter() - started)  # never raises
         if drops:
             self._have_dropped = True
         self._maybe_collect()
-        self._maybe_prune()
         self._publish_later([(REWARD, r.to_json(), r.reward_id) for r in rewards])
         await self._backpressure()
         return outcomes
 
-    def _score_and_commit(
+    async def _score_and_commit(
         self,
         order: list[int],
         inputs: dict[int, ScoringInput],
@@ -367,7 +376,7 @@ class RewardService:
         delta["trajectories_scored"] += len(rewards)
         delta["rewards_published"] += len(rewards)
         delta["feedback_applied"] += len(applied)
-        self.store.commit(
+        await self._commit(
             rewards=rows,
             windows=new_state,
             feedback_applied=applied,
@@ -379,9 +388,26 @@ class RewardService:
         self.state = new_state
         return rewards, len(applied)
 
+    async def _commit(self, **rows: Any) -> None:
+        """`store.commit` in a worker thread (its fsync does not stall the loop). Shielded: a
+        cancelled handler leaves the commit to finish, and `run` waits for it before it
+        closes the store (the batch's trajectories, not acked, come back as redeliveries)."""
+        fut = asyncio.ensure_future(asyncio.to_thread(self.store.commit, **rows))
+        self._committing = fut
+        await asyncio.shield(fut)
+
     # ---- feedback ---------------------------------------------------------------------
     async def handle_feedback(self, deliveries: list[Delivery]) -> list[BaseException | None]:
         """The batch handler of `agent.rl.feedback.v1`."""
+        async with self._db:
+            outcomes, latest = await self._feedback(deliveries)
+        self._publish_later([(REWARD, r.to_json(), r.reward_id) for r in latest.values()])
+        await self._backpressure()
+        return outcomes
+
+    async def _feedback(
+        self, deliveries: list[Delivery]
+    ) -> tuple[list[BaseException | None], dict[str, Scored]]:
         outcomes: list[BaseException | None] = [None] * len(deliveries)
         events: list[FeedbackEvent] = [d.event for d in deliveries]
         seen = self.store.feedback_seen([e.feedback_id for e in events])
@@ -425,7 +451,7 @@ class RewardService:
             delta["feedback_applied"] += 1
         delta["rewards_published"] += len(latest)
         rows = [(tid, r.version, r.to_json(), states[tid].to_dict()) for tid, r in latest.items()]
-        self.store.commit(
+        await self._commit(
             rewards=rows,
             feedback_new=new_rows,
             counters=dict(self.counters + delta),
@@ -434,9 +460,7 @@ class RewardService:
         self.counters.update(delta)
         if delta["feedback_pending"]:
             self._have_pending = True
-        self._publish_later([(REWARD, r.to_json(), r.reward_id) for r in latest.values()])
-        await self._backpressure()
-        return outcomes
+        return outcomes, latest
 
 
 STREAM_CHECK_MARGIN_S = 5.0  # clock skew and commit-to-publish delay, in seconds
