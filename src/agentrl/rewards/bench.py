@@ -48,12 +48,30 @@ def _payloads(n: int, code: bool, offset: int, seed: int) -> list[tuple[str, byt
 
 
 def _cpu_seconds(pid: int) -> float:
-    """user + system CPU time of a process (Linux /proc)."""
+    """user + system CPU time of a process and its children (Linux /proc): the finished ones
+    (ruff runs) and the live ones (the bandit worker, sync reward-function workers)."""
+
+    def own(p: int, with_finished: bool) -> tuple[float, int]:
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[11]) + int(fields[12])
+        if with_finished:
+            ticks += int(fields[13]) + int(fields[14])
+        return ticks, int(fields[1])  # (CPU ticks, parent pid)
+
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        total, _ = own(pid, True)
     except (OSError, IndexError, ValueError):
         return float("nan")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == pid:
+            continue
+        try:
+            ticks, parent = own(int(entry.name), True)
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == pid:
+            total += ticks
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 class _Receiver:
