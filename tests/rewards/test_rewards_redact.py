@@ -271,3 +271,12 @@ def test_redact_event_for_producers() -> None:
     assert redact_event(clean_event) == (clean_event, {})  # the same object, nothing found
     as_dict, counts = redact_event({"note": "Password: correct horse battery staple"})
     assert as_dict == {"note": "Password: [REDACTED:PASSWORD]"} and counts == {"password": 1}
+
+
+def test_clean_trajectories_take_the_fast_path() -> None:
+    """The pre-scan must stay quiet on ordinary trajectories (timestamps, floats, "Task 100:",
+    code), or every message pays the full redaction walk."""
+    rng = random.Random(5)
+    for i in range(300):
+        raw = json.dumps(sample_trajectory(i, rng=rng, code=i % 3 == 0)).encode()
+        assert R.candidates_json(raw) == frozenset(), raw[:200]

@@ -508,8 +508,8 @@ def _numbers_near_runs(raw: bytes, limit: int = 64) -> set[str]:
 
 _IPV4_NEAR = re.compile(rb"(?:\d{1,3}\.){3}\d{1,3}")
 # Needles end with ':' (rare in the mapped text, where every hex digit is "0"), so the
-# search skips fast: a 1-char group, a 3-4-char group, or four 2-char groups before a colon.
-_COLON_GROUPS = (b"0:0:", b"000:", b"00:00:00:00:")
+# search skips fast: a 1-char or a 3-4-char group between colons, or four 2-char groups.
+_COLON_GROUPS = (b"0:0:", b":000:", b":0000:", b"00:00:00:00:")
 
 
 def _address_shape(raw: bytes, limit: int = 64) -> bool:
