@@ -71,7 +71,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         outbox = Outbox(plugin_config(path))
         before = len(outbox.spool)
-        sent = asyncio.run(outbox.flush(timeout))
+        sent = asyncio.run(outbox.flush(timeout, force=True))
         typer.echo(f"published {sent} of {before} spooled event(s); {len(outbox.spool)} left")
         if outbox.last_error:
             typer.echo(f"error: {outbox.last_error}", err=True)

@@ -3,15 +3,21 @@
 The agent must never wait on NATS for long: `Outbox.send` writes the events to the spool
 (milliseconds) and then gives the flush `publish_timeout_s` (default 2 s) in all, connect
 included; whatever is left stays spooled for the next flush (the next monologue's start or
-end, or `agentrl agent-zero flush`). Nothing here raises into Agent Zero's loop.
+end, or `agentrl agent-zero flush`). A server that refuses connections is found out by a TCP
+probe in milliseconds (nats-py's own first connect keeps retrying); one that does not answer
+at all costs one budget, then flushes are skipped for a growing pause (5 s doubling to 60 s),
+so a blackholed NATS slows a monologue at most once per pause. Nothing here raises into
+Agent Zero's loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import urlparse
 
 from agentrl.contracts.base import Event
 from agentrl.contracts.streams import STREAMS
@@ -39,6 +45,8 @@ class Outbox:
         self.spool = Spool(config.spool_path())
         self.streams_ready = False
         self.last_error: str | None = None
+        self.pause_s = 0.0  # after a flush that timed out: skip flushes until `retry_at`
+        self.retry_at = 0.0
 
     async def send(self, events: Iterable[Event]) -> int:
         """Spool `events` (redacted unless configured off) and try to flush; returns how
@@ -49,16 +57,23 @@ class Outbox:
             self.spool.put(event)
         return await self.flush()
 
-    async def flush(self, timeout: float | None = None) -> int:
-        """Publish spooled events oldest first, for at most `timeout` seconds."""
+    async def flush(self, timeout: float | None = None, *, force: bool = False) -> int:
+        """Publish spooled events oldest first, for at most `timeout` seconds (`force`:
+        even during the pause after a timed-out flush)."""
         if not len(self.spool):
+            return 0
+        if not force and time.monotonic() < self.retry_at:
             return 0
         sent = [0]
         try:
             await asyncio.wait_for(self._flush(sent), timeout or self.config.publish_timeout_s)
             self.last_error = None
+            self.pause_s = self.retry_at = 0.0
         except Exception as exc:  # unreachable, timed out, no stream: stays spooled
             self.last_error = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, TimeoutError | asyncio.TimeoutError):
+                self.pause_s = min(60.0, max(5.0, self.pause_s * 2))
+                self.retry_at = time.monotonic() + self.pause_s
             log.warning(
                 "agentrl: %d event(s) stay spooled in %s (%s)",
                 len(self.spool),
@@ -66,6 +81,23 @@ class Outbox:
                 self.last_error,
             )
         return sent[0]
+
+    async def _probe(self, servers: list[str]) -> None:
+        """Fail fast when no server accepts a TCP connection."""
+        errors = []
+        for server in servers:
+            url = urlparse(server if "://" in server else f"nats://{server}")
+            try:
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection(url.hostname or "127.0.0.1", url.port or 4222),
+                    self.config.connect_timeout_s,
+                )
+            except OSError as exc:
+                errors.append(f"{server}: {exc.strerror or exc}")
+                continue
+            writer.close()
+            return
+        raise ConnectionRefusedError("NATS unreachable (" + "; ".join(errors) + ")")
 
     async def _flush(self, sent: list[int]) -> None:
         with self.spool.locked() as mine:
@@ -92,8 +124,10 @@ class Outbox:
         options: dict[str, Any] = {}
         if self.config.nats_token:
             options["token"] = self.config.nats_token
+        servers = [u.strip() for u in self.config.nats_url.split(",") if u.strip()]
+        await self._probe(servers)
         nc = await nats.connect(
-            servers=[u.strip() for u in self.config.nats_url.split(",") if u.strip()],
+            servers=servers,
             name="agentrl-agent-zero",
             connect_timeout=self.config.connect_timeout_s,
             max_reconnect_attempts=0,
