@@ -147,7 +147,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         n: int = typer.Option(2000, help="Sample trajectories timed through redact_event."),
     ) -> None:
         """PII redaction: precision and recall on the labelled corpus (agentrl.rewards.pii_corpus,
-        205 hand-written strings, half of them near-misses), and the cost of redacting at the
+        207 hand-written strings, about half of them near-misses), and the cost of redacting at the
         edge (`redact_event`, what producers call before publishing) per trajectory in µs."""
         from agentrl.benchmarks.report import report
         from agentrl.rewards.pii_bench import edge_cost, score_corpus

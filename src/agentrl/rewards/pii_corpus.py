@@ -231,6 +231,8 @@ _NEGATIVE: list[str] = [
     "very_long_snake_case_identifier_for_a_function_name",
     "kebab-case-names-are-long-but-not-secret-at-all",
     "uuid 123e4567-e89b-12d3-a456-426614174000",
+    "request ef72c853-7278-4150-808e-32c1afec042d failed",  # its digits pass Luhn
+    "trace id 4bf92f35-77b3-4da6-a3ce-929d0e0e4736 in the log",
     "commit 3f786850e387550fdab836ed7e6dc881de23001b fixed it",
     "sha256 e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
     "md5sum of the file is d41d8cd98f00b204e9800998ecf8427e",

@@ -95,7 +95,8 @@ _PATTERNS: dict[str, str] = {
     # Country, check digits, 11-30 letters/digits (optionally in groups); mod-97 checked below.
     "iban": r"\b[A-Z]{2}\d{2}(?:[ ]?[A-Z0-9]){11,30}\b",
     # 13-19 digits, optionally grouped by spaces, dashes or dots (mixed too); Luhn-checked below.
-    "credit_card": r"(?<![\d\-.])\d(?:[ \-.]?\d){12,18}(?![\d\-]|\.\d)",
+    # Not glued to letters: digit groups inside UUIDs and hex ids are not cards.
+    "credit_card": r"(?<![0-9A-Za-z\-.])\d(?:[ \-.]?\d){12,18}(?![0-9A-Za-z\-]|\.\d)",
     # US social security numbers: area-group-serial with dashes, or 9 digits after "SSN".
     "ssn": (
         r"(?<![\d\-])(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}(?![\d\-])"
