@@ -245,6 +245,7 @@ class Driver:
 
     def __init__(self, extensions: Extensions) -> None:
         self.ext = extensions
+        self.calls: list[Any] = []  # the chat model of each call, as the extensions left it
 
     async def monologue(self, agent: Agent, iterations: list[dict[str, Any]]) -> str | None:
         Response = importlib.import_module(f"{self.ext.package}.tool").Response
@@ -259,6 +260,7 @@ class Driver:
                     call_data = {"model": ChatModel(it), "messages": [], "background": False}
                     await self.ext.call("chat_model_call_before", agent, call_data=call_data)
                     text, reasoning = await call_data["model"].unified_call(messages=[])
+                    self.calls.append(call_data["model"])
                     await self.ext.call(
                         "chat_model_call_after",
                         agent,

@@ -127,6 +127,11 @@ async def test_serving_version_completion_ids_and_usage(
         assert turn["action"]["model"] == "agentrl-policy-v3"
         assert turn["action"]["usage"] == s["usage"]
     assert capture.take("anything") is None and not capture._results  # nothing left behind
+    # every call carried the chat as the gateway's sticky-session key
+    for model in checkout.driver.calls:
+        seen = model._inner.kwargs_seen
+        assert seen["extra_headers"] == {"x-agentrl-session": agent.context.id}
+        assert seen["metadata"]["agentrl_call_id"]
 
 
 async def test_subordinate_call(checkout: Checkout, a0_nats: Any) -> None:

@@ -23,6 +23,7 @@ from collections import OrderedDict
 from typing import Any
 
 CALL_KEY = "agentrl_call_id"
+SESSION_HEADER = "x-agentrl-session"  # agentrl's gateway keeps a session on one version
 VERSION_HEADERS = ("llm_provider-x-agentrl-model-version", "x-agentrl-model-version")
 KEEP = 1000  # answers nobody took (a call Agent Zero abandoned) are dropped after this many
 
@@ -122,17 +123,25 @@ def takes_extra_kwargs(model: Any) -> bool:
 
 
 class TaggedModel:
-    """Agent Zero's chat model with one call tagged: `unified_call` passes `metadata` on to
-    LiteLLM; everything else is the wrapped model's."""
+    """Agent Zero's chat model for one call: `unified_call` passes LiteLLM `metadata` (the
+    capture tag) and `extra_headers` (the gateway's sticky-session key, so one chat stays on
+    one model version) on; everything else is the wrapped model's."""
 
-    def __init__(self, inner: Any, call_id: str) -> None:
+    def __init__(
+        self, inner: Any, call_id: str | None, headers: dict[str, str] | None = None
+    ) -> None:
         self._inner = inner
         self._call_id = call_id
+        self._headers = dict(headers or {})
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
     async def unified_call(self, *args: Any, **kwargs: Any) -> Any:
-        meta = dict(kwargs.pop("metadata", None) or {})
-        meta[CALL_KEY] = self._call_id
-        return await self._inner.unified_call(*args, metadata=meta, **kwargs)
+        if self._call_id is not None:
+            meta = dict(kwargs.pop("metadata", None) or {})
+            meta[CALL_KEY] = self._call_id
+            kwargs["metadata"] = meta
+        if self._headers:
+            kwargs["extra_headers"] = {**self._headers, **(kwargs.get("extra_headers") or {})}
+        return await self._inner.unified_call(*args, **kwargs)

@@ -186,9 +186,12 @@ async def chat_model_call_before(agent: Any, call_data: Any, plugin_file: str | 
     if not _main_call(rec, call_data) or rec is None or rec.current is None:
         return
     model = call_data.get("model")
-    if capture.takes_extra_kwargs(model) and capture.ensure_litellm_callback():
+    if not capture.takes_extra_kwargs(model):
+        return
+    if capture.ensure_litellm_callback():
         rec.current.call_id = new_id()
-        call_data["model"] = capture.TaggedModel(model, rec.current.call_id)
+    headers = {capture.SESSION_HEADER: rec.identity.session_id}
+    call_data["model"] = capture.TaggedModel(model, rec.current.call_id, headers)
 
 
 @guarded
