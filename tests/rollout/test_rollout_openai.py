@@ -76,7 +76,9 @@ async def test_native_tool_calls_and_bare_function_specs() -> None:
         "id": "call_7",
         "final": False,
     }
-    assert raw is None and log_probs is None  # no content tokens, no log-probs
+    assert raw is None  # no content tokens, no log-probs; the id and model are kept
+    assert log_probs is not None and "token_logprobs" not in log_probs
+    assert log_probs["model"] == "m" and log_probs["completion_id"].startswith("chatcmpl-")
 
 
 async def test_retries_with_backoff_then_succeeds() -> None:

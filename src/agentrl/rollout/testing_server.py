@@ -42,6 +42,8 @@ class ScriptedReply:
     logprobs: list[float] | None = None
     logprob_tokens: list[str] | None = None  # the tokens `logprobs` belong to, if not `content`'s
     finish_reason: str | None = None
+    # Per token, alternatives -> log-prob (OpenAI's `top_logprobs`, cut to the request's n).
+    top_logprobs: list[dict[str, float]] | None = None
 
 
 Responder = Callable[[dict[str, Any]], "ScriptedReply | Awaitable[ScriptedReply]"]
@@ -59,6 +61,60 @@ def tool_call(name: str, arguments: dict[str, Any], call_id: str | None = None) 
 
 def _tokens(text: str) -> list[str]:
     return _TOKEN.findall(text) or [text]
+
+
+def guided_choices(body: dict[str, Any]) -> list[str] | None:
+    """vLLM's `guided_choice` from a request body: a non-empty list of distinct strings."""
+    gc = body.get("guided_choice")
+    if gc is None:
+        return None
+    if (
+        not isinstance(gc, list)
+        or not gc
+        or not all(isinstance(c, str) and c for c in gc)
+        or len(set(gc)) != len(gc)
+    ):
+        raise ValueError("guided_choice must be a non-empty list of distinct non-empty strings")
+    return list(gc)
+
+
+def choice_responder(
+    model: Any, tokenizer: Any, *, temperature: float = 0.0, seed: int | None = None
+) -> Responder:
+    """Answer `guided_choice` requests like vLLM: score each choice as the whole answer
+    under a local HF model (`agentrl.llm.choices.score_choices`), pick the most likely one
+    (temperature 0) or sample from softmax(logp / T), and return the choice's renormalised
+    log-prob with every choice in `top_logprobs`. Requests without guided_choice get 400."""
+    import math
+    import random
+
+    rng = random.Random(seed)
+
+    def respond(body: dict[str, Any]) -> ScriptedReply:
+        from agentrl.llm.choices import score_choices
+
+        choices = guided_choices(body)
+        if choices is None:
+            return ScriptedReply(status=400, content="this server answers guided_choice only")
+        logps = score_choices(model, tokenizer, [body["messages"]], choices)[0]
+        t = float(body.get("temperature", temperature) or 0.0)
+        if t <= 0:
+            k = max(range(len(choices)), key=lambda i: logps[i])
+            pol = logps
+        else:
+            z = [lp / t for lp in logps]
+            top = max(z)
+            norm = top + math.log(sum(math.exp(v - top) for v in z))
+            pol = [v - norm for v in z]
+            k = rng.choices(range(len(choices)), weights=[math.exp(v) for v in pol])[0]
+        return ScriptedReply(
+            content=choices[k],
+            logprobs=[pol[k]],
+            logprob_tokens=[choices[k]],
+            top_logprobs=[dict(zip(choices, pol, strict=True))],
+        )
+
+    return respond
 
 
 def policy_responder(policy: Any) -> Responder:
@@ -88,6 +144,11 @@ def policy_responder(policy: Any) -> Responder:
         )
 
     return respond
+
+
+def _error(message: str, status: int) -> JSONResponse:
+    kind = "invalid_request_error" if 400 <= status < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
 
 
 class ScriptedOpenAIServer:
@@ -131,15 +192,18 @@ class ScriptedOpenAIServer:
 
     async def _chat(self, request: Request) -> JSONResponse:
         body = await request.json()
+        try:
+            choices = guided_choices(body)
+        except ValueError as exc:
+            return _error(str(exc), 400)
         reply = await self._next_reply(body)
         if reply.delay:
             await asyncio.sleep(reply.delay)
         if reply.status != 200:
-            return JSONResponse(
-                {"error": {"message": f"scripted status {reply.status}", "type": "server_error"}},
-                status_code=reply.status,
-            )
+            return _error(reply.content or f"scripted status {reply.status}", reply.status)
         content = reply.content
+        if choices is not None and content not in choices:
+            return _error(f"the reply {content!r} is not one of guided_choice {choices}", 400)
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if reply.tool_calls:
             message["tool_calls"] = reply.tool_calls
@@ -149,10 +213,22 @@ class ScriptedOpenAIServer:
             values = reply.logprobs or [-0.05 * (1 + i % 7) for i in range(len(tokens))]
             if len(values) != len(tokens):
                 raise ValueError(f"{len(values)} scripted logprobs for {len(tokens)} tokens")
+            n_top = int(body.get("top_logprobs") or 0)
+            tops = reply.top_logprobs or [{} for _ in tokens]
+            if len(tops) != len(tokens):
+                raise ValueError(f"{len(tops)} scripted top_logprobs for {len(tokens)} tokens")
             logprobs_block = {
                 "content": [
-                    {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                    for t, lp in zip(tokens, values, strict=True)
+                    {
+                        "token": t,
+                        "logprob": lp,
+                        "bytes": list(t.encode()),
+                        "top_logprobs": [
+                            {"token": a, "logprob": alp, "bytes": list(a.encode())}
+                            for a, alp in sorted(top.items(), key=lambda kv: -kv[1])[:n_top]
+                        ],
+                    }
+                    for t, lp, top in zip(tokens, values, tops, strict=True)
                 ],
                 "refusal": None,
             }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from agentrl.rollout.policies.scripted import RandomPolicy, ScriptedPolicy
 
-__all__ = ["HFAgentPolicy", "OpenAIAgentPolicy", "RandomPolicy", "ScriptedPolicy"]
+__all__ = ["ChoicePolicy", "HFAgentPolicy", "OpenAIAgentPolicy", "RandomPolicy", "ScriptedPolicy"]
 
 
 def __getattr__(name: str) -> object:
@@ -17,4 +17,8 @@ def __getattr__(name: str) -> object:
         from agentrl.rollout.policies.hf_policy import HFAgentPolicy
 
         return HFAgentPolicy
+    if name == "ChoicePolicy":
+        from agentrl.rollout.policies.choice_policy import ChoicePolicy
+
+        return ChoicePolicy
     raise AttributeError(name)

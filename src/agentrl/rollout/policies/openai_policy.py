@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import openai
@@ -41,7 +42,14 @@ class OpenAIAgentPolicy:
 
     `max_retries` extra attempts follow the first, the k-th after
     min(backoff_max, backoff_base * 2**k) seconds (+ up to 10% jitter). log_probs holds
-    {"tokens", "token_logprobs", "sum"} when the server returned log-probs, plus "usage".
+    {"tokens", "token_logprobs", "sum"} when the server returned log-probs, plus "usage",
+    "top_logprobs" (per token, when asked with `top_logprobs`), and always the response's
+    "completion_id" (`response.id`) and "model" (the serving version's name): the gateway's
+    contract, so the trajectory can carry `action.completion_id` and `metadata.model`.
+
+    `guided_choice` (vLLM's convention, sent in the request body) restricts the answer to one
+    of the given strings: the valid-action policy over HTTP; a callable gets the observation
+    and returns the choices of this turn (e.g. the environment's valid moves).
     """
 
     def __init__(
@@ -60,6 +68,8 @@ class OpenAIAgentPolicy:
         action_format: ActionFormat = "auto",
         extra_body: dict[str, Any] | None = None,
         client: AsyncOpenAI | None = None,
+        guided_choice: Sequence[str] | Callable[[Any], Sequence[str] | None] | None = None,
+        top_logprobs: int | None = None,
     ) -> None:
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
@@ -72,6 +82,10 @@ class OpenAIAgentPolicy:
         self.backoff_max = backoff_max
         self.action_format = action_format
         self.extra_body = extra_body
+        self.guided_choice = guided_choice
+        if top_logprobs is not None and not 0 <= top_logprobs <= 20:
+            raise ValueError("top_logprobs must be within 0..20 (OpenAI's limit)")
+        self.top_logprobs = top_logprobs
         self.client = client or AsyncOpenAI(
             base_url=base_url,
             # A local server needs no key, but the SDK insists on one being set.
@@ -87,7 +101,16 @@ class OpenAIAgentPolicy:
         delay = min(self.backoff_max, self.backoff_base * (2**attempt))
         return delay * (1.0 + 0.1 * random.random())
 
-    async def _create(self, messages: list[dict[str, Any]], tools: Any) -> Any:
+    def choices_for(self, observation: Any) -> list[str] | None:
+        gc = self.guided_choice
+        if gc is None:
+            return None
+        found = gc(observation) if callable(gc) else gc
+        return [str(c) for c in found] if found else None
+
+    async def _create(
+        self, messages: list[dict[str, Any]], tools: Any, choices: list[str] | None = None
+    ) -> Any:
         kwargs: dict[str, Any] = {"model": self.model, "messages": messages}
         if self.temperature is not None:
             kwargs["temperature"] = self.temperature
@@ -95,10 +118,15 @@ class OpenAIAgentPolicy:
             kwargs["max_tokens"] = self.max_tokens
         if self.logprobs:
             kwargs["logprobs"] = True
-        if tools:
+            if self.top_logprobs is not None:
+                kwargs["top_logprobs"] = self.top_logprobs
+        if tools and not choices:
             kwargs["tools"] = tools
-        if self.extra_body:
-            kwargs["extra_body"] = self.extra_body
+        extra = dict(self.extra_body or {})
+        if choices:
+            extra["guided_choice"] = choices
+        if extra:
+            kwargs["extra_body"] = extra
         return await self.client.chat.completions.create(**kwargs)
 
     async def get_action(
@@ -106,10 +134,11 @@ class OpenAIAgentPolicy:
     ) -> PolicyOutput:
         messages = as_chat_messages(observation)
         tools = openai_tools(available_tools_specs)
+        choices = self.choices_for(observation)
         last: BaseException | None = None
         for attempt in range(self.max_retries + 1):
             try:
-                response = await self._create(messages, tools)
+                response = await self._create(messages, tools, choices)
             except Exception as exc:
                 self.failed_attempts += 1
                 if not is_retryable(exc):
@@ -145,7 +174,7 @@ class OpenAIAgentPolicy:
         action = parse_policy_output(
             raw, tool_calls=list(message.tool_calls or []), action_format=self.action_format
         )
-        log_probs: dict[str, Any] | None = None
+        log_probs: dict[str, Any] = {}
         content_lp = getattr(choice.logprobs, "content", None) if choice.logprobs else None
         if content_lp:
             token_logprobs = [float(t.logprob) for t in content_lp]
@@ -154,13 +183,23 @@ class OpenAIAgentPolicy:
                 "token_logprobs": token_logprobs,
                 "sum": float(sum(token_logprobs)),
             }
+            tops = [list(getattr(t, "top_logprobs", None) or []) for t in content_lp]
+            if any(tops):
+                log_probs["top_logprobs"] = [
+                    {str(a.token): float(a.logprob) for a in row} for row in tops
+                ]
+        # The serving version and the completion id: kept whatever else came back.
+        if getattr(response, "id", None):
+            log_probs["completion_id"] = str(response.id)
+        if getattr(response, "model", None):
+            log_probs["model"] = str(response.model)
         usage = getattr(response, "usage", None)
         if usage is not None:
             self.total_tokens += int(usage.total_tokens or 0)
-            if log_probs is not None:
+            if "token_logprobs" in log_probs:
                 log_probs["usage"] = {
                     "prompt_tokens": usage.prompt_tokens,
                     "completion_tokens": usage.completion_tokens,
                     "total_tokens": usage.total_tokens,
                 }
-        return action, raw, log_probs, None
+        return action, raw, log_probs or None, None
