@@ -12,7 +12,12 @@ import pytest
 from agentrl.contracts.training import Dataset, DatasetFilter
 from agentrl.settings import Settings
 from agentrl.warehouse import samples as S
-from agentrl.warehouse.export import clickhouse_source, export, select_dataset
+from agentrl.warehouse.export import (
+    clickhouse_load_data,
+    clickhouse_source,
+    export,
+    select_dataset,
+)
 
 from .conftest import store
 
@@ -122,3 +127,9 @@ def test_clickhouse_source(data, wsettings, monkeypatch) -> None:  # type: ignor
         "data_analysis",
         "general",
     }
+    data = clickhouse_load_data(dataset, Settings(data_dir=wsettings.path))
+    assert len(data["trajectories"]) == len(data["rewards"]) == 4
+    assert {t["trajectory_id"] for t in data["trajectories"]} == {
+        r["trajectory_id"] for r in data["rewards"]
+    }
+    assert all(r["total_reward"] >= 0.5 and r["version"] >= 1 for r in data["rewards"])

@@ -192,7 +192,9 @@ async def test_rejected_rows_dead_lettered_rest_inserted(
     too_old = S.trajectory(30_099, start=S.BASE.replace(year=1800))  # outside DateTime64
     huge_turn = S.trajectory(30_098)
     huge_turn.turns[0].turn_id = 2**40  # does not fit UInt32
-    await bus.publish_many([*good[:10], too_old, huge_turn, *good[10:]])
+    opted_out = S.trajectory(30_097)
+    opted_out.metadata.rl_opt_out = True  # acked, never stored, not a dead letter
+    await bus.publish_many([*good[:10], too_old, huge_turn, opted_out, *good[10:]])
     settings = Settings(data_dir=wsettings.path)
     ws = wsettings.model_copy(update={"durable_prefix": prefix})
     service = IngesterService(bus, settings, ws)
@@ -205,5 +207,7 @@ async def test_rejected_rows_dead_lettered_rest_inserted(
     assert "outside 1900..2299" in reasons[0] + reasons[1]
     assert "does not fit UInt32" in reasons[0] + reasons[1]
     assert service.status.rejected["trajectory"] == 2
+    assert service.status.skipped["opted_out"] == 1
+    assert await pending(bus, prefix) == 0
     with contextlib.suppress(Exception):
         await bus.js.delete_consumer("RL_TRAJECTORIES", f"{prefix}-trajectory")

@@ -235,3 +235,28 @@ def clickhouse_source(
         backend, wsettings.database, dataset.filter, dataset.sample_size, seed=seed
     )
     return rewarded_from_table(table)
+
+
+def clickhouse_load_data(
+    dataset: Dataset,
+    settings: Settings | None = None,
+    *,
+    seed: int = 0,
+    api_url: str | None = None,
+    api_token: str | None = None,
+) -> dict[str, Any]:
+    """The same rows as `clickhouse_source`, shaped like the training service's JetStream
+    loader (`{"trajectories": [payload dicts], "rewards": [{"trajectory_id", "total_reward",
+    "version"}]}`: one latest reward per trajectory), so a dataset job can take either."""
+    rows = clickhouse_source(dataset, settings, seed=seed, api_url=api_url, api_token=api_token)
+    return {
+        "trajectories": [r.trajectory.to_wire() for r in rows],
+        "rewards": [
+            {
+                "trajectory_id": r.trajectory.trajectory_id,
+                "total_reward": r.reward,
+                "version": r.reward_version,
+            }
+            for r in rows
+        ],
+    }

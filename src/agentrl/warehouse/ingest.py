@@ -55,6 +55,7 @@ class IngestStatus:
     events: Counter[str] = field(default_factory=Counter)
     rows: Counter[str] = field(default_factory=Counter)
     rejected: Counter[str] = field(default_factory=Counter)
+    skipped: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -69,6 +70,7 @@ class IngestStatus:
             "events": dict(self.events),
             "rows": dict(self.rows),
             "rejected": dict(self.rejected),
+            "skipped": dict(self.skipped),
         }
 
 
@@ -168,7 +170,9 @@ class Ingester:
         st = self.status
         st.batches += 1
         st.last_insert_at = time.time()
-        st.events[kind] += len(deliveries) - len(bad)
+        st.events[kind] += len(deliveries) - len(bad) - len(built.skipped)
+        for reason in built.skipped.values():
+            st.skipped[reason] += 1
         for table_rows in built.tables:
             st.rows[table_rows.name] += sum(1 for o in table_rows.owners if o not in bad)
         if bad:

@@ -171,6 +171,10 @@ class RowRejected(ValueError):
     """An event whose values do not fit the warehouse's column types."""
 
 
+class NotStored(Exception):
+    """An event the warehouse deliberately does not keep (acked, not stored)."""
+
+
 @dataclass
 class TableRows:
     """Rows of one table (tuples in schema order) plus, per row, the index of the delivery
@@ -202,6 +206,7 @@ class Built:
 
     tables: list[TableRows]
     rejected: dict[int, str]
+    skipped: dict[int, str] = field(default_factory=dict)
 
 
 def ms(ts: datetime) -> int:
@@ -241,6 +246,8 @@ def trajectory_rows(
     ev: Any, raw: bytes, _msg_id: str, now: int, out: dict[str, TableRows], i: int
 ) -> None:
     meta = ev.metadata
+    if meta is not None and getattr(meta, "rl_opt_out", False):
+        raise NotStored("opted_out")  # the user opted out of collection (seed: PII section)
     task = ev.task_context
     outcome = ev.outcome
     model = (meta.model if meta is not None else None) or ""
@@ -487,10 +494,13 @@ def build(kind: str, items: Sequence[tuple[Any, bytes, str]], now_ms: int) -> Bu
     leaves nothing behind in any table."""
     names, convert = KINDS[kind]
     rejected: dict[int, str] = {}
+    skipped: dict[int, str] = {}
     out = {n: TableRows(n) for n in names}
     for i, (event, raw, msg_id) in enumerate(items):
         try:
             convert(event, raw, msg_id, now_ms, out, i)
+        except NotStored as exc:
+            skipped[i] = str(exc)
         except (RowRejected, AttributeError, TypeError, ValueError, OverflowError) as exc:
             rejected[i] = f"row rejected by the warehouse schema: {exc}"
-    return Built([out[n] for n in names], rejected)
+    return Built([out[n] for n in names], rejected, skipped)
