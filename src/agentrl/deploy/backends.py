@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
+import orjson
 
 from agentrl.deploy.errors import BackendError, ChecksumError, DeployError
+from agentrl.deploy.httppool import HTTPError, JsonPool
 from agentrl.deploy.openai_types import ChatRequest, Generation
 from agentrl.deploy.registry import ModelRecord
 
@@ -149,6 +151,10 @@ class UpstreamBackend:
             transport=transport,
             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
         )
+        self.pool = (
+            JsonPool(self.base_url, headers) if self.base_url.startswith("http://") else None
+        )
+        self.timeout_s = timeout_s
         self.load_lora = load_lora
         self.default_model = default_model
         self.names: dict[str, str] = {}
@@ -181,6 +187,8 @@ class UpstreamBackend:
         return body
 
     async def generate(self, model_id: str, request: ChatRequest) -> Generation:
+        if self.pool is not None:
+            return await self._generate_fast(model_id, request)
         try:
             resp = await self.client.post("/chat/completions", json=self._body(model_id, request))
         except httpx.TimeoutException as exc:
@@ -194,6 +202,32 @@ class UpstreamBackend:
         try:
             data = resp.json()
             return from_openai(data)
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise BackendError(f"upstream answer is not a chat completion: {exc!r}", 502) from exc
+
+    async def _generate_fast(self, model_id: str, request: ChatRequest) -> Generation:
+        assert self.pool is not None
+        body = orjson.dumps(self._body(model_id, request))
+        try:
+            status, data = await asyncio.wait_for(
+                self.pool.post("/chat/completions", body), self.timeout_s
+            )
+        except TimeoutError as exc:
+            raise BackendError(
+                f"upstream {self.base_url} timed out after {self.timeout_s}s", 504
+            ) from exc
+        except HTTPError as exc:
+            raise BackendError(f"upstream {self.base_url} failed: {exc}", 502) from exc
+        if status >= 500:
+            raise BackendError(
+                f"upstream answered {status}: {data[:300].decode(errors='replace')}", 502
+            )
+        if status >= 400:
+            raise BackendError(
+                f"upstream refused the request: {data[:500].decode(errors='replace')}", status
+            )
+        try:
+            return from_openai(orjson.loads(data))
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise BackendError(f"upstream answer is not a chat completion: {exc!r}", 502) from exc
 
@@ -225,6 +259,8 @@ class UpstreamBackend:
         yield "done", gen
 
     async def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
         await self.client.aclose()
 
 

@@ -86,6 +86,7 @@ def _serve_gateway(port: int, upstream: str, nats_url: str) -> None:
         from agentrl.bus import Bus
 
         bus = await Bus.connect(nats_url)
+        await bus.ensure_streams()
         state = GatewayState("agentrl-policy", completion_log=CompletionLog(bus))
         state.backends["v1"] = UpstreamBackend(upstream, timeout_s=30)
         state.set_split({"v1": 100.0}, ["v1"])

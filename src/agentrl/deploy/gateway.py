@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
@@ -246,7 +247,7 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
         if (denied := unauthorized(request)) is not None:
             return denied
         try:
-            body = ChatRequest.model_validate(json.loads(await request.body()))
+            body = ChatRequest.model_validate(orjson.loads(await request.body()))
         except (ValueError, ValidationError) as exc:
             msg = (
                 str(exc)
@@ -294,7 +295,7 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
         else:
             out = completion_body(gen, completion_id, model_id, body)
         _log(state, completion_id, model_id, session, gen)
-        return JSONResponse(out, headers=headers)
+        return Response(orjson.dumps(out), media_type="application/json", headers=headers)
 
     return app
 
