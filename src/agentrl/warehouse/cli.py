@@ -72,9 +72,12 @@ def _show(title: str, result: Any, as_json: bool) -> None:
     rows = (
         [{"table": k, "rows": v} for k, v in result.items()] if isinstance(result, dict) else result
     )
+    console = Console()
+    if not console.is_terminal:  # piped: do not squeeze the columns into 80 characters
+        console = Console(width=200)
     table = Table(title=title)
     if not rows:
-        Console().print(f"[dim]{title}: no data[/]")
+        console.print(f"[dim]{title}: no data[/]")
         return
     columns = list(dict.fromkeys(k for row in rows for k in row))
     for col in columns:
@@ -83,7 +86,7 @@ def _show(title: str, result: Any, as_json: bool) -> None:
         )
     for row in rows:
         table.add_row(*(_cell(row.get(col)) for col in columns))
-    Console().print(table)
+    console.print(table)
 
 
 def _cell(value: Any) -> str:
