@@ -259,3 +259,8 @@ async def test_load_data_from_jetstream_with_date_range_and_completion_log(nats,
         assert {r.trajectory_id: r.score for r in kept}[trajs[0]["trajectory_id"]] == 0.9
     finally:
         await bus.close()
+
+
+def test_no_records_build_no_samples(tokenizer):
+    samples, stats = build_samples([], tokenizer)
+    assert samples == [] and stats.samples == 0

@@ -125,10 +125,10 @@ async def test_cancel_and_killed_job_process(nats, data_dir):
             for r in reqs:
                 await bus.publish(r)
             cancel_id, kill_id = reqs[0].training_job_id, reqs[1].training_job_id
-            await _wait(
-                lambda: _progress_at(statuses, cancel_id, 2) and _progress_at(statuses, kill_id, 1),
-                90,
-            )
+            # Kill one job process as soon as it runs; cancel the other once it has a checkpoint.
+            await _wait(lambda: "running" in statuses.states(kill_id), 60)
+            os.kill(svc.store.get(kill_id).pid, signal.SIGKILL)
+            await _wait(lambda: _progress_at(statuses, cancel_id, 2), 180)
             # Cancel through the bus (what the API and CLI publish).
             t0 = time.monotonic()
             await bus.publish_json(
@@ -136,13 +136,12 @@ async def test_cancel_and_killed_job_process(nats, data_dir):
                 {"training_job_id": cancel_id},
                 msg_id=f"c-{cancel_id}",
             )
-            os.kill(svc.store.get(kill_id).pid, signal.SIGKILL)
             cancelled = await statuses.wait(cancel_id, ("cancelled", "completed", "failed"), 10)
             took = time.monotonic() - t0
             assert cancelled["status"] == "cancelled" and took <= 5.0, (cancelled, took)
             kept = Path(cancelled["artifacts"]["last_checkpoint"])
             assert (kept / "manifest.json").exists(), "the last checkpoint is kept"
-            killed = await statuses.wait(kill_id, ("failed", "completed"), 10)
+            killed = await statuses.wait(kill_id, ("failed", "completed"), 30)
             assert killed["status"] == "failed" and killed["error"]["code"] == "INFRA"
             assert "SIGKILL" in killed["error"]["message"]
             assert svc.store.get(cancel_id).status == "cancelled"
@@ -292,11 +291,11 @@ async def test_killed_service_resumes_the_job_after_restart(nats, data_dir):
         req = fill_request({"training_config": {"base_model": "tiny"}}, ts)
         await bus.publish(req)
         job_id = req.training_job_id
-        await _wait(lambda: _progress_at(statuses, job_id, 2), 90)
+        await _wait(lambda: _progress_at(statuses, job_id, 2), 180)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         async with running_service(bus, settings, ts) as svc:
-            final = await statuses.wait(job_id, ("completed", "failed"), 120)
+            final = await statuses.wait(job_id, ("completed", "failed"), 180)
             states = statuses.states(job_id)
             assert svc.store.get(job_id).status in ("completed", "failed")
             if final["status"] == "failed":

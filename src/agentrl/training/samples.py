@@ -119,8 +119,10 @@ def episode_advantages(records: Sequence[Record], estimator: str) -> tuple[np.nd
     sizes: dict[str, int] = defaultdict(int)
     for t in tasks:
         sizes[t] += 1
-    grouped = np.array([sizes[t] > 1 for t in tasks])
+    grouped = np.array([sizes[t] > 1 for t in tasks], dtype=bool)
     adv = np.zeros(len(records))
+    if not len(records):
+        return adv, grouped
     if grouped.any():
         idx = np.flatnonzero(grouped)
         gids = [tasks[i] for i in idx]

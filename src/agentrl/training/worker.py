@@ -72,9 +72,12 @@ def peak_rss_gb() -> float:
 
 def peak_gpu_gb() -> float | None:
     torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+    try:  # torch may be half imported when the heartbeat thread looks
+        if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return None
+        return float(torch.cuda.max_memory_allocated()) / 1024**3
+    except Exception:
         return None
-    return float(torch.cuda.max_memory_allocated()) / 1024**3
 
 
 def _die_with_parent() -> None:
