@@ -12,10 +12,12 @@ and results travel through a pipe (pickled).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
 import queue
+import signal
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -31,6 +33,11 @@ class WorkerCrashed(RuntimeError):
 
 
 def _serve(conn: multiprocessing.connection.Connection, fn: Callable[..., Any]) -> None:
+    # Ctrl-C reaches the whole process group: the parent decides when workers stop. The
+    # event loop's wakeup fd belongs to the parent.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(ValueError):
+        signal.set_wakeup_fd(-1)
     while True:
         try:
             args, kwargs = conn.recv()
