@@ -342,10 +342,10 @@ async def failover_drill(
             and not victim.running
             and (time.monotonic() - marks["publish_resumed"] > 1.0)
         ):
-            await asyncio.to_thread(victim.start)
+            await _restart(victim)
     publish_s = time.monotonic() - t0
     if victim is not None and not victim.running:
-        await asyncio.to_thread(victim.start)
+        await _restart(victim)
     try:
         await asyncio.wait_for(stop.wait(), timeout=max(120.0, n / 200))
     except TimeoutError:
@@ -371,6 +371,17 @@ async def failover_drill(
         res["rewarded"] = len(seen)
         res["reward_duplicates"] = sum(c - 1 for c in seen.values())
     return res
+
+
+async def _restart(node: EmbeddedNats, timeout: float = 30.0) -> None:
+    """Start a killed node again on its store, waiting without blocking the loop (and from
+    the loop's thread: a server's death signal follows the thread that started it)."""
+    node.launch()
+    deadline = time.monotonic() + timeout
+    while not node.is_ready():
+        if time.monotonic() > deadline or not node.running:
+            raise RuntimeError(f"{node.server_name} did not restart; see {node.log_file}")
+        await asyncio.sleep(0.05)
 
 
 async def _watch_rewards(

@@ -397,7 +397,7 @@ class Bus:
             for round_ in range(self.publish_retries + 1):
                 if self.nc.is_closed:
                     break
-                get = first_time if round_ == 0 else (lambda j: encoded[todo[j]])
+                get = first_time if round_ == 0 else partial(_pick, encoded, todo)
                 try:
                     got = await self._publisher.publish(len(todo), get, timeout=self.stall_timeout)
                 except _RETRYABLE as exc:
@@ -831,6 +831,10 @@ async def _keep_alive(deliveries: list[Delivery], ack_wait: float) -> None:
         for d in deliveries:
             with contextlib.suppress(Exception):
                 await d.in_progress()
+
+
+def _pick(items: list[tuple[str, bytes, str]], which: list[int], j: int) -> tuple[str, bytes, str]:
+    return items[which[j]]
 
 
 def _num_delivered(msg: Msg) -> int:

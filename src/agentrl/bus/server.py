@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from agentrl.errors import ServerError
 from agentrl.settings import Settings, get_settings
@@ -49,10 +50,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    os.setsid()
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+_PRCTL: Any = None
+with contextlib.suppress(OSError):  # loaded here: dlopen between fork and exec can deadlock
+    _PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec: nothing that locks
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class EmbeddedNats:
@@ -149,11 +154,16 @@ class EmbeddedNats:
                 stdout=log_fh,
                 stderr=log_fh,
                 stdin=subprocess.DEVNULL,
+                start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
         finally:
             log_fh.close()
         self._start_offset = start_offset
+
+    def is_ready(self) -> bool:
+        """Whether the server started by `launch()` has said it is ready (non-blocking)."""
+        return self.running and b"Server is ready" in self._log_bytes(self._start_offset)
 
     def wait_ready(self, timeout: float = 20.0) -> None:
         self._wait_ready(self._start_offset, timeout)

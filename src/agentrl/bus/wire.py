@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import nats.errors
@@ -200,16 +200,22 @@ class AsyncPublisher:
         return self._sub
 
     async def publish(
-        self, items: Sequence[tuple[str, bytes, str]], timeout: float, chunk: int = 256
+        self,
+        count: int,
+        item: Callable[[int], tuple[str, bytes, str]],
+        timeout: float,
+        chunk: int = 256,
     ) -> list[PubAck | BaseException | None]:
-        """Publish every item once; each result is its PubAck, the error the server
-        answered, or None when no answer came within `timeout` (the caller retries)."""
+        """Publish items 0..count-1 once; `item(i)` gives (subject, bytes, msg_id) and is
+        called chunk by chunk, so serialising the next chunk overlaps with the server
+        storing the previous one. Each result is its PubAck, the error the server answered,
+        or None when no answer came within `timeout` of silence (the caller retries)."""
         async with self._lock:  # one batch at a time owns the reply queue
             sub = await self._ensure_sub()
             queue: asyncio.Queue[Msg] = sub._pending_queue
-            results: list[PubAck | BaseException | None] = [None] * len(items)
+            results: list[PubAck | BaseException | None] = [None] * count
             base = self._serial
-            self._serial += len(items)
+            self._serial += count
             index: dict[bytes, int] = {}
             # Drop answers a timed-out earlier batch left behind.
             while not queue.empty():
@@ -219,12 +225,12 @@ class AsyncPublisher:
             sent = 0
             prefix = self._prefix
             deadline = time.monotonic() + timeout
-            while sent < len(items) or outstanding:
-                if sent < len(items) and outstanding < self.window:
-                    n = min(chunk, len(items) - sent, self.window - outstanding)
+            while sent < count or outstanding:
+                if sent < count and outstanding < self.window:
+                    n = min(chunk, count - sent, self.window - outstanding)
                     frames = []
                     for i in range(sent, sent + n):
-                        subject, data, msg_id = items[i]
+                        subject, data, msg_id = item(i)
                         token = b"%x" % (base + i)
                         index[token] = i
                         frames.append(hpub(subject.encode(), prefix + token, msg_id, data))
@@ -232,7 +238,7 @@ class AsyncPublisher:
                     sent += n
                     outstanding += n
                     deadline = time.monotonic() + timeout
-                    if outstanding < self.window and sent < len(items):
+                    if outstanding < self.window and sent < count:
                         await asyncio.sleep(0)  # let the reader take in PubAcks meanwhile
                         outstanding -= self._drain(queue, sub, index, results)
                         continue
