@@ -122,12 +122,14 @@ async def _onoff(url: str, n: int, rounds: int = 2) -> dict[str, Any]:
 
     bus = await Bus.connect(url, name="bench-bus-onoff")
     await bus.ensure_streams()
-    events = [sample_trajectory(i) for i in range(n)]
     cpu: dict[bool, list[float]] = {True: [], False: []}
     rate: dict[bool, list[float]] = {True: [], False: []}
     try:
-        for _ in range(rounds):
+        for k in range(rounds):
             for on in (False, True):
+                # fresh ids every time: the same ids would be dropped as duplicates
+                first = 10_000_000 * (1 + 2 * k + on)
+                events = [sample_trajectory(first + i) for i in range(n)]
                 set_instrumentation(on)
                 obs_metrics.set_enabled(on)
                 await bus.js.purge_stream("RL_TRAJECTORIES")
