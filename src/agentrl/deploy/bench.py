@@ -381,19 +381,30 @@ async def batching_run(model: str, tokens: int) -> dict[str, Any]:
         for i in range(8)
     ]
     await engine.generate(None, reqs[0])  # warm up
-    t = time.perf_counter()
-    seq_tokens = 0
-    for r in reqs:
-        seq_tokens += (await engine.generate(None, r)).completion_tokens
-    seq = seq_tokens / (time.perf_counter() - t)
-    t = time.perf_counter()
-    gens = await asyncio.gather(*(engine.generate(None, r) for r in reqs))
-    conc = sum(g.completion_tokens for g in gens) / (time.perf_counter() - t)
+    runs = []
+    for _ in range(3):  # three rounds, median: the machine is shared
+        t, c = time.perf_counter(), time.process_time()
+        seq_tokens = 0
+        for r in reqs:
+            seq_tokens += (await engine.generate(None, r)).completion_tokens
+        seq, seq_cpu = (
+            seq_tokens / (time.perf_counter() - t),
+            seq_tokens / (time.process_time() - c),
+        )
+        t, c = time.perf_counter(), time.process_time()
+        gens = await asyncio.gather(*(engine.generate(None, r) for r in reqs))
+        n = sum(g.completion_tokens for g in gens)
+        conc, conc_cpu = n / (time.perf_counter() - t), n / (time.process_time() - c)
+        runs.append((conc / seq, seq, conc, conc_cpu / seq_cpu))
+    runs.sort()
+    factor, seq, conc, cpu_factor = runs[1]
     return {
         "model": model,
         "tokens_per_s_sequential": seq,
         "tokens_per_s_8_concurrent": conc,
-        "batching_factor": conc / seq,
+        "batching_factor": factor,
+        "batching_factor_runs": [round(r[0], 2) for r in runs],
+        "cpu_batching_factor": cpu_factor,
         "batch_sizes": engine.stats.batch_sizes[-3:],
     }
 
@@ -495,7 +506,11 @@ def run_bench(
     table.add_row(
         f"batching ({bt['model']}): 8 concurrent tokens/s", f"{bt['tokens_per_s_8_concurrent']:.1f}"
     )
-    table.add_row("batching factor", f"{bt['batching_factor']:.2f}")
+    table.add_row(
+        "batching factor (wall, median of 3)",
+        f"{bt['batching_factor']:.2f} {bt['batching_factor_runs']}",
+    )
+    table.add_row("batching factor (tokens per CPU-second)", f"{bt['cpu_batching_factor']:.2f}")
     table.add_row("split max abs error (10,000 sessions)", f"{sp['split_max_abs_err']:.4f}")
     table.add_row("sticky fraction", f"{sp['sticky_fraction']:.4f}")
     table.add_row("TensorZero (published, Rust)", "< 1 ms p99 added at 10,000 QPS")
