@@ -247,6 +247,7 @@ class RewardService:
 
     def close(self) -> None:
         self.store.close()
+        self.preparer.checker.close()  # the bandit worker process
 
     def stats(self) -> dict[str, Any]:
         return {
