@@ -176,3 +176,28 @@ def test_training_and_deployment_timelines(filled: Analytics) -> None:
     ]
     models = filled.model_versions()
     assert len(models) == 1 and models[0]["traffic_percentage"] == 100.0
+
+
+def test_parameters_with_awkward_text(backend, wsettings) -> None:  # type: ignore[no-untyped-def]
+    """Tabs, quotes and backslashes in filter values reach the engine intact (chdb reads
+    parameters as escaped text; lists as array literals)."""
+    from agentrl.contracts.training import DatasetFilter
+    from agentrl.warehouse.export import select_dataset
+
+    odd = "m\t'x\\y\n"
+    assert (
+        store(
+            backend, wsettings.database, [S.trajectory(0, model=odd, profile=odd), S.reward(0, 0.5)]
+        )
+        == {}
+    )
+    a = Analytics(backend, wsettings.database)
+    assert [r["trajectories"] for r in a.success_over_time(model=odd)] == [1]
+    assert a.length_histogram(model=odd) == [{"turns": 3, "trajectories": 1}]
+    kept = select_dataset(
+        backend, wsettings.database, DatasetFilter(exclude_subordinate_profiles=["other"])
+    )
+    gone = select_dataset(
+        backend, wsettings.database, DatasetFilter(exclude_subordinate_profiles=[odd])
+    )
+    assert (kept.num_rows, gone.num_rows) == (1, 0)

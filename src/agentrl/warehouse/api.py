@@ -135,8 +135,8 @@ class ExportRequest(BaseModel):
     """The training request's dataset filter and sample size, plus output options."""
 
     filter: DatasetFilter = Field(default_factory=DatasetFilter)
-    sample_size: int | None = Field(None, gt=0)
-    seed: int = 0
+    sample_size: int | None = Field(None, gt=0, lt=2**63)
+    seed: int = Field(0, ge=0, lt=2**63)
     format: Literal["parquet", "jsonl"] = "parquet"
     include_raw: bool = Field(True, description="Include each stored trajectory's JSON.")
 

@@ -167,9 +167,16 @@ def _chdb_params(params: dict[str, Any]) -> dict[str, str]:
     for key, value in params.items():
         if isinstance(value, list | tuple):
             out[key] = "[" + ",".join(_literal(v) for v in value) + "]"
+        elif isinstance(value, str):
+            out[key] = value.translate(_ESCAPED)  # parameters are parsed as escaped text
         else:
             out[key] = str(value)
     return out
+
+
+_ESCAPED = str.maketrans(
+    {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r", "\0": "\\0", "\b": "\\b", "\f": "\\f"}
+)
 
 
 def _literal(value: Any) -> str:

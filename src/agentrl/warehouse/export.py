@@ -62,10 +62,10 @@ def dataset_sql(
     include_raw: bool = True,
 ) -> tuple[str, dict[str, Any]]:
     """The export query and its parameters (pure: testable without a warehouse)."""
-    params: dict[str, Any] = {"seed": int(seed)}
+    params: dict[str, Any] = {"seed": int(seed) % 2**64}
     where = ["1"]
     if filt.max_trajectory_length is not None:
-        params["max_len"] = int(filt.max_trajectory_length)
+        params["max_len"] = min(int(filt.max_trajectory_length), 2**32 - 1)
         where.append("turn_count <= {max_len:UInt32}")
     if filt.date_range is not None:
         params["start"] = ts_param(filt.date_range.start)
@@ -88,7 +88,7 @@ def dataset_sql(
     join = "INNER JOIN" if require_reward else "LEFT JOIN"
     tail = ""
     if sample_size is not None:  # deterministic sample: the ids with the smallest seeded hash
-        params["sample"] = int(sample_size)
+        params["sample"] = min(int(sample_size), 2**63)
         tail = (
             "ORDER BY cityHash64(t.trajectory_id, {seed:UInt64}), t.trajectory_id "
             "LIMIT {sample:UInt64}"

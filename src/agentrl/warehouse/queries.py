@@ -27,11 +27,22 @@ def latest_rewards_sql(database: str, having: str = "1") -> str:
     )
 
 
+TS_MIN = datetime(1900, 1, 1, tzinfo=UTC)
+TS_MAX = datetime(2299, 12, 31, 23, 59, 59, 999000, tzinfo=UTC)
+
+
 def ts_param(value: datetime) -> str:
-    """A DateTime64(3) query parameter (UTC), accepted by chdb and clickhouse-connect."""
+    """A DateTime64(3) query parameter (UTC), accepted by chdb and clickhouse-connect.
+
+    Bounds outside DateTime64's range (1900..2299) are clamped to it: as a filter bound they
+    mean the same."""
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    value = min(max(value.astimezone(UTC), TS_MIN), TS_MAX)
+    return (
+        f"{value.year:04d}-{value.month:02d}-{value.day:02d} "
+        f"{value.hour:02d}:{value.minute:02d}:{value.second:02d}.{value.microsecond // 1000:03d}"
+    )
 
 
 def _window(
