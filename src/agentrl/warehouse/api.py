@@ -19,7 +19,12 @@ from agentrl.api import get_settings_dep
 from agentrl.apiauth import require_scope
 from agentrl.contracts.training import DatasetFilter
 from agentrl.settings import Settings
-from agentrl.warehouse.backend import WarehouseDown, WarehouseError, WarehouseLocked
+from agentrl.warehouse.backend import (
+    WarehouseDown,
+    WarehouseError,
+    WarehouseLocked,
+    error_code,
+)
 from agentrl.warehouse.queries import Analytics, run_named
 
 router = APIRouter(
@@ -38,13 +43,24 @@ def _analytics(settings: Settings = Depends(get_settings_dep)) -> Analytics:
         raise HTTPException(503, f"the warehouse is not reachable: {exc}") from exc
 
 
+# Engine errors that mean "this request's parameters are unusable", not "the warehouse is
+# unwell": BAD_QUERY_PARAMETER, CANNOT_PARSE_QUOTED_STRING, ARGUMENT_OUT_OF_BOUND.
+BAD_REQUEST_CODES = frozenset({457, 26, 69})
+
+
 def _run(analytics: Analytics, name: str, **kw: Any) -> Any:
     try:
         return run_named(analytics, name, **kw)
-    except WarehouseDown as exc:
-        raise HTTPException(503, f"the warehouse is not reachable: {exc}") from exc
     except WarehouseError as exc:
-        raise HTTPException(500, f"warehouse query failed: {exc}") from exc
+        raise _http_error(exc) from exc
+
+
+def _http_error(exc: WarehouseError) -> HTTPException:
+    if error_code(str(exc)) in BAD_REQUEST_CODES:
+        return HTTPException(400, f"the warehouse refused a parameter: {exc}")
+    if isinstance(exc, WarehouseDown):
+        return HTTPException(503, f"the warehouse is not reachable: {exc}")
+    return HTTPException(500, f"warehouse query failed: {exc}")
 
 
 Since = Query(None, description="Only rows at or after this time (ISO 8601; naive = UTC).")
@@ -162,7 +178,7 @@ def export(body: ExportRequest, a: Analytics = Depends(_analytics)) -> Response:
             include_raw=body.include_raw,
         )
     except WarehouseError as exc:
-        raise HTTPException(503, f"export failed: {exc}") from exc
+        raise _http_error(exc) from exc
     media = "application/vnd.apache.parquet" if body.format == "parquet" else "application/x-ndjson"
     return Response(
         to_bytes(table, body.format),
