@@ -56,7 +56,7 @@ def test_stats_routes_never_answer_5xx(served: str) -> None:
             continue
 
         @settings(
-            max_examples=8, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+            max_examples=5, deadline=None, database=None, suppress_health_check=list(HealthCheck)
         )
         @given(case=operation.as_strategy())
         def check(case: Any) -> None:
