@@ -1,6 +1,7 @@
 """Profiling harnesses for the reward service (the commands are in BENCHMARKS.md).
 
     python -m agentrl.rewards.profiling handler 5120          # reward side only, cProfile
+    python -m agentrl.rewards.profiling handler-code 1024     # the same with code (ruff, bandit)
     python -m agentrl.rewards.profiling service 10000         # whole service + bus, cProfile
     python -m agentrl.rewards.profiling service 10000 --plain # no profiler: CPU µs/trajectory
     py-spy record -o rewards.svg -- python -m agentrl.rewards.profiling service 20000 --plain
@@ -23,7 +24,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from agentrl.rewards.samples import sample_trajectory
 
@@ -35,17 +35,20 @@ class _Msg:
         self.data = data
 
 
-def _payloads(n: int) -> list[bytes]:
+def _payloads(n: int, code: bool = False) -> list[bytes]:
     rng = random.Random(1)
-    return [json.dumps(sample_trajectory(i, rng=rng, pii=i % 10 == 3)).encode() for i in range(n)]
+    return [
+        json.dumps(sample_trajectory(i, rng=rng, pii=i % 10 == 3, code=code)).encode()
+        for i in range(n)
+    ]
 
 
-async def _handler(n: int, prof: cProfile.Profile | None) -> float:
+async def _handler(n: int, prof: cProfile.Profile | None, code: bool = False) -> float:
     from agentrl.bus import Delivery
     from agentrl.contracts.trajectory import TrajectoryEvent
     from agentrl.rewards.service import RewardService
 
-    raws = _payloads(n)
+    raws = _payloads(n, code)
     deliveries = [
         Delivery(_Msg(r), TrajectoryEvent.model_validate_json(r))  # type: ignore[arg-type]
         for r in raws
@@ -55,15 +58,16 @@ async def _handler(n: int, prof: cProfile.Profile | None) -> float:
         svc._publish_later = lambda items: None  # type: ignore[method-assign]
         gc.freeze()
         gc.disable()
-        c0 = time.process_time()
+        c0, t0 = time.process_time(), time.perf_counter()
         if prof:
             prof.enable()
         for k in range(0, n, 256):
             await svc.handle_trajectories(deliveries[k : k + 256])
         if prof:
             prof.disable()
-        c1 = time.process_time()
+        c1, t1 = time.process_time(), time.perf_counter()
         svc.close()
+    print(f"{n / (t1 - t0):,.0f} trajectories/s through the handler (wall)")
     return (c1 - c0) / n * 1e6
 
 
@@ -107,12 +111,14 @@ async def _service(n: int, prof: cProfile.Profile | None) -> float:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) < 1 or argv[0] not in ("handler", "service"):
+    if len(argv) < 1 or argv[0] not in ("handler", "handler-code", "service"):
         raise SystemExit(__doc__)
     n = int(argv[1]) if len(argv) > 1 else 5120
     prof = None if "--plain" in argv else cProfile.Profile()
-    run: Any = _handler if argv[0] == "handler" else _service
-    us = asyncio.run(run(n, prof))
+    if argv[0] == "service":
+        us = asyncio.run(_service(n, prof))
+    else:
+        us = asyncio.run(_handler(n, prof, code=argv[0] == "handler-code"))
     print(f"{argv[0]}: {us:.1f} µs of CPU per trajectory (this process, n={n})")
     if prof is not None:
         prof.dump_stats(f"rewards-{argv[0]}.prof")
