@@ -365,6 +365,12 @@ def run_rewards_benchmark(
                 "peer: raw nats-py echo", _echo_cmd, ECHO_DURABLE, n, False, paced_s, url, say
             )
         )
+        # the metrics comparison in ABBA order (on, off ... off, on): load drift cancels
+        for label, cmd in (
+            ("rewards (no code, metrics off) #2", _reward_service_no_metrics_cmd),
+            ("rewards (no code) #2", _reward_service_cmd),
+        ):
+            rows.append(await _phase(label, cmd, "rewards", n, False, paced_s, url, say))
         return rows
 
     return asyncio.run(main())
