@@ -214,8 +214,9 @@ class ChatModel:
     passes extra kwargs (here: `metadata`) to LiteLLM, which reports the finished call to
     its callbacks; the reply is the recorded response text."""
 
-    def __init__(self, iteration: dict[str, Any]) -> None:
+    def __init__(self, iteration: dict[str, Any], api_base: str = "") -> None:
         self.iteration = iteration
+        self.kwargs = {"api_base": api_base} if api_base else {}  # as LiteLLMChatWrapper
         self.kwargs_seen: dict[str, Any] = {}
 
     async def unified_call(self, messages: Any = None, **kwargs: Any) -> tuple[str, str]:
@@ -246,6 +247,7 @@ class Driver:
     def __init__(self, extensions: Extensions) -> None:
         self.ext = extensions
         self.calls: list[Any] = []  # the chat model of each call, as the extensions left it
+        self.api_base = ""  # the chat model's API base (Agent Zero's chat model settings)
 
     async def monologue(self, agent: Agent, iterations: list[dict[str, Any]]) -> str | None:
         Response = importlib.import_module(f"{self.ext.package}.tool").Response
@@ -257,7 +259,8 @@ class Driver:
                 loop_data.iteration += 1
                 await self.ext.call("message_loop_start", agent, loop_data=loop_data)
                 try:
-                    call_data = {"model": ChatModel(it), "messages": [], "background": False}
+                    model = ChatModel(it, self.api_base)
+                    call_data = {"model": model, "messages": [], "background": False}
                     await self.ext.call("chat_model_call_before", agent, call_data=call_data)
                     text, reasoning = await call_data["model"].unified_call(messages=[])
                     self.calls.append(call_data["model"])

@@ -115,6 +115,7 @@ async def test_serving_version_completion_ids_and_usage(
     from agentrl.integrations.agent_zero import capture
 
     monkeypatch.setattr(capture, "ensure_litellm_callback", lambda: True)
+    checkout.driver.api_base = "http://127.0.0.1:8700/v1/"  # the chat model -> our gateway
     rec = recording("main_with_tools")
     agent, _ = await checkout.run(rec)
     (payload,) = await trajectories_of(a0_nats.url, agent.context.id)
@@ -132,6 +133,12 @@ async def test_serving_version_completion_ids_and_usage(
         seen = model._inner.kwargs_seen
         assert seen["extra_headers"] == {"x-agentrl-session": agent.context.id}
         assert seen["metadata"]["agentrl_call_id"]
+        assert seen["stream_options"] == {"include_usage": True}
+    # another endpoint: tagged for the capture only, nothing agentrl-specific is sent
+    checkout.driver.api_base, checkout.driver.calls = "https://openrouter.ai/api/v1", []
+    await checkout.run(rec)
+    for model in checkout.driver.calls:
+        assert set(model._inner.kwargs_seen) == {"metadata"}
 
 
 async def test_subordinate_call(checkout: Checkout, a0_nats: Any) -> None:

@@ -47,7 +47,9 @@ def _usage(obj: Any) -> dict[str, Any] | None:
     else:
         out = usage if isinstance(usage, dict) else dict(vars(usage))
     keep = ("prompt_tokens", "completion_tokens", "total_tokens")
-    return {k: out[k] for k in keep if isinstance(out.get(k), int)} or None
+    found = {k: out[k] for k in keep if isinstance(out.get(k), int)}
+    # a stream without include_usage reports zeros: that is "unknown", not "no tokens"
+    return found if any(found.values()) else None
 
 
 def record(kwargs: dict[str, Any], response_obj: Any) -> None:
@@ -98,17 +100,30 @@ def ensure_litellm_callback() -> bool:
         return False
 
     class AgentRLCapture(CustomLogger):  # type: ignore[misc]
-        def log_success_event(self, kwargs: Any, response_obj: Any, start: Any, end: Any) -> None:
+        # LiteLLM calls these with keyword arguments: the names are part of its interface
+        def log_success_event(
+            self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
+        ) -> None:
             record(kwargs, response_obj)
 
         async def async_log_success_event(
-            self, kwargs: Any, response_obj: Any, start: Any, end: Any
+            self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
         ) -> None:
             record(kwargs, response_obj)
 
     _callback = AgentRLCapture()
     litellm.callbacks = [*(getattr(litellm, "callbacks", None) or []), _callback]
     return True
+
+
+def points_at(model: Any, base_url: str) -> bool:
+    """Whether Agent Zero's chat model calls `base_url` (its LiteLLM `api_base`)."""
+    kwargs = getattr(model, "kwargs", None)
+    api_base = None
+    if isinstance(kwargs, dict):
+        api_base = kwargs.get("api_base") or kwargs.get("base_url")
+    api_base = api_base or getattr(model, "api_base", None)
+    return bool(api_base) and str(api_base).rstrip("/") == base_url.rstrip("/")
 
 
 def takes_extra_kwargs(model: Any) -> bool:
@@ -124,15 +139,21 @@ def takes_extra_kwargs(model: Any) -> bool:
 
 class TaggedModel:
     """Agent Zero's chat model for one call: `unified_call` passes LiteLLM `metadata` (the
-    capture tag) and `extra_headers` (the gateway's sticky-session key, so one chat stays on
-    one model version) on; everything else is the wrapped model's."""
+    capture tag) and, towards agentrl's gateway, `extra_headers` (its sticky-session key, so
+    one chat stays on one model version) and `stream_options.include_usage` on; everything
+    else is the wrapped model's."""
 
     def __init__(
-        self, inner: Any, call_id: str | None, headers: dict[str, str] | None = None
+        self,
+        inner: Any,
+        call_id: str | None,
+        headers: dict[str, str] | None = None,
+        usage: bool = False,
     ) -> None:
         self._inner = inner
         self._call_id = call_id
         self._headers = dict(headers or {})
+        self._usage = usage  # ask a stream for its token usage (agentrl's gateway sends it)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -144,4 +165,6 @@ class TaggedModel:
             kwargs["metadata"] = meta
         if self._headers:
             kwargs["extra_headers"] = {**self._headers, **(kwargs.get("extra_headers") or {})}
+        if self._usage and "stream_options" not in kwargs:
+            kwargs["stream_options"] = {"include_usage": True}
         return await self._inner.unified_call(*args, **kwargs)

@@ -190,8 +190,10 @@ async def chat_model_call_before(agent: Any, call_data: Any, plugin_file: str | 
         return
     if capture.ensure_litellm_callback():
         rec.current.call_id = new_id()
-    headers = {capture.SESSION_HEADER: rec.identity.session_id}
-    call_data["model"] = capture.TaggedModel(model, rec.current.call_id, headers)
+    ours = capture.points_at(model, config_for(plugin_file).gateway_url)
+    headers = {capture.SESSION_HEADER: rec.identity.session_id} if ours else None
+    if rec.current.call_id is not None or ours:
+        call_data["model"] = capture.TaggedModel(model, rec.current.call_id, headers, usage=ours)
 
 
 @guarded
