@@ -57,6 +57,23 @@ def log_context(**ids: Any) -> Iterator[None]:
         _context.reset(token)
 
 
+def bind(**ids: Any) -> None:
+    """Attach `ids` to every later record of the current context (a job process's life)."""
+    current = _context.get() or {}
+    _context.set({**current, **{k: v for k, v in ids.items() if v is not None}})
+
+
+def configure_handler(handler: logging.Handler) -> logging.Handler:
+    """The JSON formatter when `AGENTRL_LOG_JSON=1`, and the context ids, on `handler`
+    (for processes that set up their own handlers, like training jobs)."""
+    from agentrl.settings import get_settings
+
+    if get_settings().log_json:
+        handler.setFormatter(JsonFormatter())
+    handler.addFilter(ContextFilter())
+    return handler
+
+
 class ContextFilter(logging.Filter):
     """Copies the ids of the enclosing `log_context` onto each record (extra= wins)."""
 

@@ -82,3 +82,31 @@ def test_audit_log_is_json_lines_with_ids(tmp_path: Path) -> None:
     assert promote["model_id"] == "m-2" and promote["deployment_id"] == "d-9"
     assert promote["actor"] == "controller" and promote["audit"] is True
     assert export["rows"] == 120 and export["job_id"] == "j-1" and export["actor"]
+
+
+def test_bind_and_configure_handler(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import contextvars
+
+    from agentrl.logs import bind, configure_handler
+    from agentrl.settings import get_settings
+
+    monkeypatch.setenv("AGENTRL_LOG_JSON", "1")
+    get_settings.cache_clear()
+    try:
+        stream = io.StringIO()
+        handler = configure_handler(logging.StreamHandler(stream))
+        logger = logging.getLogger("agentrl.test.bind")
+        logger.handlers[:] = [handler]
+        logger.propagate = False
+
+        def job() -> None:
+            bind(job_id="job-42")
+            logger.warning("in the job")
+
+        contextvars.copy_context().run(job)  # like a job process: bound for its whole life
+        logger.warning("outside")
+    finally:
+        get_settings.cache_clear()
+    first, second = lines(stream)
+    assert first["job_id"] == "job-42" and first["msg"] == "in the job"
+    assert "job_id" not in second
