@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import TrainingError
+from agentrl.logs import bind, configure_handler
 
 log = logging.getLogger("agentrl.training.worker")
 
@@ -95,6 +96,7 @@ def finite(x: Any) -> float | None:
 
 def run(job_dir: Path) -> int:
     spec = json.loads((job_dir / "spec.json").read_text())
+    bind(job_id=(spec.get("request") or {}).get("training_job_id"))  # in every log record
     emitter = Emitter(job_dir / "events.jsonl")
     signal.signal(signal.SIGTERM, lambda *_: emitter.cancel.set())
     stop_beat = threading.Event()
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        handlers=[logging.FileHandler(job_dir / "job.log")],
+        handlers=[configure_handler(logging.FileHandler(job_dir / "job.log"))],  # JSON if set
     )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     sys.exit(run(job_dir))
