@@ -213,8 +213,13 @@ async def load_data(spec: dict[str, Any]) -> dict[str, Any]:
         raise TrainingError(f"cannot reach NATS at {spec['nats_url']}: {exc!r}", "INFRA") from exc
     try:
         js = nc.jetstream(timeout=10)
-        trajs = await read_subject(js, ds.stream_name, "agent.rl.trajectory.v1", start)
-        rewards = await read_subject(js, "RL_REWARDS", "agent.rl.reward.v1", start)
+        if ds.source == "clickhouse":
+            warehouse = await asyncio.to_thread(warehouse_data, spec, req)
+            trajs = [orjson_dumps(t) for t in warehouse["trajectories"]]
+            rewards = [orjson_dumps(r) for r in warehouse["rewards"]]
+        else:
+            trajs = await read_subject(js, ds.stream_name, "agent.rl.trajectory.v1", start)
+            rewards = await read_subject(js, "RL_REWARDS", "agent.rl.reward.v1", start)
         completions: list[bytes] = []
         feedback: list[bytes] = []
         try:
@@ -238,6 +243,41 @@ async def load_data(spec: dict[str, Any]) -> dict[str, Any]:
         "completions": comp,
         "corrections": corrections,
     }
+
+
+def orjson_dumps(obj: Any) -> bytes:
+    import orjson
+
+    return orjson.dumps(obj, default=str)
+
+
+def warehouse_data(spec: dict[str, Any], req: Any) -> dict[str, Any]:
+    """The warehouse as the dataset source (`dataset.source == "clickhouse"`): a ClickHouse
+    server directly when AGENTRL_CLICKHOUSE_URL is set, else the control API of the process
+    that owns the embedded warehouse (`POST /stats/export`)."""
+    import os
+
+    from agentrl.settings import Settings
+    from agentrl.warehouse.export import clickhouse_load_data
+
+    settings = Settings()
+    api_url = None
+    token = None
+    if not os.environ.get("AGENTRL_CLICKHOUSE_URL"):
+        api_url = spec.get("api_url") or f"http://{settings.api_host}:{settings.api_port}"
+        token = next(
+            (t for t, scopes in settings.api_tokens.items() if {"stats:read", "*"} & set(scopes)),
+            None,
+        )
+    try:
+        data: dict[str, Any] = clickhouse_load_data(
+            req.training_config.dataset, settings, seed=0, api_url=api_url, api_token=token
+        )
+    except Exception as exc:
+        raise TrainingError(
+            f"reading the dataset from the warehouse failed: {exc!r}", "INFRA"
+        ) from exc
+    return data
 
 
 class _suppress:
