@@ -199,18 +199,20 @@ class Progress:
 
 async def load_data(spec: dict[str, Any]) -> dict[str, Any]:
     """Trajectories, rewards, completion log and feedback corrections from JetStream."""
-    import nats
-
     from agentrl.contracts.training import TrainingRequest
     from agentrl.training.dataset import parse_all, read_subject
 
     req = TrainingRequest.model_validate(spec["request"])
     ds = req.training_config.dataset
     start = ds.filter.date_range.start if ds.filter.date_range else None
-    try:
-        nc = await nats.connect(spec["nats_url"], connect_timeout=5, max_reconnect_attempts=3)
+    from agentrl.bus import Bus
+    from agentrl.settings import Settings
+
+    try:  # credentials and TLS come from the environment the service passed on
+        bus = await Bus.connect(spec["nats_url"], settings=Settings(), name="agentrl-training-job")
     except Exception as exc:
         raise TrainingError(f"cannot reach NATS at {spec['nats_url']}: {exc!r}", "INFRA") from exc
+    nc = bus.nc
     try:
         js = nc.jetstream(timeout=10)
         if ds.source == "clickhouse":

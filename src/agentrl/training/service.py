@@ -328,6 +328,19 @@ class TrainingService:
         offset = events.stat().st_size if events.exists() else 0
         log_fh = open(job_dir / "process.log", "ab")  # noqa: SIM115 - handed to the child
         env = {**os.environ, "AGENTRL_DATA_DIR": str(self.settings.data_dir)}
+        for name in (
+            "nats_user",
+            "nats_password",
+            "nats_token",
+            "nats_tls_ca",
+            "api_host",
+            "api_port",
+        ):
+            value = getattr(self.settings, name, None)
+            if value is not None:  # the job connects with the service's credentials
+                env[f"AGENTRL_{name.upper()}"] = str(value)
+        if self.settings.api_tokens:
+            env["AGENTRL_API_TOKENS"] = json.dumps(self.settings.api_tokens)
         if device.startswith("cuda:"):
             env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
             spec["device"] = "cuda"
