@@ -86,18 +86,25 @@ def dataset_sql(
     inner = ", ".join(("tkey", *SUMMARY_COLUMNS, *(("raw_json",) if include_raw else ())))
     raw = ", t.raw_json AS raw_json" if include_raw else ""
     join = "INNER JOIN" if require_reward else "LEFT JOIN"
+    latest = latest_rewards_sql(database, having)
     tail = ""
-    if sample_size is not None:  # deterministic sample: the ids with the smallest seeded hash
+    if sample_size is not None:
+        # Deterministic sample: the ids with the smallest seeded hash. They are picked first
+        # without the stored JSON, so only the sampled rows' JSON is read and sorted.
         params["sample"] = min(int(sample_size), 2**63)
-        tail = (
-            "ORDER BY cityHash64(t.trajectory_id, {seed:UInt64}), t.trajectory_id "
-            "LIMIT {sample:UInt64}"
-        )
+        order = "ORDER BY cityHash64({t}.trajectory_id, {{seed:UInt64}}), {t}.trajectory_id"
+        picked = f"""
+            SELECT tkey FROM (SELECT tkey, trajectory_id FROM {database}.trajectories FINAL
+                              WHERE {" AND ".join(where)}) AS p
+            {join} ({latest}) AS pr USING tkey
+            {order.format(t="p")} LIMIT {{sample:UInt64}}"""
+        where = [*where, f"tkey IN ({picked})"]
+        tail = order.format(t="t")
     sql = f"""
         SELECT {columns}, r.reward AS reward, r.reward_version AS reward_version{raw}
         FROM (SELECT {inner} FROM {database}.trajectories FINAL
               WHERE {" AND ".join(where)}) AS t
-        {join} ({latest_rewards_sql(database, having)}) AS r USING tkey
+        {join} ({latest}) AS r USING tkey
         {tail}
         SETTINGS join_use_nulls = 1, do_not_merge_across_partitions_select_final = 1"""
     return sql, params
