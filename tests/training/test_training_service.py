@@ -83,6 +83,9 @@ async def test_threshold_job_completes_and_model_is_listed(nats, data_dir):
                 ckpt / "adapter_model.safetensors"
             ).exists()
             assert arts["base_model"] == "tiny"
+            meta = final["metadata"]  # what the job trained on, counted
+            assert meta["dataset"]["trajectories"] == 5000 and meta["dataset"]["sampled"] == 48
+            assert meta["samples"] > 0 and meta["exact_token_samples"] == 0
             assert Path(arts["training_curves"]).exists() and Path(arts["model_card"]).exists()
             steps = [
                 e["progress"]

@@ -56,6 +56,17 @@ from agentrl.training.triggers import (
 log = logging.getLogger(__name__)
 
 PLATFORM = "agentrl-training-v1"
+# What a job reports about its data; published in the status's metadata.
+DATA_KEYS = (
+    "dataset",
+    "samples",
+    "exact_token_samples",
+    "pairs",
+    "grouped_trajectories",
+    "baseline_trajectories",
+    "resumed_from",
+    "optimizer_steps",
+)
 UUID_RE = re.compile(r"^[0-9a-fA-F-]{8,64}$")
 
 
@@ -406,6 +417,7 @@ class TrainingService:
             job.last_progress = time.monotonic()
             if status == "running":
                 job.latest.update({k: v for k, v in ev.items() if k in ("progress", "metrics")})
+                job.latest.update({k: v for k, v in ev.items() if k in DATA_KEYS})
                 if "progress" in ev or "metrics" in ev:
                     await self._publish_status(job.row.job_id, "running", job=job)
             elif status in ("completed", "failed", "cancelled"):
@@ -554,6 +566,9 @@ class TrainingService:
             payload["resource_usage"] = self._usage(job, final)
         if error:
             payload["error"] = {k: v for k, v in error.items() if v is not None}
+        for key in DATA_KEYS:
+            if src.get(key) is not None:
+                payload["metadata"][key] = src[key]
         if extra:
             payload["metadata"].update(extra)
         return TrainingStatus.model_validate(payload)
