@@ -226,7 +226,11 @@ class AsyncPublisher:
             prefix = self._prefix
             deadline = time.monotonic() + timeout
             while sent < count or outstanding:
-                if sent < count and outstanding < self.window:
+                # Refill only when a whole chunk fits (or the tail does): writing one
+                # message per returning PubAck means a syscall and a server read each.
+                if sent < count and self.window - outstanding >= min(
+                    chunk, count - sent, self.window
+                ):
                     n = min(chunk, count - sent, self.window - outstanding)
                     frames = []
                     for i in range(sent, sent + n):
@@ -238,7 +242,10 @@ class AsyncPublisher:
                     sent += n
                     outstanding += n
                     deadline = time.monotonic() + timeout
-                    if outstanding < self.window and sent < count:
+                    if (
+                        self.window - outstanding >= min(chunk, count - sent, self.window)
+                        and sent < count
+                    ):
                         await asyncio.sleep(0)  # let the reader take in PubAcks meanwhile
                         outstanding -= self._drain(queue, sub, index, results)
                         continue
