@@ -92,3 +92,29 @@ def test_default_schedule_is_daily_at_two():
     assert cron.next_after(datetime(2026, 11, 23, 5, tzinfo=UTC)) == datetime(
         2026, 11, 24, 2, tzinfo=UTC
     )
+
+
+async def test_threshold_backlog_does_not_pile_up_jobs(nats, data_dir):
+    """30 rewards with N=10 while the first threshold job is still queued: one job, the
+    other firings merge into it; per-domain scope names the domain in the filter."""
+    from training_helpers import publish_data, trajectory
+
+    bus = await Bus.connect(nats.url, settings=settings_for(data_dir, nats.url))
+    await bus.ensure_streams()
+    settings = settings_for(data_dir, nats.url)
+    ts = tsettings(threshold=10, threshold_scope="domain", devices=[])
+    trajs = [trajectory(i, domain=("coding", "research")[i % 2]) for i in range(40)]
+    try:
+        await publish_data(bus, trajs, [0.5] * 40)
+        async with running_service(bus, settings, ts) as svc:
+            await _wait(lambda: len(svc.store.jobs()) == 2, 20)
+            await asyncio.sleep(0.5)
+            jobs = svc.store.jobs()
+            assert len(jobs) == 2, "one job per domain, the backlog merged"
+            domains = sorted(
+                j.request["training_config"]["dataset"]["filter"]["task_domains"][0] for j in jobs
+            )
+            assert domains == ["coding", "research"]
+            assert all(j.request["trigger_reason"] == "threshold_reached" for j in jobs)
+    finally:
+        await bus.close()

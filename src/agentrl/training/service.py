@@ -660,6 +660,14 @@ class TrainingService:
             self.store.set_state({"threshold": state.to_json()})
             return
         for key, n in fired:
+            previous = self.store.get_state(f"threshold_job:{key}")
+            prow = self.store.get(previous) if previous else None
+            if previous and (prow is None or prow.status in ("queued", "running")):
+                # The last threshold job of this scope has not finished: do not pile up jobs
+                # (a first start over a long backlog would otherwise queue one per N).
+                log.info("threshold reached for %s while job %s is active: merged", key, previous)
+                self.store.set_state({"threshold": state.to_json()})
+                continue
             override: dict[str, Any] = {}
             if self.ts.threshold_scope == "domain":
                 override = {"training_config": {"dataset": {"filter": {"task_domains": [key]}}}}
@@ -678,7 +686,9 @@ class TrainingService:
                 },
             )
             self.counters["threshold_triggers"] += 1
-            await self._emit_request(req, {"threshold": state.to_json()})
+            await self._emit_request(
+                req, {"threshold": state.to_json(), f"threshold_job:{key}": req.training_job_id}
+            )
 
     def _scope_key(self, trajectory_id: str) -> str:
         if self.ts.threshold_scope == "global":
