@@ -181,6 +181,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 "false_positives": scores["false_positives"],
                 "false_negatives": scores["false_negatives"],
                 "edge_redaction_us_per_trajectory": round(cost["us_per_trajectory"], 1),
+                "edge_redaction_us_median": round(cost["us_per_trajectory_median"], 1),
                 "edge_redaction_us_clean": round(cost["us_clean_median"], 1),
                 "edge_redaction_us_with_pii": round(cost["us_with_pii_median"], 1),
             },
