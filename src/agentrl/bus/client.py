@@ -790,6 +790,8 @@ class Bus:
             info = await self.js.stream_info("RL_DLQ")
         except nats.js.errors.NotFoundError:
             return out
+        if not info.state.messages:  # a fresh stream: first_seq 0 is no message to read
+            return out
         first, last = info.state.first_seq, info.state.last_seq
         for seq in range(first, min(last, first + limit - 1) + 1):
             with contextlib.suppress(nats.js.errors.NotFoundError):
