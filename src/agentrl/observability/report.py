@@ -228,6 +228,14 @@ def _empty(ax: Any, what: str) -> None:
     ax.set_yticks([])
 
 
+def _time_axis(ax: Any) -> None:
+    import matplotlib.dates as mdates
+
+    locator = mdates.AutoDateLocator()
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+
+
 def _dates(ts: list[float]) -> list[datetime]:
     return [datetime.fromtimestamp(t, UTC) for t in ts]
 
@@ -248,7 +256,7 @@ def plot_reward_over_time(rows: list[dict], path: Path) -> None:
     if rows:
         ax.set_ylabel("reward (rolling mean)")
         ax.legend(loc="best", fontsize=8)
-        fig.autofmt_xdate()
+        _time_axis(ax)
     _save(fig, path)
 
 
@@ -319,7 +327,7 @@ def plot_canary(rows: list[dict], path: Path) -> None:
         ax.set_ylim(0, 1.05)
         ax.set_ylabel("traffic ratio")
         ax.legend(loc="best", fontsize=8)
-        fig.autofmt_xdate()
+        _time_axis(ax)
     _save(fig, path)
 
 
