@@ -83,14 +83,16 @@ async def test_report_from_streams(nats_url: str, tmp_path: Path) -> None:
     bus = await Bus.connect(nats_url)
     try:
         await bus.ensure_streams()
-        await bus.publish_many(events(datetime.now(UTC)))
+        sent = events(datetime.now(UTC))
+        ours = {e.trajectory_id for e in sent if isinstance(e, RewardEvent)}
+        await bus.publish_many(sent)
         consumers_before = [c.name for c in await bus.js.consumers_info("RL_REWARDS")]
         data = await report.load_from_streams(bus, since)
         consumers = [c.name for c in await bus.js.consumers_info("RL_REWARDS")]
     finally:
         await bus.close()
-    mine = [r for r in data.rewards if (r.get("metadata") or {}).get("model") in ("v1", "v2")]
-    assert len(mine) >= 40 and len(data.statuses) >= 5 and len(data.deployments) >= 3
+    mine = [r for r in data.rewards if r.get("trajectory_id") in ours]
+    assert len(mine) == 40 and len(data.statuses) >= 5 and len(data.deployments) >= 3
     assert consumers == consumers_before  # the report's ephemeral consumers are deleted
     page = report.write_report(data, tmp_path / "report")
     rows = report.reward_rows(mine)
