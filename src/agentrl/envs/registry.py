@@ -10,15 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentrl.envs.base import TextEnv
 from agentrl.envs.frozenlake import FrozenLakeTextEnv
 from agentrl.envs.sokoban import SokobanEnv
 from agentrl.envs.tooluse.env import TOOL_HELP, TOOL_SPECS, ToolUseEnv
-
-if TYPE_CHECKING:
-    from agentrl.rollout.models import TaskDefinition
+from agentrl.episodes import Message, TaskDefinition
 
 EnvFactory = Callable[..., TextEnv]
 
@@ -116,7 +114,6 @@ def task_for(
     env_id: str, seed: int, max_episode_steps: int | None = None, **env_kwargs: Any
 ) -> TaskDefinition:
     """The task of one episode group: same env id, same seed (GiGPO's group), same prompt."""
-    from agentrl.rollout.models import Message, TaskDefinition  # pure data; late to avoid cycles
 
     family = _family(env_id)
     env = make_env(env_id, **env_kwargs)

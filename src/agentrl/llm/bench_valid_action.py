@@ -67,7 +67,9 @@ def run_one(config: Path, algorithm: str, seed: int, out: Path, extra: list[str]
         *extra,
     ]
     log = (out.parent / f"{out.name}.log").open("w")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    # A session of its own: the run is one unit to stop (its process group), and the
+    # scheduler treats it as a job like any other on a shared machine (autogroup).
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def run_benchmark(
@@ -78,6 +80,7 @@ def run_benchmark(
     out_dir: Path,
     extra: list[str],
     progress: Any = print,
+    reuse: bool = False,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     t0 = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -88,9 +91,14 @@ def run_benchmark(
         while todo and len(running) < jobs:
             a, s = todo.pop(0)
             out = out_dir / f"{a}-seed{s}"
+            if reuse and (out / "metrics.json").exists():
+                done[(a, s)] = json.loads((out / "metrics.json").read_text())
+                progress(f"reused {a} seed {s}: {done[(a, s)]['summary']['trained']['success']}")
+                continue
             running.append((a, s, out, run_one(config, a, s, out, extra)))
             progress(f"started {a} seed {s}")
-        time.sleep(2)
+        if running:
+            time.sleep(2)
         for item in list(running):
             a, s, out, proc = item
             if proc.poll() is None:

@@ -194,6 +194,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         iterations: int = typer.Option(0, min=0, help="Override the config's iterations."),
         model: str = typer.Option("", help="Override the config's model (e.g. a larger one)."),
         out: Path = typer.Option(Path("runs/bench-learning"), help="Runs, PNG and JSON go here."),
+        reuse: bool = typer.Option(False, help="Reuse finished runs found under OUT."),
     ) -> None:
         """Held-out greedy success of the shipped valid-action configuration for GiGPO, GRPO
         and RLOO over several training seeds: final success with 95 % intervals, trainer
@@ -212,7 +213,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         if model:
             extra += ["--model", model]
         algos = [a.strip() for a in algorithms.split(",") if a.strip()]
-        rows, fig = run_benchmark(config, algos, seeds, jobs, out, extra, progress=console.log)
+        rows, fig = run_benchmark(
+            config, algos, seeds, jobs, out, extra, progress=console.log, reuse=reuse
+        )
         table = Table(title=f"bench learning: {config.name}, {seeds} seeds per algorithm")
         for col in rows[0] if rows else []:
             table.add_column(col)

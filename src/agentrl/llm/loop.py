@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from agentrl.episodes import Message, TaskDefinition
 from agentrl.llm.config import TrainerConfig
 from agentrl.llm.samples import PolicySample, sample_from_step
 from agentrl.llm.trainer import PolicyTrainer, PreferencePair
-from agentrl.rollout.models import Message, TaskDefinition
 from agentrl.rollout.worker import Episode, run_group
 
 log = logging.getLogger(__name__)

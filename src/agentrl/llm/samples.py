@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from agentrl.rollout.models import Message, StepData
+from agentrl.episodes import Message, StepData
 
 PROMPT_ID_KEYS = ("prompt_ids", "prompt_token_ids", "input_ids")
 ACTION_ID_KEYS = (
@@ -163,7 +163,14 @@ def sample_from_step(
 
 
 def truncate(sample: PolicySample, max_length: int) -> PolicySample:
-    """Drop the oldest prompt tokens so prompt + action fits `max_length`."""
+    """A copy whose prompt keeps only its newest tokens so prompt + action fits `max_length`.
+
+    The input is never changed. A sample that carries behaviour (or reference) log-probs
+    cannot be cut: they were computed with the context that would be removed, so the first
+    ratio would not be 1. That raises ValueError; the caller drops the sample and counts it
+    (rollout and training contexts stay identical). Tell the policy the maximum prompt
+    length to avoid drops.
+    """
     over = sample.length - max_length
     if over <= 0:
         return sample
@@ -171,8 +178,16 @@ def truncate(sample: PolicySample, max_length: int) -> PolicySample:
         raise ValueError(
             f"action of {len(sample.action_ids)} tokens does not fit max_length={max_length}"
         )
-    sample.prompt_ids = sample.prompt_ids[over:]
-    return sample
+    if sample.old_logprobs is not None or sample.ref_logprobs is not None:
+        raise ValueError(
+            f"sample of {sample.length} tokens exceeds max_length={max_length} and its "
+            "log-probs were recorded on the full prompt; cutting it would misalign them"
+        )
+    return replace(
+        sample,
+        prompt_ids=list(sample.prompt_ids[over:]),
+        meta={**sample.meta, "truncated_tokens": over},
+    )
 
 
 @dataclass

@@ -10,12 +10,13 @@ norm, AdamW, and advance the warmup+cosine schedule. `epochs` passes go over the
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,9 @@ from agentrl.llm.samples import (
 
 Metrics = dict[str, float]
 MetricsCallback = Callable[[Metrics], None]
+
+
+log = logging.getLogger(__name__)
 
 
 def seed_everything(seed: int) -> None:
@@ -124,6 +128,7 @@ class PolicyTrainer:
         self.global_step = 0
         self.samples_seen = 0
         self.generator = torch.Generator().manual_seed(config.seed)
+        self.dropped_too_long = 0  # samples over max_length that carried behaviour log-probs
         pad = policy.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else policy.tokenizer.eos_token_id or 0)
 
@@ -182,7 +187,20 @@ class PolicyTrainer:
     def prepare(self, samples: Sequence[PolicySample]) -> list[PolicySample]:
         """Truncate, drop zero-advantage samples, and fill old/ref log-probs (and V(s))."""
         cfg = self.config
-        kept = [truncate(s, cfg.max_length) for s in samples]
+        kept = []
+        for s in samples:
+            try:
+                kept.append(truncate(s, cfg.max_length))
+            except ValueError:
+                self.dropped_too_long += 1  # counted, never cut: see `truncate`
+        if len(kept) < len(samples):
+            log.warning(
+                "%d of %d samples exceed max_length=%d and were dropped (%d so far)",
+                len(samples) - len(kept),
+                len(samples),
+                cfg.max_length,
+                self.dropped_too_long,
+            )
         bad = [i for i, s in enumerate(kept) if not math.isfinite(s.advantage)]
         if bad:
             raise TrainingError(
@@ -400,9 +418,20 @@ class PolicyTrainer:
                 "no preference pairs: every group had tied scores or a single trajectory",
                 "DATA",
             )
+        fitted = []
         for p in pairs:
-            for s in (*p.chosen, *p.rejected):
-                truncate(s, cfg.max_length)
+            try:
+                chosen = [truncate(s, cfg.max_length) for s in p.chosen]
+                rejected = [truncate(s, cfg.max_length) for s in p.rejected]
+            except ValueError:
+                self.dropped_too_long += 1
+                continue
+            fitted.append(replace(p, chosen=chosen, rejected=rejected))
+        pairs = fitted
+        if not pairs:
+            raise TrainingError(
+                f"every preference pair exceeds max_length={cfg.max_length}", "DATA"
+            )
         # The reference log-probs are fixed for the whole run: score them once.
         segments = [s for p in pairs for s in (*p.chosen, *p.rejected)]
         self.score(segments)

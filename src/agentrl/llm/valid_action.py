@@ -305,14 +305,21 @@ def advantages(config: ValidActionConfig, batch: Batch, values: np.ndarray | Non
         per_ep = np.asarray(fn(ep_scores, batch.episode_group), dtype=np.float64)
         if config.credit == "episode":
             return per_ep[eps]
-        # Per-step credit: the return from this step on, against the group's episode returns.
+        # Per-step credit: the return from this step on, against the group's episode
+        # returns: GRPO (G_t - mean) / (std + 1e-4); RLOO G_t - mean of the other episodes.
         g = returns_to_go(steps, config.gamma)
         ep_g = np.asarray(batch.episode_group)
         out = np.zeros(len(steps))
         for grp in np.unique(ep_g):
             scores = ep_scores[ep_g == grp]
             mask = gids == grp
-            out[mask] = (g[mask] - scores.mean()) / (scores.std() + 1e-4)
+            if config.algorithm == "grpo":
+                out[mask] = (g[mask] - scores.mean()) / (scores.std() + 1e-4)
+            else:
+                n = len(scores)
+                own = ep_scores[eps[mask]]
+                others = (scores.sum() - own) / max(1, n - 1)
+                out[mask] = g[mask] - others
         return out
     # PPO: GAE over the value head's estimates, normalised over the batch.
     assert values is not None
