@@ -28,6 +28,7 @@ import torch
 from agentrl.deploy.choices import pick
 from agentrl.deploy.errors import BackendError, DeployError
 from agentrl.deploy.openai_types import ChatRequest, Generation, tool_call
+from agentrl.rollout.policies.hf_policy import sample_tokens
 
 log = logging.getLogger(__name__)
 
@@ -320,22 +321,34 @@ class LocalEngine:
         tops: list[list[list[tuple[int, float]]]] = [[] for _ in rows]
         finish = ["length"] * n
         max_steps = max(r.max_new_tokens for r in rows)
+        shared_temp = all(r.temperature == rows[0].temperature for r in rows)
+        want_top = any(r.top_k for r in rows)
+        logp: torch.Tensor | None = None
         for _step in range(max_steps):
-            greedy = temps <= 0
-            scaled = logits / torch.where(greedy, torch.ones_like(temps), temps)[:, None]
-            logp = torch.log_softmax(scaled, dim=-1)
-            sampled = torch.multinomial(logp.exp(), 1, generator=self._rng).squeeze(-1)
-            choice = torch.where(greedy, logp.argmax(-1), sampled)
-            chosen_lp = logp.gather(-1, choice[:, None]).squeeze(-1)
+            if shared_temp and not want_top:
+                # one temperature, no alternatives wanted: the rollout policy's sampler (one
+                # uniform per row, two-level inverse CDF; multinomial over 50k is slow on CPU)
+                choice, chosen_lp = sample_tokens(logits, rows[0].temperature, self._rng)
+            else:
+                greedy = temps <= 0
+                scaled = logits / torch.where(greedy, torch.ones_like(temps), temps)[:, None]
+                logp = torch.log_softmax(scaled, dim=-1)
+                sampled = torch.multinomial(logp.exp(), 1, generator=self._rng).squeeze(-1)
+                choice = torch.where(greedy, logp.argmax(-1), sampled)
+                chosen_lp = logp.gather(-1, choice[:, None]).squeeze(-1)
+            choice_list, lp_list = choice.tolist(), chosen_lp.tolist()
+            if any(done):
+                choice = torch.where(
+                    torch.tensor(done), torch.full_like(choice, self.pad_id), choice
+                )
             for i, r in enumerate(rows):
                 if done[i]:
-                    choice[i] = self.pad_id
                     continue
-                tok, lp = int(choice[i]), float(chosen_lp[i])
+                tok, lp = int(choice_list[i]), float(lp_list[i])
                 toks[i].append(tok)
                 lps[i].append(lp)
                 top: list[tuple[int, float]] = []
-                if r.top_k:
+                if r.top_k and logp is not None:
                     v, k = logp[i].topk(r.top_k)
                     top = list(zip(k.tolist(), v.tolist(), strict=True))
                     tops[i].append(top)
