@@ -238,3 +238,21 @@ async def test_opt_out_publishes_nothing(checkout: Checkout, a0_nats: Any) -> No
     assert await trajectories_of(a0_nats.url, agent.context.id) == []
     assert await trajectories_of(a0_nats.url, other.context.id) == []
     assert not list(checkout.spool_dir.glob("*.event"))
+
+
+async def test_settings_saved_while_running_are_picked_up(checkout: Checkout) -> None:
+    from agentrl.integrations.agent_zero import hooks
+
+    shim = checkout.plugin_dir / "extensions" / "python" / "monologue_end" / "x.py"
+    assert hooks.config_for(shim).opt_out is False
+    import os
+    import time as _time
+
+    saved = checkout.plugin_dir / "config.json"
+    data = json.loads(saved.read_text())
+    saved.write_text(json.dumps({**data, "opt_out": True, "domain": "coding"}))
+    later = _time.time() + 2
+    os.utime(saved, (later, later))  # a save Agent Zero's settings screen makes
+    cfg = hooks.config_for(shim)
+    assert cfg.opt_out is True and cfg.domain == "coding"
+    assert hooks.outbox_for(cfg).config is cfg

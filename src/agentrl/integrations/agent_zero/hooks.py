@@ -47,6 +47,7 @@ SUBORDINATE_KEY = "_subordinate"  # Agent.DATA_NAME_SUBORDINATE
 OPT_OUT_KEY = "rl_opt_out"  # a context's data flag: this chat is not for training
 
 _configs: dict[str, AgentZeroConfig] = {}
+_stamps: dict[str, tuple[float, ...]] = {}
 _outboxes: dict[str, Outbox] = {}
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -64,23 +65,45 @@ def guarded(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _stamp(plugin_dir: str) -> tuple[float, ...]:
+    """When the settings files last changed (Agent Zero's settings screen saves config.json)."""
+    if not plugin_dir:
+        return ()
+    out = []
+    for name in ("default_config.yaml", "config.json"):
+        try:
+            out.append((Path(plugin_dir) / name).stat().st_mtime)
+        except OSError:
+            out.append(0.0)
+    return tuple(out)
+
+
 def config_for(plugin_file: str | Path) -> AgentZeroConfig:
+    """The plugin's settings, re-read when a settings file changed."""
     key = str(plugin_dir_for(plugin_file) or "")
-    if key not in _configs:
-        _configs[key] = load_config(Path(key) if key else None)
-    return _configs[key]
+    stamp = _stamp(key)
+    cached = _configs.get(key)
+    if cached is None or _stamps.get(key) != stamp:
+        cached = _configs[key] = load_config(Path(key) if key else None)
+        _stamps[key] = stamp
+    return cached
 
 
 def outbox_for(config: AgentZeroConfig) -> Outbox:
     key = str(config.spool_path())
-    if key not in _outboxes:
-        _outboxes[key] = Outbox(config)
-    return _outboxes[key]
+    box = _outboxes.get(key)
+    if box is None:
+        box = _outboxes[key] = Outbox(config)
+    elif box.config != config:  # new settings (e.g. another NATS URL): keep the pause state
+        box.config = config
+        box.streams_ready = False
+    return box
 
 
 def reset_caches() -> None:
-    """Forget loaded configs and outboxes (a changed config, tests)."""
+    """Forget loaded configs and outboxes (tests)."""
     _configs.clear()
+    _stamps.clear()
     _outboxes.clear()
 
 
