@@ -349,6 +349,11 @@ def switch_to_multiprocess() -> None:
     `import agentrl` does): rebuild every metric's value storage on the memory-mapped files.
     Samples recorded before the switch are dropped (there are none at a service's start)."""
     global MULTIPROCESS
+    import sys
+
+    instrument = sys.modules.get("agentrl.observability.instrument")
+    if instrument is not None:  # its cached label children point at the old storage
+        instrument._clear_children()
     _values.ValueClass = _values.get_value_class()
     for metric in ALL_METRICS:
         if metric._labelnames:
