@@ -124,7 +124,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
     @deploy.command("pause")
     def pause(reason: str = "paused by a human", by: str = "cli", nats_url: str = url_opt) -> None:
-        """Hold the running rollout at its step (the monitor still rolls back on failure? no: paused = no automatic moves)."""
+        """Hold the running rollout at its step: no automatic move (advance, promote or
+        rollback) until `resume`; a human decides meanwhile."""
 
         async def fn(d: Any, _: Any) -> Any:
             return (await d.pause(by=by, reason=reason)).model_dump(mode="json")

@@ -114,6 +114,15 @@ class ServingManager:
             weights[live] += sum(split.weights.values()) - sum(weights.values())
         if weights:
             self.state.set_split(weights, split.order)
+        # Unload what no longer serves, but keep the previous live version ready: a rollback
+        # must restore it at once.
+        keep = set(split.weights) | {split.live} | set(split.previous_live[-1:])
+        for model_id in [m for m in self.state.backends if m not in keep]:
+            backend = self.state.backends.pop(model_id)
+            try:
+                await backend.release(model_id)
+            except Exception:  # unloading is best effort
+                log.warning("could not release %s", model_id, exc_info=True)
         self._revision = revision
 
     async def _refuse(self, model_id: str, reason: str) -> None:
