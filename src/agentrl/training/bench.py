@@ -114,6 +114,7 @@ async def bench_dataset(bus: Any, n: int) -> dict[str, float]:
     from agentrl.llm.loading import load_smollm2_tokenizer
     from agentrl.training.dataset import (
         apply_filters,
+        gc_paused,
         latest_rewards,
         parse_all,
         read_subject,
@@ -122,6 +123,8 @@ async def bench_dataset(bus: Any, n: int) -> dict[str, float]:
     from agentrl.training.samples import build_samples, episode_advantages, trajectory_turns
 
     await _publish(bus, n)
+    paused = gc_paused()  # as the job does while it loads its data
+    paused.__enter__()
     t0 = time.perf_counter()
     trajs = parse_all(await read_subject(bus.js, "RL_TRAJECTORIES", "agent.rl.trajectory.v1"))
     rewards = parse_all(await read_subject(bus.js, "RL_REWARDS", "agent.rl.reward.v1"))
@@ -132,6 +135,7 @@ async def bench_dataset(bus: Any, n: int) -> dict[str, float]:
     for r in records:
         trajectory_turns(r.trajectory)
     load_s = time.perf_counter() - t0
+    paused.__exit__(None, None, None)
     tok = load_smollm2_tokenizer()
     subset = records[: min(len(records), 5000)]
     t1 = time.perf_counter()

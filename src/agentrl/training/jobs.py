@@ -323,6 +323,7 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
     from agentrl.training.dataset import (
         FilterReport,
         apply_filters,
+        gc_paused,
         holdout_split,
         latest_rewards,
         seeded_sample,
@@ -338,13 +339,15 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
     check_store(spec["storage_path"])
     emitter.emit("running", phase="loading data")
     t_load = time.monotonic()
-    data = asyncio.run(load_data(spec))
-    seed = config.seed
-    report = FilterReport(rewards=len(data["rewards"]))
-    records, report = apply_filters(
-        data["trajectories"], latest_rewards(data["rewards"]), tc.dataset.filter, report
-    )
-    records = seeded_sample(records, tc.dataset.sample_size, seed)
+    with gc_paused():
+        data = asyncio.run(load_data(spec))
+        seed = config.seed
+        report = FilterReport(rewards=len(data["rewards"]))
+        records, report = apply_filters(
+            data["trajectories"], latest_rewards(data["rewards"]), tc.dataset.filter, report
+        )
+        records = seeded_sample(records, tc.dataset.sample_size, seed)
+        del data["trajectories"], data["rewards"]  # only the sample lives on
     report.sampled = len(records)
     holdout_size = req.evaluation.holdout_size if req.evaluation.enabled else 0.0
     train, hold = holdout_split(records, holdout_size, seed)

@@ -28,7 +28,7 @@ import torch
 
 from agentrl.llm.samples import PolicySample
 from agentrl.llm.trainer import PreferencePair
-from agentrl.training.dataset import Record
+from agentrl.training.dataset import Record, gc_paused
 
 BASELINE_ALPHA = 0.1
 
@@ -191,8 +191,19 @@ def build_samples(
     stats: BuildStats | None = None,
 ) -> tuple[list[PolicySample], BuildStats]:
     """Policy-gradient samples of every turn of every record (see the module doc)."""
-    stats = stats or BuildStats()
-    completions = completions or {}
+    with gc_paused():
+        return _build_samples(
+            records, tokenizer, estimator, completions or {}, stats or BuildStats()
+        )
+
+
+def _build_samples(
+    records: Sequence[Record],
+    tokenizer: Any,
+    estimator: str,
+    completions: dict[str, dict[str, Any]],
+    stats: BuildStats,
+) -> tuple[list[PolicySample], BuildStats]:
     stats.trajectories = len(records)
     turns = [trajectory_turns(r.trajectory) for r in records]
     adv, grouped = episode_advantages(records, "rloo" if estimator == "rloo" else "grpo")
