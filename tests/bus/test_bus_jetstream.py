@@ -242,3 +242,15 @@ def test_server_log_and_config(tmp_path: Path) -> None:
         assert conf["jetstream"]["store_dir"].endswith("nats")
     assert not server.running
     assert "Server is ready" in server.log_file.read_text()
+
+
+async def test_replicas_on_a_single_server_is_a_clear_error(nats_url: str) -> None:
+    from agentrl.errors import BusError
+
+    b = await Bus.connect(nats_url, stream_replicas=3)
+    try:
+        spec = StreamSpec("RL_TEST_R3_SINGLE", ("agentrl.test.r3single",), 3600, 10, 1024 * 1024)
+        with pytest.raises(BusError, match="AGENTRL_STREAM_REPLICAS=1"):
+            await b.ensure_streams([spec])
+    finally:
+        await b.close()

@@ -247,7 +247,16 @@ class Bus:
             )
             info = await self._retry(partial(self._stream_info_or_none, spec.name))
             if info is None:
-                await self._retry(partial(self.js.add_stream, config))
+                try:
+                    await self._retry(partial(self.js.add_stream, config))
+                except nats.js.errors.APIError as exc:
+                    if exc.err_code == 10074:
+                        raise BusError(
+                            f"stream replicas {replicas} need a NATS cluster, but the server "
+                            "is a single server: set AGENTRL_STREAM_REPLICAS=1, or run a "
+                            "cluster (`agentrl up --cluster 3`)"
+                        ) from exc
+                    raise
                 log.debug("created stream %s", spec.name)
                 continue
             current = info.config
