@@ -103,7 +103,18 @@ async def run_gateway(app: Any, host: str, port: int, stop: asyncio.Event) -> No
             app, host=host, port=port, log_level="warning", lifespan="off", access_log=False
         )
     )
-    task = asyncio.create_task(server.serve())
+
+    async def guarded() -> None:
+        try:
+            await server.serve()
+        except SystemExit:  # uvicorn exits when it cannot bind: that must not end the stack
+            log.error(
+                "the gateway could not listen on %s:%s (port in use?); set AGENTRL_GATEWAY_PORT",
+                host,
+                port,
+            )
+
+    task = asyncio.create_task(guarded())
     waiter = asyncio.create_task(stop.wait())
     await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
     server.should_exit = True
