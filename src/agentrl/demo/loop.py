@@ -103,6 +103,13 @@ class RewardInbox:
                 self.latest[ev.trajectory_id] = ev
         self.changed.set()
 
+    def add(self, events: Sequence[RewardEvent]) -> None:
+        for ev in events:
+            old = self.latest.get(ev.trajectory_id)
+            if old is None or ev.version >= old.version:
+                self.latest[ev.trajectory_id] = ev
+        self.changed.set()
+
     async def wait_for(self, ids: Sequence[str], timeout: float) -> dict[str, RewardEvent]:
         deadline = time.monotonic() + timeout
         while True:
@@ -209,11 +216,9 @@ async def run_loop(
 
     inbox = RewardInbox()
     stop_inbox = asyncio.Event()
-    inbox_task = asyncio.create_task(
-        bus.consume(
-            RewardEvent.SUBJECT, f"{job_id}-rewards", batch_handler=inbox.handle, stop=stop_inbox
-        )
-    )
+    ready = asyncio.Event()
+    inbox_task = asyncio.create_task(follow_rewards(bus, inbox, stop_inbox, ready))
+    await ready.wait()
 
     async def status(state: str, it: int, **extra: Any) -> None:
         step = trainer.global_step if trainer else 0
@@ -341,3 +346,61 @@ async def run_loop(
         stop_inbox.set()
         await inbox_task
     return result
+
+
+async def follow_rewards(
+    bus: Bus,
+    inbox: RewardInbox,
+    stop: asyncio.Event,
+    ready: asyncio.Event | None = None,
+    fetch_timeout: float = 0.5,
+) -> int:
+    """Feed `inbox` with the rewards published from now on, until `stop`.
+
+    A one-off reader: an ephemeral pull consumer that starts after the stream's current last
+    sequence (never a replay of the whole RL_REWARDS stream), acks nothing, and is deleted
+    when the run ends (the server also drops it after 30 s without a reader). Returns how
+    many rewards it read.
+    """
+    import nats.errors
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    from agentrl.contracts.streams import stream_for
+
+    stream = stream_for(RewardEvent.SUBJECT).name
+    info = await bus.js.stream_info(stream)
+    sub = await bus.js.pull_subscribe(
+        RewardEvent.SUBJECT,
+        stream=stream,
+        config=ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=int(info.state.last_seq) + 1,
+            ack_policy=AckPolicy.NONE,
+            inactive_threshold=30.0,
+            filter_subject=RewardEvent.SUBJECT,
+        ),
+    )
+    name = (await sub.consumer_info()).name
+    read = 0
+    if ready is not None:
+        ready.set()
+    try:
+        while not stop.is_set():
+            try:
+                msgs = await sub.fetch(256, timeout=fetch_timeout)
+            except nats.errors.TimeoutError:
+                continue
+            events = []
+            for m in msgs:
+                try:
+                    events.append(RewardEvent.model_validate_json(m.data))
+                except ValueError:
+                    continue  # not ours to judge: the reward stream's own consumers dead-letter
+            read += len(events)
+            inbox.add(events)
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+        with contextlib.suppress(Exception):
+            await bus.js.delete_consumer(stream, name)
+    return read
