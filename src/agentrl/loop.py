@@ -1,0 +1,656 @@
+"""`agentrl loop`: the whole feedback loop on the whole stack, as an outside agent sees it.
+
+The embedded stack of `agentrl up` runs in this process (nats-server, reward service,
+warehouse ingester, training service, deployment controller + gateway, control API). Agent
+workers act in FrozenLake (egocentric observations) on training seeds through the gateway
+with the official `openai` SDK and the valid moves as `guided_choice`; every episode is
+published as `agent.rl.trajectory.v1`. From there nothing is called directly: the reward
+service scores, the training service's threshold trigger starts a job, the deployment
+controller validates the finished checkpoint, ramps the canary and promotes or rolls back,
+and the agents keep acting, partly on the new version. At the end each served version is
+evaluated greedily on held-out seeds (never trained on) through the gateway by its own name.
+
+Knobs of the other services are their own settings (AGENTRL_TRAINING_*, AGENTRL_DEPLOY_*);
+`loop_environment` sets the demo-sized values before the services read them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MOVES = ["up", "down", "left", "right"]
+HELDOUT_OFFSET = 1_000_000  # same as agentrl.llm.valid_action: training seeds stay below
+
+
+@dataclass
+class LoopConfig:
+    """One run of the loop; `quick()` is the seconds-long version with the tiny model."""
+
+    data_dir: Path = Path(".agentrl/loop")
+    model: str = "smollm2"
+    generations: int = 2
+    agents: int = 4
+    group_size: int = 4
+    threshold: int = 64
+    max_steps: int = 8
+    heldout_seeds: int = 50
+    job_kind: str = "dataset"
+    bad_candidate: bool = False
+    time_budget_s: float = 900.0
+    temperature: float = 1.0
+    ramp: tuple[float, ...] = (25.0, 50.0, 100.0)
+    step_delay_s: float = 5.0
+    min_samples: int = 8
+    learning_rate: float = 5e-4
+    epochs: int = 2
+    fresh: bool = True
+
+    @classmethod
+    def quick(cls, **kw: Any) -> LoopConfig:
+        base: dict[str, Any] = dict(
+            model="tiny",
+            generations=1,
+            agents=4,
+            group_size=4,
+            threshold=8,
+            max_steps=4,
+            heldout_seeds=8,
+            time_budget_s=600.0,
+            ramp=(50.0, 100.0),
+            step_delay_s=1.0,
+            min_samples=4,
+            epochs=1,
+        )
+        base.update(kw)
+        return cls(**base)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def loop_environment(cfg: LoopConfig) -> dict[str, str]:
+    """The other services' settings for a demo-sized loop (only those not set by the user)."""
+    env = {
+        "AGENTRL_TRAINING_THRESHOLD": str(cfg.threshold),
+        "AGENTRL_TRAINING_SCHEDULE": "",
+        "AGENTRL_TRAINING_BASE_MODEL": cfg.model,
+        "AGENTRL_TRAINING_ALGORITHM": "grpo",
+        "AGENTRL_TRAINING_ADVANTAGE_ESTIMATOR": "gigpo",
+        "AGENTRL_TRAINING_SAMPLE_SIZE": str(max(cfg.threshold * 4, 64)),
+        "AGENTRL_TRAINING_BATCH_SIZE": "16",
+        "AGENTRL_TRAINING_EPOCHS": str(cfg.epochs),
+        "AGENTRL_TRAINING_LEARNING_RATE": str(cfg.learning_rate),
+        "AGENTRL_TRAINING_MAX_LENGTH": "512",
+        "AGENTRL_TRAINING_HOLDOUT_SIZE": "0.0",
+        "AGENTRL_TRAINING_STATUS_EVERY_STEPS": "1",
+        "AGENTRL_DEPLOY_BASE_MODEL": cfg.model,
+        "AGENTRL_DEPLOY_RAMP": json.dumps(list(cfg.ramp)),
+        "AGENTRL_DEPLOY_STEP_DELAY_S": str(cfg.step_delay_s),
+        "AGENTRL_DEPLOY_MONITOR_PERIOD_S": "0.5",
+        "AGENTRL_DEPLOY_MIN_SAMPLES": str(cfg.min_samples),
+        "AGENTRL_DEPLOY_BENCHMARK_EPISODES": "1",
+        "AGENTRL_DEPLOY_BENCHMARK_SEED": str(HELDOUT_OFFSET + 500_000),
+    }
+    if cfg.model == "tiny":  # a random tiny model's safety scores are noise: no drop check
+        env["AGENTRL_DEPLOY_SAFETY_MAX_DROP"] = "1.0"
+    return {k: v for k, v in env.items() if k not in os.environ}
+
+
+# ---- results ------------------------------------------------------------------------------
+
+
+@dataclass
+class VersionRow:
+    model_id: str
+    state: str
+    heldout_success: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    heldout_n: int = 0
+    mean_reward: float | None = None
+    rewards: int = 0
+    traffic_share: float = 0.0
+    decision: str = ""
+    why: str = ""
+
+
+@dataclass
+class LoopResult:
+    versions: list[VersionRow] = field(default_factory=list)
+    stages: dict[str, float] = field(default_factory=dict)
+    trajectories: int = 0
+    rewards: int = 0
+    lost: int = 0
+    wall_s: float = 0.0
+    report: str | None = None
+    gateway_errors: int = 0
+
+    def summary(self) -> dict[str, Any]:
+        base = next((v for v in self.versions if v.model_id.endswith("-base")), None)
+        served = [v for v in self.versions if v.heldout_success is not None]
+        best = max(served, key=lambda v: v.heldout_success or 0.0, default=None)
+        promoted = [v for v in self.versions if v.decision == "promote"]
+        trained = max(promoted, key=lambda v: v.heldout_success or 0.0, default=None)
+        return {
+            "versions": len(self.versions),
+            "promoted": len(promoted),
+            "rolled_back": sum(v.decision == "rollback" for v in self.versions),
+            "base_heldout_success": base.heldout_success if base else None,
+            "best_heldout_success": best.heldout_success if best else None,
+            "trained_heldout_success": (trained or best).heldout_success
+            if (trained or best)
+            else None,
+            "heldout_seeds": base.heldout_n if base else 0,
+            "trajectories": self.trajectories,
+            "rewards": self.rewards,
+            "lost": self.lost,
+            "wall_s": round(self.wall_s, 1),
+        }
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval."""
+    import math
+
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def decision_of(record: Any) -> tuple[str, str]:
+    """The version's last deciding action and its reason (register/validate/advance skipped)."""
+    for d in reversed(record.decisions):
+        if d.action in ("promote", "rollback", "reject", "bootstrap", "refuse_to_serve"):
+            return d.action, d.reason
+    if record.decisions:
+        d = record.decisions[-1]
+        return d.action, d.reason
+    return "", ""
+
+
+# ---- the agents ---------------------------------------------------------------------------
+
+
+class Agents:
+    """Agent workers acting through the gateway; every episode becomes a trajectory."""
+
+    def __init__(
+        self, cfg: LoopConfig, bus: Any, gateway_url: str, public: str, say: Callable[[str], None]
+    ) -> None:
+        from openai import AsyncOpenAI
+
+        self.cfg, self.bus, self.public, self.say = cfg, bus, public, say
+        self.client = AsyncOpenAI(base_url=gateway_url, api_key="agentrl-loop", max_retries=0)
+        self.published: dict[str, float] = {}  # trajectory_id -> publish time
+        self.by_model: dict[str, int] = {}
+        self.failed = 0
+        self.next_seed = 0
+        self.acting_s = 0.0
+
+    def policy(self, model: str, temperature: float) -> Any:
+        from agentrl.rollout.policies.openai_policy import OpenAIAgentPolicy
+
+        return OpenAIAgentPolicy(
+            model,
+            client=self.client,
+            temperature=temperature,
+            max_tokens=4,
+            guided_choice=MOVES,
+            max_retries=3,
+            backoff_base=0.2,
+        )
+
+    async def group(self, seed: int) -> None:
+        """One GiGPO group: `group_size` episodes of the same map (same task_id)."""
+        from agentrl.envs.registry import task_for
+        from agentrl.rollout.convert import episode_to_trajectory
+        from agentrl.rollout.worker import RLRolloutWorker
+
+        task = task_for(
+            "frozenlake-4x4", seed, max_episode_steps=self.cfg.max_steps, obs_format="egocentric"
+        )
+        policy = self.policy(self.public, self.cfg.temperature)
+        group_id = str(uuid.uuid4())
+        workers = [
+            RLRolloutWorker(task, policy, history_window=0, group_id=group_id, episode_index=i)
+            for i in range(self.cfg.group_size)
+        ]
+        episodes = await asyncio.gather(*(w.run() for w in workers))
+        for ep in episodes:
+            if not ep.steps:
+                self.failed += 1
+                continue
+            model = _served_by(ep) or "unknown"
+            event = episode_to_trajectory(
+                ep,
+                agent_id="agentrl-loop",
+                model=model,
+                temperature=self.cfg.temperature,
+                domain="general",
+            )
+            await self.bus.publish(event)
+            self.published[event.trajectory_id] = time.monotonic()
+            self.by_model[model] = self.by_model.get(model, 0) + 1
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async def worker() -> None:
+            while not stop.is_set():
+                seed = self.next_seed
+                self.next_seed += 1
+                if seed >= HELDOUT_OFFSET:
+                    raise RuntimeError("training seeds would reach the held-out range")
+                t0 = time.monotonic()
+                try:
+                    await self.group(seed)
+                except Exception as exc:  # the gateway may be swapping versions: keep acting
+                    self.failed += 1
+                    self.say(f"acting: a group failed ({type(exc).__name__}: {exc})")
+                    await asyncio.sleep(0.5)
+                self.acting_s += time.monotonic() - t0
+
+        await asyncio.gather(*(worker() for _ in range(self.cfg.agents)))
+
+    async def heldout(self, model_id: str, seeds: list[int]) -> tuple[int, int, float]:
+        """Greedy episodes of `model_id` (named explicitly) on held-out seeds."""
+        from agentrl.envs.registry import task_for
+        from agentrl.rollout.worker import RLRolloutWorker
+
+        policy = self.policy(model_id, 0.0)
+        sem = asyncio.Semaphore(8)
+
+        async def one(seed: int) -> Any:
+            task = task_for(
+                "frozenlake-4x4",
+                seed,
+                max_episode_steps=self.cfg.max_steps,
+                obs_format="egocentric",
+            )
+            async with sem:
+                return await RLRolloutWorker(task, policy, history_window=0).run()
+
+        eps = await asyncio.gather(*(one(s) for s in seeds))
+        wins = sum(int(e.success) for e in eps)
+        errors = sum(1 for e in eps if e.critical_error)
+        mean_r = sum(e.total_reward for e in eps) / max(1, len(eps))
+        if errors:
+            self.say(f"held-out {model_id}: {errors} episodes ended on an error")
+        return wins, len(eps), mean_r
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def _served_by(episode: Any) -> str | None:
+    for step in episode.steps:
+        lp = step.policy_logprobs or {}
+        if lp.get("model"):
+            return str(lp["model"])
+    return None
+
+
+# ---- watching the stack ---------------------------------------------------------------------
+
+
+class Watch:
+    """Rewards (per trajectory and version) and training statuses, from the bus."""
+
+    def __init__(self) -> None:
+        self.rewards: dict[str, dict[int, Any]] = {}
+        self.arrived: dict[str, float] = {}
+        self.statuses: dict[str, list[Any]] = {}
+
+    async def on_reward(self, ev: Any) -> None:
+        self.rewards.setdefault(ev.trajectory_id, {})[ev.version] = ev
+        self.arrived.setdefault(ev.trajectory_id, time.monotonic())
+
+    async def on_status(self, ev: Any) -> None:
+        self.statuses.setdefault(ev.training_job_id, []).append(ev)
+
+    def reward_of(self, tid: str) -> float | None:
+        got = self.rewards.get(tid)
+        if not got:
+            return None
+        ev = got[max(got)]
+        return float(ev.total_reward)
+
+
+async def _wait_http(url: str, timeout: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        while True:
+            try:
+                r = await client.get(url)
+                if r.status_code < 500:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} did not answer within {timeout:.0f}s")
+            await asyncio.sleep(0.2)
+
+
+async def inject_bad_candidate(bus: Any, public: str, data_dir: Path, say: Any) -> str | None:
+    """A deliberately broken version deployed by hand past validation (an operator's
+    mistake): a copy of the live checkpoint whose weights no longer match their manifest.
+    The gateway refuses to serve it and rolls it back on its own."""
+    from agentrl.deploy.actions import Deployer
+    from agentrl.deploy.config import DeploySettings
+    from agentrl.deploy.registry import Registry
+
+    ds = DeploySettings()
+    registry = await Registry.open(bus.js, ds.bucket)
+    split, _ = await registry.get_split(public)
+    live = await registry.get_model(split.live) if split and split.live else None
+    if live is None or not live.checkpoint_path:
+        say("bad candidate: no trained live version to break; skipped")
+        return None
+    src = Path(live.checkpoint_path)
+    bad = data_dir / "bad-candidate" / src.name
+    shutil.rmtree(bad, ignore_errors=True)
+    shutil.copytree(src, bad)
+    for f in bad.glob("*.safetensors"):
+        raw = bytearray(f.read_bytes())
+        raw[-64:] = bytes(64)  # torn weights: the manifest's sha256 no longer matches
+        f.write_bytes(bytes(raw))
+    deployer = Deployer(registry, bus, public, "")
+    record = await deployer.register(
+        checkpoint_path=str(bad),
+        base_model=live.base_model,
+        sha256=live.sha256 or "",
+        serving=dict(live.serving),
+        by="agentrl-loop (--bad-candidate)",
+    )
+    await deployer.start(
+        record.model_id,
+        ds.plan(),
+        by="agentrl-loop (--bad-candidate)",
+        approval="manual_approved",
+        reason="deliberately broken version injected by --bad-candidate",
+    )
+    say(f"bad candidate: {record.model_id} (torn weights) deployed by hand past validation")
+    return record.model_id
+
+
+# ---- the run --------------------------------------------------------------------------------
+
+
+async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopResult:
+    import logging
+
+    from agentrl.bus.server import EmbeddedNats
+    from agentrl.deploy.config import DeploySettings
+    from agentrl.deploy.registry import Registry
+    from agentrl.settings import Settings
+    from agentrl.stack import stack_services
+
+    for noisy in ("httpx", "httpx2"):  # one INFO line per agent request drowns the progress
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    t_start = time.monotonic()
+    stages: dict[str, float] = {}
+    data_dir = Path(cfg.data_dir).resolve()
+    if cfg.fresh and data_dir.exists():
+        shutil.rmtree(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    env = loop_environment(cfg)
+    os.environ.update(env)
+    settings = Settings(
+        data_dir=data_dir,
+        api_port=int(os.environ.get("AGENTRL_API_PORT") or free_port()),
+        gateway_port=int(os.environ.get("AGENTRL_GATEWAY_PORT") or free_port()),
+        nats_url=None,
+    )
+    ds = DeploySettings()
+    public = ds.public_model
+    result = LoopResult()
+    with EmbeddedNats(settings=settings) as server:
+        async with stack_services(server.url, settings) as stack:
+            for what, where in stack.urls().items():
+                say(f"stack: {what:<22} {where}")
+            await _wait_http(f"{stack.gateway_url}/models", 180)
+            stages["startup"] = time.monotonic() - t_start
+            say(f"stack: up in {stages['startup']:.1f}s ({', '.join(stack.health)})")
+            bus = stack.bus
+            registry = await Registry.open(bus.js, ds.bucket)
+            watch = Watch()
+            stop_watch = asyncio.Event()
+            watchers = [
+                asyncio.create_task(
+                    bus.consume(
+                        "agent.rl.reward.v1", "loop-watch-rewards", watch.on_reward, stop=stop_watch
+                    )
+                ),
+                asyncio.create_task(
+                    bus.consume(
+                        "agent.rl.training.status.v1",
+                        "loop-watch-status",
+                        watch.on_status,
+                        stop=stop_watch,
+                    )
+                ),
+            ]
+            agents = Agents(cfg, bus, stack.gateway_url, public, say)
+            stop_acting = asyncio.Event()
+            t_act = time.monotonic()
+            acting = asyncio.create_task(agents.run(stop_acting))
+            say(
+                f"acting: {cfg.agents} agents x groups of {cfg.group_size} on FrozenLake 4x4 "
+                f"(egocentric) through {stack.gateway_url}, trigger every {cfg.threshold} rewards"
+            )
+            seen: dict[str, str] = {}
+            injected: str | None = None
+            deadline = t_start + cfg.time_budget_s
+            last_note = 0.0
+            while time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
+                if acting.done():
+                    acting.result()
+                records = await registry.list_models(public)
+                for r in records:
+                    if seen.get(r.model_id) != r.state:
+                        act, why = decision_of(r)
+                        say(f"version {r.model_id}: {r.state} ({act}: {why})")
+                        seen[r.model_id] = r.state
+                for job, evs in watch.statuses.items():
+                    last = evs[-1].status
+                    key = f"job:{job}"
+                    if seen.get(key) != last:
+                        say(f"training job {job[:8]}: {last}")
+                        seen[key] = last
+                if time.monotonic() - last_note > 15:
+                    last_note = time.monotonic()
+                    say(
+                        f"acting: {len(agents.published)} trajectories, "
+                        f"{len(watch.rewards)} rewarded, by version {agents.by_model}"
+                    )
+                finished = [
+                    r
+                    for r in records
+                    if r.state in ("live", "retired", "rolled_back", "rejected")
+                    and r.checkpoint_path
+                ]
+                decided = [r for r in finished if r.model_id != injected]
+                rollout = await registry.get_rollout(public)
+                busy = rollout is not None and rollout.status == "running"
+                if len(decided) >= cfg.generations and not busy:
+                    if cfg.bad_candidate and injected is None:
+                        injected = await inject_bad_candidate(bus, public, data_dir, say)
+                        if injected is None:
+                            break
+                        continue
+                    if not cfg.bad_candidate or (
+                        injected and seen.get(injected) in ("rolled_back", "live", "retired")
+                    ):
+                        break
+            else:
+                say(f"time budget of {cfg.time_budget_s:.0f}s reached")
+            stop_acting.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(acting, 60)
+            stages["acting"] = time.monotonic() - t_act
+            # Every published trajectory should get its reward: wait a little for the tail.
+            t_tail = time.monotonic()
+            while time.monotonic() - t_tail < 30 and any(
+                t not in watch.rewards for t in agents.published
+            ):
+                await asyncio.sleep(0.3)
+            latencies = [
+                watch.arrived[t] - at for t, at in agents.published.items() if t in watch.arrived
+            ]
+            stages["reward_latency_p50"] = _median(latencies)
+            _job_stages(watch, stages)
+            records = await registry.list_models(public)
+            _deploy_stages(records, stages)
+            # Held-out greedy success per served version, by its own name.
+            t_eval = time.monotonic()
+            seeds = [HELDOUT_OFFSET + k for k in range(cfg.heldout_seeds)]
+            served = set(await _served_models(stack.gateway_url))
+            total_by = sum(agents.by_model.values()) or 1
+            for r in sorted(records, key=lambda r: r.version):
+                act, why = decision_of(r)
+                row = VersionRow(r.model_id, r.state, decision=act, why=why)
+                row.traffic_share = agents.by_model.get(r.model_id, 0) / total_by
+                rs = [
+                    x
+                    for t, x in ((t, watch.reward_of(t)) for t in agents.published)
+                    if x is not None and _model_of(watch, t) == r.model_id
+                ]
+                row.rewards = len(rs)
+                row.mean_reward = sum(rs) / len(rs) if rs else None
+                if r.model_id in served:
+                    wins, n, _ = await agents.heldout(r.model_id, seeds)
+                    row.heldout_success, row.heldout_n = wins / n, n
+                    row.ci_low, row.ci_high = wilson(wins, n)
+                    say(
+                        f"held-out: {r.model_id} {wins}/{n} = {wins / n:.2f} "
+                        f"[{row.ci_low:.2f}, {row.ci_high:.2f}]"
+                    )
+                result.versions.append(row)
+            stages["heldout_eval"] = time.monotonic() - t_eval
+            result.gateway_errors = sum(s.errors for s in _gateway_stats(stack))
+            stop_watch.set()
+            await asyncio.gather(*watchers, return_exceptions=True)
+            # The report, from the streams of this stack.
+            t_rep = time.monotonic()
+            try:
+                from datetime import UTC, datetime, timedelta
+
+                from agentrl.observability.report import load_from_streams, write_report
+
+                data = await load_from_streams(bus, datetime.now(UTC) - timedelta(hours=1))
+                page = await asyncio.to_thread(write_report, data, data_dir / "report")
+                result.report = str(page)
+            except Exception as exc:  # the report is a by-product: say why it is missing
+                say(f"report: not written ({type(exc).__name__}: {exc})")
+            stages["report"] = time.monotonic() - t_rep
+            result.trajectories = len(agents.published)
+            result.rewards = sum(1 for t in agents.published if t in watch.rewards)
+            result.lost = result.trajectories - result.rewards
+            await agents.close()
+    stages["acting_per_min"] = result.trajectories / max(stages.get("acting", 1.0) / 60, 1e-9)
+    result.stages = {k: round(v, 2) for k, v in stages.items()}
+    result.wall_s = time.monotonic() - t_start
+    return result
+
+
+def _model_of(watch: Watch, tid: str) -> str | None:
+    got = watch.rewards.get(tid)
+    if not got:
+        return None
+    ev = got[max(got)]
+    meta = ev.metadata
+    model = getattr(meta, "model", None) if meta is not None else None
+    if model is None and meta is not None:
+        model = (getattr(meta, "model_extra", None) or {}).get("model")
+    return str(model) if model else None
+
+
+def _median(xs: list[float]) -> float:
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    return s[len(s) // 2]
+
+
+def _job_stages(watch: Watch, stages: dict[str, float]) -> None:
+    """Training wall time per job: first status to completed (from the events' timestamps)."""
+    spans = []
+    for evs in watch.statuses.values():
+        done = [e for e in evs if e.status in ("completed", "failed", "cancelled")]
+        if done:
+            spans.append((done[-1].timestamp - evs[0].timestamp).total_seconds())
+    stages["training_jobs"] = float(len(spans))
+    stages["training_per_job"] = sum(spans) / len(spans) if spans else 0.0
+
+
+def _deploy_stages(records: list[Any], stages: dict[str, float]) -> None:
+    """Validation (register -> validated/rejected) and canary (first step -> promote or
+    rollback) per version, from the registry's audit trail."""
+    val, canary = [], []
+    for r in records:
+        at = {d.action: d.at for d in r.decisions}
+        first = {}
+        for d in r.decisions:
+            first.setdefault(d.action, d.at)
+        reg = first.get("register")
+        end_val = first.get("validate") or first.get("reject")
+        if reg and end_val:
+            val.append((end_val - reg).total_seconds())
+        start = first.get("deploy") or first.get("set_step") or first.get("validate")
+        end = at.get("promote") or at.get("rollback")
+        if start and end:
+            canary.append((end - start).total_seconds())
+    stages["validation_per_version"] = sum(val) / len(val) if val else 0.0
+    stages["canary_per_version"] = sum(canary) / len(canary) if canary else 0.0
+
+
+async def _served_models(gateway_url: str) -> list[str]:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=10) as client:
+        r = await client.get(f"{gateway_url}/models")
+        return [m["id"] for m in r.json().get("data", [])]
+
+
+def _gateway_stats(stack: Any) -> list[Any]:
+    return []
+
+
+def table(result: LoopResult) -> str:
+    lines = [
+        f"{'version':<22} {'state':<12} {'held-out success [95% CI]':<28} "
+        f"{'mean reward':>11} {'traffic':>8}  decision: why",
+    ]
+    for v in result.versions:
+        ho = (
+            f"{v.heldout_success:.2f} [{v.ci_low:.2f}, {v.ci_high:.2f}] n={v.heldout_n}"
+            if v.heldout_success is not None
+            else "not served"
+        )
+        mr = f"{v.mean_reward:+.3f}" if v.mean_reward is not None else "-"
+        lines.append(
+            f"{v.model_id:<22} {v.state:<12} {ho:<28} {mr:>11} {v.traffic_share:>7.0%}  "
+            f"{v.decision}: {v.why[:90]}"
+        )
+    lines.append("")
+    lines.append("stage wall times (s): " + ", ".join(f"{k}={v}" for k, v in result.stages.items()))
+    return "\n".join(lines)

@@ -1,0 +1,69 @@
+"""`agentrl loop`: the whole feedback loop on the whole stack (heavy imports inside)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer, bench: typer.Typer) -> None:
+    @app.command("loop")
+    def loop_cmd(
+        quick: bool = typer.Option(
+            False, "--quick", help="Seconds-long version: tiny random model, one generation."
+        ),
+        bad_candidate: bool = typer.Option(
+            False,
+            "--bad-candidate",
+            help="After the generations, deploy a deliberately broken version by hand to show "
+            "the automatic rollback.",
+        ),
+        data_dir: Path = typer.Option(
+            None, help="Where this run's stack keeps its state (default ./.agentrl/loop)."
+        ),
+        generations: int = typer.Option(0, help="Training generations (0: the mode's default)."),
+        threshold: int = typer.Option(
+            0, help="Rewarded trajectories per training job (0: default)."
+        ),
+        heldout_seeds: int = typer.Option(0, help="Held-out maps per version (0: default)."),
+        model: str = typer.Option(None, help="Base model (default smollm2; tiny with --quick)."),
+        time_budget_s: float = typer.Option(0, help="Stop acting after this many seconds."),
+        job_kind: str = typer.Option(
+            "dataset",
+            help="Training job kind the trigger starts: dataset (the logged trajectories).",
+        ),
+    ) -> None:
+        """Run the stack of `agentrl up`, let agents act through the gateway, and watch
+        rewards -> trigger -> training job -> validation -> canary -> promotion or rollback,
+        for several generations; then held-out success per version, the report, one JSON line."""
+        from agentrl.loop import LoopConfig, run_loop, table
+
+        overrides: dict[str, object] = {"bad_candidate": bad_candidate, "job_kind": job_kind}
+        if data_dir is not None:
+            overrides["data_dir"] = data_dir
+        if generations:
+            overrides["generations"] = generations
+        if threshold:
+            overrides["threshold"] = threshold
+        if heldout_seeds:
+            overrides["heldout_seeds"] = heldout_seeds
+        if model:
+            overrides["model"] = model
+        if time_budget_s:
+            overrides["time_budget_s"] = time_budget_s
+        cfg = LoopConfig.quick(**overrides) if quick else LoopConfig(**overrides)  # type: ignore[arg-type]
+
+        def say(line: str) -> None:
+            print(line, flush=True)
+
+        import asyncio
+
+        result = asyncio.run(run_loop(cfg, say))
+        print(table(result), flush=True)
+        if result.report:
+            print(f"report: {result.report}", flush=True)
+        sys.stdout.write(json.dumps(result.summary()) + "\n")
+        sys.stdout.flush()
