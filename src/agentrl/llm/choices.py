@@ -95,8 +95,8 @@ def choice_logprobs(
         else:
             slow.append(i)
     with autocast(dtype, device):
-        for cs, rows in fast.items():
-            ids = single_token_ids(candidate_ids(tokenizer, cs))
+        for key, rows in fast.items():
+            ids = single_token_ids(candidate_ids(tokenizer, key))
             assert ids is not None
             logits = _last_logits(model, tokenizer, [texts[i] for i in rows], device)
             scores = F.log_softmax(logits.float(), dim=-1)[:, ids]
@@ -302,7 +302,8 @@ class UpperLayerScorer:
         self.ensure(texts)
         device = next(self.model.parameters()).device
         head: nn.Module = base_of(self.model).get_output_embeddings()
-        weight = head.weight[self.choice_ids.to(device)]  # [C, H]: only the candidates' rows
+        full: torch.Tensor = head.weight  # type: ignore[assignment]
+        weight = full[self.choice_ids.to(device)]  # [C, H]: only the candidates' rows
         feats = [self.features[t] for t in texts]
         lengths = torch.tensor([int(f.shape[0]) for f in feats], device=device)
         width = int(lengths.max())
