@@ -44,6 +44,7 @@ class ServingManager:
         self.engine = engine
         self.on_refused = on_refused
         self.refused: dict[str, str] = {}
+        self.max_loaded = 8
         self._upstreams: dict[tuple[str, bool], UpstreamBackend] = {}
         self._revision = -1
         self._engine_lock = asyncio.Lock()
@@ -114,10 +115,12 @@ class ServingManager:
             weights[live] += sum(split.weights.values()) - sum(weights.values())
         if weights:
             self.state.set_split(weights, split.order)
-        # Unload what no longer serves, but keep the previous live version ready: a rollback
-        # must restore it at once.
+        # Versions that left the split stay loaded (pinned by name, evaluated, restored at
+        # once) until more than `max_loaded` are; then the oldest of them are unloaded. The
+        # split, the live and the previous live version are never unloaded.
         keep = set(split.weights) | {split.live} | set(split.previous_live[-1:])
-        for model_id in [m for m in self.state.backends if m not in keep]:
+        spare = [m for m in self.state.backends if m not in keep]
+        for model_id in spare[: max(0, len(self.state.backends) - self.max_loaded)]:
             backend = self.state.backends.pop(model_id)
             try:
                 await backend.release(model_id)
