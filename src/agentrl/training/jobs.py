@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from agentrl.errors import TrainingError
+from agentrl.logs import audit
 from agentrl.observability import instrument as obs
 from agentrl.training.worker import Emitter, finite
 
@@ -237,6 +238,8 @@ async def load_data(spec: dict[str, Any]) -> dict[str, Any]:
         raise TrainingError(f"reading the dataset from JetStream failed: {exc!r}", "INFRA") from exc
     finally:
         await nc.close()
+    audit("data.read", source=ds.source, trajectories=len(trajs), rewards=len(rewards),
+          job_id=req.training_job_id)  # fmt: skip
     comp = {str(c["completion_id"]): c for c in parse_all(completions) if c.get("completion_id")}
     corrections = [f for f in parse_all(feedback) if f.get("type") == "correction"]
     return {
