@@ -321,8 +321,6 @@ def snis_reward(
 
 def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
     from agentrl.contracts.training import TrainingRequest
-    from agentrl.llm.checkpoint import CheckpointManager
-    from agentrl.llm.samples import truncate
     from agentrl.training.dataset import (
         FilterReport,
         apply_filters,
@@ -332,7 +330,6 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
         seeded_sample,
     )
     from agentrl.training.requests import estimator as estimator_of
-    from agentrl.training.samples import build_pairs, build_samples
 
     req = TrainingRequest.model_validate(spec["request"])
     tc = req.training_config
@@ -357,6 +354,11 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
     report.holdout = len(hold)
     if not train:
         raise TrainingError(report.message(), "DATA")
+    # torch and transformers only now: a job without data fails in a second
+    from agentrl.llm.checkpoint import CheckpointManager
+    from agentrl.llm.samples import truncate
+    from agentrl.training.samples import build_pairs, build_samples
+
     emitter.emit(
         "running",
         phase="loading model",
