@@ -391,12 +391,18 @@ class LocalEngine:
             for i, s in enumerate(seqs):
                 ids[i, : len(s)] = torch.tensor(s)
                 mask[i, : len(s)] = 1
-            logits = self._forward([adapter] * n, input_ids=ids, attention_mask=mask).logits.float()
-            logp = torch.log_softmax(logits, dim=-1)
+            start = len(prompt)
+            # The vocabulary projection and log_softmax only where a continuation token is
+            # predicted (positions start-1 .. width-1): over the whole prompt they were ~90 %
+            # of a guided request's time.
+            keep = width - start + 1
+            logits = self._forward(
+                [adapter] * n, input_ids=ids, attention_mask=mask, logits_to_keep=keep
+            ).logits
+            offset = start - 1 - (width - logits.shape[1])  # 0, or start-1 if all were kept
             out = []
             for i, c in enumerate(continuations):
-                start = len(prompt)
-                rows = logp[i, start - 1 : start - 1 + len(c)]
+                rows = torch.log_softmax(logits[i, offset : offset + len(c)].float(), -1)
                 out.append(rows.gather(-1, torch.tensor(c)[:, None]).squeeze(-1).tolist())
             return out
 
