@@ -388,7 +388,7 @@ async def follow_rewards(
         while not stop.is_set():
             try:
                 msgs = await sub.fetch(256, timeout=fetch_timeout)
-            except nats.errors.TimeoutError:
+            except (TimeoutError, nats.errors.TimeoutError):  # the client raises either
                 continue
             events = []
             for m in msgs:
