@@ -81,8 +81,10 @@ def run_benchmark(
     extra: list[str],
     progress: Any = print,
     reuse: bool = False,
+    collect_only: bool = False,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     t0 = time.perf_counter()
+    reuse = reuse or collect_only
     out_dir.mkdir(parents=True, exist_ok=True)
     todo = [(a, s) for s in range(seeds) for a in algorithms]
     running: list[tuple[str, int, Path, Any]] = []
@@ -94,6 +96,9 @@ def run_benchmark(
             if reuse and (out / "metrics.json").exists():
                 done[(a, s)] = json.loads((out / "metrics.json").read_text())
                 progress(f"reused {a} seed {s}: {done[(a, s)]['summary']['trained']['success']}")
+                continue
+            if collect_only:
+                progress(f"{a} seed {s}: no finished run under {out}, left out")
                 continue
             running.append((a, s, out, run_one(config, a, s, out, extra)))
             progress(f"started {a} seed {s}")
@@ -133,6 +138,7 @@ def run_benchmark(
             }
         )
         figures[a] = {
+            "n": len(runs),
             "final": m,
             "ci": (lo, hi),
             "t50": _median(t50),

@@ -195,6 +195,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         model: str = typer.Option("", help="Override the config's model (e.g. a larger one)."),
         out: Path = typer.Option(Path("runs/bench-learning"), help="Runs, PNG and JSON go here."),
         reuse: bool = typer.Option(False, help="Reuse finished runs found under OUT."),
+        collect_only: bool = typer.Option(
+            False, help="Start nothing: report the finished runs under OUT."
+        ),
     ) -> None:
         """Held-out greedy success of the shipped valid-action configuration for GiGPO, GRPO
         and RLOO over several training seeds: final success with 95 % intervals, trainer
@@ -214,7 +217,15 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             extra += ["--model", model]
         algos = [a.strip() for a in algorithms.split(",") if a.strip()]
         rows, fig = run_benchmark(
-            config, algos, seeds, jobs, out, extra, progress=console.log, reuse=reuse
+            config,
+            algos,
+            seeds,
+            jobs,
+            out,
+            extra,
+            progress=console.log,
+            reuse=reuse,
+            collect_only=collect_only,
         )
         table = Table(title=f"bench learning: {config.name}, {seeds} seeds per algorithm")
         for col in rows[0] if rows else []:
@@ -240,7 +251,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             "gigpo_ci_high": (get("gigpo", "ci") or (None, None))[1],
             "grpo_ci_low": (get("grpo", "ci") or (None, None))[0],
             "grpo_ci_high": (get("grpo", "ci") or (None, None))[1],
-            "seeds": seeds,
+            "seeds": min(fig.get(a, {}).get("n", 0) for a in algos) if algos else 0,
             "wall_s": round(fig["wall_s"], 1),
         }
         print(json.dumps(last), flush=True)
