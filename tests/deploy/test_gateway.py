@@ -58,7 +58,7 @@ async def gateway(engine: Any, checkpoints: list[str], nats_url: str, tmp_path: 
     log = CompletionLog(bus)
     stop = asyncio.Event()
     log_task = asyncio.create_task(log.run(stop))
-    state = GatewayState("agentrl-policy", completion_log=log, timeout_s=2.0)
+    state = GatewayState("agentrl-policy", completion_log=log, timeout_s=60.0)
     local = LocalBackend(engine, tmp_path)
     for i, ckpt in enumerate(checkpoints[:2], start=1):
         await local.prepare(
@@ -84,7 +84,7 @@ async def gateway(engine: Any, checkpoints: list[str], nats_url: str, tmp_path: 
         ) as tools,
     ):
         state.backends["p-bad"] = UpstreamBackend(bad.base_url, timeout_s=10)
-        state.backends["p-slow"] = UpstreamBackend(slow.base_url, timeout_s=10)
+        state.backends["p-slow"] = UpstreamBackend(slow.base_url, timeout_s=1.0)
         state.backends["p-tools"] = UpstreamBackend(tools.base_url, timeout_s=10)
         state.set_split({"p-v1": 50.0, "p-v2": 50.0}, ["p-v2", "p-v1"])
         server, task, port = await serve(create_gateway_app(state))
