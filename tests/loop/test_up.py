@@ -76,3 +76,15 @@ def test_up_starts_every_service_and_sigint_stops_all(tmp_path: Path) -> None:
     time.sleep(0.5)
     alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"orphans after SIGINT: {[(c.pid, c.name()) for c in alive]}"
+
+
+def test_up_help_says_how_to_point_an_openai_client_and_agent_zero() -> None:
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "agentrl"), "up", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "120"},
+    ).stdout
+    for needle in ("base_url=", "/v1", "agentrl-policy", "agent-zero install", "--data-dir"):
+        assert needle in out, needle

@@ -19,8 +19,35 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             "with streams replicated min(3, N) times, instead of one server.",
         ),
     ) -> None:
-        """Start the embedded stack: nats-server with JetStream and all streams, then the
-        agentrl services (reward service). Ctrl-C stops everything cleanly."""
+        """Start the whole embedded stack: nats-server with JetStream and all streams,
+        the reward service, the warehouse ingester, the training service with its
+        triggers, the deployment controller with the OpenAI-compatible gateway, and
+        the control API with /metrics and /health; each service supervised
+        (restarted with backoff). It prints every URL it serves and shows a live
+        status panel. Ctrl-C stops everything cleanly.
+
+        \b
+        Ports: AGENTRL_API_PORT (8600), AGENTRL_GATEWAY_PORT (8700), loopback.
+        --data-dir keeps several stacks apart (give each its own ports).
+
+        \b
+        An OpenAI client: one model name, split across the versions; the
+        response's `model` names the version that answered.
+          from openai import OpenAI
+          client = OpenAI(base_url="http://127.0.0.1:8700/v1", api_key="x")
+          client.chat.completions.create(
+              model="agentrl-policy", messages=[...])
+        AGENTRL_DEPLOY_API_KEYS='["k"]' requires keys; the header x-session-id
+        keeps a session on one version; extra_body={"guided_choice": [...]}
+        answers with one of the choices.
+
+        \b
+        Agent Zero: `agentrl agent-zero install PATH_TO_AGENT_ZERO` copies the
+        plugin and prints the chat model settings: provider OpenAI-compatible
+        ("other"), model "agentrl-policy", API base http://127.0.0.1:8700/v1.
+        Its trajectories then flow to NATS_URL (printed below) and train the
+        next version.
+        """
         from agentrl.observability.multiproc import enable_for_stack
         from agentrl.stack import run_stack
 
