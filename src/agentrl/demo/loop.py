@@ -94,6 +94,7 @@ class RewardInbox:
     def __init__(self) -> None:
         self.latest: dict[str, RewardEvent] = {}
         self.changed = asyncio.Event()
+        self.error: BaseException | None = None  # the reader died: waiting is pointless
 
     async def handle(self, batch: list[Delivery]) -> None:
         for d in batch:
@@ -116,6 +117,8 @@ class RewardInbox:
             missing = [i for i in ids if i not in self.latest]
             if not missing:
                 return {i: self.latest[i] for i in ids}
+            if self.error is not None:
+                raise AgentRLError(f"the reward reader stopped: {self.error!r}") from self.error
             left = deadline - time.monotonic()
             if left <= 0:
                 raise AgentRLError(
@@ -398,6 +401,10 @@ async def follow_rewards(
                     continue  # not ours to judge: the reward stream's own consumers dead-letter
             read += len(events)
             inbox.add(events)
+    except Exception as exc:
+        inbox.error = exc
+        inbox.changed.set()
+        raise
     finally:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
