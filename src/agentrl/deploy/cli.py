@@ -1,6 +1,6 @@
 """`agentrl deploy ...` (registry, split, promote / rollback / pause / resume / weight,
-TensorZero export, a standalone gateway) and `agentrl bench gateway`. Heavy imports stay
-inside the commands."""
+TensorZero export, `serve`: the controller and gateway without the rest of `agentrl up`) and
+`agentrl bench gateway`. Heavy imports stay inside the commands."""
 
 from __future__ import annotations
 
@@ -154,9 +154,40 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         act("weight", fn, nats_url)
 
+    @deploy.command("serve")
+    def serve_cmd(nats_url: str = url_opt) -> None:
+        """Run the deployment controller, its monitor and the gateway (what `agentrl up`
+        runs for deployment) against an existing NATS server; Ctrl-C stops."""
+        import asyncio
+        import signal
+
+        from agentrl.bus import Bus
+        from agentrl.deploy.service import serve
+        from agentrl.settings import get_settings
+
+        async def main() -> None:
+            settings = get_settings()
+            bus = await Bus.connect(nats_url, name="agentrl-deploy")
+            await bus.ensure_streams()
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            typer.echo(
+                f"gateway on http://{settings.gateway_host}:{settings.gateway_port}/v1; "
+                "Ctrl-C stops",
+                err=True,
+            )
+            try:
+                await serve(bus, stop, settings)
+            finally:
+                await bus.close()
+
+        asyncio.run(main())
+
     @deploy.command("tensorzero")
     def tensorzero(function: str = "agent", nats_url: str = url_opt) -> None:
-        """Print the split as a TensorZero [functions.X.experimentation] static-weights block."""
+        """Print the split as TensorZero's functions.FUNCTION.experimentation (static weights)."""
         from agentrl.deploy.agent import tensorzero_experimentation
 
         async def fn(d: Any, _: Any) -> Any:
