@@ -156,8 +156,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
     @deploy.command("serve")
     def serve_cmd(nats_url: str = url_opt) -> None:
-        """Run the deployment controller, its monitor and the gateway (what `agentrl up`
-        runs for deployment) against an existing NATS server; Ctrl-C stops."""
+        """Run the deployment controller, its monitor and the gateway, as agentrl up does,
+        against an existing NATS server; Ctrl-C stops."""
         import asyncio
         import signal
 
