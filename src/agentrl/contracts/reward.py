@@ -16,7 +16,17 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from agentrl.contracts.base import Event, Finite, Id, NonNegative, Part, Score01, Timestamp, new_id
+from agentrl.contracts.base import (
+    Event,
+    Finite,
+    Id,
+    NonNegative,
+    Part,
+    Score01,
+    Timestamp,
+    new_id,
+    noop_when_valid,
+)
 
 COMPONENT_SOURCES = ("automated", "human", "linter", "test_results", "benchmark")
 # agentrl's finer kinds -> the schema's value ("implicit" is the user's behaviour: human)
@@ -32,6 +42,7 @@ class RewardComponent(Part):
 
     @model_validator(mode="before")
     @classmethod
+    @noop_when_valid  # a source outside the Literal fails it
     def _schema_source(cls, data: Any) -> Any:
         if isinstance(data, dict):
             source = data.get("source")
@@ -90,6 +101,7 @@ class RewardEvent(Event):
 
     @model_validator(mode="before")
     @classmethod
+    @noop_when_valid  # null fails the block models
     def _no_null_blocks(cls, data: Any) -> Any:
         # `normalization: null` / `metadata: null` were valid once: they mean "defaults"
         if isinstance(data, dict) and (

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from agentrl.contracts.base import (
     Event,
@@ -20,6 +20,7 @@ from agentrl.contracts.base import (
     Score01,
     Timestamp,
     new_id,
+    noop_when_valid,
 )
 
 ObservationType = Literal["user_message", "tool_result", "subordinate_response", "system_message"]
@@ -42,13 +43,12 @@ class Observation(Part):
     content: Any = Field(description="A string or any JSON object (null reads as '').")
     context: ObservationContext | None = None
 
-    @model_validator(mode="before")
+    @field_validator("content", mode="after")
     @classmethod
-    def _content_not_null(cls, data: Any) -> Any:
+    def _content_not_null(cls, value: Any) -> Any:
         # required on the wire, where null is not allowed: an empty observation is ""
-        if isinstance(data, dict) and "content" in data and data["content"] is None:
-            data = {**data, "content": ""}
-        return data
+        # (an after-validator of the field, so JSON validation never materialises the turn)
+        return "" if value is None else value
 
 
 class Action(Part):
@@ -115,6 +115,7 @@ class TrajectoryMetadata(Part):
 
     @model_validator(mode="before")
     @classmethod
+    @noop_when_valid  # null fails `model: str`
     def _model_named(cls, data: Any) -> Any:
         # `model: null` was valid once; the published schema requires a name
         if isinstance(data, dict) and "model" in data and data["model"] is None:
