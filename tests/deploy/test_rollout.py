@@ -262,7 +262,13 @@ async def test_lower_reward_version_is_rolled_back_within_a_period(
     assert took <= 0.5 + 1.0, f"rollback took {took:.2f}s after the evidence"
     record = await h.d.registry.require_model(v)
     check = next(c for c in record.decisions[-1].evidence["checks"] if c["metric"] == "mean_reward")
-    assert check["verdict"] == "fail" and check["new"]["n"] == 80 and check["live"]["n"] == 80
+    # decided as soon as the evidence sufficed: maybe before every reward had arrived
+    assert (
+        check["verdict"] == "fail"
+        and 10 <= check["new"]["n"] <= 80
+        and 10 <= check["live"]["n"] <= 80
+    )
+    assert check["diff_upper"] < -0.1
     split, _ = await h.d.registry.get_split(h.public)
     assert split is not None and split.weights == {base: 100.0}
     assert time.time() - published < 5

@@ -37,7 +37,7 @@ async def test_serve_runs_gateway_and_controller(
                 models = [m.id async for m in client.models.list()]
                 if "svc-policy-base" in models:
                     break
-            except Exception:  # noqa: BLE001 - not up yet
+            except Exception:  # not up yet
                 pass
             await asyncio.sleep(0.1)
         assert models[:2] == ["svc-policy", "svc-policy-base"]
