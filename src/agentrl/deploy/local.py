@@ -144,15 +144,18 @@ class LocalEngine:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
     # ---- prompts ----------------------------------------------------------------------
-    def encode(self, request: ChatRequest) -> list[int]:
+    def render(self, request: ChatRequest) -> str:
+        """The chat-templated prompt text (tools described in the system message)."""
         messages = [_flatten(m) for m in request.messages]
         tools = request.tools if request.tool_choice != "none" else None
         if tools:
             messages = _with_tool_prompt(messages, tools, request.tool_choice)
-        text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
+        return str(
+            self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         )
-        ids: list[int] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def encode(self, request: ChatRequest) -> list[int]:
+        ids: list[int] = self.tokenizer(self.render(request), add_special_tokens=False)["input_ids"]
         return ids
 
     # ---- generation -------------------------------------------------------------------
@@ -407,15 +410,34 @@ class LocalEngine:
             return out
 
     def _guided(self, model_id: str | None, prompt: list[int], request: ChatRequest) -> Generation:
+        """Score the choices with the learning package's valid-action scorer
+        (`agentrl.llm.choices.score_choices`: log p(choice | prompt) renormalised over the
+        choices) under this version's adapter, pick one, and report its tokens' log-probs."""
+        from contextlib import nullcontext
+
+        from agentrl.llm.choices import score_choices
+
         choices = list(request.guided_choice or [])
-        encoded = [self.tokenizer(c, add_special_tokens=False)["input_ids"] for c in choices]
-        if any(not e for e in encoded):
-            raise DeployError("guided_choice has an empty choice")
-        per_token = self.score(model_id, prompt, encoded)
-        scores = [sum(t) for t in per_token]
+        try:
+            encoded = [self.tokenizer(c, add_special_tokens=False)["input_ids"] for c in choices]
+            with self._lock:
+                adapter = self.adapter_of(model_id)
+                ctx: Any = nullcontext()
+                if self.is_peft:
+                    if adapter == BASE_ADAPTER:
+                        ctx = self.model.disable_adapter()
+                    else:
+                        self.model.set_adapter(adapter)
+                with ctx:
+                    scores = score_choices(
+                        self.model, self.tokenizer, [self.render(request)], choices
+                    )[0]
+        except ValueError as exc:  # empty or duplicate choices
+            raise DeployError(f"guided_choice: {exc}") from exc
         temperature = 1.0 if request.temperature is None else float(request.temperature)
         index, probs = pick(scores, temperature, self._py_rng)
         ids = encoded[index]
+        per_token = self.score(model_id, prompt, [ids])[0]
         top = None
         if request.logprobs and request.top_logprobs:
             order = sorted(range(len(choices)), key=lambda j: -probs[j])[: request.top_logprobs]
@@ -429,7 +451,7 @@ class LocalEngine:
             tool_calls=calls,
             prompt_token_ids=prompt,
             completion_token_ids=ids,
-            token_logprobs=per_token[index],
+            token_logprobs=per_token,
             tokens=[self._text([i]) for i in ids],
             top_logprobs=(top + [[]] * (len(ids) - 1)) if top else None,
             prompt_tokens=len(prompt),
