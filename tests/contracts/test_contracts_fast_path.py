@@ -118,3 +118,10 @@ def test_null_observation_content_reads_as_empty_in_python_mode_too() -> None:
     payload = _trajectory()
     payload["turns"][0]["observation"]["content"] = None
     assert TrajectoryEvent.model_validate(payload).turns[0].observation.content == ""
+
+
+@pytest.mark.parametrize("payload", [_trajectory(), _reward()])
+def test_to_json_is_model_dump_json(payload: dict[str, Any]) -> None:
+    model = TrajectoryEvent if "turns" in payload else RewardEvent
+    event = model.model_validate(payload)
+    assert event.to_json() == event.model_dump_json(by_alias=True, exclude_none=True).encode()
