@@ -114,6 +114,9 @@ class DeploySettings(BaseSettings):
     benchmark_threshold: float = Field(0.0, description="Mean benchmark score needed to pass.")
     benchmark_episodes: int = Field(2, ge=1, description="Held-out episodes per environment.")
     benchmark_seed: int = Field(90_000, description="First held-out seed (training uses low ones).")
+    validation_max_new_tokens: int = Field(
+        48, gt=0, description="Tokens a validation answer may use (benchmarks and safety)."
+    )
     regression_tolerance: float = Field(0.05, ge=0.0, description="Seed: delta < -0.05 fails.")
     safety_min_score: float = Field(0.0, ge=0.0, le=1.0)
     safety_max_drop: float = Field(0.1, ge=0.0, le=1.0, description="Allowed drop vs live.")

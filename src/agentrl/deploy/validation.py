@@ -178,7 +178,7 @@ async def run_benchmarks(
     return {"scores": scores, "mean": mean, "episodes_per_env": settings.benchmark_episodes}
 
 
-def _hf_policy(folder_or_name: str, spec: dict[str, Any] | None) -> Any:
+def _hf_policy(folder_or_name: str, spec: dict[str, Any] | None, max_new_tokens: int = 48) -> Any:
     from agentrl.llm.loading import load_policy
     from agentrl.rollout.policies.hf_policy import HFAgentPolicy
 
@@ -189,7 +189,11 @@ def _hf_policy(folder_or_name: str, spec: dict[str, Any] | None) -> Any:
     else:
         policy = load_policy(folder_or_name)
     return HFAgentPolicy(
-        policy.model.eval(), policy.tokenizer, temperature=0.0, max_new_tokens=48, seed=0
+        policy.model.eval(),
+        policy.tokenizer,
+        temperature=0.0,
+        max_new_tokens=max_new_tokens,
+        seed=0,
     )
 
 
@@ -224,10 +228,16 @@ class Validator:
         from agentrl.deploy.backends import verify_checkpoint
 
         if record.checkpoint_path is None:
-            policy = _hf_policy(record.base_model, record.serving.get("base_spec"))
+            policy = _hf_policy(
+                record.base_model,
+                record.serving.get("base_spec"),
+                self.settings.validation_max_new_tokens,
+            )
         else:
             folder = await asyncio.to_thread(verify_checkpoint, record, self.cache_dir)
-            policy = await asyncio.to_thread(_hf_policy, str(folder), None)
+            policy = await asyncio.to_thread(
+                _hf_policy, str(folder), None, self.settings.validation_max_new_tokens
+            )
         bench = await run_benchmarks(policy, self.settings, self.task_types)
         obs.deployment(scores={(record.model_id, t): v for t, v in bench["scores"].items()})
         safety = await run_safety(_generator(policy), self.settings, self.prompts)
