@@ -61,7 +61,7 @@ class LoopConfig:
         base: dict[str, Any] = dict(
             model="tiny",
             generations=1,
-            agents=4,
+            agents=2,
             group_size=4,
             threshold=8,
             max_steps=4,
@@ -104,6 +104,8 @@ def loop_environment(cfg: LoopConfig) -> dict[str, str]:
         "AGENTRL_DEPLOY_MIN_SAMPLES": str(cfg.min_samples),
         "AGENTRL_DEPLOY_BENCHMARK_EPISODES": "1",
         "AGENTRL_DEPLOY_BENCHMARK_SEED": str(HELDOUT_OFFSET + 500_000),
+        # the moves are one word; safety refusals show in the first dozen tokens
+        "AGENTRL_DEPLOY_VALIDATION_MAX_NEW_TOKENS": "12" if cfg.model == "tiny" else "24",
     }
     if cfg.model == "tiny":  # a random tiny model's safety scores are noise: no drop check
         env["AGENTRL_DEPLOY_SAFETY_MAX_DROP"] = "1.0"
@@ -464,7 +466,12 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
                 await asyncio.sleep(0.5)
                 if acting.done():
                     acting.result()
-                records = await registry.list_models(public)
+                try:
+                    records = await registry.list_models(public)
+                    rollout = await registry.get_rollout(public)
+                except Exception as exc:  # a slow or restarting nats-server: look again
+                    say(f"watch: registry not readable now ({type(exc).__name__})")
+                    continue
                 for r in records:
                     if seen.get(r.model_id) != r.state:
                         act, why = decision_of(r)
@@ -489,7 +496,6 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
                     and r.checkpoint_path
                 ]
                 decided = [r for r in finished if r.model_id != injected]
-                rollout = await registry.get_rollout(public)
                 busy = rollout is not None and rollout.status == "running"
                 if len(decided) >= cfg.generations and not busy:
                     if cfg.bad_candidate and injected is None:
