@@ -248,6 +248,7 @@ class Agents:
                 temperature=self.cfg.temperature,
                 domain="general",
             )
+            link_completions(event, ep)
             await self.bus.publish(event)
             self.published[event.trajectory_id] = time.monotonic()
             self.by_model[model] = self.by_model.get(model, 0) + 1
@@ -298,6 +299,16 @@ class Agents:
 
     async def close(self) -> None:
         await self.client.close()
+
+
+def link_completions(event: Any, episode: Any) -> None:
+    """The gateway's contract: each turn's `action.completion_id` (its completion-log record:
+    exact tokens and the behaviour log-probs) and the `guided_choice` it was answered from."""
+    for turn, step in zip(event.turns, episode.steps, strict=False):
+        lp = step.policy_logprobs or {}
+        if lp.get("completion_id"):
+            turn.action.completion_id = str(lp["completion_id"])
+        turn.action.guided_choice = list(MOVES)
 
 
 def _served_by(episode: Any) -> str | None:
