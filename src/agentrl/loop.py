@@ -147,15 +147,14 @@ class LoopResult:
         best = max(served, key=lambda v: v.heldout_success or 0.0, default=None)
         promoted = [v for v in self.versions if v.decision == "promote"]
         trained = max(promoted, key=lambda v: v.heldout_success or 0.0, default=None)
+        chosen = trained or best
         return {
             "versions": len(self.versions),
             "promoted": len(promoted),
             "rolled_back": sum(v.decision == "rollback" for v in self.versions),
             "base_heldout_success": base.heldout_success if base else None,
             "best_heldout_success": best.heldout_success if best else None,
-            "trained_heldout_success": (trained or best).heldout_success
-            if (trained or best)
-            else None,
+            "trained_heldout_success": chosen.heldout_success if chosen else None,
             "heldout_seeds": base.heldout_n if base else 0,
             "trajectories": self.trajectories,
             "rewards": self.rewards,
@@ -625,7 +624,7 @@ def _deploy_stages(records: list[Any], stages: dict[str, float]) -> None:
     val, canary = [], []
     for r in records:
         at = {d.action: d.at for d in r.decisions}
-        first = {}
+        first: dict[str, Any] = {}
         for d in r.decisions:
             first.setdefault(d.action, d.at)
         reg = first.get("register")
