@@ -111,7 +111,14 @@ def test_clean_payload_takes_the_fast_path_and_round_trips() -> None:
         warnings.simplefilter("error")
         again = TrajectoryEvent.model_validate_json(event.to_json())
     assert again == event and again.to_json() == event.to_json()
-    assert TrajectoryEvent in base._FAST  # the fast validator was built and used
+    assert base._FAST[TrajectoryEvent][1] is not None  # the fast validator was built
+
+
+def test_events_with_unmarked_input_validators_keep_the_full_schema() -> None:
+    from agentrl.contracts import TrainingRequest
+
+    assert RewardEvent._build_fast() is not None
+    assert TrainingRequest._build_fast() is None  # its own before-validators could see strays
 
 
 def test_null_observation_content_reads_as_empty_in_python_mode_too() -> None:

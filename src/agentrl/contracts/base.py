@@ -61,6 +61,18 @@ def _skippable(node: dict[str, Any]) -> bool:
     return bool(getattr(fn, "__noop_when_valid__", False))
 
 
+def _has_input_validators(node: Any) -> bool:
+    """Whether a core schema still has before/wrap validators (which could see, and consume,
+    the top-level extras a skipped validator would have handled first)."""
+    if isinstance(node, dict):
+        if node.get("type") in ("function-before", "function-wrap"):
+            return True
+        return any(_has_input_validators(v) for v in node.values())
+    if isinstance(node, list):
+        return any(_has_input_validators(v) for v in node)
+    return False
+
+
 def _without_noop_validators(node: Any) -> Any:
     """A copy of a core schema without the `noop_when_valid` before-validators."""
     if isinstance(node, dict):
@@ -73,7 +85,7 @@ def _without_noop_validators(node: Any) -> Any:
 
 
 # per event class: (the core schema it was built from, the fast validator)
-_FAST: dict[type, tuple[Any, SchemaValidator]] = {}
+_FAST: dict[type, tuple[Any, SchemaValidator | None]] = {}
 
 
 def new_id() -> str:
@@ -223,13 +235,14 @@ class Event(Part):
                 if built is not None and built[0] is cls.__pydantic_core_schema__
                 else cls._build_fast()
             )
-            try:
-                event = fast.validate_json(json_data)
-            except ValidationError:
-                pass
-            else:
-                if not event.__pydantic_extra__:
-                    return event  # type: ignore[no-any-return]
+            if fast is not None:
+                try:
+                    event = fast.validate_json(json_data)
+                except ValidationError:
+                    pass
+                else:
+                    if not event.__pydantic_extra__:
+                        return event  # type: ignore[no-any-return]
         return super().model_validate_json(
             json_data,
             strict=strict,
@@ -240,8 +253,11 @@ class Event(Part):
         )
 
     @classmethod
-    def _build_fast(cls) -> SchemaValidator:
+    def _build_fast(cls) -> SchemaValidator | None:
+        """The fast validator, or None (full schema only) when an unmarked before/wrap
+        validator would remain: it could act on input a skipped one would have moved."""
         schema: CoreSchema = cls.__pydantic_core_schema__
-        fast = SchemaValidator(_without_noop_validators(schema))
+        stripped = _without_noop_validators(schema)
+        fast = None if _has_input_validators(stripped) else SchemaValidator(stripped)
         _FAST[cls] = (schema, fast)
         return fast
