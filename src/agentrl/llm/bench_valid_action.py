@@ -43,6 +43,15 @@ def curve(metrics: dict[str, Any]) -> list[tuple[float, float]]:
     return pts
 
 
+def curve_by_iteration(metrics: dict[str, Any]) -> list[tuple[float, float]]:
+    """(iteration, held-out success) at every held-out evaluation: independent of load."""
+    pts = [(0.0, float(metrics["summary"]["base"]["success"]))]
+    for rec in metrics["iterations"]:
+        if rec.get("heldout_success") is not None:
+            pts.append((float(rec["iteration"]), float(rec["heldout_success"])))
+    return pts
+
+
 def seconds_to(points: list[tuple[float, float]], level: float) -> float | None:
     for sec, succ in points:
         if succ >= level:
@@ -122,7 +131,7 @@ def run_benchmark(
         runs = [done[(a, s)] for s in range(seeds) if (a, s) in done]
         finals = [float(r["summary"]["trained"]["success"]) for r in runs]
         pts = [curve(r) for r in runs]
-        curves[a] = pts
+        curves[a] = [curve_by_iteration(r) for r in runs]
         t50 = [seconds_to(p, 0.5) for p in pts]
         t70 = [seconds_to(p, 0.7) for p in pts]
         m, lo, hi = mean_ci(finals) if finals else (float("nan"),) * 3
@@ -174,7 +183,7 @@ def _plot(curves: dict[str, list[list[tuple[float, float]]]], path: Path) -> Non
         if len(runs) > 1:
             half = T95.get(len(runs) - 1, 1.96) * ys.std(0, ddof=1) / math.sqrt(len(runs))
             ax.fill_between(grid, np.clip(m - half, 0, 1), np.clip(m + half, 0, 1), alpha=0.2)
-    ax.set_xlabel("trainer seconds")
+    ax.set_xlabel("iteration (8 maps x 32 episodes each)")
     ax.set_ylabel("held-out greedy success (50 maps)")
     ax.set_ylim(-0.02, 1.02)
     ax.legend(loc="upper left")
