@@ -9,6 +9,7 @@ noise, so an episode is a deterministic function of the seed and the actions.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv, generate_random_map
@@ -190,3 +191,34 @@ class FrozenLakeTextEnv:
         if not self._done:
             lines.append("Your move: up, down, left or right?")
         return {"text": "\n".join(lines), "anchor": grid}
+
+
+def shortest_path(desc: list[str], start: tuple[int, int] | None = None) -> list[str] | None:
+    """The moves of a shortest walk from `start` (default: S) to G over non-hole tiles (BFS).
+
+    Pure: the expert of supervised warm starts. Neighbours are tried in the order up, down,
+    left, right, so the answer is deterministic; `[]` at the goal, None if G is unreachable.
+    Valid for the non-slippery dynamics only (a slippery move may not land where intended).
+    """
+    n_rows, n_cols = len(desc), len(desc[0])
+    if start is None:
+        start = next((r, row.find("S")) for r, row in enumerate(desc) if "S" in row)
+    parent: dict[tuple[int, int], tuple[tuple[int, int], str] | None] = {start: None}
+    queue = deque([start])
+    while queue:
+        cell = queue.popleft()
+        if desc[cell[0]][cell[1]] == "G":
+            moves: list[str] = []
+            link = parent[cell]
+            while link is not None:
+                cell, move = link
+                moves.append(move)
+                link = parent[cell]
+            return moves[::-1]
+        for move, (dr, dc) in _DELTAS.items():
+            r, c = cell[0] + dr, cell[1] + dc
+            inside = 0 <= r < n_rows and 0 <= c < n_cols
+            if inside and (r, c) not in parent and desc[r][c] != "H":
+                parent[(r, c)] = (cell, move)
+                queue.append((r, c))
+    return None
