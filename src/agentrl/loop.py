@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import time
 import uuid
@@ -468,12 +469,20 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
                 f"acting: {cfg.agents} agents x groups of {cfg.group_size} on FrozenLake 4x4 "
                 f"(egocentric) through {stack.gateway_url}, trigger every {cfg.threshold} rewards"
             )
+            interrupted = asyncio.Event()  # Ctrl-C / SIGTERM: stop acting, still report
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.add_signal_handler(sig, interrupted.set)
             seen: dict[str, str] = {}
             injected: str | None = None
             deadline = t_start + cfg.time_budget_s
             last_note = 0.0
             while time.monotonic() < deadline:
                 await asyncio.sleep(0.5)
+                if interrupted.is_set():
+                    say("interrupted: acting stops; evaluating what there is")
+                    break
                 if acting.done():
                     acting.result()
                 try:
