@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
 
+from agentrl.plugins import optional_module
 from agentrl.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -39,13 +39,9 @@ def create_app(settings: Settings, bus: Any = None) -> FastAPI:
     app.state.bus = bus
     app.state.settings = settings
     for name in ROUTERS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
-                continue
-            raise
-        app.include_router(module.router)
+        module = optional_module(name)
+        if module is not None:
+            app.include_router(module.router)
 
     @app.get("/health", tags=["stack"], summary="Every supervised service's state")
     async def health() -> dict[str, Any]:

@@ -7,7 +7,6 @@ independent and the command starts fast (heavy imports live inside commands).
 
 from __future__ import annotations
 
-import importlib
 import logging
 
 import typer
@@ -53,14 +52,12 @@ PLUGINS = (
 
 
 def _register_plugins() -> None:
+    from agentrl.plugins import optional_module
+
     for name in PLUGINS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
-                continue
-            raise
-        module.register(app, bench_app)
+        module = optional_module(name)
+        if module is not None:
+            module.register(app, bench_app)
 
 
 @app.callback()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import signal
 import time
@@ -24,6 +23,7 @@ from rich.console import Console
 
 from agentrl.bus.client import Bus
 from agentrl.bus.server import EmbeddedNats
+from agentrl.plugins import optional_module
 from agentrl.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -48,13 +48,9 @@ def load_services(only: set[str] | None = None) -> list[tuple[str, Serve]]:
         if only is not None and label not in only:
             continue
         module_name, attr = path.split(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                continue
-            raise
-        found.append((label, getattr(module, attr)))
+        module = optional_module(module_name)
+        if module is not None:
+            found.append((label, getattr(module, attr)))
     return found
 
 
