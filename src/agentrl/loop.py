@@ -475,6 +475,7 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.add_signal_handler(sig, interrupted.set)
             seen: dict[str, str] = {}
+            printed: dict[str, int] = {}
             injected: str | None = None
             deadline = t_start + cfg.time_budget_s
             last_note = 0.0
@@ -492,10 +493,13 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
                     say(f"watch: registry not readable now ({type(exc).__name__})")
                     continue
                 for r in records:
-                    if seen.get(r.model_id) != r.state:
-                        act, why = decision_of(r)
-                        say(f"version {r.model_id}: {r.state} ({act}: {why})")
-                        seen[r.model_id] = r.state
+                    # every new entry of the version's audit trail, in order (states can
+                    # change twice between two looks)
+                    for d in r.decisions[printed.get(r.model_id, 0) :]:
+                        to = f" -> {d.to_state}" if d.to_state else ""
+                        say(f"version {r.model_id}: {d.action}{to} ({d.by}: {d.reason})")
+                    printed[r.model_id] = len(r.decisions)
+                    seen[r.model_id] = r.state
                 for job, evs in watch.statuses.items():
                     last = evs[-1].status
                     key = f"job:{job}"

@@ -1,0 +1,76 @@
+"""`agentrl loop --quick --bad-candidate` walks the whole chain on the real stack with the
+tiny model: agents act through the gateway -> trajectories -> rewards -> threshold trigger ->
+training job -> validation -> canary -> promotion; then a deliberately broken version is
+deployed by hand and rolled back automatically. The last line is the issue's JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from agentrl.bus.server import free_port
+
+
+def test_quick_loop_promotes_a_trained_version_and_rolls_back_a_broken_one(
+    tmp_path: Path,
+) -> None:
+    env = {
+        **os.environ,
+        "AGENTRL_API_PORT": str(free_port()),
+        "AGENTRL_GATEWAY_PORT": str(free_port()),
+    }
+    for name in ("NATS_URL", "AGENTRL_NATS_URL"):
+        env.pop(name, None)
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "agentrl"),
+            "loop",
+            "--quick",
+            "--bad-candidate",
+            "--data-dir",
+            str(tmp_path / "loop"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out[-4000:] + proc.stderr[-4000:]
+    last = json.loads(out.strip().splitlines()[-1])
+    keys = {
+        "versions",
+        "promoted",
+        "rolled_back",
+        "base_heldout_success",
+        "best_heldout_success",
+        "trained_heldout_success",
+        "heldout_seeds",
+        "trajectories",
+        "rewards",
+        "lost",
+        "wall_s",
+    }
+    assert keys <= set(last)
+    # base + at least one trained version + the broken one
+    assert last["versions"] >= 3 and last["promoted"] >= 1 and last["rolled_back"] >= 1, out
+    assert last["trajectories"] > 0 and last["rewards"] == last["trajectories"] - last["lost"]
+    assert last["lost"] == 0, out
+    assert last["heldout_seeds"] > 0 and last["base_heldout_success"] is not None
+    # every stage of the chain shows up in the progress lines
+    for stage in (
+        "acting:",
+        "training job",
+        "completed",
+        "validate",
+        "-> canary",
+        "promote -> live",
+        "bad candidate",
+        "rollback -> rolled_back",
+        "held-out:",
+    ):
+        assert stage in out, f"no {stage!r} in the progress:\n{out[-3000:]}"
+    assert (tmp_path / "loop" / "report" / "index.html").exists()
