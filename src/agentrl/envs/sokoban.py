@@ -30,6 +30,8 @@ LEGEND = (
     "S you standing on a target."
 )
 
+OBS_FORMATS = ("grid", "egocentric")
+
 Pos = tuple[int, int]
 
 
@@ -229,6 +231,12 @@ def _connected(floor: np.ndarray) -> bool:
 class SokobanEnv:
     """Text Sokoban behind the `TextEnv` protocol.
 
+    `obs_format` "grid" shows the room with a headline (and a step counter when `max_steps`
+    is set); "egocentric" names the player's, boxes' and targets' rows/columns and what lies
+    up/down/left/right (wall, floor, target, box, box on target), with no headline and no
+    counter, so the same state is the same text in every episode. `valid_actions()` lists
+    the moves.
+
     Reward: `success_reward` when the last box lands on a target (the episode ends), plus
     `step_penalty` on every step (0 by default; e.g. -0.01 to prefer short solutions) and
     `invalid_action_penalty` on unparsable actions. `max_steps` (None = unlimited; the rollout
@@ -247,7 +255,11 @@ class SokobanEnv:
         invalid_action_penalty: float = 0.0,
         success_reward: float = 1.0,
         layout: str | None = None,
+        obs_format: str = "grid",
     ) -> None:
+        if obs_format not in OBS_FORMATS:
+            raise ValueError(f"obs_format must be one of {OBS_FORMATS}, got {obs_format!r}")
+        self.obs_format = obs_format
         self.layout = parse_level(layout) if layout is not None else None
         self.dim = dim
         self.num_boxes = num_boxes
@@ -335,9 +347,49 @@ class SokobanEnv:
         assert self.level is not None
         return render(self.level.floor, self.level.targets, self._boxes, self._player)
 
+    def valid_actions(self) -> list[str]:
+        """The moves a policy may choose from (a valid-action policy scores exactly these)."""
+        return list(MOVES) if self.level is not None and not self._done else []
+
+    def _cell_word(self, p: Pos) -> str:
+        assert self.level is not None
+        h, w = self.level.floor.shape
+        if not (0 <= p[0] < h and 0 <= p[1] < w) or not self.level.floor[p]:
+            return "wall"
+        if p in self._boxes:
+            return "box on a target" if p in self.level.targets else "box"
+        return "target" if p in self.level.targets else "floor"
+
+    def egocentric(self) -> str:
+        """Player, boxes, targets (row/column) and the four neighbours: repeats across
+        episodes, since nothing in it depends on the step count."""
+        assert self.level is not None
+        r0, c0 = self._player
+
+        def places(cells: frozenset[Pos]) -> str:
+            return "; ".join(f"row {r}, column {c}" for r, c in sorted(cells))
+
+        around = " ".join(
+            f"{name.capitalize()}: {self._cell_word((r0 + dr, c0 + dc))}."
+            for name, (dr, dc) in MOVES.items()
+        )
+        on = len(self._boxes & self.level.targets)
+        return (
+            f"You are at row {r0}, column {c0}. Boxes at {places(self._boxes)}. "
+            f"Targets at {places(self.level.targets)}. Boxes on targets: "
+            f"{on}/{len(self.level.targets)}. {around}"
+        )
+
     def _observation(self, headline: str) -> Observation:
         grid = self.grid()
         assert self.level is not None
+        if self.obs_format == "egocentric":
+            text = self.egocentric()
+            if self._done:
+                text = f"{headline}\n{text}"
+            else:
+                text += " Your move: up, down, left or right?"
+            return {"text": text, "anchor": grid}
         on = len(self._boxes & self.level.targets)
         lines = [headline, LEGEND, grid, f"Boxes on targets: {on}/{len(self.level.targets)}."]
         if self.max_steps is not None:

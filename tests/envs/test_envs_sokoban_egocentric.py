@@ -1,0 +1,51 @@
+"""Sokoban's egocentric observation: positions and neighbours, repeating across episodes."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.envs import make_env
+from agentrl.envs.sokoban import SokobanEnv
+
+ROOM = "######\n#_PX_#\n#___O#\n######"
+
+
+def test_egocentric_names_player_boxes_targets_and_neighbours() -> None:
+    env = SokobanEnv(layout=ROOM, obs_format="egocentric")
+    text = env.reset(0)["text"]
+    assert text == (
+        "You are at row 1, column 2. Boxes at row 1, column 3. Targets at row 2, column 4. "
+        "Boxes on targets: 0/1. Up: wall. Down: floor. Left: floor. Right: box. "
+        "Your move: up, down, left or right?"
+    )
+    assert env.valid_actions() == ["up", "down", "left", "right"]
+    env.step("right")  # push the box to (1, 4); the player is at (1, 3)
+    obs, _, done, _ = env.step("down")  # at (2, 3): the target is to the right
+    assert "row 2, column 3" in obs["text"] and "Right: target." in obs["text"] and not done
+    assert "Up: floor." in obs["text"]
+    assert obs["anchor"] == env.grid()  # the room's grid stays the anchor
+
+
+def test_egocentric_box_on_target_and_end_of_episode() -> None:
+    env = SokobanEnv(layout="#####\n#PXO#\n#####", obs_format="egocentric")
+    env.reset(0)
+    obs, reward, done, info = env.step("right")
+    assert done and info["success"] and reward == 1.0
+    assert "Boxes on targets: 1/1." in obs["text"] and "Right: box on a target." in obs["text"]
+    assert obs["text"].startswith("You pushed a box right.")
+    assert env.valid_actions() == []
+
+
+def test_egocentric_prompts_repeat_across_episodes_and_grid_stays_default() -> None:
+    a = make_env("sokoban", obs_format="egocentric", max_steps=20)
+    b = make_env("sokoban", obs_format="egocentric", max_steps=20)
+    a.reset(3)
+    first = b.reset(3)["text"]
+    a.step("left")
+    a.step("right")  # back where it started if nothing was pushed
+    if a.grid() == b.grid():
+        assert a.step("up")[0]["text"] == b.step("up")[0]["text"]
+    assert "Steps left" not in first and "Legend" not in first
+    assert "Legend" in make_env("sokoban").reset(3)["text"]
+    with pytest.raises(ValueError, match="obs_format"):
+        SokobanEnv(obs_format="pixels")
