@@ -418,12 +418,24 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
 
     for noisy in ("httpx", "httpx2"):  # one INFO line per agent request drowns the progress
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if cfg.job_kind != "dataset":
+        raise ValueError(
+            f"--job-kind {cfg.job_kind!r}: only 'dataset' (the training service's job on the "
+            "logged trajectories) is wired into the loop"
+        )
     t_start = time.monotonic()
     stages: dict[str, float] = {}
     data_dir = Path(cfg.data_dir).resolve()
-    if cfg.fresh and data_dir.exists():
+    marker = data_dir / ".agentrl-loop"
+    if cfg.fresh and data_dir.exists() and any(data_dir.iterdir()):
+        if not marker.exists():  # never wipe a folder the loop did not make
+            raise ValueError(
+                f"{data_dir} holds other data; give `agentrl loop` a folder of its own "
+                "(each run starts it afresh)"
+            )
         shutil.rmtree(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
+    marker.write_text("made by agentrl loop; wiped at the start of the next run\n")
     env = loop_environment(cfg)
     os.environ.update(env)
     settings = Settings(

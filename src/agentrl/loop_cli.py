@@ -13,7 +13,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     @app.command("loop")
     def loop_cmd(
         quick: bool = typer.Option(
-            False, "--quick", help="Seconds-long version: tiny random model, one generation."
+            False,
+            "--quick",
+            help="The short version (about 2 minutes on 2 shared cores): tiny random model, "
+            "one generation; shows the chain, not learning.",
         ),
         bad_candidate: bool = typer.Option(
             False,
@@ -22,7 +25,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             "the automatic rollback.",
         ),
         data_dir: Path = typer.Option(
-            None, help="Where this run's stack keeps its state (default ./.agentrl/loop)."
+            None,
+            help="A folder of the loop's own for this run's stack (default ./.agentrl/loop); "
+            "wiped at the start of each run, refused if it holds other data.",
         ),
         generations: int = typer.Option(0, help="Training generations (0: the mode's default)."),
         threshold: int = typer.Option(
@@ -33,7 +38,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         time_budget_s: float = typer.Option(0, help="Stop acting after this many seconds."),
         job_kind: str = typer.Option(
             "dataset",
-            help="Training job kind the trigger starts: dataset (the logged trajectories).",
+            help="Training job kind the trigger starts; only dataset (the logged trajectories) "
+            "is wired in.",
         ),
     ) -> None:
         """Run the stack of `agentrl up`, let agents act through the gateway, and watch
@@ -61,7 +67,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         import asyncio
 
-        result = asyncio.run(run_loop(cfg, say))
+        try:
+            result = asyncio.run(run_loop(cfg, say))
+        except ValueError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from exc
         print(table(result), flush=True)
         if result.report:
             print(f"report: {result.report}", flush=True)
