@@ -24,7 +24,7 @@ from agentrl.integrations.agent_zero.deployment import (
     listen,
 )
 from agentrl.integrations.agent_zero.install import install
-from conftest import make_agent, recording, trajectories_of
+from conftest import make_agent, recording, stream_payloads, trajectories_of
 
 MODEL_CONFIG_DEFAULT = {  # the shape of plugins/_model_config/default_config.yaml upstream
     "allow_chat_override": True,
@@ -182,7 +182,6 @@ def test_feedback_and_flush_commands(tmp_path: Path, a0_nats: Any) -> None:
     import asyncio as aio
 
     from agentrl.bus.server import free_port
-    from conftest import stream_payloads
 
     root = make_checkout(tmp_path / "a0")
     install(root)
