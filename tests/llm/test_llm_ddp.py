@@ -60,4 +60,9 @@ def test_two_ranks_end_identical_and_match_single_process(tmp_path: Path) -> Non
     single.train_on_samples(samples)
     after = torch.cat([p.detach().flatten() for p in single.head.parameters()])
     assert not torch.allclose(before, r0)
-    assert torch.allclose(after, r0, atol=1e-5), float((after - r0).abs().max())
+    # Same update up to float reduction order: gradients are all-reduced in another order than
+    # the single process sums them, and AdamW's division by sqrt(v) amplifies that where
+    # gradients are tiny. So the bound is relative to how far training moved the weights.
+    moved = float((after - before).abs().max())
+    gap = float((after - r0).abs().max())
+    assert gap <= 1e-2 * moved, (gap, moved)
