@@ -222,13 +222,18 @@ async def test_always_failing_version_is_rolled_back(harness: Harness) -> None:
         await asyncio.sleep(0.2)
 
         async def rolled_back() -> bool:
-            return (await h.d.registry.require_model(v)).state == "rolled_back"
+            # the registry turns rolled_back inside the controller's rollback call; its
+            # last_action is set when that call returns
+            state = (await h.d.registry.require_model(v)).state
+            last = h.d.controller.last_action
+            return state == "rolled_back" and last is not None and last[1] == "rollback"
 
         start = time.time()
         while not await rolled_back():
             await h.traffic(40, prefix=f"b{time.time()}")
             assert time.time() - start < 30
     stats = h.d.state.stats[v]
+    assert h.d.controller.last_action is not None
     rollback_at = h.d.controller.last_action[0]
     assert h.d.controller.last_action[1] == "rollback"
     record = await h.d.registry.require_model(v)
