@@ -73,3 +73,19 @@ def test_job_measures_before_and_after_on_disjoint_seeds_and_saves(tmp_path) -> 
     assert out["demo_logprob_after"] > out["demo_logprob_before"]
     manifest = json.loads((tmp_path / "ckpt" / "final" / "manifest.json").read_text())
     assert manifest and re.search("final", out["final_checkpoint"])
+
+
+def test_train_sft_command_prints_the_table_and_a_last_json_line(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+    from agentrl.llm.checkpoint import verify_local
+
+    args = ["train-sft", "--model", "tiny", "--train-maps", "2", "--heldout-maps", "2"]
+    args += ["--epochs", "1", "--max-steps", "2", "--lora-r", "0", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "invalid-action rate" in result.stdout
+    last = json.loads(result.stdout.strip().splitlines()[-1])
+    assert last["heldout_seeds"] == 2 and set(last["before"]) == set(last["after"])
+    verify_local(tmp_path / "checkpoints" / "final")
