@@ -119,13 +119,14 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         model: str = typer.Option("smollm2", help="'smollm2', 'tiny', a HF id or a folder."),
         env: str = typer.Option("frozenlake-4x4", help="Non-slippery FrozenLake (BFS expert)."),
         obs_format: str = typer.Option("egocentric", help="grid or egocentric observations."),
-        train_maps: int = typer.Option(64, min=1, help="Maps the expert demonstrates."),
+        train_maps: int = typer.Option(24, min=1, help="Maps the expert demonstrates."),
         heldout_maps: int = typer.Option(50, min=1, help="Held-out maps, before and after."),
-        epochs: int = typer.Option(3, min=1, help="Passes over the demonstrations."),
+        epochs: int = typer.Option(2, min=1, help="Passes over the demonstrations."),
         batch_size: int = typer.Option(16, min=1, help="Demonstration steps per update."),
         learning_rate: float = typer.Option(5e-4, min=0.0, help="AdamW learning rate."),
         lora_r: int = typer.Option(16, min=0, help="LoRA rank; 0 trains all weights."),
-        max_steps: int = typer.Option(12, min=1, help="Step limit of a held-out episode."),
+        max_steps: int = typer.Option(8, min=1, help="Step limit of a held-out episode."),
+        max_new_tokens: int = typer.Option(6, min=1, help="Generated tokens per action."),
         seed: int = typer.Option(0, help="Seeds model init, map seeds and shuffling."),
         out: Path = typer.Option(Path("runs/sft"), help="Checkpoint (OUT/checkpoints/final)."),
     ) -> None:
@@ -134,7 +135,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         invalid-action rate before and after. The checkpoint continues with `agentrl
         train-policy --model OUT/checkpoints/final`. Last line: one JSON object.
 
-        Example: agentrl train-sft --train-maps 64 --epochs 3
+        Example: agentrl train-sft --train-maps 24 --epochs 2
         """
         from agentrl.llm.config import TrainerConfig
         from agentrl.llm.sft import SFTSettings, run_sft_job
@@ -156,6 +157,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             epochs=epochs,
             batch_size=batch_size,
             max_steps=max_steps,
+            max_new_tokens=max_new_tokens,
             seed=seed,
             out_dir=out,
         )

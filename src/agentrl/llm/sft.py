@@ -14,6 +14,7 @@ train-policy --model <checkpoint>` can continue with RL from it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -30,6 +31,8 @@ from agentrl.llm.loop import EVAL_SEED_OFFSET, LoopSettings, collect, make_tasks
 from agentrl.llm.samples import PolicySample, encode_action, make_microbatches, sample_from_step
 from agentrl.llm.trainer import PolicyTrainer
 
+log = logging.getLogger(__name__)
+
 SHORT_PROMPT = (
     "You walk on a frozen lake from the start to the goal; a hole ends the game. "
     "Answer with exactly one word: up, down, left or right."
@@ -43,12 +46,12 @@ class SFTSettings:
 
     env_id: str = "frozenlake-4x4"
     obs_format: str = "egocentric"
-    train_maps: int = 64
+    train_maps: int = 24
     heldout_maps: int = 50
-    max_steps: int = 12
-    epochs: int = 3
+    max_steps: int = 8
+    epochs: int = 2
     batch_size: int = 16
-    max_new_tokens: int = 8
+    max_new_tokens: int = 6
     history_window: int = 0
     system_prompt: str | None = SHORT_PROMPT
     seed: int = 0
@@ -212,9 +215,14 @@ def run_sft_job(
     assert not set(held) & set(train), "held-out maps overlap training maps"
     before = evaluate_freeform(trainer, settings, held)
     t1 = time.perf_counter()
+    log.info("before: %s (%.0f s)", before, t1 - t0)
     demos = collect_demonstrations(settings, trainer.policy.model, trainer.policy.tokenizer, train)
     lp_before = mean_action_logprob(trainer, demos)
-    losses = [sft_epoch(trainer, demos, settings.batch_size) for _ in range(settings.epochs)]
+    log.info("%d demonstration steps, log-prob/token %.3f", len(demos), lp_before)
+    losses = []
+    for epoch in range(settings.epochs):
+        losses.append(sft_epoch(trainer, demos, settings.batch_size))
+        log.info("epoch %d: loss %.4f (%.0f s)", epoch + 1, losses[-1], time.perf_counter() - t1)
     lp_after = mean_action_logprob(trainer, demos)
     t2 = time.perf_counter()
     after = evaluate_freeform(trainer, settings, held)
