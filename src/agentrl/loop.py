@@ -481,11 +481,21 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
                 f"acting: {cfg.agents} agents x groups of {cfg.group_size} on FrozenLake 4x4 "
                 f"(egocentric) through {stack.gateway_url}, trigger every {cfg.threshold} rewards"
             )
-            interrupted = asyncio.Event()  # Ctrl-C / SIGTERM: stop acting, still report
+            # Ctrl-C / SIGTERM: stop acting, still evaluate and report; a second one stops
+            # at once (the stack and nats-server still shut down through the context managers)
+            interrupted = asyncio.Event()
+            main_task = asyncio.current_task()
+
+            def on_signal() -> None:
+                if interrupted.is_set() and main_task is not None:
+                    say("interrupted again: stopping now")
+                    main_task.cancel()
+                interrupted.set()
+
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 with contextlib.suppress(NotImplementedError, RuntimeError):
-                    loop.add_signal_handler(sig, interrupted.set)
+                    loop.add_signal_handler(sig, on_signal)
             seen: dict[str, str] = {}
             printed: dict[str, int] = {}
             injected: str | None = None

@@ -72,6 +72,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         except ValueError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from exc
+        except (asyncio.CancelledError, KeyboardInterrupt) as exc:
+            typer.echo("stopped before the end: no table", err=True)
+            raise typer.Exit(130) from exc
         print(table(result), flush=True)
         if result.report:
             print(f"report: {result.report}", flush=True)
