@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentrl.stats import wilson
+
 MOVES = ["up", "down", "left", "right"]
 HELDOUT_OFFSET = 1_000_000  # same as agentrl.llm.valid_action: training seeds stay below
 
@@ -162,19 +164,6 @@ class LoopResult:
             "lost": self.lost,
             "wall_s": round(self.wall_s, 1),
         }
-
-
-def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95 % Wilson score interval."""
-    import math
-
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    den = 1 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return max(0.0, mid - half), min(1.0, mid + half)
 
 
 def decision_of(record: Any) -> tuple[str, str]:
