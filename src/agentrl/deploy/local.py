@@ -28,6 +28,7 @@ import torch
 from agentrl.deploy.choices import pick
 from agentrl.deploy.errors import BackendError, DeployError
 from agentrl.deploy.openai_types import ChatRequest, Generation, tool_call
+from agentrl.rollout.batching import next_batch
 from agentrl.rollout.policies.hf_policy import sample_tokens
 
 log = logging.getLogger(__name__)
@@ -249,21 +250,8 @@ class LocalEngine:
         yield "done", task.result()
 
     async def _run_batches(self, queue: asyncio.Queue[_Row]) -> None:
-        loop = asyncio.get_running_loop()
         while not queue.empty():
-            batch = [queue.get_nowait()]
-            deadline = loop.time() + self.max_wait_ms / 1000.0
-            while len(batch) < self.max_batch_size:
-                if not queue.empty():
-                    batch.append(queue.get_nowait())
-                    continue
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(queue.get(), remaining))
-                except TimeoutError:
-                    break
+            batch = await next_batch(queue, self.max_batch_size, self.max_wait_ms / 1000.0)
             live = [r for r in batch if not r.future.done()]
             if not live:
                 continue

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from agentrl.rollout.batching import next_batch
 from agentrl.rollout.parsing import ActionFormat, parse_policy_output
 from agentrl.rollout.policy import PolicyError, PolicyOutput, as_chat_messages, openai_tools
 
@@ -181,19 +182,7 @@ class HFAgentPolicy:
         no task outlives its event loop."""
         loop = asyncio.get_running_loop()
         while not queue.empty():
-            batch = [queue.get_nowait()]
-            deadline = loop.time() + self.max_wait_ms / 1000.0
-            while len(batch) < self.max_batch_size:
-                if not queue.empty():
-                    batch.append(queue.get_nowait())
-                    continue
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(queue.get(), remaining))
-                except TimeoutError:
-                    break
+            batch = await next_batch(queue, self.max_batch_size, self.max_wait_ms / 1000.0)
             live = [p for p in batch if not p.future.done()]  # cancelled callers drop out
             if not live:
                 continue
