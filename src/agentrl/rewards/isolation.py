@@ -32,7 +32,15 @@ class WorkerCrashed(RuntimeError):
     """The worker died during the call (killed by a signal, out of memory, ...)."""
 
 
-def _serve(conn: multiprocessing.connection.Connection, fn: Callable[..., Any]) -> None:
+def _serve(
+    conn: multiprocessing.connection.Connection,
+    fn: Callable[..., Any],
+    parent_end: multiprocessing.connection.Connection,
+) -> None:
+    # The fork copied the parent's end of the pipe: close it, or the pipe never reaches EOF
+    # when the parent dies, and the worker (holding the parent's listening sockets and file
+    # locks) outlives it.
+    parent_end.close()
     # Ctrl-C reaches the whole process group: the parent decides when workers stop. The
     # event loop's wakeup fd belongs to the parent.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -69,7 +77,9 @@ class ForkedWorker:
         self.close()
         ctx = multiprocessing.get_context("fork")
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_serve, args=(child, self.fn), name=self.name, daemon=True)
+        proc = ctx.Process(
+            target=_serve, args=(child, self.fn, parent), name=self.name, daemon=True
+        )
         proc.start()
         child.close()
         self._proc, self._conn = proc, parent
