@@ -48,6 +48,7 @@ PLUGINS = (
     "agentrl.observability.cli",
     "agentrl.integrations.agent_zero.cli",
     "agentrl.loop_cli",
+    "agentrl.soak_cli",
 )
 
 

@@ -1,0 +1,869 @@
+"""`agentrl soak`: the whole loop under failures, and what survived it.
+
+Agents act on FrozenLake through the gateway with the official `openai` SDK (tiny model,
+`guided_choice`) and publish every episode as `agent.rl.trajectory.v1`, continuously. While
+they do, the soak kills, once each and one after the other, and lets come back:
+
+* the reward service (SIGKILL of its process, restarted like a supervisor would),
+* the warehouse ingester (SIGKILL, restarted),
+* a running training job's process (SIGKILL of the worker child; the training service must
+  survive and mark the job failed, and the next trigger's job must run),
+* nats-server (SIGKILL, restarted on the same port and store dir; every client reconnects).
+
+Real processes: nats-server, the reward service (`agentrl rewards serve`), the warehouse
+ingester (`agentrl warehouse serve`), the training service (`agentrl train serve`) with its
+job processes, and the deployment controller + gateway (`agentrl deploy serve`) each run as
+their own OS process, so a kill is a real SIGKILL. The control API and the agents run in the
+soak's own process (they are clients like any other and must reconnect too).
+
+Afterwards it checks: every published trajectory is in the stream once and has exactly one
+reward per reward version (read back from RL_REWARDS); the warehouse (chdb, read once the
+ingester has stopped) holds as many trajectories and rewards as the streams; no training job
+is left queued or running (control API); the gateway's client errors are all counted (none
+silent). The last line is one JSON object; the exit code is 1 when a check failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import httpx2  # the openai SDK's own httpx (its http_client must be one of these)
+
+MOVES = ["up", "down", "left", "right"]
+ACTIVE = ("queued", "running")
+
+
+@dataclass
+class SoakConfig:
+    """One soak; defaults fit a few minutes on 2 shared cores with the tiny model."""
+
+    data_dir: Path = Path(".agentrl/soak")
+    model: str = "tiny"
+    agents: int = 2
+    group_size: int = 4
+    max_steps: int = 4
+    threshold: int = 16
+    restart_delay_s: float = 1.0
+    recover_timeout_s: float = 120.0
+    job_wait_s: float = 240.0
+    drain_timeout_s: float = 180.0
+    settle_s: float = 10.0
+
+
+def soak_environment(cfg: SoakConfig) -> dict[str, str]:
+    """Settings of the services for a demo-sized loop (the environment of every process)."""
+    return {
+        "AGENTRL_TRAINING_THRESHOLD": str(cfg.threshold),
+        "AGENTRL_TRAINING_SCHEDULE": "",
+        "AGENTRL_TRAINING_BASE_MODEL": cfg.model,
+        "AGENTRL_TRAINING_ALGORITHM": "grpo",
+        "AGENTRL_TRAINING_ADVANTAGE_ESTIMATOR": "gigpo",
+        "AGENTRL_TRAINING_SAMPLE_SIZE": "64",
+        "AGENTRL_TRAINING_BATCH_SIZE": "8",
+        "AGENTRL_TRAINING_EPOCHS": "1",
+        "AGENTRL_TRAINING_MAX_LENGTH": "256",
+        "AGENTRL_TRAINING_HOLDOUT_SIZE": "0.0",
+        "AGENTRL_TRAINING_STATUS_EVERY_STEPS": "1",
+        "AGENTRL_DEPLOY_BASE_MODEL": cfg.model,
+        "AGENTRL_DEPLOY_RAMP": "[50.0, 100.0]",
+        "AGENTRL_DEPLOY_STEP_DELAY_S": "1.0",
+        "AGENTRL_DEPLOY_MONITOR_PERIOD_S": "0.5",
+        "AGENTRL_DEPLOY_MIN_SAMPLES": "4",
+        "AGENTRL_DEPLOY_BENCHMARK_EPISODES": "1",
+        "AGENTRL_DEPLOY_VALIDATION_MAX_NEW_TOKENS": "12",
+        "AGENTRL_DEPLOY_SAFETY_MAX_DROP": "1.0",  # a random tiny model's safety is noise
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+        "TRANSFORMERS_OFFLINE": os.environ.get("TRANSFORMERS_OFFLINE", "1"),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+# ---- service processes --------------------------------------------------------------------
+
+
+class ServiceProc:
+    """One service as its own OS process (own session, log in the data dir)."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.name, self.argv, self.env, self.log = name, argv, env, log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        with open(self.log, "ab") as fh:
+            fh.write(f"\n---- soak: start #{self.starts + 1} ----\n".encode())
+            fh.flush()
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                start_new_session=True,
+            )
+        self.starts += 1
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> list[Any]:
+        """SIGKILL the service's process only, as a crash would; returns its children (they
+        are on their own: they must notice and exit)."""
+        import psutil
+
+        assert self.proc is not None
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            children = []
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        return children
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM (a clean stop), then SIGKILL the whole process group after `timeout`."""
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever of its group is left
+        return proc.returncode
+
+
+# ---- the agents -----------------------------------------------------------------------------
+
+
+@dataclass
+class ClientCounts:
+    """Every HTTP request the agents made to the gateway: answered or a counted error."""
+
+    requests: int = 0
+    ok: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    last_error_at: float = 0.0
+    last_ok_at: float = 0.0
+
+
+class CountingTransport(httpx2.AsyncBaseTransport):
+    """Counts each request's outcome below the SDK, so no failure can go unseen."""
+
+    def __init__(self, counts: ClientCounts) -> None:
+        self.inner = httpx2.AsyncHTTPTransport()
+        self.counts = counts
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        c = self.counts
+        c.requests += 1
+        try:
+            response = await self.inner.handle_async_request(request)
+        except Exception as exc:
+            c.errors[type(exc).__name__] += 1
+            c.last_error_at = time.monotonic()
+            raise
+        if response.status_code >= 400:
+            c.errors[f"HTTP {response.status_code}"] += 1
+            c.last_error_at = time.monotonic()
+        else:
+            c.ok += 1
+            c.last_ok_at = time.monotonic()
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class SoakAgents:
+    """Groups of FrozenLake episodes through the gateway; each episode is published (retried
+    under the same id while NATS is away, so an outage delays a trajectory, never loses it)."""
+
+    def __init__(self, cfg: SoakConfig, bus: Any, gateway_url: str, public: str) -> None:
+        from openai import AsyncOpenAI
+
+        self.cfg, self.bus, self.public = cfg, bus, public
+        self.counts = ClientCounts()
+        self.http = httpx2.AsyncClient(transport=CountingTransport(self.counts), timeout=60.0)
+        self.client = AsyncOpenAI(
+            base_url=gateway_url, api_key="agentrl-soak", max_retries=0, http_client=self.http
+        )
+        self.published: dict[str, float] = {}
+        self.critical_episodes = 0
+        self.publish_retries = 0
+        self.publish_failed = 0
+        self.group_errors: Counter[str] = Counter()
+        self.next_seed = 0
+
+    async def group(self, seed: int) -> None:
+        from agentrl.envs.registry import task_for
+        from agentrl.rollout.convert import episode_to_trajectory
+        from agentrl.rollout.policies.openai_policy import OpenAIAgentPolicy
+        from agentrl.rollout.worker import RLRolloutWorker
+
+        task = task_for(
+            "frozenlake-4x4", seed, max_episode_steps=self.cfg.max_steps, obs_format="egocentric"
+        )
+        policy = OpenAIAgentPolicy(
+            self.public,
+            client=self.client,
+            temperature=1.0,
+            max_tokens=4,
+            guided_choice=MOVES,
+            max_retries=3,
+            backoff_base=0.2,
+        )
+        group_id = str(uuid.uuid4())
+        workers = [
+            RLRolloutWorker(task, policy, history_window=0, group_id=group_id, episode_index=i)
+            for i in range(self.cfg.group_size)
+        ]
+        for ep in await asyncio.gather(*(w.run() for w in workers)):
+            if ep.critical_error:
+                self.critical_episodes += 1
+            if not ep.steps:
+                continue
+            event = episode_to_trajectory(
+                ep, agent_id="agentrl-soak", model=served_by(ep), temperature=1.0
+            )
+            for turn, step in zip(event.turns, ep.steps, strict=False):
+                action: Any = turn.action  # an open object: the gateway contract's extras
+                cid = (step.policy_logprobs or {}).get("completion_id")
+                if cid:
+                    action.completion_id = str(cid)
+                action.guided_choice = list(MOVES)
+            await self.publish(event)
+
+    async def publish(self, event: Any) -> None:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                await self.bus.publish(event)
+                self.published[event.trajectory_id] = time.monotonic()
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    self.publish_failed += 1
+                    raise
+                self.publish_retries += 1
+                await asyncio.sleep(1.0)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async def worker() -> None:
+            while not stop.is_set():
+                seed, self.next_seed = self.next_seed, self.next_seed + 1
+                try:
+                    await self.group(seed)
+                except Exception as exc:  # counted; the agent keeps acting
+                    self.group_errors[type(exc).__name__] += 1
+                    await asyncio.sleep(0.5)
+
+        await asyncio.gather(*(worker() for _ in range(self.cfg.agents)))
+
+    async def close(self) -> None:
+        await self.client.close()
+        await self.http.aclose()
+
+
+def served_by(episode: Any) -> str | None:
+    for step in episode.steps:
+        model = (step.policy_logprobs or {}).get("model")
+        if model:
+            return str(model)
+    return None
+
+
+# ---- probes ---------------------------------------------------------------------------------
+
+
+async def last_seq(bus: Any, stream: str) -> int | None:
+    try:
+        info = await asyncio.wait_for(bus.js.stream_info(stream), 2.0)
+        return int(info.state.last_seq)
+    except Exception:
+        return None
+
+
+async def ack_floor(bus: Any, stream: str, durable: str) -> int | None:
+    try:
+        info = await asyncio.wait_for(bus.js.consumer_info(stream, durable), 2.0)
+        return int(info.ack_floor.stream_seq) if info.ack_floor else 0
+    except Exception:
+        return None
+
+
+async def delivered(bus: Any, stream: str, durable: str) -> int | None:
+    """How many messages the consumer has handed out (grows only while a client pulls)."""
+    try:
+        info = await asyncio.wait_for(bus.js.consumer_info(stream, durable), 2.0)
+        return int(info.delivered.consumer_seq) if info.delivered else 0
+    except Exception:
+        return None
+
+
+async def delivered_seq(bus: Any, stream: str, durable: str) -> int | None:
+    """The last stream sequence the consumer handed out."""
+    try:
+        info = await asyncio.wait_for(bus.js.consumer_info(stream, durable), 2.0)
+        return int(info.delivered.stream_seq) if info.delivered else 0
+    except Exception:
+        return None
+
+
+async def consumer_idle(bus: Any, stream: str, durable: str) -> bool:
+    try:
+        info = await asyncio.wait_for(bus.js.consumer_info(stream, durable), 2.0)
+    except Exception:
+        return False
+    return not info.num_pending and not info.num_ack_pending
+
+
+async def wait_for(check: Callable[[], Any], timeout: float, period: float = 0.25) -> float | None:
+    """Seconds until `await check()` is true, or None after `timeout`."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        with contextlib.suppress(Exception):
+            if await check():
+                return time.monotonic() - t0
+        await asyncio.sleep(period)
+    return None
+
+
+def grows(get: Callable[[], Any], above: int | None) -> Callable[[], Any]:
+    async def check() -> bool:
+        now = await get()
+        return now is not None and now > (above or 0)
+
+    return check
+
+
+# ---- the soak -------------------------------------------------------------------------------
+
+
+@dataclass
+class SoakResult:
+    recovery_s: dict[str, float | None] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    checks: dict[str, bool] = field(default_factory=dict)
+    figures: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(self.checks.values())
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "recovery_s": {
+                k: round(v, 1) if v is not None else None for k, v in self.recovery_s.items()
+            },
+            **self.figures,
+            "failed_checks": sorted(k for k, v in self.checks.items() if not v),
+            "wall_s": round(self.wall_s, 1),
+        }
+
+
+async def run_soak(cfg: SoakConfig, say: Callable[[str], None] = print) -> SoakResult:
+    import logging
+
+    from agentrl.bus.client import Bus
+    from agentrl.bus.server import EmbeddedNats, free_port
+    from agentrl.settings import Settings
+    from agentrl.stack import stack_services
+
+    for noisy in ("httpx", "httpx2"):  # one INFO line per agent request
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    t_start = time.monotonic()
+    data_dir = Path(cfg.data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if any(data_dir.iterdir()):
+        raise ValueError(f"{data_dir} is not empty: give the soak a fresh folder")
+    logs = data_dir / "logs"
+    logs.mkdir()
+    api_port, gw_port = free_port(), free_port()
+    settings = Settings(data_dir=data_dir, api_port=api_port, gateway_port=gw_port, nats_url=None)
+    server = EmbeddedNats(settings=settings)
+    server.start()
+    url = server.url
+    env = {
+        **os.environ,
+        **soak_environment(cfg),
+        "AGENTRL_DATA_DIR": str(data_dir),
+        "AGENTRL_API_PORT": str(api_port),
+        "AGENTRL_GATEWAY_PORT": str(gw_port),
+        "NATS_URL": url,
+        "AGENTRL_NATS_URL": url,
+    }
+    os.environ.update(soak_environment(cfg))  # this process reads deploy settings too
+    exe = str(Path(sys.executable).parent / "agentrl")
+    procs = {
+        "rewards": ServiceProc(
+            "reward service",
+            [exe, "rewards", "serve", "--nats-url", url],
+            env,
+            logs / "rewards.log",
+        ),
+        "warehouse": ServiceProc(
+            "warehouse ingester",
+            [exe, "warehouse", "serve", "--nats-url", url],
+            env,
+            logs / "warehouse.log",
+        ),
+        "training": ServiceProc(
+            "training service", [exe, "train", "serve", "--nats", url], env, logs / "training.log"
+        ),
+        "deploy": ServiceProc(
+            "deployment controller + gateway",
+            [exe, "deploy", "serve", "--nats-url", url],
+            env,
+            logs / "deploy.log",
+        ),
+    }
+    result = SoakResult()
+    gateway = f"http://127.0.0.1:{gw_port}/v1"
+    api = f"http://127.0.0.1:{api_port}"
+    try:
+        async with stack_services(url, settings, only={"control API"}):
+            for p in procs.values():
+                p.start()
+            say(f"soak: nats {url}, gateway {gateway}, control API {api}, data {data_dir}")
+            bus = await Bus.connect(url, settings=settings, name="agentrl-soak")
+            async with httpx.AsyncClient(timeout=5.0) as http:
+                up = await wait_for(lambda: _http_ok(http, f"{gateway}/models"), 240, 0.5)
+                if up is None:
+                    raise TimeoutError("the gateway did not answer within 240 s")
+                say(f"soak: stack up in {time.monotonic() - t_start:.1f}s")
+                from agentrl.deploy.config import DeploySettings
+
+                agents = SoakAgents(cfg, bus, gateway, DeploySettings().public_model)
+                stop_acting = asyncio.Event()
+                acting = asyncio.create_task(agents.run(stop_acting))
+                try:
+                    await _faults(cfg, bus, server, procs, http, api, agents, result, say)
+                    await asyncio.sleep(cfg.settle_s)
+                finally:
+                    stop_acting.set()
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(acting, 90)
+                say(f"soak: acting stopped; {len(agents.published)} trajectories published")
+                await _drain(cfg, bus, http, api, agents, result, say)
+                await _check_streams(bus, agents, result, say)
+                jobs = (await http.get(f"{api}/training")).json().get("jobs", [])
+                await agents.close()
+            for key in ("rewards", "training", "deploy", "warehouse"):
+                rc = procs[key].stop()
+                say(f"soak: {procs[key].name} stopped (exit {rc})")
+            await bus.close()
+        _check_jobs(jobs, result, say)
+        _check_warehouse(settings, result, say)
+        _check_gateway(agents, result, say)
+    finally:
+        for p in procs.values():
+            p.stop(5.0)
+        server.stop()
+    result.wall_s = time.monotonic() - t_start
+    return result
+
+
+async def _http_ok(http: httpx.AsyncClient, url: str) -> bool:
+    return (await http.get(url)).status_code == 200
+
+
+async def _faults(
+    cfg: SoakConfig,
+    bus: Any,
+    server: Any,
+    procs: dict[str, ServiceProc],
+    http: httpx.AsyncClient,
+    api: str,
+    agents: SoakAgents,
+    result: SoakResult,
+    say: Callable[[str], None],
+) -> None:
+    rec = result.recovery_s
+    t = cfg.recover_timeout_s
+    warm = await wait_for(lambda: grows(lambda: last_seq(bus, "RL_REWARDS"), 8)(), 300, 0.5)
+    if warm is None:
+        raise TimeoutError("no rewards flowing 300 s after the agents started")
+    say(f"soak: rewards flowing ({len(agents.published)} trajectories published)")
+
+    # 1. the reward service: back = a new reward; in-flight = what the killed process had
+    # fetched but not acked is redelivered (after the consumer's ack_wait) and done
+    await _kill_consumer_service(
+        "reward service",
+        "reward_service",
+        procs["rewards"],
+        grows_from=lambda: last_seq(bus, "RL_REWARDS"),
+        consumer=(bus, "RL_TRAJECTORIES", "rewards"),
+        cfg=cfg,
+        result=result,
+        say=say,
+    )
+    # 2. the warehouse ingester: back = its trajectory consumer hands out messages again
+    await _kill_consumer_service(
+        "warehouse ingester",
+        "warehouse_ingester",
+        procs["warehouse"],
+        grows_from=lambda: delivered(bus, "RL_TRAJECTORIES", "warehouse-trajectory"),
+        consumer=(bus, "RL_TRAJECTORIES", "warehouse-trajectory"),
+        cfg=cfg,
+        result=result,
+        say=say,
+    )
+
+    # 3. a running training job's process
+    await _kill_job(cfg, procs["training"], http, api, result, say)
+
+    # 4. nats-server
+    marks = {
+        "agents publish": (lambda: last_seq(bus, "RL_TRAJECTORIES")),
+        "reward service": (lambda: last_seq(bus, "RL_REWARDS")),
+        "gateway completion log": (lambda: last_seq(bus, "RL_COMPLETIONS")),
+        "warehouse ingester": (lambda: ack_floor(bus, "RL_TRAJECTORIES", "warehouse-trajectory")),
+        "training service": (lambda: ack_floor(bus, "RL_REWARDS", "training-threshold")),
+    }
+    before = {k: await get() for k, get in marks.items()}
+    errors_before = sum(agents.counts.errors.values())
+    t0 = time.monotonic()
+    server.kill()
+    say("soak: nats-server SIGKILLed")
+    await asyncio.sleep(cfg.restart_delay_s)
+    server.start()
+    rec["nats_server"] = time.monotonic() - t0
+    say(f"soak: nats-server back on the same port and store after {rec['nats_server']:.1f}s")
+
+    async def client(name: str, get: Callable[[], Any]) -> None:
+        got = await wait_for(grows(get, before[name]), t)
+        rec[f"nats: {name}"] = _since(t0, got)
+        say(f"soak:   {name} reconnected after {_fmt(rec[f'nats: {name}'])}")
+
+    async def control_api() -> None:
+        got = await wait_for(lambda: _http_ok(http, f"{api}/training"), t)
+        rec["nats: control API"] = _since(t0, got)
+        say(f"soak:   control API answering from KV after {_fmt(rec['nats: control API'])}")
+
+    await asyncio.gather(*(client(k, g) for k, g in marks.items()), control_api())
+    result.figures["gateway_errors_during_nats_kill"] = (
+        sum(agents.counts.errors.values()) - errors_before
+    )
+
+
+async def _kill_consumer_service(
+    name: str,
+    key: str,
+    proc: ServiceProc,
+    *,
+    grows_from: Callable[[], Any],
+    consumer: tuple[Any, str, str],
+    cfg: SoakConfig,
+    result: SoakResult,
+    say: Callable[[str], None],
+) -> None:
+    bus, stream, durable = consumer
+    mark = await grows_from()
+    taken = await delivered_seq(bus, stream, durable)
+    t0 = time.monotonic()
+    children = proc.kill()
+    await asyncio.sleep(cfg.restart_delay_s)
+    proc.start()
+
+    async def back() -> None:
+        got = await wait_for(grows(grows_from, mark), cfg.recover_timeout_s)
+        result.recovery_s[key] = _since(t0, got)
+
+    async def inflight() -> None:
+        async def done() -> bool:
+            floor = await ack_floor(bus, stream, durable)
+            return floor is not None and taken is not None and floor >= taken
+
+        got = await wait_for(done, cfg.recover_timeout_s)
+        result.recovery_s[f"{key}_inflight_redelivered"] = _since(t0, got)
+
+    await asyncio.gather(back(), inflight())
+    say(
+        f"soak: {name} SIGKILLed; back after {_fmt(result.recovery_s[key])}, its unacked "
+        f"in-flight messages done after {_fmt(result.recovery_s[f'{key}_inflight_redelivered'])}"
+    )
+    await _orphans(name, children, result, say)
+
+
+async def _kill_job(
+    cfg: SoakConfig,
+    training: ServiceProc,
+    http: httpx.AsyncClient,
+    api: str,
+    result: SoakResult,
+    say: Callable[[str], None],
+) -> None:
+    import psutil
+
+    rec = result.recovery_s
+    victim: psutil.Process | None = None
+    job_id: str | None = None
+    deadline = time.monotonic() + cfg.job_wait_s
+    while time.monotonic() < deadline and victim is None:
+        await asyncio.sleep(0.2)
+        with contextlib.suppress(Exception):
+            running = (await http.get(f"{api}/training", params={"status": "running"})).json()
+            jobs = running.get("jobs", [])
+            if not jobs:
+                continue
+            for child in psutil.Process(training.pid).children(recursive=True):
+                cmd = " ".join(child.cmdline())
+                if "agentrl.training.worker" in cmd and time.time() - child.create_time() > 1.0:
+                    for j in jobs:
+                        if str(j.get("training_job_id")) in cmd or len(jobs) == 1:
+                            victim, job_id = child, str(j["training_job_id"])
+    if victim is None or job_id is None:
+        result.notes.append(f"no training job ran within {cfg.job_wait_s:.0f}s: not killed")
+        rec["training_job_failed"] = None
+        return
+    t0 = time.monotonic()
+    victim.kill()
+    say(f"soak: training job {job_id[:8]}'s process (pid {victim.pid}) SIGKILLed")
+
+    async def status_is(*states: str) -> bool:
+        r = await http.get(f"{api}/training/{job_id}/status")
+        return r.status_code == 200 and r.json().get("status") in states
+
+    got = await wait_for(lambda: status_is("failed"), cfg.recover_timeout_s)
+    rec["training_job_failed"] = _since(t0, got)
+    result.checks["training service survived the job kill"] = training.alive()
+    say(
+        f"soak: job {job_id[:8]} marked failed after {_fmt(rec['training_job_failed'])}; "
+        f"training service alive: {training.alive()}"
+    )
+
+    async def next_job() -> bool:
+        listed = (await http.get(f"{api}/training")).json().get("jobs", [])
+        return any(
+            j.get("training_job_id") != job_id
+            and j.get("status") in ("running", "completed")
+            and _after(j, t0)
+            for j in listed
+        )
+
+    got = await wait_for(next_job, cfg.job_wait_s, 0.5)
+    rec["training_next_job"] = _since(t0, got)
+    say(f"soak: the next training job ran {_fmt(rec['training_next_job'])} after the kill")
+
+
+def _after(job: dict[str, Any], t0_monotonic: float) -> bool:
+    """Whether a job's latest status is newer than the kill (wall clock from monotonic)."""
+    ts = job.get("timestamp")
+    if not ts:
+        return True
+    kill_wall = time.time() - (time.monotonic() - t0_monotonic)
+    try:
+        return datetime.fromisoformat(str(ts).replace("Z", "+00:00")).timestamp() > kill_wall
+    except ValueError:
+        return True
+
+
+async def _drain(
+    cfg: SoakConfig,
+    bus: Any,
+    http: httpx.AsyncClient,
+    api: str,
+    agents: SoakAgents,
+    result: SoakResult,
+    say: Callable[[str], None],
+) -> None:
+    """Until the rewards, the ingester and the job queue have caught up (bounded)."""
+    t0 = time.monotonic()
+    durables = [
+        ("RL_TRAJECTORIES", "rewards"),
+        ("RL_TRAJECTORIES", "warehouse-trajectory"),
+        ("RL_REWARDS", "warehouse-reward"),
+        ("RL_TRAINING", "warehouse-training-status"),
+    ]
+
+    async def caught_up() -> bool:
+        for stream, durable in durables:
+            if not await consumer_idle(bus, stream, durable):
+                return False
+        listed = (await http.get(f"{api}/training")).json().get("jobs", [])
+        return not any(j.get("status") in ACTIVE for j in listed)
+
+    got = await wait_for(caught_up, cfg.drain_timeout_s, 0.5)
+    result.figures["drain_s"] = round(time.monotonic() - t0, 1)
+    result.checks["caught up after the run (rewards, ingester, job queue)"] = got is not None
+    say(
+        f"soak: drained in {result.figures['drain_s']}s"
+        + ("" if got is not None else " (timed out)")
+    )
+
+
+async def _check_streams(
+    bus: Any, agents: SoakAgents, result: SoakResult, say: Callable[[str], None]
+) -> None:
+    from agentrl.observability.report import read_stream
+
+    epoch = datetime(2000, 1, 1, tzinfo=UTC)
+    trajectories = await read_stream(bus, "RL_TRAJECTORIES", epoch, limit=10_000_000)
+    rewards = await read_stream(bus, "RL_REWARDS", epoch, limit=10_000_000)
+    in_stream = Counter(str(t.get("trajectory_id")) for t in trajectories)
+    per_version = Counter((str(r.get("trajectory_id")), int(r.get("version", 1))) for r in rewards)
+    published = set(agents.published)
+    rewarded = {tid for tid, _ in per_version}
+    dup_traj = sum(n - 1 for n in in_stream.values() if n > 1)
+    dup_rewards = sum(n - 1 for n in per_version.values() if n > 1)
+    missing = len(published - rewarded)
+    gaps = 0
+    by_tid: dict[str, set[int]] = {}
+    for tid, v in per_version:
+        by_tid.setdefault(tid, set()).add(v)
+    for versions in by_tid.values():
+        gaps += int(versions != set(range(1, max(versions) + 1)))
+    f = result.figures
+    f.update(
+        trajectories=len(published),
+        stream_trajectories=len(in_stream),
+        duplicate_trajectories=dup_traj,
+        rewards=len(rewards),
+        reward_versions=len(per_version),
+        duplicate_rewards=dup_rewards,
+        missing_rewards=missing,
+    )
+    result.checks["every published trajectory is in the stream once"] = (
+        published <= set(in_stream) and dup_traj == 0
+    )
+    result.checks["exactly one reward per trajectory and version"] = (
+        missing == 0 and dup_rewards == 0 and gaps == 0
+    )
+    say(
+        f"soak: streams: {len(published)} published, {len(in_stream)} in RL_TRAJECTORIES "
+        f"({dup_traj} duplicates); {len(rewards)} rewards for {len(per_version)} "
+        f"(trajectory, version) pairs: {dup_rewards} duplicates, {missing} missing, {gaps} gaps"
+    )
+    result.figures["_stream_counts"] = (len(in_stream), len(per_version))
+
+
+def _check_jobs(jobs: list[dict[str, Any]], result: SoakResult, say: Callable[[str], None]) -> None:
+    by_status = Counter(str(j.get("status")) for j in jobs)
+    stuck = sum(by_status[s] for s in ACTIVE)
+    result.figures["jobs"] = dict(by_status)
+    result.figures["stuck_jobs"] = stuck
+    result.checks["no training job stuck"] = stuck == 0
+    say(f"soak: training jobs by status {dict(by_status)}; stuck: {stuck}")
+
+
+def _check_warehouse(settings: Any, result: SoakResult, say: Callable[[str], None]) -> None:
+    from agentrl.warehouse.access import open_migrated
+    from agentrl.warehouse.backend import close_backends
+    from agentrl.warehouse.config import WarehouseSettings
+
+    ws = WarehouseSettings()
+    backend = open_migrated(settings, ws)
+    db = ws.database
+    try:
+        t = backend.query(f"SELECT count() AS n FROM {db}.trajectories FINAL").to_pylist()[0]["n"]
+        r = backend.query(
+            f"SELECT count() AS n FROM (SELECT trajectory_id, version FROM {db}.rewards FINAL)"
+        ).to_pylist()[0]["n"]
+    finally:
+        close_backends()
+    n_traj, n_rew = result.figures.pop("_stream_counts", (None, None))
+    result.figures["warehouse_trajectories"] = int(t)
+    result.figures["warehouse_rewards"] = int(r)
+    result.checks["warehouse counts match the streams"] = (int(t), int(r)) == (n_traj, n_rew)
+    say(f"soak: warehouse: {t} trajectories, {r} rewards (streams: {n_traj}, {n_rew})")
+
+
+def _check_gateway(agents: SoakAgents, result: SoakResult, say: Callable[[str], None]) -> None:
+    c = agents.counts
+    counted = c.ok + sum(c.errors.values())
+    f = result.figures
+    f["gateway_requests"] = c.requests
+    f["gateway_ok"] = c.ok
+    f["gateway_errors"] = dict(c.errors)
+    f["critical_episodes"] = agents.critical_episodes
+    f["publish_retries"] = agents.publish_retries
+    f["publish_failed"] = agents.publish_failed
+    f["group_errors"] = dict(agents.group_errors)
+    result.checks["gateway answered (every request counted)"] = c.ok > 0 and counted == c.requests
+    result.checks["no trajectory lost on publish"] = agents.publish_failed == 0
+    say(
+        f"soak: gateway: {c.requests} requests, {c.ok} ok, errors {dict(c.errors)}; "
+        f"{agents.critical_episodes} episodes ended on an error; "
+        f"{agents.publish_retries} publish retries, {agents.publish_failed} lost"
+    )
+
+
+async def _orphans(
+    name: str, children: list[Any], result: SoakResult, say: Callable[[str], None]
+) -> None:
+    """After a SIGKILL the old process's children must exit by themselves within 10 s (a
+    lingering one holds ports, locks and the store)."""
+    import psutil
+
+    def alive() -> list[Any]:
+        out = []
+        for c in children:
+            with contextlib.suppress(psutil.Error):
+                if c.is_running() and c.status() != psutil.STATUS_ZOMBIE:
+                    out.append(c)
+        return out
+
+    t0 = time.monotonic()
+    while alive() and time.monotonic() - t0 < 10:
+        await asyncio.sleep(0.2)
+    left = alive()
+    result.checks[f"no orphan after the {name} kill"] = not left
+    if left:
+        names = ", ".join(f"{c.pid} {c.name()}" for c in left)
+        result.notes.append(f"{name}: children alive 10 s after its SIGKILL: {names}")
+        say(f"soak: {name}: orphans after SIGKILL: {names}")
+        for c in left:
+            with contextlib.suppress(psutil.Error):
+                c.kill()
+
+
+def _since(t0: float, got: float | None) -> float | None:
+    return None if got is None else time.monotonic() - t0
+
+
+def _fmt(s: float | None) -> str:
+    return "never (timed out)" if s is None else f"{s:.1f}s"
+
+
+def table(result: SoakResult) -> str:
+    lines = ["component                         back after (s)"]
+    for k, v in result.recovery_s.items():
+        lines.append(f"{k:<34}{_fmt(v)}")
+    lines.append("")
+    for k, ok in result.checks.items():
+        lines.append(f"{'PASS' if ok else 'FAIL'}  {k}")
+    lines.extend(f"note: {n}" for n in result.notes)
+    return "\n".join(lines)
+
+
+def main_json(result: SoakResult) -> str:
+    return json.dumps(result.summary(), default=str)
