@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import typer
 
@@ -249,78 +248,87 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     @bench.command("learning")
     def bench_learning(
         config: Path = typer.Option(
-            Path("configs/frozenlake-valid-action.yaml"), help="The learning config to measure."
+            Path("configs/frozenlake-valid-action.yaml"), help="The 4x4 learning config."
+        ),
+        seeds: int = typer.Option(5, min=1, help="Training seeds per algorithm and setting."),
+        jobs: int = typer.Option(
+            1, min=1, help="Worker processes (seeds split between them, 1 torch thread each)."
+        ),
+        settings: str = typer.Option(
+            "fl4,curriculum,sokoban", help="Comma list of: fl4, curriculum, sokoban."
         ),
         algorithms: str = typer.Option("gigpo,grpo,rloo", help="Comma list."),
-        seeds: int = typer.Option(5, min=1, help="Training seeds per algorithm."),
-        jobs: int = typer.Option(2, min=1, help="Runs at a time (each its own process)."),
-        time_budget_s: float = typer.Option(
-            0, min=0, help="Training seconds per run (0: the config's iterations decide)."
+        model: str = typer.Option("", help="Override the model (e.g. a larger one on a GPU)."),
+        iterations_scale: float = typer.Option(
+            1.0, min=0.01, help="Multiply every setting's iterations (10 for the GPU run)."
         ),
-        iterations: int = typer.Option(0, min=0, help="Override the config's iterations."),
-        model: str = typer.Option("", help="Override the config's model (e.g. a larger one)."),
+        threads: int = typer.Option(0, min=0, help="torch threads (0: pick by load)."),
         out: Path = typer.Option(Path("runs/bench-learning"), help="Runs, PNG and JSON go here."),
-        reuse: bool = typer.Option(False, help="Reuse finished runs found under OUT."),
+        quick: bool = typer.Option(False, help="A tiny random model and 2 iterations: seconds."),
         collect_only: bool = typer.Option(
-            False, help="Start nothing: report the finished runs under OUT."
+            False, help="Run nothing: summarise OUT/runs.jsonl (e.g. after an interruption)."
         ),
     ) -> None:
-        """Held-out greedy success of the shipped valid-action configuration for GiGPO, GRPO
-        and RLOO over several training seeds: final success with 95 % intervals, trainer
-        seconds to 0.5 and 0.7, a PNG of the curves. The last line is one JSON object:
-        base_success, trained_success, seconds_to_070, gigpo/grpo/rloo_final_success,
-        gigpo/grpo_seconds_to_050, gigpo/grpo_ci_low/high, seeds, wall_s."""
+        """GiGPO vs GRPO vs RLOO at equal episode budgets, >= 5 seeds: FrozenLake 4x4 (the
+        main job's configuration: base/trained held-out success, seconds to 0.7), a
+        curriculum (6x6 maps from each seed's 4x4 adapter) and one-box Sokoban. Final
+        held-out success with 95 % intervals (t over seeds, pooled Wilson), wall and CPU
+        seconds to 0.5 and 0.7, a PNG per setting. One line per iteration on stderr; the
+        last stdout line is one JSON object (base_success, trained_success, seconds_to_070,
+        gigpo/grpo/rloo_final_success, gigpo/grpo_seconds_to_050, gigpo/grpo_ci_low/high,
+        seeds, wall_s, then extras: cpu_s, load, sokoban_*)."""
+        import sys
+        import time
+
         from rich.console import Console
         from rich.table import Table
 
-        from agentrl.llm.bench_valid_action import run_benchmark
+        from agentrl.llm import bench_compare as bc
 
-        console = Console(stderr=True)
-        extra = ["--time-budget-s", str(time_budget_s)] if time_budget_s else []
-        if iterations:
-            extra += ["--iterations", str(iterations)]
+        console = Console(stderr=True, width=220)
+
+        def say(msg: str) -> None:
+            print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+        if quick:
+            plan = bc.quick_plan(str(config), str(out))
+        else:
+            plan = bc.full_plan(str(config), seeds, str(out), threads=threads)
+        plan.settings = tuple(s.strip() for s in settings.split(",") if s.strip())
+        plan.algorithms = tuple(a.strip() for a in algorithms.split(",") if a.strip())
+        bad = set(plan.settings) - set(bc.SETTINGS) or set(plan.algorithms) - set(bc.ALGORITHMS)
+        if bad:
+            raise typer.BadParameter(f"unknown setting or algorithm: {sorted(bad)}")
         if model:
-            extra += ["--model", model]
-        algos = [a.strip() for a in algorithms.split(",") if a.strip()]
-        rows, fig = run_benchmark(
-            config,
-            algos,
-            seeds,
-            jobs,
-            out,
-            extra,
-            progress=console.log,
-            reuse=reuse,
-            collect_only=collect_only,
-        )
-        table = Table(title=f"bench learning: {config.name}, {seeds} seeds per algorithm")
+            plan.overrides.setdefault("all", {})["model"] = model
+        if iterations_scale != 1.0:
+            for name in bc.SETTINGS:
+                base = plan.config(name, "gigpo", 0).iterations
+                plan.overrides.setdefault(name, {})["iterations"] = max(
+                    1, round(base * iterations_scale)
+                )
+        if collect_only:
+            runs = bc.load_runs(out / "runs.jsonl")
+            cost = {"wall_s": 0.0, "cpu_s": 0.0, "load_start": bc.load1(), "load_end": bc.load1()}
+        else:
+            say(f"bench learning: {plan.seeds} seeds, settings {plan.settings}, jobs {jobs}")
+            runs, cost = bc.run_plan(plan, jobs, say)
+        rows = bc.table_rows(runs, plan)
+        table = Table(title=f"bench learning: held-out greedy success, {plan.seeds} seeds")
         for col in rows[0] if rows else []:
             table.add_column(col)
         for row in rows:
             table.add_row(*(str(v) for v in row.values()))
         console.print(table)
-
-        def get(a: str, key: str) -> Any:
-            return fig.get(a, {}).get(key)
-
-        bases = [b for a in algos for b in (get(a, "base") or [])]
-        last = {
-            "base_success": max(bases) if bases else None,
-            "trained_success": get("gigpo", "final"),
-            "seconds_to_070": get("gigpo", "t70"),
-            "gigpo_final_success": get("gigpo", "final"),
-            "grpo_final_success": get("grpo", "final"),
-            "rloo_final_success": get("rloo", "final"),
-            "gigpo_seconds_to_050": get("gigpo", "t50"),
-            "grpo_seconds_to_050": get("grpo", "t50"),
-            "gigpo_ci_low": (get("gigpo", "ci") or (None, None))[0],
-            "gigpo_ci_high": (get("gigpo", "ci") or (None, None))[1],
-            "grpo_ci_low": (get("grpo", "ci") or (None, None))[0],
-            "grpo_ci_high": (get("grpo", "ci") or (None, None))[1],
-            "seeds": min(fig.get(a, {}).get("n", 0) for a in algos) if algos else 0,
-            "wall_s": round(fig["wall_s"], 1),
-        }
-        print(json.dumps(last), flush=True)
+        png = bc.plot(runs, plan, out / "learning_compare.png") if runs else None
+        line = bc.last_line(runs, cost, plan, jobs)
+        summary = {"line": line, "rows": rows, "png": str(png) if png else None}
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+        console.print(
+            f"wall {cost['wall_s']:.0f}s, cpu {cost['cpu_s']:.0f}s, load "
+            f"{cost['load_start']:.2f} -> {cost['load_end']:.2f}; curves: {png}"
+        )
+        print(json.dumps(line), flush=True)
 
     @bench.command("learning-freeform")
     def bench_learning_freeform(

@@ -94,6 +94,9 @@ class ValidActionConfig(BaseModel):
     out_dir: str = "runs/learning"
     save_adapter: bool = True
     env_kwargs: dict[str, Any] = Field(default_factory=dict)
+    system_prompt: str | None = Field(
+        None, description="The chat's system message; None: FrozenLake's (SYSTEM_PROMPT)."
+    )
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> ValidActionConfig:
@@ -186,11 +189,26 @@ class PromptCache:
         self.scores.clear()
 
 
-def shaped_reward(
-    config: ValidActionConfig, env: Any, before: tuple[int, int], info: dict[str, Any]
-) -> float:
+def env_state(env: Any) -> Any:
+    """What `shaped_reward` compares before and after a move: FrozenLake's (row, column);
+    Sokoban's (player, boxes) (see `agentrl.llm.sokoban_shaping`)."""
+    from agentrl.envs.sokoban import SokobanEnv
+
+    if isinstance(env, SokobanEnv):
+        return (env._player, env._boxes)
+    return env._pos(env._state)
+
+
+def shaped_reward(config: ValidActionConfig, env: Any, before: Any, info: dict[str, Any]) -> float:
     """1 at the goal, + progress_reward x the cells closed toward it, minus
-    hole_penalty on a hole (the fatal move gets it under per-step credit)."""
+    hole_penalty on a hole (the fatal move gets it under per-step credit).
+    Sokoban: the same terms for the boxes (`sokoban_shaping.sokoban_reward`)."""
+    from agentrl.envs.sokoban import SokobanEnv
+
+    if isinstance(env, SokobanEnv):
+        from agentrl.llm.sokoban_shaping import sokoban_reward
+
+        return sokoban_reward(config, env, before, info)
     if info.get("success"):
         return config.success_reward + _progress(config, env, before, info)
     if info.get("fell_in_hole"):
@@ -249,7 +267,7 @@ def rollout(
         for k, i in enumerate(active):
             env = envs[i]
             a = int(picks[k])
-            before = env._pos(env._state)
+            before = env_state(env)
             obs, _, done, info = env.step(choices[a])
             r = shaped_reward(config, env, before, info)
             steps.append(
@@ -410,7 +428,7 @@ def evaluate_heldout(
     if cache is None:
         if tokenizer is None:
             raise ValueError("pass a PromptCache or a tokenizer")
-        cache = PromptCache(tokenizer)
+        cache = PromptCache(tokenizer, config.system_prompt or SYSTEM_PROMPT)
     batch = rollout(config, fn, cache, seeds, 1, greedy=True)
     wins = sum(batch.episode_success)
     lo, hi = wilson(wins, len(seeds))
@@ -467,7 +485,7 @@ class Learner:
             params += list(self.value_head.parameters())
         self.params = params
         self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=0.0)
-        self.cache = PromptCache(self.tokenizer)
+        self.cache = PromptCache(self.tokenizer, config.system_prompt or SYSTEM_PROMPT)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.policy.model.eval()  # no dropout: behaviour and training compute the same thing
 

@@ -1,0 +1,48 @@
+"""Shaped per-step reward for Sokoban under the valid-action learner.
+
+The FrozenLake terms carried over to boxes: `success_reward` when the last box lands on a
+target, + `progress_reward` x the cells the boxes closed toward their nearest targets
+(negative when pushed away), and - `hole_penalty` for the push that leaves a box in a
+corner off target (a dead end: the level can no longer be solved). Per-step credit puts
+that penalty on the fatal push, which is where GiGPO's step-level groups can help.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Pos = tuple[int, int]
+
+SOKOBAN_SYSTEM_PROMPT = (
+    "Sokoban: push the box onto the target. You push a box by walking into it; a box "
+    "cannot be pulled, and a box in a corner is stuck. Rows grow downwards. Reply with "
+    "one move: up, down, left or right."
+)
+
+
+def box_distance(boxes: frozenset[Pos], targets: frozenset[Pos]) -> int:
+    """Sum over boxes of the Manhattan distance to the nearest target."""
+    return sum(min(abs(b[0] - t[0]) + abs(b[1] - t[1]) for t in targets) for b in boxes)
+
+
+def cornered(floor: Any, box: Pos) -> bool:
+    """A box off target with a wall on two perpendicular sides can never move again."""
+    r, c = box
+    vert = not floor[r - 1, c] or not floor[r + 1, c]
+    horiz = not floor[r, c - 1] or not floor[r, c + 1]
+    return bool(vert and horiz)
+
+
+def sokoban_reward(config: Any, env: Any, before: Any, info: dict[str, Any]) -> float:
+    """`before` is (player, boxes) ahead of the move; `env` holds the state after it."""
+    level = env.level
+    _, boxes_before = before
+    boxes_after: frozenset[Pos] = env._boxes
+    closed = box_distance(boxes_before, level.targets) - box_distance(boxes_after, level.targets)
+    reward = config.progress_reward * closed
+    if info.get("success"):
+        return config.success_reward + reward
+    moved = boxes_after - boxes_before
+    if any(b not in level.targets and cornered(level.floor, b) for b in moved):
+        reward -= config.hole_penalty
+    return float(reward)
