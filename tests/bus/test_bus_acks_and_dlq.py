@@ -82,6 +82,39 @@ async def test_clean_stop_confirms_acks_and_restart_sees_no_redelivery(bus: Bus)
     assert all(d.num_delivered == 1 for d in first + second)
 
 
+async def test_ack_confirmation_is_pipelined_and_reports_what_the_server_did_not_answer(
+    bus: Bus,
+) -> None:
+    """A batch's acks go out at once and are confirmed while the next batch is handled:
+    when a batch handler runs, the acks of the batch before the previous one are applied
+    already. An ack nobody answers (no responders) is reported unconfirmed, not hung on."""
+    from agentrl.bus import wire
+
+    await bus.publish_many([fresh(i) for i in range(300)])
+    sizes: list[int] = []
+    applied: list[int] = []  # acks the server had applied when each batch's handler ran
+    stop = asyncio.Event()
+
+    async def handle(batch: list[Delivery]) -> None:
+        info = await bus.js.consumer_info("RL_TRAJECTORIES", "pipelined")
+        applied.append(info.delivered.consumer_seq - info.num_ack_pending)
+        sizes.append(len(batch))
+        if sum(sizes) >= 300:
+            stop.set()
+
+    stats = await bus.consume(SUBJECT, "pipelined", batch_handler=handle, batch=50, stop=stop)
+    assert stats.acked == 300 and stats.unconfirmed_batches == 0
+    assert (await bus.js.consumer_info("RL_TRAJECTORIES", "pipelined")).num_ack_pending == 0
+    assert len(sizes) >= 3
+    for k in range(2, len(sizes)):  # batch k-2's confirmation was awaited before batch k
+        assert applied[k] >= sum(sizes[: k - 1]), (k, applied, sizes)
+
+    confirmer = wire.AckConfirmer(bus.nc)
+    token = await confirmer.send([("agentrl.test.nobody.acks", wire.ACK)])
+    assert await confirmer.confirmed(token, 2.0) is False
+    await confirmer.close()
+
+
 async def test_large_poison_message_is_dead_lettered_by_reference(bus: Bus) -> None:
     """Base64 makes a message above ~3/4 of max_payload too large to copy into RL_DLQ:
     before the fix, PayloadTooLargeError escaped consume() and the message was never

@@ -491,10 +491,12 @@ class Bus:
         failure after `max_deliver` deliveries, a `PermanentError` or a payload that fails
         validation is dead-lettered to RL_DLQ with the reason, then terminated.
 
-        Every batch's acks are confirmed by the server before the next batch is handled,
-        and before this returns: after a clean stop nothing handled is redelivered. Up to
-        two batches are requested ahead; messages already requested when `stop` is set are
-        still handled (within about `fetch_timeout`), so none is left pending.
+        Every batch's acks are confirmed by the server before the next batch's acks are
+        sent, and before this returns: after a clean stop nothing handled is redelivered.
+        The confirmation of one batch travels while the next is handled (pipelined: a round
+        trip per batch no longer stalls the consumer). Up to two batches are requested
+        ahead; messages already requested when `stop` is set are still handled (within
+        about `fetch_timeout`), so none is left pending.
         """
         if (handler is None) == (batch_handler is None):
             raise BusError("give exactly one of handler or batch_handler")
@@ -511,8 +513,12 @@ class Bus:
             filter_subject=subject,
         )
         model = model_for(subject) if validate else None
+        confirming: list[asyncio.Task[None]] = []  # the previous batch's ack confirmation
+        confirmer = wire.AckConfirmer(self.nc) if self._fast else None
         process = partial(
             self._process,
+            confirming=confirming,
+            confirmer=confirmer,
             model=model,
             handler=handler,
             batch_handler=batch_handler,
@@ -523,9 +529,12 @@ class Bus:
             stats=stats,
         )
         if not self._fast:
-            return await self._consume_public(
-                subject, durable, spec.name, config, batch, fetch_timeout, stop, stats, process
-            )
+            try:
+                return await self._consume_public(
+                    subject, durable, spec.name, config, batch, fetch_timeout, stop, stats, process
+                )
+            finally:
+                await _confirmed(confirming)
         await self._retry(partial(self._ensure_consumer, spec.name, durable, config))
         sub = await self.nc.subscribe(
             self.nc.new_inbox(), pending_msgs_limit=0, pending_bytes_limit=0
@@ -562,6 +571,9 @@ class Bus:
                 with _gc_paused():
                     await process(msgs)
         finally:
+            await _confirmed(confirming)
+            if confirmer is not None:
+                await confirmer.close()
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         return stats
@@ -616,6 +628,8 @@ class Bus:
         nak_delay: float,
         ack_wait: float,
         stats: ConsumeStats,
+        confirming: list[asyncio.Task[None]],
+        confirmer: wire.AckConfirmer | None,
     ) -> None:
         acks: list[tuple[str, bytes]] = []
         good: list[Delivery] = []
@@ -661,23 +675,57 @@ class Bus:
                     stats.errors.append(f"{type(outcome).__name__}: {outcome}")
         if INSTRUMENTED and acks:
             obs.bus_consumed(durable, sum(1 for _, body in acks if body is wire.ACK))
-        await self._settle(acks, stats)
-
-    async def _settle(self, acks: list[tuple[str, bytes]], stats: ConsumeStats) -> None:
-        """Send a batch's acks, naks and terms, and wait for the server to confirm them."""
+        # The previous batch's acks are confirmed before this batch's go out (one
+        # confirmation in flight); this batch's acks are written now and their confirmation
+        # travels while the next batch is handled; `consume` awaits the last one.
+        await _confirmed(confirming)
         if not acks:
             return
-        if self._fast:
-            confirmed = await wire.send_acks(self.nc, acks, self.ack_confirm_timeout)
-        else:
-            confirmed = True
-            for reply, body in acks[:-1]:
-                await self.nc.publish(reply, body)
-            try:
-                await self.nc.request(acks[-1][0], acks[-1][1], timeout=self.ack_confirm_timeout)
-            except Exception as exc:
-                log.warning("acks of a batch not confirmed: %r", exc)
-                confirmed = False
+        if confirmer is None:
+            await self._settle(acks, stats)
+            return
+        try:
+            token = await confirmer.send(acks)
+        except (
+            nats.errors.ConnectionClosedError,
+            nats.errors.ConnectionReconnectingError,
+            nats.errors.OutboundBufferLimitError,
+        ) as exc:
+            log.warning("acks of a batch of %d not sent: %r", len(acks), exc)
+            self._count_settled(acks, stats, confirmed=False)
+            return
+        confirming.append(asyncio.ensure_future(self._confirm(confirmer, token, acks, stats)))
+
+    async def _confirm(
+        self,
+        confirmer: wire.AckConfirmer,
+        token: bytes,
+        acks: list[tuple[str, bytes]],
+        stats: ConsumeStats,
+    ) -> None:
+        confirmed = await confirmer.confirmed(token, self.ack_confirm_timeout)
+        if not confirmed:
+            log.warning("acks of a batch of %d not confirmed", len(acks))
+        self._count_settled(acks, stats, confirmed)
+
+    async def _settle(self, acks: list[tuple[str, bytes]], stats: ConsumeStats) -> None:
+        """Send a batch's acks, naks and terms, and wait for the server to confirm them
+        (nats-py's public API: the fallback when the wire fast path is unavailable)."""
+        if not acks:
+            return
+        confirmed = True
+        for reply, body in acks[:-1]:
+            await self.nc.publish(reply, body)
+        try:
+            await self.nc.request(acks[-1][0], acks[-1][1], timeout=self.ack_confirm_timeout)
+        except Exception as exc:
+            log.warning("acks of a batch not confirmed: %r", exc)
+            confirmed = False
+        self._count_settled(acks, stats, confirmed)
+
+    def _count_settled(
+        self, acks: list[tuple[str, bytes]], stats: ConsumeStats, confirmed: bool
+    ) -> None:
         if confirmed:
             stats.confirmed_at = time.monotonic()
         else:
@@ -807,6 +855,18 @@ class Bus:
                 raw = await self.js.get_msg("RL_DLQ", seq)
                 out.append(json.loads(raw.data or b"{}"))
         return out
+
+
+async def _confirmed(confirming: list[asyncio.Task[None]]) -> None:
+    """Wait for the ack confirmation in flight, if any (it logs and counts its own failure;
+    a cancelled consumer cancels it too, and those messages are simply redelivered)."""
+    while confirming:
+        task = confirming.pop()
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
 
 
 @contextlib.contextmanager

@@ -68,34 +68,77 @@ async def write(nc: NATS, frames: list[bytes]) -> None:
     await nc._flush_pending()
 
 
-async def send_acks(nc: NATS, acks: Sequence[tuple[str, bytes]], confirm_timeout: float) -> bool:
-    """Send every ack/nak/term of a batch in one write, the last one as a request.
+class AckConfirmer:
+    """Sends a batch's acks at once and confirms them later.
 
     The server handles one consumer's acks in arrival order and answers an ack that carries
     a reply subject once it is processed (replicated, on a cluster), so when that answer
     arrives every earlier ack of the batch is applied too: the acks are confirmed, and a
-    consumer restarted right after sees no redelivery. Returns False when the confirmation
-    did not come (the server or the consumer's leader went away: those messages will be
-    redelivered, which handlers must tolerate anyway).
+    consumer restarted right after sees no redelivery.
+
+    `send` writes every ack/nak/term of a batch in one buffer, the last one with a reply
+    subject of this confirmer's own inbox, and returns without waiting; `confirmed` then
+    waits for the server's answer to that last ack. Writing at once matters: the consumer
+    goes on validating and handling the next batch without yielding to the event loop, so
+    a confirmation that is only *started* in a task would travel no earlier than the next
+    await. One confirmation is in flight at a time (the caller awaits it before sending the
+    next batch's acks).
     """
-    if not acks:
-        return True
-    *rest, (last_reply, last_body) = acks
-    try:
-        if rest:
-            await write(nc, [b"PUB %s %d\r\n%s\r\n" % (r.encode(), len(b), b) for r, b in rest])
-        await nc.request(last_reply, last_body, timeout=confirm_timeout)
-        return True
-    except (
-        TimeoutError,
-        nats.errors.TimeoutError,
-        nats.errors.NoRespondersError,
-        nats.errors.ConnectionClosedError,
-        nats.errors.ConnectionReconnectingError,
-        nats.errors.OutboundBufferLimitError,
-    ) as exc:
-        log.warning("acks of a batch of %d not confirmed: %r", len(acks), exc)
-        return False
+
+    def __init__(self, nc: NATS) -> None:
+        self.nc = nc
+        self._sub: Subscription | None = None
+        self._prefix = b""
+        self._serial = 0
+
+    async def send(self, acks: Sequence[tuple[str, bytes]]) -> bytes:
+        """Write the acks; returns the token `confirmed` waits for."""
+        if self._sub is None:
+            inbox = self.nc.new_inbox()
+            self._prefix = inbox.encode() + b"."
+            self._sub = await self.nc.subscribe(
+                inbox + ".*", pending_msgs_limit=0, pending_bytes_limit=0
+            )
+        self._serial += 1
+        token = b"%x" % self._serial
+        *rest, (last_reply, last_body) = acks
+        frames = [b"PUB %s %d\r\n%s\r\n" % (r.encode(), len(b), b) for r, b in rest]
+        frames.append(
+            b"PUB %s %s %d\r\n%s\r\n"
+            % (last_reply.encode(), self._prefix + token, len(last_body), last_body)
+        )
+        await write(self.nc, frames)
+        return token
+
+    async def confirmed(self, token: bytes, timeout: float) -> bool:
+        """Whether the server answered the ack sent with `token` within `timeout` (False on
+        no responders: the consumer or its leader went away, and the batch is redelivered)."""
+        assert self._sub is not None
+        sub = self._sub
+        queue: asyncio.Queue[Msg] = sub._pending_queue
+        deadline = time.monotonic() + timeout
+        want = self._prefix.decode() + token.decode()
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                msg = (
+                    queue.get_nowait()
+                    if not queue.empty()
+                    else await asyncio.wait_for(queue.get(), max(remaining, 0.0))
+                )
+            except TimeoutError:
+                return False
+            sub._pending_size -= len(msg.data)
+            if msg.subject != want:
+                continue  # the late answer of an earlier, timed-out batch
+            status = (msg.headers or {}).get("Status")
+            return status is None or status.startswith("2")
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
 
 
 class PullFeed:
