@@ -63,6 +63,7 @@ class SoakConfig:
     job_wait_s: float = 240.0
     drain_timeout_s: float = 180.0
     settle_s: float = 10.0
+    burst: int = 300
 
 
 def soak_environment(cfg: SoakConfig) -> dict[str, str]:
@@ -215,6 +216,7 @@ class SoakAgents:
             base_url=gateway_url, api_key="agentrl-soak", max_retries=0, http_client=self.http
         )
         self.published: dict[str, float] = {}
+        self.feedback: set[str] = set()  # trajectories that got feedback: reward version 2
         self.critical_episodes = 0
         self.publish_retries = 0
         self.publish_failed = 0
@@ -297,6 +299,99 @@ def served_by(episode: Any) -> str | None:
         if model:
             return str(model)
     return None
+
+
+class Burst:
+    """Synthetic trajectories published in pipelined chunks (and thumbs-up feedback on every
+    `feedback_every`-th, which must yield reward version 2), so a kill lands mid-batch."""
+
+    def __init__(self, bus: Any, agents: SoakAgents, feedback_every: int = 4) -> None:
+        self.bus, self.agents, self.feedback_every = bus, agents, feedback_every
+        self.sent = 0
+        self.retries = 0
+        self.failed = 0
+        self.seq = 0
+
+    async def _publish(self, events: list[Any]) -> None:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                await self.bus.publish_many(events)
+                return
+            except Exception:  # NATS away: the same ids again (JetStream drops duplicates)
+                if time.monotonic() > deadline:
+                    self.failed += len(events)
+                    raise
+                self.retries += 1
+                await asyncio.sleep(0.5)
+
+    async def run(self, n: int, chunk: int = 25, pause: float = 0.0) -> None:
+        from agentrl.contracts.base import utcnow
+        from agentrl.contracts.feedback import FeedbackEvent
+        from agentrl.contracts.trajectory import TrajectoryEvent
+        from agentrl.rewards.samples import sample_trajectory
+
+        events = []
+        for _ in range(n):
+            self.seq += 1
+            payload = sample_trajectory(self.seq, trajectory_id=str(uuid.uuid4()))
+            payload["agent_id"] = "agentrl-soak-burst"
+            _to_now(payload, time.time())  # the samples are dated 2025: past the warehouse TTL
+            events.append(TrajectoryEvent.model_validate(payload))
+        for k in range(0, n, chunk):
+            part = events[k : k + chunk]
+            await self._publish(part)
+            now = time.monotonic()
+            for e in part:
+                self.agents.published[e.trajectory_id] = now
+            self.sent += len(part)
+            if pause:
+                await asyncio.sleep(pause)
+        liked = [e.trajectory_id for e in events[:: self.feedback_every]]
+        await self._publish(
+            [FeedbackEvent(trajectory_id=t, timestamp=utcnow(), type="thumbs_up") for t in liked]
+        )
+        self.agents.feedback.update(liked)
+
+
+def _to_now(obj: Any, now: float, base: float | None = None) -> float:
+    """Shift every `*timestamp` of a sample payload so its earliest one is `now`."""
+    if base is None:
+        stamps = [datetime.fromisoformat(v).timestamp() for k, v in _stamps(obj)]
+        base = min(stamps) if stamps else now
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k.endswith("timestamp") and isinstance(v, str):
+                t = datetime.fromisoformat(v).timestamp() - base + now
+                obj[k] = datetime.fromtimestamp(t, UTC).isoformat()
+            else:
+                _to_now(v, now, base)
+    elif isinstance(obj, list):
+        for v in obj:
+            _to_now(v, now, base)
+    return base
+
+
+def _stamps(obj: Any) -> list[tuple[str, str]]:
+    if isinstance(obj, dict):
+        out = [(k, v) for k, v in obj.items() if k.endswith("timestamp") and isinstance(v, str)]
+        for v in obj.values():
+            out.extend(_stamps(v))
+        return out
+    if isinstance(obj, list):
+        return [x for v in obj for x in _stamps(v)]
+    return []
+
+
+def reward_version(reward: dict[str, Any]) -> int:
+    """A reward's version: top level, or in the nested extras object on the wire."""
+    v = reward.get("version")
+    if v is None:
+        for value in reward.values():
+            if isinstance(value, dict) and isinstance(value.get("version"), int):
+                v = value["version"]
+                break
+    return int(v or 1)
 
 
 # ---- probes ---------------------------------------------------------------------------------
@@ -492,6 +587,10 @@ async def run_soak(cfg: SoakConfig, say: Callable[[str], None] = print) -> SoakR
     return result
 
 
+async def _true(value: bool) -> bool:
+    return value
+
+
 async def _http_ok(http: httpx.AsyncClient, url: str) -> bool:
     return (await http.get(url)).status_code == 200
 
@@ -522,6 +621,7 @@ async def _faults(
         procs["rewards"],
         grows_from=lambda: last_seq(bus, "RL_REWARDS"),
         consumer=(bus, "RL_TRAJECTORIES", "rewards"),
+        agents=agents,
         cfg=cfg,
         result=result,
         say=say,
@@ -533,6 +633,7 @@ async def _faults(
         procs["warehouse"],
         grows_from=lambda: delivered(bus, "RL_TRAJECTORIES", "warehouse-trajectory"),
         consumer=(bus, "RL_TRAJECTORIES", "warehouse-trajectory"),
+        agents=agents,
         cfg=cfg,
         result=result,
         say=say,
@@ -549,11 +650,14 @@ async def _faults(
         "warehouse ingester": (lambda: ack_floor(bus, "RL_TRAJECTORIES", "warehouse-trajectory")),
         "training service": (lambda: ack_floor(bus, "RL_REWARDS", "training-threshold")),
     }
+    burst = Burst(bus, agents)
+    bursting = asyncio.create_task(burst.run(cfg.burst, pause=0.1))
+    await wait_for(lambda: _true(burst.sent >= cfg.burst // 3), 60, 0.02)
     before = {k: await get() for k, get in marks.items()}
     errors_before = sum(agents.counts.errors.values())
     t0 = time.monotonic()
     server.kill()
-    say("soak: nats-server SIGKILLed")
+    say(f"soak: nats-server SIGKILLed ({burst.sent} of a burst of {cfg.burst} published)")
     await asyncio.sleep(cfg.restart_delay_s)
     server.start()
     rec["nats_server"] = time.monotonic() - t0
@@ -570,6 +674,8 @@ async def _faults(
         say(f"soak:   control API answering from KV after {_fmt(rec['nats: control API'])}")
 
     await asyncio.gather(*(client(k, g) for k, g in marks.items()), control_api())
+    await bursting
+    result.figures["burst_publish_retries"] = burst.retries
     result.figures["gateway_errors_during_nats_kill"] = (
         sum(agents.counts.errors.values()) - errors_before
     )
@@ -582,11 +688,17 @@ async def _kill_consumer_service(
     *,
     grows_from: Callable[[], Any],
     consumer: tuple[Any, str, str],
+    agents: SoakAgents,
     cfg: SoakConfig,
     result: SoakResult,
     say: Callable[[str], None],
 ) -> None:
     bus, stream, durable = consumer
+    start = await delivered(bus, stream, durable) or 0
+    burst = Burst(bus, agents)
+    bursting = asyncio.create_task(burst.run(cfg.burst))
+    # kill while the service has part of the burst in hand
+    await wait_for(grows(lambda: delivered(bus, stream, durable), start + cfg.burst // 4), 60, 0.01)
     mark = await grows_from()
     taken = await delivered_seq(bus, stream, durable)
     t0 = time.monotonic()
@@ -606,7 +718,7 @@ async def _kill_consumer_service(
         got = await wait_for(done, cfg.recover_timeout_s)
         result.recovery_s[f"{key}_inflight_redelivered"] = _since(t0, got)
 
-    await asyncio.gather(back(), inflight())
+    await asyncio.gather(back(), inflight(), bursting)
     say(
         f"soak: {name} SIGKILLed; back after {_fmt(result.recovery_s[key])}, its unacked "
         f"in-flight messages done after {_fmt(result.recovery_s[f'{key}_inflight_redelivered'])}"
@@ -730,7 +842,7 @@ async def _check_streams(
     trajectories = await read_stream(bus, "RL_TRAJECTORIES", epoch, limit=10_000_000)
     rewards = await read_stream(bus, "RL_REWARDS", epoch, limit=10_000_000)
     in_stream = Counter(str(t.get("trajectory_id")) for t in trajectories)
-    per_version = Counter((str(r.get("trajectory_id")), int(r.get("version", 1))) for r in rewards)
+    per_version = Counter((str(r.get("trajectory_id")), reward_version(r)) for r in rewards)
     published = set(agents.published)
     rewarded = {tid for tid, _ in per_version}
     dup_traj = sum(n - 1 for n in in_stream.values() if n > 1)
@@ -742,6 +854,15 @@ async def _check_streams(
         by_tid.setdefault(tid, set()).add(v)
     for versions in by_tid.values():
         gaps += int(versions != set(range(1, max(versions) + 1)))
+    # Feedback for a scored trajectory makes version 2; feedback the service saw before the
+    # trajectory is folded into version 1. Either way the latest version must carry it.
+    latest: dict[str, dict[str, Any]] = {}
+    for r in rewards:
+        tid = str(r.get("trajectory_id"))
+        if tid not in latest or reward_version(r) > reward_version(latest[tid]):
+            latest[tid] = r
+    as_v2 = sum(1 for tid in agents.feedback if max(by_tid.get(tid, {0})) >= 2)
+    unapplied = sum(1 for tid in agents.feedback if _explicit(latest.get(tid)) != "thumbs_up")
     f = result.figures
     f.update(
         trajectories=len(published),
@@ -751,7 +872,11 @@ async def _check_streams(
         reward_versions=len(per_version),
         duplicate_rewards=dup_rewards,
         missing_rewards=missing,
+        feedback=len(agents.feedback),
+        feedback_as_version_2=as_v2,
+        feedback_not_in_latest_reward=unapplied,
     )
+    result.checks["every feedback is in its trajectory's latest reward"] = unapplied == 0
     result.checks["every published trajectory is in the stream once"] = (
         published <= set(in_stream) and dup_traj == 0
     )
@@ -764,6 +889,13 @@ async def _check_streams(
         f"(trajectory, version) pairs: {dup_rewards} duplicates, {missing} missing, {gaps} gaps"
     )
     result.figures["_stream_counts"] = (len(in_stream), len(per_version))
+
+
+def _explicit(reward: dict[str, Any] | None) -> str | None:
+    """The explicit user feedback a reward was computed with (metadata.feedback.explicit)."""
+    meta = (reward or {}).get("metadata") or {}
+    fb = meta.get("feedback") if isinstance(meta, dict) else None
+    return fb.get("explicit") if isinstance(fb, dict) else None
 
 
 def _check_jobs(jobs: list[dict[str, Any]], result: SoakResult, say: Callable[[str], None]) -> None:
