@@ -18,6 +18,7 @@ held-out evaluations excluded) at each held-out reading.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -48,6 +49,8 @@ class Plan:
     eval_every: dict[str, int] = field(default_factory=dict)
     out_dir: str = "runs/bench-learning"
     threads: int = 0
+    carry_optimizer: bool = True  # curriculum: keep the 4x4 run's AdamW moments
+    reuse: bool = False  # reuse finished 4x4 runs (adapter + optimizer) saved under out_dir
 
     def config(self, setting: str, algorithm: str, seed: int) -> Any:
         from agentrl.llm.valid_action import ValidActionConfig
@@ -166,10 +169,16 @@ def lora_state(learner: Any) -> dict[str, Any]:
     }
 
 
-def reset_learner(learner: Any, config: Any, state: dict[str, Any] | None) -> None:
+def reset_learner(
+    learner: Any,
+    config: Any,
+    state: dict[str, Any] | None,
+    optimizer_state: dict[str, Any] | None = None,
+) -> None:
     """Make `learner` a fresh run of `config`: LoRA from `state` (a warm start) or newly
     initialised from `config.seed` (A as peft does it, B zero: the base model's outputs),
-    a new optimiser, prompt cache and sampling stream. The trunk cache stays (frozen)."""
+    a new optimiser (or the warm start's AdamW moments, at `config.learning_rate`), prompt
+    cache and sampling stream. The trunk cache stays (the lower layers are frozen)."""
     import torch
 
     from agentrl.llm.valid_action import SYSTEM_PROMPT, PromptCache
@@ -188,6 +197,10 @@ def reset_learner(learner: Any, config: Any, state: dict[str, Any] | None) -> No
             else:
                 p.zero_()
     learner.optimizer = torch.optim.AdamW(learner.params, lr=config.learning_rate, weight_decay=0.0)
+    if optimizer_state is not None:
+        learner.optimizer.load_state_dict(copy.deepcopy(optimizer_state))
+        for group in learner.optimizer.param_groups:
+            group["lr"] = config.learning_rate
     learner.cache = PromptCache(learner.tokenizer, config.system_prompt or SYSTEM_PROMPT)
     learner.generator = torch.Generator().manual_seed(config.seed)
     learner.scorer.temperature = float(config.temperature)
@@ -200,10 +213,11 @@ def run_one(
     eval_every: int,
     state: dict[str, Any] | None,
     progress: Progress,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Run:
     from agentrl.llm.valid_action import evaluate_heldout, rollout
 
-    reset_learner(learner, config, state)
+    reset_learner(learner, config, state, optimizer_state)
     fn = learner.logprob_fn()
     load_before = load1()
     t_eval = time.perf_counter()
@@ -289,19 +303,36 @@ def run_seeds(plan: Plan, seeds: list[int], sink: Path, progress: Progress) -> N
 
     for seed in seeds:
         warm: dict[str, Any] | None = None
-        if "fl4" in plan.settings or "curriculum" in plan.settings:
+        warm_opt: dict[str, Any] | None = None
+        saved = Path(plan.out_dir) / "warm" / f"fl4-seed{seed}.pt"
+        if (
+            ("fl4" in plan.settings or "curriculum" in plan.settings)
+            and plan.reuse
+            and saved.exists()
+        ):
+            data = torch.load(saved, weights_only=False)
+            warm, warm_opt = data["lora"], data["optimizer"]
+            run = Run(**{**data["run"], "points": [Point(**p) for p in data["run"]["points"]]})
+            progress(f"reused the 4x4 run of seed {seed} from {saved}")
+            record(run)
+        elif "fl4" in plan.settings or "curriculum" in plan.settings:
             cfg = plan.config("fl4", "gigpo", seed)
             run = run_one(learner, cfg, "fl4", plan.eval_every.get("fl4", 5), None, progress)
             record(run)
             warm = lora_state(learner)
+            warm_opt = copy.deepcopy(learner.optimizer.state_dict())
+            saved.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"lora": warm, "optimizer": warm_opt, "run": asdict(run)}, saved)
         for setting in ("curriculum", "sokoban"):
             if setting not in plan.settings:
                 continue
             for algo in plan.algorithms:
                 cfg = plan.config(setting, algo, seed)
-                state = warm if setting == "curriculum" else None
+                curriculum = setting == "curriculum"
+                state = warm if curriculum else None
+                opt = warm_opt if curriculum and plan.carry_optimizer else None
                 every = plan.eval_every.get(setting, 2)
-                record(run_one(learner, cfg, setting, every, state, progress))
+                record(run_one(learner, cfg, setting, every, state, progress, opt))
 
 
 def _worker(plan: Plan, seeds: list[int], sink: str) -> None:
@@ -355,7 +386,7 @@ def run_plan(plan: Plan, jobs: int, progress: Progress) -> tuple[list[Run], dict
 
 
 def load_runs(path: Path) -> list[Run]:
-    runs = []
+    runs: list[Run] = []
     if not path.exists():
         return runs
     for line in path.read_text().splitlines():

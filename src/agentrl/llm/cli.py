@@ -268,6 +268,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         collect_only: bool = typer.Option(
             False, help="Run nothing: summarise OUT/runs.jsonl (e.g. after an interruption)."
         ),
+        reuse: bool = typer.Option(
+            False, help="Reuse the 4x4 runs (adapter + optimiser) saved under OUT/warm."
+        ),
     ) -> None:
         """GiGPO vs GRPO vs RLOO at equal episode budgets, >= 5 seeds: FrozenLake 4x4 (the
         main job's configuration: base/trained held-out success, seconds to 0.7), a
@@ -295,6 +298,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         else:
             plan = bc.full_plan(str(config), seeds, str(out), threads=threads)
         plan.settings = tuple(s.strip() for s in settings.split(",") if s.strip())
+        plan.reuse = reuse
         plan.algorithms = tuple(a.strip() for a in algorithms.split(",") if a.strip())
         bad = set(plan.settings) - set(bc.SETTINGS) or set(plan.algorithms) - set(bc.ALGORITHMS)
         if bad:
