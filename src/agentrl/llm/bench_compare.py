@@ -62,8 +62,9 @@ class Plan:
 
 
 def full_plan(config_path: str, seeds: int, out_dir: str, threads: int = 0) -> Plan:
-    """The recorded benchmark (SmolLM2). Curriculum and Sokoban budgets were picked by a
-    one-seed probe so that learning leaves the floor within them (BENCHMARKS.md)."""
+    """The recorded benchmark (SmolLM2). Budgets come from one-seed probes (BENCHMARKS.md):
+    6x6 maps (the 4x4 adapter scores about 0.44 there; 8x8 cost 3x per iteration), a 3x3
+    Sokoban floor (a 4x4 floor cost 15 CPU s per iteration and stayed at 0)."""
     from agentrl.llm.sokoban_shaping import SOKOBAN_SYSTEM_PROMPT
 
     return Plan(
@@ -76,16 +77,16 @@ def full_plan(config_path: str, seeds: int, out_dir: str, threads: int = 0) -> P
             "curriculum": {
                 "env_kwargs": {"size": 6},
                 "max_steps": 20,
-                "iterations": 12,
+                "iterations": 8,
                 "maps_per_iteration": 8,
                 "episodes_per_map": 16,
             },
             "sokoban": {
                 "env_id": "sokoban",
-                "env_kwargs": {"dim": 6, "min_moves": 4},
-                "max_steps": 16,
-                "iterations": 12,
-                "maps_per_iteration": 8,
+                "env_kwargs": {"dim": 5, "min_moves": 3},
+                "max_steps": 12,
+                "iterations": 10,
+                "maps_per_iteration": 4,
                 "episodes_per_map": 16,
                 "system_prompt": SOKOBAN_SYSTEM_PROMPT,
             },
@@ -279,74 +280,101 @@ def _threads() -> int:
     return int(torch.get_num_threads())
 
 
-def run_seeds(plan: Plan, seeds: list[int], sink: Path, progress: Progress) -> None:
-    """One worker: for each seed, fl4 (GiGPO) -> curriculum (each algorithm, from that
-    adapter) -> Sokoban (each algorithm, fresh). One JSON line per finished run in `sink`."""
-    import torch
+def tasks(plan: Plan) -> list[tuple[str, int]]:
+    """The work, most needed first: per seed the 4x4 run and the curriculum that starts
+    from its adapter ("chain"), then per seed the Sokoban runs. An interrupted benchmark
+    thus has whole seeds of the headline comparison."""
+    out: list[tuple[str, int]] = []
+    if "fl4" in plan.settings or "curriculum" in plan.settings:
+        out += [("chain", s) for s in range(plan.seeds)]
+    if "sokoban" in plan.settings:
+        out += [("sokoban", s) for s in range(plan.seeds)]
+    return out
 
-    from agentrl.llm.valid_action import Learner, pick_threads
 
-    torch.set_num_threads(pick_threads(plan.threads))
-    t0 = time.perf_counter()
-    learner = Learner(plan.config("fl4", "gigpo", seeds[0]))
-    progress(f"model loaded in {time.perf_counter() - t0:.0f}s, {_threads()} torch threads")
-    sink.parent.mkdir(parents=True, exist_ok=True)
+class Worker:
+    """One model, one trunk cache; runs tasks and appends one JSON line per run to `sink`."""
 
-    def record(run: Run) -> None:
-        with sink.open("a") as fh:
+    def __init__(self, plan: Plan, sink: Path, progress: Progress) -> None:
+        import torch
+
+        from agentrl.llm.valid_action import Learner, pick_threads
+
+        torch.set_num_threads(pick_threads(plan.threads))
+        t0 = time.perf_counter()
+        self.plan, self.sink, self.progress = plan, sink, progress
+        self.learner = Learner(plan.config("fl4", "gigpo", 0))
+        progress(f"model loaded in {time.perf_counter() - t0:.0f}s, {_threads()} torch threads")
+        sink.parent.mkdir(parents=True, exist_ok=True)
+
+    def record(self, run: Run) -> None:
+        with self.sink.open("a") as fh:
             fh.write(json.dumps(asdict(run)) + "\n")
-        progress(
+        self.progress(
             f"RUN {run.setting} {run.algorithm} seed {run.seed}: held-out "
             f"{run.base_success:.2f} -> {run.final_success:.2f}, {run.wall_s:.0f}s wall, "
             f"{run.cpu_s:.0f}s cpu, load {run.load_before:.1f}-{run.load_after:.1f}"
         )
 
-    for seed in seeds:
-        warm: dict[str, Any] | None = None
-        warm_opt: dict[str, Any] | None = None
+    def run(self, task: tuple[str, int]) -> None:
+        kind, seed = task
+        if kind == "chain":
+            self.chain(seed)
+        else:
+            self.compare("sokoban", seed, None, None)
+
+    def chain(self, seed: int) -> None:
+        """The 4x4 run (GiGPO, the main job's configuration), then the curriculum from its
+        adapter and AdamW moments, once per algorithm."""
+        import torch
+
+        plan = self.plan
         saved = Path(plan.out_dir) / "warm" / f"fl4-seed{seed}.pt"
-        if (
-            ("fl4" in plan.settings or "curriculum" in plan.settings)
-            and plan.reuse
-            and saved.exists()
-        ):
+        if plan.reuse and saved.exists():
             data = torch.load(saved, weights_only=False)
             warm, warm_opt = data["lora"], data["optimizer"]
             run = Run(**{**data["run"], "points": [Point(**p) for p in data["run"]["points"]]})
-            progress(f"reused the 4x4 run of seed {seed} from {saved}")
-            record(run)
-        elif "fl4" in plan.settings or "curriculum" in plan.settings:
+            self.progress(f"reused the 4x4 run of seed {seed} from {saved}")
+        else:
             cfg = plan.config("fl4", "gigpo", seed)
-            run = run_one(learner, cfg, "fl4", plan.eval_every.get("fl4", 5), None, progress)
-            record(run)
-            warm = lora_state(learner)
-            warm_opt = copy.deepcopy(learner.optimizer.state_dict())
+            every = plan.eval_every.get("fl4", 5)
+            run = run_one(self.learner, cfg, "fl4", every, None, self.progress)
+            warm = lora_state(self.learner)
+            warm_opt = copy.deepcopy(self.learner.optimizer.state_dict())
             saved.parent.mkdir(parents=True, exist_ok=True)
             torch.save({"lora": warm, "optimizer": warm_opt, "run": asdict(run)}, saved)
-        for setting in ("curriculum", "sokoban"):
-            if setting not in plan.settings:
-                continue
-            for algo in plan.algorithms:
-                cfg = plan.config(setting, algo, seed)
-                curriculum = setting == "curriculum"
-                state = warm if curriculum else None
-                opt = warm_opt if curriculum and plan.carry_optimizer else None
-                every = plan.eval_every.get(setting, 2)
-                record(run_one(learner, cfg, setting, every, state, progress, opt))
+        if "fl4" in plan.settings:
+            self.record(run)
+        if "curriculum" in plan.settings:
+            self.compare("curriculum", seed, warm, warm_opt if plan.carry_optimizer else None)
+
+    def compare(
+        self, setting: str, seed: int, state: dict[str, Any] | None, opt: dict[str, Any] | None
+    ) -> None:
+        for algo in self.plan.algorithms:
+            cfg = self.plan.config(setting, algo, seed)
+            every = self.plan.eval_every.get(setting, 2)
+            self.record(run_one(self.learner, cfg, setting, every, state, self.progress, opt))
 
 
-def _worker(plan: Plan, seeds: list[int], sink: str) -> None:
+def _worker(plan: Plan, queue: Any, sink: str) -> None:
     import sys
 
     def say(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
-    run_seeds(plan, seeds, Path(sink), say)
+    worker = Worker(plan, Path(sink), say)
+    while True:
+        task = queue.get()
+        if task is None:
+            return
+        worker.run(task)
 
 
 def run_plan(plan: Plan, jobs: int, progress: Progress) -> tuple[list[Run], dict[str, float]]:
-    """Run every seed: in this process (jobs 1), or split over `jobs` processes with one
-    torch thread each. Returns the runs and the cost: wall, CPU (self + children), load."""
+    """Run every task: in this process (jobs 1), or on `jobs` processes with one torch
+    thread each, pulling from one queue. Returns the runs and the cost: wall, CPU (this
+    process + children), load."""
     import multiprocessing as mp
     import resource
 
@@ -357,17 +385,21 @@ def run_plan(plan: Plan, jobs: int, progress: Progress) -> tuple[list[Run], dict
     t0, c0 = time.perf_counter(), time.process_time()
     ch0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     load_start = load1()
-    seeds = list(range(plan.seeds))
+    work = tasks(plan)
     if jobs <= 1:
-        run_seeds(plan, seeds, sink, progress)
+        worker = Worker(plan, sink, progress)
+        for task in work:
+            worker.run(task)
     else:
         plan.threads = 1
         ctx = mp.get_context("spawn")
-        procs = [
-            ctx.Process(target=_worker, args=(plan, seeds[k::jobs], str(sink)))
-            for k in range(jobs)
-            if seeds[k::jobs]
-        ]
+        queue = ctx.Queue()
+        for task in work:
+            queue.put(task)
+        n = min(jobs, len(work))
+        for _ in range(n):
+            queue.put(None)
+        procs = [ctx.Process(target=_worker, args=(plan, queue, str(sink))) for _ in range(n)]
         for p in procs:
             p.start()
         for p in procs:
