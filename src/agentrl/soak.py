@@ -217,6 +217,7 @@ class SoakAgents:
         )
         self.published: dict[str, float] = {}
         self.feedback: set[str] = set()  # trajectories that got feedback: reward version 2
+        self.burst = 0  # of `published`, the synthetic ones
         self.critical_episodes = 0
         self.publish_retries = 0
         self.publish_failed = 0
@@ -345,6 +346,7 @@ class Burst:
             for e in part:
                 self.agents.published[e.trajectory_id] = now
             self.sent += len(part)
+            self.agents.burst += len(part)
             if pause:
                 await asyncio.sleep(pause)
         liked = [e.trajectory_id for e in events[:: self.feedback_every]]
@@ -701,8 +703,10 @@ async def _kill_consumer_service(
     await wait_for(grows(lambda: delivered(bus, stream, durable), start + cfg.burst // 4), 60, 0.01)
     mark = await grows_from()
     taken = await delivered_seq(bus, stream, durable)
+    floor_at_kill = await ack_floor(bus, stream, durable)
     t0 = time.monotonic()
     children = proc.kill()
+    result.figures[f"{key}_unacked_at_kill"] = max(0, (taken or 0) - (floor_at_kill or 0))
     await asyncio.sleep(cfg.restart_delay_s)
     proc.start()
 
@@ -866,6 +870,7 @@ async def _check_streams(
     f = result.figures
     f.update(
         trajectories=len(published),
+        burst_trajectories=agents.burst,
         stream_trajectories=len(in_stream),
         duplicate_trajectories=dup_traj,
         rewards=len(rewards),
