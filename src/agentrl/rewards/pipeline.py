@@ -96,9 +96,25 @@ class Preparer:
         out = PreparedBatch()
         idx = list(range(len(events))) if indices is None else list(indices)
         found: dict[int, tuple[TrajectoryEvent, ExtractedCode, dict[str, int]]] = {}
-        for i in idx:
+        datas: list[bytes] = []
+        if self.config.redact:
+            for i in idx:
+                r = raw[i] if raw is not None else None
+                datas.append(r if r is not None else events[i].to_json())
+        # One pre-scan over the whole batch's bytes (equal to scanning each message).
+        kinds: list[frozenset[str] | None] = [None] * len(datas)
+        try:
+            kinds = list(self.redactor.candidates_batch(datas))
+        except Exception:  # an odd message must not fail the batch: scan one by one
+            log.warning("batch PII pre-scan failed; scanning one by one", exc_info=True)
+        for n, i in enumerate(idx):
             try:
-                found[i] = self._one(events[i], raw[i] if raw is not None else None, out.counters)
+                found[i] = self._one(
+                    events[i],
+                    datas[n] if datas else None,
+                    kinds[n] if datas else None,
+                    out.counters,
+                )
             except Exception as exc:
                 out.failures[i] = Failure(
                     "permanent",
@@ -126,8 +142,14 @@ class Preparer:
         return out
 
     def _one(
-        self, event: TrajectoryEvent, raw: bytes | None, counters: Counter[str]
+        self,
+        event: TrajectoryEvent,
+        data: bytes | None,
+        kinds: frozenset[str] | None,
+        counters: Counter[str],
     ) -> tuple[TrajectoryEvent, ExtractedCode, dict[str, int]]:
+        """`data` is the message's JSON (None when redaction is off) and `kinds` its PII
+        pre-scan result (None: not scanned yet)."""
         if len(event.turns) > self.config.max_turns:
             raise ScoringError(
                 f"trajectory has {len(event.turns)} turns, more than max_turns="
@@ -135,9 +157,9 @@ class Preparer:
                 "trajectories are expected"
             )
         redactions: dict[str, int] = {}
-        if self.config.redact:
-            data = raw if raw is not None else event.to_json()
-            kinds = self.redactor.candidates_json(data)
+        if data is not None:
+            if kinds is None:
+                kinds = self.redactor.candidates_json(data)
             if kinds:
                 # Walk the message as sent (every string it carries, extra fields included).
                 report = RedactionReport()

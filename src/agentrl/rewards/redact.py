@@ -20,15 +20,19 @@ every valid encoding: a payload with `\u` or `\/` escapes is decoded first (`can
 
 from __future__ import annotations
 
+import bisect
 import functools
 import ipaddress
 import json
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
 
 # Order matters: specific kinds first, so a card number is not half-eaten as a phone number and
 # a provider key is counted as an API key rather than as an anonymous high-entropy secret.
@@ -242,7 +246,11 @@ class Redactor:
     """Compiled patterns plus the walk over nested JSON-like values."""
 
     def __init__(
-        self, kinds: Iterable[str] = KINDS, placeholder: str = "[REDACTED:{kind}]"
+        self,
+        kinds: Iterable[str] = KINDS,
+        placeholder: str = "[REDACTED:{kind}]",
+        *,
+        string_gate: bool = True,
     ) -> None:
         wanted = set(kinds)
         unknown = wanted - set(KINDS)
@@ -251,6 +259,13 @@ class Redactor:
         self.kinds = tuple(k for k in KINDS if k in wanted)
         self.placeholder = placeholder
         self._compiled = {k: re.compile(_PATTERNS[k]) for k in self.kinds}
+        # Per (string, kinds): the kinds `_string_gate` lets through. Redacted payloads
+        # repeat most of their strings (tool names, field values, templated text), and
+        # the gate is most of the walk's cost. `string_gate=False` turns the cache off
+        # (the tests compare both).
+        self._gate_cache: dict[tuple[str, frozenset[str]], frozenset[str]] | None = (
+            {} if string_gate else None
+        )
 
     def candidates(self, text: str | bytes) -> frozenset[str]:
         """Kinds that might occur in `text` (a string, or the raw JSON bytes of a payload).
@@ -314,6 +329,31 @@ class Redactor:
         if "password" in self._compiled and any(_secret_key(k) for k in keys):
             todo = todo | {"password"}
         return todo
+
+    def candidates_batch(self, raws: Sequence[bytes]) -> list[frozenset[str]]:
+        """`[self.candidates_json(r) for r in raws]` for a batch of JSON documents, at a
+        fraction of the cost: the cheap necessary conditions of `candidates` run once over
+        the batch joined into one buffer (a few C-speed passes), and only the documents
+        they flag get the per-document scan. A document no condition flags would get an
+        empty answer from `candidates_json` too, so the result is the same list.
+
+        The documents are joined with NUL, which valid JSON never contains raw and which
+        no pattern or byte class here accepts, so nothing can match across two documents
+        and every window is clipped to its own document.
+        """
+        n = len(raws)
+        if n == 0:
+            return []
+        if n == 1:
+            return [self.candidates_json(raws[0])]
+        found = _batch_candidates(raws)
+        out: list[frozenset[str]] = []
+        for i, kinds in enumerate(found):
+            if kinds is None:  # escapes: decode, as `candidates_json` does
+                out.append(self.candidates_json(raws[i]))
+            else:
+                out.append(frozenset(k for k in kinds if k in self._compiled))
+        return out
 
     def redact_text(
         self,
@@ -403,7 +443,16 @@ class Redactor:
         if kind is str:
             if len(value) < 6:
                 return value
-            here = _string_gate(value, todo)
+            cache = self._gate_cache
+            if cache is None or len(value) > 512:
+                here = _string_gate(value, todo)
+            else:
+                key = (value, todo)
+                here = cache.get(key)  # type: ignore[assignment]
+                if here is None:
+                    if len(cache) >= 100_000:
+                        cache.clear()
+                    here = cache[key] = _string_gate(value, todo)
             return self._apply(value, here, replacers) if here else value
         if kind is dict:
             keys_matter = "password" in todo
@@ -584,6 +633,232 @@ def _email_near_at(raw: bytes, limit: int = 64) -> bool:
             return True
         pos = raw.find(b"@", pos + 1)
     return True
+
+
+# ---- the batch pre-scan (Redactor.candidates_batch) ------------------------------------
+# Multi-byte needles are found from one anchor byte each (numpy compares the whole batch
+# with that byte at once, then checks the needle's other bytes at the few hits): one such
+# pass costs a fraction of a `bytes.find` for a short needle, and needles share anchors.
+_DIGIT_MAP_NUL = bytes(
+    ord("0") if 48 <= i <= 57 else ord("X") if i == 0 else ord(" ") for i in range(256)
+)  # as _DIGIT_MAP, with the documents' NUL separator kept as a marker ("X")
+_IS_HEX = np.zeros(256, dtype=bool)
+_IS_HEX[list(_HEX_DIGITS)] = True
+_IS_DIGIT = np.zeros(256, dtype=bool)
+_IS_DIGIT[48:58] = True
+_IS_OPENER = np.zeros(256, dtype=bool)
+_IS_OPENER[[b[0] for b in _ASSIGN_OPENERS]] = True
+_IS_SPACE = np.zeros(256, dtype=bool)
+_IS_SPACE[list(b" \t\n\r\x0b\x0c")] = True
+_PASS_NEXT = np.zeros(256, dtype=bool)  # password, passphrase, passcode
+_PASS_NEXT[list(b"wpc")] = True
+_PAD = 16  # zero bytes around the batch: every offset looked at stays in the array
+_RUN_CACHE: dict[bytes, bool] = {}
+
+
+def _suspicious_run(token: bytes) -> bool:
+    """The per-token test of `Redactor.candidates` (a run of >= 20 key characters that is
+    not a UUID, nor a plain snake/kebab-case name), cached: names repeat across messages."""
+    hit = _RUN_CACHE.get(token)
+    if hit is None:
+        hit = not (
+            _UUID_B.fullmatch(token)
+            or (
+                _WORDS_B.fullmatch(token)
+                and not _KEY_PREFIX_B.search(token)
+                and not _HEXISH_B.search(token)
+            )
+        )
+        if len(_RUN_CACHE) >= 50_000:
+            _RUN_CACHE.clear()
+        _RUN_CACHE[token] = hit
+    return hit
+
+
+class _Batch:
+    """One batch joined with NUL separators, as padded numpy byte arrays (as sent and
+    lower-cased), with the document each position belongs to."""
+
+    def __init__(self, joined: bytes, starts: list[int]) -> None:
+        self.joined = joined
+        self.low = joined.lower()
+        size = len(joined)
+        self.size = size
+        self.starts = np.asarray(starts, dtype=np.int64)
+        self.ends = np.append(self.starts[1:] - 1, size)
+        self.raw_a = np.zeros(size + 2 * _PAD, dtype=np.uint8)
+        self.raw_a[_PAD : _PAD + size] = np.frombuffer(joined, dtype=np.uint8)
+        self.low_a = np.zeros(size + 2 * _PAD, dtype=np.uint8)
+        self.low_a[_PAD : _PAD + size] = np.frombuffer(self.low, dtype=np.uint8)
+        self._anchors: dict[tuple[bool, int], NDArray[np.intp]] = {}
+
+    def docs(self, pos: NDArray[np.intp]) -> NDArray[np.intp]:
+        """The document of each position (positions in the unpadded batch)."""
+        return np.searchsorted(self.starts, pos, side="right") - 1
+
+    def anchor(self, byte: int, lower: bool = False) -> NDArray[np.intp]:
+        """Padded positions of `byte` (in the lower-cased batch when `lower`)."""
+        key = (lower, byte)
+        hits = self._anchors.get(key)
+        if hits is None:
+            hits = np.flatnonzero((self.low_a if lower else self.raw_a) == byte)
+            self._anchors[key] = hits
+        return hits
+
+    def find(self, needle: bytes, anchor_at: int, lower: bool = False) -> NDArray[np.intp]:
+        """Unpadded start positions of `needle` (its byte `anchor_at` is looked up first;
+        needles are shorter than the padding, so every offset stays in the array)."""
+        arr = self.low_a if lower else self.raw_a
+        cand = self.anchor(needle[anchor_at], lower) - anchor_at
+        for j, byte in enumerate(needle):
+            if j != anchor_at and cand.size:
+                cand = cand[arr[cand + j] == byte]
+        return cand - _PAD
+
+
+def _batch_candidates(raws: Sequence[bytes]) -> list[set[str] | None]:
+    """`Redactor.candidates` of each document (before the redactor's kind filter), or
+    None for a document with `\\u` / `\\/` escapes (the caller decodes those). Each check of
+    `candidates` runs once over the whole batch; the few that need a closer look per
+    document (e-mail, numbers, IP addresses) call the very same function on that document
+    only, so every answer equals the one-document scan."""
+    n = len(raws)
+    starts = [0] * n
+    at = 0
+    for i, r in enumerate(raws):
+        starts[i] = at
+        at += len(r) + 1
+    b = _Batch(b"\0".join(raws), starts)
+    joined, low, raw_a, low_a = b.joined, b.low, b.raw_a, b.low_a
+    found: list[set[str]] = [set() for _ in range(n)]
+
+    def docs_of(pos: NDArray[np.intp]) -> list[int]:
+        return b.docs(pos).tolist() if pos.size else []
+
+    def add(kind: str, docs: Iterable[int]) -> None:
+        for d in docs:
+            found[d].add(kind)
+
+    if b"@" in joined:
+        for d in set(docs_of(b.find(b"@", 0))):
+            if _email_near_at(raws[d]):
+                found[d].add("email")
+    # runs of >= 20 key characters; UUIDs skip the cache
+    runs = joined.translate(_TOKEN_MAP)
+    pos = runs.find(_RUN20)
+    while pos != -1:
+        end = runs.find(b" ", pos)
+        end = len(runs) if end == -1 else end
+        token = joined[pos:end]
+        if not (end - pos == 36 and _UUID_B.fullmatch(token)) and _suspicious_run(token):
+            d = bisect.bisect_right(starts, pos) - 1
+            found[d].add("api_key")
+            if end - pos >= 32:
+                found[d].add("high_entropy_secret")
+        pos = runs.find(_RUN20, end)
+    if b"J" in joined:
+        add("jwt", docs_of(b.find(b"eyJ", 2)))
+    if b"-----BEGIN" in joined:
+        add("private_key", docs_of(b.find(b"-----BEGIN", 5)))
+    add("bearer_token", docs_of(b.find(b"bearer", 0, lower=True)))
+    basic = b.find(b"basic", 0, lower=True)
+    if basic.size:
+        auth = docs_of(b.find(b"authorization", 8, lower=True))
+        add("bearer_token", set(docs_of(basic)) & set(auth))
+    add("password", _secret_assignment_docs(b))
+    # nine digits in a row once separators are dropped: `_numbers_near_runs` decides
+    digits = joined.translate(_DIGIT_MAP_NUL, _DIGIT_SEPARATORS)
+    if _RUN9 in digits:
+        marks = [-1, *_each(digits, b"X")]
+        pos = digits.find(_RUN9)
+        while pos != -1:
+            d = bisect.bisect_right(marks, pos) - 1
+            found[d].update(_numbers_near_runs(raws[d]))
+            nxt = marks[d + 1] if d + 1 < len(marks) else len(digits)
+            pos = digits.find(_RUN9, nxt)
+    # IP addresses: documents with a shape `_address_shape` may accept, which decides
+    shaped: set[int] = set()
+    colons = b.anchor(58)
+    if colons.size:
+        hx = _IS_HEX
+        shaped.update(docs_of(colons[raw_a[colons + 1] == 58] - _PAD))  # "::"
+        c = colons[hx[raw_a[colons + 1]]]  # a hex digit after the colon
+        c1 = c[hx[raw_a[c - 1]] & (raw_a[c + 2] == 58)]  # "0:0:"
+        c3 = c[hx[raw_a[c + 2]] & hx[raw_a[c + 3]]]
+        c3a = c3[raw_a[c3 + 4] == 58]  # ":000:"
+        c4 = c3[hx[raw_a[c3 + 4]] & (raw_a[c3 + 5] == 58)]  # ":0000:"
+        c2 = c[hx[raw_a[c - 1]] & hx[raw_a[c - 2]] & hx[raw_a[c + 2]] & (raw_a[c + 3] == 58)]
+        for k in (4, 7):  # "00:00:00:00:": two more two-digit groups, each before a ':'
+            c2 = c2[hx[raw_a[c2 + k]] & hx[raw_a[c2 + k + 1]] & (raw_a[c2 + k + 2] == 58)]
+        for group in (c1, c3a, c4, c2):
+            shaped.update(docs_of(group - _PAD))
+    dots = b.anchor(46)
+    if dots.size:
+        dg = _IS_DIGIT
+        d1 = dots[dg[raw_a[dots + 1]]]
+        d1 = d1[dg[raw_a[d1 - 1]]]
+        near = (raw_a[d1 + 2] == 46) | (raw_a[d1 + 3] == 46) | (raw_a[d1 + 4] == 46)
+        shaped.update(docs_of(d1[near] - _PAD))
+    for d in shaped:
+        if "ip_address" not in found[d] and _address_shape(raws[d]):
+            found[d].add("ip_address")
+    escaped: set[int] = set()
+    if b"\\" in joined:
+        escaped.update(docs_of(b.find(b"\\u", 0)))
+        escaped.update(docs_of(b.find(b"\\/", 0)))
+    del low, low_a
+    return [None if i in escaped else found[i] for i in range(n)]
+
+
+def _secret_assignment_docs(b: _Batch) -> set[int]:
+    """The documents for which `_secret_assignment` (on the lower-cased bytes) is true."""
+    starts, ends, low, low_a = b.starts, b.ends, b.low, b.low_a
+    start_list = starts.tolist()
+    out: set[int] = set()
+    # "my password is ...": where `_MY_PASSWORD_B` can match, and whether
+    # `_secret_assignment` would look there (after a "pin " anywhere in the document, or
+    # at or after its first "pass")
+    pin = b.find(b"pin", 0, lower=True)
+    pin_space = set(b.docs(pin[low_a[pin + _PAD + 3] == 32]).tolist()) if pin.size else set()
+    passes = b.find(b"pass", 0, lower=True)
+    first_pass: dict[int, int] = {}
+    for pos, d in zip(passes.tolist(), b.docs(passes).tolist(), strict=True):
+        first_pass.setdefault(d, pos)
+    maybe = np.concatenate(
+        (pin[_IS_SPACE[low_a[pin + _PAD + 3]]], passes[_PASS_NEXT[low_a[passes + _PAD + 4]]])
+    )
+    for pos, d in zip(maybe.tolist(), b.docs(maybe).tolist(), strict=True):
+        if d in out or not _MY_PASSWORD_B.match(low, pos, int(ends[d])):
+            continue
+        if d in pin_space or (d in first_pass and first_pass[d] <= pos):
+            out.add(d)
+    # assignments near the first 64 occurrences of each secret word (give up, true, at 64)
+    n = len(start_list)
+    for word, anchor_at in _SECRET_ANCHORS:
+        at = b.find(word, anchor_at, lower=True)
+        if not at.size:
+            continue
+        docs = b.docs(at)
+        out.update(np.flatnonzero(np.bincount(docs, minlength=n) >= 64).tolist())
+        if word != b"pass":
+            keep = _IS_OPENER[low_a[at + _PAD + len(word)]]
+            at, docs = at[keep], docs[keep]
+        for pos, d in zip(at.tolist(), docs.tolist(), strict=True):
+            if d not in out and _SECRET_ASSIGN_B.search(
+                low, max(start_list[d], pos - 16), min(pos + 40, int(ends[d]))
+            ):
+                out.add(d)
+    return out
+
+
+_SECRET_ANCHORS = ((b"pass", 0), (b"pwd", 0), (b"secret", 2), (b"key", 0), (b"token", 2))
+
+
+def _each(buf: bytes, needle: bytes) -> Iterator[int]:
+    pos = buf.find(needle)
+    while pos != -1:
+        yield pos
+        pos = buf.find(needle, pos + 1)
 
 
 def _string_gate(text: str, todo: frozenset[str]) -> frozenset[str]:
