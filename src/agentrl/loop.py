@@ -38,25 +38,36 @@ HELDOUT_OFFSET = 1_000_000  # same as agentrl.llm.valid_action: training seeds s
 
 @dataclass
 class LoopConfig:
-    """One run of the loop; `quick()` is the seconds-long version with the tiny model."""
+    """One run of the loop; `quick()` is the seconds-long version with the tiny model.
+
+    The defaults are the valid-action learning set-up on the whole stack (measured in
+    BENCHMARKS.md, "agentrl loop"): agents explore at `temperature` (6: near-uniform over the
+    moves, so the logged data covers the states), every turn carries the environment's shaped
+    reward, and each training job continues the newest version (`init_from: latest`) with
+    `epochs` x 2 advantage-weighted steps on the newest `threshold` trajectories.
+    """
 
     data_dir: Path = Path(".agentrl/loop")
     model: str = "smollm2"
-    generations: int = 2
+    generations: int = 5
     agents: int = 4
-    group_size: int = 4
-    threshold: int = 64
-    max_steps: int = 8
+    group_size: int = 16
+    threshold: int = 256
+    max_steps: int = 12
     heldout_seeds: int = 50
     job_kind: str = "dataset"
     bad_candidate: bool = False
-    time_budget_s: float = 900.0
-    temperature: float = 1.0
-    ramp: tuple[float, ...] = (25.0, 50.0, 100.0)
+    time_budget_s: float = 780.0
+    temperature: float = 6.0
+    ramp: tuple[float, ...] = (50.0, 100.0)
     step_delay_s: float = 5.0
     min_samples: int = 8
     learning_rate: float = 5e-4
-    epochs: int = 2
+    epochs: int = 20
+    objective: str = "awr"
+    progress_reward: float = 0.3
+    hole_penalty: float = 0.3
+    benchmark_episodes: int = 30
     fresh: bool = True
 
     @classmethod
@@ -74,6 +85,8 @@ class LoopConfig:
             step_delay_s=1.0,
             min_samples=4,
             epochs=1,
+            temperature=1.0,
+            benchmark_episodes=4,
         )
         base.update(kw)
         return cls(**base)
@@ -87,25 +100,46 @@ def free_port() -> int:
 
 def loop_environment(cfg: LoopConfig) -> dict[str, str]:
     """The other services' settings for a demo-sized loop (only those not set by the user)."""
+    hyper = {
+        "objective": cfg.objective,
+        "awr_beta": 0.5,
+        "minibatches": 2,
+        "policy_temperature": 2.0,
+        "lora_layers": 4,
+        "entropy_coef": 0.02,
+    }
     env = {
         "AGENTRL_TRAINING_THRESHOLD": str(cfg.threshold),
         "AGENTRL_TRAINING_SCHEDULE": "",
         "AGENTRL_TRAINING_BASE_MODEL": cfg.model,
         "AGENTRL_TRAINING_ALGORITHM": "grpo",
         "AGENTRL_TRAINING_ADVANTAGE_ESTIMATOR": "gigpo",
-        "AGENTRL_TRAINING_SAMPLE_SIZE": str(max(cfg.threshold * 4, 64)),
+        "AGENTRL_TRAINING_SAMPLE_SIZE": str(cfg.threshold),
         "AGENTRL_TRAINING_BATCH_SIZE": "16",
         "AGENTRL_TRAINING_EPOCHS": str(cfg.epochs),
         "AGENTRL_TRAINING_LEARNING_RATE": str(cfg.learning_rate),
         "AGENTRL_TRAINING_MAX_LENGTH": "512",
         "AGENTRL_TRAINING_HOLDOUT_SIZE": "0.0",
-        "AGENTRL_TRAINING_STATUS_EVERY_STEPS": "1",
+        "AGENTRL_TRAINING_STATUS_EVERY_STEPS": "5",
+        "AGENTRL_TRAINING_HYPERPARAMETERS": json.dumps(hyper),
+        "AGENTRL_TRAINING_INIT_FROM": "latest",
+        "AGENTRL_TRAINING_MIXED_PRECISION": "bf16" if cfg.model != "tiny" else "no",
         "AGENTRL_DEPLOY_BASE_MODEL": cfg.model,
         "AGENTRL_DEPLOY_RAMP": json.dumps(list(cfg.ramp)),
         "AGENTRL_DEPLOY_STEP_DELAY_S": str(cfg.step_delay_s),
         "AGENTRL_DEPLOY_MONITOR_PERIOD_S": "0.5",
         "AGENTRL_DEPLOY_MIN_SAMPLES": str(cfg.min_samples),
-        "AGENTRL_DEPLOY_BENCHMARK_EPISODES": "1",
+        # validation plays FrozenLake as the agents do (valid actions, greedy) on benchmark
+        # maps of its own (neither training nor held-out seeds); a candidate worse than the
+        # live version by more than 0.05 is rejected (the seed's regression rule)
+        "AGENTRL_DEPLOY_BENCHMARK_TASKS": json.dumps({"research_synthesis": ["frozenlake-4x4"]}),
+        "AGENTRL_DEPLOY_BENCHMARK_ENV_KWARGS": json.dumps(
+            {"frozenlake-4x4": {"obs_format": "egocentric"}}
+        ),
+        "AGENTRL_DEPLOY_BENCHMARK_SYSTEM_PROMPT": _system_prompt(),
+        "AGENTRL_DEPLOY_BENCHMARK_VALID_ACTIONS": "true",
+        "AGENTRL_DEPLOY_BENCHMARK_MAX_STEPS": str(cfg.max_steps),
+        "AGENTRL_DEPLOY_BENCHMARK_EPISODES": str(cfg.benchmark_episodes),
         "AGENTRL_DEPLOY_BENCHMARK_SEED": str(HELDOUT_OFFSET + 500_000),
         # the moves are one word; safety refusals show in the first dozen tokens
         "AGENTRL_DEPLOY_VALIDATION_MAX_NEW_TOKENS": "12" if cfg.model == "tiny" else "24",
@@ -113,6 +147,30 @@ def loop_environment(cfg: LoopConfig) -> dict[str, str]:
     if cfg.model == "tiny":  # a random tiny model's safety scores are noise: no drop check
         env["AGENTRL_DEPLOY_SAFETY_MAX_DROP"] = "1.0"
     return {k: v for k, v in env.items() if k not in os.environ}
+
+
+def _system_prompt() -> str:
+    from agentrl.llm.valid_action import SYSTEM_PROMPT
+
+    return SYSTEM_PROMPT
+
+
+def loop_task(cfg: LoopConfig, seed: int) -> Any:
+    """The agents' task: FrozenLake 4x4 (egocentric observations, shaped step rewards) with
+    the learning configuration's short system prompt."""
+    from agentrl.envs.registry import task_for
+    from agentrl.episodes import Message
+
+    task = task_for(
+        "frozenlake-4x4",
+        seed,
+        max_episode_steps=cfg.max_steps,
+        obs_format="egocentric",
+        progress_reward=cfg.progress_reward,
+        hole_penalty=cfg.hole_penalty,
+    )
+    task.initial_messages = [Message(role="system", content=_system_prompt())]
+    return task
 
 
 # ---- results ------------------------------------------------------------------------------
@@ -169,7 +227,14 @@ class LoopResult:
 def decision_of(record: Any) -> tuple[str, str]:
     """The version's last deciding action and its reason (register/validate/advance skipped)."""
     for d in reversed(record.decisions):
-        if d.action in ("promote", "rollback", "reject", "bootstrap", "refuse_to_serve"):
+        if d.action in (
+            "promote",
+            "rollback",
+            "reject",
+            "supersede",
+            "bootstrap",
+            "refuse_to_serve",
+        ):
             return d.action, d.reason
     if record.decisions:
         d = record.decisions[-1]
@@ -211,13 +276,10 @@ class Agents:
 
     async def group(self, seed: int) -> None:
         """One GiGPO group: `group_size` episodes of the same map (same task_id)."""
-        from agentrl.envs.registry import task_for
         from agentrl.rollout.convert import episode_to_trajectory
         from agentrl.rollout.worker import RLRolloutWorker
 
-        task = task_for(
-            "frozenlake-4x4", seed, max_episode_steps=self.cfg.max_steps, obs_format="egocentric"
-        )
+        task = loop_task(self.cfg, seed)
         policy = self.policy(self.public, self.cfg.temperature)
         group_id = str(uuid.uuid4())
         workers = [
@@ -262,19 +324,13 @@ class Agents:
 
     async def heldout(self, model_id: str, seeds: list[int]) -> tuple[int, int, float]:
         """Greedy episodes of `model_id` (named explicitly) on held-out seeds."""
-        from agentrl.envs.registry import task_for
         from agentrl.rollout.worker import RLRolloutWorker
 
         policy = self.policy(model_id, 0.0)
         sem = asyncio.Semaphore(8)
 
         async def one(seed: int) -> Any:
-            task = task_for(
-                "frozenlake-4x4",
-                seed,
-                max_episode_steps=self.cfg.max_steps,
-                obs_format="egocentric",
-            )
+            task = loop_task(self.cfg, seed)
             async with sem:
                 return await RLRolloutWorker(task, policy, history_window=0).run()
 

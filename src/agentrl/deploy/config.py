@@ -9,7 +9,7 @@ default step lists over the same code path.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -114,6 +114,21 @@ class DeploySettings(BaseSettings):
     benchmark_threshold: float = Field(0.0, description="Mean benchmark score needed to pass.")
     benchmark_episodes: int = Field(2, ge=1, description="Held-out episodes per environment.")
     benchmark_seed: int = Field(90_000, description="First held-out seed (training uses low ones).")
+    benchmark_tasks: dict[str, list[str]] | None = Field(
+        None, description="Task type -> env ids of the benchmark suite (JSON; None: all four)."
+    )
+    benchmark_env_kwargs: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Env id -> keyword arguments (e.g. obs_format)."
+    )
+    benchmark_system_prompt: str | None = Field(
+        None, description="System prompt of benchmark episodes (None: the env's own)."
+    )
+    benchmark_valid_actions: bool = Field(
+        False,
+        description="Envs with valid actions are played by scoring them (greedy, as the "
+        "gateway's guided_choice serves them) instead of free-form generation.",
+    )
+    benchmark_max_steps: int = Field(6, gt=0, description="Steps per benchmark episode.")
     validation_max_new_tokens: int = Field(
         48, gt=0, description="Tokens a validation answer may use (benchmarks and safety)."
     )

@@ -183,7 +183,7 @@ class Controller:
         self.ticks = [*self.ticks[-999:], time.time()]
         rollout = await self.registry.get_rollout(self.deployer.public)
         if rollout is None or rollout.status != "running":
-            return None
+            return await self.deploy_waiting()
         if rollout.paused:
             return "paused"
         new, live = rollout.model_id, rollout.previous_model
@@ -252,6 +252,41 @@ class Controller:
                 new, by=BY, action="hold", reason=f"analysis {verdict}", evidence=evidence
             )
         return "hold"
+
+    async def deploy_waiting(self) -> str | None:
+        """No rollout running: deploy the newest validated candidate that had to wait for
+        the previous rollout; older waiting ones are superseded (a newer job built on them,
+        or on the same live model, has passed validation since)."""
+        if not self.settings.auto_deploy:
+            return None
+        records = await self.registry.list_models(self.deployer.public)
+        waiting = [
+            r
+            for r in records
+            if r.state == "candidate"
+            and any(d.action == "validate" for d in r.decisions)
+            and any(d.action == "wait" for d in r.decisions)
+        ]
+        if not waiting:
+            return None
+        newest = max(waiting, key=lambda r: r.version)
+        for r in waiting:
+            if r is not newest:
+                await self.registry.transition(
+                    r.model_id,
+                    "retired",
+                    by=BY,
+                    action="supersede",
+                    reason=f"superseded by {newest.model_id} before it was deployed",
+                )
+        try:
+            await self.deployer.start(
+                newest.model_id, self.plan, by=BY, reason="validated earlier; waited its turn"
+            )
+        except DeployError as exc:
+            log.info("waiting candidate %s not deployed: %s", newest.model_id, exc)
+            return None
+        return self._did("deploy_waiting")
 
     def _did(self, action: str) -> str:
         self.last_action = (time.time(), action)

@@ -34,6 +34,8 @@ from agentrl.rollout.policies.hf_policy import sample_tokens
 log = logging.getLogger(__name__)
 
 BASE_ADAPTER = "__base__"
+CHOICE_CACHE_SIZE = 200_000
+ChoiceScores = tuple[list[float], list[list[int]], list[list[float]]]
 TokenCallback = Callable[[int, float, list[tuple[int, float]]], None]
 
 
@@ -92,6 +94,12 @@ class LocalEngine:
         self._rng = torch.Generator()
         self._rng.manual_seed(seed)
         self._py_rng = random.Random(seed)
+        # guided_choice: (adapter, prompt text, choices) -> (renormalised log-probs, each
+        # choice's per-token log-probs). Agents in an environment see the same states again
+        # and again; a version's answer distribution for a prompt never changes, so it is
+        # computed once (entries of an adapter go when it is unloaded).
+        self._choice_cache: dict[tuple[str, str, tuple[str, ...]], ChoiceScores] = {}
+        self.choice_cache_size = CHOICE_CACHE_SIZE
 
     # ---- adapters ---------------------------------------------------------------------
     def load_adapter(self, model_id: str, folder: Path) -> None:
@@ -135,6 +143,9 @@ class LocalEngine:
             name = self.adapters.pop(model_id, None)
             if name is not None and self.is_peft:
                 self.model.delete_adapter(name)
+            if name is not None:
+                for key in [k for k in self._choice_cache if k[0] == name]:
+                    self._choice_cache.pop(key, None)
 
     def adapter_of(self, model_id: str | None) -> str:
         if model_id is None:
@@ -166,9 +177,14 @@ class LocalEngine:
         request: ChatRequest,
         on_token: TokenCallback | None = None,
     ) -> Generation:
-        prompt = self.encode(request)
+        text = self.render(request)
+        prompt: list[int] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if request.guided_choice:
-            return await asyncio.to_thread(self._guided, model_id, prompt, request)
+            key = (self.adapter_of(model_id), text, tuple(request.guided_choice))
+            scored = self._choice_cache.get(key)
+            if scored is None:  # a new prompt for this version: one forward pass, in a thread
+                scored = await asyncio.to_thread(self._score_choices, key, prompt)
+            return self._guided(prompt, request, *scored)
         limit = request.token_limit(self.default_max_tokens)
         if len(prompt) + limit > self.context:
             limit = self.context - len(prompt)
@@ -373,43 +389,61 @@ class LocalEngine:
     ) -> list[list[float]]:
         """Per-token log-probs of each continuation after `prompt` under version `model_id`."""
         with self._lock:
-            adapter = self.adapter_of(model_id)
-            seqs = [prompt + c for c in continuations]
-            width = max(len(s) for s in seqs)
-            n = len(seqs)
-            ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros((n, width), dtype=torch.long)
-            for i, s in enumerate(seqs):
-                ids[i, : len(s)] = torch.tensor(s)
-                mask[i, : len(s)] = 1
-            start = len(prompt)
-            # The vocabulary projection and log_softmax only where a continuation token is
-            # predicted (positions start-1 .. width-1): over the whole prompt they were ~90 %
-            # of a guided request's time.
-            keep = width - start + 1
-            logits = self._forward(
-                [adapter] * n, input_ids=ids, attention_mask=mask, logits_to_keep=keep
-            ).logits
-            offset = start - 1 - (width - logits.shape[1])  # 0, or start-1 if all were kept
-            out = []
-            for i, c in enumerate(continuations):
-                rows = torch.log_softmax(logits[i, offset : offset + len(c)].float(), -1)
-                out.append(rows.gather(-1, torch.tensor(c)[:, None]).squeeze(-1).tolist())
-            return out
+            return self._score_locked(self.adapter_of(model_id), prompt, continuations)
 
-    def _guided(self, model_id: str | None, prompt: list[int], request: ChatRequest) -> Generation:
-        """Score the choices with the learning package's valid-action scorer
-        (`agentrl.llm.choices.score_choices`: log p(choice | prompt) renormalised over the
-        choices) under this version's adapter, pick one, and report its tokens' log-probs."""
+    def _score_locked(
+        self, adapter: str, prompt: list[int], continuations: list[list[int]]
+    ) -> list[list[float]]:
+        seqs = [prompt + c for c in continuations]
+        width = max(len(s) for s in seqs)
+        n = len(seqs)
+        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s)
+            mask[i, : len(s)] = 1
+        start = len(prompt)
+        # The vocabulary projection and log_softmax only where a continuation token is
+        # predicted (positions start-1 .. width-1): over the whole prompt they were ~90 %
+        # of a guided request's time.
+        keep = width - start + 1
+        logits = self._forward(
+            [adapter] * n, input_ids=ids, attention_mask=mask, logits_to_keep=keep
+        ).logits
+        offset = start - 1 - (width - logits.shape[1])  # 0, or start-1 if all were kept
+        out = []
+        for i, c in enumerate(continuations):
+            rows = torch.log_softmax(logits[i, offset : offset + len(c)].float(), -1)
+            out.append(rows.gather(-1, torch.tensor(c)[:, None]).squeeze(-1).tolist())
+        return out
+
+    @torch.no_grad()
+    def _score_choices(
+        self, key: tuple[str, str, tuple[str, ...]], prompt: list[int]
+    ) -> ChoiceScores:
+        """log p(choice | prompt) renormalised over the choices (GLAM's valid-action policy,
+        `agentrl.llm.choices`), with each choice's token ids and per-token log-probs, under
+        the adapter named in `key`; cached. When every choice is one distinct token (moves
+        under SmolLM2's tokenizer) a single forward pass gives all of it."""
         from contextlib import nullcontext
 
-        from agentrl.llm.choices import score_choices
+        from agentrl.llm.choices import candidate_ids, score_choices, single_token_ids
 
-        choices = list(request.guided_choice or [])
+        adapter, text, choices = key
         try:
-            encoded = [self.tokenizer(c, add_special_tokens=False)["input_ids"] for c in choices]
-            with self._lock:
-                adapter = self.adapter_of(model_id)
+            encoded = candidate_ids(self.tokenizer, choices)
+        except ValueError as exc:  # empty or duplicate choices
+            raise DeployError(f"guided_choice: {exc}") from exc
+        single = single_token_ids(encoded)
+        with self._lock:
+            if single is not None:
+                logits = self._forward(
+                    [adapter], input_ids=torch.tensor([prompt]), logits_to_keep=1
+                ).logits[0, -1]
+                raw = torch.log_softmax(logits.float(), -1)[single]
+                renorm = (raw - torch.logsumexp(raw, -1)).tolist()
+                per_token = [[float(x)] for x in raw.tolist()]
+            else:
                 ctx: Any = nullcontext()
                 if self.is_peft:
                     if adapter == BASE_ADAPTER:
@@ -417,15 +451,27 @@ class LocalEngine:
                     else:
                         self.model.set_adapter(adapter)
                 with ctx:
-                    scores = score_choices(
-                        self.model, self.tokenizer, [self.render(request)], choices
-                    )[0]
-        except ValueError as exc:  # empty or duplicate choices
-            raise DeployError(f"guided_choice: {exc}") from exc
+                    renorm = score_choices(self.model, self.tokenizer, [text], list(choices))[0]
+                per_token = self._score_locked(adapter, prompt, encoded)
+        if len(self._choice_cache) >= self.choice_cache_size:
+            self._choice_cache.clear()  # a crude bound; the working set refills in seconds
+        scored = (renorm, encoded, per_token)
+        self._choice_cache[key] = scored
+        return scored
+
+    def _guided(
+        self,
+        prompt: list[int],
+        request: ChatRequest,
+        scores: list[float],
+        encoded: list[list[int]],
+        per_token: list[list[float]],
+    ) -> Generation:
+        """Pick one of the scored choices at the request's temperature and report it."""
+        choices = list(request.guided_choice or [])
         temperature = 1.0 if request.temperature is None else float(request.temperature)
         index, probs = pick(scores, temperature, self._py_rng)
         ids = encoded[index]
-        per_token = self.score(model_id, prompt, [ids])[0]
         top = None
         if request.logprobs and request.top_logprobs:
             order = sorted(range(len(choices)), key=lambda j: -probs[j])[: request.top_logprobs]
@@ -439,7 +485,7 @@ class LocalEngine:
             tool_calls=calls,
             prompt_token_ids=prompt,
             completion_token_ids=ids,
-            token_logprobs=per_token,
+            token_logprobs=per_token[index],
             tokens=[self._text([i]) for i in ids],
             top_logprobs=(top + [[]] * (len(ids) - 1)) if top else None,
             prompt_tokens=len(prompt),

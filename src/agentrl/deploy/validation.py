@@ -148,26 +148,42 @@ async def run_safety(
 
 
 async def run_benchmarks(
-    policy: Any, settings: DeploySettings, task_types: dict[str, list[str]] | None = None
+    policy: Any,
+    settings: DeploySettings,
+    task_types: dict[str, list[str]] | None = None,
+    choice_policy: Callable[[list[str]], Any] | None = None,
 ) -> dict[str, Any]:
-    """Success rate per task type over held-out episodes, and their mean."""
-    from agentrl.envs.registry import task_for
+    """Success rate per task type over held-out episodes, and their mean.
+
+    `choice_policy(valid_actions)` -> a policy that scores the env's valid actions; used for
+    envs that have them when `settings.benchmark_valid_actions` is on."""
+    from agentrl.envs.registry import make_env, task_for
+    from agentrl.episodes import Message
     from agentrl.rollout.worker import RLRolloutWorker
 
-    task_types = task_types or TASK_TYPES
+    task_types = task_types or settings.benchmark_tasks or TASK_TYPES
     scores: dict[str, float] = {}
     for task_type, env_ids in task_types.items():
         successes, total = 0, 0
         for env_id in env_ids:
+            kwargs = settings.benchmark_env_kwargs.get(env_id, {})
+            player = policy
+            valid = getattr(make_env(env_id, **kwargs), "valid_actions", None)
+            if settings.benchmark_valid_actions and choice_policy is not None and valid:
+                player = choice_policy(list(valid()))
             runs = []
             for i in range(settings.benchmark_episodes):
-                task = task_for(env_id, settings.benchmark_seed + i)
+                task = task_for(env_id, settings.benchmark_seed + i, **kwargs)
+                if settings.benchmark_system_prompt:
+                    task.initial_messages = [
+                        Message(role="system", content=settings.benchmark_system_prompt)
+                    ]
                 runs.append(
                     RLRolloutWorker(
                         task,
-                        policy,
-                        history_window=2,
-                        max_episode_steps=min(task.max_episode_steps, 6),
+                        player,
+                        history_window=0 if player is not policy else 2,
+                        max_episode_steps=min(task.max_episode_steps, settings.benchmark_max_steps),
                     ).run()
                 )
             for episode in await asyncio.gather(*runs):
@@ -221,7 +237,7 @@ class Validator:
         self.settings = settings
         self.registry = registry
         self.cache_dir = cache_dir
-        self.task_types = task_types or TASK_TYPES
+        self.task_types = task_types or settings.benchmark_tasks or TASK_TYPES
         self.prompts = prompts
 
     async def evaluate(self, record: ModelRecord) -> dict[str, Any]:
@@ -238,7 +254,13 @@ class Validator:
             policy = await asyncio.to_thread(
                 _hf_policy, str(folder), None, self.settings.validation_max_new_tokens
             )
-        bench = await run_benchmarks(policy, self.settings, self.task_types)
+
+        def choices(valid: list[str]) -> Any:
+            from agentrl.rollout.policies.choice_policy import ChoicePolicy
+
+            return ChoicePolicy(policy.model, policy.tokenizer, valid, temperature=0.0)
+
+        bench = await run_benchmarks(policy, self.settings, self.task_types, choices)
         obs.deployment(scores={(record.model_id, t): v for t, v in bench["scores"].items()})
         safety = await run_safety(_generator(policy), self.settings, self.prompts)
         return {"benchmark": bench, "safety": safety}

@@ -33,7 +33,10 @@ class FrozenLakeTextEnv:
     row/column and what lies up/down/left/right (frozen, hole, goal, wall): no headline,
     no counter, so the same state gives the same text in every episode (prompts repeat,
     and a policy can cache them). `valid_actions()` lists the moves. Reward: `success_reward` on reaching G, 0 on
-    falling into a hole (the episode ends either way), `step_penalty` per step.
+    falling into a hole (the episode ends either way), `step_penalty` per step. Optional
+    shaping (the learning configuration's, so logged trajectories carry it per turn):
+    `progress_reward` per grid cell closed toward the goal on every move, and
+    `-hole_penalty` instead of anything else on the move into a hole.
     """
 
     def __init__(
@@ -48,6 +51,8 @@ class FrozenLakeTextEnv:
         success_reward: float = 1.0,
         desc: list[str] | None = None,
         obs_format: str = "grid",
+        progress_reward: float = 0.0,
+        hole_penalty: float = 0.0,
     ) -> None:
         if size < 2:
             raise ValueError(f"size must be >= 2, got {size}")
@@ -62,6 +67,8 @@ class FrozenLakeTextEnv:
         self.step_penalty = step_penalty
         self.invalid_action_penalty = invalid_action_penalty
         self.success_reward = success_reward
+        self.progress_reward = progress_reward
+        self.hole_penalty = hole_penalty
         self.fixed_desc = desc
         self.env_id = f"frozenlake-{size}x{size}" + ("-slippery" if is_slippery else "")
         self.ground_truth: Any = None
@@ -123,6 +130,10 @@ class FrozenLakeTextEnv:
         if self.is_slippery and not success and not fell:
             what += " (The ice is slippery: you may slide sideways.)"
         reward = self.step_penalty + (self.success_reward if success else 0.0)
+        if fell and self.hole_penalty:
+            reward = -self.hole_penalty
+        elif self.progress_reward:
+            reward += self.progress_reward * self._closed(before, self._state)
         info: dict[str, Any] = {
             "success": success,
             "fell_in_hole": fell,
@@ -134,6 +145,12 @@ class FrozenLakeTextEnv:
         return self._observation(what), reward, self._done, info
 
     # ---- helpers -----------------------------------------------------------------------
+    def _closed(self, before: int, after: int) -> int:
+        """Grid cells closed toward the goal (Manhattan distance before minus after)."""
+        gr, gc = self.goal()
+        (br, bc), (ar, ac) = self._pos(before), self._pos(after)
+        return (abs(gr - br) + abs(gc - bc)) - (abs(gr - ar) + abs(gc - ac))
+
     def _pos(self, state: int) -> tuple[int, int]:
         n = len(self.desc[0])
         return state // n, state % n

@@ -171,6 +171,17 @@ class CheckpointManager:
         }
         (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
 
+    def put(self, local: Path, name: str) -> str:
+        """Store a checkpoint folder written elsewhere (manifest last); returns its URL."""
+        try:
+            self._upload(local, name)
+        except Exception as exc:
+            raise TrainingError(
+                f"could not write checkpoint {self.url(name)}: {type(exc).__name__}: {exc}",
+                "INFRA",
+            ) from exc
+        return self.url(name)
+
     def _upload(self, local: Path, name: str) -> None:
         if not name.startswith(STEP_PREFIX):
             # best/ and final/ are replaced: write beside, then swap, so a failed upload

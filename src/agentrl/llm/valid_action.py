@@ -449,28 +449,27 @@ MOVES = ("up", "down", "left", "right")
 class Learner:
     """Model + LoRA on the top layers + the cached-trunk scorer + optimiser."""
 
-    def __init__(self, config: ValidActionConfig) -> None:
+    def __init__(self, config: ValidActionConfig, choices: Sequence[str] = ()) -> None:
+        from dataclasses import replace
+
         from agentrl.llm.choices import UpperLayerScorer
-        from agentrl.llm.loading import LoraSettings, load_policy
+        from agentrl.llm.loading import LoraSettings, apply_lora, load_policy
 
         self.config = config
         torch.manual_seed(config.seed)
-        probe = load_policy(config.model, seed=config.seed)
-        n_layers = int(probe.model.config.num_hidden_layers)
+        base = load_policy(config.model, seed=config.seed)  # loaded once; LoRA added after
+        n_layers = int(base.model.config.num_hidden_layers)
         top = min(config.lora_layers, n_layers)
         layers = tuple(range(n_layers - top, n_layers))
-        self.policy = load_policy(
-            config.model,
-            seed=config.seed,
-            lora=LoraSettings(r=config.lora_r, alpha=config.lora_alpha, layers=layers),
-        )
-        del probe
+        lora = LoraSettings(r=config.lora_r, alpha=config.lora_alpha, layers=layers)
+        torch.manual_seed(config.seed)  # the adapters' init, as if loaded with them
+        self.policy = replace(base, model=apply_lora(base.model, lora), lora=lora)
         self.tokenizer = self.policy.tokenizer
         dtype = torch.bfloat16 if config.dtype == "bf16" else None
         self.scorer = UpperLayerScorer(
             self.policy.model,
             self.tokenizer,
-            MOVES,
+            list(choices) or MOVES,
             n_layers - top,
             dtype=dtype,
             temperature=config.temperature,
@@ -679,6 +678,12 @@ def train_on_env(
 
 def save_adapter(learner: Learner, out: Path, result: LearningResult) -> Path:
     """The LoRA adapter in `agentrl.llm.checkpoint`'s format (base file + sha256 manifest)."""
+    return write_adapter(learner, out, result.summary(), len(result.iterations))
+
+
+def write_adapter(learner: Learner, out: Path, metrics: dict[str, Any], step: int) -> Path:
+    """`save_adapter` for any metrics: adapter, base file, tokenizer, this learner's config,
+    metrics.json, and a manifest with every file's sha256 (written last)."""
     from agentrl.llm.checkpoint import BASE_FILE, MANIFEST, sha256_file
 
     out.mkdir(parents=True, exist_ok=True)
@@ -689,10 +694,10 @@ def save_adapter(learner: Learner, out: Path, result: LearningResult) -> Path:
     (out / BASE_FILE).write_text(json.dumps(base))
     policy.tokenizer.save_pretrained(out)
     (out / "valid_action_config.json").write_text(learner.config.model_dump_json(indent=2))
-    (out / "metrics.json").write_text(json.dumps(result.summary(), indent=2, default=float))
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=float))
     files = sorted(p for p in out.rglob("*") if p.is_file() and p.name != MANIFEST)
     manifest = {
-        "step": len(result.iterations),
+        "step": step,
         "files": {str(p.relative_to(out)): sha256_file(p) for p in files},
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2))

@@ -232,6 +232,11 @@ async def load_data(spec: dict[str, Any]) -> dict[str, Any]:
         if req.training_config.algorithm == "dpo":
             with _suppress():
                 feedback = await read_subject(js, "RL_FEEDBACK", "agent.rl.feedback.v1", start)
+        init_from = (req.training_config.model_extra or {}).get("init_from")
+        if init_from and not spec.get("init_checkpoint"):
+            from agentrl.training.choice_job import resolve_init
+
+            spec["init_checkpoint"] = await resolve_init(js, str(init_from))
     except TrainingError:
         raise
     except Exception as exc:
@@ -321,6 +326,7 @@ def snis_reward(
 
 def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
     from agentrl.contracts.training import TrainingRequest
+    from agentrl.training.choice_job import guided_share
     from agentrl.training.dataset import (
         FilterReport,
         apply_filters,
@@ -346,7 +352,12 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
         records, report = apply_filters(
             data["trajectories"], latest_rewards(data["rewards"]), tc.dataset.filter, report
         )
-        records = seeded_sample(records, tc.dataset.sample_size, seed)
+        guided = guided_share([r.trajectory for r in records]) > 0.5
+        if guided:  # valid-action data: the newest trajectories (closest to the policy now)
+            records.sort(key=lambda r: str(r.trajectory.get("end_timestamp") or ""))
+            records = records[-tc.dataset.sample_size :] if tc.dataset.sample_size else records
+        else:
+            records = seeded_sample(records, tc.dataset.sample_size, seed)
         del data["trajectories"], data["rewards"]  # only the sample lives on
     report.sampled = len(records)
     holdout_size = req.evaluation.holdout_size if req.evaluation.enabled else 0.0
@@ -354,6 +365,11 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
     report.holdout = len(hold)
     if not train:
         raise TrainingError(report.message(), "DATA")
+    if guided:
+        from agentrl.training.choice_job import run_choice_job
+
+        run_choice_job(spec, emitter, req, train, data, report, est)
+        return
     # torch and transformers only now: a job without data fails in a second
     from agentrl.llm.checkpoint import CheckpointManager
     from agentrl.llm.samples import truncate

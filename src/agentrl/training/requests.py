@@ -26,11 +26,15 @@ def defaults(settings: TrainingSettings) -> dict[str, Any]:
     }
     if settings.advantage_estimator:
         hp["adv_estimator"] = settings.advantage_estimator
+    hp.update(settings.hyperparameters)
     dataset: dict[str, Any] = {"source": "nats_stream", "stream_name": "RL_TRAJECTORIES"}
     if settings.sample_size:
         dataset["sample_size"] = settings.sample_size
     if settings.min_reward is not None:
         dataset["filter"] = {"min_reward": settings.min_reward}
+    extra: dict[str, Any] = {}
+    if settings.init_from and settings.init_from != "base":
+        extra["init_from"] = settings.init_from
     return {
         "training_job_id": new_id(),
         "timestamp": utcnow().isoformat(),
@@ -41,8 +45,13 @@ def defaults(settings: TrainingSettings) -> dict[str, Any]:
             "base_model": settings.base_model,
             "dataset": dataset,
             "hyperparameters": hp,
-            "compute": {"gpu_count": 0, "distributed": False, "mixed_precision": "no"},
+            "compute": {
+                "gpu_count": 0,
+                "distributed": False,
+                "mixed_precision": settings.mixed_precision,
+            },
             "checkpointing": {"save_interval": settings.save_interval, "max_checkpoints": 5},
+            **extra,
         },
         "evaluation": {"enabled": True, "holdout_size": settings.holdout_size},
         "priority": "normal",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -58,6 +58,21 @@ class TrainingSettings(BaseSettings):
         None, description="Checkpoint root (default: <data_dir>/training/checkpoints)."
     )
     dataset_timeout_s: float = Field(60.0, gt=0.0)
+    hyperparameters: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra hyperparameters of a generated request (JSON), e.g. "
+        '{"objective": "awr", "minibatches": 2} for valid-action jobs.',
+    )
+    mixed_precision: Literal["no", "fp16", "bf16"] = Field(
+        "no", description="compute.mixed_precision of a generated request."
+    )
+    init_from: str = Field(
+        "base",
+        description="Where a generated job starts: 'base', 'live' or 'latest' (the newest "
+        "version of the public model that is not rejected or rolled back, read from the "
+        "deployment registry's KV bucket; ':<public name>' after it picks another name), or a "
+        "checkpoint folder.",
+    )
 
     def checkpoint_root(self, data_dir: Path) -> str:
         return self.storage_path or str((data_dir / "training" / "checkpoints").resolve())
