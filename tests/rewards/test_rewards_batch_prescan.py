@@ -198,3 +198,26 @@ def test_pii_is_still_removed_in_a_batch() -> None:
     assert [i for i in range(40) if batch.inputs[i].redactions] == [3, 17, 39]
     assert batch.counters["trajectories_redacted"] == 3
     assert batch.counters["redacted_email"] == 3
+
+
+def test_reward_payloads_are_built_without_nulls() -> None:
+    """The calculator builds its payloads null-free instead of stripping them afterwards:
+    every payload equals its stripped form and validates as `agent.rl.reward.v1`."""
+    from agentrl.contracts.reward import RewardEvent
+    from agentrl.rewards.calculator import ScoringInput, _without_nulls, score_batch
+    from agentrl.rewards.window import WindowState
+
+    cfg = RewardConfig()
+    rng = random.Random(9)
+    items = []
+    for i in range(60):
+        doc = sample_trajectory(i, rng=rng, code=i % 3 == 0)
+        if i % 4 == 0:
+            doc["metadata"].pop("total_tokens", None)
+            doc["metadata"].pop("outcome", None)
+        items.append(ScoringInput(TrajectoryEvent.model_validate(doc)))
+    rewards, _ = score_batch(items, WindowState(cfg.window, cfg.efficiency_window), cfg)
+    for r in rewards:
+        assert r.payload == _without_nulls(r.payload)
+        assert b"null" not in r.to_json()
+        RewardEvent.model_validate_json(r.to_json())

@@ -224,12 +224,13 @@ def score_batch(
     _, tot_mean, tot_std = state.component(TOTAL).batch_stats(raw_total, include_self=True)
     new_values[TOTAL] = raw_total.tolist()
 
-    zl, ml, sl = z.tolist(), win_mean.tolist(), win_std.tolist()
+    # NaN/inf -> 0.0 (JSON cannot carry them), as `_f` does, once per array
+    zl, ml, sl = _finite(z), _finite(win_mean), _finite(win_std)
     raw_l, norm_l, tm, ts = (
-        raw_total.tolist(),
-        norm_total.tolist(),
-        tot_mean.tolist(),
-        tot_std.tolist(),
+        _finite(raw_total),
+        _finite(norm_total),
+        _finite(tot_mean),
+        _finite(tot_std),
     )
     cversion = config.calculator_version
     kind = config.total_reward
@@ -252,50 +253,56 @@ def score_batch(
             applicable_w += wj
             if cs.informative:
                 informative_w += wj
-            comp: dict[str, Any] = {
-                "score": cs.score,
-                "weight": wj,
-                **_source(cs.source),
-                "reasoning": cs.reasoning or None,
-                "normalized_score": _f(zl[i][j]),
-                "window_mean": _f(ml[i][j]),
-                "window_std": _f(sl[i][j]),
-            }
+            # Built without nulls (the wire form has none): only user-supplied parts (a
+            # custom function's metrics) go through the generic stripping.
+            comp: dict[str, Any] = {"score": cs.score, "weight": wj, **_source(cs.source)}
+            if cs.reasoning:
+                comp["reasoning"] = cs.reasoning
+            comp["normalized_score"] = zl[i][j]
+            comp["window_mean"] = ml[i][j]
+            comp["window_std"] = sl[i][j]
             if cs.metrics:
-                comp["metrics"] = cs.metrics
+                comp["metrics"] = (
+                    _without_nulls(cs.metrics)
+                    if cs.source == "custom"
+                    else {k: v for k, v in cs.metrics.items() if v is not None}
+                )
             comps[name] = comp
         uf = got[i][j_uf]
         human = uf is not None and uf.source in ("human", "implicit")
+        meta: dict[str, Any] = {
+            "evaluator": config.evaluator,
+            "evaluation_method": "hybrid" if human else "automated",
+            "confidence": round(informative_w / applicable_w, 4) if applicable_w > 0 else 0.0,
+            "errors": errors[i],
+            "not_applicable": not_applicable,
+            "redactions": dict(item.redactions),
+            "feedback": {k: v for k, v in feedback[i].to_dict().items() if v is not None},
+            "domain": traj.task_context.domain,
+        }
+        if traj.metadata.model is not None:
+            # the serving version (gateway's `model`): rewards are attributed per version
+            meta["model"] = traj.metadata.model
         payload = _payload(
             traj.trajectory_id,
             traj.session_id,
             stamp,
             comps,
-            _f(raw_l[i]),
-            _f(norm_l[i]),
+            raw_l[i],
+            norm_l[i],
             kind,
             version=1,
             calculator_version=cversion,
             normalization={
                 "method": "z-score",
-                "mean": _f(tm[i]),
-                "std": _f(ts[i]),
+                "mean": tm[i],
+                "std": ts[i],
                 "window": config.window,
                 "scope": NORMALIZATION_SCOPE,
             },
-            metadata={
-                "evaluator": config.evaluator,
-                "evaluation_method": "hybrid" if human else "automated",
-                "confidence": round(informative_w / applicable_w, 4) if applicable_w > 0 else 0.0,
-                "errors": errors[i],
-                "not_applicable": not_applicable,
-                "redactions": dict(item.redactions),
-                "feedback": feedback[i].to_dict(),
-                "domain": traj.task_context.domain,
-                # the serving version (gateway's `model`): rewards are attributed per version
-                "model": traj.metadata.model,
-            },
-            step_rewards=steps[i],
+            metadata=meta,
+            step_rewards=_without_nulls(steps[i]) if steps[i] else steps[i],
+            strip=False,
         )
         out.append(Scored(payload))
     return out, state.updated(new_values, new_turns)
@@ -377,10 +384,11 @@ def _payload(
     metadata: dict[str, Any],
     step_rewards: Mapping[str, Any],
     supersedes: str | None = None,
+    strip: bool = True,
 ) -> dict[str, Any]:
     """The `agent.rl.reward.v1` payload in its wire form (contracts.reward.RewardEvent): the
     seed's top-level fields only, agentrl's additions in `normalization` and `metadata`, no
-    nulls."""
+    nulls (`strip=False`: the caller built every part without nulls already)."""
     norm = {"method": "none", **(normalization or {})}
     norm.update(raw_total_reward=raw, normalized_total_reward=normed, total_reward_kind=kind)
     meta = {**metadata, "version": version, "calculator_version": calculator_version}
@@ -399,7 +407,7 @@ def _payload(
         "normalization": norm,
         "metadata": meta,
     }
-    return _without_nulls(payload)
+    return _without_nulls(payload) if strip else payload
 
 
 def _without_nulls(d: dict[str, Any]) -> dict[str, Any]:
@@ -438,6 +446,11 @@ def _source(kind: str) -> dict[str, str]:
     if kind in COMPONENT_SOURCES:
         return {"source": kind}
     return {"source": SOURCE_OF_KIND.get(kind, "automated"), "source_kind": kind}
+
+
+def _finite(a: Any) -> Any:
+    """`a.tolist()` with NaN/inf as 0.0 (what `_f` does to each element)."""
+    return np.where(np.isfinite(a), a, 0.0).tolist()
 
 
 def _f(x: float) -> float:

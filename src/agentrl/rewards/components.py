@@ -8,7 +8,6 @@ given, too little history), which lowers the reward's confidence.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,19 +121,18 @@ def efficiency_signals(trajectory: TrajectoryEvent) -> dict[str, Any]:
 
     redundant_tool_calls counts calls repeating an earlier call's tool_name and tool_args.
     """
-    seen: Counter[tuple[str, Any]] = Counter()
+    seen: set[tuple[str, Any]] = set()
     tool_calls = 0
-    for turn in trajectory.turns:
+    exec_ms: list[float] = []
+    for turn in trajectory.turns:  # one pass (this runs for every trajectory scored)
         action = turn.action
-        if action.type in ("tool_call", "subordinate_call") and action.tool_name:
+        if action.tool_name and action.type in _TOOL_ACTIONS:
             tool_calls += 1
-            seen[(action.tool_name, _freeze(action.tool_args))] += 1
-    redundant = sum(n - 1 for n in seen.values())
-    exec_ms = [
-        t.result.execution_time_ms
-        for t in trajectory.turns
-        if t.result and t.result.execution_time_ms is not None
-    ]
+            seen.add((action.tool_name, _freeze(action.tool_args)))
+        result = turn.result
+        if result is not None and result.execution_time_ms is not None:
+            exec_ms.append(result.execution_time_ms)
+    redundant = tool_calls - len(seen)  # calls beyond the first of each (tool, args)
     return {
         "turns": len(trajectory.turns),
         "wall_time_s": (trajectory.end_timestamp - trajectory.start_timestamp).total_seconds(),
@@ -144,6 +142,9 @@ def efficiency_signals(trajectory: TrajectoryEvent) -> dict[str, Any]:
         "tool_calls": tool_calls,
         "redundant_tool_calls": redundant,
     }
+
+
+_TOOL_ACTIONS = frozenset(("tool_call", "subordinate_call"))
 
 
 def _freeze(value: Any) -> Any:
