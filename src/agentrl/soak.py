@@ -8,6 +8,8 @@ they do, the soak kills, once each and one after the other, and lets come back:
 * the warehouse ingester (SIGKILL, restarted),
 * a running training job's process (SIGKILL of the worker child; the training service must
   survive and mark the job failed, and the next trigger's job must run),
+* the training service itself while a job runs (the worker must die with it; the restarted
+  service resumes the job from its checkpoint or fails it, never leaves it 'running'),
 * nats-server (SIGKILL, restarted on the same port and store dir; every client reconnects).
 
 Real processes: nats-server, the reward service (`agentrl rewards serve`), the warehouse
@@ -34,7 +36,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -80,6 +82,7 @@ def soak_environment(cfg: SoakConfig) -> dict[str, str]:
         "AGENTRL_TRAINING_MAX_LENGTH": "256",
         "AGENTRL_TRAINING_HOLDOUT_SIZE": "0.0",
         "AGENTRL_TRAINING_STATUS_EVERY_STEPS": "1",
+        "AGENTRL_TRAINING_SAVE_INTERVAL": "1",  # a killed service's job resumes from a step
         "AGENTRL_DEPLOY_BASE_MODEL": cfg.model,
         "AGENTRL_DEPLOY_RAMP": "[50.0, 100.0]",
         "AGENTRL_DEPLOY_STEP_DELAY_S": "1.0",
@@ -106,6 +109,8 @@ class ServiceProc:
         self.starts = 0
 
     def start(self) -> None:
+        from agentrl.bus.server import _die_with_parent
+
         with open(self.log, "ab") as fh:
             fh.write(f"\n---- soak: start #{self.starts + 1} ----\n".encode())
             fh.flush()
@@ -116,6 +121,7 @@ class ServiceProc:
                 stdin=subprocess.DEVNULL,
                 env=self.env,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,  # a killed soak leaves no service behind
             )
         self.starts += 1
 
@@ -217,7 +223,8 @@ class SoakAgents:
         )
         self.published: dict[str, float] = {}
         self.feedback: set[str] = set()  # trajectories that got feedback: reward version 2
-        self.burst = 0  # of `published`, the synthetic ones
+        self.burst = 0  # of `published`, the copies published in bursts
+        self.recent: deque[Any] = deque(maxlen=64)
         self.critical_episodes = 0
         self.publish_retries = 0
         self.publish_failed = 0
@@ -262,6 +269,7 @@ class SoakAgents:
                     action.completion_id = str(cid)
                 action.guided_choice = list(MOVES)
             await self.publish(event)
+            self.recent.append(event)
 
     async def publish(self, event: Any) -> None:
         deadline = time.monotonic() + 120
@@ -303,15 +311,15 @@ def served_by(episode: Any) -> str | None:
 
 
 class Burst:
-    """Synthetic trajectories published in pipelined chunks (and thumbs-up feedback on every
-    `feedback_every`-th, which must yield reward version 2), so a kill lands mid-batch."""
+    """Copies of the agents' trajectories (new ids) published in pipelined chunks, and
+    thumbs-up feedback on every `feedback_every`-th (reward version 2, or folded into version 1
+    when the service sees it first), so a kill lands mid-batch."""
 
     def __init__(self, bus: Any, agents: SoakAgents, feedback_every: int = 4) -> None:
         self.bus, self.agents, self.feedback_every = bus, agents, feedback_every
         self.sent = 0
         self.retries = 0
         self.failed = 0
-        self.seq = 0
 
     async def _publish(self, events: list[Any]) -> None:
         deadline = time.monotonic() + 120
@@ -329,16 +337,18 @@ class Burst:
     async def run(self, n: int, chunk: int = 25, pause: float = 0.0) -> None:
         from agentrl.contracts.base import utcnow
         from agentrl.contracts.feedback import FeedbackEvent
-        from agentrl.contracts.trajectory import TrajectoryEvent
-        from agentrl.rewards.samples import sample_trajectory
 
-        events = []
-        for _ in range(n):
-            self.seq += 1
-            payload = sample_trajectory(self.seq, trajectory_id=str(uuid.uuid4()))
-            payload["agent_id"] = "agentrl-soak-burst"
-            _to_now(payload, time.time())  # the samples are dated 2025: past the warehouse TTL
-            events.append(TrajectoryEvent.model_validate(payload))
+        # copies of the agents' own recent episodes under new ids: the training jobs' dataset
+        # stays FrozenLake with guided_choice (a valid-action dataset)
+        recent = list(self.agents.recent)
+        if not recent:
+            raise RuntimeError("no agent trajectory to copy for a burst yet")
+        events = [
+            recent[i % len(recent)].model_copy(
+                update={"trajectory_id": str(uuid.uuid4()), "agent_id": "agentrl-soak-burst"}
+            )
+            for i in range(n)
+        ]
         for k in range(0, n, chunk):
             part = events[k : k + chunk]
             await self._publish(part)
@@ -354,35 +364,6 @@ class Burst:
             [FeedbackEvent(trajectory_id=t, timestamp=utcnow(), type="thumbs_up") for t in liked]
         )
         self.agents.feedback.update(liked)
-
-
-def _to_now(obj: Any, now: float, base: float | None = None) -> float:
-    """Shift every `*timestamp` of a sample payload so its earliest one is `now`."""
-    if base is None:
-        stamps = [datetime.fromisoformat(v).timestamp() for k, v in _stamps(obj)]
-        base = min(stamps) if stamps else now
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            if k.endswith("timestamp") and isinstance(v, str):
-                t = datetime.fromisoformat(v).timestamp() - base + now
-                obj[k] = datetime.fromtimestamp(t, UTC).isoformat()
-            else:
-                _to_now(v, now, base)
-    elif isinstance(obj, list):
-        for v in obj:
-            _to_now(v, now, base)
-    return base
-
-
-def _stamps(obj: Any) -> list[tuple[str, str]]:
-    if isinstance(obj, dict):
-        out = [(k, v) for k, v in obj.items() if k.endswith("timestamp") and isinstance(v, str)]
-        for v in obj.values():
-            out.extend(_stamps(v))
-        return out
-    if isinstance(obj, list):
-        return [x for v in obj for x in _stamps(v)]
-    return []
 
 
 def reward_version(reward: dict[str, Any]) -> int:
@@ -497,6 +478,11 @@ async def run_soak(cfg: SoakConfig, say: Callable[[str], None] = print) -> SoakR
 
     for noisy in ("httpx", "httpx2"):  # one INFO line per agent request
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    me = asyncio.current_task()
+    if me is not None:  # SIGTERM / Ctrl-C: stop the services and nats-server on the way out
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                asyncio.get_running_loop().add_signal_handler(sig, me.cancel)
     t_start = time.monotonic()
     data_dir = Path(cfg.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -643,19 +629,31 @@ async def _faults(
 
     # 3. a running training job's process
     await _kill_job(cfg, procs["training"], http, api, result, say)
+    # 3b. the training service itself while a job runs
+    await _kill_training_service(cfg, procs["training"], http, api, result, say)
 
     # 4. nats-server
+    # back = each client does its job again: publishes, or pulls from its durable consumer
     marks = {
         "agents publish": (lambda: last_seq(bus, "RL_TRAJECTORIES")),
         "reward service": (lambda: last_seq(bus, "RL_REWARDS")),
         "gateway completion log": (lambda: last_seq(bus, "RL_COMPLETIONS")),
-        "warehouse ingester": (lambda: ack_floor(bus, "RL_TRAJECTORIES", "warehouse-trajectory")),
-        "training service": (lambda: ack_floor(bus, "RL_REWARDS", "training-threshold")),
+        "warehouse ingester": (lambda: delivered(bus, "RL_TRAJECTORIES", "warehouse-trajectory")),
+        "training service": (lambda: delivered(bus, "RL_REWARDS", "training-threshold")),
     }
+    # what the consumers had in hand when the server died: their acks may be lost with it,
+    # then the server redelivers them after each consumer's ack_wait
+    durables = [
+        ("RL_TRAJECTORIES", "rewards"),
+        ("RL_TRAJECTORIES", "warehouse-trajectory"),
+        ("RL_REWARDS", "warehouse-reward"),
+        ("RL_REWARDS", "training-threshold"),
+    ]
     burst = Burst(bus, agents)
     bursting = asyncio.create_task(burst.run(cfg.burst, pause=0.1))
     await wait_for(lambda: _true(burst.sent >= cfg.burst // 3), 60, 0.02)
     before = {k: await get() for k, get in marks.items()}
+    taken = {d: await delivered_seq(bus, *d) for d in durables}
     errors_before = sum(agents.counts.errors.values())
     t0 = time.monotonic()
     server.kill()
@@ -675,7 +673,22 @@ async def _faults(
         rec["nats: control API"] = _since(t0, got)
         say(f"soak:   control API answering from KV after {_fmt(rec['nats: control API'])}")
 
-    await asyncio.gather(*(client(k, g) for k, g in marks.items()), control_api())
+    async def redelivered() -> None:
+        async def done() -> bool:
+            for d in durables:
+                floor = await ack_floor(bus, *d)
+                if floor is None or floor < (taken[d] or 0):
+                    return False
+            return True
+
+        got = await wait_for(done, t)
+        rec["nats: unacked in-flight redelivered"] = _since(t0, got)
+        say(
+            "soak:   every consumer's in-flight messages done after "
+            f"{_fmt(rec['nats: unacked in-flight redelivered'])}"
+        )
+
+    await asyncio.gather(*(client(k, g) for k, g in marks.items()), control_api(), redelivered())
     await bursting
     result.figures["burst_publish_retries"] = burst.retries
     result.figures["gateway_errors_during_nats_kill"] = (
@@ -699,8 +712,19 @@ async def _kill_consumer_service(
     start = await delivered(bus, stream, durable) or 0
     burst = Burst(bus, agents)
     bursting = asyncio.create_task(burst.run(cfg.burst))
-    # kill while the service has part of the burst in hand
-    await wait_for(grows(lambda: delivered(bus, stream, durable), start + cfg.burst // 4), 60, 0.01)
+
+    # kill while the service has part of the burst in hand (fetched, not yet acked)
+    async def in_hand() -> bool:
+        got = await delivered(bus, stream, durable)
+        if got is None or got <= start:
+            return False
+        taken, floor = (
+            await delivered_seq(bus, stream, durable),
+            await ack_floor(bus, stream, durable),
+        )
+        return taken is not None and floor is not None and taken > floor
+
+    await wait_for(in_hand, 60, 0.005)
     mark = await grows_from()
     taken = await delivered_seq(bus, stream, durable)
     floor_at_kill = await ack_floor(bus, stream, durable)
@@ -730,6 +754,89 @@ async def _kill_consumer_service(
     await _orphans(name, children, result, say)
 
 
+async def _running_job(
+    cfg: SoakConfig, training: ServiceProc, http: httpx.AsyncClient, api: str, min_step: int = 0
+) -> tuple[Any, str | None]:
+    """A running job's worker process (alive for a second at least, past `min_step` optimiser
+    steps) and its job id."""
+    import psutil
+
+    deadline = time.monotonic() + cfg.job_wait_s
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        with contextlib.suppress(Exception):
+            running = (await http.get(f"{api}/training", params={"status": "running"})).json()
+            jobs = [
+                j
+                for j in running.get("jobs", [])
+                if int((j.get("progress") or {}).get("current_step") or 0) >= min_step
+            ]
+            if not jobs:
+                continue
+            for child in psutil.Process(training.pid).children(recursive=True):
+                cmd = " ".join(child.cmdline())
+                if "agentrl.training.worker" in cmd and time.time() - child.create_time() > 1.0:
+                    for j in jobs:
+                        if str(j.get("training_job_id")) in cmd or len(jobs) == 1:
+                            return child, str(j["training_job_id"])
+    return None, None
+
+
+async def _kill_training_service(
+    cfg: SoakConfig,
+    training: ServiceProc,
+    http: httpx.AsyncClient,
+    api: str,
+    result: SoakResult,
+    say: Callable[[str], None],
+) -> None:
+    """SIGKILL the training service while a job runs: its worker must die with it, and the
+    restarted service must resume the job from its checkpoint or fail it, never leave it
+    'running'."""
+    rec = result.recovery_s
+    # past two optimiser steps: a step checkpoint exists (AGENTRL_TRAINING_SAVE_INTERVAL=1)
+    worker, job_id = await _running_job(cfg, training, http, api, min_step=2)
+    if worker is None or job_id is None:
+        result.notes.append(f"no training job ran within {cfg.job_wait_s:.0f}s: service not killed")
+        rec["training_service"] = None
+        return
+    before = (await http.get(f"{api}/training/{job_id}/status")).json()
+    t0 = time.monotonic()
+    children = training.kill()
+    say(f"soak: training service SIGKILLed while job {job_id[:8]} ran (worker pid {worker.pid})")
+    await asyncio.sleep(cfg.restart_delay_s)
+    training.start()
+    await _orphans("training service", children, result, say)
+
+    async def decided() -> bool:
+        # queued (resumes from its checkpoint), failed, or any status written after the kill
+        # (only the restarted service writes one)
+        now = (await http.get(f"{api}/training/{job_id}/status")).json()
+        return now.get("status") != "running" or (
+            now.get("timestamp") != before.get("timestamp") and _after(now, t0)
+        )
+
+    got = await wait_for(decided, cfg.recover_timeout_s)
+    rec["training_service"] = _since(t0, got)
+    status = (await http.get(f"{api}/training/{job_id}/status")).json().get("status")
+    say(
+        f"soak: training service back; job {job_id[:8]} is {status} after {_fmt(rec['training_service'])}"
+    )
+
+    async def settled() -> bool:
+        now = (await http.get(f"{api}/training/{job_id}/status")).json()
+        return now.get("status") in ("completed", "failed", "cancelled")
+
+    got = await wait_for(settled, cfg.job_wait_s, 0.5)
+    rec["training_service_job_settled"] = _since(t0, got)
+    final = (await http.get(f"{api}/training/{job_id}/status")).json()
+    result.figures["job_after_service_kill"] = final.get("status")
+    say(
+        f"soak: job {job_id[:8]} ended {final.get('status')} "
+        f"{_fmt(rec['training_service_job_settled'])} after the service kill"
+    )
+
+
 async def _kill_job(
     cfg: SoakConfig,
     training: ServiceProc,
@@ -738,25 +845,8 @@ async def _kill_job(
     result: SoakResult,
     say: Callable[[str], None],
 ) -> None:
-    import psutil
-
     rec = result.recovery_s
-    victim: psutil.Process | None = None
-    job_id: str | None = None
-    deadline = time.monotonic() + cfg.job_wait_s
-    while time.monotonic() < deadline and victim is None:
-        await asyncio.sleep(0.2)
-        with contextlib.suppress(Exception):
-            running = (await http.get(f"{api}/training", params={"status": "running"})).json()
-            jobs = running.get("jobs", [])
-            if not jobs:
-                continue
-            for child in psutil.Process(training.pid).children(recursive=True):
-                cmd = " ".join(child.cmdline())
-                if "agentrl.training.worker" in cmd and time.time() - child.create_time() > 1.0:
-                    for j in jobs:
-                        if str(j.get("training_job_id")) in cmd or len(jobs) == 1:
-                            victim, job_id = child, str(j["training_job_id"])
+    victim, job_id = await _running_job(cfg, training, http, api)
     if victim is None or job_id is None:
         result.notes.append(f"no training job ran within {cfg.job_wait_s:.0f}s: not killed")
         rec["training_job_failed"] = None

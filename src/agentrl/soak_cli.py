@@ -49,6 +49,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         except ValueError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from exc
+        except (asyncio.CancelledError, KeyboardInterrupt) as exc:
+            typer.echo("soak stopped before the end (its services are stopped)", err=True)
+            raise typer.Exit(130) from exc
         print(table(result), flush=True)
         sys.stdout.write(main_json(result) + "\n")
         sys.stdout.flush()

@@ -1,8 +1,9 @@
 """The soak (issue 19, item 3): `agentrl soak` runs the loop on a stack whose services are
 their own processes and SIGKILLs, once each, the reward service, the warehouse ingester, a
-running training job's process and nats-server, restarting each. Afterwards every trajectory
-has exactly one reward per version, the warehouse (chdb) matches the streams, no training job
-is stuck and every gateway error was counted. Minutes long: runs only with AGENTRL_SLOW=1."""
+running training job's process, the training service and nats-server, restarting each.
+Afterwards every trajectory has exactly one reward per version, the warehouse (chdb) matches
+the streams, no training job is stuck and every gateway error was counted. Minutes long: runs
+only with AGENTRL_SLOW=1."""
 
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ def test_soak_every_component_killed_once_comes_back_and_nothing_is_lost(tmp_pat
         "warehouse_ingester",
         "training_job_failed",
         "training_next_job",
+        "training_service",
+        "training_service_job_settled",
         "nats_server",
         "nats: agents publish",
         "nats: reward service",
@@ -51,6 +54,7 @@ def test_soak_every_component_killed_once_comes_back_and_nothing_is_lost(tmp_pat
         "nats: warehouse ingester",
         "nats: training service",
         "nats: control API",
+        "nats: unacked in-flight redelivered",
     ):
         assert last["recovery_s"].get(component) is not None, f"{component} not back:\n{tail}"
     assert last["trajectories"] > 0 and last["missing_rewards"] == 0, tail
@@ -58,6 +62,8 @@ def test_soak_every_component_killed_once_comes_back_and_nothing_is_lost(tmp_pat
     assert last["warehouse_trajectories"] == last["stream_trajectories"], tail
     assert last["warehouse_rewards"] == last["reward_versions"], tail
     assert last["stuck_jobs"] == 0 and last["jobs"].get("failed", 0) >= 1, tail
+    # the job the training service was killed under resumed from its checkpoint or failed
+    assert last["job_after_service_kill"] in ("completed", "failed"), tail
     assert last["gateway_ok"] > 0 and last["publish_failed"] == 0, tail
     assert last["failed_checks"] == [] and last["ok"] is True, tail
     assert proc.returncode == 0, tail
