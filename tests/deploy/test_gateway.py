@@ -299,3 +299,40 @@ async def test_lora_versions_match_checkpoint_loaded_alone(
         assert served == pytest.approx(expect, abs=1e-4)
         assert record["prompt_token_ids"] == prompt
     assert len(outputs) == 2  # the two versions really are different models
+
+
+def test_guided_choice_scores_each_prompt_once_per_version(engine: Any) -> None:
+    """Agents repeat states: a version's choice distribution for a prompt is computed once;
+    the cached answer is the same distribution, computed as scoring without the cache."""
+    from agentrl.deploy.openai_types import ChatRequest
+
+    req = ChatRequest(
+        model="x",
+        messages=[{"role": "user", "content": "Move: up, down, left or right?"}],
+        guided_choice=["up", "down", "left", "right"],
+        temperature=0.0,
+        logprobs=True,
+        top_logprobs=4,
+    )
+    engine._choice_cache.clear()
+    first = asyncio.run(engine.generate(None, req))
+    assert len(engine._choice_cache) == 1
+    second = asyncio.run(engine.generate(None, req))
+    assert len(engine._choice_cache) == 1
+    assert first.content == second.content and first.top_logprobs == second.top_logprobs
+    assert first.token_logprobs == pytest.approx(second.token_logprobs)
+    # the cached per-token log-prob is the model's own (scored without the cache)
+    fresh = engine.score(None, first.prompt_token_ids, [first.completion_token_ids])[0]
+    assert first.token_logprobs == pytest.approx(fresh, abs=1e-5)
+
+
+def test_temperature_above_two_only_with_guided_choice() -> None:
+    from pydantic import ValidationError
+
+    from agentrl.deploy.openai_types import ChatRequest
+
+    msgs = [{"role": "user", "content": "hi"}]
+    with pytest.raises(ValidationError, match="above 2 only with guided_choice"):
+        ChatRequest(model="m", messages=msgs, temperature=3.0)
+    ok = ChatRequest(model="m", messages=msgs, temperature=6.0, guided_choice=["a", "b"])
+    assert ok.temperature == 6.0

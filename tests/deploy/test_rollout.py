@@ -379,3 +379,32 @@ async def test_gateway_restart_keeps_the_split(
         h.d.registry, fresh, h.d.settings, h.d.manager.cache_dir, engine=engine
     ).sync()
     assert fresh.weights == {v: 30.0, f"{h.public}-base": 70.0}
+
+
+@pytest.mark.plan(plan(0.2, period=0.2, min_samples=1000))
+async def test_waiting_candidates_deploy_after_the_rollout_newest_first(
+    harness: Harness, checkpoints: list[str]
+) -> None:
+    """Candidates validated while a rollout runs wait (recorded); when it ends the newest one
+    is deployed and the older waiting ones are superseded, never served."""
+    h = harness
+    first = await register(h, checkpoints[0])
+    await h.d.deployer.start(first, h.d.controller.plan, by="test")
+    older = await register(h, checkpoints[1])
+    newer = await register(h, checkpoints[2])
+    for v in (older, newer):  # what validate_and_deploy does when a rollout is running
+        record = await h.d.controller.validate_and_deploy(await h.d.registry.require_model(v))
+        assert record.state == "candidate"
+        assert record.decisions[-1].action == "wait"
+
+    async def newer_live() -> bool:
+        return (await h.d.registry.require_model(newer)).state == "live"
+
+    await h.wait_for(newer_live, 30)
+    first_rec = await h.d.registry.require_model(first)
+    older_rec = await h.d.registry.require_model(older)
+    assert first_rec.state == "retired"  # promoted, then replaced by the newer candidate
+    assert older_rec.state == "retired"
+    assert older_rec.decisions[-1].action == "supersede"
+    assert newer in older_rec.decisions[-1].reason
+    assert all(d.action != "set_weight" for d in older_rec.decisions)  # never served

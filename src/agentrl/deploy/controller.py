@@ -263,9 +263,7 @@ class Controller:
         waiting = [
             r
             for r in records
-            if r.state == "candidate"
-            and any(d.action == "validate" for d in r.decisions)
-            and any(d.action == "wait" for d in r.decisions)
+            if r.state == "candidate" and any(d.action == "wait" for d in r.decisions)
         ]
         if not waiting:
             return None

@@ -100,6 +100,7 @@ class LocalEngine:
         # computed once (entries of an adapter go when it is unloaded).
         self._choice_cache: dict[tuple[str, str, tuple[str, ...]], ChoiceScores] = {}
         self.choice_cache_size = CHOICE_CACHE_SIZE
+        self._prompts: dict[str, tuple[str, list[int]]] = {}
 
     # ---- adapters ---------------------------------------------------------------------
     def load_adapter(self, model_id: str, folder: Path) -> None:
@@ -166,6 +167,22 @@ class LocalEngine:
             self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         )
 
+    def _prompt(self, request: ChatRequest) -> tuple[str, list[int]]:
+        """Rendered text and token ids of the request's prompt. Agents in an environment
+        send the same messages again and again: chat-template rendering and tokenisation
+        (about a millisecond together) are done once per distinct prompt."""
+        key = json.dumps(
+            [request.messages, request.tools, request.tool_choice], sort_keys=True, default=str
+        )
+        hit = self._prompts.get(key)
+        if hit is None:
+            text = self.render(request)
+            ids: list[int] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            if len(self._prompts) >= self.choice_cache_size:
+                self._prompts.clear()
+            hit = self._prompts[key] = (text, ids)
+        return hit[0], list(hit[1])
+
     def encode(self, request: ChatRequest) -> list[int]:
         ids: list[int] = self.tokenizer(self.render(request), add_special_tokens=False)["input_ids"]
         return ids
@@ -177,8 +194,7 @@ class LocalEngine:
         request: ChatRequest,
         on_token: TokenCallback | None = None,
     ) -> Generation:
-        text = self.render(request)
-        prompt: list[int] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        text, prompt = self._prompt(request)
         if request.guided_choice:
             key = (self.adapter_of(model_id), text, tuple(request.guided_choice))
             scored = self._choice_cache.get(key)

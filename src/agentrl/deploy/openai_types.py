@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class ChatRequest(BaseModel):
@@ -20,7 +20,7 @@ class ChatRequest(BaseModel):
     model: str
     messages: list[dict[str, Any]] = Field(min_length=1)
     stream: bool = False
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    temperature: float | None = Field(None, ge=0.0)  # <= 2 unless guided_choice (below)
     top_p: float | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -35,6 +35,14 @@ class ChatRequest(BaseModel):
     guided_choice: list[str] | None = None  # vLLM's extension: answer with one of these
     episode_id: str | None = None  # TensorZero's sticky key, accepted as a body field too
     stream_options: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _temperature_range(self) -> ChatRequest:
+        """OpenAI's range is 0-2. A guided_choice request (vLLM's extension) samples among a
+        few choices, and an agent exploring them may ask for more, as vLLM allows."""
+        if self.temperature is not None and self.temperature > 2.0 and not self.guided_choice:
+            raise ValueError("temperature must be <= 2 (above 2 only with guided_choice)")
+        return self
 
     def token_limit(self, default: int) -> int:
         return self.max_completion_tokens or self.max_tokens or default

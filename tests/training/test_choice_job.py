@@ -1,0 +1,151 @@
+"""Valid-action dataset jobs: logged guided_choice turns -> steps (with what is skipped and
+why), learning that fails if it breaks (AWR and PPO raise the rewarded choice's probability
+on a tiny model), and the warm start read from the deployment registry on a real
+nats-server."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+import torch
+
+from agentrl.llm.valid_action import Batch, Learner, Step, ValidActionConfig
+from agentrl.training.choice_job import choice_data, guided_share, resolve_init, train_choices
+from agentrl.training.dataset import Record
+
+MOVES = ["up", "down", "left", "right"]
+
+
+def _record(task: str, turns: list[dict[str, Any]], score: float) -> Record:
+    traj = {
+        "trajectory_id": str(uuid.uuid4()),
+        "task_context": {"task_id": task},
+        "turns": turns,
+        "metadata": {"outcome": {"success": score > 0.5}},
+    }
+    return Record(traj, {"total_reward": score})
+
+
+def _turn(cid: str | None, answer: str, choices: list[str] = MOVES, reward: float = 0.1) -> Any:
+    action: dict[str, Any] = {"raw_response": answer, "guided_choice": choices}
+    if cid:
+        action["completion_id"] = cid
+    return {"observation": {"content": f"state {cid}"}, "action": action, "reward": reward}
+
+
+def test_choice_data_builds_steps_and_says_what_it_skipped() -> None:
+    comps = {f"c{i}": {"prompt_token_ids": [1, 2, i]} for i in range(5)}
+    records = [
+        _record("map-1", [_turn("c0", "down"), _turn("c1", "right", reward=1.0)], 1.0),
+        _record("map-1", [_turn("c2", "up"), _turn(None, "up")], 0.0),  # no completion id
+        _record("map-2", [_turn("c3", "left", choices=["a", "b"]), _turn("c4", "sideways")], 0.0),
+    ]
+    assert guided_share([r.trajectory for r in records]) == 1.0
+    data = choice_data(records, comps)
+    assert data.choices == MOVES
+    assert [len(e["steps"]) for e in data.episodes] == [2, 1]  # the third has nothing usable
+    assert [s["action"] for s in data.episodes[0]["steps"]] == [1, 3]
+    assert data.episodes[0]["steps"][1]["reward"] == 1.0
+    assert data.episodes[0]["group"] == data.episodes[1]["group"]  # same task: one group
+    assert dict(data.skipped) == {
+        "no completion record": 1,
+        "other choice set": 1,
+        "answer not among the choices": 1,
+    }
+    assert data.prompt_ids[0] == [1, 2, 0]
+
+
+def _bandit_batch(learner: Learner, episodes: int = 16) -> tuple[Batch, str]:
+    """One prompt, one step per episode, actions round-robin; only 'right' is rewarded."""
+    msgs = [{"role": "user", "content": "Pick a move."}]
+    text = learner.cache.prompt(msgs[0]["content"])
+    steps, ret = [], []
+    for e in range(episodes):
+        a = e % 4
+        r = 1.0 if a == 3 else 0.0
+        steps.append(Step(e, 0, text, "s", a, 0.0, r, True))
+        ret.append(r)
+    return Batch(steps, ret, [r > 0 for r in ret], [0] * episodes, [1] * episodes), text
+
+
+@pytest.mark.parametrize("objective", ["awr", "ppo"])
+def test_training_on_logged_choices_raises_the_rewarded_choice(objective: str) -> None:
+    config = ValidActionConfig(
+        model="tiny",
+        lora_layers=2,
+        algorithm="grpo",
+        credit="episode",
+        learning_rate=1e-2,
+        epochs=8,
+        minibatches=1,
+        entropy_coef=0.0,
+        save_adapter=False,
+    )
+    learner = Learner(config)
+    batch, text = _bandit_batch(learner)
+    with torch.no_grad():
+        before = learner.scorer.logprobs([text])[0].exp()[3].item()
+    history = train_choices(learner, batch, objective=objective, beta=0.5)
+    with torch.no_grad():
+        after = learner.scorer.logprobs([text])[0].exp()[3].item()
+    assert len(history) == 8
+    assert after > before + 0.15, (objective, before, after)
+
+
+async def test_warm_start_reads_the_registry(nats: Any) -> None:
+    """'live' is the serving version, 'latest' the newest not rejected / rolled back; no
+    registry or no such version: the base model (None); a folder is used as given."""
+    from agentrl.bus import Bus
+    from agentrl.deploy.registry import ModelRecord, Registry
+
+    bus = await Bus.connect(nats.url)
+    try:
+        assert await resolve_init(bus.js, "latest") is None  # no bucket yet
+        reg = await Registry.open(bus.js, "agentrl_models")
+        assert await resolve_init(bus.js, "live") is None  # empty bucket
+        rows = [(1, "live", "/ck/v1"), (2, "candidate", "/ck/v2"), (3, "rejected", "/ck/v3")]
+        for version, state, path in rows:
+            await reg.put_model(
+                ModelRecord(
+                    model_id=f"agentrl-policy-v{version}",
+                    version=version,
+                    public_name="agentrl-policy",
+                    base_model="tiny",
+                    checkpoint_path=path,
+                    state=state,  # type: ignore[arg-type]
+                )
+            )
+        await reg.put_model(
+            ModelRecord(
+                model_id="other-v9",
+                version=9,
+                public_name="other",
+                base_model="tiny",
+                checkpoint_path="/ck/o9",
+                state="live",
+            )
+        )
+        assert await resolve_init(bus.js, "live") == "/ck/v1"
+        assert await resolve_init(bus.js, "latest") == "/ck/v2"  # v3 was rejected
+        assert await resolve_init(bus.js, "latest:other") == "/ck/o9"
+        assert await resolve_init(bus.js, "base") is None
+        assert await resolve_init(bus.js, "/some/folder") == "/some/folder"
+    finally:
+        await bus.close()
+
+
+def test_settings_reach_the_generated_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentrl.training.requests import fill_request
+    from agentrl.training.settings import TrainingSettings
+
+    monkeypatch.setenv("AGENTRL_TRAINING_HYPERPARAMETERS", json.dumps({"objective": "awr"}))
+    monkeypatch.setenv("AGENTRL_TRAINING_INIT_FROM", "latest")
+    monkeypatch.setenv("AGENTRL_TRAINING_MIXED_PRECISION", "bf16")
+    req = fill_request({}, TrainingSettings())
+    tc = req.training_config
+    assert (tc.hyperparameters.model_extra or {}).get("objective") == "awr"
+    assert (tc.model_extra or {}).get("init_from") == "latest"
+    assert tc.compute.mixed_precision == "bf16"
