@@ -983,7 +983,12 @@ async def _check_streams(
         f"({dup_traj} duplicates); {len(rewards)} rewards for {len(per_version)} "
         f"(trajectory, version) pairs: {dup_rewards} duplicates, {missing} missing, {gaps} gaps"
     )
-    result.figures["_stream_counts"] = (len(in_stream), len(per_version))
+    feedback = await read_stream(bus, "RL_FEEDBACK", epoch, limit=10_000_000)
+    result.figures["_stream_counts"] = (
+        len(in_stream),
+        len(per_version),
+        len({str(x.get("feedback_id")) for x in feedback}),
+    )
 
 
 def _explicit(reward: dict[str, Any] | None) -> str | None:
@@ -1015,13 +1020,27 @@ def _check_warehouse(settings: Any, result: SoakResult, say: Callable[[str], Non
         r = backend.query(
             f"SELECT count() AS n FROM (SELECT trajectory_id, version FROM {db}.rewards FINAL)"
         ).to_pylist()[0]["n"]
+        fb = backend.query(f"SELECT count() AS n FROM {db}.feedback FINAL").to_pylist()[0]["n"]
+        j = backend.query(
+            f"SELECT uniqExact(training_job_id) AS n FROM {db}.training_jobs"
+        ).to_pylist()[0]["n"]
     finally:
         close_backends()
-    n_traj, n_rew = result.figures.pop("_stream_counts", (None, None))
-    result.figures["warehouse_trajectories"] = int(t)
-    result.figures["warehouse_rewards"] = int(r)
-    result.checks["warehouse counts match the streams"] = (int(t), int(r)) == (n_traj, n_rew)
-    say(f"soak: warehouse: {t} trajectories, {r} rewards (streams: {n_traj}, {n_rew})")
+    n_traj, n_rew, n_fb = result.figures.pop("_stream_counts", (None, None, None))
+    n_jobs = sum(result.figures.get("jobs", {}).values())
+    f = result.figures
+    f["warehouse_trajectories"], f["warehouse_rewards"] = int(t), int(r)
+    f["warehouse_feedback"], f["warehouse_jobs"] = int(fb), int(j)
+    result.checks["warehouse counts match the streams"] = (int(t), int(r), int(fb), int(j)) == (
+        n_traj,
+        n_rew,
+        n_fb,
+        n_jobs,
+    )
+    say(
+        f"soak: warehouse: {t} trajectories, {r} rewards, {fb} feedback, {j} jobs "
+        f"(streams / control API: {n_traj}, {n_rew}, {n_fb}, {n_jobs})"
+    )
 
 
 def _check_gateway(agents: SoakAgents, result: SoakResult, say: Callable[[str], None]) -> None:
