@@ -536,9 +536,7 @@ class Bus:
             finally:
                 await _confirmed(confirming)
         await self._retry(partial(self._ensure_consumer, spec.name, durable, config))
-        sub = await self.nc.subscribe(
-            self.nc.new_inbox(), pending_msgs_limit=0, pending_bytes_limit=0
-        )
+        sub = await wire.subscribe(self.nc, self.nc.new_inbox())
         prefix = getattr(self.js, "_prefix", "$JS.API")
         feed = wire.PullFeed(
             self.nc,

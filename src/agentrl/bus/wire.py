@@ -38,7 +38,73 @@ _HDR_SUFFIX = b"\r\n\r\n"
 
 def supported(nc: NATS) -> bool:
     """Whether this nats-py still has the internals the fast paths write through."""
-    return all(hasattr(nc, a) for a in ("_send_command", "_flush_pending", "_nuid"))
+    return all(
+        hasattr(nc, a)
+        for a in ("_send_command", "_flush_pending", "_nuid", "_process_msg", "_subs", "msg_class")
+    )
+
+
+async def subscribe(nc: NATS, subject: str) -> Subscription:
+    """A plain subscription (no callback, no pending limits) whose messages skip nats-py's
+    generic per-message dispatch: no coroutine per header block, headers split in one pass,
+    the message queued directly. Used for the pull feed, PubAcks and ack confirmations;
+    anything else (status lines, other subscriptions) takes nats-py's own path."""
+    sub = await nc.subscribe(subject, pending_msgs_limit=0, pending_bytes_limit=0)
+    _fast_sids(nc).add(sub._id)
+    return sub
+
+
+def _fast_sids(nc: NATS) -> set[int]:
+    fast: set[int] | None = getattr(nc, "_agentrl_fast_sids", None)
+    if fast is not None:
+        return fast
+    fast = set()
+    original = nc._process_msg
+    subs = nc._subs
+    stats = nc.stats
+    msg_class = nc.msg_class
+
+    async def process_msg(
+        sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None
+    ) -> None:
+        sub = subs.get(sid) if sid in fast else None
+        if sub is None or (headers and headers[8:10] != b"\r\n"):  # a status line
+            await original(sid, subject, reply, data, headers)  # type: ignore[arg-type]
+            return
+        stats["in_msgs"] += 1
+        stats["in_bytes"] += len(data)
+        sub._received += 1
+        msg = msg_class(
+            subject=subject.decode(),
+            reply=reply.decode(),
+            data=data,
+            headers=_header_lines(headers) if headers else None,
+            _client=nc,
+            _sid=sid,
+        )
+        sub._pending_size += len(data)
+        sub._pending_queue.put_nowait(msg)
+
+    nc._process_msg = process_msg  # type: ignore[method-assign]
+    nc._agentrl_fast_sids = fast  # type: ignore[attr-defined]
+    return fast
+
+
+def _header_lines(block: bytes) -> dict[str, str] | None:
+    """nats-py's `_parse_header_lines` for a header block without a status line."""
+    out: dict[str, str] = {}
+    for line in block[10:].split(b"\r\n"):
+        name, sep, value = line.partition(b":")
+        if not sep:
+            continue
+        try:
+            key = name.strip().decode("ascii")
+        except UnicodeDecodeError:
+            continue
+        if key != "".join(key.split()):
+            continue  # whitespace inside a header name: not a header
+        out[key] = value.strip().decode("utf-8", "replace")
+    return out or None
 
 
 def nak(delay_s: float) -> bytes:
@@ -96,9 +162,7 @@ class AckConfirmer:
         if self._sub is None:
             inbox = self.nc.new_inbox()
             self._prefix = inbox.encode() + b"."
-            self._sub = await self.nc.subscribe(
-                inbox + ".*", pending_msgs_limit=0, pending_bytes_limit=0
-            )
+            self._sub = await subscribe(self.nc, inbox + ".*")
         self._serial += 1
         token = b"%x" % self._serial
         *rest, (last_reply, last_body) = acks
@@ -237,9 +301,7 @@ class AsyncPublisher:
         if self._sub is None:
             inbox = self.nc.new_inbox()
             self._prefix = inbox.encode() + b"."
-            self._sub = await self.nc.subscribe(
-                inbox + ".*", pending_msgs_limit=0, pending_bytes_limit=0
-            )
+            self._sub = await subscribe(self.nc, inbox + ".*")
         return self._sub
 
     async def publish(

@@ -1,0 +1,48 @@
+"""The lean message dispatch of the bus's own subscriptions (`wire.subscribe`): headers are
+parsed exactly as nats-py parses them, and status lines still take nats-py's own path."""
+
+from __future__ import annotations
+
+import asyncio
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from nats.aio.client import Client
+
+from agentrl.bus import Bus, wire
+
+_NAME = st.text(
+    st.characters(min_codepoint=0x20, max_codepoint=0x7E, exclude_characters=":"), max_size=12
+)
+_VALUE = st.text(
+    st.characters(exclude_categories=("Cs",), exclude_characters="\r\n"), max_size=20
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    lines=st.lists(st.tuples(_NAME, st.sampled_from([":", ": ", ":\t", ""]), _VALUE), max_size=5)
+)
+def test_header_lines_parse_as_nats_py_does(lines: list[tuple[str, str, str]]) -> None:
+    block = b"NATS/1.0\r\n" + b"".join(f"{n}{s}{v}\r\n".encode() for n, s, v in lines) + b"\r\n"
+    assert wire._header_lines(block) == (Client._parse_header_lines(block[10:]) or None)
+
+
+async def test_lean_dispatch_delivers_headers_and_status_lines(nats_url: str) -> None:
+    bus = await Bus.connect(nats_url)
+    try:
+        sub = await wire.subscribe(bus.nc, "agentrl.test.dispatch")
+        await bus.nc.publish(
+            "agentrl.test.dispatch", b"x", headers={"Nats-Msg-Id": "m-1", "K": "v w"}
+        )
+        await bus.nc.publish("agentrl.test.dispatch", b"y")
+        # a request nobody answers comes back as a "NATS/1.0 503" status line
+        await bus.nc.publish("agentrl.test.nobody", b"", reply="agentrl.test.dispatch")
+        got = [await asyncio.wait_for(sub._pending_queue.get(), 5) for _ in range(3)]
+        assert got[0].data == b"x" and got[0].headers == {"Nats-Msg-Id": "m-1", "K": "v w"}
+        assert got[1].data == b"y" and got[1].headers is None
+        assert (got[2].headers or {}).get("Status") == "503"
+        assert sub._pending_size == len(b"x") + len(b"y")
+        await sub.unsubscribe()  # no callback drains it: closing would wait for the queue
+    finally:
+        await bus.close()
