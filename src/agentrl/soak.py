@@ -1101,9 +1101,9 @@ def _fmt(s: float | None) -> str:
 
 
 def table(result: SoakResult) -> str:
-    lines = ["component                         back after (s)"]
+    lines = [f"{'component':<42} back after"]
     for k, v in result.recovery_s.items():
-        lines.append(f"{k:<34}{_fmt(v)}")
+        lines.append(f"{k:<42} {_fmt(v)}")
     lines.append("")
     for k, ok in result.checks.items():
         lines.append(f"{'PASS' if ok else 'FAIL'}  {k}")
