@@ -336,3 +336,34 @@ def test_temperature_above_two_only_with_guided_choice() -> None:
         ChatRequest(model="m", messages=msgs, temperature=3.0)
     ok = ChatRequest(model="m", messages=msgs, temperature=6.0, guided_choice=["a", "b"])
     assert ok.temperature == 6.0
+
+
+def test_concurrent_requests_for_a_new_prompt_share_one_scoring(
+    engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Agents of one group reach the same state together: one forward pass serves them all."""
+    from agentrl.deploy.openai_types import ChatRequest
+
+    calls = []
+    real = engine._score_choices
+
+    def counted(key: Any, prompt: Any) -> Any:
+        calls.append(key)
+        return real(key, prompt)
+
+    monkeypatch.setattr(engine, "_score_choices", counted)
+    req = ChatRequest(
+        model="x",
+        messages=[{"role": "user", "content": "A state all eight agents reach at once."}],
+        guided_choice=["up", "down", "left", "right"],
+        temperature=1.0,
+    )
+    engine._choice_cache.clear()
+
+    async def burst() -> list[Any]:
+        return await asyncio.gather(*(engine.generate(None, req) for _ in range(8)))
+
+    outs = asyncio.run(burst())
+    assert len(calls) == 1
+    assert {o.content for o in outs} <= {"up", "down", "left", "right"}
+    assert not engine._inflight

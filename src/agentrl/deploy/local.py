@@ -101,6 +101,7 @@ class LocalEngine:
         self._choice_cache: dict[tuple[str, str, tuple[str, ...]], ChoiceScores] = {}
         self.choice_cache_size = CHOICE_CACHE_SIZE
         self._prompts: dict[str, tuple[str, list[int]]] = {}
+        self._inflight: dict[tuple[str, str, tuple[str, ...]], asyncio.Future[ChoiceScores]] = {}
 
     # ---- adapters ---------------------------------------------------------------------
     def load_adapter(self, model_id: str, folder: Path) -> None:
@@ -199,7 +200,7 @@ class LocalEngine:
             key = (self.adapter_of(model_id), text, tuple(request.guided_choice))
             scored = self._choice_cache.get(key)
             if scored is None:  # a new prompt for this version: one forward pass, in a thread
-                scored = await asyncio.to_thread(self._score_choices, key, prompt)
+                scored = await self._score_once(key, prompt)
             return self._guided(prompt, request, *scored)
         limit = request.token_limit(self.default_max_tokens)
         if len(prompt) + limit > self.context:
@@ -432,6 +433,18 @@ class LocalEngine:
             rows = torch.log_softmax(logits[i, offset : offset + len(c)].float(), -1)
             out.append(rows.gather(-1, torch.tensor(c)[:, None]).squeeze(-1).tolist())
         return out
+
+    async def _score_once(
+        self, key: tuple[str, str, tuple[str, ...]], prompt: list[int]
+    ) -> ChoiceScores:
+        """Concurrent requests for the same new prompt (agents of one group reach the same
+        state together) share one computation instead of queueing for the model each."""
+        fut = self._inflight.get(key)
+        if fut is None:
+            fut = asyncio.ensure_future(asyncio.to_thread(self._score_choices, key, prompt))
+            self._inflight[key] = fut
+            fut.add_done_callback(lambda _f: self._inflight.pop(key, None))
+        return await asyncio.shield(fut)
 
     @torch.no_grad()
     def _score_choices(
