@@ -115,6 +115,9 @@ def loop_environment(cfg: LoopConfig) -> dict[str, str]:
         "AGENTRL_TRAINING_ALGORITHM": "grpo",
         "AGENTRL_TRAINING_ADVANTAGE_ESTIMATOR": "gigpo",
         "AGENTRL_TRAINING_SAMPLE_SIZE": str(cfg.threshold),
+        # a job reads the last minutes only (its sample is the newest `threshold` anyway):
+        # the streams grow by thousands of trajectories and completions per generation
+        "AGENTRL_TRAINING_DATASET_WINDOW_S": "300",
         "AGENTRL_TRAINING_BATCH_SIZE": "16",
         "AGENTRL_TRAINING_EPOCHS": str(cfg.epochs),
         "AGENTRL_TRAINING_LEARNING_RATE": str(cfg.learning_rate),

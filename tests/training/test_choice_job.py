@@ -144,8 +144,11 @@ def test_settings_reach_the_generated_request(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("AGENTRL_TRAINING_HYPERPARAMETERS", json.dumps({"objective": "awr"}))
     monkeypatch.setenv("AGENTRL_TRAINING_INIT_FROM", "latest")
     monkeypatch.setenv("AGENTRL_TRAINING_MIXED_PRECISION", "bf16")
+    monkeypatch.setenv("AGENTRL_TRAINING_DATASET_WINDOW_S", "300")
     req = fill_request({}, TrainingSettings())
     tc = req.training_config
+    window = tc.dataset.filter.date_range
+    assert window is not None and (window.end - window.start).total_seconds() == 300
     assert (tc.hyperparameters.model_extra or {}).get("objective") == "awr"
     assert (tc.model_extra or {}).get("init_from") == "latest"
     assert tc.compute.mixed_precision == "bf16"

@@ -10,6 +10,7 @@ online in that environment; every other request trains on the logged trajectorie
 from __future__ import annotations
 
 import copy
+from datetime import timedelta
 from typing import Any
 
 from agentrl.contracts.base import new_id, utcnow
@@ -32,6 +33,11 @@ def defaults(settings: TrainingSettings) -> dict[str, Any]:
         dataset["sample_size"] = settings.sample_size
     if settings.min_reward is not None:
         dataset["filter"] = {"min_reward": settings.min_reward}
+    if settings.dataset_window_s:
+        now = utcnow()
+        window = {"start": (now - timedelta(seconds=settings.dataset_window_s)).isoformat()}
+        window["end"] = now.isoformat()
+        dataset.setdefault("filter", {})["date_range"] = window
     extra: dict[str, Any] = {}
     if settings.init_from and settings.init_from != "base":
         extra["init_from"] = settings.init_from

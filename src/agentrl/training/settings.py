@@ -58,6 +58,12 @@ class TrainingSettings(BaseSettings):
         None, description="Checkpoint root (default: <data_dir>/training/checkpoints)."
     )
     dataset_timeout_s: float = Field(60.0, gt=0.0)
+    dataset_window_s: float | None = Field(
+        None,
+        gt=0.0,
+        description="Generated requests read only trajectories of the last N seconds before "
+        "the trigger (dataset.filter.date_range); None: everything in the stream.",
+    )
     hyperparameters: dict[str, Any] = Field(
         default_factory=dict,
         description="Extra hyperparameters of a generated request (JSON), e.g. "
