@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import orjson
 import pydantic_core
 from pydantic import ValidationError
 
@@ -164,7 +165,7 @@ class Preparer:
                 # Walk the message as sent (every string it carries, extra fields included).
                 report = RedactionReport()
                 cleaned = self.redactor.redact(
-                    json.loads(data), report, frozenset({"trajectory_id"}), kinds
+                    _loads(data), report, frozenset({"trajectory_id"}), kinds
                 )
                 if report.total:
                     event = TrajectoryEvent.model_validate_json(pydantic_core.to_json(cleaned))
@@ -204,6 +205,15 @@ class Preparer:
             per.setdefault(i, {})[name] = res
         for i, res_map in per.items():
             batch.inputs[i].custom = res_map
+
+
+def _loads(data: bytes) -> Any:
+    """orjson's decoder (a third of json.loads's time), json.loads for what orjson refuses
+    and Python's reads (a lone surrogate escape, an integer beyond 64 bits)."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
 
 
 def opt_out_reason(event: TrajectoryEvent, config: RewardConfig) -> str | None:

@@ -4,7 +4,8 @@ It also consumes `agent.rl.feedback.v1`: feedback for a scored trajectory produc
 reward version (same trajectory, version + 1, its own deterministic id); feedback that arrives
 before its trajectory waits in the store and is folded into version 1.
 
-Per batch (fetched 256 at a time): drop opted-out trajectories, ack redelivered ones whose
+Per batch (fetched up to 512 at a time; the per-batch costs, a transaction, a pre-scan setup,
+the window statistics, are spread over more trajectories): drop opted-out trajectories, ack redelivered ones whose
 reward is already stored (never scored or published twice), redact PII, lint all code of the batch in one ruff+bandit run, run custom
 reward functions concurrently, score the batch (vectorised), and commit windows, rewards and an
 outbox entry per reward in one SQLite transaction. Then the bus acks the trajectories while
@@ -59,7 +60,7 @@ class RewardService:
         data_dir: str | Path | None = None,
         *,
         durable: str = "rewards",
-        batch: int = 256,
+        batch: int = 512,
         max_deliver: int = 5,
         ack_wait: float = 30.0,
         max_inflight: int = 4,

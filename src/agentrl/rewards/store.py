@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from agentrl.rewards.window import WindowState
 
 SCHEMA = """
@@ -162,7 +164,7 @@ class RewardStore:
         try:
             cur.executemany(
                 "INSERT OR REPLACE INTO rewards VALUES (?, ?, ?, ?, ?)",
-                [(tid, v, r, json.dumps(fb), now) for tid, v, r, fb in rewards],
+                [(tid, v, r, orjson.dumps(fb).decode(), now) for tid, v, r, fb in rewards],
             )
             cur.executemany(
                 "INSERT OR IGNORE INTO feedback VALUES (?, ?, ?, ?, ?)",
