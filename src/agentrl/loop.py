@@ -212,6 +212,7 @@ class LoopResult:
         promoted = [v for v in self.versions if v.decision == "promote"]
         trained = max(promoted, key=lambda v: v.heldout_success or 0.0, default=None)
         chosen = trained or best
+        live = next((v for v in self.versions if v.state == "live"), None)
         return {
             "versions": len(self.versions),
             "promoted": len(promoted),
@@ -219,6 +220,7 @@ class LoopResult:
             "base_heldout_success": base.heldout_success if base else None,
             "best_heldout_success": best.heldout_success if best else None,
             "trained_heldout_success": chosen.heldout_success if chosen else None,
+            "live_heldout_success": live.heldout_success if live else None,
             "heldout_seeds": base.heldout_n if base else 0,
             "trajectories": self.trajectories,
             "rewards": self.rewards,
