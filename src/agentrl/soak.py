@@ -10,7 +10,9 @@ they do, the soak kills, once each and one after the other, and lets come back:
   survive and mark the job failed, and the next trigger's job must run),
 * the training service itself while a job runs (the worker must die with it; the restarted
   service resumes the job from its checkpoint or fails it, never leaves it 'running'),
-* nats-server (SIGKILL, restarted on the same port and store dir; every client reconnects).
+* nats-server (SIGKILL, restarted on the same port and store dir; every client reconnects),
+* the deployment controller + gateway (the agents' errors meanwhile are counted; the restarted
+  gateway serves the same versions from the registry).
 
 Real processes: nats-server, the reward service (`agentrl rewards serve`), the warehouse
 ingester (`agentrl warehouse serve`), the training service (`agentrl train serve`) with its
@@ -215,7 +217,7 @@ class SoakAgents:
     def __init__(self, cfg: SoakConfig, bus: Any, gateway_url: str, public: str) -> None:
         from openai import AsyncOpenAI
 
-        self.cfg, self.bus, self.public = cfg, bus, public
+        self.cfg, self.bus, self.public, self.gateway_url = cfg, bus, public, gateway_url
         self.counts = ClientCounts()
         self.http = httpx2.AsyncClient(transport=CountingTransport(self.counts), timeout=60.0)
         self.client = AsyncOpenAI(
@@ -694,6 +696,77 @@ async def _faults(
     result.figures["gateway_errors_during_nats_kill"] = (
         sum(agents.counts.errors.values()) - errors_before
     )
+
+    # 5. the deployment controller + gateway: the agents see an outage (counted), then the
+    # restarted gateway serves the same versions from the registry
+    await _kill_gateway(cfg, procs["deploy"], http, agents, result, say)
+
+
+async def _kill_gateway(
+    cfg: SoakConfig,
+    deploy: ServiceProc,
+    http: httpx.AsyncClient,
+    agents: SoakAgents,
+    result: SoakResult,
+    say: Callable[[str], None],
+) -> None:
+    gateway = agents.gateway_url
+    before = set(await _model_ids(http, gateway))
+    errors_before = sum(agents.counts.errors.values())
+    t0 = time.monotonic()
+    children = deploy.kill()
+    say("soak: deployment controller + gateway SIGKILLed")
+    await asyncio.sleep(cfg.restart_delay_s)
+    restarted = time.monotonic()
+    deploy.start()
+    await _orphans("deployment controller + gateway", children, result, say)
+    got = await wait_for(
+        lambda: _true(agents.counts.last_ok_at > restarted), cfg.recover_timeout_s, 0.1
+    )
+    result.recovery_s["gateway"] = _since(t0, got)
+    errors = sum(agents.counts.errors.values()) - errors_before
+    result.figures["gateway_errors_during_gateway_kill"] = errors
+    result.checks["the gateway outage was seen and counted"] = errors > 0
+
+    # A fresh gateway loads what the registry says is serving now (the public name, the live
+    # version, a canary); earlier versions it kept loaded for a fast rollback are not reloaded.
+    async def serves_registry() -> bool:
+        want = await _serving_now(agents)
+        return bool(want) and want <= set(await _model_ids(http, gateway))
+
+    ok = await wait_for(serves_registry, 60, 0.5)
+    want, after = await _serving_now(agents), set(await _model_ids(http, gateway))
+    result.checks["the restarted gateway serves the registry's live and canary versions"] = (
+        ok is not None
+    )
+    say(
+        f"soak: gateway answering the agents again after {_fmt(result.recovery_s['gateway'])}; "
+        f"{errors} client errors counted meanwhile; served before {sorted(before)}, after "
+        f"{sorted(after)} (registry: {sorted(want)})"
+    )
+
+
+async def _serving_now(agents: SoakAgents) -> set[str]:
+    """The public name plus the live and canary versions, from the registry (NATS KV)."""
+    from agentrl.deploy.config import DeploySettings
+    from agentrl.deploy.registry import Registry
+
+    try:
+        registry = await Registry.open(agents.bus.js, DeploySettings().bucket)
+        split, _ = await registry.get_split(agents.public)
+    except Exception:
+        return set()
+    if split is None:
+        return {agents.public}
+    return {agents.public} | {m for m in (split.live, split.canary) if m}
+
+
+async def _model_ids(http: httpx.AsyncClient, gateway: str) -> list[str]:
+    try:
+        r = await http.get(f"{gateway}/models")
+        return [str(m["id"]) for m in r.json().get("data", [])]
+    except (httpx.HTTPError, ValueError):
+        return []
 
 
 async def _kill_consumer_service(

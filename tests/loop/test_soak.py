@@ -1,9 +1,9 @@
 """The soak (issue 19, item 3): `agentrl soak` runs the loop on a stack whose services are
 their own processes and SIGKILLs, once each, the reward service, the warehouse ingester, a
-running training job's process, the training service and nats-server, restarting each.
-Afterwards every trajectory has exactly one reward per version, the warehouse (chdb) matches
-the streams, no training job is stuck and every gateway error was counted. Minutes long: runs
-only with AGENTRL_SLOW=1."""
+running training job's process, the training service, nats-server and the gateway,
+restarting each. Afterwards every trajectory has exactly one reward per version, the
+warehouse (chdb) matches the streams, no training job is stuck and every gateway error was
+counted. Minutes long: runs only with AGENTRL_SLOW=1."""
 
 from __future__ import annotations
 
@@ -55,6 +55,7 @@ def test_soak_every_component_killed_once_comes_back_and_nothing_is_lost(tmp_pat
         "nats: training service",
         "nats: control API",
         "nats: unacked in-flight redelivered",
+        "gateway",
     ):
         assert last["recovery_s"].get(component) is not None, f"{component} not back:\n{tail}"
     assert last["trajectories"] > 0 and last["missing_rewards"] == 0, tail
