@@ -288,7 +288,14 @@ class Agents:
         policy = self.policy(self.public, self.cfg.temperature)
         group_id = str(uuid.uuid4())
         workers = [
-            RLRolloutWorker(task, policy, history_window=0, group_id=group_id, episode_index=i)
+            RLRolloutWorker(
+                task,
+                policy,
+                history_window=0,
+                group_id=group_id,
+                episode_index=i,
+                env_in_thread=False,  # a FrozenLake step takes microseconds
+            )
             for i in range(self.cfg.group_size)
         ]
         episodes = await asyncio.gather(*(w.run() for w in workers))
@@ -337,7 +344,9 @@ class Agents:
         async def one(seed: int) -> Any:
             task = loop_task(self.cfg, seed)
             async with sem:
-                return await RLRolloutWorker(task, policy, history_window=0).run()
+                return await RLRolloutWorker(
+                    task, policy, history_window=0, env_in_thread=False
+                ).run()
 
         eps = await asyncio.gather(*(one(s) for s in seeds))
         wins = sum(int(e.success) for e in eps)

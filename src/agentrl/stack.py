@@ -39,6 +39,7 @@ SERVICES: tuple[tuple[str, str], ...] = (
 Serve = Callable[[Bus, asyncio.Event, Settings], Coroutine[Any, Any, None]]
 
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+THREADS = 64  # the stack process's thread pool (see stack_services)
 
 
 def load_services(only: set[str] | None = None) -> list[tuple[str, Serve]]:
@@ -152,6 +153,14 @@ async def stack_services(
 ) -> AsyncIterator[RunningStack]:
     """Connect to `nats_url`, create the streams and run the services under supervision until
     the block exits (then stop them and wait up to 15 s)."""
+    # The services share this process's default thread pool (asyncio.to_thread): model
+    # forward passes, validation episodes, checkpoint checks. Python's default of cpu + 4
+    # workers (6 here) let one service's long calls queue every other service's short ones.
+    from concurrent.futures import ThreadPoolExecutor
+
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="agentrl-stack")
+    )
     bus = await Bus.connect(nats_url, settings=settings, name="agentrl-up")
     await bus.ensure_streams()
     stop = asyncio.Event()
