@@ -68,6 +68,7 @@ class LoopConfig:
     progress_reward: float = 0.3
     hole_penalty: float = 0.3
     benchmark_episodes: int = 30
+    pace: bool = True  # one agent acts while a job trains (2 cores: acting starves the job)
     fresh: bool = True
 
     @classmethod
@@ -265,6 +266,7 @@ class Agents:
         self.failed = 0
         self.next_seed = 0
         self.acting_s = 0.0
+        self.training = False  # a training job is queued or running (set by the watcher)
 
     def policy(self, model: str, temperature: float) -> Any:
         from agentrl.rollout.policies.openai_policy import OpenAIAgentPolicy
@@ -317,8 +319,11 @@ class Agents:
             self.by_model[model] = self.by_model.get(model, 0) + 1
 
     async def run(self, stop: asyncio.Event) -> None:
-        async def worker() -> None:
+        async def worker(k: int) -> None:
             while not stop.is_set():
+                if k > 0 and self.training:  # paced: one agent acts while a job trains
+                    await asyncio.sleep(0.5)
+                    continue
                 seed = self.next_seed
                 self.next_seed += 1
                 if seed >= HELDOUT_OFFSET:
@@ -332,7 +337,7 @@ class Agents:
                     await asyncio.sleep(0.5)
                 self.acting_s += time.monotonic() - t0
 
-        await asyncio.gather(*(worker() for _ in range(self.cfg.agents)))
+        await asyncio.gather(*(worker(k) for k in range(self.cfg.agents)))
 
     async def heldout(self, model_id: str, seeds: list[int]) -> tuple[int, int, float]:
         """Greedy episodes of `model_id` (named explicitly) on held-out seeds."""
@@ -581,6 +586,9 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
                         say(f"version {r.model_id}: {d.action}{to} ({d.by}: {d.reason})")
                     printed[r.model_id] = len(r.decisions)
                     seen[r.model_id] = r.state
+                agents.training = cfg.pace and any(
+                    evs[-1].status in ("queued", "running") for evs in watch.statuses.values()
+                )
                 for job, evs in watch.statuses.items():
                     last = evs[-1].status
                     key = f"job:{job}"

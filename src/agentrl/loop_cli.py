@@ -36,6 +36,17 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         heldout_seeds: int = typer.Option(0, help="Held-out maps per version (0: default)."),
         model: str = typer.Option(None, help="Base model (default smollm2; tiny with --quick)."),
         time_budget_s: float = typer.Option(0, help="Stop acting after this many seconds."),
+        pace: bool = typer.Option(
+            True,
+            "--pace/--no-pace",
+            help="While a training job runs only one agent acts (on 2 cores the others would "
+            "starve the job); --no-pace: all agents act all the time.",
+        ),
+        temperature: float = typer.Option(
+            0,
+            help="The agents' sampling temperature over the moves (0: default, 6 — exploring; "
+            "held-out evaluation is always greedy).",
+        ),
         job_kind: str = typer.Option(
             "dataset",
             help="Training job kind the trigger starts; only dataset (the logged trajectories) "
@@ -47,7 +58,13 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         for several generations; then held-out success per version, the report, one JSON line."""
         from agentrl.loop import LoopConfig, run_loop, table
 
-        overrides: dict[str, object] = {"bad_candidate": bad_candidate, "job_kind": job_kind}
+        overrides: dict[str, object] = {
+            "bad_candidate": bad_candidate,
+            "job_kind": job_kind,
+            "pace": pace,
+        }
+        if temperature:
+            overrides["temperature"] = temperature
         if data_dir is not None:
             overrides["data_dir"] = data_dir
         if generations:
