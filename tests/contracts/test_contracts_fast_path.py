@@ -115,10 +115,55 @@ def test_clean_payload_takes_the_fast_path_and_round_trips() -> None:
 
 
 def test_events_with_unmarked_input_validators_keep_the_full_schema() -> None:
-    from agentrl.contracts import TrainingRequest
+    from agentrl.contracts import TrainingRequest, TrainingStatus
 
     assert RewardEvent._build_fast() is not None
-    assert TrainingRequest._build_fast() is None  # its own before-validators could see strays
+    # TrainingConfig (grpo + adv_estimator gigpo -> gigpo) and StatusError (UNKNOWN +
+    # detail_code) rewrite *valid* input: those events keep the full schema
+    assert TrainingRequest._build_fast() is None
+    assert TrainingStatus._build_fast() is None
+
+
+def _deployed(**model_info: Any) -> dict[str, Any]:
+    return {
+        "deployment_id": "4c9f1b2e-8d7a-4e3b-9c1d-2a3b4c5d6e7f",
+        "training_job_id": "job-1",
+        "timestamp": "2026-11-23T05:00:00Z",
+        "model_info": {
+            "model_id": "m-1",
+            "base_model": "smollm2",
+            "checkpoint_path": "/ckpt/1",
+            **model_info,
+        },
+        "deployment_config": {"endpoint": "http://127.0.0.1:8700/v1", "model_name": "p"},
+        "validation_results": {
+            "benchmark_passed": True,
+            "safety_checks_passed": True,
+            "performance_regression": False,
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        _deployed(),
+        _deployed(training_samples=0),  # the marked validator's rewrite: full schema
+        _deployed(training_samples=5, final_reward=0.5),
+        _deployed(training_samples=-1),
+        {**_deployed(), "stray": 1},
+    ],
+)
+def test_deployment_events_take_the_fast_path_with_the_same_result(
+    payload: dict[str, Any],
+) -> None:
+    from agentrl.contracts.deployment import ModelDeployed
+
+    assert ModelDeployed._build_fast() is not None
+    raw = json.dumps(payload).encode()
+    fast = _run(lambda: ModelDeployed.model_validate_json(raw))
+    full = _run(lambda: ModelDeployed.__pydantic_validator__.validate_json(raw))
+    assert fast == full
 
 
 def test_null_observation_content_reads_as_empty_in_python_mode_too() -> None:

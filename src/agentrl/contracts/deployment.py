@@ -12,7 +12,16 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from agentrl.contracts.base import Event, Finite, Id, Part, Percent, Timestamp, new_id
+from agentrl.contracts.base import (
+    Event,
+    Finite,
+    Id,
+    Part,
+    Percent,
+    Timestamp,
+    new_id,
+    noop_when_valid,
+)
 
 
 class ModelInfo(Part):
@@ -25,6 +34,7 @@ class ModelInfo(Part):
 
     @model_validator(mode="before")
     @classmethod
+    @noop_when_valid  # 0 fails `ge=1`
     def _zero_is_unknown(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("training_samples") == 0:
             data = {k: v for k, v in data.items() if k != "training_samples"}

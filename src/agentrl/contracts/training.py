@@ -25,6 +25,7 @@ from agentrl.contracts.base import (
     Percent,
     Timestamp,
     new_id,
+    noop_when_valid,
     with_field,
 )
 from agentrl.contracts.trajectory import Domain
@@ -68,6 +69,7 @@ class Dataset(Part):
 
     @model_validator(mode="before")
     @classmethod
+    @noop_when_valid  # 'file' fails the Literal, null fails `int`
     def _old_values(cls, data: Any) -> Any:
         if isinstance(data, dict):
             if data.get("source") == "file":
@@ -104,6 +106,7 @@ class Compute(Part):
 
     @model_validator(mode="before")
     @classmethod
+    @noop_when_valid  # 'fp32' fails the Literal
     def _fp32(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("mixed_precision") == "fp32":
             data = {**data, "mixed_precision": "no"}
@@ -193,6 +196,7 @@ class Progress(Part):
 
     @model_validator(mode="before")
     @classmethod
+    @noop_when_valid  # 0 fails `ge=1`
     def _zero_is_unknown(cls, data: Any) -> Any:
         if isinstance(data, dict) and (
             data.get("total_epochs") == 0 or data.get("total_steps") == 0
