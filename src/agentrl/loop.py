@@ -57,7 +57,7 @@ class LoopConfig:
     heldout_seeds: int = 50
     job_kind: str = "dataset"
     bad_candidate: bool = False
-    time_budget_s: float = 780.0
+    time_budget_s: float = 720.0
     temperature: float = 6.0
     ramp: tuple[float, ...] = (50.0, 100.0)
     step_delay_s: float = 5.0
