@@ -846,7 +846,8 @@ async def _running_job(
             ]
             if not jobs:
                 continue
-            for child in psutil.Process(training.pid).children(recursive=True):
+            # the job process is a direct child (a helper it forked carries the same cmdline)
+            for child in psutil.Process(training.pid).children(recursive=False):
                 cmd = " ".join(child.cmdline())
                 if "agentrl.training.worker" in cmd and time.time() - child.create_time() > 1.0:
                     for j in jobs:
@@ -919,24 +920,36 @@ async def _kill_job(
     say: Callable[[str], None],
 ) -> None:
     rec = result.recovery_s
-    victim, job_id = await _running_job(cfg, training, http, api)
-    if victim is None or job_id is None:
-        result.notes.append(f"no training job ran within {cfg.job_wait_s:.0f}s: not killed")
-        rec["training_job_failed"] = None
-        return
+    job_id: str | None = None
+    got: float | None = None
     t0 = time.monotonic()
-    victim.kill()
-    say(f"soak: training job {job_id[:8]}'s process (pid {victim.pid}) SIGKILLed")
 
-    async def status_is(*states: str) -> bool:
+    async def status_of() -> str | None:
         r = await http.get(f"{api}/training/{job_id}/status")
-        return r.status_code == 200 and r.json().get("status") in states
+        return r.json().get("status") if r.status_code == 200 else None
 
-    got = await wait_for(lambda: status_is("failed"), cfg.recover_timeout_s)
+    async def concluded() -> bool:
+        return await status_of() in ("failed", "completed", "cancelled")
+
+    for _attempt in range(3):  # a job can finish between the look and the kill: next one
+        victim, job_id = await _running_job(cfg, training, http, api)
+        if victim is None or job_id is None:
+            result.notes.append(f"no training job ran within {cfg.job_wait_s:.0f}s: not killed")
+            break
+        t0 = time.monotonic()
+        victim.kill()
+        say(f"soak: training job {job_id[:8]}'s process (pid {victim.pid}) SIGKILLed")
+        got = await wait_for(concluded, cfg.recover_timeout_s)
+        if got is not None and await status_of() == "completed":
+            say(f"soak: job {job_id[:8]} had completed before the kill landed; the next one")
+            got = None
+            continue
+        break
     rec["training_job_failed"] = _since(t0, got)
+    result.checks["the killed job was marked failed"] = got is not None
     result.checks["training service survived the job kill"] = training.alive()
     say(
-        f"soak: job {job_id[:8]} marked failed after {_fmt(rec['training_job_failed'])}; "
+        f"soak: job {str(job_id)[:8]} marked failed after {_fmt(rec['training_job_failed'])}; "
         f"training service alive: {training.alive()}"
     )
 
