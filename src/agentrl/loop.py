@@ -34,6 +34,7 @@ from agentrl.stats import wilson
 
 MOVES = ["up", "down", "left", "right"]
 HELDOUT_OFFSET = 1_000_000  # same as agentrl.llm.valid_action: training seeds stay below
+PACE_S = 3.0  # paced acting: agent 0's pause between groups while a training job runs
 
 
 @dataclass
@@ -68,7 +69,7 @@ class LoopConfig:
     progress_reward: float = 0.3
     hole_penalty: float = 0.3
     benchmark_episodes: int = 30
-    pace: bool = True  # one agent acts while a job trains (2 cores: acting starves the job)
+    pace: bool = True  # a trickle of acting while a job trains (2 cores: acting starves it)
     fresh: bool = True
 
     @classmethod
@@ -321,7 +322,7 @@ class Agents:
     async def run(self, stop: asyncio.Event) -> None:
         async def worker(k: int) -> None:
             while not stop.is_set():
-                if k > 0 and self.training:  # paced: one agent acts while a job trains
+                if self.training and k > 0:  # paced: a trickle of acting while a job trains
                     await asyncio.sleep(0.5)
                     continue
                 seed = self.next_seed
@@ -336,6 +337,8 @@ class Agents:
                     self.say(f"acting: a group failed ({type(exc).__name__}: {exc})")
                     await asyncio.sleep(0.5)
                 self.acting_s += time.monotonic() - t0
+                if self.training:  # one group every few seconds keeps a canary fed
+                    await asyncio.sleep(PACE_S)
 
         await asyncio.gather(*(worker(k) for k in range(self.cfg.agents)))
 

@@ -39,7 +39,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         pace: bool = typer.Option(
             True,
             "--pace/--no-pace",
-            help="While a training job runs only one agent acts (on 2 cores the others would "
+            help="While a training job runs one agent acts, a group every 3 s (on 2 cores acting would "
             "starve the job); --no-pace: all agents act all the time.",
         ),
         temperature: float = typer.Option(

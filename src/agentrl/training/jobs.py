@@ -255,6 +255,22 @@ async def load_data(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+async def load_data_retrying(spec: dict[str, Any], for_s: float = 30.0) -> dict[str, Any]:
+    """`load_data`, tried again for `for_s` seconds when NATS is unreachable (a restarting
+    nats-server: reading is safe to repeat); other errors fail at once."""
+    deadline = time.monotonic() + for_s
+    delay = 0.5
+    while True:
+        try:
+            return await load_data(spec)
+        except TrainingError as exc:
+            if exc.code != "INFRA" or time.monotonic() > deadline:
+                raise
+            log.warning("dataset read failed (%s); retrying in %.1fs", exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 4.0)
+
+
 def orjson_dumps(obj: Any) -> bytes:
     import orjson
 
@@ -346,18 +362,19 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
     emitter.emit("running", phase="loading data")
     t_load = time.monotonic()
     with gc_paused():
-        data = asyncio.run(load_data(spec))
+        data = asyncio.run(load_data_retrying(spec))
         seed = config.seed
         report = FilterReport(rewards=len(data["rewards"]))
         records, report = apply_filters(
             data["trajectories"], latest_rewards(data["rewards"]), tc.dataset.filter, report
         )
-        guided = guided_share([r.trajectory for r in records]) > 0.5
-        if guided:  # valid-action data: the newest trajectories (closest to the policy now)
-            records.sort(key=lambda r: str(r.trajectory.get("end_timestamp") or ""))
-            records = records[-tc.dataset.sample_size :] if tc.dataset.sample_size else records
-        else:
-            records = seeded_sample(records, tc.dataset.sample_size, seed)
+        # Valid-action data (turns answered from a guided_choice) trains the renormalised
+        # policy on the newest trajectories (closest to the policy now); the path is chosen
+        # by the sample itself, so other traffic on the same stack keeps the token path.
+        newest = sorted(records, key=lambda r: str(r.trajectory.get("end_timestamp") or ""))
+        newest = newest[-tc.dataset.sample_size :] if tc.dataset.sample_size else newest
+        guided = guided_share([r.trajectory for r in newest]) > 0.5
+        records = newest if guided else seeded_sample(records, tc.dataset.sample_size, seed)
         del data["trajectories"], data["rewards"]  # only the sample lives on
     report.sampled = len(records)
     holdout_size = req.evaluation.holdout_size if req.evaluation.enabled else 0.0
