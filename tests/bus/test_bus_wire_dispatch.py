@@ -14,9 +14,7 @@ from agentrl.bus import Bus, wire
 _NAME = st.text(
     st.characters(min_codepoint=0x20, max_codepoint=0x7E, exclude_characters=":"), max_size=12
 )
-_VALUE = st.text(
-    st.characters(exclude_categories=("Cs",), exclude_characters="\r\n"), max_size=20
-)
+_VALUE = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\r\n"), max_size=20)
 
 
 @settings(max_examples=100, deadline=None)
