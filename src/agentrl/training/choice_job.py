@@ -9,9 +9,9 @@ precision for scoring and training) on the exact prompts the gateway logged.
 
 Data: every turn with `action.guided_choice` and a completion-log record (`completion_id`)
 becomes a step: prompt = the logged prompt token ids, action = the index of the answer in
-the choices, step reward = the turn's `reward` (the environment's shaped reward), episode
-score = the reward service's `total_reward`, group = the task id, GiGPO anchor = the
-observation text. Turns without a record, or with another choice set, are skipped and
+the choices, step reward = the turn's `reward` (the environment's shaped reward) with the
+reward service's `total_reward` added to the last step as the terminal reward, group = the
+task id, GiGPO anchor = the observation text. Turns without a record, or with another choice set, are skipped and
 counted.
 
 Objective (`hyperparameters.objective`):
@@ -253,12 +253,17 @@ def warm_start(learner: Any, folder: str) -> None:
 
 
 def build_batch(data: ChoiceData, texts: dict[int, str]) -> Any:
-    """ChoiceData -> `valid_action.Batch` (episode scores from the reward service)."""
+    """ChoiceData -> `valid_action.Batch`. Rewards: each turn's environment reward, and the
+    reward service's score as the episode's terminal reward (added to its last step), so an
+    episode's return is its shaped progress plus the service's judgement of the outcome."""
     from agentrl.llm.valid_action import Batch, Step
 
     steps: list[Step] = []
+    returns: list[float] = []
     for i, ep in enumerate(data.episodes):
-        for st in ep["steps"]:
+        last = len(ep["steps"]) - 1
+        for k, st in enumerate(ep["steps"]):
+            reward = st["reward"] + (float(ep["score"]) if k == last else 0.0)
             steps.append(
                 Step(
                     i,
@@ -267,13 +272,14 @@ def build_batch(data: ChoiceData, texts: dict[int, str]) -> Any:
                     st["anchor"],
                     st["action"],
                     0.0,
-                    st["reward"],
+                    reward,
                     st["done"],
                 )
             )
+        returns.append(sum(st["reward"] for st in ep["steps"]) + float(ep["score"]))
     return Batch(
         steps,
-        [float(e["score"]) for e in data.episodes],
+        returns,
         [bool(e["success"]) for e in data.episodes],
         [int(e["group"]) for e in data.episodes],
         [len(e["steps"]) for e in data.episodes],
