@@ -58,7 +58,7 @@ class LoopConfig:
     heldout_seeds: int = 50
     job_kind: str = "dataset"
     bad_candidate: bool = False
-    time_budget_s: float = 720.0
+    time_budget_s: float = 660.0
     temperature: float = 6.0
     ramp: tuple[float, ...] = (50.0, 100.0)
     step_delay_s: float = 5.0
@@ -69,6 +69,7 @@ class LoopConfig:
     progress_reward: float = 0.3
     hole_penalty: float = 0.3
     benchmark_episodes: int = 30
+    grace_s: float = 120.0  # after the budget: wait this long for a version being decided
     pace: bool = True  # a trickle of acting while a job trains (2 cores: acting starves it)
     fresh: bool = True
 
@@ -567,8 +568,10 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
             printed: dict[str, int] = {}
             injected: str | None = None
             deadline = t_start + cfg.time_budget_s
+            grace_until = deadline + cfg.grace_s
             last_note = 0.0
-            while time.monotonic() < deadline:
+            pending = False  # a version in validation or canary when the budget ran out
+            while time.monotonic() < deadline or (pending and time.monotonic() < grace_until):
                 await asyncio.sleep(0.5)
                 if interrupted.is_set():
                     say("interrupted: acting stops; evaluating what there is")
@@ -612,6 +615,24 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
                 ]
                 decided = [r for r in finished if r.model_id != injected]
                 busy = rollout is not None and rollout.status == "running"
+                validating = [
+                    r
+                    for r in records
+                    if r.state == "candidate"
+                    and r.checkpoint_path
+                    and not any(d.action in ("validate", "wait") for d in r.decisions)
+                ]
+                was_pending = pending
+                pending = busy or bool(validating)
+                if time.monotonic() >= deadline:
+                    if not pending:
+                        say(f"time budget of {cfg.time_budget_s:.0f}s reached")
+                        break
+                    if not was_pending:
+                        say(
+                            f"time budget of {cfg.time_budget_s:.0f}s reached: waiting up to "
+                            f"{cfg.grace_s:.0f}s for the version in validation or canary"
+                        )
                 if len(decided) >= cfg.generations and not busy:
                     if cfg.bad_candidate and injected is None:
                         injected = await inject_bad_candidate(bus, public, data_dir, say)
@@ -623,7 +644,10 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
                     ):
                         break
             else:
-                say(f"time budget of {cfg.time_budget_s:.0f}s reached")
+                say(
+                    f"time budget of {cfg.time_budget_s:.0f}s reached"
+                    + (f"; the {cfg.grace_s:.0f}s grace ran out" if pending else "")
+                )
             stop_acting.set()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(acting, 60)
