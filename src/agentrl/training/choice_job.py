@@ -102,7 +102,7 @@ def choice_data(records: list[Any], completions: dict[str, dict[str, Any]]) -> C
             if not comp or not comp.get("prompt_token_ids"):
                 data.skipped["no completion record"] += 1
                 continue
-            answer = _answer(action, comp)
+            answer = _answer(action)
             if answer not in choices:
                 data.skipped["answer not among the choices"] += 1
                 continue
@@ -133,7 +133,8 @@ def choice_data(records: list[Any], completions: dict[str, dict[str, Any]]) -> C
     return data
 
 
-def _answer(action: dict[str, Any], comp: dict[str, Any]) -> str:
+def _answer(action: dict[str, Any]) -> str:
+    """What the agent did: its raw answer (the chosen choice), else a tool argument."""
     for k in ("raw_response", "content"):
         if action.get(k):
             return str(action[k]).strip()
