@@ -63,7 +63,7 @@ class LoopConfig:
     ramp: tuple[float, ...] = (50.0, 100.0)
     step_delay_s: float = 5.0
     min_samples: int = 8
-    learning_rate: float = 5e-4
+    learning_rate: float = 2e-3  # 5e-4: 4-6 generations to learn; 2e-3: 2 (BENCHMARKS.md)
     epochs: int = 20
     objective: str = "awr"
     progress_reward: float = 0.3

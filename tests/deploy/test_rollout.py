@@ -408,3 +408,40 @@ async def test_waiting_candidates_deploy_after_the_rollout_newest_first(
     assert older_rec.decisions[-1].action == "supersede"
     assert newer in older_rec.decisions[-1].reason
     assert all(d.action != "set_weight" for d in older_rec.decisions)  # never served
+
+
+@pytest.mark.plan(plan(0.2, period=0.2, min_samples=1000))
+async def test_waiting_candidate_worse_than_the_new_live_model_is_rejected(
+    harness: Harness, checkpoints: list[str]
+) -> None:
+    """A candidate validated against an older live model waits; by the time the rollout ends
+    a better version is live. The regression rule is applied again against that one: the
+    newest waiting candidate regresses and is rejected, the next one within tolerance is
+    deployed."""
+    h = harness
+
+    def bench(mean: float):
+        def store(r: Any) -> None:
+            r.validation_details = {"benchmark": {"mean": mean}}
+
+        return store
+
+    first = await register(h, checkpoints[0])
+    await h.d.registry.update_model(first, bench(0.8))
+    await h.d.deployer.start(first, h.d.controller.plan, by="test")
+    older = await register(h, checkpoints[1])
+    newer = await register(h, checkpoints[2])
+    for v, mean in ((older, 0.77), (newer, 0.3)):
+        record = await h.d.controller.validate_and_deploy(await h.d.registry.require_model(v))
+        assert record.decisions[-1].action == "wait"
+        await h.d.registry.update_model(v, bench(mean))
+
+    async def older_live() -> bool:
+        return (await h.d.registry.require_model(older)).state == "live"
+
+    await h.wait_for(older_live, 30)
+    newer_rec = await h.d.registry.require_model(newer)
+    assert newer_rec.state == "rejected"
+    assert newer_rec.decisions[-1].action == "reject"
+    assert first in newer_rec.decisions[-1].reason and "-0.500" in newer_rec.decisions[-1].reason
+    assert all(d.action != "set_weight" for d in newer_rec.decisions)  # never served

@@ -118,3 +118,31 @@ async def test_threshold_backlog_does_not_pile_up_jobs(nats, data_dir):
             assert all(j.request["trigger_reason"] == "threshold_reached" for j in jobs)
     finally:
         await bus.close()
+
+
+async def test_threshold_reached_during_a_job_starts_one_job_after_it(nats, data_dir):
+    """35 rewards with N=10 while the first job is queued: the firings at 20 and 30 are
+    deferred (not piled up, not lost); when that job ends, exactly one follow-up job starts."""
+    from training_helpers import publish_data, trajectory
+
+    bus = await Bus.connect(nats.url, settings=settings_for(data_dir, nats.url))
+    await bus.ensure_streams()
+    settings = settings_for(data_dir, nats.url)
+    ts = tsettings(threshold=10, devices=[])  # no device: the first job stays queued
+    try:
+        await publish_data(bus, [trajectory(i) for i in range(35)], [0.5] * 35)
+        async with running_service(bus, settings, ts) as svc:
+            await _wait(lambda: len(svc.store.jobs()) == 1, 20)
+            await _wait(lambda: bool(svc.store.get_state("threshold_deferred")), 20)
+            await asyncio.sleep(0.5)
+            assert len(svc.store.jobs()) == 1, "no job piles up while the first is active"
+            first = svc.store.jobs()[0]
+            assert await svc.cancel(first.job_id)
+            await _wait(lambda: len(svc.store.jobs()) == 2, 20)
+            await asyncio.sleep(0.5)
+            jobs = svc.store.jobs()
+            assert len(jobs) == 2, "the deferred firings start one job, not two"
+            assert jobs[1].request["trigger_reason"] == "threshold_reached"
+            assert svc.store.get_state("threshold_deferred") == {}
+    finally:
+        await bus.close()

@@ -27,6 +27,7 @@ from agentrl.deploy.errors import DeployError
 from agentrl.deploy.monitor import RewardTracker, Summary, analyse
 from agentrl.deploy.registry import ModelRecord
 from agentrl.deploy.sequential import CheckResult
+from agentrl.deploy.validation import regression_vs_live
 from agentrl.observability import instrument as obs
 
 log = logging.getLogger(__name__)
@@ -267,16 +268,34 @@ class Controller:
         ]
         if not waiting:
             return None
-        newest = max(waiting, key=lambda r: r.version)
-        for r in waiting:
-            if r is not newest:
-                await self.registry.transition(
-                    r.model_id,
-                    "retired",
-                    by=BY,
-                    action="supersede",
-                    reason=f"superseded by {newest.model_id} before it was deployed",
+        # The live model may have changed since they were validated: the seed's regression
+        # rule is applied again against it (both validations are recorded: no new run).
+        split, _ = await self.registry.get_split(self.deployer.public)
+        live = await self.registry.get_model(split.live) if split and split.live else None
+        newest = None
+        for r in sorted(waiting, key=lambda r: r.version, reverse=True):
+            why = None
+            if newest is None and live is not None:
+                why = regression_vs_live(
+                    r.validation_details, live.validation_details, self.settings
                 )
+            if newest is None and why is None:
+                newest = r
+                continue
+            await self.registry.transition(
+                r.model_id,
+                "rejected" if why else "retired",
+                by=BY,
+                action="reject" if why else "supersede",
+                reason=(
+                    f"validation failed against {live.model_id if live else 'live'}, live since "
+                    f"this candidate was validated: {why}"
+                    if why
+                    else f"superseded by {newest.model_id if newest else '?'} before it was deployed"
+                ),
+            )
+        if newest is None:
+            return self._did("reject_waiting")
         try:
             await self.deployer.start(
                 newest.model_id, self.plan, by=BY, reason="validated earlier; waited its turn"

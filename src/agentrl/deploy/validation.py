@@ -283,6 +283,23 @@ class Validator:
         return decide(mine, ref, self.settings)
 
 
+def regression_vs_live(
+    candidate: dict[str, Any], live: dict[str, Any] | None, s: DeploySettings
+) -> str | None:
+    """The seed's regression rule between two recorded validations (`validation_details`):
+    why the candidate regresses against the live model, or None. Used again when a
+    candidate validated against an older live model is about to be deployed."""
+    try:
+        mine = float(candidate["benchmark"]["mean"])
+        ref = float((live or {})["benchmark"]["mean"])
+    except (KeyError, TypeError, ValueError):
+        return None  # one of them has no benchmark: nothing to compare
+    delta = mine - ref
+    if delta < -s.regression_tolerance:
+        return f"benchmark mean {delta:+.3f} vs live (< -{s.regression_tolerance})"
+    return None
+
+
 def decide(
     mine: dict[str, Any], ref: dict[str, Any] | None, s: DeploySettings
 ) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -157,6 +157,8 @@ class TrainingService:
         self.kv = await self._kv()
         await self._flush_outbox()
         await self.recover()
+        if self.ts.threshold > 0:
+            await self.fire_deferred()  # a job that ended while the service was down
         tasks = [
             asyncio.create_task(self._consume_requests(stop), name="training-requests"),
             asyncio.create_task(self._consume_cancels(stop), name="training-cancels"),
@@ -519,6 +521,8 @@ class TrainingService:
         await self._publish_status(
             row.job_id, status, job=job, final=final, error=error, artifacts=artifacts
         )
+        if self.ts.threshold > 0:
+            await self.fire_deferred()
 
     # -- status events ----------------------------------------------------------------------
 
@@ -659,36 +663,57 @@ class TrainingService:
         if not fired:
             self.store.set_state({"threshold": state.to_json()})
             return
+        deferred = dict(self.store.get_state("threshold_deferred") or {})
         for key, n in fired:
             previous = self.store.get_state(f"threshold_job:{key}")
-            prow = self.store.get(previous) if previous else None
-            if previous and (prow is None or prow.status in ("queued", "running")):
+            if previous and self._active(previous):
                 # The last threshold job of this scope has not finished: do not pile up jobs
-                # (a first start over a long backlog would otherwise queue one per N).
-                log.info("threshold reached for %s while job %s is active: merged", key, previous)
-                self.store.set_state({"threshold": state.to_json()})
+                # (a first start over a long backlog would otherwise queue one per N), but
+                # remember the firing: one follow-up job starts when that job ends, so data
+                # gathered meanwhile is not lost and the next generation starts at once.
+                log.info("threshold reached for %s while job %s is active: deferred", key, previous)
+                deferred[key] = n
+                self.store.set_state({"threshold": state.to_json(), "threshold_deferred": deferred})
                 continue
-            override: dict[str, Any] = {}
-            if self.ts.threshold_scope == "domain":
-                override = {"training_config": {"dataset": {"filter": {"task_domains": [key]}}}}
-            elif self.ts.threshold_scope == "agent":
-                override = {"training_config": {"dataset": {"filter": {"agent_ids": [key]}}}}
-            req = self.new_request(
-                "threshold_reached",
-                trigger_id("threshold", self.ts.threshold_scope, key, n),
-                {
-                    **override,
-                    "requester": "agentrl-threshold-trigger",
-                    "metadata": {
-                        "notes": f"{self.ts.threshold} new rewarded trajectories"
-                        + (f" ({self.ts.threshold_scope} {key})" if key != "*" else "")
-                    },
+            deferred.pop(key, None)
+            await self._fire_threshold(
+                key, n, {"threshold": state.to_json(), "threshold_deferred": deferred}
+            )
+
+    def _active(self, job_id: str) -> bool:
+        row = self.store.get(job_id)
+        return row is None or row.status in ("queued", "running")
+
+    async def fire_deferred(self) -> None:
+        """Start the deferred threshold firing of every scope whose last job has ended."""
+        deferred = dict(self.store.get_state("threshold_deferred") or {})
+        for key, n in list(deferred.items()):
+            previous = self.store.get_state(f"threshold_job:{key}")
+            if previous and self._active(previous):
+                continue
+            del deferred[key]
+            await self._fire_threshold(key, int(n), {"threshold_deferred": deferred})
+
+    async def _fire_threshold(self, key: str, n: int, state: dict[str, Any]) -> None:
+        override: dict[str, Any] = {}
+        if self.ts.threshold_scope == "domain":
+            override = {"training_config": {"dataset": {"filter": {"task_domains": [key]}}}}
+        elif self.ts.threshold_scope == "agent":
+            override = {"training_config": {"dataset": {"filter": {"agent_ids": [key]}}}}
+        req = self.new_request(
+            "threshold_reached",
+            trigger_id("threshold", self.ts.threshold_scope, key, n),
+            {
+                **override,
+                "requester": "agentrl-threshold-trigger",
+                "metadata": {
+                    "notes": f"{self.ts.threshold} new rewarded trajectories"
+                    + (f" ({self.ts.threshold_scope} {key})" if key != "*" else "")
                 },
-            )
-            self.counters["threshold_triggers"] += 1
-            await self._emit_request(
-                req, {"threshold": state.to_json(), f"threshold_job:{key}": req.training_job_id}
-            )
+            },
+        )
+        self.counters["threshold_triggers"] += 1
+        await self._emit_request(req, {**state, f"threshold_job:{key}": req.training_job_id})
 
     def _scope_key(self, trajectory_id: str) -> str:
         if self.ts.threshold_scope == "global":
