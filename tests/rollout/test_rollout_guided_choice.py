@@ -121,3 +121,24 @@ def test_choice_policy_scores_once_per_prompt_and_never_acts_invalidly(tiny: obj
     policy.new_version()
     asyncio.run(policy.get_action(MESSAGES))
     assert policy.scored == 2
+
+
+def test_choice_policy_batches_concurrent_episodes_and_scores_each_prompt_once(
+    tiny: object,
+) -> None:
+    """30 concurrent episodes reaching 5 distinct prompts: each prompt scored once (no two
+    threads score the same prompt), with the scores a lone call gets."""
+    pm = tiny
+    prompts = [
+        [{"role": "user", "content": f"You are at row {r}, column 1. Move?"}] for r in range(5)
+    ]
+    policy = ChoicePolicy(pm.model, pm.tokenizer, MOVES, temperature=0.0)  # type: ignore[attr-defined]
+
+    async def many() -> list[object]:
+        return await asyncio.gather(*(policy.get_action(prompts[i % 5]) for i in range(30)))
+
+    outs = asyncio.run(many())
+    assert policy.scored == 5 and policy.calls == 30
+    for i, (_, _, lp, _) in enumerate(outs):
+        alone = score_choices(pm.model, pm.tokenizer, [prompts[i % 5]], MOVES)[0]  # type: ignore[attr-defined]
+        assert lp["choice_logprobs"] == pytest.approx(alone, abs=1e-4)

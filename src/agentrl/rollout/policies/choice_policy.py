@@ -13,6 +13,7 @@ import asyncio
 import json
 import math
 import random
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,6 +50,12 @@ class ChoicePolicy:
         self.dtype = dtype
         self.rng = random.Random(seed)
         self.cache: dict[str, list[float]] = {}
+        # Episodes run concurrently (one thread each): prompts waiting for a score are scored
+        # together in one batched forward pass, one pass at a time, so threads never
+        # oversubscribe the cores and a prompt two episodes reach together is scored once.
+        self._pending: dict[str, tuple[list[dict[str, Any]], list[str]]] = {}
+        self._pending_lock = threading.Lock()
+        self._forward_lock = threading.Lock()
         self.calls = 0
         self.scored = 0
 
@@ -68,12 +75,27 @@ class ChoicePolicy:
 
         key = json.dumps([messages, choices], sort_keys=True)
         hit = self.cache.get(key)
-        if hit is None:
-            hit = score_choices(self.model, self.tokenizer, [messages], choices, dtype=self.dtype)[
-                0
-            ]
-            self.cache[key] = hit
-            self.scored += 1
+        if hit is not None:
+            return hit
+        with self._pending_lock:
+            self._pending.setdefault(key, (messages, choices))
+        with self._forward_lock:
+            hit = self.cache.get(key)
+            if hit is None:  # score every prompt waiting now, ours among them
+                with self._pending_lock:
+                    todo, self._pending = self._pending, {}
+                todo.setdefault(key, (messages, choices))  # lost if an earlier batch failed
+                keys = [k for k in todo if k not in self.cache]
+                scores = score_choices(
+                    self.model,
+                    self.tokenizer,
+                    [todo[k][0] for k in keys],
+                    [todo[k][1] for k in keys],
+                    dtype=self.dtype,
+                )
+                self.cache.update(zip(keys, scores, strict=True))
+                self.scored += len(keys)
+                hit = self.cache[key]
         return hit
 
     def pick(self, logps: Sequence[float]) -> int:
