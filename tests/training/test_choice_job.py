@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -95,18 +96,34 @@ def test_training_on_logged_choices_raises_the_rewarded_choice(objective: str) -
     assert after > before + 0.15, (objective, before, after)
 
 
-async def test_warm_start_reads_the_registry(nats: Any) -> None:
+async def test_warm_start_reads_the_registry(nats: Any, tmp_path: Path) -> None:
     """'live' is the serving version, 'latest' the newest not rejected / rolled back; no
-    registry or no such version: the base model (None); a folder is used as given."""
+    registry or no such version: the base model (None); a folder is used as given. The
+    service's last completed checkpoint (`recent`) wins for 'latest' until the registry
+    knows it (a job started the moment its predecessor ended), unless it was rejected."""
     from agentrl.bus import Bus
     from agentrl.deploy.registry import ModelRecord, Registry
 
+    def ckpt(name: str, valid_action: bool = True) -> str:
+        folder = tmp_path / name
+        folder.mkdir()
+        if valid_action:
+            (folder / "valid_action_config.json").write_text("{}")
+        return str(folder)
+
+    fresh, rejected, token_path = ckpt("fresh"), ckpt("rejected"), ckpt("tokens", False)
     bus = await Bus.connect(nats.url)
     try:
         assert await resolve_init(bus.js, "latest") is None  # no bucket yet
+        assert await resolve_init(bus.js, "latest", fresh) == fresh
         reg = await Registry.open(bus.js, "agentrl_models")
         assert await resolve_init(bus.js, "live") is None  # empty bucket
-        rows = [(1, "live", "/ck/v1"), (2, "candidate", "/ck/v2"), (3, "rejected", "/ck/v3")]
+        rows = [
+            (1, "live", "/ck/v1"),
+            (2, "candidate", "/ck/v2"),
+            (3, "rejected", "/ck/v3"),
+            (4, "rejected", rejected),
+        ]
         for version, state, path in rows:
             await reg.put_model(
                 ModelRecord(
@@ -133,6 +150,10 @@ async def test_warm_start_reads_the_registry(nats: Any) -> None:
         assert await resolve_init(bus.js, "latest:other") == "/ck/o9"
         assert await resolve_init(bus.js, "base") is None
         assert await resolve_init(bus.js, "/some/folder") == "/some/folder"
+        assert await resolve_init(bus.js, "latest", fresh) == fresh  # not registered yet
+        assert await resolve_init(bus.js, "latest", rejected) == "/ck/v2"
+        assert await resolve_init(bus.js, "latest", token_path) == "/ck/v2"  # not continuable
+        assert await resolve_init(bus.js, "live", fresh) == "/ck/v1"
     finally:
         await bus.close()
 

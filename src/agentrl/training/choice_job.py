@@ -146,14 +146,17 @@ REGISTRY_BUCKET = "agentrl_models"  # the deployment registry's KV bucket (its d
 CONTINUABLE = ("candidate", "canary", "live")
 
 
-async def resolve_init(js: Any, init_from: str | None) -> str | None:
+async def resolve_init(js: Any, init_from: str | None, recent: str | None = None) -> str | None:
     """`init_from` -> the checkpoint folder a job continues from (None: the base model).
 
     'live' and 'latest' read the deployment registry (KV `agentrl_models`: `split.<name>`
     names the live version, `model.<id>` holds each version's record): 'live' is the version
     serving now, 'latest' the newest version not rejected or rolled back, so a job that
-    starts while its predecessor is still in validation or canary builds on it. A folder
-    path is used as it is. No such version yet: the base model.
+    starts while its predecessor is still in validation or canary builds on it. `recent` is
+    the training service's last completed checkpoint: a job that starts the moment its
+    predecessor ends would otherwise miss it (the registry has not registered it yet), so
+    for 'latest' it wins unless the registry knows it and rejected or rolled it back. A
+    folder path is used as it is. No such version yet: the base model.
     """
     if not init_from or init_from == "base":
         return None
@@ -161,10 +164,12 @@ async def resolve_init(js: Any, init_from: str | None) -> str | None:
     if mode not in ("live", "latest"):
         return init_from
     public = public or "agentrl-policy"
+    if recent and not (Path(recent) / "valid_action_config.json").exists():
+        recent = None  # not a valid-action checkpoint (or not a local folder): not continuable
     try:
         kv = await js.key_value(REGISTRY_BUCKET)
-    except Exception:  # no registry yet: nothing deployed, start from the base
-        return None
+    except Exception:  # no registry yet: nothing deployed
+        return recent if mode == "latest" else None
     records = []
     try:
         keys = await kv.keys()
@@ -181,10 +186,16 @@ async def resolve_init(js: Any, init_from: str | None) -> str | None:
     if mode == "live":
         live = [r for r in mine if r.get("state") == "live"]
         return str(live[0]["checkpoint_path"]) if live else None
+    if recent and not any(_same(r.get("checkpoint_path"), recent) for r in records):
+        return recent  # newer than every registered version
     fresh = [r for r in mine if r.get("state") in CONTINUABLE]
     if not fresh:
         return None
     return str(max(fresh, key=lambda r: int(r.get("version", 0)))["checkpoint_path"])
+
+
+def _same(a: Any, b: str) -> bool:
+    return bool(a) and str(a).rstrip("/") == b.rstrip("/")
 
 
 def learner_config(spec: dict[str, Any], req: Any, estimator: str) -> Any:

@@ -236,7 +236,9 @@ async def load_data(spec: dict[str, Any]) -> dict[str, Any]:
         if init_from and not spec.get("init_checkpoint"):
             from agentrl.training.choice_job import resolve_init
 
-            spec["init_checkpoint"] = await resolve_init(js, str(init_from))
+            spec["init_checkpoint"] = await resolve_init(
+                js, str(init_from), spec.get("recent_checkpoint")
+            )
     except TrainingError:
         raise
     except Exception as exc:

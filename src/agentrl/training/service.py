@@ -336,6 +336,9 @@ class TrainingService:
             "max_length": self.ts.max_length,
             "tiny_kwargs": self.ts.tiny_kwargs,
         }
+        recent = self.store.get_state("recent_checkpoint") or {}
+        if recent.get("base_model") == row.request.get("training_config", {}).get("base_model"):
+            spec["recent_checkpoint"] = recent.get("path")
         (job_dir / "spec.json").write_text(json.dumps(spec, indent=2))
         events = job_dir / "events.jsonl"
         offset = events.stat().st_size if events.exists() else 0
@@ -515,6 +518,10 @@ class TrainingService:
         artifacts: dict[str, Any] | None = None,
     ) -> None:
         self.store.update(row.job_id, status=status, pid=None)
+        final_ckpt = ((final or {}).get("artifacts") or {}).get("final_checkpoint")
+        if status == "completed" and final_ckpt:  # what the next job may continue from
+            base = row.request.get("training_config", {}).get("base_model")
+            self.store.set_state({"recent_checkpoint": {"path": final_ckpt, "base_model": base}})
         self.counters[status] = self.counters.get(status, 0) + 1
         took = time.monotonic() - job.started if job is not None else None
         obs.training_status(status, took, (final or {}).get("samples"))  # never raises
