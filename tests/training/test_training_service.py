@@ -83,6 +83,9 @@ async def test_threshold_job_completes_and_model_is_listed(nats, data_dir):
                 ckpt / "adapter_model.safetensors"
             ).exists()
             assert arts["base_model"] == "tiny"
+            # the next job of this base model may continue from it before it is registered
+            recent = {"path": str(ckpt), "base_model": "tiny"}
+            assert svc.store.get_state("recent_checkpoint") == recent
             meta = final["metadata"]  # what the job trained on, counted
             assert meta["dataset"]["trajectories"] == 5000 and meta["dataset"]["sampled"] == 48
             assert meta["samples"] > 0 and meta["exact_token_samples"] == 0
