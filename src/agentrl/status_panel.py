@@ -19,6 +19,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from agentrl.bus.kv import kv_keys
+
 if TYPE_CHECKING:
     from agentrl.stack import RunningStack
 
@@ -56,7 +58,7 @@ async def model_rows(stack: RunningStack) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     try:
         kv = await stack.bus.js.key_value(REGISTRY_BUCKET)
-        keys = await kv.keys()
+        keys = await kv_keys(kv)
     except Exception:
         return rows
     for key in keys:

@@ -29,6 +29,7 @@ from nats.js.api import KeyValueConfig
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentrl.bus.kv import kv_keys
 from agentrl.contracts.base import utcnow
 from agentrl.deploy.config import RolloutPlan
 from agentrl.deploy.errors import DeployError
@@ -209,7 +210,7 @@ class Registry:
 
     async def list_models(self, public_name: str | None = None) -> list[ModelRecord]:
         try:
-            keys = await self.kv.keys()  # (server-side filters are unreliable across versions)
+            keys = await kv_keys(self.kv)  # (server-side filters are unreliable across versions)
         except nats.js.errors.NoKeysError:
             return []
         out = []

@@ -163,6 +163,8 @@ async def resolve_init(js: Any, init_from: str | None, recent: str | None = None
     mode, _, public = init_from.partition(":")
     if mode not in ("live", "latest"):
         return init_from
+    from agentrl.bus.kv import kv_keys
+
     public = public or "agentrl-policy"
     if recent and not (Path(recent) / "valid_action_config.json").exists():
         recent = None  # not a valid-action checkpoint (or not a local folder): not continuable
@@ -172,7 +174,7 @@ async def resolve_init(js: Any, init_from: str | None, recent: str | None = None
         return recent if mode == "latest" else None
     records = []
     try:
-        keys = await kv.keys()
+        keys = await kv_keys(kv)
     except Exception:  # an empty bucket raises NoKeysError
         keys = []
     for key in keys:

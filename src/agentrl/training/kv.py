@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from agentrl.bus.kv import kv_keys
+
 CANCEL_SUBJECT = "agent.rl.training.cancel.v1"
 STATUS_BUCKET = "agentrl_training"
 IDEM_BUCKET = "agentrl_training_idem"
@@ -46,7 +48,7 @@ async def all_statuses(js: Any) -> list[dict[str, Any]]:
 
     kv = await bucket(js, STATUS_BUCKET)
     try:
-        keys = await kv.keys()
+        keys = await kv_keys(kv)
     except NoKeysError:
         return []
     out = []
