@@ -50,7 +50,7 @@ class LoopConfig:
 
     data_dir: Path = Path(".agentrl/loop")
     model: str = "smollm2"
-    generations: int = 5
+    generations: int = 6
     agents: int = 4
     group_size: int = 16
     threshold: int = 256
