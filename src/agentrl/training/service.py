@@ -529,7 +529,10 @@ class TrainingService:
             row.job_id, status, job=job, final=final, error=error, artifacts=artifacts
         )
         if self.ts.threshold > 0:
-            await self.fire_deferred()
+            try:
+                await self.fire_deferred()
+            except Exception as exc:  # the request is in the outbox: published on the next flush
+                log.warning("deferred threshold firing not published yet: %s", exc)
 
     # -- status events ----------------------------------------------------------------------
 
