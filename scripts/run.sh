@@ -9,8 +9,8 @@
 # a table (success with a 95 % interval, mean reward, traffic, decision), the HTML report,
 # and as the last line one JSON object with base_heldout_success, trained_heldout_success,
 # heldout_seeds, wall_s (and versions, promoted, rolled_back, best_heldout_success,
-# trajectories, rewards, lost). 11-14 minutes on 2 cores; measured 3 of 3 runs with a promoted
-# version at 0.50-0.54 held-out success vs the base at 0.00 (BENCHMARKS.md, "agentrl loop").
+# trajectories, rewards, lost). 11-14 minutes on 2 cores; measured 4 of 4 runs with a promoted
+# version at 0.42-0.54 held-out success vs the base at 0.00 (BENCHMARKS.md, "agentrl loop").
 # Extra arguments go to `agentrl loop` (e.g. --quick, --bad-candidate). The stand-alone
 # learning run (no services, ~4 minutes) is `.venv/bin/agentrl learn`.
 set -euo pipefail
