@@ -323,9 +323,10 @@ def decide(
     regression = False
     if ref is not None and "benchmark" in ref:
         delta = mean - float(ref["benchmark"]["mean"])
-        regression = delta < -s.regression_tolerance
-        if regression:
-            reasons.append(f"benchmark mean {delta:+.3f} vs live (< -{s.regression_tolerance})")
+        why = regression_vs_live(mine, ref, s)
+        regression = why is not None
+        if why:
+            reasons.append(why)
     results = {
         "benchmark_passed": bench_ok,
         "safety_checks_passed": safety_ok,
