@@ -560,7 +560,7 @@ async def run_soak(cfg: SoakConfig, say: Callable[[str], None] = print) -> SoakR
                 say(f"soak: acting stopped; {len(agents.published)} trajectories published")
                 await _drain(cfg, bus, http, api, agents, result, say)
                 await _check_streams(bus, agents, result, say)
-                jobs = (await http.get(f"{api}/training")).json().get("jobs", [])
+                jobs = await _settled_jobs(cfg, http, api)
                 await agents.close()
             for key in ("rewards", "training", "deploy", "warehouse"):
                 rc = procs[key].stop()
@@ -1082,6 +1082,21 @@ def _explicit(reward: dict[str, Any] | None) -> str | None:
     meta = (reward or {}).get("metadata") or {}
     fb = meta.get("feedback") if isinstance(meta, dict) else None
     return fb.get("explicit") if isinstance(fb, dict) else None
+
+
+async def _settled_jobs(cfg: SoakConfig, http: httpx.AsyncClient, api: str) -> list[Any]:
+    """The job list once no job is queued or running (bounded): a threshold reached during
+    the last job starts one more after the drain, which is work, not a stuck job; a job that
+    never ends within the drain timeout is still reported as stuck."""
+
+    async def listed() -> list[Any]:
+        return list((await http.get(f"{api}/training")).json().get("jobs", []))
+
+    async def settled() -> bool:
+        return not any(j.get("status") in ACTIVE for j in await listed())
+
+    await wait_for(settled, cfg.drain_timeout_s, 0.5)
+    return await listed()
 
 
 def _check_jobs(jobs: list[dict[str, Any]], result: SoakResult, say: Callable[[str], None]) -> None:
