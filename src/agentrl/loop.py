@@ -103,6 +103,8 @@ def free_port() -> int:
 
 def loop_environment(cfg: LoopConfig) -> dict[str, str]:
     """The other services' settings for a demo-sized loop (only those not set by the user)."""
+    from agentrl.llm.precision import bf16_pays
+
     hyper = {
         "objective": cfg.objective,
         "awr_beta": 0.5,
@@ -129,7 +131,7 @@ def loop_environment(cfg: LoopConfig) -> dict[str, str]:
         "AGENTRL_TRAINING_STATUS_EVERY_STEPS": "5",
         "AGENTRL_TRAINING_HYPERPARAMETERS": json.dumps(hyper),
         "AGENTRL_TRAINING_INIT_FROM": "latest",
-        "AGENTRL_TRAINING_MIXED_PRECISION": "bf16" if cfg.model != "tiny" else "no",
+        "AGENTRL_TRAINING_MIXED_PRECISION": "bf16" if cfg.model != "tiny" and bf16_pays() else "no",
         "AGENTRL_DEPLOY_BASE_MODEL": cfg.model,
         "AGENTRL_DEPLOY_RAMP": json.dumps(list(cfg.ramp)),
         "AGENTRL_DEPLOY_STEP_DELAY_S": str(cfg.step_delay_s),

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentrl.stats import wilson
 
@@ -53,8 +53,10 @@ class ValidActionConfig(BaseModel):
     lora_r: int = Field(16, gt=0)
     lora_alpha: int = Field(32, gt=0)
     lora_layers: int = Field(4, gt=0, description="LoRA on the top N decoder layers only.")
-    dtype: Literal["fp32", "bf16"] = Field(
-        "fp32", description="Autocast precision of scoring AND training (always the same)."
+    dtype: Literal["fp32", "bf16", "auto"] = Field(
+        "fp32",
+        description="Autocast precision of scoring AND training (always the same); auto: "
+        "bf16 where this machine computes it faster than fp32 (resolved when the config is made).",
     )
     algorithm: Literal["gigpo", "grpo", "rloo", "ppo"] = "gigpo"
     credit: Literal["episode", "step"] = Field(
@@ -97,6 +99,13 @@ class ValidActionConfig(BaseModel):
     system_prompt: str | None = Field(
         None, description="The chat's system message; None: FrozenLake's (SYSTEM_PROMPT)."
     )
+
+    @field_validator("dtype")
+    @classmethod
+    def _resolve_auto(cls, value: str) -> str:
+        from agentrl.llm.precision import resolve_precision
+
+        return resolve_precision(value)
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> ValidActionConfig:

@@ -1,0 +1,48 @@
+"""`dtype: auto` picks the precision this machine computes faster, and only a known one."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from agentrl.llm.precision import bf16_pays, resolve_precision
+from agentrl.llm.valid_action import ValidActionConfig
+
+
+def _linear_s(dtype: torch.dtype) -> float:
+    x, w = torch.randn(64, 576).to(dtype), torch.randn(1536, 576).to(dtype)
+    torch.nn.functional.linear(x, w)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        torch.nn.functional.linear(x, w)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def test_auto_follows_the_measurement() -> None:
+    assert resolve_precision("auto") == ("bf16" if bf16_pays() else "fp32")
+    assert ValidActionConfig(dtype="auto").dtype == resolve_precision("auto")
+
+
+def test_auto_never_picks_a_much_slower_bf16() -> None:
+    # where bf16 is emulated (AVX2-only CPUs: ~5x slower), auto must not choose it
+    if _linear_s(torch.bfloat16) > 2 * _linear_s(torch.float32):
+        assert resolve_precision("auto") == "fp32"
+    else:
+        pytest.skip("bf16 is not much slower than fp32 on this machine")
+
+
+def test_explicit_precisions_are_kept_and_unknown_ones_refused() -> None:
+    assert resolve_precision("fp32") == "fp32"
+    assert resolve_precision("bf16") == "bf16"
+    assert ValidActionConfig(dtype="bf16").dtype == "bf16"
+    with pytest.raises(ValueError, match="auto, fp32 or bf16"):
+        resolve_precision("fp16")
+
+
+def test_shipped_config_resolves_to_a_concrete_precision() -> None:
+    config = ValidActionConfig.from_file("configs/frozenlake-valid-action.yaml")
+    assert config.dtype in ("fp32", "bf16")
