@@ -123,3 +123,36 @@ def test_scorer_rejects_multi_token_choices() -> None:
     pm = load_policy("tiny")
     with pytest.raises(ValueError, match="single tokens"):
         UpperLayerScorer(pm.model, pm.tokenizer, ["go up now", "down"], 1)
+
+
+def test_shared_prefix_path_equals_the_whole_prompt_path() -> None:
+    """Running the system prompt once per call (the fast path) changes neither the log-probs
+    nor the gradients; a prompt without that prefix in the same batch takes the whole path."""
+    from agentrl.llm.valid_action import make_env
+
+    results = {}
+    for share in (True, False):
+        learner = Learner(tiny_config("grpo", share_prefix=share))
+        torch.manual_seed(1)
+        with torch.no_grad():
+            for p in learner.params:
+                p.add_(0.05 * torch.randn_like(p))
+        assert bool(learner.scorer.prefix_ids) is share
+        env = make_env(learner.config)
+        texts = []
+        for seed in range(3):
+            texts.append(learner.cache.prompt(env.reset(seed)["text"]))
+            texts.append(learner.cache.prompt(env.step("down")[0]["text"]))
+        texts.append(render_prompt(learner.tokenizer, [{"role": "user", "content": "Go on."}]))
+        logp = learner.scorer.logprobs(texts)
+        logp[:, MOVES.index("right")].sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in learner.params if p.grad is not None])
+        results[share] = (logp.detach(), grads)
+        full = torch.stack(
+            choice_logprobs(learner.policy.model, learner.tokenizer, texts, list(MOVES))
+        )
+        assert torch.allclose(logp.detach(), full.detach(), atol=1e-5)
+        reordered = learner.scorer.logprobs(texts[::-1]).detach().flip(0)
+        assert torch.allclose(reordered, logp.detach(), atol=1e-6)
+    assert torch.allclose(results[True][0], results[False][0], atol=1e-5)
+    assert torch.allclose(results[True][1], results[False][1], rtol=1e-4, atol=1e-6)

@@ -205,15 +205,59 @@ def _decoder(model: Any) -> Any:
     return inner
 
 
+class _PrefixKV:
+    """The smallest KV cache HF attention layers accept (their `update` call): it records
+    the keys and values of a prompt prefix shared by a batch (batch 1), then serves them,
+    broadcast, in front of every row's own keys. Gradients flow into the recorded tensors,
+    so the upper layers' prefix stays part of the graph."""
+
+    def __init__(self) -> None:
+        self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.recording = True
+
+    def update(
+        self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *_: Any, **__: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.recording:
+            self.kv[layer_idx] = (key, value)
+            return key, value
+        pk, pv = self.kv[layer_idx]
+        b = key.shape[0]
+        return (
+            torch.cat([pk.expand(b, -1, -1, -1), key], dim=2),
+            torch.cat([pv.expand(b, -1, -1, -1), value], dim=2),
+        )
+
+
+def common_prefix(rows: Sequence[Sequence[int]]) -> list[int]:
+    """The longest common prefix of token id lists."""
+    if not rows:
+        return []
+    first = list(rows[0])
+    n = len(first)
+    for r in rows[1:]:
+        k = 0
+        while k < min(n, len(r)) and r[k] == first[k]:
+            k += 1
+        n = k
+    return first[:n]
+
+
 class UpperLayerScorer:
     """Renormalised single-token choice log-probs that run only layers `start`..end.
 
     The hidden state entering layer `start` depends only on the prompt and the frozen
-    lower layers, so it is computed once per prompt text and kept (`features`). Scoring
-    (rollouts, no grad) and `logprobs` (training, with grad) run the same code on the same
-    cached rows in the same precision, so behaviour and training log-probs agree exactly.
+    lower layers, so it is computed once per prompt text and kept. Scoring (rollouts, no
+    grad) and `logprobs` (training, with grad) run the same code on the same cached rows in
+    the same precision, so behaviour and training log-probs agree exactly.
     `temperature` is part of the policy's definition, pi = softmax(z / T) over the choices,
     so a tempered behaviour policy is still the policy being trained (exact ratios).
+
+    `prefix_ids`: token ids every prompt of the task starts with (system prompt and chat
+    template: half of a FrozenLake prompt). Such a prefix runs once per call through the
+    upper layers (batch 1; once per process through the frozen ones) and every row runs
+    only its own suffix against the prefix's keys and values: the same numbers, about half
+    the work. Prompts that do not start with it take the whole-prompt path.
     """
 
     def __init__(
@@ -225,6 +269,7 @@ class UpperLayerScorer:
         *,
         dtype: torch.dtype | None = None,
         temperature: float = 1.0,
+        prefix_ids: Sequence[int] = (),
     ) -> None:
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -243,27 +288,78 @@ class UpperLayerScorer:
         if not 0 <= self.start <= len(self.inner.layers):
             raise ValueError(f"start layer {start} outside 0..{len(self.inner.layers)}")
         self.dtype = dtype
-        self.features: dict[str, torch.Tensor] = {}
+        self.prefix_ids = list(prefix_ids)
+        # text -> (offset, hidden entering layer `start`): offset 0 holds the whole prompt,
+        # offset len(prefix_ids) only the suffix after the shared prefix.
+        self.features: dict[str, tuple[int, torch.Tensor]] = {}
+        self._trunk_prefix: tuple[_PrefixKV, torch.Tensor] | None = None
         self.trunk_s = 0.0
 
     def _ids(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def _run(self, hidden: torch.Tensor, start: int, end: int) -> torch.Tensor:
-        pos = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-        from transformers.masking_utils import create_causal_mask
+    def _run(
+        self,
+        hidden: torch.Tensor,
+        start: int,
+        end: int,
+        *,
+        offset: int = 0,
+        kv: _PrefixKV | None = None,
+    ) -> torch.Tensor:
+        """Layers start..end over `hidden` at positions offset.. (after `kv`'s prefix)."""
+        width = hidden.shape[1]
+        pos = torch.arange(offset, offset + width, device=hidden.device).unsqueeze(0)
+        mask: Any
+        if offset == 0:
+            from transformers.masking_utils import create_causal_mask
 
-        mask = create_causal_mask(
-            config=self.inner.config,
-            inputs_embeds=hidden,
-            attention_mask=None,
-            past_key_values=None,
-            position_ids=pos,
-        )
+            mask = create_causal_mask(
+                config=self.inner.config,
+                inputs_embeds=hidden,
+                attention_mask=None,
+                past_key_values=None,
+                position_ids=pos,
+            )
+        else:  # every row sees the whole prefix, then its own tokens causally
+            q = torch.arange(width, device=hidden.device).unsqueeze(1)
+            k = torch.arange(offset + width, device=hidden.device).unsqueeze(0)
+            allowed = (k < offset) | (k - offset <= q)
+            if self.inner.config._attn_implementation == "sdpa":
+                mask = allowed[None, None]
+            else:  # eager and the like: an additive mask
+                blocked = torch.finfo(hidden.dtype).min
+                mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device)
+                mask = mask.masked_fill(~allowed, blocked)[None, None]
         pe = self.inner.rotary_emb(hidden, position_ids=pos)
         for layer in self.inner.layers[start:end]:
-            hidden = layer(hidden, attention_mask=mask, position_embeddings=pe, position_ids=pos)
+            hidden = layer(
+                hidden,
+                attention_mask=mask,
+                position_embeddings=pe,
+                position_ids=pos,
+                past_key_values=kv,
+                use_cache=kv is not None,
+            )
         return hidden
+
+    def _prefix_through(self, hidden: torch.Tensor, start: int, end: int) -> _PrefixKV:
+        """The shared prefix's keys and values in layers start..end."""
+        kv = _PrefixKV()
+        self._run(hidden, start, end, kv=kv)
+        kv.recording = False
+        return kv
+
+    def _trunk(self) -> tuple[_PrefixKV, torch.Tensor]:
+        """The prefix through the frozen layers, once: their keys/values and its output."""
+        if self._trunk_prefix is None:
+            device = next(self.model.parameters()).device
+            ids_t = torch.tensor([self.prefix_ids], device=device)
+            kv = _PrefixKV()
+            hidden = self._run(self.inner.embed_tokens(ids_t), 0, self.start, kv=kv)
+            kv.recording = False
+            self._trunk_prefix = (kv, hidden.detach().clone())
+        return self._trunk_prefix
 
     @torch.no_grad()
     def ensure(self, texts: Sequence[str]) -> None:
@@ -275,18 +371,22 @@ class UpperLayerScorer:
             return
         t0 = time.perf_counter()
         device = next(self.model.parameters()).device
-        by_len: dict[int, list[tuple[str, list[int]]]] = {}
+        p = len(self.prefix_ids)
+        groups: dict[tuple[int, int], list[tuple[str, list[int]]]] = {}
         for t in todo:
             ids = self._ids(t)
-            by_len.setdefault(len(ids), []).append((t, ids))
+            offset = p if p and len(ids) > p and ids[:p] == self.prefix_ids else 0
+            groups.setdefault((offset, len(ids) - offset), []).append((t, ids[offset:]))
         with autocast(self.dtype, device):
-            for rows in by_len.values():
+            for (offset, _), rows in groups.items():
+                kv = self._trunk()[0] if offset else None
                 for k in range(0, len(rows), 64):
                     chunk = rows[k : k + 64]
                     ids_t = torch.tensor([ids for _, ids in chunk], device=device)
-                    hidden = self._run(self.inner.embed_tokens(ids_t), 0, self.start)
+                    emb = self.inner.embed_tokens(ids_t)
+                    hidden = self._run(emb, 0, self.start, offset=offset, kv=kv)
                     for (t, _), h in zip(chunk, hidden, strict=True):
-                        self.features[t] = h.detach().clone()
+                        self.features[t] = (offset, h.detach().clone())
         self.trunk_s += time.perf_counter() - t0
 
     def logprobs(self, texts: Sequence[str]) -> torch.Tensor:
@@ -304,7 +404,25 @@ class UpperLayerScorer:
         head: nn.Module = base_of(self.model).get_output_embeddings()
         full: torch.Tensor = head.weight  # type: ignore[assignment]
         weight = full[self.choice_ids.to(device)]  # [C, H]: only the candidates' rows
-        feats = [self.features[t] for t in texts]
+        by_offset: dict[int, list[int]] = {}
+        for r, t in enumerate(texts):
+            by_offset.setdefault(self.features[t][0], []).append(r)
+        parts: list[torch.Tensor] = []
+        order: list[int] = []
+        with autocast(self.dtype, device):
+            for offset, rows in by_offset.items():
+                parts.append(self._last_hidden([self.features[texts[r]][1] for r in rows], offset))
+                order.extend(rows)
+            last = torch.cat(parts) if len(parts) > 1 else parts[0]
+            if len(parts) > 1:  # back to the callers' order
+                last = last[torch.argsort(torch.tensor(order, device=device))]
+            logits = (last @ weight.T).float() / self.temperature
+            renorm = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+        return renorm, last
+
+    def _last_hidden(self, feats: list[torch.Tensor], offset: int) -> torch.Tensor:
+        """The upper layers over rows of one kind; the normed hidden of each last position."""
+        device = feats[0].device
         lengths = torch.tensor([int(f.shape[0]) for f in feats], device=device)
         width = int(lengths.max())
         # Right padding: causal attention never lets a real position see the padding, so
@@ -312,13 +430,14 @@ class UpperLayerScorer:
         hidden = feats[0].new_zeros((len(feats), width, feats[0].shape[-1]))
         for r, f in enumerate(feats):
             hidden[r, : f.shape[0]] = f
-        with autocast(self.dtype, device):
-            hidden = self._run(hidden, self.start, len(self.inner.layers))
-            rows = torch.arange(len(feats), device=device)
-            last = self.inner.norm(hidden[rows, lengths - 1])
-            logits = (last @ weight.T).float() / self.temperature
-            renorm = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
-        return renorm, last
+        end = len(self.inner.layers)
+        kv = None
+        if offset:
+            kv = self._prefix_through(self._trunk()[1], self.start, end)
+        hidden = self._run(hidden, self.start, end, offset=offset, kv=kv)
+        rows = torch.arange(len(feats), device=device)
+        last: torch.Tensor = self.inner.norm(hidden[rows, lengths - 1])
+        return last
 
     @torch.no_grad()
     def score(self, texts: Sequence[str]) -> torch.Tensor:
