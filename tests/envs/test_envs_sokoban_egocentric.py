@@ -49,3 +49,24 @@ def test_egocentric_prompts_repeat_across_episodes_and_grid_stays_default() -> N
     assert "Legend" in make_env("sokoban").reset(3)["text"]
     with pytest.raises(ValueError, match="obs_format"):
         SokobanEnv(obs_format="pixels")
+
+
+def test_relative_gives_offsets_in_the_moves_words() -> None:
+    env = SokobanEnv(layout=ROOM, obs_format="relative")
+    text = env.reset(0)["text"]
+    assert text == (
+        "A box is 1 right of you; its target is 1 down and 1 right of the box. "
+        "Up: wall. Down: floor. Left: floor. Right: box. Your move: up, down, left or right?"
+    )
+    env.step("right")  # the box to (1, 4), the player to (1, 3)
+    obs, _, done, _ = env.step("down")  # the player at (2, 3)
+    assert obs["text"].startswith("A box is 1 up and 1 right of you; its target is 1 down of")
+    assert not done and "Right: target." in obs["text"]
+    # Two rooms with the same layout around the player read the same, wherever they sit.
+    shifted = SokobanEnv(layout="#######\n" + "\n".join("#" + r for r in ROOM.splitlines()[1:]))
+    shifted.obs_format = "relative"
+    assert shifted.reset(0)["text"].split(" Up:")[0] == text.split(" Up:")[0]
+    done_env = SokobanEnv(layout="#####\n#PXO#\n#####", obs_format="relative")
+    done_env.reset(0)
+    obs, _, done, _ = done_env.step("right")
+    assert done and "A box on a target is 1 right of you." in obs["text"]

@@ -30,7 +30,7 @@ LEGEND = (
     "S you standing on a target."
 )
 
-OBS_FORMATS = ("grid", "egocentric")
+OBS_FORMATS = ("grid", "egocentric", "relative")
 
 Pos = tuple[int, int]
 
@@ -234,7 +234,8 @@ class SokobanEnv:
     `obs_format` "grid" shows the room with a headline (and a step counter when `max_steps`
     is set); "egocentric" names the player's, boxes' and targets' rows/columns and what lies
     up/down/left/right (wall, floor, target, box, box on target), with no headline and no
-    counter, so the same state is the same text in every episode. `valid_actions()` lists
+    counter, so the same state is the same text in every episode; "relative" gives each box's
+    offset from the player and its target's from the box instead of rows and columns. `valid_actions()` lists
     the moves.
 
     Reward: `success_reward` when the last box lands on a target (the episode ends), plus
@@ -380,11 +381,42 @@ class SokobanEnv:
             f"{on}/{len(self.level.targets)}. {around}"
         )
 
+    def relative(self) -> str:
+        """Where each box lies from the player and its nearest target from the box, in the
+        moves' own words ("1 down and 2 right"), and the four neighbours. Absolute rows and
+        columns make the model do the subtraction; offsets repeat across rooms."""
+        assert self.level is not None
+        r0, c0 = self._player
+
+        def offset(dr: int, dc: int) -> str:
+            parts = []
+            if dr:
+                parts.append(f"{abs(dr)} {'down' if dr > 0 else 'up'}")
+            if dc:
+                parts.append(f"{abs(dc)} {'right' if dc > 0 else 'left'}")
+            return " and ".join(parts) or "0"
+
+        lines = []
+        for br, bc in sorted(self._boxes):
+            if (br, bc) in self.level.targets:
+                lines.append(f"A box on a target is {offset(br - r0, bc - c0)} of you.")
+                continue
+            tr, tc = min(self.level.targets, key=lambda t: abs(t[0] - br) + abs(t[1] - bc))
+            lines.append(
+                f"A box is {offset(br - r0, bc - c0)} of you; its target is "
+                f"{offset(tr - br, tc - bc)} of the box."
+            )
+        around = " ".join(
+            f"{name.capitalize()}: {self._cell_word((r0 + dr, c0 + dc))}."
+            for name, (dr, dc) in MOVES.items()
+        )
+        return " ".join(lines) + " " + around
+
     def _observation(self, headline: str) -> Observation:
         grid = self.grid()
         assert self.level is not None
-        if self.obs_format == "egocentric":
-            text = self.egocentric()
+        if self.obs_format in ("egocentric", "relative"):
+            text = self.egocentric() if self.obs_format == "egocentric" else self.relative()
             if self._done:
                 text = f"{headline}\n{text}"
             else:
