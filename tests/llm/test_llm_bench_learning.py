@@ -130,6 +130,22 @@ def test_sokoban_pushing_into_a_corner_gets_the_penalty() -> None:
     assert reward(cfg, env2, before, info) == pytest.approx(0.3 - 0.5)
 
 
+def test_sokoban_approach_reward_pays_walks_toward_a_loose_box() -> None:
+    cfg = ValidActionConfig(env_id="sokoban", progress_reward=0.3, approach_reward=0.1)
+    env = SokobanEnv(layout="#######\n#P____#\n#___X_#\n#____O#\n#######")
+    env.reset(0)
+    before = env_state(env)
+    _, _, _, info = env.step("right")  # distance to the box 4 -> 3
+    assert reward(cfg, env, before, info) == pytest.approx(0.1)
+    before = env_state(env)
+    _, _, _, info = env.step("left")  # back: 3 -> 4
+    assert reward(cfg, env, before, info) == pytest.approx(-0.1)
+    off = ValidActionConfig(env_id="sokoban", progress_reward=0.3)  # the default: 0
+    before = env_state(env)
+    _, _, _, info = env.step("down")
+    assert reward(off, env, before, info) == 0.0
+
+
 def _tiny_plan() -> bc.Plan:
     return bc.quick_plan(CONFIG, "unused")
 

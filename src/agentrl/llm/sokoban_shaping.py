@@ -3,7 +3,9 @@
 The FrozenLake terms carried over to boxes: `success_reward` when the last box lands on a
 target, + `progress_reward` x the cells the boxes closed toward their nearest targets
 (negative when pushed away), and - `hole_penalty` for the push that leaves a box in a
-corner off target (a dead end: the level can no longer be solved). Per-step credit puts
+corner off target (a dead end: the level can no longer be solved); `approach_reward` (0 by default) x
+the cells a walk closes toward the nearest box off target: without it nearly every step of
+an unsolved room earns 0 and the gradient has nothing to say. Per-step credit puts
 that penalty on the fatal push, which is where GiGPO's step-level groups can help.
 """
 
@@ -25,6 +27,10 @@ def box_distance(boxes: frozenset[Pos], targets: frozenset[Pos]) -> int:
     return sum(min(abs(b[0] - t[0]) + abs(b[1] - t[1]) for t in targets) for b in boxes)
 
 
+def _nearest(p: Pos, cells: frozenset[Pos]) -> int:
+    return min(abs(p[0] - c[0]) + abs(p[1] - c[1]) for c in cells)
+
+
 def cornered(floor: Any, box: Pos) -> bool:
     """A box off target with a wall on two perpendicular sides can never move again."""
     r, c = box
@@ -40,6 +46,12 @@ def sokoban_reward(config: Any, env: Any, before: Any, info: dict[str, Any]) -> 
     boxes_after: frozenset[Pos] = env._boxes
     closed = box_distance(boxes_before, level.targets) - box_distance(boxes_after, level.targets)
     reward = config.progress_reward * closed
+    approach = config.approach_reward
+    if approach and boxes_after == boxes_before:  # a walk, not a push: toward a loose box?
+        loose = boxes_before - level.targets
+        if loose:
+            player_before, _ = before
+            reward += approach * (_nearest(player_before, loose) - _nearest(env._player, loose))
     if info.get("success"):
         return config.success_reward + reward
     moved = boxes_after - boxes_before

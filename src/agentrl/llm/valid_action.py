@@ -87,6 +87,9 @@ class ValidActionConfig(BaseModel):
         False, description="Divide the progress by the start's distance (total 1 x reward)."
     )
     hole_penalty: float = 0.3
+    approach_reward: float = Field(
+        0.0, description="Sokoban: per cell a walk closes toward the nearest box off target."
+    )
     heldout_seeds: int = Field(50, gt=0)
     eval_every: int = Field(5, ge=0, description="Held-out greedy eval every N iterations.")
     seed: int = 0
