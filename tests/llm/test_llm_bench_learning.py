@@ -60,6 +60,23 @@ def test_quick_bench_ends_with_the_issue_keys(tmp_path: Path) -> None:
     assert "iter 2/2" in result.stderr  # a progress line per iteration without a terminal
 
 
+def test_fl4_every_algorithm_compares_from_the_base(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    args = ["bench", "learning", "--quick", "--settings", "fl4", "--fl4-every-algorithm"]
+    result = CliRunner().invoke(app, [*args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    last = json.loads(result.stdout.strip().splitlines()[-1])
+    runs = bc.load_runs(out / "runs.jsonl")
+    assert sorted((r.algorithm, r.seed) for r in runs) == [
+        (a, s) for a in ("gigpo", "grpo", "rloo") for s in (0, 1)
+    ]
+    assert {r.setting for r in runs} == {"fl4"}
+    assert {r.base_success for r in runs if r.seed == 0} == {runs[0].base_success}
+    for algo in ("gigpo", "grpo", "rloo"):
+        assert 0.0 <= last[f"fl4_{algo}_final_success"] <= 1.0
+        assert last[f"fl4_{algo}_reached_050"].endswith("/2")
+
+
 @pytest.mark.parametrize("plan_kind", ["full", "quick"])
 def test_heldout_seeds_never_overlap_training_seeds(plan_kind: str) -> None:
     plan = (

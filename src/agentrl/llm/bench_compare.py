@@ -3,7 +3,8 @@ per worker, on three settings:
 
 - `fl4`: the main job's configuration (FrozenLake 4x4, configs/frozenlake-valid-action.yaml),
   GiGPO, one run per seed: base and trained held-out success, seconds to 0.7; its adapter is
-  the curriculum's starting point for that seed;
+  the curriculum's starting point for that seed (`fl4_every_algorithm`: GRPO and RLOO run
+  the same 4x4 budget from the base too, where learning starts at the floor);
 - `curriculum`: larger FrozenLake maps started from that seed's 4x4 adapter;
 - `sokoban`: one box in a small room, egocentric text, the four moves, from the base model.
 
@@ -51,6 +52,7 @@ class Plan:
     threads: int = 0
     carry_optimizer: bool = True  # curriculum: keep the 4x4 run's AdamW moments
     reuse: bool = False  # reuse finished 4x4 runs (adapter + optimizer) saved under out_dir
+    fl4_every_algorithm: bool = False  # 4x4 from the base for GRPO/RLOO too, not GiGPO only
 
     def config(self, setting: str, algorithm: str, seed: int) -> Any:
         from agentrl.llm.valid_action import ValidActionConfig
@@ -203,6 +205,7 @@ def reset_learner(
         for group in learner.optimizer.param_groups:
             group["lr"] = config.learning_rate
     learner.cache = PromptCache(learner.tokenizer, config.system_prompt or SYSTEM_PROMPT)
+    learner.scorer.set_prefix(learner.cache.shared_prefix_ids() if config.share_prefix else ())
     learner.generator = torch.Generator().manual_seed(config.seed)
     learner.scorer.temperature = float(config.temperature)
 
@@ -345,13 +348,20 @@ class Worker:
             torch.save({"lora": warm, "optimizer": warm_opt, "run": asdict(run)}, saved)
         if "fl4" in plan.settings:
             self.record(run)
+            if plan.fl4_every_algorithm:  # the same seed's 4x4 budget, from the base
+                self.compare("fl4", seed, None, None, skip=("gigpo",))
         if "curriculum" in plan.settings:
             self.compare("curriculum", seed, warm, warm_opt if plan.carry_optimizer else None)
 
     def compare(
-        self, setting: str, seed: int, state: dict[str, Any] | None, opt: dict[str, Any] | None
+        self,
+        setting: str,
+        seed: int,
+        state: dict[str, Any] | None,
+        opt: dict[str, Any] | None,
+        skip: tuple[str, ...] = (),
     ) -> None:
-        for algo in self.plan.algorithms:
+        for algo in (a for a in self.plan.algorithms if a not in skip):
             cfg = self.plan.config(setting, algo, seed)
             every = self.plan.eval_every.get(setting, 2)
             self.record(run_one(self.learner, cfg, setting, every, state, self.progress, opt))
@@ -537,13 +547,24 @@ def last_line(runs: list[Run], cost: dict[str, float], plan: Plan, jobs: int) ->
         line[f"sokoban_{a}_seconds_to_050"] = s["t050"]
         line[f"sokoban_{a}_seconds_to_050_cpu"] = s["t050_cpu"]
     line["sokoban_seeds"] = min((sok[a]["n"] for a in plan.algorithms), default=0)
+    if plan.fl4_every_algorithm:
+        for a in ALGORITHMS:
+            s = summarise(runs, "fl4", a)
+            line[f"fl4_{a}_final_success"] = r4(s["final"])
+            line[f"fl4_{a}_ci_low"] = r4(s["ci"][0])
+            line[f"fl4_{a}_ci_high"] = r4(s["ci"][1])
+            for tag in ("050", "070"):
+                line[f"fl4_{a}_seconds_to_{tag}"] = s[f"t{tag}"]
+                line[f"fl4_{a}_seconds_to_{tag}_cpu"] = s[f"t{tag}_cpu"]
+                line[f"fl4_{a}_seconds_to_{tag}_cpu_ci"] = s[f"t{tag}_cpu_ci"]
+                line[f"fl4_{a}_reached_{tag}"] = s[f"t{tag}_reached"]
     return line
 
 
 def table_rows(runs: list[Run], plan: Plan) -> list[dict[str, Any]]:
     rows = []
     for setting in plan.settings:
-        algos = ("gigpo",) if setting == "fl4" else plan.algorithms
+        algos = ("gigpo",) if setting == "fl4" and not plan.fl4_every_algorithm else plan.algorithms
         for a in algos:
             s = summarise(runs, setting, a)
             if not s["n"]:

@@ -295,6 +295,14 @@ class UpperLayerScorer:
         self._trunk_prefix: tuple[_PrefixKV, torch.Tensor] | None = None
         self.trunk_s = 0.0
 
+    def set_prefix(self, prefix_ids: Sequence[int]) -> None:
+        """Another task's shared prefix (e.g. another system prompt); features computed
+        against the old one are dropped."""
+        if list(prefix_ids) != self.prefix_ids:
+            self.prefix_ids = list(prefix_ids)
+            self.features = {t: f for t, f in self.features.items() if f[0] == 0}
+            self._trunk_prefix = None
+
     def _ids(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 

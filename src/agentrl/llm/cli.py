@@ -271,6 +271,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         reuse: bool = typer.Option(
             False, help="Reuse the 4x4 runs (adapter + optimiser) saved under OUT/warm."
         ),
+        fl4_every_algorithm: bool = typer.Option(
+            False,
+            help="Run the 4x4 setting from the base for every algorithm (not GiGPO only): "
+            "the comparison where learning starts at 0.",
+        ),
     ) -> None:
         """GiGPO vs GRPO vs RLOO at equal episode budgets, >= 5 seeds: FrozenLake 4x4 (the
         main job's configuration: base/trained held-out success, seconds to 0.7), a
@@ -299,6 +304,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             plan = bc.full_plan(str(config), seeds, str(out), threads=threads)
         plan.settings = tuple(s.strip() for s in settings.split(",") if s.strip())
         plan.reuse = reuse
+        plan.fl4_every_algorithm = fl4_every_algorithm
         plan.algorithms = tuple(a.strip() for a in algorithms.split(",") if a.strip())
         bad = set(plan.settings) - set(bc.SETTINGS) or set(plan.algorithms) - set(bc.ALGORITHMS)
         if bad:
