@@ -235,8 +235,8 @@ class SokobanEnv:
     is set); "egocentric" names the player's, boxes' and targets' rows/columns and what lies
     up/down/left/right (wall, floor, target, box, box on target), with no headline and no
     counter, so the same state is the same text in every episode; "relative" gives each box's
-    offset from the player and its target's from the box instead of rows and columns. `valid_actions()` lists
-    the moves.
+    offset from the player and its target's from the box instead of rows and columns.
+    `valid_actions()` lists the moves.
 
     Reward: `success_reward` when the last box lands on a target (the episode ends), plus
     `step_penalty` on every step (0 by default; e.g. -0.01 to prefer short solutions) and

@@ -3,9 +3,9 @@
 The FrozenLake terms carried over to boxes: `success_reward` when the last box lands on a
 target, + `progress_reward` x the cells the boxes closed toward their nearest targets
 (negative when pushed away), and - `hole_penalty` for the push that leaves a box in a
-corner off target (a dead end: the level can no longer be solved); `approach_reward` (0 by default) x
-the cells a walk closes toward the nearest box off target: without it nearly every step of
-an unsolved room earns 0 and the gradient has nothing to say. Per-step credit puts
+corner off target (a dead end: the level can no longer be solved); `approach_reward` (0 by
+default) x the cells a walk closes toward the nearest box off target: without it nearly
+every step of an unsolved room earns 0. Per-step credit puts
 that penalty on the fatal push, which is where GiGPO's step-level groups can help.
 """
 

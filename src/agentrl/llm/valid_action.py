@@ -105,7 +105,7 @@ class ValidActionConfig(BaseModel):
     share_prefix: bool = Field(
         True,
         description="Run the prompts' common prefix (system prompt, chat template) once per "
-        "call instead of once per row: the same log-probs, about half the work.",
+        "call instead of once per row: the same log-probs; forward+backward 1.5-1.9x faster.",
     )
 
     @field_validator("dtype")
