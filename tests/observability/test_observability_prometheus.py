@@ -175,12 +175,14 @@ async def wait_for_scrapes(
         if prom.poll() is not None:
             raise AssertionError(f"prometheus exited: {(tmp / 'prometheus.log').read_text()}")
         try:
-            targets = (await client.get("/api/v1/targets")).json()["data"]["activeTargets"]
+            # 503 "Service Unavailable" until its storage is ready: raise, wait, ask again
+            got = (await client.get("/api/v1/targets")).raise_for_status()
+            targets = got.json()["data"]["activeTargets"]
             if targets and targets[0]["health"] == "up":
                 count = await client.get(
                     "/api/v1/query", params={"query": "count_over_time(up[1m])"}
                 )
-                result = count.json()["data"]["result"]
+                result = count.raise_for_status().json()["data"]["result"]
                 if result and float(result[0]["value"][1]) >= scrapes:
                     return targets[0]
         except httpx.HTTPError:
