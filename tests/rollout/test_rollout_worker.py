@@ -316,3 +316,30 @@ async def test_an_environment_breaking_the_protocol_is_a_critical_error() -> Non
     ).run()
     assert episode.termination_reason == CRITICAL_ERROR
     assert "not an observation dict" in str(episode.critical_error)
+
+
+async def test_an_observation_that_stands_alone_drops_the_first_one() -> None:
+    """FrozenLake's egocentric text holds the whole state: with history_window=0 the prompt
+    is the task messages + the latest observation, so the same state is the same prompt in
+    every episode (a valid-action policy scores it once); the grid format keeps the first."""
+    from agentrl.envs.frozenlake import FrozenLakeTextEnv, shortest_path
+    from agentrl.envs.registry import task_for
+
+    probe = FrozenLakeTextEnv(size=4)
+    probe.reset(seed=7)
+    path = shortest_path(probe.desc)
+    assert path is not None and len(path) >= 2
+    for obs_format, stands_alone in (("egocentric", True), ("grid", False)):
+        t = task_for("frozenlake-4x4", 7, max_episode_steps=len(path), obs_format=obs_format)
+        t.initial_messages = [Message(role="system", content="Move.")]
+        worker = RLRolloutWorker(t, ScriptedPolicy(path), history_window=0)
+        steps, messages, _ = await worker.run_episode()
+        assert len(steps) == len(path)
+        seen = steps[1].observation_data["messages"]
+        current = steps[1].observation_data["env_observation"]["text"]
+        assert seen[-1]["content"] == current != messages[1].content
+        if stands_alone:
+            assert [m["role"] for m in seen] == ["system", "user"]
+        else:
+            assert [m["role"] for m in seen] == ["system", "user", "user"]
+            assert seen[1]["content"] == messages[1].content

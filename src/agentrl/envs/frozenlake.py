@@ -59,6 +59,9 @@ class FrozenLakeTextEnv:
         if obs_format not in OBS_FORMATS:
             raise ValueError(f"obs_format must be one of {OBS_FORMATS}, got {obs_format!r}")
         self.obs_format = obs_format
+        # egocentric/relative text holds the whole state the policy needs (position, goal,
+        # surroundings): a rollout worker then shows only the latest observation
+        self.observation_stands_alone = obs_format != "grid"
         self.size = size
         self.is_slippery = is_slippery
         self.frozen_prob = frozen_prob

@@ -261,6 +261,9 @@ class SokobanEnv:
         if obs_format not in OBS_FORMATS:
             raise ValueError(f"obs_format must be one of {OBS_FORMATS}, got {obs_format!r}")
         self.obs_format = obs_format
+        # egocentric/relative text names player, boxes, targets and surroundings: the whole
+        # state, so a rollout worker shows only the latest observation
+        self.observation_stands_alone = obs_format != "grid"
         self.layout = parse_level(layout) if layout is not None else None
         self.dim = dim
         self.num_boxes = num_boxes

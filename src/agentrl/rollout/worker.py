@@ -3,7 +3,8 @@
 The loop follows the seed's steps A-I:
   A. reset the environment with the task's seed; history = task messages + first observation
   B. `_prepare_policy_observation`: the task messages, the first observation and the last
-     `history_window` turns
+     `history_window` turns (the first observation is left out when the environment says
+     each of its observations stands alone: `observation_stands_alone`)
   C. `policy.get_action(observation, tool_specs)`
   D. `_execute_action_in_environment`: the action as text -> `env.step`
   E. history += the assistant message and the environment's answer
@@ -104,7 +105,10 @@ class RLRolloutWorker:
 
     history_window: how many past turns (assistant message + environment answer) the
     policy sees besides the task messages and the first observation; None = all, 0 = only
-    the current observation. max_episode_steps overrides the task's limit when given.
+    the current observation. An environment whose `observation_stands_alone` is true (each
+    observation holds what the first one did, e.g. FrozenLake's egocentric text) gets no
+    first observation in a windowed prompt: the same state then gives the same prompt in
+    every episode, which a valid-action policy scores once. max_episode_steps overrides the task's limit when given.
     env_in_thread runs `env.reset/step` in a worker thread so slow tools (a code sandbox)
     do not stall the other episodes of a group.
     """
@@ -161,6 +165,8 @@ class RLRolloutWorker:
         if k is None or len(self._turn_starts) <= k:
             return list(history)
         prefix = history[: self._prefix_len]
+        if getattr(self.env, "observation_stands_alone", False):
+            prefix = prefix[:-1]  # the first observation: the latest one says all it did
         if k == 0:
             return prefix + history[self._last_answer_start :]
         return prefix + history[self._turn_starts[-k] :]
