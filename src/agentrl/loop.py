@@ -34,7 +34,9 @@ from agentrl.stats import wilson
 
 MOVES = ["up", "down", "left", "right"]
 HELDOUT_OFFSET = 1_000_000  # same as agentrl.llm.valid_action: training seeds stay below
-PACE_S = 3.0  # paced acting: agent 0's pause between groups while a training job runs
+PACE_S = (
+    3.0  # paced acting: agent 0's pause between groups while a job trains or a version validates
+)
 
 
 @dataclass
@@ -45,7 +47,8 @@ class LoopConfig:
     BENCHMARKS.md, "agentrl loop"): agents explore at `temperature` (6: near-uniform over the
     moves, so the logged data covers the states), every turn carries the environment's shaped
     reward, and each training job continues the newest version (`init_from: latest`) with
-    `epochs` x 2 advantage-weighted steps on the newest `threshold` trajectories.
+    `epochs` x 4 advantage-weighted steps (LoRA on the top 2 layers) on the newest
+    `threshold` trajectories.
     """
 
     data_dir: Path = Path(".agentrl/loop")
@@ -73,7 +76,7 @@ class LoopConfig:
     hole_penalty: float = 0.3
     benchmark_episodes: int = 30
     grace_s: float = 120.0  # after the budget: wait this long for a version being decided
-    pace: bool = True  # a trickle of acting while a job trains (2 cores: acting starves it)
+    pace: bool = True  # a trickle of acting while a job trains or a version validates (2 cores)
     fresh: bool = True
 
     @classmethod
@@ -111,9 +114,9 @@ def loop_environment(cfg: LoopConfig) -> dict[str, str]:
     hyper = {
         "objective": cfg.objective,
         "awr_beta": 0.5,
-        "minibatches": 2,
+        "minibatches": 4,
         "policy_temperature": 2.0,
-        "lora_layers": 4,
+        "lora_layers": 2,
         "entropy_coef": 0.02,
     }
     env = {
@@ -273,7 +276,7 @@ class Agents:
         self.failed = 0
         self.next_seed = 0
         self.acting_s = 0.0
-        self.training = False  # a training job is queued or running (set by the watcher)
+        self.paced = False  # a job trains or a version validates: act at a trickle (watcher)
 
     def policy(self, model: str, temperature: float) -> Any:
         from agentrl.rollout.policies.openai_policy import OpenAIAgentPolicy
@@ -328,7 +331,7 @@ class Agents:
     async def run(self, stop: asyncio.Event) -> None:
         async def worker(k: int) -> None:
             while not stop.is_set():
-                if self.training and k > 0:  # paced: a trickle of acting while a job trains
+                if self.paced and k > 0:  # a trickle of acting while a job or validation runs
                     await asyncio.sleep(0.5)
                     continue
                 seed = self.next_seed
@@ -343,7 +346,7 @@ class Agents:
                     self.say(f"acting: a group failed ({type(exc).__name__}: {exc})")
                     await asyncio.sleep(0.5)
                 self.acting_s += time.monotonic() - t0
-                if self.training:  # one group every few seconds keeps a canary fed
+                if self.paced:  # one group every few seconds keeps a canary fed
                     await asyncio.sleep(PACE_S)
 
         await asyncio.gather(*(worker(k) for k in range(self.cfg.agents)))
@@ -597,9 +600,6 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
                         say(f"version {r.model_id}: {d.action}{to} ({d.by}: {d.reason})")
                     printed[r.model_id] = len(r.decisions)
                     seen[r.model_id] = r.state
-                agents.training = cfg.pace and any(
-                    evs[-1].status in ("queued", "running") for evs in watch.statuses.values()
-                )
                 for job, evs in watch.statuses.items():
                     last = evs[-1].status
                     key = f"job:{job}"
@@ -629,6 +629,13 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
                 ]
                 was_pending = pending
                 pending = busy or bool(validating)
+                # 2 cores: full-speed acting starves a training job and a validation alike
+                agents.paced = cfg.pace and (
+                    bool(validating)
+                    or any(
+                        evs[-1].status in ("queued", "running") for evs in watch.statuses.values()
+                    )
+                )
                 if time.monotonic() >= deadline:
                     if not pending:
                         say(f"time budget of {cfg.time_budget_s:.0f}s reached")
