@@ -53,7 +53,7 @@ class LoopConfig:
 
     data_dir: Path = Path(".agentrl/loop")
     model: str = "smollm2"
-    generations: int = 6
+    generations: int = 5  # measured: the first version at >= 0.5 held-out came at v3-v5
     agents: int = 4
     group_size: int = 16
     threshold: int = 256
@@ -61,9 +61,9 @@ class LoopConfig:
     heldout_seeds: int = 50
     job_kind: str = "dataset"
     bad_candidate: bool = False
-    # a cap, not the usual end: the loop ends once `generations` versions are decided (about
-    # 12 minutes where bf16 is native); an AVX2-only CPU trains in fp32 at ~2.7x the time
-    # per job and needs the longer cap to reach the generations that learn (BENCHMARKS.md)
+    # a cap, not the usual end: the loop ends once `generations` versions are decided
+    # (12-13 minutes on 2 AVX2-only cores, BENCHMARKS.md); a slow or busy machine reaches the
+    # generations that learn inside it
     time_budget_s: float = 1800.0
     temperature: float = 6.0
     ramp: tuple[float, ...] = (50.0, 100.0)
@@ -480,6 +480,29 @@ async def inject_bad_candidate(bus: Any, public: str, data_dir: Path, say: Any) 
     return record.model_id
 
 
+def prepare_data_dir(data_dir: Path, *, fresh: bool = True) -> Path:
+    """The run's folder, emptied when `fresh` (only a folder the loop made: its marker file)
+    except `models/`, the converted base model: a cache that costs ~30 s to rebuild."""
+    data_dir = data_dir.resolve()
+    marker = data_dir / ".agentrl-loop"
+    if fresh and data_dir.exists() and any(data_dir.iterdir()):
+        if not marker.exists():  # never wipe a folder the loop did not make
+            raise ValueError(
+                f"{data_dir} holds other data; give `agentrl loop` a folder of its own "
+                "(each run starts it afresh)"
+            )
+        for child in data_dir.iterdir():
+            if child.name == "models":
+                continue
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    marker.write_text("made by agentrl loop; wiped at the start of the next run\n")
+    return data_dir
+
+
 # ---- the run --------------------------------------------------------------------------------
 
 
@@ -501,17 +524,7 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
         )
     t_start = time.monotonic()
     stages: dict[str, float] = {}
-    data_dir = Path(cfg.data_dir).resolve()
-    marker = data_dir / ".agentrl-loop"
-    if cfg.fresh and data_dir.exists() and any(data_dir.iterdir()):
-        if not marker.exists():  # never wipe a folder the loop did not make
-            raise ValueError(
-                f"{data_dir} holds other data; give `agentrl loop` a folder of its own "
-                "(each run starts it afresh)"
-            )
-        shutil.rmtree(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    marker.write_text("made by agentrl loop; wiped at the start of the next run\n")
+    data_dir = prepare_data_dir(Path(cfg.data_dir), fresh=cfg.fresh)
     env = loop_environment(cfg)
     os.environ.update(env)
     settings = Settings(

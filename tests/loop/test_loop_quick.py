@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from agentrl.bus.server import free_port
 
 
@@ -74,3 +76,22 @@ def test_quick_loop_promotes_a_trained_version_and_rolls_back_a_broken_one(
     ):
         assert stage in out, f"no {stage!r} in the progress:\n{out[-3000:]}"
     assert (tmp_path / "loop" / "report" / "index.html").exists()
+
+
+def test_a_fresh_run_empties_its_folder_but_keeps_the_converted_model(tmp_path: Path) -> None:
+    from agentrl.loop import prepare_data_dir
+
+    run = prepare_data_dir(tmp_path / "run")
+    (run / "models" / "SmolLM2").mkdir(parents=True)
+    (run / "models" / "SmolLM2" / "config.json").write_text("{}")
+    (run / "training" / "jobs").mkdir(parents=True)
+    (run / "nats-server.log").write_text("old")
+    prepare_data_dir(run)
+    assert sorted(p.name for p in run.iterdir()) == [".agentrl-loop", "models"]
+    assert (run / "models" / "SmolLM2" / "config.json").exists()
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="holds other data"):
+        prepare_data_dir(foreign)
+    assert (foreign / "notes.txt").read_text() == "keep me"
