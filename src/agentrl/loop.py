@@ -64,7 +64,7 @@ class LoopConfig:
     job_kind: str = "dataset"
     bad_candidate: bool = False
     # a cap, not the usual end: the loop ends once `generations` versions are decided
-    # (12-13 minutes on 2 AVX2-only cores, BENCHMARKS.md); a slow or busy machine reaches the
+    # (9-13 minutes on 2 AVX2-only cores, BENCHMARKS.md); a slow or busy machine reaches the
     # generations that learn inside it
     time_budget_s: float = 1800.0
     temperature: float = 6.0
