@@ -34,9 +34,7 @@ from agentrl.stats import wilson
 
 MOVES = ["up", "down", "left", "right"]
 HELDOUT_OFFSET = 1_000_000  # same as agentrl.llm.valid_action: training seeds stay below
-PACE_S = (
-    3.0  # paced acting: agent 0's pause between groups while a job trains or a version validates
-)
+PACE_S = 3.0  # paced acting: agent 0's pause between groups (a job trains or a version validates)
 
 
 @dataclass

@@ -108,7 +108,8 @@ class RLRolloutWorker:
     the current observation. An environment whose `observation_stands_alone` is true (each
     observation holds what the first one did, e.g. FrozenLake's egocentric text) gets no
     first observation in a windowed prompt: the same state then gives the same prompt in
-    every episode, which a valid-action policy scores once. max_episode_steps overrides the task's limit when given.
+    every episode, which a valid-action policy scores once. max_episode_steps overrides the
+    task's limit when given.
     env_in_thread runs `env.reset/step` in a worker thread so slow tools (a code sandbox)
     do not stall the other episodes of a group.
     """
