@@ -23,7 +23,12 @@ Observation = dict[str, Any]
 
 @runtime_checkable
 class TextEnv(Protocol):
-    """reset(seed) -> observation; step(action_text) -> (observation, reward, done, info)."""
+    """reset(seed) -> observation; step(action_text) -> (observation, reward, done, info).
+
+    Optional: `valid_actions()` (the moves a valid-action policy scores) and
+    `observation_stands_alone: bool` (each observation holds what the first one did, so a
+    rollout worker's windowed prompt leaves the first one out and states repeat as prompts).
+    """
 
     env_id: str
 
