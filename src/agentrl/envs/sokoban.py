@@ -30,7 +30,7 @@ LEGEND = (
     "S you standing on a target."
 )
 
-OBS_FORMATS = ("grid", "egocentric", "relative")
+OBS_FORMATS = ("grid", "egocentric", "relative", "outcomes")
 
 Pos = tuple[int, int]
 
@@ -211,6 +211,47 @@ def _try_level(rng: np.random.Generator, dim: int, num_boxes: int) -> Level | No
     return Level(floor=floor, targets=targets, boxes=best[1], player=best[2])
 
 
+def cornered(floor: np.ndarray, box: Pos) -> bool:
+    """A box with a wall on two perpendicular sides can never move again."""
+    r, c = box
+    vert = not floor[r - 1, c] or not floor[r + 1, c]
+    horiz = not floor[r, c - 1] or not floor[r, c + 1]
+    return bool(vert and horiz)
+
+
+def _nearest_target(box: Pos, targets: frozenset[Pos]) -> int:
+    return min(abs(box[0] - t[0]) + abs(box[1] - t[1]) for t in targets)
+
+
+def _push_distances(
+    floor: np.ndarray, targets: frozenset[Pos], boxes: frozenset[Pos]
+) -> dict[Pos, int]:
+    """Walking distance (around boxes) from each reachable cell to the nearest useful push
+    spot: a cell beside a box off target from which a push moves that box closer to a target
+    without jamming it in a corner. Multi-source BFS from the spots outwards."""
+    spots = []
+    for b in boxes - targets:
+        for dr, dc in MOVES.values():
+            spot, beyond = (b[0] - dr, b[1] - dc), (b[0] + dr, b[1] + dc)
+            if not floor[spot] or spot in boxes or not floor[beyond] or beyond in boxes:
+                continue
+            if _nearest_target(beyond, targets) >= _nearest_target(b, targets):
+                continue
+            if beyond not in targets and cornered(floor, beyond):
+                continue
+            spots.append(spot)
+    dist = dict.fromkeys(spots, 0)
+    queue = deque(spots)
+    while queue:
+        r, c = queue.popleft()
+        for dr, dc in MOVES.values():
+            n = (r + dr, c + dc)
+            if floor[n] and n not in boxes and n not in dist:
+                dist[n] = dist[(r, c)] + 1
+                queue.append(n)
+    return dist
+
+
 def _connected(floor: np.ndarray) -> bool:
     cells = {(int(p[0]), int(p[1])) for p in np.argwhere(floor)}
     if not cells:
@@ -235,8 +276,9 @@ class SokobanEnv:
     is set); "egocentric" names the player's, boxes' and targets' rows/columns and what lies
     up/down/left/right (wall, floor, target, box, box on target), with no headline and no
     counter, so the same state is the same text in every episode; "relative" gives each box's
-    offset from the player and its target's from the box instead of rows and columns.
-    `valid_actions()` lists the moves.
+    offset from the player and its target's from the box instead of rows and columns;
+    "outcomes" says what each move would achieve (a push toward a target, a walk nearer to a
+    spot to push from, ...). `valid_actions()` lists the moves.
 
     Reward: `success_reward` when the last box lands on a target (the episode ends), plus
     `step_penalty` on every step (0 by default; e.g. -0.01 to prefer short solutions) and
@@ -415,11 +457,57 @@ class SokobanEnv:
         )
         return " ".join(lines) + " " + around
 
+    def outcomes(self) -> str:
+        """What each move would do, in words: a wall; a push that puts a box on its target,
+        moves it toward or away from one, jams it in a corner or is blocked; a walk that
+        brings the player nearer to (or farther from) a spot to push a box from. The
+        egocentric idea one step further: FrozenLake's neighbours say what a move meets,
+        these say what it achieves, so a policy can learn Sokoban as a choice among
+        described consequences within a CPU budget (positions as numbers need arithmetic
+        that a 135M model did not learn in 640 episodes: BENCHMARKS.md)."""
+        assert self.level is not None
+        floor, targets, boxes = self.level.floor, self.level.targets, self._boxes
+        r0, c0 = self._player
+        dist = _push_distances(floor, targets, boxes)
+        here = dist.get(self._player)
+        parts = []
+        for name, (dr, dc) in MOVES.items():
+            nxt = (r0 + dr, c0 + dc)
+            if not floor[nxt]:
+                what = "wall"
+            elif nxt in boxes:
+                beyond = (nxt[0] + dr, nxt[1] + dc)
+                if not floor[beyond] or beyond in boxes:
+                    what = "box, blocked: it cannot be pushed"
+                elif beyond in targets:
+                    what = "box, a push puts it on a target"
+                elif nxt in targets:
+                    what = "box on a target, a push moves it off"
+                elif cornered(floor, beyond):
+                    what = "box, a push jams it in a corner"
+                elif _nearest_target(beyond, targets) < _nearest_target(nxt, targets):
+                    what = "box, a push moves it toward a target"
+                else:
+                    what = "box, a push moves it away from the targets"
+            else:
+                there = dist.get(nxt)
+                what = "target" if nxt in targets else "floor"
+                if here is not None and there is not None and there != here:
+                    side = "nearer to" if there < here else "farther from"
+                    what += f", {side} a spot to push a box from"
+            parts.append(f"{name.capitalize()}: {what}.")
+        on = len(boxes & targets)
+        return f"Boxes on targets: {on}/{len(targets)}. " + " ".join(parts)
+
     def _observation(self, headline: str) -> Observation:
         grid = self.grid()
         assert self.level is not None
-        if self.obs_format in ("egocentric", "relative"):
-            text = self.egocentric() if self.obs_format == "egocentric" else self.relative()
+        if self.obs_format != "grid":
+            text = {
+                "egocentric": self.egocentric,
+                "relative": self.relative,
+                "outcomes": self.outcomes,
+            }[self.obs_format]()
             if self._done:
                 text = f"{headline}\n{text}"
             else:

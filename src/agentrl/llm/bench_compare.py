@@ -6,7 +6,8 @@ per worker, on three settings:
   the curriculum's starting point for that seed (`fl4_every_algorithm`: GRPO and RLOO run
   the same 4x4 budget from the base too, where learning starts at the floor);
 - `curriculum`: larger FrozenLake maps started from that seed's 4x4 adapter;
-- `sokoban`: one box in a small room, egocentric text, the four moves, from the base model.
+- `sokoban`: one box in a small room (configs/sokoban-valid-action.yaml: the "outcomes"
+  observation), the four moves, from the base model.
 
 Why one process: the model loads once (about 30 s each time), and the frozen lower layers'
 output is cached per prompt text for the whole benchmark (LoRA sits on the top layers
@@ -57,18 +58,29 @@ class Plan:
     def config(self, setting: str, algorithm: str, seed: int) -> Any:
         from agentrl.llm.valid_action import ValidActionConfig
 
-        over = dict(self.overrides.get("all", {}))
-        over.update(self.overrides.get(setting, {}))
+        over = dict(self.overrides.get(setting, {}))
+        over.update(self.overrides.get("all", {}))  # e.g. the quick plan's tiny model wins
         over.update(algorithm=algorithm, seed=seed, save_adapter=False, threads=self.threads)
         return ValidActionConfig.from_file(self.config_path, **over)
 
 
+def sokoban_overrides(config_path: str) -> dict[str, Any]:
+    """The Sokoban setting: the shipped Sokoban config (configs/sokoban-valid-action.yaml,
+    beside the 4x4 one) as overrides, less what the benchmark sets itself."""
+    import yaml
+
+    path = Path(config_path).parent / "sokoban-valid-action.yaml"
+    data = yaml.safe_load(path.read_text()) or {}
+    for key in ("seed", "out_dir", "threads", "eval_every", "heldout_seeds"):
+        data.pop(key, None)
+    return dict(data)
+
+
 def full_plan(config_path: str, seeds: int, out_dir: str, threads: int = 0) -> Plan:
     """The recorded benchmark (SmolLM2). Budgets come from one-seed probes (BENCHMARKS.md):
-    6x6 maps (the 4x4 adapter scores about 0.44 there; 8x8 cost 3x per iteration), a 3x3
-    Sokoban floor (a 4x4 floor cost 15 CPU s per iteration and stayed at 0)."""
-    from agentrl.llm.sokoban_shaping import SOKOBAN_SYSTEM_PROMPT
-
+    6x6 maps (the 4x4 adapter scores about 0.44 there; 8x8 cost 3x per iteration); Sokoban
+    on a 3x3 floor with the "outcomes" observation (with positions as numbers, 640 and more
+    episodes stayed at 0)."""
     return Plan(
         config_path=config_path,
         seeds=seeds,
@@ -83,24 +95,14 @@ def full_plan(config_path: str, seeds: int, out_dir: str, threads: int = 0) -> P
                 "maps_per_iteration": 8,
                 "episodes_per_map": 16,
             },
-            "sokoban": {
-                "env_id": "sokoban",
-                "env_kwargs": {"dim": 5, "min_moves": 3},
-                "max_steps": 12,
-                "iterations": 10,
-                "maps_per_iteration": 4,
-                "episodes_per_map": 16,
-                "system_prompt": SOKOBAN_SYSTEM_PROMPT,
-            },
+            "sokoban": sokoban_overrides(config_path),
         },
-        eval_every={"fl4": 5, "curriculum": 2, "sokoban": 2},
+        eval_every={"fl4": 5, "curriculum": 2, "sokoban": 10},
     )
 
 
 def quick_plan(config_path: str, out_dir: str) -> Plan:
     """Seconds on a tiny random model: checks the plumbing and the JSON line, not learning."""
-    from agentrl.llm.sokoban_shaping import SOKOBAN_SYSTEM_PROMPT
-
     small = {"maps_per_iteration": 2, "episodes_per_map": 4, "iterations": 2, "heldout_seeds": 4}
     return Plan(
         config_path=config_path,
@@ -112,10 +114,9 @@ def quick_plan(config_path: str, out_dir: str) -> Plan:
             "fl4": {"max_steps": 6},
             "curriculum": {"env_kwargs": {"size": 5}, "max_steps": 8},
             "sokoban": {
-                "env_id": "sokoban",
+                **sokoban_overrides(config_path),
                 "env_kwargs": {"dim": 5, "min_moves": 2},
                 "max_steps": 6,
-                "system_prompt": SOKOBAN_SYSTEM_PROMPT,
             },
         },
         eval_every={"fl4": 1, "curriculum": 1, "sokoban": 1},

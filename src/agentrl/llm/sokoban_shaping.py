@@ -13,13 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-Pos = tuple[int, int]
+from agentrl.envs.sokoban import cornered
 
-SOKOBAN_SYSTEM_PROMPT = (
-    "Sokoban: push the box onto the target. You push a box by walking into it; a box "
-    "cannot be pulled, and a box in a corner is stuck. Rows grow downwards. Reply with "
-    "one move: up, down, left or right."
-)
+Pos = tuple[int, int]
 
 
 def box_distance(boxes: frozenset[Pos], targets: frozenset[Pos]) -> int:
@@ -29,14 +25,6 @@ def box_distance(boxes: frozenset[Pos], targets: frozenset[Pos]) -> int:
 
 def _nearest(p: Pos, cells: frozenset[Pos]) -> int:
     return min(abs(p[0] - c[0]) + abs(p[1] - c[1]) for c in cells)
-
-
-def cornered(floor: Any, box: Pos) -> bool:
-    """A box off target with a wall on two perpendicular sides can never move again."""
-    r, c = box
-    vert = not floor[r - 1, c] or not floor[r + 1, c]
-    horiz = not floor[r, c - 1] or not floor[r, c + 1]
-    return bool(vert and horiz)
 
 
 def sokoban_reward(config: Any, env: Any, before: Any, info: dict[str, Any]) -> float:

@@ -47,7 +47,7 @@ class ValidActionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     env_id: str = "frozenlake-4x4"
-    obs_format: Literal["grid", "egocentric", "relative"] = "egocentric"
+    obs_format: Literal["grid", "egocentric", "relative", "outcomes"] = "egocentric"
     max_steps: int = Field(12, gt=0)
     model: str = "smollm2"
     lora_r: int = Field(16, gt=0)
