@@ -107,6 +107,17 @@ def test_equal_budgets_only_the_advantage_differs() -> None:
         assert cfgs[0] == cfgs[1] == cfgs[2]
 
 
+def test_sokoban_setting_is_the_shipped_sokoban_config() -> None:
+    shipped = ValidActionConfig.from_file("configs/sokoban-valid-action.yaml")
+    bench = bc.full_plan(CONFIG, 5, "unused").config("sokoban", "grpo", 2)
+    assert bench.env_id == "sokoban" and bench.obs_format == "outcomes"
+    same = ("env_kwargs", "max_steps", "iterations", "learning_rate", "system_prompt", "model")
+    assert all(getattr(bench, k) == getattr(shipped, k) for k in same)
+    assert bench.algorithm == "grpo" and bench.seed == 2 and not bench.save_adapter
+    quick = bc.quick_plan(CONFIG, "unused").config("sokoban", "gigpo", 0)
+    assert quick.model == "tiny" and quick.iterations == 2  # the quick plan's "all" wins
+
+
 LEVEL = """
 #######
 #_____#
