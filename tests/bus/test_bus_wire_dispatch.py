@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import nats.errors
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from nats.aio.client import Client
@@ -42,5 +43,38 @@ async def test_lean_dispatch_delivers_headers_and_status_lines(nats_url: str) ->
         assert (got[2].headers or {}).get("Status") == "503"
         assert sub._pending_size == len(b"x") + len(b"y")
         await sub.unsubscribe()  # no callback drains it: closing would wait for the queue
+    finally:
+        await bus.close()
+
+
+async def test_sink_gets_raw_messages_and_publisher_maps_each_answer(nats_url: str) -> None:
+    bus = await Bus.connect(nats_url)
+    got: list[tuple[bytes, bytes, bytes | None]] = []
+    try:
+        sub = await wire.subscribe(bus.nc, "agentrl.test.sink", sink=lambda *m: got.append(m))
+        await bus.nc.publish("agentrl.test.sink", b"x", headers={"K": "v"})
+        await bus.nc.publish("agentrl.test.nobody", b"", reply="agentrl.test.sink")
+        await bus.nc.flush()
+        for _ in range(50):
+            if len(got) == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert got[0][:2] == (b"agentrl.test.sink", b"x") and got[0][2] is not None
+        assert wire._header_lines(got[0][2]) == {"K": "v"}
+        assert got[1][1] == b"" and (got[1][2] or b"").startswith(b"NATS/1.0 503")
+        await sub.unsubscribe()
+        # PubAcks through the sink: stored, duplicate (same Msg-Id), and no stream at all
+        await bus.ensure_streams()
+        pub = wire.AsyncPublisher(bus.nc, window=8)
+        items = [
+            ("agent.rl.dlq.sink-test", b"{}", "sink-1"),
+            ("agent.rl.dlq.sink-test", b"{}", "sink-1"),
+            ("agentrl.test.no-stream-here", b"{}", "sink-2"),
+        ]
+        results = await pub.publish(len(items), items.__getitem__, timeout=5)
+        assert results[0].stream == "RL_DLQ" and not results[0].duplicate  # type: ignore[union-attr]
+        assert results[1].duplicate and results[1].seq == results[0].seq  # type: ignore[union-attr]
+        assert isinstance(results[2], nats.errors.NoRespondersError)
+        await pub.close()
     finally:
         await bus.close()
