@@ -545,8 +545,10 @@ def last_line(runs: list[Run], cost: dict[str, float], plan: Plan, jobs: int) ->
         line[f"sokoban_{a}_final_success"] = r4(s["final"])
         line[f"sokoban_{a}_ci_low"] = r4(s["ci"][0])
         line[f"sokoban_{a}_ci_high"] = r4(s["ci"][1])
-        line[f"sokoban_{a}_seconds_to_050"] = s["t050"]
-        line[f"sokoban_{a}_seconds_to_050_cpu"] = s["t050_cpu"]
+        for tag in ("050", "070"):
+            line[f"sokoban_{a}_seconds_to_{tag}"] = s[f"t{tag}"]
+            line[f"sokoban_{a}_seconds_to_{tag}_cpu"] = s[f"t{tag}_cpu"]
+            line[f"sokoban_{a}_reached_{tag}"] = s[f"t{tag}_reached"]
     line["sokoban_seeds"] = min((sok[a]["n"] for a in plan.algorithms), default=0)
     if plan.fl4_every_algorithm:
         for a in ALGORITHMS:
