@@ -67,6 +67,20 @@ def test_probability_of_the_rewarded_move_rises(algorithm: str) -> None:
     assert result.trained.invalid_action_rate == 0.0
 
 
+def test_linear_lr_schedule_anneals_toward_zero() -> None:
+    cfg = tiny_config("grpo", lr_schedule="linear", iterations=4, learning_rate=1e-2)
+    learner = Learner(cfg)
+    batch = rollout(cfg, learner.logprob_fn(), learner.cache, [0], 4)
+    seen = []
+    for it in range(4):
+        learner.update(batch, it)
+        seen.append(learner.optimizer.param_groups[0]["lr"])
+    assert seen == pytest.approx([1e-2, 7.5e-3, 5e-3, 2.5e-3])
+    flat = Learner(tiny_config("grpo", learning_rate=1e-2))
+    flat.update(batch, 3)
+    assert flat.optimizer.param_groups[0]["lr"] == 1e-2  # constant: the default
+
+
 def test_rollout_and_trainer_logprobs_agree() -> None:
     """Behaviour log-probs recorded in the rollout equal the trainer's recomputation (fp32)."""
     cfg = tiny_config("grpo", lora_layers=1)

@@ -244,7 +244,7 @@ def run_one(
             config.episodes_per_map,
             generator=learner.generator,
         )
-        learner.update(batch)
+        learner.update(batch, it)
         wall += time.perf_counter() - w0
         cpu += time.process_time() - c0
         episodes += len(batch.episode_return)

@@ -72,6 +72,11 @@ class ValidActionConfig(BaseModel):
         None, gt=0, description="Stop training after this many seconds (checked per iteration)."
     )
     learning_rate: float = Field(2e-4, gt=0)
+    lr_schedule: Literal["constant", "linear"] = Field(
+        "constant",
+        description="linear: the learning rate falls linearly toward 0 over the iterations "
+        "(PPO's anneal), so a policy that got there is not knocked off it late.",
+    )
     entropy_coef: float = Field(0.02, ge=0.0)
     clip_epsilon: float = Field(0.2, gt=0, lt=1)
     epochs: int = Field(1, gt=0)
@@ -528,9 +533,15 @@ class Learner:
         _, hidden = self.scorer.logprobs_and_hidden(texts)
         return self.value_head(hidden.float()).squeeze(-1)
 
-    def update(self, batch: Batch) -> tuple[float, float]:
-        """One on-policy update (epochs x minibatches over the batch's distinct prompts)."""
+    def update(self, batch: Batch, iteration: int = 0) -> tuple[float, float]:
+        """One on-policy update (epochs x minibatches over the batch's distinct prompts);
+        `iteration` (0-based) sets the learning rate under `lr_schedule`."""
         cfg = self.config
+        lr = cfg.learning_rate
+        if cfg.lr_schedule == "linear":
+            lr *= 1.0 - iteration / max(cfg.iterations, 1)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         steps = batch.steps
         texts = sorted({s.text for s in steps})
         index = {t: k for k, t in enumerate(texts)}
@@ -638,7 +649,7 @@ def train_on_env(
             generator=learner.generator,
         )
         t1 = time.perf_counter()
-        loss, entropy = learner.update(batch)
+        loss, entropy = learner.update(batch, it)
         t2 = time.perf_counter()
         rollout_total += t1 - t0
         update_total += t2 - t1
