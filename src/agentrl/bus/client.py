@@ -390,13 +390,15 @@ class Bus:
                 return await self._publish_many_public(items)
             pending = list(events)
             encoded: list[tuple[str, bytes, str]] = []
+            limit = self.nc.max_payload
 
             def first_time(i: int) -> tuple[str, bytes, str]:
                 # Serialised chunk by chunk while earlier chunks are stored (in order: the
-                # publisher asks for 0, 1, 2, ...).
+                # publisher asks for 0, 1, 2, ...). `encode` inlined: this runs per message.
                 e = pending[i]
-                t = e if isinstance(e, tuple) else self.encode(e)
-                self._check_size(t[0], t[1])
+                t = e if isinstance(e, tuple) else (e.SUBJECT, e.to_json(), e.msg_id())
+                if limit and len(t[1]) > limit:
+                    self._check_size(t[0], t[1])
                 encoded.append(t)
                 return t
 

@@ -348,6 +348,7 @@ class AsyncPublisher:
             outstanding = 0
             sent = 0
             prefix = self._prefix
+            subjects: dict[str, bytes] = {}
             deadline = time.monotonic() + timeout
             while sent < count or outstanding:
                 # Refill only when a whole chunk fits (or the tail does): writing one
@@ -361,7 +362,10 @@ class AsyncPublisher:
                         subject, data, msg_id = item(i)
                         token = b"%x" % (base + i)
                         index[token] = i
-                        frames.append(hpub(subject.encode(), prefix + token, msg_id, data))
+                        subj = subjects.get(subject)
+                        if subj is None:
+                            subj = subjects[subject] = subject.encode()
+                        frames.append(hpub(subj, prefix + token, msg_id, data))
                     await write(self.nc, frames)
                     sent += n
                     outstanding += n
