@@ -105,7 +105,9 @@ async def _run(url: str, n: int, chunk: int = 50_000) -> dict[str, Any]:
             peer.append(rate)
             raw_cpu += cpu
         else:
-            fresh = [sample_trajectory(10_000_000 * (k + 1) + i) for i in range(len(raw_events))]
+            # ids of their own: `_onoff` publishes 10,000,000-89,999,999 on the same server
+            first = 200_000_000 + 1_000_000 * k
+            fresh = [sample_trajectory(first + i) for i in range(len(raw_events))]
             _freeze_setup()
             ours.append(await _publish_many_objects(bus, fresh))
     raw_cpu /= len(peer)
