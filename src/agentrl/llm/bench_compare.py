@@ -69,7 +69,13 @@ def sokoban_overrides(config_path: str) -> dict[str, Any]:
     beside the 4x4 one) as overrides, less what the benchmark sets itself."""
     import yaml
 
-    path = Path(config_path).parent / "sokoban-valid-action.yaml"
+    name = "sokoban-valid-action.yaml"
+    paths = [Path(config_path).parent / name, Path("configs") / name]
+    path = next((p for p in paths if p.is_file()), None)
+    if path is None:
+        raise FileNotFoundError(
+            f"the Sokoban setting needs {name}: not at {paths[0]} or {paths[1]}"
+        )
     data = yaml.safe_load(path.read_text()) or {}
     for key in ("seed", "out_dir", "threads", "eval_every", "heldout_seeds"):
         data.pop(key, None)

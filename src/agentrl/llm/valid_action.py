@@ -75,7 +75,7 @@ class ValidActionConfig(BaseModel):
     lr_schedule: Literal["constant", "linear"] = Field(
         "constant",
         description="linear: the learning rate falls linearly toward 0 over the iterations "
-        "(PPO's anneal), so a policy that got there is not knocked off it late.",
+        "(PPO's anneal): late updates move the policy less.",
     )
     entropy_coef: float = Field(0.02, ge=0.0)
     clip_epsilon: float = Field(0.2, gt=0, lt=1)
