@@ -76,5 +76,6 @@ async def test_sink_gets_raw_messages_and_publisher_maps_each_answer(nats_url: s
         assert results[1].duplicate and results[1].seq == results[0].seq  # type: ignore[union-attr]
         assert isinstance(results[2], nats.errors.NoRespondersError)
         await pub.close()
+        await bus.js.purge_stream("RL_DLQ", subject="agent.rl.dlq.sink-test")  # leave no trace
     finally:
         await bus.close()
