@@ -338,11 +338,22 @@ class Registry:
         await self.kv.put(key, rollout.model_dump_json().encode())
 
     async def history(self, key: str) -> list[dict[str, Any]]:
-        """Every stored revision of `key` (oldest first) as decoded JSON."""
-        try:
-            entries = await self.kv.history(key)
-        except nats.js.errors.NoKeysError:
-            return []
+        """Every stored revision of `key` (oldest first) as decoded JSON.
+
+        Right after a server restart nats-py's history watcher can come back empty for a
+        key that exists (seen once in a fresh-clone test run); a key with a value has at
+        least one revision, so an empty answer for it is retried a few times."""
+        entries: list[Any] = []
+        for attempt in range(4):
+            try:
+                entries = await self.kv.history(key)
+                break
+            except nats.js.errors.NoKeysError:
+                try:
+                    await self.kv.get(key)
+                except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+                    return []
+                await asyncio.sleep(0.25 * (attempt + 1))
         out = []
         for e in entries:
             if e.value:
