@@ -219,8 +219,9 @@ def cornered(floor: np.ndarray, box: Pos) -> bool:
     return bool(vert and horiz)
 
 
-def _nearest_target(box: Pos, targets: frozenset[Pos]) -> int:
-    return min(abs(box[0] - t[0]) + abs(box[1] - t[1]) for t in targets)
+def nearest(p: Pos, cells: frozenset[Pos]) -> int:
+    """Manhattan distance from `p` to the nearest of `cells`."""
+    return min(abs(p[0] - c[0]) + abs(p[1] - c[1]) for c in cells)
 
 
 def _push_distances(
@@ -235,7 +236,7 @@ def _push_distances(
             spot, beyond = (b[0] - dr, b[1] - dc), (b[0] + dr, b[1] + dc)
             if not floor[spot] or spot in boxes or not floor[beyond] or beyond in boxes:
                 continue
-            if _nearest_target(beyond, targets) >= _nearest_target(b, targets):
+            if nearest(beyond, targets) >= nearest(b, targets):
                 continue
             if beyond not in targets and cornered(floor, beyond):
                 continue
@@ -485,7 +486,7 @@ class SokobanEnv:
                     what = "box on a target, a push moves it off"
                 elif cornered(floor, beyond):
                     what = "box, a push jams it in a corner"
-                elif _nearest_target(beyond, targets) < _nearest_target(nxt, targets):
+                elif nearest(beyond, targets) < nearest(nxt, targets):
                     what = "box, a push moves it toward a target"
                 else:
                     what = "box, a push moves it away from the targets"

@@ -13,18 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.envs.sokoban import cornered
+from agentrl.envs.sokoban import cornered, nearest
 
 Pos = tuple[int, int]
 
 
 def box_distance(boxes: frozenset[Pos], targets: frozenset[Pos]) -> int:
     """Sum over boxes of the Manhattan distance to the nearest target."""
-    return sum(min(abs(b[0] - t[0]) + abs(b[1] - t[1]) for t in targets) for b in boxes)
-
-
-def _nearest(p: Pos, cells: frozenset[Pos]) -> int:
-    return min(abs(p[0] - c[0]) + abs(p[1] - c[1]) for c in cells)
+    return sum(nearest(b, targets) for b in boxes)
 
 
 def sokoban_reward(config: Any, env: Any, before: Any, info: dict[str, Any]) -> float:
@@ -39,7 +35,7 @@ def sokoban_reward(config: Any, env: Any, before: Any, info: dict[str, Any]) -> 
         loose = boxes_before - level.targets
         if loose:
             player_before, _ = before
-            reward += approach * (_nearest(player_before, loose) - _nearest(env._player, loose))
+            reward += approach * (nearest(player_before, loose) - nearest(env._player, loose))
     if info.get("success"):
         return config.success_reward + reward
     moved = boxes_after - boxes_before
