@@ -3,6 +3,7 @@
 from agentrl.bus.client import (
     Bus,
     ConsumeStats,
+    Deferred,
     Delivery,
     PermanentError,
     TransientError,
@@ -13,6 +14,7 @@ from agentrl.bus.server import EmbeddedNats, NatsCluster
 __all__ = [
     "Bus",
     "ConsumeStats",
+    "Deferred",
     "Delivery",
     "EmbeddedNats",
     "NatsCluster",

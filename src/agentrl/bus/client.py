@@ -107,10 +107,35 @@ def current_delivery() -> Delivery:
     return delivery
 
 
+Outcomes = Sequence[BaseException | None] | None
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A batch handler's answer whose outcomes come later, e.g. once a commit that runs in
+    a worker thread is durable. The bus hands the handler the next batch meanwhile (work
+    that does not need the commit overlaps it) and acks this batch only when `outcomes`
+    is done; at most one batch waits like this. A failed `outcomes` fails the whole batch,
+    as a batch handler raising would."""
+
+    outcomes: asyncio.Future[Outcomes]
+
+
 Handler = Callable[[Any], Awaitable[None]]
 # A batch handler gets the whole fetched batch and returns one outcome per delivery
-# (None = done, an exception = failed like a single handler raising it), or None for all done.
-BatchHandler = Callable[[list[Delivery]], Awaitable[Sequence[BaseException | None] | None]]
+# (None = done, an exception = failed like a single handler raising it), None for all done,
+# or a `Deferred` of those.
+BatchHandler = Callable[[list[Delivery]], Awaitable[Outcomes | Deferred]]
+
+
+@dataclass
+class _Waiting:
+    """A handled batch whose `Deferred` outcomes are not in yet."""
+
+    good: list[Delivery]
+    acks: list[tuple[str, bytes]]  # its dead letters' terms, decided before the handler
+    deferred: Deferred
+    heartbeat: asyncio.Task[None]
 
 
 @dataclass
@@ -517,25 +542,45 @@ class Bus:
         model = model_for(subject) if validate else None
         confirming: list[asyncio.Task[None]] = []  # the previous batch's ack confirmation
         confirmer = wire.AckConfirmer(self.nc) if self._fast else None
-        process = partial(
-            self._process,
+        waiting: list[_Waiting] = []  # the batch whose `Deferred` outcomes are not in yet
+        finish = partial(
+            self._finish,
+            durable=durable,
+            max_deliver=max_deliver,
+            nak_delay=nak_delay,
+            stats=stats,
             confirming=confirming,
             confirmer=confirmer,
+        )
+        settle = partial(self._settle_waiting, waiting, finish)
+        process = partial(
+            self._process,
             model=model,
             handler=handler,
             batch_handler=batch_handler,
             durable=durable,
             max_deliver=max_deliver,
-            nak_delay=nak_delay,
             ack_wait=ack_wait,
             stats=stats,
+            waiting=waiting,
+            finish=finish,
         )
         if not self._fast:
             try:
                 return await self._consume_public(
-                    subject, durable, spec.name, config, batch, fetch_timeout, stop, stats, process
+                    subject,
+                    durable,
+                    spec.name,
+                    config,
+                    batch,
+                    fetch_timeout,
+                    stop,
+                    stats,
+                    process,
+                    settle,
                 )
             finally:
+                await settle()
                 await _confirmed(confirming)
         await self._retry(partial(self._ensure_consumer, spec.name, durable, config))
         sub = await wire.subscribe(self.nc, self.nc.new_inbox())
@@ -563,6 +608,13 @@ class Bus:
                         await asyncio.sleep(0.2)
                         continue
                 msgs = feed.take(batch)
+                if waiting and len(msgs) < batch:
+                    # The deferred batch commits meanwhile: read the next batch in, then
+                    # settle the deferred one if it is done (its acks go out sooner).
+                    await feed.fill(batch - len(msgs), waiting[0].deferred.outcomes)
+                    if waiting[0].deferred.outcomes.done():
+                        await settle()
+                    msgs += feed.take(batch - len(msgs))
                 if not msgs:
                     await feed.wait(fetch_timeout / 2 if stop.is_set() else fetch_timeout)
                     continue
@@ -571,6 +623,7 @@ class Bus:
                 with _gc_paused():
                     await process(msgs)
         finally:
+            await settle()
             await _confirmed(confirming)
             if confirmer is not None:
                 await confirmer.close()
@@ -595,6 +648,7 @@ class Bus:
         stop: asyncio.Event,
         stats: ConsumeStats,
         process: Callable[[list[Msg]], Awaitable[None]],
+        settle: Callable[[], Awaitable[None]],
     ) -> ConsumeStats:
         """nats-py's own fetch loop (used when the wire fast path is unavailable)."""
         sub = await self.js.pull_subscribe(subject, durable=durable, stream=stream, config=config)
@@ -603,6 +657,7 @@ class Bus:
                 try:
                     msgs = await sub.fetch(batch, timeout=fetch_timeout)
                 except (TimeoutError, nats.errors.TimeoutError):
+                    await settle()  # an idle stream: the deferred batch waits no longer
                     continue
                 except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError):
                     await asyncio.sleep(0.2)
@@ -625,12 +680,13 @@ class Bus:
         batch_handler: BatchHandler | None,
         durable: str,
         max_deliver: int,
-        nak_delay: float,
         ack_wait: float,
         stats: ConsumeStats,
-        confirming: list[asyncio.Task[None]],
-        confirmer: wire.AckConfirmer | None,
+        waiting: list[_Waiting],
+        finish: Callable[[list[Delivery], Outcomes, list[tuple[str, bytes]]], Awaitable[None]],
     ) -> None:
+        """Validate a batch, hand it to the handler, then settle the batch still waiting
+        for `Deferred` outcomes (if any), and this one unless it is deferred in turn."""
         acks: list[tuple[str, bytes]] = []
         good: list[Delivery] = []
         for msg in msgs:
@@ -653,26 +709,81 @@ class Bus:
             except ValidationError as exc:
                 await self._dead_letter(msg, durable, _validation_reason(exc), "validation", stats)
                 acks.append((msg.reply, wire.TERM))
-        if good:
-            heartbeat = asyncio.create_task(_keep_alive(good, ack_wait))
+        if not good:
+            await self._settle_waiting(waiting, finish)
+            await finish([], None, acks)
+            return
+        heartbeat = asyncio.create_task(_keep_alive(good, ack_wait))
+        try:
+            result = await self._run_handlers(good, handler, batch_handler)
+        except BaseException:
+            heartbeat.cancel()
+            raise
+        if isinstance(result, Deferred):
             try:
-                outcomes = await self._run_handlers(good, handler, batch_handler)
+                await self._settle_waiting(waiting, finish)
+            finally:  # even when cancelled meanwhile: `consume` settles what waits
+                waiting.append(_Waiting(good, acks, result, heartbeat))
+            return
+        heartbeat.cancel()
+        await self._settle_waiting(waiting, finish)
+        await finish(good, result, acks)
+
+    async def _settle_waiting(
+        self,
+        waiting: list[_Waiting],
+        finish: Callable[[list[Delivery], Outcomes, list[tuple[str, bytes]]], Awaitable[None]],
+    ) -> None:
+        """Wait for the deferred batch's outcomes, then ack/nak/dead-letter it."""
+        while waiting:
+            w = waiting.pop(0)
+            fut = w.deferred.outcomes
+            try:
+                await asyncio.wait([fut])
             finally:
-                heartbeat.cancel()
-            nak_body = wire.nak(nak_delay)
-            for delivery, outcome in zip(good, outcomes, strict=True):
-                if outcome is None:
-                    acks.append((delivery.msg.reply, wire.ACK))
-                    stats.acked += 1
-                elif isinstance(outcome, PermanentError) or delivery.num_delivered >= max_deliver:
-                    reason = f"{type(outcome).__name__}: {outcome}"
-                    await self._dead_letter(delivery.msg, durable, reason, "handler", stats)
-                    acks.append((delivery.msg.reply, wire.TERM))
-                    stats.errors.append(reason)
-                else:
-                    acks.append((delivery.msg.reply, nak_body))
-                    stats.nakked += 1
-                    stats.errors.append(f"{type(outcome).__name__}: {outcome}")
+                w.heartbeat.cancel()
+            outcomes: Outcomes
+            if fut.cancelled():
+                outcomes = [BusError("the deferred batch was cancelled")] * len(w.good)
+            elif (exc := fut.exception()) is not None:
+                log.warning("deferred batch failed: %s", exc, exc_info=exc)
+                outcomes = [exc] * len(w.good)
+            else:
+                outcomes = fut.result()
+            await finish(w.good, outcomes, w.acks)
+
+    async def _finish(
+        self,
+        good: list[Delivery],
+        outcomes: Outcomes,
+        acks: list[tuple[str, bytes]],
+        *,
+        durable: str,
+        max_deliver: int,
+        nak_delay: float,
+        stats: ConsumeStats,
+        confirming: list[asyncio.Task[None]],
+        confirmer: wire.AckConfirmer | None,
+    ) -> None:
+        """Turn a batch's outcomes into acks, naks and dead letters, and send them."""
+        if outcomes is None:
+            outcomes = [None] * len(good)
+        elif len(outcomes) != len(good):
+            raise BusError("batch handler returned a different number of outcomes")
+        nak_body = wire.nak(nak_delay)
+        for delivery, outcome in zip(good, outcomes, strict=True):
+            if outcome is None:
+                acks.append((delivery.msg.reply, wire.ACK))
+                stats.acked += 1
+            elif isinstance(outcome, PermanentError) or delivery.num_delivered >= max_deliver:
+                reason = f"{type(outcome).__name__}: {outcome}"
+                await self._dead_letter(delivery.msg, durable, reason, "handler", stats)
+                acks.append((delivery.msg.reply, wire.TERM))
+                stats.errors.append(reason)
+            else:
+                acks.append((delivery.msg.reply, nak_body))
+                stats.nakked += 1
+                stats.errors.append(f"{type(outcome).__name__}: {outcome}")
         if INSTRUMENTED and acks:
             obs.bus_consumed(durable, sum(1 for _, body in acks if body is wire.ACK))
         # The previous batch's acks are confirmed before this batch's go out (one
@@ -742,18 +853,13 @@ class Bus:
         deliveries: list[Delivery],
         handler: Handler | None,
         batch_handler: BatchHandler | None,
-    ) -> list[BaseException | None]:
+    ) -> Outcomes | Deferred:
         if batch_handler is not None:
             try:
-                result = await batch_handler(deliveries)
+                return await batch_handler(deliveries)
             except Exception as exc:  # the whole batch failed: each message fails with it
                 log.warning("batch handler failed: %s", exc, exc_info=True)
                 return [exc] * len(deliveries)
-            if result is None:
-                return [None] * len(deliveries)
-            if len(result) != len(deliveries):
-                raise BusError("batch handler returned a different number of outcomes")
-            return list(result)
         assert handler is not None
         outcomes: list[BaseException | None] = []
         for delivery in deliveries:

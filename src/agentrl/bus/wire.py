@@ -290,6 +290,14 @@ class PullFeed:
                 log.info("pull request ended: 409 %s", headers.get("Description", ""))
             self.credit = max(self.credit, 0)
 
+    async def fill(self, n: int, done: asyncio.Future[Any]) -> None:
+        """Until `n` messages wait here or `done` completes. Polled every half millisecond:
+        in between, the read loop parses what the server sent while the caller was busy
+        (a consumer that never yields otherwise finds nothing new when it looks)."""
+        queue = self.queue
+        while queue.qsize() + (self._head is not None) < n and not done.done():
+            await asyncio.wait([done], timeout=0.0005)
+
     async def wait(self, timeout: float) -> None:
         """Until something arrives or `timeout` passes."""
         if self._head is not None or not self.queue.empty():

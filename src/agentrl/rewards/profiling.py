@@ -62,7 +62,7 @@ async def _handler(n: int, prof: cProfile.Profile | None, code: bool = False) ->
         if prof:
             prof.enable()
         for k in range(0, n, 256):
-            await svc.handle_trajectories(deliveries[k : k + 256])
+            await (await svc.handle_trajectories(deliveries[k : k + 256])).outcomes
         if prof:
             prof.disable()
         c1, t1 = time.process_time(), time.perf_counter()

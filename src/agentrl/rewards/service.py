@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import json
 import logging
@@ -34,7 +35,7 @@ from typing import Any
 
 import nats.errors
 
-from agentrl.bus import Bus, ConsumeStats, Delivery, PermanentError, TransientError
+from agentrl.bus import Bus, ConsumeStats, Deferred, Delivery, PermanentError, TransientError
 from agentrl.contracts.feedback import FeedbackEvent
 from agentrl.contracts.subjects import FEEDBACK, REWARD, TRAJECTORY
 from agentrl.contracts.trajectory import TrajectoryEvent
@@ -45,6 +46,7 @@ from agentrl.rewards.components import FeedbackState
 from agentrl.rewards.config import RewardConfig
 from agentrl.rewards.pipeline import Preparer, opt_out_reason
 from agentrl.rewards.store import RewardStore
+from agentrl.rewards.window import WindowState
 from agentrl.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -288,62 +290,102 @@ class RewardService:
                 )
 
     # ---- trajectories -----------------------------------------------------------------
-    async def handle_trajectories(self, deliveries: list[Delivery]) -> list[BaseException | None]:
-        """The batch handler of `agent.rl.trajectory.v1` (one outcome per delivery)."""
+    async def handle_trajectories(self, deliveries: list[Delivery]) -> Deferred:
+        """The batch handler of `agent.rl.trajectory.v1` (one outcome per delivery).
+
+        Preparing (redaction, code checks, custom functions) needs neither the store nor
+        the windows, so it runs before the store lock and overlaps the previous batch's
+        commit. Scoring and this batch's commit run under the lock, which the commit
+        releases; the outcomes are `Deferred` until the commit is durable (only then does
+        the bus ack the batch)."""
         started = time.perf_counter()
         n = len(deliveries)
         outcomes: list[BaseException | None] = [None] * n
         events: list[TrajectoryEvent] = [d.event for d in deliveries]
         ids = [e.trajectory_id for e in events]
-        async with self._db:
+        opted_out: dict[int, str] = {}
+        guess: list[int] = []  # what to score unless the store says otherwise (it rarely does)
+        first: set[str] = set()
+        for i, ev in enumerate(events):
+            if ev.trajectory_id in first:
+                continue
+            first.add(ev.trajectory_id)
+            if (why := opt_out_reason(ev, self.config)) is not None:
+                opted_out[i] = why
+            else:
+                guess.append(i)
+        raws = [d.data for d in deliveries]
+        prepared = await self.preparer.prepare(events, raws, guess)
+
+        await self._db.acquire()
+        try:
             stored = self.store.rewards(ids)
             already_dropped = self.store.dropped(ids) if self._have_dropped else set()
-        delta: Counter[str] = Counter()  # counted only once the batch is committed
-        drops: list[tuple[str, str]] = []
-        todo: list[int] = []
-        first_seen: set[str] = set()
-        for i, ev in enumerate(events):
-            tid = ev.trajectory_id
-            if tid in stored:  # redelivered or republished: its reward is in the outbox or out
-                self.counters["redelivered"] += 1  # observed, not committed state
-            elif tid in already_dropped or tid in first_seen:
-                pass
-            elif (why := opt_out_reason(ev, self.config)) is not None:
-                drops.append((tid, why))
-                delta["dropped_opt_out"] += 1
-            else:
-                todo.append(i)
-            first_seen.add(tid)
+            delta: Counter[str] = Counter()  # counted only once the batch is committed
+            drops: list[tuple[str, str]] = []
+            todo: list[int] = []
+            first_seen: set[str] = set()
+            for i, ev in enumerate(events):
+                tid = ev.trajectory_id
+                if tid in stored:  # redelivered or republished: its reward is in the outbox or out
+                    self.counters["redelivered"] += 1  # observed, not committed state
+                elif tid in already_dropped or tid in first_seen:
+                    pass
+                elif i in opted_out:
+                    drops.append((tid, opted_out[i]))
+                    delta["dropped_opt_out"] += 1
+                else:
+                    todo.append(i)
+                first_seen.add(tid)
+            if todo != guess:  # some were scored before (a redelivery): prepare the rest anew
+                prepared = await self.preparer.prepare(events, raws, todo)
+            delta.update(prepared.counters)
+            for i, failure in prepared.failures.items():
+                cls = PermanentError if failure.kind == "permanent" else TransientError
+                outcomes[i] = cls(failure.reason)
+            rewards, new_state, commit = self._score(
+                prepared.order, prepared.inputs, outcomes, delta
+            )
+            committed = self._start_commit(
+                rewards=commit["rewards"],
+                windows=new_state,
+                feedback_applied=commit["feedback_applied"],
+                dropped=drops,
+                counters=dict(self.counters + delta),
+                outbox=[(r.reward_id, r.trajectory_id) for r in rewards],
+            )
+        except BaseException:
+            self._db.release()
+            raise
 
-        prepared = await self.preparer.prepare(events, [d.data for d in deliveries], todo)
-        delta.update(prepared.counters)
-        for i, failure in prepared.failures.items():
-            cls = PermanentError if failure.kind == "permanent" else TransientError
-            outcomes[i] = cls(failure.reason)
-        order, inputs = prepared.order, prepared.inputs
+        async def finish() -> list[BaseException | None]:
+            try:
+                await asyncio.shield(committed)
+                self.counters.update(delta)
+                self.state = new_state
+                self._maybe_prune()
+            finally:
+                self._db.release()
+            obs.reward_batch(events, rewards, time.perf_counter() - started)  # never raises
+            if drops:
+                self._have_dropped = True
+            self._maybe_collect()
+            self._publish_later([(REWARD, r.to_json(), r.reward_id) for r in rewards])
+            await self._backpressure()
+            return outcomes
 
-        # Under the lock from here to the commit: the feedback handler cannot interleave.
-        async with self._db:
-            rewards, _ = await self._score_and_commit(order, inputs, drops, outcomes, delta)
-            self._maybe_prune()
-        obs.reward_batch(events, rewards, time.perf_counter() - started)  # never raises
-        if drops:
-            self._have_dropped = True
-        self._maybe_collect()
-        self._publish_later([(REWARD, r.to_json(), r.reward_id) for r in rewards])
-        await self._backpressure()
-        return outcomes
+        return Deferred(asyncio.ensure_future(finish()))
 
-    async def _score_and_commit(
+    def _score(
         self,
         order: list[int],
         inputs: dict[int, ScoringInput],
-        drops: list[tuple[str, str]],
         outcomes: list[BaseException | None],
         delta: Counter[str],
-    ) -> tuple[list[Scored], int]:
-        """Fold in pending feedback, score, commit; returns the rewards and the feedback count.
-        `delta` (this batch's counts) enters `self.counters` only after the commit."""
+    ) -> tuple[list[Scored], WindowState, dict[str, Any]]:
+        """Fold in pending feedback and score; returns the rewards, the next windows and the
+        rows to commit. `delta` (this batch's counts) enters `self.counters` only after the
+        commit, and the windows become `self.state` only then too."""
         ids = [inputs[i].trajectory.trajectory_id for i in order]
         pending = self.store.pending_feedback(ids) if self._have_pending else {}
         for i in order:
@@ -378,27 +420,24 @@ class RewardService:
         delta["trajectories_scored"] += len(rewards)
         delta["rewards_published"] += len(rewards)
         delta["feedback_applied"] += len(applied)
-        await self._commit(
-            rewards=rows,
-            windows=new_state,
-            feedback_applied=applied,
-            dropped=drops,
-            counters=dict(self.counters + delta),
-            outbox=[(r.reward_id, r.trajectory_id) for r in rewards],
+        return rewards, new_state, {"rewards": rows, "feedback_applied": applied}
+
+    def _start_commit(self, **rows: Any) -> asyncio.Future[None]:
+        """`store.commit` in a worker thread (its fsync does not stall the loop). A cancelled
+        waiter leaves the commit to finish (callers shield it), and `run` waits for it
+        before it closes the store (the batch's trajectories, not acked, come back as
+        redeliveries)."""
+        # Submitted now, not when a task first runs: the commit must overlap the work the
+        # loop does before its next await (preparing the next batch).
+        fut = asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(self.store.commit, **rows)
         )
-        self.counters.update(delta)
-        self.state = new_state
-        return rewards, len(applied)
+        self._committing = fut
+        return fut
 
     async def _commit(self, **rows: Any) -> None:
-        """`store.commit` in a worker thread (its fsync does not stall the loop). Shielded: a
-        cancelled handler leaves the commit to finish, and `run` waits for it before it
-        closes the store (the batch's trajectories, not acked, come back as redeliveries)."""
-        fut = asyncio.ensure_future(asyncio.to_thread(self.store.commit, **rows))
-        self._committing = fut
-        await asyncio.shield(fut)
+        await asyncio.shield(self._start_commit(**rows))
 
-    # ---- feedback ---------------------------------------------------------------------
     async def handle_feedback(self, deliveries: list[Delivery]) -> list[BaseException | None]:
         """The batch handler of `agent.rl.feedback.v1`."""
         async with self._db:
