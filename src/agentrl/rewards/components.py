@@ -128,7 +128,10 @@ def efficiency_signals(trajectory: TrajectoryEvent) -> dict[str, Any]:
         action = turn.action
         if action.tool_name and action.type in _TOOL_ACTIONS:
             tool_calls += 1
-            seen.add((action.tool_name, _freeze(action.tool_args)))
+            try:  # flat arguments (the common case): hashable as they are
+                seen.add((action.tool_name, frozenset(action.tool_args.items())))
+            except TypeError:
+                seen.add((action.tool_name, _freeze(action.tool_args)))
         result = turn.result
         if result is not None and result.execution_time_ms is not None:
             exec_ms.append(result.execution_time_ms)
