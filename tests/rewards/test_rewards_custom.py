@@ -264,3 +264,34 @@ def test_sync_function_timeout_is_enforced_and_the_loop_keeps_running() -> None:
     assert fn.stats["timeouts"] == 1
     assert after.error is None and after.score == 1.0  # a fresh worker answered
     assert int(after.reason or 0) != os.getpid()  # ... in another process
+
+
+def test_reward_json_is_pydantics_encoding_also_for_values_orjson_cannot_take() -> None:
+    """The reward bytes come from orjson (faster); custom metrics may carry values only
+    pydantic encodes (a set, a Decimal): those go through pydantic's rules, and plain
+    payloads give the very bytes pydantic's encoder gives."""
+    import datetime as dt
+    from decimal import Decimal
+
+    import pydantic_core
+
+    @reward_function(name="odd_metrics")
+    def odd(messages: Any, ground_truth: Any = None, **kw: Any) -> EvaluateResult:
+        return EvaluateResult(
+            score=0.5,
+            metrics={
+                "m": MetricResult(
+                    score=0.5,
+                    reason="odd",
+                    extra={"tags": {"a"}, "at": dt.date(2026, 1, 2), "d": Decimal("1.5")},
+                )
+            },
+        )
+
+    cfg = RewardConfig(custom_functions=[{"name": "odd_metrics", "weight": 0.1}])
+    docs = [sample_trajectory(i, pii=i == 3) for i in range(20)]
+    results, _ = asyncio.run(score_payloads(docs, cfg))
+    for r in results:
+        assert not isinstance(r, Failure)
+        assert r.to_json() == pydantic_core.to_json(r.payload)
+        r.event  # noqa: B018 - the bytes still validate as a reward event
