@@ -116,7 +116,8 @@ class Deferred:
     a worker thread is durable. The bus hands the handler the next batch meanwhile (work
     that does not need the commit overlaps it) and acks this batch only when `outcomes`
     is done; at most one batch waits like this. A failed `outcomes` fails the whole batch,
-    as a batch handler raising would."""
+    as a batch handler raising would. `outcomes` must complete by itself (not wait for a
+    later batch): the bus settles it before it hands over the batch after next."""
 
     outcomes: asyncio.Future[Outcomes]
 

@@ -290,13 +290,23 @@ class PullFeed:
                 log.info("pull request ended: 409 %s", headers.get("Description", ""))
             self.credit = max(self.credit, 0)
 
-    async def fill(self, n: int, done: asyncio.Future[Any]) -> None:
-        """Until `n` messages wait here or `done` completes. Polled every half millisecond:
-        in between, the read loop parses what the server sent while the caller was busy
-        (a consumer that never yields otherwise finds nothing new when it looks)."""
+    async def fill(self, n: int, done: asyncio.Future[Any], quiet_polls: int = 4) -> None:
+        """Until `n` messages wait here, `done` completes, or the server pauses (nothing new
+        for `quiet_polls` polls after something came: the stream holds less than `n`).
+        Polled every half millisecond: in between, the read loop parses what the server
+        sent while the caller was busy (a consumer that never yields otherwise finds
+        nothing new when it looks)."""
         queue = self.queue
+        seen, quiet = queue.qsize(), 0
         while queue.qsize() + (self._head is not None) < n and not done.done():
             await asyncio.wait([done], timeout=0.0005)
+            size = queue.qsize()
+            if size > seen:
+                seen, quiet = size, 0
+            elif size or self._head is not None:
+                quiet += 1
+                if quiet >= quiet_polls:
+                    return
 
     async def wait(self, timeout: float) -> None:
         """Until something arrives or `timeout` passes."""

@@ -4,17 +4,20 @@ It also consumes `agent.rl.feedback.v1`: feedback for a scored trajectory produc
 reward version (same trajectory, version + 1, its own deterministic id); feedback that arrives
 before its trajectory waits in the store and is folded into version 1.
 
-Per batch (fetched up to 512 at a time; the per-batch costs, a transaction, a pre-scan setup,
-the window statistics, are spread over more trajectories): drop opted-out trajectories, ack redelivered ones whose
-reward is already stored (never scored or published twice), redact PII, lint all code of the batch in one ruff+bandit run, run custom
-reward functions concurrently, score the batch (vectorised), and commit windows, rewards and an
-outbox entry per reward in one SQLite transaction. Then the bus acks the trajectories while
-the rewards are published in the background; their PubAcks empty the outbox, and whatever a
-crash leaves in it is published at the next start under the same ids, except the ones the
-reward stream already holds (exactly once at any delay; JetStream's duplicate window is only
-the second line of defence). A trajectory that cannot be scored is dead-lettered with the
-reason; the service keeps going. The two consumers run in one TaskGroup: when one fails, the
-other is cancelled and the service stops with the error (the supervisor restarts it).
+Per batch (256 trajectories with `agentrl rewards serve`; the per-batch costs, a transaction,
+a pre-scan setup, the window statistics, are spread over the batch): drop opted-out
+trajectories, ack redelivered ones whose reward is already stored (never scored or published
+twice), redact PII, lint all code of the batch in one ruff+bandit run, run custom reward
+functions concurrently, score the batch (vectorised), and commit windows, rewards and an
+outbox entry per reward in one SQLite transaction. The next batch is prepared while that
+commit runs in a worker thread (the outcomes are `Deferred`); once it is durable, the bus acks
+the trajectories while the rewards are published in the background; their PubAcks empty the
+outbox, and whatever a crash leaves in it is published at the next start under the same ids,
+except the ones the reward stream already holds (exactly once at any delay; JetStream's
+duplicate window is only the second line of defence). A trajectory that cannot be scored is
+dead-lettered with the reason; the service keeps going. The two consumers run in one
+TaskGroup: when one fails, the other is cancelled and the service stops with the error (the
+supervisor restarts it).
 """
 
 from __future__ import annotations
