@@ -6,13 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
-
-import pytest
 
 from agentrl.bus import Bus, ConsumeStats, Delivery
 from agentrl.bus.bench import sample_trajectory
-from agentrl.contracts import STREAMS
 from agentrl.contracts.trajectory import TrajectoryEvent
 
 SUBJECT = TrajectoryEvent.SUBJECT
@@ -20,17 +16,6 @@ SUBJECT = TrajectoryEvent.SUBJECT
 
 def fresh(i: int) -> TrajectoryEvent:
     return sample_trajectory(i).model_copy(update={"trajectory_id": str(uuid.uuid4())})
-
-
-@pytest.fixture()
-async def bus(nats_url: str) -> AsyncIterator[Bus]:
-    b = await Bus.connect(nats_url)
-    await b.ensure_streams()
-    for spec in STREAMS:
-        await b.js.purge_stream(spec.name)
-    yield b
-    await b.ensure_streams()  # a test may delete RL_DLQ
-    await b.close()
 
 
 async def wait_for(predicate, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]

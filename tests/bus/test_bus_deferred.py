@@ -7,13 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
-
-import pytest
 
 from agentrl.bus import Bus, Deferred, Delivery
 from agentrl.bus.bench import sample_trajectory
-from agentrl.contracts import STREAMS
 from agentrl.contracts.trajectory import TrajectoryEvent
 
 SUBJECT = TrajectoryEvent.SUBJECT
@@ -21,16 +17,6 @@ SUBJECT = TrajectoryEvent.SUBJECT
 
 def fresh(i: int) -> TrajectoryEvent:
     return sample_trajectory(i).model_copy(update={"trajectory_id": str(uuid.uuid4())})
-
-
-@pytest.fixture()
-async def bus(nats_url: str) -> AsyncIterator[Bus]:
-    b = await Bus.connect(nats_url)
-    await b.ensure_streams()
-    for spec in STREAMS:
-        await b.js.purge_stream(spec.name)
-    yield b
-    await b.close()
 
 
 async def test_next_batch_is_handled_before_the_deferred_one_is_acked(bus: Bus) -> None:

@@ -6,14 +6,13 @@ import asyncio
 import base64
 import json
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from agentrl.bus import Bus, EmbeddedNats, PermanentError, TransientError
 from agentrl.bus.bench import sample_trajectory
-from agentrl.contracts import STREAMS, model_for
+from agentrl.contracts import model_for
 from agentrl.contracts.streams import StreamSpec
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.errors import PayloadTooLargeError
@@ -25,16 +24,6 @@ SUBJECT = TrajectoryEvent.SUBJECT
 def fresh(i: int) -> TrajectoryEvent:
     """A sample trajectory with a never-used id (ids live in the duplicate window across tests)."""
     return sample_trajectory(i).model_copy(update={"trajectory_id": f"traj-{uuid.uuid4()}"})
-
-
-@pytest.fixture()
-async def bus(nats_url: str) -> AsyncIterator[Bus]:
-    b = await Bus.connect(nats_url)
-    await b.ensure_streams()
-    for spec in STREAMS:
-        await b.js.purge_stream(spec.name)
-    yield b
-    await b.close()
 
 
 async def run_until(bus: Bus, count: int, timeout: float = 20.0, **kw) -> list:

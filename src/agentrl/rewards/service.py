@@ -308,9 +308,11 @@ class RewardService:
         ids = [e.trajectory_id for e in events]
         opted_out: dict[int, str] = {}
         guess: list[int] = []  # what to score unless the store says otherwise (it rarely does)
+        copies: set[int] = set()  # later copies of a trajectory in this batch (the first decides)
         first: set[str] = set()
         for i, ev in enumerate(events):
             if ev.trajectory_id in first:
+                copies.add(i)
                 continue
             first.add(ev.trajectory_id)
             if (why := opt_out_reason(ev, self.config)) is not None:
@@ -327,19 +329,17 @@ class RewardService:
             delta: Counter[str] = Counter()  # counted only once the batch is committed
             drops: list[tuple[str, str]] = []
             todo: list[int] = []
-            first_seen: set[str] = set()
             for i, ev in enumerate(events):
                 tid = ev.trajectory_id
                 if tid in stored:  # redelivered or republished: its reward is in the outbox or out
                     self.counters["redelivered"] += 1  # observed, not committed state
-                elif tid in already_dropped or tid in first_seen:
+                elif tid in already_dropped or i in copies:
                     pass
                 elif i in opted_out:
                     drops.append((tid, opted_out[i]))
                     delta["dropped_opt_out"] += 1
                 else:
                     todo.append(i)
-                first_seen.add(tid)
             if todo != guess:  # some were scored before (a redelivery): prepare the rest anew
                 prepared = await self.preparer.prepare(events, raws, todo)
             delta.update(prepared.counters)
