@@ -10,7 +10,6 @@ reaches the shared bus and settings through `request.app.state` (see `get_bus`,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
@@ -67,22 +66,16 @@ def get_settings_dep(request: Request) -> Settings:
 
 
 async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:
-    """Serve the control API on `settings.api_host:settings.api_port` until `stop` is set."""
-    import uvicorn
+    """Serve the control API on `settings.api_host:settings.api_port` until `stop` is set.
+    A port it cannot bind raises (`ListenError`): the stack restarts it, the rest runs on."""
+    from agentrl.httpserve import serve_http
 
-    config = uvicorn.Config(
+    log.info("control API on http://%s:%s", settings.api_host, settings.api_port)
+    await serve_http(
         create_app(settings, bus),
-        host=settings.api_host,
-        port=settings.api_port,
-        log_level="warning",
+        settings.api_host,
+        settings.api_port,
+        stop,
+        "the control API",
         lifespan="on",
     )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    log.info("control API on http://%s:%s", settings.api_host, settings.api_port)
-    waiter = asyncio.create_task(stop.wait())
-    await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
-    server.should_exit = True
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(task, 10)
-    waiter.cancel()

@@ -94,7 +94,7 @@ async def supervise(
             health.last_error = "returned before the stack stopped"
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a service's sys.exit is its failure, not ours
             health.last_error = f"{type(exc).__name__}: {exc}"
             log.exception("%s died; restarting", name, extra={"service": name})
         if time.monotonic() - started > 60:

@@ -10,7 +10,6 @@ step with the registry; the completion log publishes token records off the reque
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,44 +95,29 @@ async def build(
 
 
 async def run_gateway(app: Any, host: str, port: int, stop: asyncio.Event) -> None:
-    import uvicorn
+    """The gateway's HTTP server until `stop`; a port it cannot bind raises (`ListenError`),
+    so the service fails visibly and is restarted (it used to keep running without one)."""
+    from agentrl.httpserve import serve_http
 
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host=host, port=port, log_level="warning", lifespan="off", access_log=False
-        )
-    )
-
-    async def guarded() -> None:
-        try:
-            await server.serve()
-        except SystemExit:  # uvicorn exits when it cannot bind: that must not end the stack
-            log.error(
-                "the gateway could not listen on %s:%s (port in use?); set AGENTRL_GATEWAY_PORT",
-                host,
-                port,
-            )
-
-    task = asyncio.create_task(guarded())
-    waiter = asyncio.create_task(stop.wait())
-    await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
-    server.should_exit = True
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(task, 10)
-    waiter.cancel()
+    await serve_http(app, host, port, stop, "the gateway", lifespan="off", access_log=False)
 
 
 async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:
-    """Run the controller, the monitor and the gateway until `stop` is set."""
+    """Run the controller, the monitor and the gateway until `stop` is set. The consumers
+    retry with backoff; an inner task that dies for good fails the whole service (the
+    stack's supervisor restarts it and `/health` shows the error)."""
+    from agentrl.supervision import keep_running, run_tasks
+
     d = await build(bus, settings)
     await d.deployer.bootstrap(d.settings.base_model, by=BY)
     await d.manager.sync(force=True)
-    tasks = [
-        asyncio.create_task(d.manager.run(stop), name="deploy-serving"),
-        asyncio.create_task(d.controller.run(stop), name="deploy-monitor"),
-        asyncio.create_task(d.tracker.run(bus, stop), name="deploy-rewards"),
-        asyncio.create_task(
-            bus.consume(
+    coros = {
+        "deploy-serving": d.manager.run(stop),
+        "deploy-monitor": d.controller.run(stop),
+        "deploy-rewards": keep_running("reward tracker", lambda: d.tracker.run(bus, stop), stop),
+        "deploy-statuses": keep_running(
+            "training statuses consumer",
+            lambda: bus.consume(
                 "agent.rl.training.status.v1",
                 "deploy-controller",
                 d.controller.handle_status,
@@ -141,21 +125,16 @@ async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:
                 batch=8,
                 ack_wait=600.0,
             ),
-            name="deploy-statuses",
+            stop,
         ),
-        asyncio.create_task(
-            run_gateway(
-                create_gateway_app(d.state), settings.gateway_host, settings.gateway_port, stop
-            ),
-            name="gateway",
+        "gateway": run_gateway(
+            create_gateway_app(d.state), settings.gateway_host, settings.gateway_port, stop
         ),
-    ]
+    }
     if d.completion_log is not None:
-        tasks.append(asyncio.create_task(d.completion_log.run(stop), name="completion-log"))
+        coros["completion-log"] = d.completion_log.run(stop)
     log.info("gateway on http://%s:%s/v1", settings.gateway_host, settings.gateway_port)
     try:
-        await stop.wait()
+        await run_tasks(coros, stop)
     finally:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 15)
         await d.manager.close()

@@ -1,0 +1,114 @@
+"""Issue 29.1 (deployment half): the deployment service's inner tasks are supervised. An
+inner task that dies fails the whole service (the stack's supervisor restarts it and shows
+the error) instead of ending silently while the service says "running"; an inner loop that
+fails now and then is retried with backoff."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+
+import pytest
+from deploy_helpers import free_port
+
+from agentrl.bus import Bus
+from agentrl.settings import Settings
+from agentrl.stack import ServiceHealth, supervise
+from agentrl.supervision import InnerTaskFailed, keep_running, run_tasks
+
+
+async def test_gateway_port_taken_fails_the_deployment_service_visibly(
+    nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentrl.deploy.service import serve
+
+    monkeypatch.setenv("AGENTRL_DEPLOY_BASE_MODEL", "tiny")
+    monkeypatch.setenv("AGENTRL_DEPLOY_PUBLIC_MODEL", "sup-policy")
+    monkeypatch.setenv("AGENTRL_DEPLOY_BUCKET", "sup_models")
+    port = free_port()
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", port))
+    holder.listen(1)
+    bus = await Bus.connect(nats_url)
+    await bus.ensure_streams()
+    stop = asyncio.Event()
+    health = ServiceHealth("deployment controller")
+    task = asyncio.create_task(
+        supervise(
+            "deployment controller",
+            serve,
+            bus,
+            stop,
+            Settings(data_dir=tmp_path, gateway_port=port),
+            health,
+            backoff=(0.2,),
+        )
+    )
+    try:
+        for _ in range(600):
+            if health.restarts >= 1:
+                break
+            await asyncio.sleep(0.1)
+        assert health.restarts >= 1, health
+        assert "gateway" in (health.last_error or "") and str(port) in (health.last_error or "")
+    finally:
+        holder.close()
+        stop.set()
+        await asyncio.wait_for(task, 60)
+        await bus.close()
+    assert health.state == "stopped"
+
+
+async def test_an_inner_task_that_dies_fails_the_set_and_stops_the_others() -> None:
+    stop = asyncio.Event()
+    others_stopped = asyncio.Event()
+
+    async def dies() -> None:
+        await asyncio.sleep(0.05)
+        raise ConnectionError("nats away")
+
+    async def runs() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            others_stopped.set()
+
+    with pytest.raises(InnerTaskFailed, match="statuses: ConnectionError: nats away"):
+        await asyncio.wait_for(run_tasks({"statuses": dies(), "tracker": runs()}, stop), 5)
+    assert others_stopped.is_set()
+
+
+async def test_an_inner_task_returning_early_is_a_failure() -> None:
+    async def returns() -> None:
+        return None
+
+    with pytest.raises(InnerTaskFailed, match="returned before"):
+        await asyncio.wait_for(run_tasks({"tracker": returns()}, asyncio.Event()), 5)
+
+
+async def test_keep_running_retries_then_gives_up() -> None:
+    stop = asyncio.Event()
+    calls = 0
+
+    async def flaky() -> None:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise ConnectionError(f"away {calls}")
+        await stop.wait()
+
+    task = asyncio.create_task(keep_running("consumer", flaky, stop, backoff=(0.01,)))
+    for _ in range(100):
+        if calls >= 3:
+            break
+        await asyncio.sleep(0.01)
+    assert calls == 3 and not task.done()
+    stop.set()
+    await asyncio.wait_for(task, 2)
+
+    async def broken() -> None:
+        raise ConnectionError("still away")
+
+    with pytest.raises(InnerTaskFailed, match=r"failed 3 times in a row.*still away"):
+        await keep_running("consumer", broken, asyncio.Event(), backoff=(0.0,), max_failures=3)
