@@ -313,5 +313,8 @@ async def feedback(request: Request, body: FeedbackIn) -> FeedbackOut:
         event = FeedbackEvent.model_validate(data)
     except ValidationError as exc:
         raise RequestValidationError(_errors(exc)) from exc
+    from agentrl.rewards.redact import redact_event
+
+    event, _ = redact_event(event)  # comments and corrections are free text: no PII
     await _bus(request).publish(event)
     return FeedbackOut(feedback_id=event.feedback_id, published=True)
