@@ -19,7 +19,7 @@ from agentrl.apiauth import require_scope
 from agentrl.deploy.actions import Deployer
 from agentrl.deploy.agent import tensorzero_experimentation
 from agentrl.deploy.config import DeploySettings, Strategy
-from agentrl.deploy.errors import DeployError
+from agentrl.deploy.errors import DeployError, UnknownModel
 from agentrl.deploy.registry import Registry
 
 router = APIRouter(prefix="/deploy", tags=["deploy"])
@@ -62,7 +62,9 @@ async def _deployer(request: Request) -> Deployer:
 
 
 def _refused(exc: DeployError) -> HTTPException:
-    return HTTPException(409, str(exc))
+    """404 for a model id the registry does not know, 409 for a refused action; either way
+    nothing was written (every action checks before its first write)."""
+    return HTTPException(404 if isinstance(exc, UnknownModel) else 409, str(exc))
 
 
 @router.get("/models", dependencies=[Depends(require_scope("deploy:read"))])

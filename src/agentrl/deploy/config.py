@@ -38,10 +38,19 @@ class Analysis(BaseModel):
     max_reward_drop: float = Field(0.1, ge=0.0, description="Tolerated mean-reward drop.")
     reward_range: tuple[float, float] = (-1.0, 1.0)
     failure_threshold: int = Field(1, ge=1, description="Failed checks in a row -> rollback.")
-    advance_on: Literal["no_failure", "pass"] = Field(
-        "no_failure",
-        description="Advance a step after its pause when no check failed (Flagger-like) or "
-        "only when every check passed (non-inferiority shown).",
+    advance_on: Literal["pass"] = Field(
+        "pass",
+        description="A step advances (and the last one promotes) only when every check "
+        "passed with at least `min_samples` per version on both sides; an inconclusive "
+        "analysis holds ('no_failure', which advanced on missing evidence, is gone).",
+    )
+    on_inconclusive: Literal["rollback", "hold"] = Field(
+        "rollback",
+        description="What a step still inconclusive `inconclusive_deadline_s` after its pause "
+        "does: roll the new version back, or keep holding and ask a human (recorded once).",
+    )
+    inconclusive_deadline_s: float = Field(
+        3600.0, ge=0.0, description="Seconds past a step's pause before `on_inconclusive`."
     )
 
     @model_validator(mode="after")
@@ -108,6 +117,8 @@ class DeploySettings(BaseSettings):
     max_error_increase: float = 0.05
     max_reward_drop: float = 0.1
     reward_range: tuple[float, float] = (-1.0, 1.0)
+    on_inconclusive: Literal["rollback", "hold"] = "rollback"
+    inconclusive_deadline_s: float = Field(3600.0, ge=0.0)
     auto_deploy: bool = Field(True, description="Deploy validated candidates without a human.")
     # validation
     validate_models: bool = Field(True, description="Run validation before deploying.")
@@ -164,5 +175,7 @@ class DeploySettings(BaseSettings):
                 max_error_increase=self.max_error_increase,
                 max_reward_drop=self.max_reward_drop,
                 reward_range=self.reward_range,
+                on_inconclusive=self.on_inconclusive,
+                inconclusive_deadline_s=self.inconclusive_deadline_s,
             ),
         )

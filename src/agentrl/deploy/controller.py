@@ -25,7 +25,7 @@ from agentrl.deploy.actions import Deployer, checkpoint_sha
 from agentrl.deploy.config import DeploySettings, RolloutPlan
 from agentrl.deploy.errors import DeployError
 from agentrl.deploy.monitor import RewardTracker, Summary, analyse
-from agentrl.deploy.registry import ModelRecord
+from agentrl.deploy.registry import ModelRecord, Rollout
 from agentrl.deploy.sequential import CheckResult
 from agentrl.deploy.validation import regression_vs_live
 from agentrl.observability import instrument as obs
@@ -61,6 +61,7 @@ class Controller:
         self._baselines: dict[str, tuple[float, dict[str, tuple[int, int]]]] = {}
         self.last_action: tuple[float, str] | None = None
         self.ticks: list[float] = []  # when each look happened (benchmarks), last 1000
+        self.report_max_age_s = 15.0  # a gateway's serving report older than this is gone
 
     # ---- training -> candidate ----------------------------------------------------------
     async def handle_status(self, event: Any) -> ModelRecord | None:
@@ -180,29 +181,45 @@ class Controller:
         return (s.requests, s.errors) if s is not None else (0, 0)
 
     async def tick(self) -> str | None:
-        """One look at the running rollout; returns what was done (or None)."""
+        """One look at the rollout; returns what was done (or None).
+
+        A promote or rollback found half-done is finished first. A step advances, and the
+        last one promotes, only when its pause has passed, every check passed (at least
+        `min_samples` per version on both sides) and a gateway serves the new version;
+        otherwise it holds, and a step still undecided `inconclusive_deadline_s` after its
+        pause is rolled back or handed to a human (`on_inconclusive`)."""
         self.ticks = [*self.ticks[-999:], time.time()]
-        rollout = await self.registry.get_rollout(self.deployer.public)
+        pending = await self.registry.get_rollout(self.deployer.public)
+        if pending is not None and pending.status in ("promoting", "rolling_back"):
+            action = "finish_promote" if pending.status == "promoting" else "finish_rollback"
+            await self.deployer.complete_pending(by=BY)
+            return self._did(action)
+        rollout = pending
         if rollout is None or rollout.status != "running":
             return await self.deploy_waiting()
         if rollout.paused:
             return "paused"
+        await self.deployer.reconcile(rollout)
         new, live = rollout.model_id, rollout.previous_model
+        since = rollout.started_at.timestamp()  # rewards carry their stream arrival time
         if rollout.deployment_id not in self._baselines:
+            # first look at this rollout in this process (a restart, or a new rollout): the
+            # rewards since it began are read back from the streams, not lost with memory
+            if self.deployer.bus is not None:
+                await self.tracker.rebuild(self.deployer.bus, since)
             self._baselines = {
                 rollout.deployment_id: (time.time(), {v: self._counts(v) for v in (new, live) if v})
             }
         _, base = self._baselines[rollout.deployment_id]
-        since = rollout.started_at.timestamp()  # rewards carry their arrival time
 
         def summary(v: str | None) -> Summary:
             if v is None:
                 return Summary()
             req, err = self._counts(v)
             b_req, b_err = base.get(v, (0, 0))
-            n, total = self.tracker.summary(v, since)
-            obs.deployment(rewards={v: total / n} if n else None)  # reward per version gauge
-            return Summary(req - b_req, err - b_err, n, total)
+            s = self.tracker.sessions(v, since)  # one reward per trajectory, per session
+            obs.deployment(rewards={v: s.reward_sum / s.rewards} if s.rewards else None)
+            return s.with_errors(req - b_req, err - b_err)
 
         plan = rollout.plan
         step = plan.steps[rollout.step]
@@ -219,40 +236,120 @@ class Controller:
             "checks": [c.to_dict() for c in checks],
             "step_elapsed_s": round(elapsed, 3),
         }
+        try:
+            return await self._decide(rollout, verdict, checks, evidence, elapsed)
+        except DeployError as exc:  # the rollout changed under us (a human, the gateway)
+            log.info("monitor: no action on %s: %s", new, exc)
+            return "hold"
+
+    async def _decide(
+        self,
+        rollout: Rollout,
+        verdict: str,
+        checks: list[CheckResult],
+        evidence: dict[str, Any],
+        elapsed: float,
+    ) -> str:
+        plan, new = rollout.plan, rollout.model_id
+        step = plan.steps[rollout.step]
+        public = self.deployer.public
         if verdict == "fail":
-            rollout.failures += 1
-            if rollout.failures >= plan.analysis.failure_threshold:
+            failures = rollout.failures + 1
+            if failures >= plan.analysis.failure_threshold:
                 why = "; ".join(f"{c.metric}: {c.reason}" for c in checks if c.verdict == "fail")
                 await self.deployer.rollback(
-                    by=BY, reason=f"analysis failed: {why}", evidence=evidence
+                    by=BY,
+                    reason=f"analysis failed: {why}",
+                    evidence=evidence,
+                    model_id=new,
+                    automatic=True,
                 )
                 return self._did("rollback")
-            await self.registry.put_rollout(self.deployer.public, rollout)
-        ready = elapsed >= step.pause_s and verdict != "fail"
-        if ready and (plan.analysis.advance_on == "no_failure" or verdict == "pass"):
+
+            def count(r: Rollout) -> None:
+                if r.deployment_id == rollout.deployment_id and r.step == rollout.step:
+                    r.failures = max(r.failures, failures)
+
+            await self.registry.update_rollout(public, count)
+        served = await self._served(new, step.weight)
+        evidence["served_by"] = served
+        ready = elapsed >= step.pause_s
+        # a 0 % step (blue_green's warm-up) has no traffic to judge: it is done once a
+        # gateway has the version ready and nothing failed
+        judged = verdict == "pass" or (step.weight == 0 and verdict != "fail")
+        if ready and judged and served:
+            text = _verdict_text(verdict, checks)
             if rollout.step + 1 < len(plan.steps):
                 await self.registry.record(
                     new,
                     by=BY,
                     action="advance",
-                    reason=f"step {rollout.step + 1} held {elapsed:.1f}s, no failed check",
+                    reason=f"step {rollout.step + 1} held {elapsed:.1f}s; {text}",
                     evidence=evidence,
                 )
                 await self.deployer.set_step(
-                    rollout, rollout.step + 1, by=BY, reason="analysis: no failed check"
+                    rollout, rollout.step + 1, by=BY, reason=f"analysis {verdict}"
                 )
                 return self._did("advance")
             await self.deployer.promote(
-                by=BY, reason="every step passed its analysis", evidence=evidence
+                new, by=BY, reason=f"every step passed its analysis; {text}", evidence=evidence
             )
             return self._did("promote")
-        if rollout.last_check.get("verdict") != verdict:  # record holds when the verdict changes
-            rollout.last_check = {"verdict": verdict}
-            await self.registry.put_rollout(self.deployer.public, rollout)
+        why = _verdict_text(verdict, checks)
+        if not served:
+            why += f"; no gateway serves {new}" + (" yet" if step.weight > 0 else " (not ready)")
+        over = elapsed - step.pause_s - plan.analysis.inconclusive_deadline_s
+        if ready and verdict != "fail" and over >= 0:
+            limit = plan.analysis.inconclusive_deadline_s
+            waited = (
+                f"undecided {elapsed:.0f}s into step {rollout.step + 1} "
+                f"(pause {step.pause_s:g}s + deadline {limit:g}s)"
+            )
+            if plan.analysis.on_inconclusive == "rollback":
+                await self.deployer.rollback(
+                    by=BY,
+                    reason=f"analysis {waited}: {why}",
+                    evidence=evidence,
+                    model_id=new,
+                    automatic=True,
+                )
+                return self._did("rollback")
+            if not rollout.escalated:
+
+                def escalate(r: Rollout) -> None:
+                    if r.deployment_id == rollout.deployment_id:
+                        r.escalated = True
+
+                await self.registry.update_rollout(public, escalate)
+                await self.registry.record(
+                    new,
+                    by=BY,
+                    action="escalate",
+                    reason=f"analysis {waited}: {why}; a human must promote or roll back",
+                    evidence=evidence,
+                )
+                return self._did("escalate")
+            return "hold"
+        key = {"verdict": verdict, "served": bool(served)}
+        if rollout.last_check != key:  # record holds when the verdict changes
+
+            def note(r: Rollout) -> None:
+                if r.deployment_id == rollout.deployment_id:
+                    r.last_check = key
+
+            await self.registry.update_rollout(public, note)
             await self.registry.record(
-                new, by=BY, action="hold", reason=f"analysis {verdict}", evidence=evidence
+                new, by=BY, action="hold", reason=f"analysis {why}", evidence=evidence
             )
         return "hold"
+
+    async def _served(self, model_id: str, weight: float) -> list[str]:
+        """The gateways that route traffic to `model_id` now (at a 0 % step: that have it
+        ready). Without any report nothing is served: the controller holds."""
+        reports = await self.registry.serving_reports(self.deployer.public, self.report_max_age_s)
+        if weight > 0:
+            return [r.gateway for r in reports if r.weights.get(model_id, 0.0) > 0]
+        return [r.gateway for r in reports if model_id in r.loaded]
 
     async def deploy_waiting(self) -> str | None:
         """No rollout running: deploy the newest validated candidate that had to wait for
@@ -318,6 +415,13 @@ class Controller:
                 log.exception("monitor tick failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), period)
+
+
+def _verdict_text(verdict: str, checks: list[CheckResult]) -> str:
+    """The verdict as it is, with each check's own reason (kept in every decision)."""
+    if not checks:
+        return f"{verdict} (no live version to compare with)"
+    return f"{verdict} (" + "; ".join(f"{c.metric} {c.verdict}: {c.reason}" for c in checks) + ")"
 
 
 def _base_spec(ckpt: str, cache_dir: Path) -> dict[str, Any] | None:

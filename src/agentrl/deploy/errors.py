@@ -19,3 +19,7 @@ class BackendError(DeployError):
     def __init__(self, message: str, status: int = 502) -> None:
         super().__init__(message)
         self.status = status
+
+
+class UnknownModel(DeployError):
+    """An action named a model id the registry does not know (the API answers 404)."""

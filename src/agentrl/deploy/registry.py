@@ -4,7 +4,11 @@ Keys (all JSON):
     model.<model_id>      ModelRecord: checkpoint + sha256, validation results, state,
                           traffic weight, and every decision (who, when, why, evidence)
     split.<public_name>   Split: the weights the gateway routes by (it survives restarts)
-    rollout.<public_name> Rollout: the active rollout's plan, step and timers
+    rollout.<public_name> Rollout: the last rollout's plan, step and timers, and the intent of
+                          a promote / rollback in progress (`status` promoting | rolling_back
+                          + `target`), so a restarted controller, or anyone, finishes it
+    serving.<public_name>.<gateway>  ServingReport: what one gateway actually serves (a
+                          heartbeat; the controller advances only versions that are served)
     job.<training_job_id> the model_id registered for a training job (idempotency)
     seq.<public_name>     the last version number handed out
 The bucket keeps 64 revisions per key, so `history(key)` shows how a record or the split
@@ -32,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentrl.bus.kv import kv_keys
 from agentrl.contracts.base import utcnow
 from agentrl.deploy.config import RolloutPlan
-from agentrl.deploy.errors import DeployError
+from agentrl.deploy.errors import DeployError, UnknownModel
 from agentrl.logs import audit
 from agentrl.observability import instrument as obs
 
@@ -42,7 +46,7 @@ HISTORY = 64
 # Allowed state changes. "rejected" (failed validation) is added to the issue's five states
 # so a blocked candidate is visibly different from one waiting for its rollout.
 TRANSITIONS: dict[str, set[str]] = {
-    "candidate": {"canary", "live", "rejected", "retired"},
+    "candidate": {"canary", "live", "rejected", "retired", "rolled_back"},
     "canary": {"live", "rolled_back", "canary"},
     "live": {"retired", "rolled_back"},
     "retired": {"live", "canary"},
@@ -104,6 +108,14 @@ class Split(BaseModel):
     paused: bool = False
     updated_at: datetime = Field(default_factory=utcnow)
     reason: str = ""
+    # The rollout whose steps may route the canary now, and the last ones that ended (a late
+    # step write of an ended rollout is refused, so it cannot undo a rollback or a promote).
+    rollout_id: str | None = None
+    ended_rollouts: list[str] = Field(default_factory=list)
+
+
+RolloutStatus = Literal["running", "promoting", "rolling_back", "promoted", "rolled_back"]
+ACTIVE = ("running", "promoting", "rolling_back")  # another rollout must wait for these
 
 
 class Rollout(BaseModel):
@@ -119,8 +131,32 @@ class Rollout(BaseModel):
     previous_model: str | None = None
     approval_status: Literal["automated", "manual_approved"] = "automated"
     deployed_by: str = "agentrl-deploy-controller"
-    status: Literal["running", "promoted", "rolled_back"] = "running"
+    status: RolloutStatus = "running"
     last_check: dict[str, Any] = Field(default_factory=dict)
+    weight: float | None = None  # the new version's weight now (a human may set it off-plan)
+    # The intent of a promote / rollback (written first, with compare-and-set): `target` is
+    # the version that will be live, `bad` the one rolled back, `replaces` the live one a
+    # promote retires; whoever finds it half-done finishes it with these.
+    target: str | None = None
+    bad: str | None = None
+    replaces: str | None = None
+    action_by: str | None = None
+    action_reason: str | None = None
+    action_evidence: dict[str, Any] = Field(default_factory=dict)
+    action_at: datetime | None = None
+    escalated: bool = False  # an inconclusive analysis asked a human (on_inconclusive=hold)
+
+
+class ServingReport(BaseModel):
+    """What one gateway serves now (its heartbeat in the registry)."""
+
+    gateway: str
+    public_name: str
+    weights: dict[str, float] = Field(default_factory=dict)  # what it actually routes by
+    loaded: list[str] = Field(default_factory=list)  # prepared versions
+    refused: dict[str, str] = Field(default_factory=dict)
+    split_revision: int = 0
+    at: datetime = Field(default_factory=utcnow)
 
 
 def check_transition(record: ModelRecord, to_state: str) -> None:
@@ -205,7 +241,7 @@ class Registry:
         record = await self.get_model(model_id)
         if record is None:
             known = [m.model_id for m in await self.list_models()]
-            raise DeployError(f"no model {model_id!r} in the registry; known: {known}")
+            raise UnknownModel(f"no model {model_id!r} in the registry; known: {known}")
         return record
 
     async def list_models(self, public_name: str | None = None) -> list[ModelRecord]:
@@ -329,13 +365,57 @@ class Registry:
     async def get_rollout(self, public_name: str) -> Rollout | None:
         return (await self._get(f"rollout.{public_name}", Rollout))[0]
 
-    async def put_rollout(self, public_name: str, rollout: Rollout | None) -> None:
-        key = f"rollout.{public_name}"
-        if rollout is None:
-            with contextlib.suppress(nats.js.errors.KeyNotFoundError):
-                await self.kv.delete(key)
-            return
-        await self.kv.put(key, rollout.model_dump_json().encode())
+    async def create_rollout(self, public_name: str, rollout: Rollout) -> Rollout:
+        """Write a new rollout (compare-and-set): refused while another one is active."""
+
+        def apply(current: Rollout | None) -> Rollout:
+            if current is not None and current.status in ACTIVE:
+                raise DeployError(
+                    f"a rollout of {current.model_id} is {current.status}; promote or roll it "
+                    "back first"
+                )
+            return rollout
+
+        return await self._mutate(f"rollout.{public_name}", Rollout, apply)
+
+    async def update_rollout(self, public_name: str, fn: Callable[[Rollout], None]) -> Rollout:
+        """Compare-and-set change of the stored rollout: `fn` sees the current value (it may
+        raise DeployError when its precondition no longer holds) and a concurrent write
+        makes it run again on the new value. A deleted rollout is never recreated."""
+
+        def apply(current: Rollout | None) -> Rollout:
+            if current is None:
+                raise DeployError(f"no rollout of {public_name} (it was removed): not recreated")
+            fn(current)
+            return current
+
+        return await self._mutate(f"rollout.{public_name}", Rollout, apply)
+
+    # ---- what the gateways serve ------------------------------------------------------
+    async def report_serving(self, report: ServingReport) -> None:
+        key = f"serving.{_key(report.public_name)}.{_key(report.gateway)}"
+        await self.kv.put(key, report.model_dump_json().encode())
+
+    async def drop_serving(self, public_name: str, gateway: str) -> None:
+        with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+            await self.kv.delete(f"serving.{_key(public_name)}.{_key(gateway)}")
+
+    async def serving_reports(
+        self, public_name: str, max_age_s: float = 15.0
+    ) -> list[ServingReport]:
+        """The gateways that reported in the last `max_age_s` seconds."""
+        prefix = f"serving.{_key(public_name)}."
+        try:
+            keys = [k for k in await kv_keys(self.kv) if k.startswith(prefix)]
+        except nats.js.errors.NoKeysError:
+            return []
+        out = []
+        cutoff = utcnow() - timedelta(seconds=max_age_s)
+        for key in keys:
+            report, _ = await self._get(key, ServingReport)
+            if report is not None and report.at >= cutoff:
+                out.append(report)
+        return out
 
     async def history(self, key: str) -> list[dict[str, Any]]:
         """Every stored revision of `key` (oldest first) as decoded JSON.

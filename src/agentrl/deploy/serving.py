@@ -2,9 +2,16 @@
 
 Every `poll_s` it reads the split (a restart therefore keeps the split: it is in the
 registry). A version with traffic is prepared on its backend first (the checkpoint is
-checked against its sha256, then its adapter is loaded); one that cannot be prepared never
-serves: its share goes to the live version and `on_refused(model_id, reason)` is told once
-(the service rolls it back and records why).
+checked against its sha256, then its adapter is loaded); one that cannot be prepared does
+not serve: its share goes to the live version, `on_refused(model_id, reason)` is told once
+(the service rolls it back and records why), and it is tried again with backoff (1 s
+doubling to 60 s; a transient failure heals) or at once when it leaves the split and comes
+back. When the live version itself cannot be prepared (a restart during a storage hiccup)
+the last good one (`previous_live`) serves its share instead of 503s.
+
+Each gateway publishes what it actually serves (`serving.<name>.<gateway>` in the registry:
+its routing weights and prepared versions, rewritten every `report_every_s`); the controller
+advances or promotes only a version some gateway serves.
 """
 
 from __future__ import annotations
@@ -12,6 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
+import time
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +30,7 @@ from typing import Any
 from agentrl.deploy.backends import Backend, LocalBackend, UpstreamBackend
 from agentrl.deploy.config import DeploySettings
 from agentrl.deploy.gateway import GatewayState
-from agentrl.deploy.registry import ModelRecord, Registry
+from agentrl.deploy.registry import ModelRecord, Registry, ServingReport
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +54,12 @@ class ServingManager:
         self.cache_dir = cache_dir
         self.engine = engine
         self.on_refused = on_refused
-        self.refused: dict[str, str] = {}
+        self.refused: dict[str, str] = {}  # model_id -> why it cannot serve now
+        self._retry: dict[str, tuple[int, float]] = {}  # model_id -> (attempts, retry at)
+        self.retry_base_s, self.retry_max_s = 1.0, 60.0
+        self.gateway_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.report_every_s = 2.0
+        self._reported_at = 0.0
         self.max_loaded = 8
         self._upstreams: dict[tuple[str, bool], UpstreamBackend] = {}
         self._revision = -1
@@ -92,34 +108,43 @@ class ServingManager:
 
     async def sync(self, force: bool = False) -> None:
         split, revision = await self.registry.get_split(self.state.public_name)
-        if split is None or (revision == self._revision and not force):
+        now = time.monotonic()
+        retry_due = any(now >= at for _, at in self._retry.values())
+        if split is None or (revision == self._revision and not force and not retry_due):
             return
+        # a version that left the split is forgotten: a new decision that puts it back
+        # tries it at once
+        for model_id in list(self.refused):
+            if split.weights.get(model_id, 0.0) <= 0 and model_id != split.live:
+                self._forget(model_id)
         for model_id, weight in split.weights.items():
-            if weight <= 0 or model_id in self.state.backends or model_id in self.refused:
+            if weight <= 0 or model_id in self.state.backends:
                 continue
-            record = await self.registry.get_model(model_id)
-            if record is None:
-                await self._refuse(model_id, "not in the registry")
-                continue
-            try:
-                backend = await self.backend_for(record)
-                await backend.prepare(record)
-            except Exception as exc:
-                await self._refuse(model_id, f"{type(exc).__name__}: {exc}")
-                continue
-            self.state.backends[model_id] = backend
-        weights = {m: w for m, w in split.weights.items() if m in self.state.backends}
+            if model_id in self.refused and now < self._retry[model_id][1]:
+                continue  # refused recently: retried with backoff
+            await self._prepare(model_id)
+        weights = {m: w for m, w in split.weights.items() if m in self.state.backends and w > 0}
+        live = split.live
+        if live and split.weights.get(live, 0.0) > 0 and live not in weights:
+            # the live version cannot be served (e.g. after a restart): the last good one
+            # stands in for its share rather than answering 503s
+            for older in reversed(split.previous_live):
+                if older in self.state.backends or await self._prepare(older, tell=False):
+                    weights[older] = weights.get(older, 0.0) + split.weights[live]
+                    log.error("live version %s cannot serve: %s stands in", live, older)
+                    break
         if weights and sum(weights.values()) < sum(split.weights.values()):
             # a refused version's share goes to the live one until the split is corrected
-            live = split.live if split.live in weights else next(iter(weights))
-            weights[live] += sum(split.weights.values()) - sum(weights.values())
+            keep = live if live in weights else next(iter(weights))
+            weights[keep] += sum(split.weights.values()) - sum(weights.values())
         if weights:
             self.state.set_split(weights, split.order)
         # Versions that left the split stay loaded (pinned by name, evaluated, restored at
         # once) until more than `max_loaded` are; then the oldest of them are unloaded. The
-        # split, the live and the previous live version are never unloaded.
-        keep = set(split.weights) | {split.live} | set(split.previous_live[-1:])
-        spare = [m for m in self.state.backends if m not in keep]
+        # split, the live, the previous live version and a stand-in are never unloaded.
+        keep_loaded = set(split.weights) | {split.live} | set(split.previous_live[-1:])
+        keep_loaded |= set(weights)
+        spare = [m for m in self.state.backends if m not in keep_loaded]
         for model_id in spare[: max(0, len(self.state.backends) - self.max_loaded)]:
             backend = self.state.backends.pop(model_id)
             try:
@@ -127,25 +152,78 @@ class ServingManager:
             except Exception:  # unloading is best effort
                 log.warning("could not release %s", model_id, exc_info=True)
         self._revision = revision
+        await self.report()
 
-    async def _refuse(self, model_id: str, reason: str) -> None:
+    async def _prepare(self, model_id: str, tell: bool = True) -> bool:
+        record = await self.registry.get_model(model_id)
+        if record is None:
+            await self._refuse(model_id, "not in the registry", tell)
+            return False
+        try:
+            backend = await self.backend_for(record)
+            await backend.prepare(record)
+        except Exception as exc:
+            await self._refuse(model_id, f"{type(exc).__name__}: {exc}", tell)
+            return False
+        self.state.backends[model_id] = backend
+        self._forget(model_id)
+        return True
+
+    def _forget(self, model_id: str) -> None:
+        self.refused.pop(model_id, None)
+        self._retry.pop(model_id, None)
+
+    async def _refuse(self, model_id: str, reason: str, tell: bool = True) -> None:
+        attempts = self._retry.get(model_id, (0, 0.0))[0] + 1
+        delay = min(self.retry_max_s, self.retry_base_s * 2 ** (attempts - 1))
+        self._retry[model_id] = (attempts, time.monotonic() + delay)
+        first = model_id not in self.refused
         self.refused[model_id] = reason
-        log.error("version %s will not serve: %s", model_id, reason)
-        if self.on_refused is not None:
+        if not first:
+            log.warning(
+                "version %s still cannot serve (attempt %d, next in %.0fs): %s",
+                model_id,
+                attempts,
+                delay,
+                reason,
+            )
+            return
+        log.error("version %s will not serve (retried in %.0fs): %s", model_id, delay, reason)
+        if tell and self.on_refused is not None:  # told once per refusal, not per retry
             try:
                 await self.on_refused(model_id, reason)
             except Exception:
                 log.exception("could not record the refusal of %s", model_id)
 
+    async def report(self) -> None:
+        """Publish what this gateway serves (`serving.<name>.<gateway>` in the registry)."""
+        report = ServingReport(
+            gateway=self.gateway_id,
+            public_name=self.state.public_name,
+            weights=dict(self.state.weights),
+            loaded=sorted(self.state.backends),
+            refused=dict(self.refused),
+            split_revision=max(self._revision, 0),
+        )
+        try:
+            await self.registry.report_serving(report)
+            self._reported_at = time.monotonic()
+        except Exception:
+            log.warning("could not publish what this gateway serves", exc_info=True)
+
     async def run(self, stop: asyncio.Event, poll_s: float = 0.2) -> None:
         while not stop.is_set():
             try:
                 await self.sync()
+                if time.monotonic() - self._reported_at >= self.report_every_s:
+                    await self.report()  # the heartbeat
             except Exception:
                 log.warning("gateway could not read the registry", exc_info=True)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), poll_s)
 
     async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.registry.drop_serving(self.state.public_name, self.gateway_id)
         for up in self._upstreams.values():
             await up.close()

