@@ -149,7 +149,10 @@ async def test_idempotency_key_and_published_request(api, nats, data_dir):
                 break
             await asyncio.sleep(0.05)
         requests = [g for g in got if "training_config" in g]
-        assert len(requests) == 2, "the replayed call published nothing"
+        # A replay with no status yet publishes the stored request again under the same
+        # Msg-Id: subscribers may see it twice, the stream stores it once.
+        assert len({r["training_job_id"] for r in requests}) == 2, "the replay made no new job"
+        assert (await bus.js.stream_info("RL_TRAINING")).state.messages == 2
         full = requests[0]
         assert full["trigger_reason"] == "manual" and full["priority"] == "high"
         assert full["training_config"]["dataset"]["stream_name"] == "RL_TRAJECTORIES"
@@ -183,3 +186,22 @@ def test_schemathesis_finds_no_server_errors(api):
         check()
         ran += 1
     assert ran == 6
+    # Hostile ids and checkpoint paths, as schemathesis cases of the same operations.
+    start = schema["/training/start"]["POST"]
+    hostile = [
+        {"training_job_id": bad} for bad in ("../../..", "/tmp/agentrl-x", "a/b", "x" * 65, "\x00")
+    ] + [
+        {"training_config": {"checkpointing": {"storage_path": bad}}}
+        for bad in ("/tmp/agentrl-x", "../../..", "file:///etc", "s3://other/x", "./a/../../..")
+    ]
+    for body in hostile:
+        case = start.Case(body=body, headers=W, media_type="application/json")
+        response = case.call(base_url=url, timeout=30)
+        case.validate_response(response, checks=[not_a_server_error])
+        assert response.status_code == 422, (body, response.text)
+    status_op = schema["/training/{job_id}/status"]["GET"]
+    for bad in ("..", "../../etc/passwd", "%2e%2e", "a" * 300):
+        case = status_op.Case(path_parameters={"job_id": bad}, headers=W)
+        response = case.call(base_url=url, timeout=30)
+        case.validate_response(response, checks=[not_a_server_error])
+        assert response.status_code in (404, 422), (bad, response.text)

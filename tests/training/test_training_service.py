@@ -166,7 +166,8 @@ async def test_bad_jobs_fail_with_their_code_and_service_goes_on(nats, data_dir)
     bus = await _bus(nats, data_dir)
     statuses = await Statuses().start(bus)
     settings = settings_for(data_dir, nats.url)
-    ts = tsettings(devices=["cpu", "cpu"])
+    # /proc is an allowed checkpoint prefix here: the INFRA case is an unwritable store.
+    ts = tsettings(devices=["cpu", "cpu"], checkpoint_prefixes=["/proc"])
     await publish_data(
         bus, [trajectory(i, task=f"t{i // 4}") for i in range(24)], [(i % 4) / 3 for i in range(24)]
     )

@@ -12,14 +12,19 @@ Wire values follow PMOVES.AI's published schemas, while agentrl's code keeps its
 from __future__ import annotations
 
 import warnings
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    StringConstraints,
+    model_serializer,
+    model_validator,
+)
 
 from agentrl.contracts.base import (
     Event,
     Finite,
-    Id,
     NonNegative,
     Part,
     Percent,
@@ -38,6 +43,9 @@ ErrorCode = Literal[
 ]
 WIRE_ERROR_CODES = ("OOM", "CONVERGENCE", "DATA", "INFRA", "TIMEOUT", "UNKNOWN")
 Priority = Literal["low", "normal", "high", "urgent"]
+# A training job id becomes a folder name: a UUID or [A-Za-z0-9_-]{1,64}, nothing that
+# could name another path ("../..", "/tmp/x").
+JobId = Annotated[str, StringConstraints(strip_whitespace=True, pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 
 
 class DateRange(Part):
@@ -176,7 +184,7 @@ class TrainingRequest(Event):
     SUBJECT: ClassVar[str] = "agent.rl.training.request.v1"
     ID_FIELD: ClassVar[str | None] = "training_job_id"
 
-    training_job_id: Id = Field(default_factory=new_id)
+    training_job_id: JobId = Field(default_factory=new_id)
     timestamp: Timestamp
     requester: str
     trigger_reason: TriggerReason
@@ -288,7 +296,7 @@ class TrainingStatus(Event):
 
     SUBJECT: ClassVar[str] = "agent.rl.training.status.v1"
 
-    training_job_id: Id
+    training_job_id: JobId
     timestamp: Timestamp
     status: JobStatus
     progress: Progress = Field(default_factory=Progress)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import APIRouter, Body, Depends, Header, HTTPException, Query, Request, status
@@ -18,7 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agentrl.apiauth import require_scope
 from agentrl.contracts.base import new_id, utcnow
 from agentrl.contracts.feedback import FeedbackEvent
-from agentrl.contracts.training import TrainingStatus
+from agentrl.contracts.subjects import TRAINING_REQUEST
+from agentrl.contracts.training import TrainingRequest, TrainingStatus
+from agentrl.errors import BusError
+from agentrl.settings import get_settings
 from agentrl.training.kv import (
     CANCEL_SUBJECT,
     IDEM_BUCKET,
@@ -26,6 +30,7 @@ from agentrl.training.kv import (
     bucket,
     read_status,
 )
+from agentrl.training.paths import UnsafePath, checkpoint_base
 from agentrl.training.requests import fill_request
 from agentrl.training.settings import TrainingSettings
 
@@ -74,12 +79,32 @@ class ModelList(BaseModel):
 
 
 class FeedbackIn(BaseModel):
-    """Thumbs, a rating or a correction for one trajectory."""
+    """Thumbs, a rating or a correction for one trajectory; or, TensorZero-style, a metric
+    name and value for an episode, a completion (inference) or a trajectory."""
 
     model_config = ConfigDict(extra="forbid")
 
-    trajectory_id: str = Field(min_length=1, max_length=200)
-    type: Literal["thumbs_up", "thumbs_down", "rating", "correction", "abandoned"]
+    trajectory_id: str | None = Field(None, min_length=1, max_length=200)
+    episode_id: str | None = Field(
+        None, min_length=1, max_length=200, description="A gateway session key or trace id."
+    )
+    completion_id: str | None = Field(
+        None, min_length=1, max_length=200, description="A chat completion's `id`."
+    )
+    inference_id: str | None = Field(
+        None, min_length=1, max_length=200, description="TensorZero's name for completion_id."
+    )
+    type: (
+        Literal["thumbs_up", "thumbs_down", "rating", "correction", "abandoned", "comment"] | None
+    ) = None
+    metric_name: str | None = Field(
+        None, min_length=1, max_length=200, description="With `value`, instead of `type`."
+    )
+    value: bool | float | str | None = Field(
+        None,
+        description="Boolean: thumbs; number in [0, 1]: a rating; string: a comment (metric "
+        "'demonstration': the response the agent should have given).",
+    )
     rating: int | None = Field(None, ge=1, le=5)
     comment: str | None = Field(None, max_length=20000)
     correction: str | None = Field(
@@ -153,30 +178,64 @@ async def start_training(
                     status.HTTP_409_CONFLICT,
                     "this Idempotency-Key was used with a different request body",
                 )
-            current = await read_status(bus.js, known["job_id"])
-            return StartResponse(
-                training_job_id=known["job_id"],
-                status=current["status"] if current else "submitted",
-                idempotent_replay=True,
-            )
+            return await _replay(bus, known)
     body.setdefault("training_job_id", new_id())
     try:
         req = fill_request(body, _tsettings(request))
     except ValidationError as exc:
         raise RequestValidationError(_errors(exc)) from exc
+    _check_storage(request, req)
+    data = req.to_json()
     if kv is not None and key is not None:
-        record = json.dumps({"job_id": req.training_job_id, "body_sha256": digest}).encode()
+        # The record keeps the request itself: a retry after a failed publish publishes it
+        # again (same job id, same Msg-Id) instead of answering for a job that never exists.
+        record = {"job_id": req.training_job_id, "body_sha256": digest, "request": data.decode()}
         try:
-            await kv.create(key, record)
+            await kv.create(key, json.dumps(record).encode())
         except Exception:  # a concurrent call with the same key won: answer as it did
             known = await _idem_get(kv, key)
             if known is not None and known["body_sha256"] == digest:
-                return StartResponse(
-                    training_job_id=known["job_id"], status="submitted", idempotent_replay=True
-                )
+                return await _replay(bus, known)
             raise HTTPException(status.HTTP_409_CONFLICT, "Idempotency-Key conflict") from None
-    await bus.publish(req)
+    await _publish_request(bus, req.training_job_id, data)
     return StartResponse(training_job_id=req.training_job_id, status="submitted")
+
+
+def _check_storage(request: Request, req: TrainingRequest) -> None:
+    """`checkpointing.storage_path` must lie under an allowed checkpoint root (422)."""
+    settings = getattr(request.app.state, "settings", None) or get_settings()
+    requested = req.training_config.checkpointing.storage_path
+    try:
+        checkpoint_base(requested, _tsettings(request), Path(settings.data_dir))
+    except UnsafePath as exc:
+        loc = ["body", "training_config", "checkpointing", "storage_path"]
+        raise RequestValidationError(
+            [{"loc": loc, "msg": str(exc), "type": "value_error"}]
+        ) from exc
+
+
+async def _publish_request(bus: Any, job_id: str, data: bytes) -> None:
+    try:
+        await bus.publish_raw(TRAINING_REQUEST, data, job_id)
+    except BusError as exc:
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            f"the training request could not be published ({exc}); nothing was started: "
+            "retry (with the same Idempotency-Key, the same job)",
+        ) from exc
+
+
+async def _replay(bus: Any, known: dict[str, Any]) -> StartResponse:
+    """A repeated Idempotency-Key: the job's status; with none yet, the stored request is
+    published again (JetStream drops it as a duplicate if the first publish got through)."""
+    current = await read_status(bus.js, known["job_id"])
+    if current is None and known.get("request"):
+        await _publish_request(bus, known["job_id"], str(known["request"]).encode())
+    return StartResponse(
+        training_job_id=known["job_id"],
+        status=current["status"] if current else "submitted",
+        idempotent_replay=True,
+    )
 
 
 async def _idem_get(kv: Any, key: str) -> dict[str, Any] | None:
@@ -279,6 +338,7 @@ async def list_models(request: Request) -> ModelList:
     summary="Thumbs, rating or correction for a trajectory (-> agent.rl.feedback.v1)",
 )
 async def feedback(request: Request, body: FeedbackIn) -> FeedbackOut:
+    body = await _capture_feedback(request, body)
     if body.type == "rating" and body.rating is None:
         raise RequestValidationError(
             [
@@ -300,6 +360,7 @@ async def feedback(request: Request, body: FeedbackIn) -> FeedbackOut:
             ]
         )
     data: dict[str, Any] = {
+        **{k: v for k, v in _capture_extras(body).items() if v is not None},
         "feedback_id": new_id(),
         "trajectory_id": body.trajectory_id,
         "timestamp": utcnow().isoformat(),
@@ -318,3 +379,58 @@ async def feedback(request: Request, body: FeedbackIn) -> FeedbackOut:
     event, _ = redact_event(event)  # comments and corrections are free text: no PII
     await _bus(request).publish(event)
     return FeedbackOut(feedback_id=event.feedback_id, published=True)
+
+
+def _capture_extras(body: FeedbackIn) -> dict[str, Any]:
+    return {
+        "episode_id": body.episode_id,
+        "completion_id": body.completion_id or body.inference_id,
+        "metric_name": body.metric_name,
+        "value": body.value,
+    }
+
+
+async def _capture_feedback(request: Request, body: FeedbackIn) -> FeedbackIn:
+    """Resolve an episode/completion id to its trajectory and a metric to a feedback type
+    (agentrl.capture.feedback); the classic form passes through unchanged."""
+    from agentrl.capture.feedback import FeedbackValueError, fields_for, resolve
+    from agentrl.capture.settings import CaptureSettings
+
+    def invalid(field: str, msg: str) -> RequestValidationError:
+        return RequestValidationError([{"loc": ["body", field], "msg": msg, "type": "value_error"}])
+
+    update: dict[str, Any] = {}
+    if body.metric_name is not None or body.value is not None:
+        if body.metric_name is None or body.value is None:
+            raise invalid("value", "metric_name and value go together")
+        if body.type is not None:
+            raise invalid("type", "give either type or metric_name and value")
+        try:
+            update.update(fields_for(body.metric_name, body.value))
+        except FeedbackValueError as exc:
+            raise invalid("value", str(exc)) from exc
+        if "comment" in update and body.comment:
+            update["comment"] = f"{body.comment}\n{update['comment']}"
+    elif body.type is None:
+        raise invalid("type", "give type, or metric_name and value")
+    completion = body.completion_id or body.inference_id
+    if body.trajectory_id is None:
+        if not (body.episode_id or completion):
+            raise invalid("trajectory_id", "name a trajectory_id, episode_id or completion_id")
+        cs = CaptureSettings()
+        found = await resolve(
+            _bus(request).js,
+            cs.index_bucket,
+            cs.index_ttl_s,
+            episode_id=body.episode_id,
+            completion_id=completion,
+        )
+        if found is None:
+            raise HTTPException(
+                status.HTTP_404_NOT_FOUND,
+                "no published trajectory for that episode/completion id (an episode is "
+                "published when it ends: POST /v1/episodes/{id}/end on the gateway, or its "
+                "idle timeout)",
+            )
+        update["trajectory_id"] = found
+    return body.model_copy(update=update) if update else body

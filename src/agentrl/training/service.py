@@ -8,10 +8,16 @@
     device) -> `python -m agentrl.training.worker` -> events.jsonl -> agent.rl.training.status.v1
                                                                      + KV bucket agentrl_training
 
-Every state change is committed to SQLite before it is announced. After a restart, a job
-that was running resumes from its last checkpoint (up to `max_resumes` times) or ends as
-failed INFRA; requests a trigger committed but did not publish are published from the outbox.
-A request with a known job id (a redelivery) never starts a second job.
+Every state change is committed to SQLite together with the event that announces it (the
+outbox), then published. After a restart, a job that was running resumes from its last
+checkpoint (up to `max_resumes` times) or ends as failed INFRA; requests and status events
+committed but not published are published from the outbox first. A request with a known job
+id (a redelivery) never starts a second job.
+
+A failure in one scheduler round (NATS away longer than the publish retry window) is logged,
+counted and retried with backoff; every state change is committed, so nothing is lost. An
+inner task that ends anyway ends `run()` with an error naming it, so the stack's supervisor
+restarts the service and its health shows why.
 """
 
 from __future__ import annotations
@@ -36,11 +42,12 @@ from pydantic import ValidationError
 
 from agentrl.bus import Bus, Delivery, PermanentError, TransientError
 from agentrl.contracts.base import new_id, utcnow
-from agentrl.contracts.subjects import REWARD, TRAINING_REQUEST, TRAJECTORY
+from agentrl.contracts.subjects import REWARD, TRAINING_REQUEST, TRAINING_STATUS, TRAJECTORY
 from agentrl.contracts.training import TrainingRequest, TrainingStatus
 from agentrl.observability import instrument as obs
 from agentrl.settings import Settings, get_settings
 from agentrl.training.kv import CANCEL_SUBJECT, STATUS_BUCKET, bucket
+from agentrl.training.paths import UnsafePath, checkpoint_base, job_dir
 from agentrl.training.requests import defaults, job_kind, merge
 from agentrl.training.settings import TrainingSettings
 from agentrl.training.store import JobRow, Store
@@ -68,6 +75,8 @@ DATA_KEYS = (
     "optimizer_steps",
 )
 UUID_RE = re.compile(r"^[0-9a-fA-F-]{8,64}$")
+# Backoff of the scheduler after a failed round (NATS away): doubles up to the last value.
+SCHEDULER_BACKOFF_S = (0.5, 30.0)
 
 
 def validation_reason(exc: ValidationError) -> str:
@@ -145,7 +154,10 @@ class TrainingService:
             "completed": 0,
             "failed": 0,
             "cancelled": 0,
+            "scheduler_errors": 0,
+            "progress_dropped": 0,
         }
+        self._flush_lock = asyncio.Lock()
         self.schedule = CronSchedule(self.ts.schedule, clock) if self.ts.schedule else None
         self._torch_version = _version("torch")
 
@@ -173,12 +185,20 @@ class TrainingService:
         if self.schedule is not None:
             tasks.append(asyncio.create_task(self._cron(stop), name="training-cron"))
         log.info("training service started (%d devices)", len(self.ts.devices))
+        stopped = asyncio.create_task(stop.wait(), name="training-stop")
         try:
-            await stop.wait()
+            done, _ = await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            if not stop.is_set():  # an inner task ended on its own: the service is broken
+                task = next(t for t in tasks if t in done)
+                exc = None if task.cancelled() else task.exception()
+                raise RuntimeError(
+                    f"training service task {task.get_name()} ended"
+                    + (f": {type(exc).__name__}: {exc}" if exc else " unexpectedly")
+                ) from exc
         finally:
-            for t in tasks:
+            for t in (stopped, *tasks):
                 t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(stopped, *tasks, return_exceptions=True)
             await self._stop_jobs()
             self.store.close()
 
@@ -199,13 +219,19 @@ class TrainingService:
         for row in self.store.jobs("running"):
             if row.pid:
                 _kill_stale(row.pid)
-            storage = self._storage_path(row)
+            try:
+                storage = self._storage_path(row)
+            except UnsafePath as exc:  # a row from before ids and paths were checked
+                await self._finish(row, "failed", error={"code": "CONFIG", "message": str(exc)})
+                continue
             ckpt = latest_step_checkpoint(storage)
             if ckpt is not None and row.resumes < self.ts.max_resumes:
-                self.store.update(row.job_id, status="queued", resumes=row.resumes + 1, pid=None)
                 log.info("job %s resumes from %s", row.job_id, ckpt, extra={"job_id": row.job_id})
                 await self._publish_status(
-                    row.job_id, "queued", extra={"resume_from": ckpt, "resumes": row.resumes + 1}
+                    row.job_id,
+                    "queued",
+                    extra={"resume_from": ckpt, "resumes": row.resumes + 1},
+                    fields={"status": "queued", "resumes": row.resumes + 1, "pid": None},
                 )
             else:
                 why = (
@@ -251,17 +277,35 @@ class TrainingService:
                     job_id, "failed", error={"code": "CONFIG", "message": reason}
                 )
             raise PermanentError(reason) from exc
+        try:
+            checkpoint_base(self._requested_storage(req.model_dump(mode="json")), *self._roots())
+        except UnsafePath as exc:
+            self.counters["invalid"] += 1
+            reason = f"invalid training request: {exc}"
+            if self.store.get(req.training_job_id) is None:
+                await self._publish_status(
+                    req.training_job_id, "failed", error={"code": "CONFIG", "message": reason}
+                )
+            raise PermanentError(reason) from exc
         kind = job_kind(req)
+        event = self.build_status(req.training_job_id, "queued", extra={"kind": kind})
         added = self.store.add_job(
-            req.training_job_id, req.priority, kind, req.model_dump(mode="json")
+            req.training_job_id,
+            req.priority,
+            kind,
+            req.model_dump(mode="json"),
+            outbox=[_outbox_row(self.bus, event)],
         )
         if not added:
             self.counters["duplicates"] += 1
             log.info("request %s already known: not started again", req.training_job_id)
             return
         self.counters["requests"] += 1
-        await self._publish_status(req.training_job_id, "queued", extra={"kind": kind})
         self.wake.set()
+        try:  # committed with the job: the scheduler publishes it when NATS is away now
+            await self._flush_outbox()
+        except Exception as exc:
+            log.warning("queued status of %s not published yet: %s", req.training_job_id, exc)
 
     # -- cancel -----------------------------------------------------------------------------
 
@@ -296,40 +340,76 @@ class TrainingService:
     # -- scheduler and jobs -----------------------------------------------------------------
 
     async def _scheduler(self, stop: asyncio.Event) -> None:
+        """Rounds of: publish what the outbox holds, start queued jobs, poll running ones.
+        A failed round (NATS away) is retried with backoff: its state changes are committed
+        and their events wait in the outbox."""
+        failures = 0
         while not stop.is_set():
-            busy = {j.slot for j in self.running.values()}
-            free = [i for i in range(len(self.ts.devices)) if i not in busy]
-            while free:
-                row = self.store.next_queued()
-                if row is None:
-                    break
-                await self._start(row, free.pop(0))
-            for job in list(self.running.values()):
-                await self._poll(job)
-            obs.training_queue(len(self.store.jobs("queued")), len(self.running))
+            wait = self.poll_s
+            try:
+                await self._schedule_round()
+                failures = 0
+            except Exception as exc:
+                failures += 1
+                self.counters["scheduler_errors"] += 1
+                first, cap = SCHEDULER_BACKOFF_S
+                wait = min(first * 2 ** (failures - 1), cap)
+                log.warning(
+                    "training scheduler round failed (%d in a row), retrying in %.1fs: %s: %s",
+                    failures,
+                    wait,
+                    type(exc).__name__,
+                    exc,
+                )
             self.wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), self.poll_s)
+                await asyncio.wait_for(self.wake.wait() if not failures else stop.wait(), wait)
+
+    async def _schedule_round(self) -> None:
+        if self.store.outbox_size():
+            await self._flush_outbox()
+        busy = {j.slot for j in self.running.values()}
+        free = [i for i in range(len(self.ts.devices)) if i not in busy]
+        while free:
+            row = self.store.next_queued()
+            if row is None:
+                break
+            await self._start(row, free.pop(0))
+        for job in list(self.running.values()):
+            await self._poll(job)
+        obs.training_queue(len(self.store.jobs("queued")), len(self.running))
+
+    @staticmethod
+    def _requested_storage(request: dict[str, Any]) -> str | None:
+        value = (request.get("training_config") or {}).get("checkpointing", {}).get("storage_path")
+        return str(value) if value else None
+
+    def _roots(self) -> tuple[TrainingSettings, Path]:
+        return self.ts, Path(self.settings.data_dir)
 
     def _storage_path(self, row: JobRow) -> str:
-        requested = row.request["training_config"].get("checkpointing", {}).get("storage_path")
-        base = self.ts.checkpoint_root(Path(self.settings.data_dir))
-        if requested and requested != "./.agentrl/checkpoints":
-            base = requested
+        """The job's checkpoint folder (raises UnsafePath outside the allowed roots)."""
+        base = checkpoint_base(self._requested_storage(row.request), *self._roots())
+        job_dir(self.root, row.job_id)  # the id is a safe folder name
         return f"{base.rstrip('/')}/{row.job_id}"
 
     async def _start(self, row: JobRow, slot: int) -> None:
         device = self.ts.devices[slot]
-        job_dir = self.root / "jobs" / row.job_id
-        job_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            folder = job_dir(self.root, row.job_id)
+            storage_path = self._storage_path(row)
+        except UnsafePath as exc:  # checked at intake too: a row written before the checks
+            await self._finish(row, "failed", error={"code": "CONFIG", "message": str(exc)})
+            return
+        folder.mkdir(parents=True, exist_ok=True)
         resume = row.resumes > 0
         spec = {
             "request": row.request,
             "kind": row.kind,
-            "job_dir": str(job_dir),
+            "job_dir": str(folder),
             "nats_url": self._nats_url(),
             "device": device,
-            "storage_path": self._storage_path(row),
+            "storage_path": storage_path,
             "resume": resume,
             "status_every_steps": self.ts.status_every_steps,
             "heartbeat_s": self.ts.heartbeat_s,
@@ -339,10 +419,10 @@ class TrainingService:
         recent = self.store.get_state("recent_checkpoint") or {}
         if recent.get("base_model") == row.request.get("training_config", {}).get("base_model"):
             spec["recent_checkpoint"] = recent.get("path")
-        (job_dir / "spec.json").write_text(json.dumps(spec, indent=2))
-        events = job_dir / "events.jsonl"
+        (folder / "spec.json").write_text(json.dumps(spec, indent=2))
+        events = folder / "events.jsonl"
         offset = events.stat().st_size if events.exists() else 0
-        log_fh = open(job_dir / "process.log", "ab")  # noqa: SIM115 - handed to the child
+        log_fh = open(folder / "process.log", "ab")  # noqa: SIM115 - handed to the child
         env = {**os.environ, "AGENTRL_DATA_DIR": str(self.settings.data_dir)}
         for name in (
             "nats_user",
@@ -360,13 +440,13 @@ class TrainingService:
         if device.startswith("cuda:"):
             env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
             spec["device"] = "cuda"
-            (job_dir / "spec.json").write_text(json.dumps(spec, indent=2))
+            (folder / "spec.json").write_text(json.dumps(spec, indent=2))
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
                 "agentrl.training.worker",
-                str(job_dir),
+                str(folder),
                 stdout=log_fh,
                 stderr=log_fh,
                 stdin=asyncio.subprocess.DEVNULL,
@@ -384,16 +464,22 @@ class TrainingService:
         finally:
             with contextlib.suppress(Exception):
                 log_fh.close()
-        self.store.update(
-            row.job_id, status="running", device=device, pid=proc.pid, job_dir=str(job_dir)
-        )
         row.status, row.device = "running", device
-        job = RunningJob(row, proc, job_dir)
+        job = RunningJob(row, proc, folder)
         job.offset = offset
         job.slot = slot
         self.running[row.job_id] = job
         await self._publish_status(
-            row.job_id, "running", job=job, extra={"device": device, "resumed": resume}
+            row.job_id,
+            "running",
+            job=job,
+            extra={"device": device, "resumed": resume},
+            fields={
+                "status": "running",
+                "device": device,
+                "pid": proc.pid,
+                "job_dir": str(folder),
+            },
         )
 
     async def _poll(self, job: RunningJob) -> None:
@@ -424,7 +510,7 @@ class TrainingService:
                 job.latest.update({k: v for k, v in ev.items() if k in ("progress", "metrics")})
                 job.latest.update({k: v for k, v in ev.items() if k in DATA_KEYS})
                 if "progress" in ev or "metrics" in ev:
-                    await self._publish_status(job.row.job_id, "running", job=job)
+                    await self._publish_progress(job)
             elif status in ("completed", "failed", "cancelled"):
                 job.final = ev
         if job.proc.returncode is None and (
@@ -517,7 +603,6 @@ class TrainingService:
         error: dict[str, Any] | None = None,
         artifacts: dict[str, Any] | None = None,
     ) -> None:
-        self.store.update(row.job_id, status=status, pid=None)
         final_ckpt = ((final or {}).get("artifacts") or {}).get("final_checkpoint")
         if status == "completed" and final_ckpt:  # what the next job may continue from
             base = row.request.get("training_config", {}).get("base_model")
@@ -526,7 +611,13 @@ class TrainingService:
         took = time.monotonic() - job.started if job is not None else None
         obs.training_status(status, took, (final or {}).get("samples"))  # never raises
         await self._publish_status(
-            row.job_id, status, job=job, final=final, error=error, artifacts=artifacts
+            row.job_id,
+            status,
+            job=job,
+            final=final,
+            error=error,
+            artifacts=artifacts,
+            fields={"status": status, "pid": None},
         )
         if self.ts.threshold > 0:
             try:
@@ -606,16 +697,34 @@ class TrainingService:
             usage["train_step_seconds"] = round(job.train_s, 3)
         return usage
 
-    async def _publish_status(self, job_id: str, status: str, **kw: Any) -> TrainingStatus:
+    async def _publish_status(
+        self, job_id: str, status: str, *, fields: dict[str, Any] | None = None, **kw: Any
+    ) -> TrainingStatus:
+        """Commit the job's `fields` and its status event (outbox) in one transaction, then
+        publish everything the outbox holds. Raises when NATS cannot take it now; the event
+        stays in the outbox and the scheduler publishes it later."""
         event = self.build_status(job_id, status, **kw)
-        self.store.update(job_id, last_status=json.loads(event.to_json()))
-        await self.bus.publish(event)
-        if self.kv is not None:
-            try:
-                await self.kv.put(job_id, event.to_json())
-            except Exception as exc:  # the stream has the event; the KV is a convenience
-                log.warning("could not store status of %s in KV: %s", job_id, exc)
+        row = _outbox_row(self.bus, event)
+        self.store.update(job_id, outbox=[row], **(fields or {}), last_status=orjson.loads(row[2]))
+        await self._flush_outbox()
         return event
+
+    async def _publish_progress(self, job: RunningJob) -> None:
+        """A progress event: best effort (the next one supersedes it), and never ahead of
+        status events still waiting in the outbox."""
+        if self.store.outbox_size():
+            self.counters["progress_dropped"] += 1
+            return
+        event = self.build_status(job.row.job_id, "running", job=job)
+        try:
+            await self.bus.publish(event)
+            if self.kv is not None:
+                await self.kv.put(job.row.job_id, event.to_json())
+        except Exception as exc:
+            self.counters["progress_dropped"] += 1
+            log.info("progress of %s not published: %s", job.row.job_id, exc)
+            return
+        self.store.update(job.row.job_id, last_status=json.loads(event.to_json()))
 
     # -- triggers ---------------------------------------------------------------------------
 
@@ -640,9 +749,15 @@ class TrainingService:
         await self._flush_outbox()
 
     async def _flush_outbox(self) -> None:
-        for msg_id, subject, data in self.store.outbox():
-            await self.bus.publish_raw(subject, bytes(data), msg_id)
-            self.store.outbox_done(msg_id)
+        """Publish the outbox in order; a status event also becomes its job's KV entry (the
+        API's view) before it leaves the outbox. One flush at a time keeps the order."""
+        async with self._flush_lock:
+            for msg_id, subject, data in self.store.outbox():
+                await self.bus.publish_raw(subject, bytes(data), msg_id)
+                if subject == TRAINING_STATUS and self.kv is not None:
+                    job_id = str(orjson.loads(data)["training_job_id"])
+                    await self.kv.put(job_id, bytes(data))
+                self.store.outbox_done(msg_id)
 
     async def _consume_rewards(self, stop: asyncio.Event) -> None:
         await self.bus.consume(
@@ -816,6 +931,11 @@ def _kill_stale(pid: int) -> None:
     if b"agentrl.training.worker" in cmd:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def _outbox_row(bus: Bus, event: TrainingStatus) -> tuple[str, str, bytes]:
+    subject, data, msg_id = bus.encode(event)
+    return msg_id, subject, data
 
 
 def _job_id_of(data: bytes) -> str | None:

@@ -57,6 +57,11 @@ class TrainingSettings(BaseSettings):
     storage_path: str | None = Field(
         None, description="Checkpoint root (default: <data_dir>/training/checkpoints)."
     )
+    checkpoint_prefixes: list[str] = Field(
+        default_factory=list,
+        description="Where a request's checkpointing.storage_path may point besides the "
+        "checkpoint root (local folders or fsspec URL prefixes); anything else is rejected.",
+    )
     dataset_timeout_s: float = Field(60.0, gt=0.0)
     dataset_window_s: float | None = Field(
         None,

@@ -1,8 +1,10 @@
 """Durable state of the training service: jobs, trigger state and an outbox (one SQLite file).
 
 Every transition is committed before it is announced, so a restart knows which jobs were
-running (resume or fail them), which trigger counts were reached and which requests still
-have to be published (the outbox keeps them until their PubAck).
+running (resume or fail them), which trigger counts were reached and which requests and
+status events still have to be published: the outbox keeps them until their PubAck, and a
+job's status change and its status event are one transaction, so a service that dies between
+the commit and the publish publishes the event at its next start.
 """
 
 from __future__ import annotations
@@ -76,17 +78,35 @@ class Store:
 
     # -- jobs -------------------------------------------------------------------------------
 
-    def add_job(self, job_id: str, priority: str, kind: str, request: dict[str, Any]) -> bool:
-        """Insert a queued job; False when the id is already known (a redelivered request)."""
+    def add_job(
+        self,
+        job_id: str,
+        priority: str,
+        kind: str,
+        request: dict[str, Any],
+        outbox: list[tuple[str, str, bytes]] | None = None,
+    ) -> bool:
+        """Insert a queued job (and queue its outbox messages in the same transaction);
+        False, and nothing queued, when the id is already known (a redelivered request)."""
         now = time.time()
         with self._lock:
-            seq = self.db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
-            cur = self.db.execute(
-                "INSERT OR IGNORE INTO jobs(job_id, seq, priority, status, kind, request, created,"
-                " updated) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?)",
-                (job_id, seq, PRIORITY_RANK.get(priority, 2), kind, json.dumps(request), now, now),
-            )
-            return cur.rowcount == 1
+            self.db.execute("BEGIN")
+            try:
+                seq = self.db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
+                cur = self.db.execute(
+                    "INSERT OR IGNORE INTO jobs(job_id, seq, priority, status, kind, request,"
+                    " created, updated) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?)",
+                    (job_id, seq, PRIORITY_RANK.get(priority, 2), kind, json.dumps(request),
+                     now, now),
+                )  # fmt: skip
+                added = cur.rowcount == 1
+                if added:
+                    self._queue(outbox)
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            return added
 
     def get(self, job_id: str) -> JobRow | None:
         with self._lock:
@@ -111,13 +131,32 @@ class Store:
             ).fetchone()
         return _row(row) if row else None
 
-    def update(self, job_id: str, **fields: Any) -> None:
+    def update(
+        self, job_id: str, outbox: list[tuple[str, str, bytes]] | None = None, **fields: Any
+    ) -> None:
+        """Change a job's fields and queue outbox messages (its status event) atomically."""
         if "last_status" in fields and fields["last_status"] is not None:
             fields["last_status"] = json.dumps(fields["last_status"])
         fields["updated"] = time.time()
         cols = ", ".join(f"{k} = ?" for k in fields)
         with self._lock:
-            self.db.execute(f"UPDATE jobs SET {cols} WHERE job_id = ?", (*fields.values(), job_id))
+            self.db.execute("BEGIN")
+            try:
+                self.db.execute(
+                    f"UPDATE jobs SET {cols} WHERE job_id = ?", (*fields.values(), job_id)
+                )
+                self._queue(outbox)
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+
+    def _queue(self, outbox: list[tuple[str, str, bytes]] | None) -> None:
+        for msg_id, subject, data in outbox or []:
+            self.db.execute(
+                "INSERT OR IGNORE INTO outbox(msg_id, subject, data) VALUES (?, ?, ?)",
+                (msg_id, subject, data),
+            )
 
     # -- state and outbox ---------------------------------------------------------------------
 
@@ -139,19 +178,20 @@ class Store:
                         "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                         (k, json.dumps(v)),
                     )
-                for msg_id, subject, data in outbox or []:
-                    self.db.execute(
-                        "INSERT OR IGNORE INTO outbox(msg_id, subject, data) VALUES (?, ?, ?)",
-                        (msg_id, subject, data),
-                    )
+                self._queue(outbox)
                 self.db.execute("COMMIT")
             except BaseException:
                 self.db.execute("ROLLBACK")
                 raise
 
     def outbox(self) -> list[tuple[str, str, bytes]]:
+        """Unpublished messages, oldest first (a job's status events in their order)."""
         with self._lock:
-            return list(self.db.execute("SELECT msg_id, subject, data FROM outbox").fetchall())
+            return list(self.db.execute("SELECT msg_id, subject, data FROM outbox ORDER BY rowid"))
+
+    def outbox_size(self) -> int:
+        with self._lock:
+            return int(self.db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
 
     def outbox_done(self, msg_id: str) -> None:
         with self._lock:
