@@ -8,7 +8,8 @@ from pydantic import Field, model_validator
 
 from agentrl.contracts.base import Event, Id, Timestamp, new_id
 
-FeedbackType = Literal["thumbs_up", "thumbs_down", "rating", "correction", "abandoned"]
+# "comment": free text that changes no score (agentrl.capture's TensorZero-style feedback)
+FeedbackType = Literal["thumbs_up", "thumbs_down", "rating", "correction", "abandoned", "comment"]
 
 
 class FeedbackEvent(Event):

@@ -267,13 +267,15 @@ class FeedbackState:
         )
 
     def apply(self, kind: str, rating: int | None = None, feedback_id: str | None = None) -> None:
-        """Fold one feedback event in (thumbs_up|thumbs_down|rating|correction|abandoned)."""
+        """Fold one feedback event in (thumbs_up|thumbs_down|rating|correction|abandoned|comment)."""
         if kind in ("thumbs_up", "thumbs_down", "rating"):
             self.explicit, self.rating = kind, rating
         elif kind == "correction":
             self.correction_requested = True
         elif kind == "abandoned":
             self.task_abandoned = True
+        elif kind == "comment":
+            pass  # kept with its feedback id; the next reward version cites it
         else:
             raise ValueError(f"unknown feedback type {kind!r}")
         if feedback_id:
