@@ -18,15 +18,26 @@ for the tests from its source, read at agent0ai/agent-zero 2d95cd9 (2026-04-03):
   message_loop_end (finally), and monologue_end (finally);
 - tools/call_subordinate.py: `Agent(number + 1, config)` with the profile from the tool's
   args, `sub.set_data("_superior", agent)`, `agent.set_data("_subordinate", sub)`, then
-  the subordinate's monologue; its answer is the tool's Response (break_loop False).
+  the subordinate's monologue; its answer is the tool's Response (break_loop False);
+- history: `hist_add_message` calls the sync point hist_add_before(content_data, ai) for
+  every message: the AI response (fw.ai_response), a tool's result (Tool.after_execution ->
+  hist_add_tool_result: {"tool_name", "tool_result"}), warnings (fw.warning:
+  {"system_warning": ...}: fw.msg_misformat, fw.msg_repeat when the answer repeats the last
+  one, a repairable error's text); process_tools parses the answer with a dirty-JSON parser
+  (a trailing comma is fine);
+- `@extensible` functions emit `_functions/<module>/<qualname>/start|end` with
+  data={"args", "kwargs", "result", "exception"} (AgentContext.kill_process and reset are
+  sync, so are their extension calls); a killed task skips message_loop_end/monologue_end.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
 import inspect
 import json
+import re
 import sys
 import textwrap
 from dataclasses import dataclass, field
@@ -43,7 +54,15 @@ POINTS = (
     "tool_execute_after",
     "message_loop_end",
     "monologue_end",
+    "hist_add_before",
+    "_functions/agent/AgentContext/kill_process/start",
+    "_functions/agent/AgentContext/remove/start",
 )
+MISFORMAT = (
+    "You have misformatted your message. Follow system prompt instructions on JSON message "
+    "formatting precisely."
+)
+REPEAT = "You have sent the same message again. You have to do something else!"
 
 HELPERS = {
     "helpers/__init__.py": "",
@@ -59,6 +78,10 @@ HELPERS = {
             @abstractmethod
             def execute(self, **kwargs):
                 pass
+    """,
+    "agent.py": """
+        class AgentContext:
+            _contexts = {}
     """,
     "helpers/tool.py": """
         from abc import abstractmethod
@@ -94,7 +117,7 @@ def make_checkout(root: Path, legacy: bool = False) -> Path:
     """An Agent Zero-shaped folder: the stand-in helpers (under python/ for the legacy layout)."""
     base = root / "python" if legacy else root
     for rel, text in HELPERS.items():
-        path = base / rel
+        path = (root if rel == "agent.py" else base) / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text))
     if legacy:
@@ -139,6 +162,12 @@ class Extensions:
             if inspect.isawaitable(result):
                 await result
 
+    def call_sync(self, point: str, agent: Any, **kwargs: Any) -> None:
+        """call_extensions_sync: an extension that returns an awaitable is an error."""
+        for cls in self.by_point.get(point, []):
+            if inspect.isawaitable(cls(agent=agent).execute(**kwargs)):
+                raise ValueError(f"Extension {cls.__name__} returned awaitable in sync mode")
+
 
 @dataclass
 class Config:
@@ -149,6 +178,8 @@ class Context:
     def __init__(self, context_id: str) -> None:
         self.id = context_id
         self.data: dict[str, Any] = {}
+        self.agent0: Any = None
+        self.streaming_agent: Any = None
 
     def get_data(self, key: str, recursive: bool = True) -> Any:
         return self.data.get(key)
@@ -230,15 +261,19 @@ class ChatModel:
 
 
 def parse_tool_request(text: str) -> dict[str, Any] | None:
-    """What process_tools finds: the outermost JSON object (None: a misformat)."""
+    """What process_tools finds: the outermost JSON object, trailing commas allowed (its
+    dirty-JSON parser takes them); None: a misformat."""
     start, end = text.find("{"), text.rfind("}")
     if start < 0 or end <= start:
         return None
-    try:
-        value = json.loads(text[start : end + 1])
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
+    body = text[start : end + 1]
+    for candidate in (body, re.sub(r",(\s*[}\]])", r"\1", body)):
+        try:
+            value = json.loads(candidate)
+        except ValueError:
+            continue
+        return value if isinstance(value, dict) else None
+    return None
 
 
 class Driver:
@@ -248,18 +283,35 @@ class Driver:
         self.ext = extensions
         self.calls: list[Any] = []  # the chat model of each call, as the extensions left it
         self.api_base = ""  # the chat model's API base (Agent Zero's chat model settings)
+        self.history: list[tuple[bool, Any]] = []  # (ai, content) as the model will see it
+        self.tool_args_seen: list[dict[str, Any]] = []  # what each tool was called with
+        self.model_factory: Any = None  # (iteration, api_base) -> chat model; default ChatModel
+
+    def hist_add(self, agent: Agent, ai: bool, content: Any) -> None:
+        """Agent.hist_add_message: extensions see (and may rewrite) the content first."""
+        content_data = {"content": content}
+        self.ext.call_sync("hist_add_before", agent, content_data=content_data, ai=ai)
+        self.history.append((ai, content_data["content"]))
+
+    def hist_add_warning(self, agent: Agent, message: str) -> None:
+        self.hist_add(agent, False, {"system_warning": message})
 
     async def monologue(self, agent: Agent, iterations: list[dict[str, Any]]) -> str | None:
         Response = importlib.import_module(f"{self.ext.package}.tool").Response
 
         loop_data = LoopData(user_message=agent.last_user_message)
+        if agent.context.agent0 is None:
+            agent.context.agent0 = agent
+        alive = True  # False once the task was killed: no end hooks post mortem
         await self.ext.call("monologue_start", agent, loop_data=loop_data)
         try:
             for it in iterations:
                 loop_data.iteration += 1
+                agent.context.streaming_agent = agent
                 await self.ext.call("message_loop_start", agent, loop_data=loop_data)
                 try:
-                    model = ChatModel(it, self.api_base)
+                    factory = self.model_factory or ChatModel
+                    model = factory(it, self.api_base)
                     call_data = {"model": model, "messages": [], "background": False}
                     await self.ext.call("chat_model_call_before", agent, call_data=call_data)
                     text, reasoning = await call_data["model"].unified_call(messages=[])
@@ -272,10 +324,16 @@ class Driver:
                         reasoning=reasoning,
                     )
                     await self.ext.call("response_stream_end", agent, loop_data=loop_data)
+                    repeated = loop_data.last_response == text
                     loop_data.last_response = text  # hist_add_ai_response
+                    self.hist_add(agent, True, {"ai_response": text})
+                    if repeated:
+                        self.hist_add_warning(agent, REPEAT)
+                        continue
                     request = parse_tool_request(text)
                     if request is None:
-                        continue  # fw.msg_misformat.md warning; the loop goes on
+                        self.hist_add_warning(agent, MISFORMAT)
+                        continue
                     if not isinstance(request.get("tool_name"), str) or not isinstance(
                         request.get("tool_args"), dict
                     ):
@@ -286,9 +344,12 @@ class Driver:
                     await self.ext.call(
                         "tool_execute_before", agent, tool_args=args, tool_name=name
                     )
+                    self.tool_args_seen.append(args)
                     outcome = it["tool"]
                     if "raises" in outcome:
                         raise RuntimeError(outcome["raises"])
+                    if outcome.get("blocks"):
+                        await asyncio.Event().wait()  # until the task is killed
                     if "subordinate" in outcome:
                         answer = await self.call_subordinate(agent, args, outcome["subordinate"])
                         response = Response(message=answer or "", break_loop=False)
@@ -300,15 +361,27 @@ class Driver:
                     await self.ext.call(
                         "tool_execute_after", agent, response=response, tool_name=name
                     )
+                    # Tool.after_execution (a non-text answer fails in .strip(): an error)
+                    text = response.message.strip()
+                    self.hist_add(agent, False, {"tool_name": name, "tool_result": text})
                     if response.break_loop:
                         return str(response.message)
-                except Exception:
-                    pass  # handle_exception: a repairable error goes back to the agent
+                except asyncio.CancelledError:
+                    alive = False
+                    raise
+                except Exception as exc:  # a repairable error goes back to the agent
+                    self.hist_add_warning(agent, f"{type(exc).__name__}: {exc}")
                 finally:
-                    await self.ext.call("message_loop_end", agent, loop_data=loop_data)
+                    if alive:
+                        await self.ext.call("message_loop_end", agent, loop_data=loop_data)
             return None
+        except asyncio.CancelledError:
+            alive = False
+            raise
         finally:
-            await self.ext.call("monologue_end", agent, loop_data=loop_data)
+            agent.context.streaming_agent = None
+            if alive:
+                await self.ext.call("monologue_end", agent, loop_data=loop_data)
 
     async def call_subordinate(
         self, agent: Agent, args: dict[str, Any], recording: dict[str, Any]
@@ -323,14 +396,18 @@ class Driver:
         return await self.monologue(sub, recording["iterations"])
 
 
+def _standin_modules() -> list[str]:
+    return [m for m in sys.modules if m in ("helpers", "agent") or m.startswith("helpers.")]
+
+
 def install_standins(root: Path) -> None:
     sys.path.insert(0, str(root))
-    for name in [m for m in sys.modules if m == "helpers" or m.startswith("helpers.")]:
+    for name in _standin_modules():
         del sys.modules[name]
 
 
 def remove_standins(root: Path) -> None:
     if str(root) in sys.path:
         sys.path.remove(str(root))
-    for name in [m for m in sys.modules if m == "helpers" or m.startswith("helpers.")]:
+    for name in _standin_modules():
         del sys.modules[name]

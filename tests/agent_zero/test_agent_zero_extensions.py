@@ -61,7 +61,12 @@ def response_of(rec: dict[str, Any], i: int) -> dict[str, Any]:
     return json.loads(rec["iterations"][i]["response"])
 
 
-async def test_main_agent_with_tool_calls(checkout: Checkout, a0_nats: Any) -> None:
+async def test_main_agent_with_tool_calls(
+    checkout: Checkout, a0_nats: Any, monkeypatch: Any
+) -> None:
+    from agentrl.integrations.agent_zero import capture
+
+    monkeypatch.setattr(capture, "ensure_litellm_callback", lambda: False)  # no LiteLLM
     rec = recording("main_with_tools")
     agent, answer = await checkout.run(rec)
     assert answer == "The sum of [1, 2, 3] is 6."
@@ -98,7 +103,8 @@ async def test_main_agent_with_tool_calls(checkout: Checkout, a0_nats: Any) -> N
     }
     assert t1["result"]["success"] is True and t1["result"]["output"] == "6\n"
     assert t1["result"]["execution_time_ms"] >= 0
-    assert t2["observation"] == {"type": "tool_result", "content": "6\n"}
+    # what the model was shown next: Agent Zero's tool result message (stripped)
+    assert t2["observation"] == {"type": "tool_result", "content": "6"}
     assert t2["action"]["type"] == "response" and t2["action"]["tool_name"] == "response"
     assert t2["action"]["tool_args"] == {"text": "The sum of [1, 2, 3] is 6."}
     assert t2["result"]["output"] == "The sum of [1, 2, 3] is 6."
@@ -131,7 +137,10 @@ async def test_serving_version_completion_ids_and_usage(
     # every call carried the chat as the gateway's sticky-session key
     for model in checkout.driver.calls:
         seen = model._inner.kwargs_seen
-        assert seen["extra_headers"] == {"x-agentrl-session": agent.context.id}
+        assert seen["extra_headers"] == {
+            "x-agentrl-session": agent.context.id,
+            "x-agentrl-call-id": seen["metadata"]["agentrl_call_id"],
+        }
         assert seen["metadata"]["agentrl_call_id"]
         assert seen["stream_options"] == {"include_usage": True}
     # another endpoint: tagged for the capture only, nothing agentrl-specific is sent
@@ -162,7 +171,7 @@ async def test_subordinate_call(checkout: Checkout, a0_nats: Any) -> None:
         "code_execution_tool",
         "response",
     ]
-    assert sub_payload["turns"][1]["observation"] == {"type": "tool_result", "content": "cba\n"}
+    assert sub_payload["turns"][1]["observation"] == {"type": "tool_result", "content": "cba"}
 
     m1, m2 = main_payload["turns"]
     assert m1["action"]["type"] == "subordinate_call"
@@ -185,10 +194,16 @@ async def test_failed_tool_and_malformed_result(checkout: Checkout, a0_nats: Any
     assert t1["action"]["tool_name"] == "code_execution_tool"
     assert t1["result"]["success"] is False and "output" not in t1["result"]
     assert "did not return" in t1["result"]["error"]
-    assert t2["observation"]["type"] == "system_message"
+    # the error text Agent Zero put into the history is what the model saw next
+    assert t2["observation"] == {
+        "type": "system_message",
+        "content": f"RuntimeError: {rec['iterations'][0]['tool']['raises']}",
+    }
     assert t2["result"]["success"] is False and t2["result"]["malformed"] is True
     assert json.loads(t2["result"]["output"]) == rec["iterations"][1]["tool"]["message"]
-    assert t3["observation"]["type"] == "tool_result" and t3["result"]["success"] is True
+    assert t3["observation"]["type"] == "system_message"
+    assert "AttributeError" in t3["observation"]["content"]  # .strip() on a dict failed
+    assert t3["result"]["success"] is True
     assert payload["metadata"]["outcome"]["task_status"] == "completed_successfully"
 
 

@@ -27,4 +27,12 @@ class CompletionRecord(Event):
     prompt_token_ids: list[int] = Field(default_factory=list)
     completion_token_ids: list[int] = Field(default_factory=list)
     completion_logprobs: list[Finite] = Field(default_factory=list)
+    constrained: bool = Field(
+        False,
+        description="Sampled under a structured-output grammar: completion_logprobs are those "
+        "of the masked (renormalised) distribution the tokens were drawn from.",
+    )
+    schema_hash: str | None = Field(
+        None, description="sha256 of the constraint (schema, regex, grammar or tools)."
+    )
     timestamp: Timestamp

@@ -342,12 +342,31 @@ def _log(
             prompt_token_ids=gen.prompt_token_ids,
             completion_token_ids=gen.completion_token_ids,
             completion_logprobs=[max(x, -1e30) for x in gen.token_logprobs],
+            constrained=gen.constrained,
+            schema_hash=gen.schema_hash,
             timestamp=utcnow(),
         )
     except ValidationError:
         log.warning("completion %s not logged: invalid record", completion_id)
         return
     state.completion_log.submit(record)
+
+
+def _tool_call_deltas(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tool calls as OpenAI streams them: per call, a delta with its index, id, type and
+    name (arguments ""), then deltas with argument text the client concatenates."""
+    out: list[dict[str, Any]] = []
+    for i, c in enumerate(calls):
+        fn = c.get("function") or {}
+        head = {"name": fn.get("name"), "arguments": ""}
+        out.append(
+            {"tool_calls": [{"index": i, "id": c.get("id"), "type": "function", "function": head}]}
+        )
+        args = str(fn.get("arguments") or "")
+        for start in range(0, len(args), 16):
+            piece = {"arguments": args[start : start + 16]}
+            out.append({"tool_calls": [{"index": i, "function": piece}]})
+    return out
 
 
 def _sse(obj: Any) -> bytes:
@@ -424,8 +443,8 @@ async def _stream(
                     gen: Generation = value
                     if tokenizer is not None:
                         if gen.tool_calls:
-                            calls = [{"index": i, **c} for i, c in enumerate(gen.tool_calls)]
-                            yield _sse(chunk(completion_id, model_id, {"tool_calls": calls}))
+                            for delta in _tool_call_deltas(gen.tool_calls):
+                                yield _sse(chunk(completion_id, model_id, delta))
                         elif buffered or len(gen.content or "") > len(sent):
                             rest = (gen.content or "")[len(sent) if not buffered else 0 :]
                             lpb = (

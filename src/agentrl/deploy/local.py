@@ -28,6 +28,13 @@ import torch
 from agentrl.deploy.choices import pick
 from agentrl.deploy.errors import BackendError, DeployError
 from agentrl.deploy.openai_types import ChatRequest, Generation, tool_call
+from agentrl.deploy.structured import (
+    Constraint,
+    GrammarCompiler,
+    constraint_for,
+    mask_logits,
+    split_tool_answer,
+)
 from agentrl.rollout.batching import next_batch
 from agentrl.rollout.policies.hf_policy import sample_tokens
 
@@ -49,6 +56,7 @@ class _Row:
     stops: list[str]
     future: asyncio.Future[tuple[list[int], list[float], list[list[tuple[int, float]]], str]]
     on_token: TokenCallback | None = None
+    matcher: Any = None  # llguidance matcher of a structured-output request (its own copy)
 
 
 @dataclass
@@ -102,6 +110,8 @@ class LocalEngine:
         self.choice_cache_size = CHOICE_CACHE_SIZE
         self._prompts: dict[str, tuple[str, list[int]]] = {}
         self._inflight: dict[tuple[str, str, tuple[str, ...]], asyncio.Future[ChoiceScores]] = {}
+        vocab = int(getattr(self.model.config, "vocab_size", 0) or len(self.tokenizer))
+        self.grammars = GrammarCompiler(self.tokenizer, vocab)  # structured outputs
 
     # ---- adapters ---------------------------------------------------------------------
     def load_adapter(self, model_id: str, folder: Path) -> None:
@@ -196,12 +206,14 @@ class LocalEngine:
         on_token: TokenCallback | None = None,
     ) -> Generation:
         text, prompt = self._prompt(request)
-        if request.guided_choice:
-            key = (self.adapter_of(model_id), text, tuple(request.guided_choice))
+        if request.choices():
+            key = (self.adapter_of(model_id), text, tuple(request.choices() or []))
             scored = self._choice_cache.get(key)
             if scored is None:  # a new prompt for this version: one forward pass, in a thread
                 scored = await self._score_once(key, prompt)
             return self._guided(prompt, request, *scored)
+        constraint = constraint_for(request)  # StructuredOutputError: the gateway's 400
+        matcher = None if constraint is None else await self.grammars.matcher(constraint)
         limit = request.token_limit(self.default_max_tokens)
         if len(prompt) + limit > self.context:
             limit = self.context - len(prompt)
@@ -224,12 +236,18 @@ class LocalEngine:
             request.stops(),
             future,
             on_token,
+            matcher,
         )
         self._queue.put_nowait(row)
         if self._batcher is None or self._batcher.done():
             self._batcher = loop.create_task(self._run_batches(self._queue))
         ids, logps, tops, finish = await future
-        return self._result(prompt, ids, logps, tops, finish, request)
+        if finish == "grammar_error":
+            raise BackendError(f"grammar engine failed: {matcher.get_error() if matcher else ''}")
+        gen = self._result(prompt, ids, logps, tops, finish, request, constraint)
+        if constraint is not None:
+            gen.constrained, gen.schema_hash = True, constraint.key
+        return gen
 
     def _result(
         self,
@@ -239,13 +257,17 @@ class LocalEngine:
         tops: list[list[tuple[int, float]]],
         finish: str,
         request: ChatRequest,
+        constraint: Constraint | None = None,
     ) -> Generation:
         text = self._text([i for i in ids if i not in self.eos_ids])
         for s in request.stops():
             if s in text:
                 text = text[: text.index(s)]
         calls = None
-        if request.tools and request.tool_choice != "none":
+        if constraint is not None and constraint.kind == "tools":
+            text_or_none, calls = split_tool_answer(text, constraint)
+            text = text_or_none or ""
+        elif request.tools and request.tool_choice != "none":
             calls = parse_tool_calls(text, request.tools)
         tokens = [self._text([i]) for i in ids]
         top_text = [[(self._text([t]), v) for t, v in row] for row in tops] if tops else None
@@ -349,6 +371,11 @@ class LocalEngine:
         want_top = any(r.top_k for r in rows)
         logp: torch.Tensor | None = None
         for _step in range(max_steps):
+            guided = [i for i, r in enumerate(rows) if r.matcher is not None and not done[i]]
+            if guided:  # structured outputs: what the grammar forbids gets probability 0
+                for i in mask_logits(logits, guided, [rows[i].matcher for i in guided]):
+                    done[i], finish[i] = True, "grammar_error"
+                    logits[i] = 0.0  # a placeholder row: its sample is discarded
             if shared_temp and not want_top:
                 # one temperature, no alternatives wanted: the rollout policy's sampler (one
                 # uniform per row, two-level inverse CDF; multinomial over 50k is slow on CPU)
@@ -378,8 +405,12 @@ class LocalEngine:
                     tops[i].append(top)
                 if r.on_token is not None:
                     r.on_token(tok, lp, top)
-                if tok in self.eos_ids or (
-                    r.stops and any(s in self.tokenizer.decode(toks[i]) for s in r.stops)
+                if r.matcher is not None and not r.matcher.consume_token(tok):
+                    done[i], finish[i] = True, "grammar_error"
+                elif (
+                    tok in self.eos_ids
+                    or (r.matcher is not None and r.matcher.is_stopped())
+                    or (r.stops and any(s in self.tokenizer.decode(toks[i]) for s in r.stops))
                 ):
                     done[i], finish[i] = True, "stop"
                 elif len(toks[i]) >= r.max_new_tokens:
@@ -497,7 +528,7 @@ class LocalEngine:
         per_token: list[list[float]],
     ) -> Generation:
         """Pick one of the scored choices at the request's temperature and report it."""
-        choices = list(request.guided_choice or [])
+        choices = list(request.choices() or [])
         temperature = 1.0 if request.temperature is None else float(request.temperature)
         index, probs = pick(scores, temperature, self._py_rng)
         ids = encoded[index]

@@ -29,7 +29,17 @@ class ChatRequest(BaseModel):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
+    tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", ...}
+    parallel_tool_calls: bool | None = None  # True: a list of calls may answer
+    # Structured outputs (agentrl.deploy.structured enforces them token by token):
+    # OpenAI's {"type": "json_object"} / {"type": "json_schema", "json_schema": {...}} ...
+    response_format: dict[str, Any] | None = None
+    # ... and vLLM's extensions, the older guided_* fields and the newer object
+    # (keys json, regex, choice, grammar, json_object).
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
     user: str | None = None
     seed: int | None = None
     guided_choice: list[str] | None = None  # vLLM's extension: answer with one of these
@@ -40,9 +50,20 @@ class ChatRequest(BaseModel):
     def _temperature_range(self) -> ChatRequest:
         """OpenAI's range is 0-2. A guided_choice request (vLLM's extension) samples among a
         few choices, and an agent exploring them may ask for more, as vLLM allows."""
-        if self.temperature is not None and self.temperature > 2.0 and not self.guided_choice:
+        if self.temperature is not None and self.temperature > 2.0 and not self.choices():
             raise ValueError("temperature must be <= 2 (above 2 only with guided_choice)")
         return self
+
+    def choices(self) -> list[str] | None:
+        """The answers a choice request allows: `guided_choice` or vLLM's newer
+        `structured_outputs.choice` (both answered by scoring the choices)."""
+        if self.guided_choice:
+            return self.guided_choice
+        so = self.structured_outputs
+        choice = so.get("choice") if isinstance(so, dict) else None
+        if isinstance(choice, list) and choice and all(isinstance(c, str) for c in choice):
+            return list(choice)
+        return None
 
     def token_limit(self, default: int) -> int:
         return self.max_completion_tokens or self.max_tokens or default
@@ -68,6 +89,10 @@ class Generation:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     raw: dict[str, Any] | None = None  # an upstream answer, passed on as it came
+    # Sampled under a grammar mask (structured outputs): the log-probs are those of the
+    # masked distribution, and schema_hash names the constraint.
+    constrained: bool = False
+    schema_hash: str | None = None
 
 
 def new_completion_id() -> str:

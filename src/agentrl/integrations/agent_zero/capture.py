@@ -6,17 +6,25 @@ finished call (the assembled response: `id`, `model`, `usage`, and the provider'
 headers in `_hidden_params["additional_headers"]`, prefixed `llm_provider-`) to its callbacks.
 So the plugin tags the main chat call at `chat_model_call_before` (LiteLLM `metadata`), a
 LiteLLM callback files what the gateway answered under that tag, and `chat_model_call_after`
-takes it back, waiting at most a fraction of a second. agentrl's gateway names the version
-that served in `x-agentrl-model-version` and in the response's `model`; the completion id is
-the key of its completion log (`agent.rl.completion.v1`). Without LiteLLM (or for a model
-object that takes no extra arguments) nothing is tagged and the trajectory records the
-configured public model name.
+takes it back, waiting at most a fraction of a second.
+
+But Agent Zero closes the stream at the first complete JSON tool request (`aclose()`, the
+normal turn), and then LiteLLM reports nothing. So towards agentrl's gateway the call also
+goes through an OpenAI client of the plugin's (LiteLLM's `client` argument) whose HTTP
+response hook reads the gateway's headers as the stream starts: `x-agentrl-model-version`
+(the version that serves) and `x-agentrl-completion-id` (the key of its completion log,
+`agent.rl.completion.v1`), filed under the call's `x-agentrl-call-id` header. Every turn
+then carries both, whatever Agent Zero does with the stream; token usage comes when LiteLLM
+reports the finished call (or from the completion log, by completion id). Without LiteLLM
+(or for a model object that takes no extra arguments) nothing is tagged and the trajectory
+records the configured public model name.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -24,7 +32,11 @@ from typing import Any
 
 CALL_KEY = "agentrl_call_id"
 SESSION_HEADER = "x-agentrl-session"  # agentrl's gateway keeps a session on one version
-VERSION_HEADERS = ("llm_provider-x-agentrl-model-version", "x-agentrl-model-version")
+CALL_HEADER = "x-agentrl-call-id"  # our tag on the request, read back by the response hook
+VERSION_HEADER = "x-agentrl-model-version"
+COMPLETION_HEADER = "x-agentrl-completion-id"
+VERSION_HEADERS = ("llm_provider-x-agentrl-model-version", VERSION_HEADER)
+USAGE_GRACE_S = 0.05  # after the headers were filed: how long to wait for LiteLLM's usage
 KEEP = 1000  # answers nobody took (a call Agent Zero abandoned) are dropped after this many
 
 _results: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -62,15 +74,30 @@ def record(kwargs: dict[str, Any], response_obj: Any) -> None:
     hidden = getattr(response_obj, "_hidden_params", None) or {}
     headers = hidden.get("additional_headers") or {} if isinstance(hidden, dict) else {}
     version = next((str(headers[h]) for h in VERSION_HEADERS if headers.get(h)), None)
-    answer = {
-        "completion_id": getattr(response_obj, "id", None),
-        "model": version or getattr(response_obj, "model", None),
-        "usage": _usage(response_obj),
-    }
+    _file(
+        str(call_id),
+        {
+            "completion_id": getattr(response_obj, "id", None),
+            "model": version or getattr(response_obj, "model", None),
+            "usage": _usage(response_obj),
+        },
+    )
+
+
+def _file(call_id: str, answer: dict[str, Any]) -> None:
+    """Merge what is known of one call (stream-start headers, then LiteLLM's report)."""
     with _lock:
-        _results[str(call_id)] = answer
+        known = _results.setdefault(call_id, {})
+        known.update({k: v for k, v in answer.items() if v is not None})
         while len(_results) > KEEP:
             _results.popitem(last=False)
+
+
+def record_headers(call_id: str, headers: Any) -> None:
+    """File the gateway's version and completion id from a response's headers."""
+    version, completion = headers.get(VERSION_HEADER), headers.get(COMPLETION_HEADER)
+    if version or completion:
+        _file(call_id, {"model": version, "completion_id": completion, "from_headers": True})
 
 
 def take(call_id: str) -> dict[str, Any] | None:
@@ -78,21 +105,69 @@ def take(call_id: str) -> dict[str, Any] | None:
         return _results.pop(call_id, None)
 
 
+def _peek(call_id: str) -> dict[str, Any] | None:
+    with _lock:
+        got = _results.get(call_id)
+        return dict(got) if got is not None else None
+
+
 async def wait_for(call_id: str, timeout: float) -> dict[str, Any] | None:
-    """The filed answer of `call_id` (LiteLLM may log a streamed call a moment later)."""
-    end = time.monotonic() + timeout
+    """The filed answer of `call_id`. LiteLLM may log a streamed call a moment later; when
+    the stream-start headers are filed already, only a short grace is given for its usage
+    (a stream Agent Zero closed early never gets one)."""
+    start = time.monotonic()
     while True:
-        got = take(call_id)
-        if got is not None or time.monotonic() >= end:
-            return got
+        got = _peek(call_id)
+        now = time.monotonic()
+        if got is not None and (
+            got.get("usage") or not got.get("from_headers") or now - start >= USAGE_GRACE_S
+        ):
+            break
+        if now - start >= timeout:
+            break
         await asyncio.sleep(0.01)
+    got = take(call_id)
+    if got is not None:
+        got.pop("from_headers", None)
+    return got
+
+
+_clients: dict[tuple[str, str, int], Any] = {}
+
+
+async def _on_response(response: Any) -> None:
+    """httpx response hook: the headers arrive before the first chunk of a stream."""
+    call_id = response.request.headers.get(CALL_HEADER)
+    if call_id:
+        record_headers(call_id, response.headers)
+
+
+def gateway_client(api_base: str, api_key: str | None) -> Any:
+    """An OpenAI client for agentrl's gateway whose response hook files the stream-start
+    headers (one per base, key and event loop); None without the openai SDK."""
+    try:  # the SDK's own httpx flavour (openai 1.x: httpx; later: httpx2)
+        from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+    except ImportError:
+        return None
+    key = (api_base, api_key or "", id(asyncio.get_running_loop()))
+    client = _clients.get(key)
+    if client is None:
+        http = DefaultAsyncHttpxClient(event_hooks={"response": [_on_response]}, timeout=600.0)
+        client = AsyncOpenAI(
+            base_url=api_base, api_key=api_key or "agentrl", http_client=http, max_retries=0
+        )
+        _clients[key] = client
+    return client
 
 
 def ensure_litellm_callback() -> bool:
-    """Register the capturing callback with LiteLLM once; False when LiteLLM is missing."""
+    """Register the capturing callback with LiteLLM once; False when LiteLLM is not loaded
+    (Agent Zero's models.py imports it; the plugin never pays for that import itself)."""
     global _callback
     if _callback is not None:
         return True
+    if "litellm" not in sys.modules:
+        return False
     try:
         import litellm
         from litellm.integrations.custom_logger import CustomLogger
@@ -116,14 +191,26 @@ def ensure_litellm_callback() -> bool:
     return True
 
 
-def points_at(model: Any, base_url: str) -> bool:
-    """Whether Agent Zero's chat model calls `base_url` (its LiteLLM `api_base`)."""
+def api_base_of(model: Any) -> str | None:
+    """Agent Zero's chat model's LiteLLM `api_base`."""
     kwargs = getattr(model, "kwargs", None)
     api_base = None
     if isinstance(kwargs, dict):
         api_base = kwargs.get("api_base") or kwargs.get("base_url")
     api_base = api_base or getattr(model, "api_base", None)
+    return str(api_base) if api_base else None
+
+
+def points_at(model: Any, base_url: str) -> bool:
+    """Whether Agent Zero's chat model calls `base_url` (its LiteLLM `api_base`)."""
+    api_base = api_base_of(model)
     return bool(api_base) and str(api_base).rstrip("/") == base_url.rstrip("/")
+
+
+def api_key_of(model: Any) -> str | None:
+    kwargs = getattr(model, "kwargs", None)
+    key = kwargs.get("api_key") if isinstance(kwargs, dict) else None
+    return str(key) if key else None
 
 
 def takes_extra_kwargs(model: Any) -> bool:
@@ -149,11 +236,13 @@ class TaggedModel:
         call_id: str | None,
         headers: dict[str, str] | None = None,
         usage: bool = False,
+        client: Any = None,
     ) -> None:
         self._inner = inner
         self._call_id = call_id
         self._headers = dict(headers or {})
         self._usage = usage  # ask a stream for its token usage (agentrl's gateway sends it)
+        self._client = client  # reads the gateway's headers at stream start
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -167,4 +256,6 @@ class TaggedModel:
             kwargs["extra_headers"] = {**self._headers, **(kwargs.get("extra_headers") or {})}
         if self._usage and "stream_options" not in kwargs:
             kwargs["stream_options"] = {"include_usage": True}
+        if self._client is not None and "client" not in kwargs:
+            kwargs["client"] = self._client
         return await self._inner.unified_call(*args, **kwargs)

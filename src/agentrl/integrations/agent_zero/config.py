@@ -42,6 +42,11 @@ class AgentZeroConfig(BaseModel):
         0.5, ge=0, description="The most a turn waits for LiteLLM's report of the call."
     )
     domain: str = "general"
+    max_text_bytes: int = Field(
+        32_768,
+        ge=1024,
+        description="A tool answer or observation is cut to this many bytes (head and tail).",
+    )
     agent_zero_root: str = Field("", description="Agent Zero's folder; empty: the cwd.")
 
     def root(self) -> Path:

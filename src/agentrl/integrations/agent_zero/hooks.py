@@ -9,9 +9,16 @@ logic lives here, in the installed agentrl package. Read from Agent Zero's sourc
   message_loop_start(loop_data)        one LLM call + tool run begins
   chat_model_call_before(call_data)    tag the main chat call (capture: serving version)
   chat_model_call_after(call_data, response, reasoning)   the LLM's full answer (upstream)
-  tool_execute_before(tool_args, tool_name), tool_execute_after(response, tool_name)
+  tool_execute_before(tool_args, tool_name)   at _05_: the arguments as the model wrote
+                                       them, before _10_unmask_secrets puts secrets in
+  tool_execute_after(response, tool_name)     after _10_mask_secrets
+  hist_add_before(content_data, ai)    (sync) what goes into the history for the model:
+                                       the next turn's observation (after _10_mask_content)
   message_loop_end(loop_data)          loop_data.last_response: the answer (fork fallback)
   monologue_end(loop_data)             publish the trajectory
+  _functions/agent/AgentContext/{kill_process,remove}/start(data)   (sync) a chat stopped,
+                                       reset or removed mid-monologue: Agent Zero skips the
+                                       end hooks, so the monologue is published as abandoned
 
 `Agent` gives `number`, `config.profile`, `context.id` (the session), `data` (the superior
 under "_superior", the subordinate under "_subordinate"); `LoopData` gives `user_message`
@@ -21,7 +28,10 @@ logs them: an extension error must never break Agent Zero's loop.
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import functools
+import importlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -63,6 +73,18 @@ def guarded(fn: F) -> F:
             return None
 
     return wrapper  # type: ignore[return-value]
+
+
+def guarded_sync(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception:  # never into Agent Zero's loop
+            log.exception("agentrl: %s failed (Agent Zero goes on)", fn.__name__)
+            return None
+
+    return wrapper
 
 
 def _stamp(plugin_dir: str) -> tuple[float, ...]:
@@ -182,6 +204,7 @@ async def monologue_start(agent: Any, loop_data: Any, plugin_file: str | Path) -
         task_id=str(getattr(message, "id", "") or "") or None,
         model=config.model_name,
         domain=config.domain,
+        max_text_bytes=config.max_text_bytes,
     )
     await outbox_for(config).flush()  # the fallback flush: whatever an earlier end left
 
@@ -211,12 +234,21 @@ async def chat_model_call_before(agent: Any, call_data: Any, plugin_file: str | 
     model = call_data.get("model")
     if not capture.takes_extra_kwargs(model):
         return
-    if capture.ensure_litellm_callback():
-        rec.current.call_id = new_id()
     ours = capture.points_at(model, config_for(plugin_file).gateway_url)
-    headers = {capture.SESSION_HEADER: rec.identity.session_id} if ours else None
-    if rec.current.call_id is not None or ours:
-        call_data["model"] = capture.TaggedModel(model, rec.current.call_id, headers, usage=ours)
+    if capture.ensure_litellm_callback() or ours:
+        rec.current.call_id = new_id()
+    headers: dict[str, str] | None = None
+    client = None
+    if ours and rec.current.call_id is not None:
+        headers = {
+            capture.SESSION_HEADER: rec.identity.session_id,
+            capture.CALL_HEADER: rec.current.call_id,
+        }
+        client = capture.gateway_client(capture.api_base_of(model) or "", capture.api_key_of(model))
+    if rec.current.call_id is not None:
+        call_data["model"] = capture.TaggedModel(
+            model, rec.current.call_id, headers, usage=ours, client=client
+        )
 
 
 @guarded
@@ -239,8 +271,38 @@ async def tool_execute_before(
     agent: Any, tool_name: str, tool_args: Any, plugin_file: str | Path
 ) -> None:
     rec = recorder(agent)
-    if rec is not None:
-        rec.tool_started(str(tool_name), tool_args if isinstance(tool_args, dict) else {})
+    if rec is not None:  # a copy: _10_unmask_secrets replaces placeholders in place next
+        args = copy.deepcopy(tool_args) if isinstance(tool_args, dict) else {}
+        rec.tool_started(str(tool_name), args)
+
+
+def _shown(content: Any) -> tuple[str, str]:
+    """The observation type and text of a history message Agent Zero adds for the model."""
+    if isinstance(content, dict):
+        if "tool_result" in content:
+            kind = (
+                "subordinate_response"
+                if content.get("tool_name") == SUBORDINATE_TOOL
+                else "tool_result"
+            )
+            return kind, message_text(content["tool_result"])
+        for key in ("system_warning", "error", "warning"):
+            if key in content:
+                return "system_message", message_text(content[key])
+        if "user_intervention" in content or "user_message" in content:
+            return "user_message", message_text(
+                content.get("user_intervention", content.get("user_message"))
+            )
+    return "system_message", message_text(content)
+
+
+@guarded_sync
+def hist_add_before(agent: Any, content_data: Any, ai: Any, plugin_file: str | Path) -> None:
+    rec = recorder(agent)
+    if rec is None or ai or not isinstance(content_data, dict):
+        return
+    kind, text = _shown(content_data.get("content"))
+    rec.observed(kind, text)
 
 
 @guarded
@@ -286,3 +348,81 @@ async def monologue_end(agent: Any, loop_data: Any, plugin_file: str | Path) -> 
     if callable(setter):  # the feedback helper links thumbs to the chat's last trajectory
         setter(LAST_TRAJECTORY_KEY, event.trajectory_id)
     await outbox_for(config_for(plugin_file)).send([event])
+
+
+# ---- a chat stopped, reset or removed mid-monologue ---------------------------------------
+
+
+def _context_of(data: Any) -> Any:
+    """The AgentContext of a kill_process (self) or remove (the context id) call."""
+    if not isinstance(data, dict):
+        return None
+    args = data.get("args") or ()
+    kwargs = data.get("kwargs") or {}
+    first = args[0] if args else kwargs.get("id", kwargs.get("self"))
+    if isinstance(first, str):
+        contexts = getattr(importlib.import_module("agent").AgentContext, "_contexts", {})
+        return contexts.get(first)
+    return first
+
+
+def _agents_of(context: Any) -> list[Any]:
+    """The chat's agents: agent0, the streaming agent and their subordinates."""
+    found: list[Any] = []
+    todo = [getattr(context, "agent0", None), getattr(context, "streaming_agent", None)]
+    while todo:
+        agent = todo.pop()
+        if agent is None or any(agent is a for a in found):
+            continue
+        found.append(agent)
+        data = getattr(agent, "data", None)
+        if isinstance(data, dict):
+            todo += [data.get(SUBORDINATE_KEY), data.get(SUPERIOR_KEY)]
+    return found
+
+
+@guarded_sync
+def context_killed(data: Any, why: str, plugin_file: str | Path) -> int:
+    """Publish every monologue still running in the chat as abandoned (the trajectory with
+    `outcome.task_abandoned`, and an `abandoned` feedback event); spooled now, flushed in
+    the background when an event loop runs (else by the next monologue). Returns how many."""
+    from agentrl.integrations.agent_zero.feedback import feedback_event
+
+    context = _context_of(data)
+    if context is None:
+        return 0
+    config = config_for(plugin_file)
+    events: list[Any] = []
+    # subordinates first: their trajectories are the parents' children
+    for agent in sorted(_agents_of(context), key=lambda a: -int(getattr(a, "number", 0) or 0)):
+        rec = _data(agent).pop(RECORDER_KEY, None)
+        if not isinstance(rec, TrajectoryRecorder):
+            continue
+        event = rec.finish(abandoned=why)
+        if event is None:
+            continue
+        _data(agent)[LAST_TRAJECTORY_KEY] = event.trajectory_id
+        events.append(event)
+        events.append(
+            feedback_event(
+                event.trajectory_id,
+                "abandoned",
+                comment=f"the chat was {why} mid-monologue",
+                session_id=rec.identity.session_id,
+            )
+        )
+    if not events:
+        return 0
+    box = outbox_for(config)
+    box.spool_events(events)
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return len(events) // 2
+    task = loop.create_task(box.flush())
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+    return len(events) // 2
+
+
+_background: set[asyncio.Task[Any]] = set()

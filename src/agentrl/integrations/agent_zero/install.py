@@ -23,6 +23,8 @@ import yaml
 Layout = Literal["plugin", "legacy"]
 PLUGIN_NAME = "agentrl"
 KEEP = ("config.json",)
+# files earlier versions installed that must not stay (relative to the extensions folder)
+OBSOLETE = ("tool_execute_before/_80_agentrl_trajectory.py",)
 
 
 def plugin_source() -> Path:
@@ -67,6 +69,9 @@ def install(root: Path, layout: Layout | None = None) -> Installed:
     src = plugin_source()
     plugin_dir = root / "usr" / "plugins" / PLUGIN_NAME
     out = Installed(root, layout, plugin_dir)
+    for rel in OBSOLETE:
+        for ext in (plugin_dir / "extensions" / "python", root / "python" / "extensions"):
+            (ext / rel).unlink(missing_ok=True)
     if layout == "plugin":
         for f in _files(src):
             _copy(f, plugin_dir / f.relative_to(src), out)

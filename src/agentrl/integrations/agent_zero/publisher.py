@@ -39,6 +39,18 @@ def redacted(event: Event) -> Event:
     return out
 
 
+def permanent(exc: BaseException) -> bool:
+    """An error publishing one event that no retry can cure (too large, a bad request)."""
+    import nats.errors
+    import nats.js.errors
+
+    from agentrl.errors import PayloadTooLargeError
+
+    if isinstance(exc, PayloadTooLargeError | nats.errors.MaxPayloadError):
+        return True
+    return isinstance(exc, nats.js.errors.APIError) and exc.code in (400, 413)
+
+
 class Outbox:
     def __init__(self, config: AgentZeroConfig) -> None:
         self.config = config
@@ -47,14 +59,19 @@ class Outbox:
         self.last_error: str | None = None
         self.pause_s = 0.0  # after a flush that timed out: skip flushes until `retry_at`
         self.retry_at = 0.0
+        self.set_aside = 0  # events NATS refused for good, moved aside (.bad) by this outbox
 
-    async def send(self, events: Iterable[Event]) -> int:
-        """Spool `events` (redacted unless configured off) and try to flush; returns how
-        many spooled events were published now."""
+    def spool_events(self, events: Iterable[Event]) -> None:
+        """Write `events` to the spool (redacted unless configured off); no network."""
         for event in events:
             if self.config.redact:
                 event = redacted(event)
             self.spool.put(event)
+
+    async def send(self, events: Iterable[Event]) -> int:
+        """Spool `events` and try to flush; returns how many spooled events were
+        published now."""
+        self.spool_events(events)
         return await self.flush()
 
     async def flush(self, timeout: float | None = None, *, force: bool = False) -> int:
@@ -107,11 +124,31 @@ class Outbox:
             try:
                 while batch := self.spool.pending():
                     for item in batch:
-                        await bus.publish_raw(item.subject, item.data, item.msg_id)
+                        try:
+                            await bus.publish_raw(item.subject, item.data, item.msg_id)
+                        except Exception as exc:
+                            if not permanent(exc):
+                                raise  # stays spooled, in order
+                            self._set_aside(item, exc)
+                            continue
                         item.path.unlink(missing_ok=True)
                         sent[0] += 1
             finally:
                 await bus.close()
+
+    def _set_aside(self, item: Any, exc: Exception) -> None:
+        reason = f"{type(exc).__name__}: {exc}"
+        bad = self.spool.set_aside(item, reason)
+        self.set_aside += 1
+        log.error(
+            "agentrl: %s (%d bytes) can never be published, moved aside to %s (%s); "
+            "%d event(s) set aside in all",
+            item.subject,
+            len(item.data),
+            bad,
+            reason,
+            self.spool.bad_count(),
+        )
 
     async def _connect(self) -> Any:
         import nats

@@ -7,9 +7,11 @@ the next turn's observation. Nothing here imports Agent Zero: the adapter (`hook
 plain values in, so this module is tested without it.
 
 Mapping (seed 000, trajectory payload):
-  observation   turn 1: the user (or superior's) message; then the previous tool's result
-                (`subordinate_response` after call_subordinate), or a `system_message` when
-                the previous response was not a valid tool call
+  observation   turn 1: the user (or superior's) message; then what Agent Zero put into the
+                history for the model after the previous answer (`observed`: the tool's
+                result, `subordinate_response` after call_subordinate, a repeat or misformat
+                warning or an error as `system_message`); without that hook, the previous
+                tool's result, or a `system_message` saying why there is none
   thought_process  the response's `thoughts`
   action        `tool_name` / `tool_args`; type response (the `response` tool),
                 subordinate_call (call_subordinate), memory_update (memory_* tools) or
@@ -17,12 +19,20 @@ Mapping (seed 000, trajectory payload):
   result        the tool's answer; success False when the response was not JSON, the tool
                 never returned (it raised or was interrupted) or its answer was malformed
   metadata      the serving model version, token usage when known, the agent's number,
-                profile and parent (subordinates), `outcome`
+                profile and parent (subordinates), `outcome` (`task_abandoned` when the chat
+                was stopped, reset or removed mid-monologue)
+
+Sizes: every tool answer, observation and the instructions are cut to `max_text_bytes`
+(head and tail kept), and a tool's answer that is also the next observation is stored in
+full only there (the result keeps an excerpt), so one trajectory stays far below NATS's
+max_payload.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -35,17 +45,43 @@ RESPONSE_TOOL = "response"
 SUBORDINATE_TOOL = "call_subordinate"
 MEMORY_TOOLS = ("memory_save", "memory_delete", "memory_forget")
 NOT_JSON = "the response is not a JSON tool request"
+MAX_TEXT_BYTES = 32_768  # default cut of one tool answer / observation
+EXCERPT_BYTES = 1_024  # a result whose answer is the next observation keeps this much
+# a comma before a closing bracket, outside strings (Agent Zero's dirty-JSON parser takes it)
+_TRAILING_COMMA = re.compile(r'("(?:[^"\\]|\\.)*")|,(\s*[}\]])')
+
+
+def _lenient_loads(text: str) -> Any:
+    """Strict JSON, else the same text without trailing commas (what Agent Zero accepts)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        fixed = _TRAILING_COMMA.sub(lambda m: m.group(1) or m.group(2), text)
+        if fixed == text:
+            raise
+        return json.loads(fixed)
+
+
+def truncate(text: str, budget: int) -> str:
+    """`text` cut to about `budget` UTF-8 bytes, head and tail kept, the cut said in it."""
+    data = text.encode("utf-8", "replace")
+    if budget <= 0 or len(data) <= budget:
+        return text
+    keep = max(0, budget - 80) // 2
+    head = data[:keep].decode("utf-8", "ignore")
+    tail = data[len(data) - keep :].decode("utf-8", "ignore")
+    return f"{head}\n...[agentrl: {len(data) - 2 * keep:,} bytes cut]...\n{tail}"
 
 
 def parse_response(text: str) -> tuple[dict[str, Any] | None, str | None]:
-    """Agent Zero's JSON answer (the outermost {...}, as its own parser finds it), or the
-    reason it is not one."""
+    """Agent Zero's JSON answer (the outermost {...}, as its own parser finds it, trailing
+    commas allowed), or the reason it is not one."""
     start = text.find("{")
     end = text.rfind("}")
     if start < 0 or end <= start:
         return None, NOT_JSON
     try:
-        value = json.loads(text[start : end + 1])
+        value = _lenient_loads(text[start : end + 1])
     except json.JSONDecodeError as exc:
         return None, f"{NOT_JSON} ({exc.msg})"
     if not isinstance(value, dict):
@@ -132,9 +168,11 @@ class TrajectoryRecorder:
         model: str = "unknown",
         domain: str = "general",
         now: datetime | None = None,
+        max_text_bytes: int = MAX_TEXT_BYTES,
     ) -> None:
         self.identity = identity
-        self.instructions = instructions
+        self.max_text_bytes = max_text_bytes
+        self.instructions = truncate(instructions, max_text_bytes)
         self.task_id = task_id or new_id()
         self.trajectory_id = new_id()
         self.model = model
@@ -144,6 +182,14 @@ class TrajectoryRecorder:
         self.current: TurnRecord | None = None
         self.models_seen: list[str] = []
         self.total_tokens = 0
+        self.pending: list[tuple[str, str]] = []  # what the history got for the next turn
+        self.hooked_history = False  # `observed` is called: observations come from it
+
+    def observed(self, kind: str, text: str) -> None:
+        """Agent Zero put a message for the model into the history (a tool's result, a
+        warning, an error, an intervention): part of the next turn's observation."""
+        self.hooked_history = True
+        self.pending.append((kind, truncate(text, self.max_text_bytes)))
 
     # ---- the loop, step by step ----------------------------------------------------------
     def begin_turn(self, now: datetime | None = None) -> None:
@@ -178,7 +224,8 @@ class TrajectoryRecorder:
         run = turn.tool if turn.tool is not None and turn.tool.name == name else None
         if run is None:
             run = turn.tool = ToolRun(name, {}, time.perf_counter())
-        run.answer, run.malformed = as_text(answer)
+        text, run.malformed = as_text(answer)
+        run.answer = truncate(text, self.max_text_bytes)
         run.break_loop = bool(break_loop)
         run.duration_ms = max(0.0, (time.perf_counter() - run.started) * 1000.0)
         run.extras.update({k: v for k, v in extras.items() if v is not None})
@@ -199,25 +246,35 @@ class TrajectoryRecorder:
         self.current = None
 
     # ---- the trajectory --------------------------------------------------------------------
-    def finish(self, now: datetime | None = None) -> TrajectoryEvent | None:
+    def finish(
+        self, now: datetime | None = None, abandoned: str | None = None
+    ) -> TrajectoryEvent | None:
+        """The trajectory; `abandoned` says why it ended early (killed, reset, removed)."""
         if self.current is not None:
             self.end_turn()
         if not self.turns:
             return None
         end = max(now or datetime.now(UTC), self.started_at)
         turns = [self._turn_payload(t) for t in self.turns]
+        for turn, nxt in itertools.pairwise(turns):
+            _store_once(turn["result"], nxt["observation"]["content"])
         last = self.turns[-1].tool
-        done = last is not None and last.answer is not None and last.break_loop
+        done = not abandoned and last is not None and last.answer is not None and last.break_loop
         ident = self.identity
+        outcome: dict[str, Any] = {
+            "task_status": "completed_successfully" if done else "failed",
+            "completion_percentage": 1.0 if done else 0.0,
+        }
+        if abandoned:
+            outcome["task_abandoned"] = True
         metadata: dict[str, Any] = {
             "model": self.models_seen[-1] if self.models_seen else self.model,
             "agent_number": ident.number,
             "source": "agent-zero",
-            "outcome": {
-                "task_status": "completed_successfully" if done else "failed",
-                "completion_percentage": 1.0 if done else 0.0,
-            },
+            "outcome": outcome,
         }
+        if abandoned:
+            metadata["abandoned"] = abandoned
         if self.total_tokens:
             metadata["total_tokens"] = self.total_tokens
         if len(set(self.models_seen)) > 1:
@@ -255,7 +312,15 @@ class TrajectoryRecorder:
 
     def _next_observation(self) -> tuple[str, Any]:
         if not self.turns:
+            self.pending.clear()
             return "user_message", self.instructions
+        if self.hooked_history:  # exactly what Agent Zero showed the model
+            shown, self.pending = self.pending, []
+            if not shown:
+                return "system_message", ""
+            kinds = {k for k, _ in shown}
+            kind = shown[0][0] if len(kinds) == 1 else "system_message"
+            return kind, "\n\n".join(text for _, text in shown)
         prev = self.turns[-1]
         if prev.tool is None:
             return "system_message", "the previous response was not a valid tool request"
@@ -325,3 +390,14 @@ class TrajectoryRecorder:
             "action": action,
             "result": result,
         }
+
+
+def _store_once(result: dict[str, Any], next_observation: Any) -> None:
+    """A tool's answer that is the next observation too is stored in full only there."""
+    output = result.get("output")
+    if not isinstance(output, str) or not isinstance(next_observation, str):
+        return
+    if output not in next_observation or len(output.encode()) <= EXCERPT_BYTES:
+        return
+    result["output"] = truncate(output, EXCERPT_BYTES)
+    result["output_in_next_observation"] = True

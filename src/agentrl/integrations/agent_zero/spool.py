@@ -5,7 +5,9 @@ and renamed, so a crash leaves whole files only), then the spool is flushed olde
 each file is published with its event id as `Nats-Msg-Id` and deleted after the PubAck. A
 flush stops at the first failure, so a later event never overtakes an earlier one; JetStream's
 duplicate window (and consumers keyed by event id) drop a message published twice when a
-crash came between the PubAck and the delete. One flusher at a time (an flock on
+crash came between the PubAck and the delete. An event NATS can never take (over its
+max_payload, refused as a bad request) is moved aside as `.bad` with a `.why` note, counted
+and logged, and the flush goes on: one such file never blocks the spool. One flusher at a time (an flock on
 `.lock`): Agent Zero's superior and subordinates, or two processes, may end monologues at once.
 """
 
@@ -72,6 +74,18 @@ class Spool:
                 with contextlib.suppress(OSError):
                     path.rename(path.with_suffix(".bad"))
         return out
+
+    def set_aside(self, item: Spooled, reason: str) -> Path:
+        """Move an event NATS refuses for good out of the queue (`.bad`, reason in `.why`)."""
+        bad = item.path.with_suffix(".bad")
+        with contextlib.suppress(OSError):
+            bad.with_suffix(".why").write_text(reason + "\n")
+        os.replace(item.path, bad)
+        return bad
+
+    def bad_count(self) -> int:
+        """How many events were set aside (unreadable, or refused for good)."""
+        return len(list(self.folder.glob("*.bad"))) if self.folder.is_dir() else 0
 
     def __len__(self) -> int:
         return len(list(self.folder.glob("*.event"))) if self.folder.is_dir() else 0

@@ -10,12 +10,18 @@ try:
 except ImportError:  # older checkouts and forks
     from python.helpers.tool import Response, Tool  # type: ignore[no-redef]
 
-from agentrl.integrations.agent_zero import hooks
-from agentrl.integrations.agent_zero.training_tool import run_training_tool
+try:
+    from agentrl.integrations.agent_zero import hooks
+    from agentrl.integrations.agent_zero.training_tool import run_training_tool
+except Exception as exc:  # agentrl's client is not installed where Agent Zero runs
+    hooks = None  # type: ignore[assignment]
+    _missing = f"agentrl's client is not installed in Agent Zero's Python ({exc})"
 
 
 class RLTraining(Tool):
     async def execute(self, **kwargs):
+        if hooks is None:
+            return Response(message=f"rl_training unavailable: {_missing}", break_loop=False)
         config = hooks.config_for(__file__)
         text = await run_training_tool(config, self.method, dict(kwargs))
         return Response(message=text, break_loop=False)

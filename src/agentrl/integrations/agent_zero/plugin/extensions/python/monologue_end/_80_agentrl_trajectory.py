@@ -1,7 +1,8 @@
 """agentrl: the monologue ends: publish the trajectory (spooled if NATS is away).
 
-Part of the agentrl plugin for Agent Zero; the logic is in the installed agentrl package
-(agentrl.integrations.agent_zero.hooks), which never raises into Agent Zero's loop.
+Part of the agentrl plugin for Agent Zero; the logic is in agentrl's client
+(agentrl.integrations.agent_zero.hooks), which never raises into Agent Zero's loop. Without
+the client in Agent Zero's Python this file logs once and does nothing: a chat never breaks.
 """
 
 try:
@@ -9,9 +10,19 @@ try:
 except ImportError:  # older checkouts and forks: python/extensions/<point>/
     from python.helpers.extension import Extension  # type: ignore[no-redef]
 
-from agentrl.integrations.agent_zero import hooks
+try:
+    from agentrl.integrations.agent_zero import hooks
+except Exception as exc:  # agentrl's client is not installed where Agent Zero runs
+    import logging
+
+    _log = logging.getLogger("agentrl.agent_zero")
+    if not getattr(_log, "agentrl_missing", False):
+        _log.__dict__["agentrl_missing"] = True
+        _log.warning("agentrl plugin inactive (%s): run `agentrl agent-zero install`", exc)
+    hooks = None  # type: ignore[assignment]
 
 
 class AgentRLMonologueEnd(Extension):
     async def execute(self, loop_data=None, **kwargs):
-        await hooks.monologue_end(self.agent, loop_data, __file__)
+        if hooks is not None:
+            await hooks.monologue_end(self.agent, loop_data, __file__)

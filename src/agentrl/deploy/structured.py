@@ -1,0 +1,398 @@
+"""Structured outputs: a request's constraint (OpenAI's `response_format` and `tools` /
+`tool_choice`, vLLM's `guided_json` / `guided_regex` / `guided_grammar` and its
+`structured_outputs` object) turned into a grammar that llguidance enforces token by token
+against the model's own vocabulary.
+
+Why llguidance: vLLM's and SGLang's grammar backends are xgrammar and llguidance; xgrammar
+0.2.8 pulls triton into a CPU-only install, llguidance is one self-contained wheel. Its
+"compilation" builds a matcher from the grammar (milliseconds for ordinary schemas, bounded
+by parser limits); a compiled matcher is cached per schema hash and each request gets a
+copy. Bad input is a `StructuredOutputError` (the gateway answers 400): an invalid JSON
+Schema, a keyword the engine does not support, a grammar that does not compile within
+`compile_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import numpy as np
+import torch
+
+from agentrl.deploy.errors import DeployError
+
+# Compact, fixed separators (json.dumps's): a constrained model cannot spin on whitespace.
+JSON_OPTIONS: Any = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+CACHE_SIZE = 512
+COMPILE_TIMEOUT_S = 5.0
+UNSUPPORTED_MARKERS = ("Unimplemented", "Unknown format", "not supported", "unsupported")
+
+
+class StructuredOutputError(DeployError):
+    """The request's schema, regex or grammar cannot be enforced (the gateway answers 400)."""
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What a request's answer must match: a llguidance grammar, the hash that names it in
+    caches and in the completion log, and, for tool calls, which tools an answer may call."""
+
+    kind: str  # json_schema | json_object | regex | grammar | tools
+    grammar: str
+    key: str
+    tools: tuple[str, ...] = ()
+    tool_mode: str | None = None  # "required" (a call) or "auto" (text or a call)
+
+
+def spec_hash(spec: Any) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# ---- request -> constraint ------------------------------------------------------------
+def _check_schema(schema: Any, where: str) -> dict[str, Any]:
+    """A JSON Schema that is a schema (jsonschema's meta-schema check), else a 400."""
+    from jsonschema import SchemaError
+    from jsonschema.validators import validator_for
+
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as exc:
+            raise StructuredOutputError(f"{where}: not JSON: {exc}") from exc
+    if isinstance(schema, bool):
+        schema = {} if schema else {"not": {}}
+    if not isinstance(schema, dict):
+        raise StructuredOutputError(f"{where}: a JSON Schema must be an object")
+    try:
+        validator_for(schema).check_schema(schema)
+    except SchemaError as exc:
+        path = "/".join(str(p) for p in exc.path) or "(root)"
+        raise StructuredOutputError(
+            f"{where}: invalid JSON Schema at {path}: {exc.message}"
+        ) from exc
+    return schema
+
+
+def _json_grammar(schema: dict[str, Any]) -> str:
+    from llguidance import LLMatcher
+
+    return str(LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS))
+
+
+def _regex_grammar(regex: Any, where: str) -> str:
+    from llguidance import LLMatcher
+
+    if not isinstance(regex, str) or not regex:
+        raise StructuredOutputError(f"{where}: a regex must be a non-empty string")
+    return str(LLMatcher.grammar_from_regex(regex))
+
+
+def _ebnf_grammar(text: Any, where: str) -> str:
+    """Lark (llguidance's own syntax) or GBNF/EBNF as llama.cpp and vLLM take it."""
+    from llguidance import LLMatcher
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    if not isinstance(text, str) or not text.strip():
+        raise StructuredOutputError(f"{where}: a grammar must be a non-empty string")
+    try:
+        lark = any_to_lark(text)
+    except Exception as exc:  # the converter raises plain exceptions on bad GBNF
+        raise StructuredOutputError(f"{where}: cannot read the grammar: {exc}") from exc
+    return str(LLMatcher.grammar_from_lark(lark))
+
+
+def _tool_specs(tools: Any) -> dict[str, dict[str, Any]]:
+    specs: dict[str, dict[str, Any]] = {}
+    if not isinstance(tools, list) or not tools:
+        raise StructuredOutputError("tools: a non-empty list of function tools")
+    for i, tool in enumerate(tools):
+        fn = tool.get("function", tool) if isinstance(tool, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not name:
+            raise StructuredOutputError(f"tools[{i}]: a function tool with a name")
+        params = fn.get("parameters") if isinstance(fn, dict) else None
+        where = f"tools[{i}].function.parameters ({name})"
+        specs[name] = _check_schema(params if params is not None else {"type": "object"}, where)
+    return specs
+
+
+def _named_tool(tool_choice: Any, names: list[str]) -> str | None:
+    if not isinstance(tool_choice, dict):
+        return None
+    fn = tool_choice.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else tool_choice.get("name")
+    if name not in names:
+        raise StructuredOutputError(
+            f"tool_choice names the function {name!r}, which is not among the tools "
+            f"({', '.join(names)})"
+        )
+    return str(name)
+
+
+def call_schema(tools: dict[str, dict[str, Any]], parallel: bool) -> dict[str, Any]:
+    """One call of an offered tool, `{"name": ..., "arguments": {...}}` with the arguments
+    valid against that tool's parameters (a list of such calls when `parallel`)."""
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": name}, "arguments": params},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for name, params in tools.items()
+    ]
+    one: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    if parallel:
+        return {"anyOf": [one, {"type": "array", "items": one, "minItems": 1}]}
+    return one
+
+
+def _tools_constraint(request: Any, fmt: dict[str, Any] | None) -> Constraint | None:
+    from llguidance import LLMatcher
+
+    choice = request.tool_choice
+    if choice == "none" or not request.tools:
+        return None
+    if choice not in (None, "auto", "required") and not isinstance(choice, dict):
+        raise StructuredOutputError(
+            "tool_choice: 'none', 'auto', 'required' or "
+            '{"type": "function", "function": {"name": ...}}'
+        )
+    specs = _tool_specs(request.tools)
+    named = _named_tool(choice, list(specs))
+    if named is not None:
+        specs = {named: specs[named]}
+    parallel = request.parallel_tool_calls is True and named is None
+    schema = call_schema(specs, parallel)
+    mode = "required" if (choice == "required" or named) else "auto"
+    key = spec_hash({"tools": schema, "mode": mode, "format": fmt})
+    if mode == "required":
+        grammar = _json_grammar(schema)
+    else:  # text (anything not opening a JSON value), a call, or the response format
+        call = json.dumps({**schema, "x-guidance": JSON_OPTIONS})
+        other = "TEXT\nTEXT: /[^{\\[][\\s\\S]*/"
+        if fmt is not None:
+            other = "fmt\nfmt: %json " + json.dumps({**fmt, "x-guidance": JSON_OPTIONS})
+        grammar = str(LLMatcher.grammar_from_lark(f"start: call | {other}\ncall: %json {call}"))
+    return Constraint("tools", grammar, key, tuple(specs), mode)
+
+
+def _format_schema(response_format: Any) -> tuple[str, dict[str, Any]] | None:
+    """OpenAI's response_format -> ("json_object" | "json_schema", schema), None for text."""
+    if response_format is None:
+        return None
+    if not isinstance(response_format, dict):
+        raise StructuredOutputError("response_format: an object with a 'type'")
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return "json_object", {"type": "object"}
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise StructuredOutputError(
+                "response_format.json_schema: an object with 'name' and 'schema'"
+            )
+        return "json_schema", _check_schema(spec["schema"], "response_format.json_schema.schema")
+    raise StructuredOutputError(
+        f"response_format.type {kind!r}: one of 'text', 'json_object', 'json_schema'"
+    )
+
+
+def constraint_for(request: Any) -> Constraint | None:
+    """The constraint a request asks for (None when its answer is free text or a
+    guided_choice, which the choice-scoring path answers). Raises StructuredOutputError."""
+    so = request.structured_outputs or {}
+    if not isinstance(so, dict):
+        raise StructuredOutputError("structured_outputs: an object")
+    given = {
+        "guided_json": request.guided_json,
+        "guided_regex": request.guided_regex,
+        "guided_grammar": request.guided_grammar,
+        **{f"structured_outputs.{k}": v for k, v in so.items() if v not in (None, False)},
+    }
+    given = {k: v for k, v in given.items() if v is not None and k != "structured_outputs.choice"}
+    if len(given) > 1:
+        raise StructuredOutputError(f"give one constraint, not {len(given)}: {sorted(given)}")
+    fmt = _format_schema(request.response_format)
+    if given and fmt is not None:
+        raise StructuredOutputError(f"{next(iter(given))} and response_format are exclusive")
+    tools = _tools_constraint(request, fmt[1] if fmt else None)
+    if tools is not None:
+        if given:
+            raise StructuredOutputError(f"{next(iter(given))} cannot be combined with tools")
+        return tools
+    if fmt is not None:
+        kind, schema = fmt
+        return Constraint(kind, _json_grammar(schema), spec_hash({kind: schema}))
+    if not given:
+        return None
+    where, value = next(iter(given.items()))
+    leaf = where.rsplit(".", 1)[-1]
+    if leaf in ("guided_json", "json"):
+        schema = _check_schema(value, where)
+        return Constraint("json_schema", _json_grammar(schema), spec_hash({"json": schema}))
+    if leaf == "json_object":
+        return Constraint("json_object", _json_grammar({"type": "object"}), spec_hash("object"))
+    if leaf in ("guided_regex", "regex"):
+        return Constraint("regex", _regex_grammar(value, where), spec_hash({"regex": value}))
+    if leaf in ("guided_grammar", "grammar"):
+        return Constraint("grammar", _ebnf_grammar(value, where), spec_hash({"grammar": value}))
+    raise StructuredOutputError(
+        f"{where}: unknown; structured_outputs takes json, regex, choice, grammar, json_object"
+    )
+
+
+# ---- compilation ----------------------------------------------------------------------
+class GrammarCompiler:
+    """Compiled matchers per schema hash over one tokenizer; `matcher()` hands each request
+    its own copy. Compilation runs in a thread under a time limit (a 400, never a hang)."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        *,
+        cache_size: int = CACHE_SIZE,
+        compile_timeout_s: float = COMPILE_TIMEOUT_S,
+    ) -> None:
+        self.hf_tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.cache_size = cache_size
+        self.compile_timeout_s = compile_timeout_s
+        self._ll: Any = None
+        self._ll_lock = threading.Lock()
+        self._cache: OrderedDict[str, Any] = OrderedDict()
+        self._failed: OrderedDict[str, str] = OrderedDict()
+        self._inflight: dict[str, asyncio.Future[Any]] = {}
+        self.compile_ms: list[float] = []
+
+    def lltokenizer(self) -> Any:
+        """llguidance's view of the model's vocabulary (built once, about half a second)."""
+        with self._ll_lock:
+            if self._ll is None:
+                import llguidance.hf
+
+                self._ll = llguidance.hf.from_tokenizer(self.hf_tokenizer, n_vocab=self.vocab_size)
+            return self._ll
+
+    def compile(self, constraint: Constraint) -> Any:
+        """A fresh matcher for `constraint` (blocking; no cache, no time limit)."""
+        from llguidance import LLMatcher
+
+        started = time.perf_counter()
+        matcher = LLMatcher(self.lltokenizer(), constraint.grammar, log_level=0)
+        if matcher.is_error():
+            raise StructuredOutputError(_explain(str(matcher.get_error()), constraint))
+        self.compile_ms.append((time.perf_counter() - started) * 1000)
+        del self.compile_ms[:-4096]
+        return matcher
+
+    async def matcher(self, constraint: Constraint) -> Any:
+        """A matcher at its start state, for one request."""
+        key = constraint.key
+        if key in self._failed:
+            raise StructuredOutputError(self._failed[key])
+        template: Any = self._cache.get(key)
+        if template is None:
+            fut = self._inflight.get(key)
+            if fut is None:
+                fut = asyncio.ensure_future(asyncio.to_thread(self.compile, constraint))
+                self._inflight[key] = fut
+                fut.add_done_callback(lambda _f: self._inflight.pop(key, None))
+            try:
+                template = await asyncio.wait_for(asyncio.shield(fut), self.compile_timeout_s)
+            except TimeoutError as exc:
+                msg = (
+                    f"the {constraint.kind} constraint did not compile within "
+                    f"{self.compile_timeout_s:g} s; simplify the schema"
+                )
+                self._remember_failure(key, msg)
+                raise StructuredOutputError(msg) from exc
+            except StructuredOutputError as exc:
+                self._remember_failure(key, str(exc))
+                raise
+            self._cache[key] = template
+            if len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return template.deep_copy()
+
+    def _remember_failure(self, key: str, msg: str) -> None:
+        self._failed[key] = msg
+        if len(self._failed) > self.cache_size:
+            self._failed.popitem(last=False)
+
+
+def _explain(error: str, constraint: Constraint) -> str:
+    if any(m in error for m in UNSUPPORTED_MARKERS):
+        return f"the {constraint.kind} constraint uses what the grammar engine does not support: {error}"
+    return f"the {constraint.kind} constraint does not compile: {error}"
+
+
+# ---- decoding -------------------------------------------------------------------------
+def mask_logits(logits: torch.Tensor, rows: list[int], matchers: list[Any]) -> list[int]:
+    """Set the logits of tokens each matcher forbids to -inf, in place (rows of `logits`
+    named by `rows`). Returns the rows whose matcher allows no token (engine error)."""
+    from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
+
+    vocab = logits.shape[1]
+    bitmask = allocate_token_bitmask(len(rows), vocab)
+    for j, m in enumerate(matchers):
+        fill_next_token_bitmask(m, bitmask, j)
+    bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")[:, :vocab]
+    allowed = torch.from_numpy(bits.astype(bool))
+    index = torch.tensor(rows)
+    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+    return [rows[j] for j in range(len(rows)) if not bool(allowed[j].any())]
+
+
+# ---- answers --------------------------------------------------------------------------
+def split_tool_answer(
+    text: str, constraint: Constraint
+) -> tuple[str | None, list[dict[str, Any]] | None]:
+    """A constrained tools answer -> (content, tool calls): JSON that is a call of an
+    offered tool becomes OpenAI tool calls, anything else stays text."""
+    from agentrl.deploy.openai_types import tool_call
+
+    stripped = text.strip()
+    if not stripped.startswith(("{", "[")):
+        return text, None
+    try:
+        value = json.loads(stripped)
+    except ValueError:
+        return text, None  # cut off by the token limit
+    items = value if isinstance(value, list) else [value]
+    calls = []
+    for item in items:
+        if not (isinstance(item, dict) and item.get("name") in constraint.tools):
+            return text, None  # the response format's answer, not a call
+        calls.append(tool_call(str(item["name"]), item.get("arguments", {})))
+    return (None, calls) if calls else (text, None)
+
+
+def agent_zero_schema(tools: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Agent Zero's response format (`thoughts`, `headline`, `tool_name`, `tool_args`), from
+    the shipped schema; with `tools` (name -> arguments schema) `tool_name` is one of them
+    and `tool_args` validate against that tool's schema."""
+    text = resources.files("agentrl.deploy").joinpath("schemas/agent_zero_response.json")
+    base: dict[str, Any] = json.loads(text.read_text())
+    if not tools:
+        return base
+    variants = []
+    for name, args in tools.items():
+        props = dict(base["properties"])
+        props["tool_name"] = {"const": name}
+        props["tool_args"] = args
+        variants.append({**base, "properties": props})
+    return variants[0] if len(variants) == 1 else {"anyOf": variants}

@@ -1,0 +1,29 @@
+"""agentrl: a chat's task is killed (stop, reset, nudge): its monologues are recorded
+as abandoned (Agent Zero skips the end hooks of a killed task).
+
+Part of the agentrl plugin for Agent Zero; the logic is in agentrl's client
+(agentrl.integrations.agent_zero.hooks), which never raises into Agent Zero's loop. Without
+the client in Agent Zero's Python this file logs once and does nothing: a chat never breaks.
+"""
+
+try:
+    from helpers.extension import Extension  # Agent Zero, plugin layout (2026)
+except ImportError:  # older checkouts and forks: python/extensions/<point>/
+    from python.helpers.extension import Extension  # type: ignore[no-redef]
+
+try:
+    from agentrl.integrations.agent_zero import hooks
+except Exception as exc:  # agentrl's client is not installed where Agent Zero runs
+    import logging
+
+    _log = logging.getLogger("agentrl.agent_zero")
+    if not getattr(_log, "agentrl_missing", False):
+        _log.__dict__["agentrl_missing"] = True
+        _log.warning("agentrl plugin inactive (%s): run `agentrl agent-zero install`", exc)
+    hooks = None  # type: ignore[assignment]
+
+
+class AgentRLKillProcess(Extension):
+    def execute(self, data=None, **kwargs):  # a sync extension point
+        if hooks is not None:
+            hooks.context_killed(data, "killed", __file__)
