@@ -48,6 +48,7 @@ from agentrl.observability import instrument as obs
 log = logging.getLogger(__name__)
 
 VERSION_HEADER = "x-agentrl-model-version"
+COMPLETION_HEADER = "x-agentrl-completion-id"  # the key of the completion log, at stream start
 SESSION_HEADERS = ("x-agentrl-session", "x-episode-id", "x-session-id")
 
 
@@ -274,7 +275,7 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
         backend = state.backends[model_id]
         stats = state.stats_for(model_id)
         completion_id = new_completion_id()
-        headers = {VERSION_HEADER: model_id}
+        headers = {VERSION_HEADER: model_id, COMPLETION_HEADER: completion_id}
         stats.requests += 1
         obs.gateway_started(model_id)
         started = time.perf_counter()
