@@ -4,7 +4,9 @@ versions by a sticky weighted split.
 
 The public name (default "agentrl-policy") is split across versions by the registry's
 weights; a session keeps its version (key: header `x-agentrl-session`, TensorZero's
-`episode_id` as header `x-episode-id` or body field, else the OpenAI `user` field). Asking
+`episode_id` as header `x-episode-id` or body field, else the OpenAI `user` field, else
+`metadata.session_id`); with capture on, those requests also form episodes (`agentrl.capture`,
+called after the answer is made, never raising). Asking
 for a version's own model_id pins it. Every answer names the version that served it
 (`model` and the `x-agentrl-model-version` header). Per-version counters (requests,
 errors, latencies) live in `GatewayState.stats` for the monitor and the metrics exporter.
@@ -131,8 +133,10 @@ class GatewayState:
         api_keys: list[str] | None = None,
         completion_log: CompletionLog | None = None,
         timeout_s: float = 60.0,
+        capture: Any = None,
     ) -> None:
         self.public_name = public_name
+        self.capture = capture  # agentrl.capture.service.CaptureService: episodes (optional)
         self.weights: dict[str, float] = {}
         self.order: list[str] = []
         self.backends: dict[str, Backend] = {}
@@ -174,7 +178,9 @@ def _session_key(request: Request, body: ChatRequest) -> str | None:
     for h in SESSION_HEADERS:
         if request.headers.get(h):
             return request.headers[h]
-    return body.episode_id or body.user
+    meta = (body.model_extra or {}).get("metadata")
+    meta_session = meta.get("session_id") if isinstance(meta, dict) else None
+    return body.episode_id or body.user or (str(meta_session) if meta_session else None)
 
 
 def _error(
@@ -195,6 +201,8 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
         title="agentrl gateway", description="OpenAI-compatible chat completions.", version="1"
     )
     app.state.gateway = state
+    if state.capture is not None:  # POST /v1/episodes/{id}/end
+        app.include_router(state.capture.router())
 
     def unauthorized(request: Request) -> JSONResponse | None:
         if not state.api_keys:
@@ -259,6 +267,8 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
             )
             return _error(400, f"invalid request: {msg}", "invalid_request_error")
         session = _session_key(request, body)
+        capture = state.capture
+        tracked = capture is not None and capture.wants(request.headers, session)
         try:
             model_id = state.resolve(body.model, session)
         except KeyError:
@@ -281,7 +291,15 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
         started = time.perf_counter()
         if body.stream:
             return await _stream(
-                state, backend, model_id, body, completion_id, session, headers, started
+                state,
+                backend,
+                model_id,
+                body,
+                completion_id,
+                session,
+                headers,
+                started,
+                request.headers if tracked else None,
             )
         try:
             gen = await asyncio.wait_for(backend.generate(model_id, body), state.timeout_s)
@@ -296,6 +314,8 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
         else:
             out = completion_body(gen, completion_id, model_id, body)
         _log(state, completion_id, model_id, session, gen)
+        if tracked and session:
+            capture.observe(request.headers, session, body.messages, gen, completion_id, model_id)
         return Response(orjson.dumps(out), media_type="application/json", headers=headers)
 
     return app
@@ -383,6 +403,7 @@ async def _stream(
     session: str | None,
     headers: dict[str, str],
     started: float,
+    tracked: Any = None,
 ) -> Response:
     stats = state.stats_for(model_id)
     source = backend.stream(model_id, body).__aiter__()
@@ -477,6 +498,10 @@ async def _stream(
                     stats.latency_ms.append((time.perf_counter() - started) * 1000)
                     stats.completion_tokens += gen.completion_tokens
                     _log(state, completion_id, model_id, session, gen)
+                    if tracked is not None and session and state.capture is not None:
+                        state.capture.observe(
+                            tracked, session, body.messages, gen, completion_id, model_id
+                        )
                 try:
                     item = await source.__anext__()
                 except StopAsyncIteration:
