@@ -73,7 +73,9 @@ async def build(
     async def refused(model_id: str, reason: str) -> None:
         rollout = await registry.get_rollout(deploy.public_model)
         if rollout is not None and rollout.model_id == model_id and rollout.status == "running":
-            await deployer.rollback(by="agentrl-gateway", reason=f"cannot serve: {reason}")
+            await deployer.rollback(
+                by="agentrl-gateway", reason=f"cannot serve: {reason}", model_id=model_id
+            )
         else:
             await registry.record(
                 model_id, by="agentrl-gateway", action="refuse_to_serve", reason=reason, evidence={}
