@@ -63,6 +63,7 @@ async def build(
         api_keys=deploy.api_keys,
         completion_log=completion_log,
         timeout_s=deploy.backend_timeout_s,
+        capture=_capture(bus),
     )
     tracker = RewardTracker(*deploy.reward_range)
     if validate == "default":
@@ -94,6 +95,15 @@ async def build(
     return Deployment(
         registry, deployer, state, manager, controller, tracker, completion_log, deploy
     )
+
+
+def _capture(bus: Any) -> Any:
+    """Episodes at the gateway (`agentrl.capture`) unless AGENTRL_CAPTURE_ENABLED=false."""
+    from agentrl.capture.service import CaptureService
+    from agentrl.capture.settings import CaptureSettings
+
+    cs = CaptureSettings()
+    return CaptureService(bus, cs) if cs.enabled else None
 
 
 async def run_gateway(app: Any, host: str, port: int, stop: asyncio.Event) -> None:
@@ -135,6 +145,8 @@ async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:
     }
     if d.completion_log is not None:
         coros["completion-log"] = d.completion_log.run(stop)
+    if d.state.capture is not None:
+        coros["capture"] = d.state.capture.run(stop)
     log.info("gateway on http://%s:%s/v1", settings.gateway_host, settings.gateway_port)
     try:
         await run_tasks(coros, stop)
