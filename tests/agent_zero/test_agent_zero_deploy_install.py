@@ -33,7 +33,23 @@ MODEL_CONFIG_DEFAULT = {  # the shape of plugins/_model_config/default_config.ya
 }
 
 
-def deployment(strategy: str, model_id: str = "agentrl-policy-v7") -> ModelDeployed:
+def deployment(
+    strategy: str,
+    model_id: str = "agentrl-policy-v7",
+    weight: float | None = None,
+    action: str | None = None,
+) -> ModelDeployed:
+    event = _deployment(strategy, model_id)
+    if weight is not None:
+        event.deployment_config.traffic_percentage = weight
+    if action is not None:  # what agentrl.deploy.actions.build_event writes
+        event.metadata = type(event.metadata).model_validate(
+            {"action": action, "public_model": "agentrl-policy"}
+        )
+    return event
+
+
+def _deployment(strategy: str, model_id: str) -> ModelDeployed:
     return ModelDeployed.model_validate(
         {
             "training_job_id": new_id(),
@@ -78,6 +94,53 @@ async def test_immediate_switches_the_model_canary_does_nothing(tmp_path: Path) 
 
     await handle_model_deployment(deployment("canary", "agentrl-policy-v8"), switcher)
     assert switcher.current() == "agentrl-policy-v7"
+
+
+GATEWAY = "http://127.0.0.1:8700/v1"
+
+
+async def test_on_agentrls_gateway_agent_zero_stays_on_the_public_name(tmp_path: Path) -> None:
+    """Talking to agentrl's gateway, Agent Zero keeps the public name through every rollout
+    step and rollback (the gateway routes it); a version pinned earlier is un-pinned."""
+    root = upstream_root(tmp_path)
+    switcher = ModelSwitcher(root)
+    switcher.switch("agentrl-policy")
+    config = json.loads(switcher.plugin_config.read_text())
+    config["chat_model"]["api_base"] = GATEWAY + "/"
+    switcher.plugin_config.write_text(json.dumps(config))
+    steps = [
+        deployment("blue_green", "agentrl-policy-v8", weight=0.0, action="rollout"),
+        deployment("blue_green", "agentrl-policy-v8", weight=100.0, action="promote"),
+        deployment("immediate", "agentrl-policy-base", weight=100.0, action="rollback"),
+        deployment("canary", "agentrl-policy-v9", weight=10.0, action="rollout"),
+    ]
+    for event in steps:
+        assert await handle_model_deployment(event, switcher, "agentrl-policy", GATEWAY) is None
+        assert switcher.current() == "agentrl-policy"
+    switcher.switch("agentrl-policy-v3")  # pinned by an older listener
+    rollback = deployment("immediate", "agentrl-policy-base", weight=100.0, action="rollback")
+    assert await handle_model_deployment(rollback, switcher, "agentrl-policy", GATEWAY) == (
+        "agentrl-policy"
+    )
+    assert switcher.current() == "agentrl-policy"
+    # the event's endpoint names the gateway too (no gateway_url given)
+    switcher.switch("agentrl-policy-v3")
+    assert await handle_model_deployment(steps[1], switcher) == "agentrl-policy"
+
+
+async def test_elsewhere_only_a_full_weight_non_rollback_switches(tmp_path: Path) -> None:
+    root = upstream_root(tmp_path)  # api_base http://gw/v1: not agentrl's gateway
+    switcher = ModelSwitcher(root)
+    warm = deployment("blue_green", "agentrl-policy-v8", weight=0.0, action="rollout")
+    assert await handle_model_deployment(warm, switcher, "agentrl-policy", GATEWAY) is None
+    back = deployment("immediate", "agentrl-policy-base", weight=100.0, action="rollback")
+    assert await handle_model_deployment(back, switcher, "agentrl-policy", GATEWAY) is None
+    assert switcher.current() == "agentrl-policy"
+    full = deployment("blue_green", "agentrl-policy-v8", weight=100.0, action="promote")
+    assert await handle_model_deployment(full, switcher, "agentrl-policy", GATEWAY) == (
+        "agentrl-policy-v8"
+    )
+    assert switcher.current() == "agentrl-policy-v8"
 
 
 async def test_legacy_settings_json_is_switched(tmp_path: Path) -> None:

@@ -115,7 +115,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         path: Path = typer.Argument(..., help="The Agent Zero checkout whose model to switch."),
         durable: str = typer.Option("agent-zero-deployments", help="Durable consumer name."),
     ) -> None:
-        """Follow agent.rl.model.deployed.v1: switch the chat model on non-canary rollouts."""
+        """Follow agent.rl.model.deployed.v1: keep Agent Zero on the gateway's public name (or,
+        for another endpoint, switch to a version that takes all the traffic)."""
         import asyncio
         import signal
 
@@ -132,6 +133,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             async with await Bus.connect(cfg.nats_url) as bus:
                 await bus.ensure_streams()
                 typer.echo(f"following deployments on {cfg.nats_url}; Ctrl-C stops", err=True)
-                await listen(bus, ModelSwitcher(path), stop, durable)
+                await listen(
+                    bus, ModelSwitcher(path), stop, durable, cfg.model_name, cfg.gateway_url
+                )
 
         asyncio.run(run())
