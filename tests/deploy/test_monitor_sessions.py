@@ -104,7 +104,7 @@ def test_error_check_with_observed_spread_keeps_alpha_under_peeking() -> None:
                 a += rng.random() < p
                 b += rng.random() < p
                 if n % 20 == 0:
-                    verdict, checks = analyse(
+                    _, checks = analyse(
                         Summary(requests=n, errors=a), Summary(requests=n, errors=b), ANALYSIS
                     )
                     if checks[0].verdict == "fail":
