@@ -12,7 +12,11 @@ they do, the soak kills, once each and one after the other, and lets come back:
   service resumes the job from its checkpoint or fails it, never leaves it 'running'),
 * nats-server (SIGKILL, restarted on the same port and store dir; every client reconnects),
 * the deployment controller + gateway (the agents' errors meanwhile are counted; the restarted
-  gateway serves the same versions from the registry).
+  gateway serves the same versions from the registry),
+* the deployment controller again, stopped between two registry writes of a rollback and then
+  of a promotion (`AGENTRL_DEPLOY_PAUSE_AT`) and SIGKILLed there: the restarted one finishes
+  each, the rolled-back version never comes back, no rollout stays half-done, and the
+  registry's split is what the gateway reports serving.
 
 Real processes: nats-server, the reward service (`agentrl rewards serve`), the warehouse
 ingester (`agentrl warehouse serve`), the training service (`agentrl train serve`) with its
@@ -68,6 +72,7 @@ class SoakConfig:
     drain_timeout_s: float = 180.0
     settle_s: float = 10.0
     burst: int = 300
+    release_kills: bool = True  # phase 6: the controller killed mid-rollback and mid-promote
 
 
 def soak_environment(cfg: SoakConfig) -> dict[str, str]:
@@ -90,6 +95,7 @@ def soak_environment(cfg: SoakConfig) -> dict[str, str]:
         "AGENTRL_DEPLOY_STEP_DELAY_S": "1.0",
         "AGENTRL_DEPLOY_MONITOR_PERIOD_S": "0.5",
         "AGENTRL_DEPLOY_MIN_SAMPLES": "4",
+        "AGENTRL_DEPLOY_INCONCLUSIVE_DEADLINE_S": "60",  # an undecided canary ends, not hangs
         "AGENTRL_DEPLOY_BENCHMARK_EPISODES": "1",
         "AGENTRL_DEPLOY_VALIDATION_MAX_NEW_TOKENS": "12",
         "AGENTRL_DEPLOY_SAFETY_MAX_DROP": "1.0",  # a random tiny model's safety is noise
@@ -701,6 +707,12 @@ async def _faults(
     # restarted gateway serves the same versions from the registry
     await _kill_gateway(cfg, procs["deploy"], http, agents, result, say)
 
+    # 6. the deployment controller SIGKILLed in the middle of a rollback and of a promotion
+    if cfg.release_kills:
+        await _kill_controller_mid_release(
+            cfg, procs["deploy"], bus, http, api, agents, result, say
+        )
+
 
 async def _kill_gateway(
     cfg: SoakConfig,
@@ -744,6 +756,170 @@ async def _kill_gateway(
         f"{errors} client errors counted meanwhile; served before {sorted(before)}, after "
         f"{sorted(after)} (registry: {sorted(want)})"
     )
+
+
+# ---- 6. the deployment controller killed between the writes of a rollback and a promote -------
+
+
+async def _kill_controller_mid_release(
+    cfg: SoakConfig,
+    deploy: ServiceProc,
+    bus: Any,
+    http: httpx.AsyncClient,
+    api: str,
+    agents: SoakAgents,
+    result: SoakResult,
+    say: Callable[[str], None],
+) -> None:
+    """The deployment controller is restarted with `AGENTRL_DEPLOY_PAUSE_AT` (it stops dead
+    between two registry writes of that action) and SIGKILLed there, once in a rollback (a
+    canary whose checkpoint is missing: the gateway refuses it, the controller's process rolls
+    it back) and once in a promotion (a canary of the base weights, promoted by the monitor
+    under tolerances that pass at `min_samples`). Restarted plainly, it must finish each: the
+    rolled-back version never comes back, no rollout stays half-done, and the registry's split
+    is what the gateway reports serving."""
+    from agentrl.deploy.actions import PAUSE_AT_ENV, PAUSE_FILE_ENV, Deployer
+    from agentrl.deploy.config import DeploySettings
+    from agentrl.deploy.registry import Registry
+
+    registry = await Registry.open(bus.js, DeploySettings().bucket)
+    deployer = Deployer(registry, bus, agents.public)
+    plain = dict(deploy.env)
+    t = cfg.recover_timeout_s
+
+    async def restart(env: dict[str, str]) -> float:
+        children = deploy.kill()
+        t0 = time.monotonic()
+        deploy.env = env
+        deploy.start()
+        await _orphans("deployment controller (release)", children, result, say)
+        await wait_for(lambda: _http_ok(http, f"{agents.gateway_url}/models"), t, 0.5)
+        return t0
+
+    async def idle() -> bool:  # no rollout in flight: a new one may start
+        rollout = await registry.get_rollout(agents.public)
+        if rollout is None or rollout.status in ("promoted", "rolled_back"):
+            return True
+        if rollout.status == "running":  # a trained version's canary: make room
+            with contextlib.suppress(httpx.HTTPError):
+                await http.post(f"{api}/deploy/rollback", json={"reason": "soak: make room"})
+        return False
+
+    async def deploy_version(model_id: str) -> bool:
+        for _ in range(5):  # a trained candidate may start between the look and the deploy
+            await wait_for(idle, t, 0.5)
+            r = await http.post(
+                f"{api}/deploy/deploy",
+                json={"model_id": model_id, "reason": "soak: release kill", "by": "soak"},
+            )
+            if r.status_code == 200:
+                return True
+            say(f"soak:   deploy of {model_id} refused ({r.status_code}): retrying")
+        return False
+
+    async def candidate(path: str | None) -> str:
+        record = await deployer.register(
+            checkpoint_path=path or "",
+            base_model=cfg.model,
+            sha256="0" * 64 if path else "",
+            training_job_id=f"soak-release-{uuid.uuid4()}",
+            by="soak",
+        )
+        if path is None:  # the base weights under a version of their own: it serves
+            await registry.update_model(
+                record.model_id, lambda r: setattr(r, "checkpoint_path", None)
+            )
+        return record.model_id
+
+    async def cut(
+        what: str, point: str, extra: dict[str, str], model_id: str
+    ) -> tuple[str | None, float | None]:
+        """Deploy `model_id` with the controller set to stop at `point`, SIGKILL it there,
+        restart it plainly; -> (the version the cut action was about, when it was killed)."""
+        marker = deploy.log.parent / f"paused-{point.replace(':', '-')}"
+        await restart({**plain, **extra, PAUSE_AT_ENV: point, PAUSE_FILE_ENV: str(marker)})
+        if not await deploy_version(model_id):
+            result.checks[f"{what}: the soak could deploy its version"] = False
+            await restart(plain)
+            return None, None
+        reached = await wait_for(lambda: _true(marker.exists()), 240, 0.2)
+        result.checks[f"{what}: the controller reached {point}"] = reached is not None
+        if reached is None:
+            await restart(plain)
+            return None, None
+        rollout = await registry.get_rollout(agents.public)
+        cut_off = None
+        if rollout is not None:
+            cut_off = rollout.bad if rollout.status == "rolling_back" else rollout.target
+        result.checks[f"{what}: a half-done action was left in the registry"] = (
+            rollout is not None and rollout.status in ("promoting", "rolling_back")
+        )
+        t0 = await restart(plain)
+        say(f"soak: deployment controller SIGKILLed at {point} ({what} of {cut_off}); restarted")
+        return cut_off, t0
+
+    async def agree() -> bool:
+        split, _ = await registry.get_split(agents.public)
+        reports = await registry.serving_reports(agents.public)
+        return (
+            split is not None and bool(reports) and all(r.weights == split.weights for r in reports)
+        )
+
+    async def settled(what: str, done: Callable[[], Any], t0: float) -> None:
+        got = await wait_for(done, t, 0.25)
+        result.recovery_s[f"controller killed mid-{what}"] = _since(t0, got)
+
+        async def not_stuck() -> bool:
+            rollout = await registry.get_rollout(agents.public)
+            return rollout is None or rollout.status not in ("promoting", "rolling_back")
+
+        result.checks[f"{what}: no rollout stuck after the restart"] = (
+            await wait_for(not_stuck, t, 0.25) is not None
+        )
+        result.checks[f"{what}: registry and gateway agree"] = (
+            await wait_for(agree, 60, 0.5) is not None
+        )
+
+    # the rollback: a version the gateway cannot prepare (its checkpoint is missing)
+    bad = await candidate(str(deploy.log.parent / "no-such-checkpoint"))
+    rolled, t0 = await cut("rollback", "rollback:split", {}, bad)
+    if rolled is not None and t0 is not None:
+
+        async def rolled_back() -> bool:
+            return (await registry.require_model(rolled)).state == "rolled_back"
+
+        await settled("rollback", rolled_back, t0)
+        never = True
+        for _ in range(8):  # several monitor periods: it is not ramped again
+            split, _ = await registry.get_split(agents.public)
+            record = await registry.require_model(rolled)
+            never = never and record.state == "rolled_back"
+            never = never and split is not None and rolled not in split.weights
+            await asyncio.sleep(0.5)
+        result.checks["rollback: the rolled-back version is never live again"] = never
+        say(f"soak:   rollback of {rolled} finished by the restarted controller: {never}")
+
+    # the promotion: the monitor promotes a canary of the base weights; tolerances of the
+    # whole range make every check pass once both versions have `min_samples`
+    good = await candidate(None)
+    permissive = {
+        "AGENTRL_DEPLOY_MAX_REWARD_DROP": "2.0",
+        "AGENTRL_DEPLOY_MAX_ERROR_INCREASE": "1.0",
+    }
+    promoted, t0 = await cut("promotion", "promote:split", permissive, good)
+    if promoted is not None and t0 is not None:
+
+        async def live() -> bool:
+            record = await registry.require_model(promoted)
+            split, _ = await registry.get_split(agents.public)
+            return record.state == "live" and split is not None and split.live == promoted
+
+        await settled("promotion", live, t0)
+        split, _ = await registry.get_split(agents.public)
+        result.checks["promotion: the promoted version is live and serves alone"] = (
+            split is not None and split.weights == {promoted: 100.0}
+        )
+        say(f"soak:   promotion of {promoted} finished by the restarted controller")
 
 
 async def _serving_now(agents: SoakAgents) -> set[str]:
