@@ -15,19 +15,21 @@ from agentrl.training.triggers import CronSchedule, ThresholdState, count_reward
 
 def test_threshold_counts_first_versions_once():
     state = ThresholdState()
-    fired = count_rewards(state, [(i, "*", 1) for i in range(1, 5)], threshold=5)
+    seen: set[tuple[str, int]] = set()
+    fired = count_rewards(state, [(f"t{i}", "*", 1) for i in range(1, 5)], 5, seen)
     assert fired == [] and state.counts["*"] == 4
-    # Redelivered sequences and later reward versions do not count.
-    fired = count_rewards(state, [(3, "*", 1), (4, "*", 1), (5, "*", 2), (6, "*", 1)], 5)
-    assert fired == [("*", 1)] and state.counts["*"] == 0 and state.last_seq == 6
+    # Redeliveries and later reward versions do not count.
+    items = [("t3", "*", 1), ("t4", "*", 1), ("t5", "*", 2), ("t6", "*", 1)]
+    fired = count_rewards(state, items, 5, seen)
+    assert fired == [("*", 1)] and state.counts["*"] == 0
     again = ThresholdState.from_json(state.to_json())
-    assert count_rewards(again, [(6, "*", 1)], 5) == [] and again.fired == {"*": 1}
+    assert count_rewards(again, [("t6", "*", 1)], 5, seen) == [] and again.fired == {"*": 1}
 
 
 def test_threshold_per_scope():
     state = ThresholdState()
-    items = [(i + 1, "coding" if i % 2 else "research", 1) for i in range(6)]
-    assert count_rewards(state, items, threshold=3) == [("research", 1), ("coding", 1)]
+    items = [(f"t{i}", "coding" if i % 2 else "research", 1) for i in range(6)]
+    assert count_rewards(state, items, 3, set()) == [("research", 1), ("coding", 1)]
 
 
 def test_cron_due_collapses_missed_runs():

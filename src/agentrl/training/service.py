@@ -771,46 +771,58 @@ class TrainingService:
         )
 
     async def handle_rewards(self, batch: list[Delivery]) -> None:
+        """Count first reward versions per scope, each (trajectory_id, version) once: a batch
+        nakked earlier (its trajectories not indexed yet) counts when it comes back."""
+        from agentrl.training.dataset import reward_version
+
         state = ThresholdState.from_json(self.store.get_state("threshold"))
-        items: list[tuple[int, str, int]] = []
+        items: list[tuple[str, str, int]] = []
         for d in batch:
-            seq = int(d.msg.metadata.sequence.stream)
             try:
                 r = orjson.loads(d.data)
                 tid = str(r["trajectory_id"])
             except Exception:
-                items.append((seq, "", 0))  # not a reward: counted as seen, never as new
-                continue
-            from agentrl.training.dataset import reward_version
-
-            items.append((seq, self._scope_key(tid), reward_version(r)))
-        fired = count_rewards(state, items, self.ts.threshold)
-        if not fired:
-            self.store.set_state({"threshold": state.to_json()})
-            return
+                continue  # not a reward: never counted
+            items.append((tid, self._scope_key(tid), reward_version(r)))
+        counted = self.store.counted((tid, v) for tid, _, v in items if v == 1)
+        before = set(counted)
+        fired = count_rewards(state, items, self.ts.threshold, counted)
         deferred = dict(self.store.get_state("threshold_deferred") or {})
+        now = dict(self.store.get_state("threshold_now") or {})
         for key, n in fired:
             previous = self.store.get_state(f"threshold_job:{key}")
-            if previous and self._active(previous):
-                # The last threshold job of this scope has not finished: do not pile up jobs
-                # (a first start over a long backlog would otherwise queue one per N), but
+            if key not in now and not (previous and self._active(previous)):
+                now[key] = n  # starts a job right after the commit
+            else:
+                # The scope's last threshold job has not finished: do not pile up jobs (a
+                # first start over a long backlog would otherwise queue one per N), but
                 # remember the firing: one follow-up job starts when that job ends, so data
                 # gathered meanwhile is not lost and the next generation starts at once.
-                log.info("threshold reached for %s while job %s is active: deferred", key, previous)
+                log.info("threshold reached for %s while its job is active: deferred", key)
                 deferred[key] = n
-                self.store.set_state({"threshold": state.to_json(), "threshold_deferred": deferred})
-                continue
-            deferred.pop(key, None)
-            await self._fire_threshold(
-                key, n, {"threshold": state.to_json(), "threshold_deferred": deferred}
-            )
+        # Counts, counted rewards and firings in one transaction: a crash after it fires
+        # them at the next start, a crash before it counts the batch again.
+        self.store.set_state(
+            {"threshold": state.to_json(), "threshold_deferred": deferred, "threshold_now": now},
+            counted=counted - before,
+        )
+        if fired:
+            try:
+                await self.fire_deferred()
+            except Exception as exc:  # committed: the outbox or the next firing publishes it
+                log.warning("threshold firing not published yet: %s", exc)
 
     def _active(self, job_id: str) -> bool:
         row = self.store.get(job_id)
         return row is None or row.status in ("queued", "running")
 
     async def fire_deferred(self) -> None:
-        """Start the deferred threshold firing of every scope whose last job has ended."""
+        """Start the committed firings that have no job yet, then the deferred firing of
+        every scope whose last job has ended."""
+        now = dict(self.store.get_state("threshold_now") or {})
+        for key, n in list(now.items()):
+            del now[key]
+            await self._fire_threshold(key, int(n), {"threshold_now": now})
         deferred = dict(self.store.get_state("threshold_deferred") or {})
         for key, n in list(deferred.items()):
             previous = self.store.get_state(f"threshold_job:{key}")

@@ -13,6 +13,7 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,9 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE INDEX IF NOT EXISTS jobs_queue ON jobs(status, priority, seq);
 CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS outbox (msg_id TEXT PRIMARY KEY, subject TEXT NOT NULL, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS counted (
+    trajectory_id TEXT NOT NULL, version INTEGER NOT NULL, PRIMARY KEY (trajectory_id, version)
+) WITHOUT ROWID;
 """
 
 
@@ -166,12 +170,20 @@ class Store:
         return json.loads(row[0]) if row else default
 
     def set_state(
-        self, values: dict[str, Any], outbox: list[tuple[str, str, bytes]] | None = None
+        self,
+        values: dict[str, Any],
+        outbox: list[tuple[str, str, bytes]] | None = None,
+        counted: Iterable[tuple[str, int]] = (),
     ) -> None:
-        """Write state keys and queue outbox messages in one transaction."""
+        """Write state keys, queue outbox messages and record counted rewards in one
+        transaction."""
         with self._lock:
             self.db.execute("BEGIN")
             try:
+                self.db.executemany(
+                    "INSERT OR IGNORE INTO counted(trajectory_id, version) VALUES (?, ?)",
+                    list(counted),
+                )
                 for k, v in values.items():
                     self.db.execute(
                         "INSERT INTO state(key, value) VALUES (?, ?) "
@@ -183,6 +195,22 @@ class Store:
             except BaseException:
                 self.db.execute("ROLLBACK")
                 raise
+
+    def counted(self, pairs: Iterable[tuple[str, int]]) -> set[tuple[str, int]]:
+        """Which of these (trajectory_id, reward version) pairs a threshold already counted."""
+        wanted = list(set(pairs))
+        found: set[tuple[str, int]] = set()
+        with self._lock:
+            for k in range(0, len(wanted), 400):
+                chunk = wanted[k : k + 400]
+                marks = ", ".join("(?, ?)" for _ in chunk)
+                rows = self.db.execute(
+                    f"SELECT trajectory_id, version FROM counted WHERE (trajectory_id, version)"
+                    f" IN (VALUES {marks})",
+                    [v for pair in chunk for v in pair],
+                )
+                found.update((str(t), int(v)) for t, v in rows)
+        return found
 
     def outbox(self) -> list[tuple[str, str, bytes]]:
         """Unpublished messages, oldest first (a job's status events in their order)."""

@@ -1,7 +1,8 @@
 """Trigger logic as pure objects (the service persists their state and publishes requests).
 
-- Threshold: count newly rewarded trajectories (first reward version only, each stream
-  sequence once) per scope; reaching N fires and restarts the count.
+- Threshold: count newly rewarded trajectories (first reward version only, each
+  (trajectory_id, version) once, whatever order the batches arrive in) per scope; reaching
+  N fires and restarts the count.
 - Schedule: a cron expression read by croniter, against an injectable clock. Firing times
   missed while the service was down collapse into one run at start.
 """
@@ -30,15 +31,15 @@ def trigger_id(*parts: object) -> str:
 
 @dataclass
 class ThresholdState:
-    """Counts since the last firing per scope key, the last stream sequence counted, and how
-    many times each scope fired (part of the request id)."""
+    """Counts since the last firing per scope key and how many times each scope fired (part
+    of the request id). Which rewards were counted is kept beside it (the store's `counted`
+    table), not as a stream position: a nakked batch comes back after later ones."""
 
     counts: dict[str, int] = field(default_factory=dict)
     fired: dict[str, int] = field(default_factory=dict)
-    last_seq: int = 0
 
     def to_json(self) -> dict[str, object]:
-        return {"counts": self.counts, "fired": self.fired, "last_seq": self.last_seq}
+        return {"counts": self.counts, "fired": self.fired}
 
     @classmethod
     def from_json(cls, data: dict[str, object] | None) -> ThresholdState:
@@ -47,23 +48,24 @@ class ThresholdState:
         return cls(
             counts=dict(data.get("counts") or {}),  # type: ignore[call-overload]
             fired=dict(data.get("fired") or {}),  # type: ignore[call-overload]
-            last_seq=int(data.get("last_seq") or 0),  # type: ignore[call-overload]
         )
 
 
 def count_rewards(
-    state: ThresholdState, items: Iterable[tuple[int, str, int]], threshold: int
+    state: ThresholdState,
+    items: Iterable[tuple[str, str, int]],
+    threshold: int,
+    counted: set[tuple[str, int]],
 ) -> list[tuple[str, int]]:
-    """Feed (stream_seq, scope_key, reward_version) rows; returns the scopes that fired with
-    their firing number. Rows at or below `last_seq` (redeliveries) and later reward versions
-    of a trajectory (feedback re-scores) do not count."""
+    """Feed (trajectory_id, scope_key, reward_version) rows; returns the scopes that fired
+    with their firing number. A (trajectory_id, version) already in `counted` (a redelivery,
+    a republished reward) and later reward versions (feedback re-scores) do not count; the
+    pairs counted now are added to `counted`."""
     fired: list[tuple[str, int]] = []
-    for seq, key, version in items:
-        if seq <= state.last_seq:
+    for tid, key, version in items:
+        if version != 1 or threshold <= 0 or (tid, version) in counted:
             continue
-        state.last_seq = seq
-        if version != 1 or threshold <= 0:
-            continue
+        counted.add((tid, version))
         state.counts[key] = state.counts.get(key, 0) + 1
         if state.counts[key] >= threshold:
             state.counts[key] = 0
