@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Strategy = Literal["canary", "blue_green", "immediate"]
@@ -42,7 +42,7 @@ class Analysis(BaseModel):
         "pass",
         description="A step advances (and the last one promotes) only when every check "
         "passed with at least `min_samples` per version on both sides; an inconclusive "
-        "analysis holds ('no_failure', which advanced on missing evidence, is gone).",
+        "analysis holds ('no_failure', which advanced on missing evidence, is read as 'pass').",
     )
     on_inconclusive: Literal["rollback", "hold"] = Field(
         "rollback",
@@ -52,6 +52,13 @@ class Analysis(BaseModel):
     inconclusive_deadline_s: float = Field(
         3600.0, ge=0.0, description="Seconds past a step's pause before `on_inconclusive`."
     )
+
+    @field_validator("advance_on", mode="before")
+    @classmethod
+    def _no_failure_is_gone(cls, value: Any) -> Any:
+        # rollouts stored before issue 28 say "no_failure": they still load, and now hold
+        # on an inconclusive analysis like every other
+        return "pass" if value == "no_failure" else value
 
     @model_validator(mode="after")
     def _range(self) -> Analysis:
@@ -158,6 +165,18 @@ class DeploySettings(BaseSettings):
     backend_timeout_s: float = 60.0
     max_batch_size: int = 8
     batch_wait_ms: float = 5.0
+    max_inflight: int = Field(
+        64, ge=1, description="Chat requests in flight at once; beyond, 429 + Retry-After."
+    )
+    prompt_cache_mb: float = Field(
+        256.0, ge=0.0, description="Bytes the local backend's prompt caches hold (LRU)."
+    )
+    completion_log_max_mb: float = Field(
+        64.0,
+        gt=0.0,
+        description="Completion records queued while NATS is away or slow; beyond, the "
+        "oldest are dropped (counted in /v1/stats).",
+    )
     api_keys: list[str] = Field(default_factory=list, description="Gateway bearer keys.")
     completion_log: bool = Field(True, description="Publish token ids + log-probs per completion.")
     cache_dir: Path | None = Field(None, description="Local copies of remote checkpoints.")
