@@ -257,7 +257,7 @@ class TrajectoryRecorder:
         end = max(now or datetime.now(UTC), self.started_at)
         turns = [self._turn_payload(t) for t in self.turns]
         for turn, nxt in itertools.pairwise(turns):
-            _store_once(turn["result"], nxt["observation"]["content"])
+            _store_once(turn["result"], nxt["observation"])
         last = self.turns[-1].tool
         done = not abandoned and last is not None and last.answer is not None and last.break_loop
         ident = self.identity
@@ -392,12 +392,13 @@ class TrajectoryRecorder:
         }
 
 
-def _store_once(result: dict[str, Any], next_observation: Any) -> None:
-    """A tool's answer that is the next observation too is stored in full only there."""
+def _store_once(result: dict[str, Any], next_observation: dict[str, Any]) -> None:
+    """A tool's answer that is the next observation too (the tool's result as Agent Zero
+    showed it) is stored in full only there; the result keeps an excerpt."""
     output = result.get("output")
-    if not isinstance(output, str) or not isinstance(next_observation, str):
+    if next_observation.get("type") not in ("tool_result", "subordinate_response"):
         return
-    if output not in next_observation or len(output.encode()) <= EXCERPT_BYTES:
+    if not isinstance(output, str) or len(output.encode()) <= EXCERPT_BYTES:
         return
     result["output"] = truncate(output, EXCERPT_BYTES)
     result["output_in_next_observation"] = True
