@@ -409,6 +409,65 @@ async def batching_run(model: str, tokens: int) -> dict[str, Any]:
     }
 
 
+# ---- 3b. memory -------------------------------------------------------------------------
+def _rss_mb() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:  # not Linux: the peak instead
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def memory_run(model: str, prompts: int = 10_000, budget_mb: float = 32.0) -> dict[str, Any]:
+    """RSS after `prompts` distinct agent-like 10-turn conversations went through the local
+    backend's prompt cache, and their completion records into a completion log whose
+    publisher is not running (NATS away): both must stay within their byte budgets."""
+    import gc
+
+    from agentrl.contracts.base import utcnow
+    from agentrl.contracts.completion import CompletionRecord
+    from agentrl.deploy.gateway import CompletionLog
+    from agentrl.deploy.local import LocalEngine
+    from agentrl.deploy.openai_types import ChatRequest
+
+    engine = LocalEngine(model, prompt_cache_mb=budget_mb)
+    log = CompletionLog(None, max_bytes=int(budget_mb * 2**20))
+    gc.collect()
+    before = _rss_mb()
+    for i in range(prompts):
+        turns: list[dict[str, Any]] = [{"role": "system", "content": f"You are agent {i}."}]
+        for t in range(10):
+            turns.append({"role": "user", "content": f"Step {t} of task {i}: the tool said " * 8})
+            turns.append({"role": "assistant", "content": f'{{"tool": "shell", "arg": "{i}-{t}"}}'})
+        _, ids = engine._prompt(ChatRequest(model="x", messages=turns))
+        log.submit(
+            CompletionRecord(
+                completion_id=f"c-{i}",
+                model="bench",
+                prompt_token_ids=ids,
+                completion_token_ids=ids[:16],
+                completion_logprobs=[-1.0] * 16,
+                timestamp=utcnow(),
+            )
+        )
+    gc.collect()
+    after = _rss_mb()
+    return {
+        "prompts": prompts,
+        "prompt_tokens_last": len(ids),
+        "budget_mb": budget_mb,
+        "rss_mb_before": round(before, 1),
+        "rss_mb_after_10k_distinct_prompts": round(after, 1),
+        "rss_growth_mb": round(after - before, 1),
+        "prompt_cache_mb": round((engine._prompts.bytes + engine._choice_cache.bytes) / 2**20, 1),
+        "prompt_cache_entries": len(engine._prompts),
+        "completion_log_queued_mb": round(log.bytes / 2**20, 1),
+        "completion_log_dropped": log.dropped,
+    }
+
+
 # ---- 4. split --------------------------------------------------------------------------
 def split_run(sessions: int = 10_000) -> dict[str, Any]:
     from agentrl.deploy.split import choose
@@ -468,6 +527,14 @@ def run_bench(
                 )
                 console.print(f"batching on the local backend ({model}) ...")
                 results["batching"] = await batching_run(model, tokens)
+                console.print("memory: 10,000 distinct prompts through the caches ...")
+                out = subprocess.run(  # its own process: the RSS is the caches', not ours
+                    [sys.executable, "-m", "agentrl.deploy.bench", "memory", model],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                results["memory"] = json.loads(out.stdout.strip().splitlines()[-1])
 
             asyncio.run(main())
         finally:
@@ -513,6 +580,11 @@ def run_bench(
     table.add_row("batching factor (tokens per CPU-second)", f"{bt['cpu_batching_factor']:.2f}")
     table.add_row("split max abs error (10,000 sessions)", f"{sp['split_max_abs_err']:.4f}")
     table.add_row("sticky fraction", f"{sp['sticky_fraction']:.4f}")
+    mem = results["memory"]
+    table.add_row(
+        f"RSS after 10k distinct prompts (budget {mem['budget_mb']:g} MB)",
+        f"{mem['rss_mb_after_10k_distinct_prompts']:.0f} MB (+{mem['rss_growth_mb']:.0f})",
+    )
     table.add_row("TensorZero (published, Rust)", "< 1 ms p99 added at 10,000 QPS")
     console.print(table)
     unanswered = (
@@ -530,6 +602,9 @@ def run_bench(
                 "split_max_abs_err": round(sp["split_max_abs_err"], 5),
                 "sticky_fraction": sp["sticky_fraction"],
                 "errors_unanswered": unanswered,
+                "rss_mb_after_10k_distinct_prompts": mem["rss_mb_after_10k_distinct_prompts"],
+                "rss_growth_mb_10k_prompts": mem["rss_growth_mb"],
+                "prompt_cache_budget_mb": mem["budget_mb"],
             }
         )
     )
@@ -541,3 +616,6 @@ if __name__ == "__main__":  # the benchmark's helper processes
         _serve_backend(int(sys.argv[2]))
     elif kind == "gateway":
         _serve_gateway(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    elif kind == "memory":
+        n = int(sys.argv[3]) if len(sys.argv) > 3 else 10_000
+        print(json.dumps(memory_run(sys.argv[2], n)))

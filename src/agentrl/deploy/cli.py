@@ -196,6 +196,22 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         typer.echo(_run(fn, nats_url))
 
+    @bench.command("canary")
+    def bench_canary(
+        runs: int = typer.Option(200, help="Rollouts of a canary identical to live."),
+        worse_runs: int = typer.Option(100, help="Rollouts of a canary 0.3 worse."),
+        cap: int = typer.Option(8000, help="Trajectories per rollout before it counts as held."),
+        batch: int = typer.Option(200, help="Trajectories between two looks of the monitor."),
+        quick: bool = typer.Option(False, help="A smoke test: 6 + 4 shorter rollouts."),
+    ) -> None:
+        """False rollbacks and promoted worse canaries: sticky sessions through the real
+        controller, split and monitor."""
+        from agentrl.deploy.bench_canary import run_bench
+
+        if quick:
+            runs, worse_runs, cap = 6, 4, 6000
+        run_bench(runs=runs, worse_runs=worse_runs, cap=cap, batch=batch)
+
     @bench.command("gateway")
     def bench_gateway(
         duration: float = typer.Option(3.0, help="Seconds of load per request rate."),

@@ -81,26 +81,53 @@ class VersionStats:
 class CompletionLog:
     """A bounded queue of completion records and the task that publishes them in batches.
 
-    When the bus cannot keep up the oldest records are dropped (and counted) rather than
-    slowing requests down."""
+    When the bus cannot keep up (or NATS is away) the oldest records are dropped (and
+    counted) rather than slowing requests down: the queue is bounded by records and by
+    estimated bytes (`max_bytes`; a record of an agent's long prompt holds ~40 bytes per
+    token id as Python ints), never unbounded."""
 
     def __init__(
-        self, bus: Any, maxsize: int = 20_000, batch: int = 512, linger_s: float = 0.1
+        self,
+        bus: Any,
+        maxsize: int = 20_000,
+        batch: int = 512,
+        linger_s: float = 0.1,
+        max_bytes: int = 64 * 2**20,
     ) -> None:
         self.bus = bus
         self.linger_s = linger_s  # gather records this long: one publish per many requests
-        self.queue: deque[Any] = deque(maxlen=maxsize)
+        self.queue: deque[Any] = deque()
+        self.maxsize = maxsize
+        self.max_bytes = max_bytes
+        self.bytes = 0
         self.batch = batch
         self.published = 0
         self.dropped = 0
         self.failed = 0
         self._wake = asyncio.Event()
 
+    @staticmethod
+    def record_bytes(record: Any) -> int:
+        n = sum(
+            len(getattr(record, f, None) or ())
+            for f in ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
+        )
+        return 512 + 40 * n
+
     def submit(self, record: Any) -> None:
-        if len(self.queue) == self.queue.maxlen:
-            self.dropped += 1
         self.queue.append(record)
+        self.bytes += self.record_bytes(record)
+        while len(self.queue) > 1 and (
+            len(self.queue) > self.maxsize or self.bytes > self.max_bytes
+        ):
+            self.bytes -= self.record_bytes(self.queue.popleft())
+            self.dropped += 1
         self._wake.set()
+
+    def _take(self, n: int) -> list[Any]:
+        items = [self.queue.popleft() for _ in range(min(n, len(self.queue)))]
+        self.bytes -= sum(self.record_bytes(r) for r in items)
+        return items
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set() or self.queue:
@@ -111,7 +138,7 @@ class CompletionLog:
                 continue
             if len(self.queue) < self.batch and not stop.is_set():
                 await asyncio.sleep(self.linger_s)
-            items = [self.queue.popleft() for _ in range(min(self.batch, len(self.queue)))]
+            items = self._take(self.batch)
             try:
                 await self.bus.publish_many(items)
                 self.published += len(items)
@@ -145,6 +172,12 @@ class GatewayState:
         self.completion_log = completion_log
         self.timeout_s = timeout_s
         self.unanswered = 0  # requests that got no HTTP answer at all (should stay 0)
+        # Admission: at most `max_inflight` chat requests at once; beyond that a 429 with
+        # Retry-After (queueing without bound grew memory and latency for everyone).
+        self.max_inflight = 64
+        self.inflight = 0
+        self.shed = 0  # requests answered 429 because the gateway was full
+        self.abandoned = 0  # requests whose client went away before the answer (cancelled)
         self.rng = random.Random()
 
     def set_split(self, weights: dict[str, float], order: list[str]) -> None:
@@ -201,6 +234,7 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
         title="agentrl gateway", description="OpenAI-compatible chat completions.", version="1"
     )
     app.state.gateway = state
+    app.add_middleware(_Admission, state=state)
     if state.capture is not None:  # POST /v1/episodes/{id}/end
         app.include_router(state.capture.router())
 
@@ -235,6 +269,7 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
                 "published": state.completion_log.published,
                 "dropped": state.completion_log.dropped,
                 "queued": len(state.completion_log.queue),
+                "queued_bytes": state.completion_log.bytes,
             },
         }
 
@@ -302,7 +337,12 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
                 request.headers if tracked else None,
             )
         try:
-            gen = await asyncio.wait_for(backend.generate(model_id, body), state.timeout_s)
+            gen = await _unless_gone(
+                request, asyncio.wait_for(backend.generate(model_id, body), state.timeout_s)
+            )
+        except _ClientGone:
+            state.abandoned += 1
+            return Response(status_code=499, headers=headers)
         except (TimeoutError, BackendError, DeployError, Exception) as exc:
             return _failed(stats, exc, model_id, headers)
         stats.latency_ms.append((time.perf_counter() - started) * 1000)
@@ -319,6 +359,82 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
         return Response(orjson.dumps(out), media_type="application/json", headers=headers)
 
     return app
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def _unless_gone(request: Request, work: Any) -> Any:
+    """Await `work`, cancelling it (and so its decode) when the client disconnects."""
+    job = asyncio.ensure_future(work)
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait([job, watch], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not job.done():
+            job.cancel()
+            with contextlib.suppress(BaseException):
+                await job
+            raise _ClientGone()
+    return job.result()
+
+
+class _Admission:
+    """ASGI middleware: counts chat requests in flight until their last byte is sent (a
+    stream too) and sheds those beyond `state.max_inflight` with 429 + Retry-After."""
+
+    def __init__(self, app: Any, state: GatewayState) -> None:
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != "/v1/chat/completions":
+            await self.app(scope, receive, send)
+            return
+        state = self.state
+        if state.inflight >= state.max_inflight:
+            state.shed += 1
+            await _error(
+                429,
+                f"the gateway is at capacity ({state.max_inflight} requests in flight); "
+                "retry after a moment",
+                "rate_limit_exceeded",
+                "overloaded",
+                headers={"retry-after": "1"},
+            )(scope, receive, send)
+            return
+        state.inflight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            state.inflight -= 1
+
+
+class _ClosingStream(StreamingResponse):
+    """A stream that closes its source however it ends: a client that disconnects (or
+    times out) mid-stream cancels the generation instead of decoding to max_tokens."""
+
+    def __init__(self, content: Any, source: Any, state: GatewayState, **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self.source, self.gateway = source, state
+        self.finished = False
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if not self.finished:
+                self.gateway.abandoned += 1
+            with contextlib.suppress(BaseException):
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+            with contextlib.suppress(BaseException):
+                await self.source.aclose()
 
 
 def _failed(
@@ -502,8 +618,8 @@ async def _stream(
                         state.capture.observe(
                             tracked, session, body.messages, gen, completion_id, model_id
                         )
-                try:
-                    item = await source.__anext__()
+                try:  # a stalled backend is a timeout mid-stream (in-band error below)
+                    item = await asyncio.wait_for(source.__anext__(), state.timeout_s)
                 except StopAsyncIteration:
                     item = None
         except Exception as exc:  # mid-stream failure: tell the client in-band, count it
@@ -517,5 +633,9 @@ async def _stream(
                 )
             )
         yield b"data: [DONE]\n\n"
+        response.finished = True
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+    response = _ClosingStream(
+        events(), source, state, media_type="text/event-stream", headers=headers
+    )
+    return response

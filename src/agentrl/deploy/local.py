@@ -18,6 +18,7 @@ import logging
 import math
 import random
 import threading
+from array import array
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ import torch
 
 from agentrl.deploy.choices import pick
 from agentrl.deploy.errors import BackendError, DeployError
+from agentrl.deploy.lru import ByteLRU
 from agentrl.deploy.openai_types import ChatRequest, Generation, tool_call
 from agentrl.deploy.structured import (
     Constraint,
@@ -41,7 +43,7 @@ from agentrl.rollout.policies.hf_policy import sample_tokens
 log = logging.getLogger(__name__)
 
 BASE_ADAPTER = "__base__"
-CHOICE_CACHE_SIZE = 200_000
+PROMPT_CACHE_MB = 256.0  # rendered prompts + guided_choice scores together (LRU by bytes)
 ChoiceScores = tuple[list[float], list[list[int]], list[list[float]]]
 TokenCallback = Callable[[int, float, list[tuple[int, float]]], None]
 
@@ -63,6 +65,8 @@ class _Row:
 class EngineStats:
     batch_sizes: list[int] = field(default_factory=list)
     new_tokens: int = 0
+    cancelled: int = 0  # rows stopped mid-decode because their request went away
+    active: int = 0  # rows in the decode loop now (a gauge)
 
 
 class LocalEngine:
@@ -77,6 +81,7 @@ class LocalEngine:
         max_batch_size: int = 8,
         max_wait_ms: float = 5.0,
         default_max_tokens: int = 256,
+        prompt_cache_mb: float = PROMPT_CACHE_MB,
     ) -> None:
         from agentrl.llm.loading import load_policy
 
@@ -99,16 +104,18 @@ class LocalEngine:
         self._queue: asyncio.Queue[_Row] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._batcher: asyncio.Task[None] | None = None
+        self._live: list[_Row] = []  # the batch being decoded (cancel_all)
         self._rng = torch.Generator()
         self._rng.manual_seed(seed)
         self._py_rng = random.Random(seed)
         # guided_choice: (adapter, prompt text, choices) -> (renormalised log-probs, each
         # choice's per-token log-probs). Agents in an environment see the same states again
         # and again; a version's answer distribution for a prompt never changes, so it is
-        # computed once (entries of an adapter go when it is unloaded).
-        self._choice_cache: dict[tuple[str, str, tuple[str, ...]], ChoiceScores] = {}
-        self.choice_cache_size = CHOICE_CACHE_SIZE
-        self._prompts: dict[str, tuple[str, list[int]]] = {}
+        # computed once (entries of an adapter go when it is unloaded). Both caches are LRUs
+        # bounded by bytes (`prompt_cache_mb`), keyed by a digest, token ids as array('i').
+        budget = int(prompt_cache_mb * 2**20)
+        self._choice_cache = ByteLRU(budget // 4, tag_of=lambda key: key[0])
+        self._prompts = ByteLRU(budget - budget // 4)
         self._inflight: dict[tuple[str, str, tuple[str, ...]], asyncio.Future[ChoiceScores]] = {}
         vocab = int(getattr(self.model.config, "vocab_size", 0) or len(self.tokenizer))
         self.grammars = GrammarCompiler(self.tokenizer, vocab)  # structured outputs
@@ -156,8 +163,7 @@ class LocalEngine:
             if name is not None and self.is_peft:
                 self.model.delete_adapter(name)
             if name is not None:
-                for key in [k for k in self._choice_cache if k[0] == name]:
-                    self._choice_cache.pop(key, None)
+                self._choice_cache.drop_tag(name)
 
     def adapter_of(self, model_id: str | None) -> str:
         if model_id is None:
@@ -189,10 +195,9 @@ class LocalEngine:
         if hit is None:
             text = self.render(request)
             ids: list[int] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            if len(self._prompts) >= self.choice_cache_size:
-                self._prompts.clear()
-            hit = self._prompts[key] = (text, ids)
-        return hit[0], list(hit[1])
+            hit = (text, array("i", ids))
+            self._prompts[key] = hit
+        return hit[0], hit[1].tolist()
 
     def encode(self, request: ChatRequest) -> list[int]:
         ids: list[int] = self.tokenizer(self.render(request), add_special_tokens=False)["input_ids"]
@@ -295,14 +300,28 @@ class LocalEngine:
             loop.call_soon_threadsafe(queue.put_nowait, (tok, lp, tops))
 
         task = asyncio.create_task(self.generate(model_id, request, on_token))
-        while not task.done() or not queue.empty():
-            getter = asyncio.create_task(queue.get())
-            done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-            if getter in done:
-                yield "token", getter.result()
-            else:
+        getter: asyncio.Task[Any] | None = None
+        try:
+            while not task.done() or not queue.empty():
+                getter = asyncio.create_task(queue.get())
+                done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    yield "token", getter.result()
+                else:
+                    getter.cancel()
+            yield "done", task.result()
+        finally:  # the consumer went away (disconnect, timeout): the decode of this row stops
+            if getter is not None:
                 getter.cancel()
-        yield "done", task.result()
+            if not task.done():
+                task.cancel()
+
+    def cancel_all(self) -> None:
+        """Stop every queued and decoding request now (the stack is stopping): a decode
+        thread left running to max_tokens kept `agentrl up` from exiting."""
+        for row in [*self._live, *(self._queue._queue if self._queue else [])]:  # type: ignore[attr-defined]
+            if not row.future.done():
+                row.future.cancel()
 
     async def _run_batches(self, queue: asyncio.Queue[_Row]) -> None:
         while not queue.empty():
@@ -310,6 +329,8 @@ class LocalEngine:
             live = [r for r in batch if not r.future.done()]
             if not live:
                 continue
+            self._live = live
+            self.stats.active = len(live)
             try:
                 results = await asyncio.to_thread(self._decode, live)
             except Exception as exc:
@@ -320,6 +341,8 @@ class LocalEngine:
                             BackendError(f"local generation failed: {type(exc).__name__}: {exc}")
                         )
                 continue
+            finally:
+                self._live, self.stats.active = [], 0
             self.stats.batch_sizes.append(len(live))
             for r, res in zip(live, results, strict=True):
                 self.stats.new_tokens += len(res[0])
@@ -371,6 +394,12 @@ class LocalEngine:
         want_top = any(r.top_k for r in rows)
         logp: torch.Tensor | None = None
         for _step in range(max_steps):
+            for i, r in enumerate(rows):  # the request went away (disconnect, timeout, stop)
+                if not done[i] and r.future.done():
+                    done[i], finish[i] = True, "cancelled"
+                    self.stats.cancelled += 1
+            if all(done):
+                break
             guided = [i for i, r in enumerate(rows) if r.matcher is not None and not done[i]]
             if guided:  # structured outputs: what the grammar forbids gets probability 0
                 for i in mask_logits(logits, guided, [rows[i].matcher for i in guided]):
@@ -513,8 +542,6 @@ class LocalEngine:
                 with ctx:
                     renorm = score_choices(self.model, self.tokenizer, [text], list(choices))[0]
                 per_token = self._score_locked(adapter, prompt, encoded)
-        if len(self._choice_cache) >= self.choice_cache_size:
-            self._choice_cache.clear()  # a crude bound; the working set refills in seconds
         scored = (renorm, encoded, per_token)
         self._choice_cache[key] = scored
         return scored

@@ -57,7 +57,11 @@ async def build(
     registry = await Registry.open(bus.js, deploy.bucket, replicas=settings.stream_replicas)
     endpoint = f"http://{settings.gateway_host}:{settings.gateway_port}/v1/chat/completions"
     deployer = Deployer(registry, bus, deploy.public_model, endpoint)
-    completion_log = CompletionLog(bus) if deploy.completion_log else None
+    completion_log = (
+        CompletionLog(bus, max_bytes=int(deploy.completion_log_max_mb * 2**20))
+        if deploy.completion_log
+        else None
+    )
     state = GatewayState(
         deploy.public_model,
         api_keys=deploy.api_keys,
@@ -65,6 +69,7 @@ async def build(
         timeout_s=deploy.backend_timeout_s,
         capture=_capture(bus),
     )
+    state.max_inflight = deploy.max_inflight
     tracker = RewardTracker(*deploy.reward_range)
     if validate == "default":
         from agentrl.deploy.validation import Validator
@@ -151,4 +156,7 @@ async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:
     try:
         await run_tasks(coros, stop)
     finally:
+        engine = getattr(d.manager, "engine", None)
+        if engine is not None:  # decodes in flight stop now, not at max_tokens
+            engine.cancel_all()
         await d.manager.close()

@@ -23,6 +23,7 @@ from agentrl.contracts.subjects import TRAINING_REQUEST
 from agentrl.contracts.training import TrainingRequest, TrainingStatus
 from agentrl.errors import BusError
 from agentrl.settings import get_settings
+from agentrl.training.filters import declared
 from agentrl.training.kv import (
     CANCEL_SUBJECT,
     IDEM_BUCKET,
@@ -184,7 +185,7 @@ async def start_training(
         req = fill_request(body, _tsettings(request))
     except ValidationError as exc:
         raise RequestValidationError(_errors(exc)) from exc
-    _check_storage(request, req)
+    _check_request(request, req)
     data = req.to_json()
     if kv is not None and key is not None:
         # The record keeps the request itself: a retry after a failed publish publishes it
@@ -201,14 +202,22 @@ async def start_training(
     return StartResponse(training_job_id=req.training_job_id, status="submitted")
 
 
-def _check_storage(request: Request, req: TrainingRequest) -> None:
-    """`checkpointing.storage_path` must lie under an allowed checkpoint root (422)."""
+def _check_request(request: Request, req: TrainingRequest) -> None:
+    """422 for a `checkpointing.storage_path` outside the allowed checkpoint roots and for a
+    dataset filter field that no dataset source applies."""
     settings = getattr(request.app.state, "settings", None) or get_settings()
-    requested = req.training_config.checkpointing.storage_path
+    tc = req.training_config
     try:
-        checkpoint_base(requested, _tsettings(request), Path(settings.data_dir))
+        checkpoint_base(tc.checkpointing.storage_path, _tsettings(request), Path(settings.data_dir))
     except UnsafePath as exc:
         loc = ["body", "training_config", "checkpointing", "storage_path"]
+        raise RequestValidationError(
+            [{"loc": loc, "msg": str(exc), "type": "value_error"}]
+        ) from exc
+    try:
+        declared(tc.dataset.filter)
+    except ValueError as exc:
+        loc = ["body", "training_config", "dataset", "filter"]
         raise RequestValidationError(
             [{"loc": loc, "msg": str(exc), "type": "value_error"}]
         ) from exc

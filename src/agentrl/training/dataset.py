@@ -146,14 +146,17 @@ def apply_filters(
     report: FilterReport | None = None,
 ) -> tuple[list[Record], FilterReport]:
     """Join and filter, counting removals per filter in `FILTER_ORDER`. A trajectory that
-    occurs twice (a republish under another message id) is kept once."""
+    occurs twice (a republish under another message id) is kept once. The filter is read
+    through `training.filters.declared` (the warehouse source applies the same set)."""
+    from agentrl.training.filters import declared
+
+    f = declared(flt)  # ValueError: a filter no source applies
     report = report or FilterReport()
     removed = report.removed
-    domains = set(flt.task_domains)
-    excluded = set(flt.exclude_subordinate_profiles)
-    agents = set((flt.model_extra or {}).get("agent_ids") or ())
-    start = flt.date_range.start if flt.date_range else None
-    end = flt.date_range.end if flt.date_range else None
+    domains = set(f.task_domains)
+    excluded = set(f.exclude_subordinate_profiles)
+    agents = set(f.agent_ids)
+    start, end = f.start, f.end
     seen: set[str] = set()
     kept: list[Record] = []
     for t in trajectories:
@@ -178,7 +181,7 @@ def apply_filters(
             removed["max_trajectory_length"] += 1
             continue
         if start is not None and end is not None:
-            ts = _ts(t.get("end_timestamp")) or _ts(t.get("start_timestamp"))
+            ts = _ts(t.get("end_timestamp"))
             if ts is None or ts < start or ts > end:
                 removed["date_range"] += 1
                 continue

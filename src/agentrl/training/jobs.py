@@ -361,6 +361,12 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
     algorithm = "dpo" if est == "dpo" else ("rloo" if est == "rloo" else "grpo")
     config = trainer_config(spec, algorithm)
     check_store(spec["storage_path"])
+    from agentrl.training.filters import declared
+
+    try:  # both dataset sources apply the same declared filter set
+        declared(tc.dataset.filter)
+    except ValueError as exc:
+        raise TrainingError(str(exc), "CONFIG") from exc
     emitter.emit("running", phase="loading data")
     t_load = time.monotonic()
     with gc_paused():

@@ -46,6 +46,7 @@ from agentrl.contracts.subjects import REWARD, TRAINING_REQUEST, TRAINING_STATUS
 from agentrl.contracts.training import TrainingRequest, TrainingStatus
 from agentrl.observability import instrument as obs
 from agentrl.settings import Settings, get_settings
+from agentrl.training.filters import declared
 from agentrl.training.kv import CANCEL_SUBJECT, STATUS_BUCKET, bucket
 from agentrl.training.paths import UnsafePath, checkpoint_base, job_dir
 from agentrl.training.requests import defaults, job_kind, merge
@@ -279,7 +280,8 @@ class TrainingService:
             raise PermanentError(reason) from exc
         try:
             checkpoint_base(self._requested_storage(req.model_dump(mode="json")), *self._roots())
-        except UnsafePath as exc:
+            declared(req.training_config.dataset.filter)
+        except ValueError as exc:  # UnsafePath too
             self.counters["invalid"] += 1
             reason = f"invalid training request: {exc}"
             if self.store.get(req.training_job_id) is None:

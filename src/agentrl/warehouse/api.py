@@ -179,6 +179,8 @@ def export(body: ExportRequest, a: Analytics = Depends(_analytics)) -> Response:
         )
     except WarehouseError as exc:
         raise _http_error(exc) from exc
+    except ValueError as exc:  # a filter field no dataset source applies
+        raise HTTPException(422, str(exc)) from exc
     media = "application/vnd.apache.parquet" if body.format == "parquet" else "application/x-ndjson"
     return Response(
         to_bytes(table, body.format),

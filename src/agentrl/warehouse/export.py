@@ -12,7 +12,10 @@ Filter semantics (the same as the training service's JetStream source):
   date_range             start <= end_timestamp <= end (when the trajectory finished)
   task_domains           domain in the list (empty: all)
   exclude_subordinate_profiles  subordinate profile not in the list
+  agent_ids              agent_id in the list (empty: all)
   sample_size            at most this many, a deterministic sample for a given seed
+The filter set is declared once in `agentrl.training.filters` (both sources read it there; a
+field neither applies is refused).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from agentrl.contracts.training import Dataset, DatasetFilter
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.logs import audit
 from agentrl.settings import Settings, get_settings
+from agentrl.training.filters import declared
 from agentrl.warehouse.backend import Backend
 from agentrl.warehouse.config import WarehouseSettings
 from agentrl.warehouse.queries import latest_rewards_sql, ts_param
@@ -61,25 +65,30 @@ def dataset_sql(
     require_reward: bool = True,
     include_raw: bool = True,
 ) -> tuple[str, dict[str, Any]]:
-    """The export query and its parameters (pure: testable without a warehouse)."""
+    """The export query and its parameters (pure: testable without a warehouse). Raises
+    ValueError for a filter field that is not declared (`training.filters.FILTERS`)."""
+    f = declared(filt)
     params: dict[str, Any] = {"seed": int(seed) % 2**64}
     where = ["1"]
-    if filt.max_trajectory_length is not None:
-        params["max_len"] = min(int(filt.max_trajectory_length), 2**32 - 1)
+    if f.max_trajectory_length is not None:
+        params["max_len"] = min(int(f.max_trajectory_length), 2**32 - 1)
         where.append("turn_count <= {max_len:UInt32}")
-    if filt.date_range is not None:
-        params["start"] = ts_param(filt.date_range.start)
-        params["end"] = ts_param(filt.date_range.end)
+    if f.start is not None and f.end is not None:
+        params["start"] = ts_param(f.start)
+        params["end"] = ts_param(f.end)
         where.append("end_timestamp BETWEEN {start:DateTime64(3)} AND {end:DateTime64(3)}")
-    if filt.task_domains:
-        params["domains"] = [str(d) for d in filt.task_domains]
+    if f.task_domains:
+        params["domains"] = list(f.task_domains)
         where.append("domain IN {domains:Array(String)}")
-    if filt.exclude_subordinate_profiles:
-        params["profiles"] = list(filt.exclude_subordinate_profiles)
+    if f.exclude_subordinate_profiles:
+        params["profiles"] = list(f.exclude_subordinate_profiles)
         where.append("subordinate_profile NOT IN {profiles:Array(String)}")
+    if f.agent_ids:
+        params["agents"] = list(f.agent_ids)
+        where.append("agent_id IN {agents:Array(String)}")
     having = "1"
-    if filt.min_reward is not None:
-        params["min_reward"] = float(filt.min_reward)
+    if f.min_reward is not None:
+        params["min_reward"] = float(f.min_reward)
         having = "reward >= {min_reward:Float64}"
         require_reward = True
     columns = ", ".join(f"t.{c} AS {c}" for c in SUMMARY_COLUMNS)
