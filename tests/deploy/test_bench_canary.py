@@ -1,0 +1,21 @@
+"""`agentrl bench canary --quick` runs end to end through the real controller, split and
+monitor on its own nats-server and ends with its JSON line: no worse canary promoted, no
+identical one rolled back, nothing lost."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def test_bench_canary_quick_prints_json_last() -> None:
+    cmd = [sys.executable, "-m", "agentrl.cli", "bench", "canary", "--quick"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["runs"] == 6 and figures["worse_runs"] == 4
+    assert figures["false_rollback_rate"] == 0.0
+    assert figures["worse_promoted_rate"] == 0.0 and figures["worse_rolled_back_rate"] >= 0.75
+    assert figures["rewards_to_detect_p50"] > 0 and figures["lost"] == 0
+    assert "identical" in done.stdout
