@@ -831,21 +831,23 @@ async def _kill_controller_mid_release(
             )
         return record.model_id
 
-    async def cut(
-        what: str, point: str, extra: dict[str, str], model_id: str
-    ) -> tuple[str | None, float | None]:
-        """Deploy `model_id` with the controller set to stop at `point`, SIGKILL it there,
-        restart it plainly; -> (the version the cut action was about, when it was killed)."""
+    def paused_at(point: str, extra: dict[str, str] | None = None) -> tuple[dict[str, str], Path]:
         marker = deploy.log.parent / f"paused-{point.replace(':', '-')}"
-        await restart({**plain, **extra, PAUSE_AT_ENV: point, PAUSE_FILE_ENV: str(marker)})
+        return {**plain, **(extra or {}), PAUSE_AT_ENV: point, PAUSE_FILE_ENV: str(marker)}, marker
+
+    async def cut(
+        what: str, point: str, marker: Path, model_id: str, then: dict[str, str]
+    ) -> tuple[str | None, float | None]:
+        """Deploy `model_id` (the controller runs set to stop at `point`), SIGKILL it there,
+        restart it with `then`; -> (the version the cut action was about, when killed)."""
         if not await deploy_version(model_id):
             result.checks[f"{what}: the soak could deploy its version"] = False
-            await restart(plain)
+            await restart(then)
             return None, None
         reached = await wait_for(lambda: _true(marker.exists()), 240, 0.2)
         result.checks[f"{what}: the controller reached {point}"] = reached is not None
         if reached is None:
-            await restart(plain)
+            await restart(then)
             return None, None
         rollout = await registry.get_rollout(agents.public)
         cut_off = None
@@ -854,7 +856,7 @@ async def _kill_controller_mid_release(
         result.checks[f"{what}: a half-done action was left in the registry"] = (
             rollout is not None and rollout.status in ("promoting", "rolling_back")
         )
-        t0 = await restart(plain)
+        t0 = await restart(then)
         say(f"soak: deployment controller SIGKILLed at {point} ({what} of {cut_off}); restarted")
         return cut_off, t0
 
@@ -881,8 +883,17 @@ async def _kill_controller_mid_release(
         )
 
     # the rollback: a version the gateway cannot prepare (its checkpoint is missing)
+    # (the controller restarted after the rollback's kill is already set for the promotion:
+    # one restart less; it finishes the rollback first all the same)
+    permissive = {
+        "AGENTRL_DEPLOY_MAX_REWARD_DROP": "2.0",
+        "AGENTRL_DEPLOY_MAX_ERROR_INCREASE": "1.0",
+    }
+    for_rollback, rollback_marker = paused_at("rollback:split")
+    for_promote, promote_marker = paused_at("promote:split", permissive)
+    await restart(for_rollback)
     bad = await candidate(str(deploy.log.parent / "no-such-checkpoint"))
-    rolled, t0 = await cut("rollback", "rollback:split", {}, bad)
+    rolled, t0 = await cut("rollback", "rollback:split", rollback_marker, bad, for_promote)
     if rolled is not None and t0 is not None:
 
         async def rolled_back() -> bool:
@@ -902,11 +913,7 @@ async def _kill_controller_mid_release(
     # the promotion: the monitor promotes a canary of the base weights; tolerances of the
     # whole range make every check pass once both versions have `min_samples`
     good = await candidate(None)
-    permissive = {
-        "AGENTRL_DEPLOY_MAX_REWARD_DROP": "2.0",
-        "AGENTRL_DEPLOY_MAX_ERROR_INCREASE": "1.0",
-    }
-    promoted, t0 = await cut("promotion", "promote:split", permissive, good)
+    promoted, t0 = await cut("promotion", "promote:split", promote_marker, good, plain)
     if promoted is not None and t0 is not None:
 
         async def live() -> bool:
