@@ -14,6 +14,8 @@ from typing import Any, Literal
 import jsonschema
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from openai import AsyncOpenAI
 from pydantic import BaseModel, Field
 from test_gateway import logged, serve
@@ -213,6 +215,12 @@ async def test_bad_constraints_get_a_clear_400(gw: Any, engine: Any) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}
     assert "invalid JSON Schema" in await refused(response_format=fmt)
     assert "invalid JSON Schema" in await refused(stream=True, response_format=fmt)
+    bad_props = {"type": "object", "properties": 5}
+    assert "invalid JSON Schema at properties" in await refused(
+        extra_body={"guided_json": bad_props}
+    )
+    remote = {"$schema": "http://127.0.0.1:9/meta", "type": "object"}  # never fetched
+    assert "unknown $schema" in await refused(extra_body={"guided_json": remote})
     unsupported = {"not": {"type": "string"}}
     msg = await refused(extra_body={"guided_json": unsupported})
     assert "does not support" in msg and "not" in msg
@@ -337,3 +345,59 @@ def test_agent_zero_schema_narrows_tools_and_constrains(engine: Any) -> None:
         assert set(out) == {"thoughts", "headline", "tool_name", "tool_args"}
     shipped = agent_zero_schema()
     assert "response" in shipped["properties"]["tool_name"]["enum"]
+
+
+# ---- property: whatever the schema, the answer validates ---------------------------------
+def _object(props: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": props,
+        "required": sorted(props),
+        "additionalProperties": False,
+    }
+
+
+_LEAVES = st.one_of(
+    st.builds(
+        lambda lo, span: {"type": "integer", "minimum": lo, "maximum": lo + span},
+        st.integers(-100, 100),
+        st.integers(0, 1000),
+    ),
+    st.just({"type": "boolean"}),
+    st.just({"type": "null"}),
+    st.lists(st.text("abcxyz ", min_size=1, max_size=5), min_size=1, max_size=4, unique=True).map(
+        lambda xs: {"enum": xs}
+    ),
+    st.integers(0, 10).map(lambda n: {"type": "string", "maxLength": n}),
+    st.just({"type": "string", "pattern": "^[a-c]{1,4}$"}),
+)
+SCHEMAS = st.recursive(
+    _LEAVES,
+    lambda inner: st.one_of(
+        st.dictionaries(
+            st.text("abcdef_", min_size=1, max_size=6), inner, min_size=1, max_size=3
+        ).map(_object),
+        st.tuples(inner, st.integers(0, 3)).map(
+            lambda t: {"type": "array", "items": t[0], "maxItems": t[1]}
+        ),
+        st.lists(inner, min_size=2, max_size=2).map(lambda xs: {"anyOf": xs}),
+    ),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(schema=SCHEMAS, temperature=st.sampled_from([0.0, 1.0]))
+def test_property_outputs_validate_for_generated_schemas(
+    engine: Any, schema: dict[str, Any], temperature: float
+) -> None:
+    req = ChatRequest(
+        model="m",
+        messages=MSG,
+        max_tokens=400,
+        temperature=temperature,
+        guided_json=schema,
+    )
+    gen = asyncio.run(engine.generate(None, req))
+    assert gen.finish_reason == "stop" and gen.constrained
+    jsonschema.validate(json.loads(gen.content or ""), schema)

@@ -223,3 +223,18 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         from agentrl.deploy.bench import run_bench
 
         run_bench(duration=duration, model=model, tokens=tokens, period=period)
+
+    @bench.command("structured")
+    def bench_structured(
+        model: str = typer.Option("smollm2", help="Local model: smollm2 or tiny (random)."),
+        schemas: int = typer.Option(200, help="Generated JSON Schemas (one prompt each)."),
+        max_tokens: int = typer.Option(160, help="Completion token cap per request."),
+        batch: int = typer.Option(8, help="Max batch size of the local engine."),
+        seed: int = typer.Option(0, help="Seed of the schemas and the model."),
+    ) -> None:
+        """Structured outputs: valid fraction, added time per token, grammar compile time."""
+        from agentrl.deploy.bench_structured import print_structured_bench
+
+        print_structured_bench(
+            model=model, n_schemas=schemas, max_tokens=max_tokens, batch=batch, seed=seed
+        )
