@@ -25,6 +25,7 @@ ROUTERS: tuple[str, ...] = (
     "agentrl.warehouse.api",
     "agentrl.deploy.api",
     "agentrl.observability.api",
+    "agentrl.capture.api",
 )
 
 

@@ -37,7 +37,9 @@ def steer(choice: str) -> dict[str, Any]:
     return {"guided_choice": [choice]}
 
 
-def assert_tool_episode(traj: dict[str, Any], version: str, tool_turns: int = 1) -> None:
+def assert_tool_episode(
+    traj: dict[str, Any], version: str, tool_turns: int = 1, exact: bool = True
+) -> None:
     """`tool_turns` add calls with their results, then the final text answer."""
     turns = traj["turns"]
     assert len(turns) == tool_turns + 1, [t["action"] for t in turns]
@@ -52,6 +54,7 @@ def assert_tool_episode(traj: dict[str, Any], version: str, tool_turns: int = 1)
         assert t["observation"]["type"] == "tool_result" and "5" in str(t["observation"]["content"])
     last = turns[-1]["action"]
     assert last["type"] == "response" and last["raw_response"] == FINAL
-    assert all(t["action"]["completion_id"].startswith("chatcmpl-") for t in turns)
+    if exact:  # every action names its completion (the key of the exact tokens)
+        assert all(t["action"]["completion_id"].startswith("chatcmpl-") for t in turns)
     assert traj["metadata"]["model"] == version
     assert traj["metadata"]["serving_versions"] == [version]
