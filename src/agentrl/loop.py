@@ -212,6 +212,7 @@ class LoopResult:
     trajectories: int = 0
     rewards: int = 0
     lost: int = 0
+    mixed: int = 0  # trajectories played by more than one version (credited to none)
     wall_s: float = 0.0
     report: str | None = None
     gateway_errors: int = 0
@@ -236,6 +237,7 @@ class LoopResult:
             "trajectories": self.trajectories,
             "rewards": self.rewards,
             "lost": self.lost,
+            "mixed_trajectories": self.mixed,
             "wall_s": round(self.wall_s, 1),
         }
 
@@ -273,12 +275,15 @@ class Agents:
         self.client = AsyncOpenAI(base_url=gateway_url, api_key="agentrl-loop", max_retries=0)
         self.published: dict[str, float] = {}  # trajectory_id -> publish time
         self.by_model: dict[str, int] = {}
+        self.mixed = 0  # trajectories several versions played (credited to none)
         self.failed = 0
         self.next_seed = 0
         self.acting_s = 0.0
         self.paced = False  # a job trains or a version validates: act at a trickle (watcher)
 
-    def policy(self, model: str, temperature: float) -> Any:
+    def policy(self, model: str, temperature: float, session: str | None = None) -> Any:
+        """The gateway's policy; `session` (sent as `episode_id` on every turn) keeps all
+        turns of a group on one version of the sticky split."""
         from agentrl.rollout.policies.openai_policy import OpenAIAgentPolicy
 
         return OpenAIAgentPolicy(
@@ -289,6 +294,7 @@ class Agents:
             guided_choice=MOVES,
             max_retries=3,
             backoff_base=0.2,
+            extra_body={"episode_id": session} if session else None,
         )
 
     async def group(self, seed: int) -> None:
@@ -297,8 +303,8 @@ class Agents:
         from agentrl.rollout.worker import RLRolloutWorker
 
         task = loop_task(self.cfg, seed)
-        policy = self.policy(self.public, self.cfg.temperature)
-        group_id = str(uuid.uuid4())
+        group_id = str(uuid.uuid4())  # the trajectories' session_id and the gateway's key
+        policy = self.policy(self.public, self.cfg.temperature, session=group_id)
         workers = [
             RLRolloutWorker(
                 task,
@@ -315,7 +321,9 @@ class Agents:
             if not ep.steps:
                 self.failed += 1
                 continue
-            model = _served_by(ep) or "unknown"
+            served = served_versions(ep)
+            # credited to a version only when that one version played every turn
+            model = served[0] if len(served) == 1 else "unknown"
             event = episode_to_trajectory(
                 ep,
                 agent_id="agentrl-loop",
@@ -323,6 +331,9 @@ class Agents:
                 temperature=self.cfg.temperature,
                 domain="general",
             )
+            if len(served) > 1:
+                self.mixed += 1
+                event.metadata.served_by = served  # type: ignore[attr-defined]
             link_completions(event, ep)
             await self.bus.publish(event)
             self.published[event.trajectory_id] = time.monotonic()
@@ -387,12 +398,15 @@ def link_completions(event: Any, episode: Any) -> None:
         turn.action.guided_choice = list(MOVES)
 
 
-def _served_by(episode: Any) -> str | None:
+def served_versions(episode: Any) -> list[str]:
+    """The versions that answered the episode's turns, in order of first use."""
+    out: list[str] = []
     for step in episode.steps:
         lp = step.policy_logprobs or {}
-        if lp.get("model"):
-            return str(lp["model"])
-    return None
+        model = lp.get("model")
+        if model and str(model) not in out:
+            out.append(str(model))
+    return out
 
 
 # ---- watching the stack ---------------------------------------------------------------------
@@ -623,7 +637,8 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
                     last_note = time.monotonic()
                     say(
                         f"acting: {len(agents.published)} trajectories, "
-                        f"{len(watch.rewards)} rewarded, by version {agents.by_model}"
+                        f"{len(watch.rewards)} rewarded, by version {agents.by_model}, "
+                        f"{agents.mixed} played by two versions"
                     )
                 finished = [
                     r
@@ -733,6 +748,7 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
                 say(f"report: not written ({type(exc).__name__}: {exc})")
             stages["report"] = time.monotonic() - t_rep
             result.trajectories = len(agents.published)
+            result.mixed = agents.mixed
             result.rewards = sum(1 for t in agents.published if t in watch.rewards)
             result.lost = result.trajectories - result.rewards
             await agents.close()
@@ -821,6 +837,10 @@ def table(result: LoopResult) -> str:
             f"{v.model_id:<22} {v.state:<12} {ho:<28} {mr:>11} {v.traffic_share:>7.0%}  "
             f"{v.decision}: {v.why[:90]}"
         )
+    lines.append(
+        f"trajectories played by more than one version (credited to none): {result.mixed} "
+        f"of {result.trajectories}"
+    )
     lines.append("")
     lines.append("stage wall times (s): " + ", ".join(f"{k}={v}" for k, v in result.stages.items()))
     return "\n".join(lines)
