@@ -11,6 +11,8 @@ they do, the soak kills, once each and one after the other, and lets come back:
 * the training service itself while a job runs (the worker must die with it; the restarted
   service resumes the job from its checkpoint or fails it, never leaves it 'running'),
 * nats-server (SIGKILL, restarted on the same port and store dir; every client reconnects),
+* nats-server stopped for a minute (longer than the publish retry window) while a training
+  job ends: afterwards the job's final status is on RL_TRAINING and the next request starts,
 * the deployment controller + gateway (the agents' errors meanwhile are counted; the restarted
   gateway serves the same versions from the registry),
 * the deployment controller again, stopped between two registry writes of a rollback and then
@@ -73,6 +75,7 @@ class SoakConfig:
     settle_s: float = 10.0
     burst: int = 300
     release_kills: bool = True  # phase 6: the controller killed mid-rollback and mid-promote
+    nats_down_s: float = 60.0  # phase 4b: nats-server away this long while a job ends
 
 
 def soak_environment(cfg: SoakConfig) -> dict[str, str]:
@@ -703,6 +706,9 @@ async def _faults(
         sum(agents.counts.errors.values()) - errors_before
     )
 
+    # 4b. nats-server down for a minute while a training job ends
+    await _nats_down_while_a_job_ends(cfg, bus, server, procs["training"], http, api, result, say)
+
     # 5. the deployment controller + gateway: the agents see an outage (counted), then the
     # restarted gateway serves the same versions from the registry
     await _kill_gateway(cfg, procs["deploy"], http, agents, result, say)
@@ -1148,6 +1154,87 @@ async def _kill_job(
     got = await wait_for(next_job, cfg.job_wait_s, 0.5)
     rec["training_next_job"] = _since(t0, got)
     say(f"soak: the next training job ran {_fmt(rec['training_next_job'])} after the kill")
+
+
+async def _nats_down_while_a_job_ends(
+    cfg: SoakConfig,
+    bus: Any,
+    server: Any,
+    training: ServiceProc,
+    http: httpx.AsyncClient,
+    api: str,
+    result: SoakResult,
+    say: Callable[[str], None],
+) -> None:
+    """nats-server stopped for `nats_down_s` (longer than the bus's publish retry window)
+    while a training job ends (on its own, or SIGKILLed half-way through the outage).
+    Afterwards the job's final status must be on RL_TRAINING and a new request must start:
+    the training service's scheduler outlived the failed publishes."""
+    from agentrl.training.dataset import read_subject
+
+    rec = result.recovery_s
+    worker, job_id = await _running_job(cfg, training, http, api)
+    if worker is None or job_id is None:
+        result.notes.append(f"no training job ran within {cfg.job_wait_s:.0f}s: nats not stopped")
+        rec["nats down: final status on the stream"] = None
+        return
+    t0 = time.monotonic()
+    server.stop()
+    say(f"soak: nats-server stopped for {cfg.nats_down_s:.0f}s while job {job_id[:8]} runs")
+    half = t0 + cfg.nats_down_s / 2
+
+    def running() -> bool:
+        try:
+            return bool(worker.is_running() and worker.status() != "zombie")
+        except Exception:  # reaped by the training service
+            return False
+
+    while running() and time.monotonic() < half:
+        await asyncio.sleep(0.5)
+    if running():
+        with contextlib.suppress(Exception):
+            worker.kill()
+        say(f"soak:   job {job_id[:8]}'s process SIGKILLed while nats-server is away")
+    else:
+        say(f"soak:   job {job_id[:8]} ended on its own while nats-server is away")
+    await asyncio.sleep(max(0.0, t0 + cfg.nats_down_s - time.monotonic()))
+    server.start()
+    t_back = time.monotonic()
+    say(f"soak: nats-server back after {t_back - t0:.0f}s")
+
+    async def final_on_stream() -> bool:
+        raw = await read_subject(bus.js, "RL_TRAINING", "agent.rl.training.status.v1")
+        mine = [json.loads(m) for m in raw if job_id.encode() in m]
+        mine = [e for e in mine if e.get("training_job_id") == job_id]
+        return bool(mine) and mine[-1].get("status") in ("completed", "failed", "cancelled")
+
+    got = await wait_for(final_on_stream, cfg.recover_timeout_s, 1.0)
+    rec["nats down: final status on the stream"] = on_stream = _since(t_back, got)
+    result.checks["nats down while a job ends: its final status reached RL_TRAINING"] = (
+        got is not None
+    )
+    say(f"soak:   job {job_id[:8]}'s final status on the stream {_fmt(on_stream)} after")
+    body = {"metadata": {"notes": "soak: the request after the nats outage"}}
+    new_id: str | None = None
+    for _ in range(30):  # the control API's bus reconnects too
+        with contextlib.suppress(Exception):
+            r = await http.post(
+                f"{api}/training/start", json=body, headers={"Idempotency-Key": f"soak-{job_id}"}
+            )
+            if r.status_code == 202:
+                new_id = str(r.json()["training_job_id"])
+                break
+        await asyncio.sleep(1.0)
+
+    async def started() -> bool:
+        r = await http.get(f"{api}/training/{new_id}/status")
+        return r.status_code == 200 and r.json().get("status") not in (None, "queued")
+
+    got = await wait_for(started, cfg.job_wait_s, 0.5) if new_id else None
+    rec["nats down: next request started"] = next_start = _since(t_back, got)
+    result.checks["nats down while a job ends: the next request started"] = got is not None
+    result.checks["training service survived the nats outage"] = training.alive()
+    say(f"soak:   the next request started {_fmt(next_start)} after nats came back")
 
 
 def _after(job: dict[str, Any], t0_monotonic: float) -> bool:
