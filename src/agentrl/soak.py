@@ -866,12 +866,11 @@ async def _kill_controller_mid_release(
         say(f"soak: deployment controller SIGKILLed at {point} ({what} of {cut_off}); restarted")
         return cut_off, t0
 
-    async def agree() -> bool:
+    async def agree() -> bool:  # the running gateway's report (a killed one's ages out)
         split, _ = await registry.get_split(agents.public)
         reports = await registry.serving_reports(agents.public)
-        return (
-            split is not None and bool(reports) and all(r.weights == split.weights for r in reports)
-        )
+        newest = max(reports, key=lambda r: r.at, default=None)
+        return split is not None and newest is not None and newest.weights == split.weights
 
     async def settled(what: str, done: Callable[[], Any], t0: float) -> None:
         got = await wait_for(done, t, 0.25)
