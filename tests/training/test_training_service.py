@@ -75,6 +75,10 @@ async def test_threshold_job_completes_and_model_is_listed(nats, data_dir):
             assert final["metrics"]["current"]["loss"] is not None
             assert "holdout_reward" in final["evaluation_results"]
             assert "improvement_over_baseline" in final["evaluation_results"]
+            ev = final["evaluation_results"]  # named an off-policy estimate, with its spread
+            assert "off-policy estimate" in ev["method"] and ev["effective_sample_size"] > 0
+            assert ev["improvement_ci95_low"] <= ev["improvement_over_baseline"]
+            assert ev["improvement_over_baseline"] <= ev["improvement_ci95_high"]
             usage = final["resource_usage"]
             assert usage["peak_memory_gb"] > 0 and usage["total_training_time_seconds"] > 0
             arts = final["artifacts"]

@@ -71,7 +71,11 @@ class ModelEntry(BaseModel):
     base_model: str | None = None
     completed_at: str
     metrics: dict[str, Any] = Field(default_factory=dict)
-    evaluation_results: dict[str, Any] = Field(default_factory=dict)
+    evaluation_results: dict[str, Any] = Field(
+        default_factory=dict,
+        description="A dataset job's holdout figures are an off-policy estimate (see `method`, "
+        "`improvement_ci95_low/high` and `effective_sample_size`), not a replay of the tasks.",
+    )
     artifacts: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -8,11 +8,12 @@ evaluate on the holdout and write the final checkpoint, the curves and the model
 `environment`: online rollouts in one of the project's environments through the existing
 `agentrl.llm` loop (`train_on_env`, one small adapter, so the entry point can change later).
 
-Holdout evaluation of a dataset job is off-policy: the holdout's logged trajectories are
-re-weighted by how much more (or less) likely the trained policy makes them than the base
-model (self-normalised importance sampling over whole trajectories, log-ratio clipped to
-+-20). `holdout_reward` is that estimate of the trained policy's reward on the holdout
-tasks and `improvement_over_baseline` its difference to the base model's (the plain mean).
+Holdout evaluation of a dataset job is an off-policy estimate (`training.ope`): each logged
+holdout turn is weighted by how much more (or less) likely the trained policy, and the base
+model, make its action than the behaviour policy that served it (its logged log-probs),
+per decision and self-normalised. `holdout_reward` is the estimate of the trained policy's
+reward on the holdout tasks, `improvement_over_baseline` its difference to the base model's
+estimate, reported with its 95 % interval and effective sample size.
 """
 
 from __future__ import annotations
@@ -316,23 +317,39 @@ class _suppress:
         return True
 
 
-def trajectory_logps(trainer: PolicyTrainer, samples: list[PolicySample]) -> dict[str, float]:
-    """Sum of the policy's log-probs of each trajectory's actions (per episode id)."""
+def decision_logps(trainer: PolicyTrainer, samples: list[PolicySample]) -> list[float]:
+    """The policy's log-prob of each sample's (turn's) action tokens, in order."""
     copies = [copy.copy(s) for s in samples]
     for s in copies:
         s.old_logprobs = None
     trainer.score(copies, force_old=True)
-    out: dict[str, float] = {}
-    for s in copies:
-        assert s.old_logprobs is not None
-        out[s.episode_id] = out.get(s.episode_id, 0.0) + float(s.old_logprobs.sum())
+    return [float(s.old_logprobs.sum()) for s in copies if s.old_logprobs is not None]
+
+
+def holdout_decisions(
+    samples: list[PolicySample],
+    new: list[float],
+    base: list[float],
+    rewards: dict[str, float],
+) -> list[Any]:
+    """One `ope.Decision` per holdout turn: its logged behaviour log-prob when the completion
+    log had it (exact tokens), else None (the base model stands in)."""
+    from agentrl.training.ope import Decision
+
+    out = []
+    for s, lp_new, lp_base in zip(samples, new, base, strict=True):
+        if s.episode_id not in rewards:
+            continue
+        mu = float(s.old_logprobs.sum()) if s.old_logprobs is not None else None
+        out.append(Decision(s.episode_id, rewards[s.episode_id], lp_new, lp_base, mu))
     return out
 
 
 def snis_reward(
     new: dict[str, float], base: dict[str, float], rewards: dict[str, float]
 ) -> float | None:
-    """Self-normalised importance-sampling estimate of the reward under the new policy."""
+    """Self-normalised importance sampling over whole trajectories (new / base): what the
+    holdout estimate was before `training.ope` (kept for comparison in its tests)."""
     ids = [k for k in rewards if k in new and k in base]
     if not ids:
         return None
@@ -344,6 +361,7 @@ def snis_reward(
 
 def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
     from agentrl.contracts.training import TrainingRequest
+    from agentrl.training import ope
     from agentrl.training.choice_job import guided_share
     from agentrl.training.dataset import (
         FilterReport,
@@ -449,7 +467,7 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
             "DATA",
         )
     hold_rewards = {r.trajectory_id: r.score for r in hold}
-    base_logps = trajectory_logps(trainer, hold_samples) if hold_samples else {}
+    base_logps = decision_logps(trainer, hold_samples) if hold_samples else []
     resumed = ckpt.resume(trainer) if spec.get("resume") else None
     if resumed:
         log.info("resumed from %s at step %d", resumed, trainer.global_step)
@@ -505,9 +523,14 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
                 state["last_checkpoint"] = path
                 emitter.emit("running", phase="checkpoint", last_checkpoint=path)
                 if hold_samples:
-                    score = snis_reward(
-                        trajectory_logps(trainer, hold_samples), base_logps, hold_rewards
+                    now = holdout_decisions(
+                        hold_samples,
+                        decision_logps(trainer, hold_samples),
+                        base_logps,
+                        hold_rewards,
                     )
+                    found = ope.estimate(now, resamples=0)
+                    score = found.value_new if found is not None else None
                     if score is not None and ckpt.save_best(trainer, score, m):
                         state["best"] = {
                             "epoch": epoch + 1,
@@ -520,16 +543,15 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
     t_eval = time.monotonic()
     evaluation: dict[str, Any] = {}
     if hold_samples:
-        base_reward = float(np.mean(list(hold_rewards.values())))
-        est_reward = snis_reward(trajectory_logps(trainer, hold_samples), base_logps, hold_rewards)
-        if est_reward is not None:
-            evaluation = {
-                "holdout_reward": est_reward,
-                "improvement_over_baseline": est_reward - base_reward,
-                "holdout_trajectories": len(hold),
-                "base_holdout_reward": base_reward,
-                "method": "snis",
-            }
+        found = ope.estimate(
+            holdout_decisions(
+                hold_samples, decision_logps(trainer, hold_samples), base_logps, hold_rewards
+            ),
+            seed=seed,
+        )
+        est_reward = found.value_new if found is not None else None
+        if found is not None and est_reward is not None:
+            evaluation = found.as_evaluation()
             if ckpt.save_best(trainer, est_reward, history[-1] if history else {}):
                 state["best"] = {
                     "epoch": epochs,
