@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
-from agents import CALL, FINAL, SYSTEM, TASK, TOOLS, add, assert_tool_episode, steer
 from openai import AsyncOpenAI
+from toolkit import CALL, FINAL, SYSTEM, TASK, TOOLS, add, assert_tool_episode, steer
 
 from conftest import VERSION, Harness, stream_docs
 

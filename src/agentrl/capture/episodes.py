@@ -258,12 +258,15 @@ def observation_of(new: list[dict[str, Any]], first: bool) -> Observation:
 
 
 def result_of(action: Action, following: list[dict[str, Any]] | None) -> TurnResult | None:
-    """A tool call's result: the tool messages that came back in the next request."""
+    """A tool call's result: the tool messages that came back in the next request (or, from
+    agents that send tool output as a user message, that message)."""
     if action.type != "tool_call":
         return None
     if following is None:
         return None
     tools = [text_of(m.get("content")) for m in following if m.get("role") == "tool"]
+    if not tools:  # agents that send tool output back as a user message (smolagents)
+        tools = [text_of(m.get("content")) for m in following if m.get("role") == "user"]
     if not tools:
         return None
     out: Any = tools[0] if len(tools) == 1 else tools
