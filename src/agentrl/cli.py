@@ -45,6 +45,7 @@ PLUGINS = (
     "agentrl.training.cli",
     "agentrl.warehouse.cli",
     "agentrl.deploy.cli",
+    "agentrl.deploy.vllm.cli",
     "agentrl.observability.cli",
     "agentrl.integrations.agent_zero.cli",
     "agentrl.loop_cli",

@@ -295,15 +295,20 @@ def from_openai(data: dict[str, Any]) -> Generation:
 
 
 def _accumulate(gen: Generation, chunk: dict[str, Any]) -> None:
+    if chunk.get("prompt_token_ids"):  # vLLM's return_token_ids: in the first chunk
+        gen.prompt_token_ids = [int(t) for t in chunk["prompt_token_ids"]]
     for choice in chunk.get("choices") or []:
         delta = choice.get("delta") or {}
         if delta.get("content"):
             gen.content = (gen.content or "") + delta["content"]
+        ids = choice.get("token_ids")  # vLLM's return_token_ids: the sampled ids
+        if ids:
+            gen.completion_token_ids.extend(int(t) for t in ids)
         for e in ((choice.get("logprobs") or {}).get("content")) or []:
             gen.tokens.append(e.get("token", ""))
             gen.token_logprobs.append(float(e.get("logprob", 0.0)))
             tid = _token_id(e.get("token", ""))
-            if tid is not None:
+            if tid is not None and not ids:
                 gen.completion_token_ids.append(tid)
         if choice.get("finish_reason"):
             gen.finish_reason = choice["finish_reason"]

@@ -157,7 +157,9 @@ class DeploySettings(BaseSettings):
     judge_model: str = "judge"
     judge_api_key: str | None = None
     # serving
-    backend: Literal["local", "upstream"] = "local"
+    backend: Literal["local", "upstream", "vllm"] = Field(
+        "local", description="local: embedded; upstream: a server you run; vllm: agentrl runs vLLM."
+    )
     base_model: str = Field("smollm2", description="Live model when nothing is registered yet.")
     upstream_url: str | None = Field(None, description="OpenAI-compatible server (e.g. vLLM).")
     upstream_api_key: str | None = None

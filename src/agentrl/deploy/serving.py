@@ -62,6 +62,7 @@ class ServingManager:
         self._reported_at = 0.0
         self.max_loaded = 8
         self._upstreams: dict[tuple[str, bool], UpstreamBackend] = {}
+        self._vllm_backend: Any = None  # agentrl.deploy.vllm.backend.VllmBackend
         self._revision = -1
         self._engine_lock = asyncio.Lock()
 
@@ -82,6 +83,21 @@ class ServingManager:
                 )
         return LocalBackend(self.engine, self.cache_dir)
 
+    async def _vllm(self, record: ModelRecord) -> Backend:
+        """The supervised vLLM of the record's base model (started on first use)."""
+        from agentrl.deploy.vllm.backend import VllmBackend
+        from agentrl.deploy.vllm.start import start_vllm
+
+        spec = record.serving.get("base_spec") or {"name": record.base_model}
+        async with self._engine_lock:
+            if self._vllm_backend is None:
+                self._vllm_backend = await start_vllm(spec, self.cache_dir, self.settings)
+                # an adapter reloads in well under a second: versions leave vLLM when they
+                # leave the split (a rollback unloads) instead of staying as spares
+                self.max_loaded = 0
+        backend: VllmBackend = self._vllm_backend
+        return backend
+
     def _upstream(self, url: str, load_lora: bool, model: str | None) -> UpstreamBackend:
         key = (url, load_lora)
         if key not in self._upstreams:
@@ -96,6 +112,8 @@ class ServingManager:
 
     async def backend_for(self, record: ModelRecord) -> Backend:
         kind = record.serving.get("kind", self.settings.backend)
+        if kind == "vllm":
+            return await self._vllm(record)
         if kind == "upstream":
             url = record.serving.get("base_url") or self.settings.upstream_url
             if not url:
@@ -228,3 +246,5 @@ class ServingManager:
             await self.registry.drop_serving(self.state.public_name, self.gateway_id)
         for up in self._upstreams.values():
             await up.close()
+        if self._vllm_backend is not None:
+            await self._vllm_backend.close()

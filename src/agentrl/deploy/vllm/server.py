@@ -1,0 +1,248 @@
+"""Supervises one `vllm serve` process: start it (LoRA and runtime adapter loading on), wait
+until it answers, run the on-ready hooks (reload adapters, warm up) before declaring it
+ready, and restart it with backoff (1 s doubling to 60 s) whenever it exits or never comes
+up. The port stays the same across restarts, so clients keep their URL.
+
+A hook that fails makes the start a failure (the process is killed and started again): the
+server is never `ready` with adapters missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import httpx
+
+from agentrl.deploy.errors import BackendError
+
+log = logging.getLogger(__name__)
+
+Hook = Callable[[], Awaitable[None]]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class VllmServer:
+    """`vllm serve` as a supervised child process (its own process group)."""
+
+    def __init__(
+        self,
+        python: Path,
+        model: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        served_name: str = "base",
+        max_model_len: int = 2048,
+        max_lora_rank: int = 16,
+        max_loras: int = 4,
+        dtype: str = "float32",
+        kv_cache_gib: float = 1.0,
+        extra_args: list[str] | None = None,
+        log_path: Path | None = None,
+        startup_timeout_s: float = 900.0,
+        restart_base_s: float = 1.0,
+        restart_max_s: float = 60.0,
+    ) -> None:
+        self.python, self.model = Path(python), model
+        self.host, self.port = host, port or free_port(host)
+        self.served_name = served_name
+        self.args = [
+            "--model", model,
+            "--served-model-name", served_name,
+            "--host", host,
+            "--port", str(self.port),
+            "--max-model-len", str(max_model_len),
+            "--dtype", dtype,
+            "--enable-lora",
+            "--max-lora-rank", str(max_lora_rank),
+            "--max-loras", str(max_loras),
+            *(extra_args or []),
+        ]  # fmt: skip
+        self.kv_cache_gib = kv_cache_gib
+        self.log_path = log_path
+        self.startup_timeout_s = startup_timeout_s
+        self.restart_base_s, self.restart_max_s = restart_base_s, restart_max_s
+        self.on_ready: list[Hook] = []
+        self.state = "stopped"  # starting | ready | backoff | stopped
+        self.last_error: str | None = None
+        self.starts = 0  # processes started
+        self.ready_count = 0  # times it became ready (1 + successful restarts)
+        self.last_startup_s: float | None = None
+        self.proc: asyncio.subprocess.Process | None = None
+        self._ready = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._tail: collections.deque[str] = collections.deque(maxlen=40)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._supervise(), name="vllm-supervisor")
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Return once ready; BackendError(503) naming the last failure when it is not
+        ready within `timeout_s` (or at once when it is backing off after a failure)."""
+        deadline = time.monotonic() + timeout_s
+        while not self._ready.is_set():
+            left = deadline - time.monotonic()
+            if self.state in ("backoff", "stopped") or left <= 0:
+                why = f": {self.last_error}" if self.last_error else ""
+                raise BackendError(f"vLLM is not ready ({self.state}){why}", 503)
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), min(left, 1.0))
+
+    def _set(self, state: str) -> None:
+        self.state = state
+        self._changed.set()
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(self.kv_cache_gib))))
+        env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+        env.pop("PYTHONPATH", None)  # agentrl's paths must not shadow vLLM's packages
+        return env
+
+    async def _supervise(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            ok = await self._run_once()
+            if self._stop.is_set():
+                break
+            failures = 0 if ok else failures + 1
+            delay = min(self.restart_max_s, self.restart_base_s * 2 ** max(0, failures - 1))
+            log.error("vLLM stopped (%s); restarting in %.0f s", self.last_error, delay)
+            self._set("backoff")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), delay)
+        self._set("stopped")
+
+    async def _run_once(self) -> bool:
+        """One process's life; True when it became ready (a later exit is a crash)."""
+        self._set("starting")
+        started = time.monotonic()
+        self.starts += 1
+        logfile = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                str(self.python),
+                "-m",
+                "vllm.entrypoints.openai.api_server",  # `vllm serve` (vllm-cpu's CLI
+                *self.args,  # entry point fails: it looks up a distribution named "vllm")
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env=self._env(),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            self.last_error = f"could not start {self.python}: {exc}"
+            if logfile:
+                logfile.close()
+            return False
+        reader = asyncio.create_task(self._pump(self.proc, logfile))
+        became_ready = False
+        try:
+            became_ready = await self._until_ready(self.proc, started)
+            if became_ready:
+                self.last_startup_s = time.monotonic() - started
+                self.ready_count += 1
+                self.last_error = None
+                self._ready.set()
+                self._set("ready")
+                log.info("vLLM ready on %s in %.1f s", self.base_url, self.last_startup_s)
+                stop = asyncio.ensure_future(self._stop.wait())
+                exited = asyncio.ensure_future(self.proc.wait())
+                await asyncio.wait([stop, exited], return_when=asyncio.FIRST_COMPLETED)
+                stop.cancel()
+                if exited.done():
+                    self.last_error = f"vLLM exited with {self.proc.returncode}{self._why()}"
+                else:
+                    exited.cancel()
+        finally:
+            self._ready.clear()
+            await self._kill(self.proc)
+            reader.cancel()
+            with contextlib.suppress(BaseException):
+                await reader
+            if logfile:
+                logfile.close()
+        return became_ready
+
+    async def _until_ready(self, proc: asyncio.subprocess.Process, started: float) -> bool:
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            while time.monotonic() - started < self.startup_timeout_s:
+                if self._stop.is_set():
+                    return False
+                if proc.returncode is not None:
+                    self.last_error = f"vLLM exited with {proc.returncode} at start{self._why()}"
+                    return False
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get(f"http://{self.host}:{self.port}/health")).is_success:
+                        break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), 0.5)
+            else:
+                self.last_error = f"vLLM not up within {self.startup_timeout_s:.0f} s{self._why()}"
+                return False
+        try:
+            for hook in self.on_ready:
+                await hook()
+        except Exception as exc:
+            self.last_error = f"vLLM came up but getting it ready failed: {exc}"
+            log.error("%s", self.last_error)
+            return False
+        return proc.returncode is None
+
+    def _why(self) -> str:
+        lines = [x for x in self._tail if "Error" in x or "error" in x]
+        return f" ({lines[-1].strip()[:300]})" if lines else ""
+
+    async def _pump(self, proc: asyncio.subprocess.Process, logfile: object) -> None:
+        assert proc.stdout is not None
+        async for raw in proc.stdout:
+            self._tail.append(raw.decode(errors="replace"))
+            if logfile is not None:
+                logfile.write(raw)  # type: ignore[attr-defined]
+                logfile.flush()  # type: ignore[attr-defined]
+
+    async def _kill(self, proc: asyncio.subprocess.Process) -> None:
+        """End the whole process group (the API server and its engine core / workers)."""
+        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), wait)
+                # children may outlive the leader: the group is killed all the same
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                return
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(BaseException):
+                await self._task
+            self._task = None

