@@ -200,6 +200,21 @@ async def test_streamed_tool_call_deltas_like_openai(gw: Any) -> None:
     assert all(d.index == 0 and d.id is None and d.function.name is None for d in rest)
     args = json.loads("".join(d.function.arguments for d in rest))
     jsonschema.validate(args, PARAMS[head.function.name])
+    for _ in range(3):  # auto: streamed text, or a streamed valid call
+        stream = await client.chat.completions.create(
+            model="p-base", messages=MSG, tools=TOOLS, max_tokens=24, stream=True
+        )
+        text, calls = "", []
+        async for c in stream:
+            for ch in c.choices:
+                text += ch.delta.content or ""
+                calls += ch.delta.tool_calls or []
+        if calls:
+            assert calls[0].function.name in PARAMS and not text
+            args = json.loads("".join(d.function.arguments or "" for d in calls))
+            jsonschema.validate(args, PARAMS[calls[0].function.name])
+        else:
+            assert text and not text.startswith(("{", "["))
 
 
 async def test_bad_constraints_get_a_clear_400(gw: Any, engine: Any) -> None:
@@ -401,3 +416,25 @@ def test_property_outputs_validate_for_generated_schemas(
     gen = asyncio.run(engine.generate(None, req))
     assert gen.finish_reason == "stop" and gen.constrained
     jsonschema.validate(json.loads(gen.content or ""), schema)
+
+
+def test_tool_call_stream_sends_the_name_first_then_arguments_as_they_decode() -> None:
+    from agentrl.deploy.structured import ToolCallStream
+
+    answer = '{"name": "move", "arguments": {"direction": "up", "steps": 3}}'
+    live, deltas = ToolCallStream(), []
+    for end in range(1, len(answer) + 1):
+        got = live.feed(answer[:end])
+        deltas.append(got)
+        if end < len(answer) and got and "tool_calls" in got[0]:
+            assert not answer[:end].endswith("}}")  # nothing waits for the end
+    first = next(i for i, d in enumerate(deltas) if d)
+    assert first == len('{"name": "move", "arguments": ') - 1  # as soon as the name closes
+    head = deltas[first][0]["tool_calls"][0]
+    assert head["function"] == {"name": "move", "arguments": ""} and head["id"]
+    flat = [d for ds in deltas for d in ds] + live.finish(answer, [{"function": {}}])
+    args = "".join(d["tool_calls"][0]["function"]["arguments"] for d in flat)
+    assert json.loads(args) == {"direction": "up", "steps": 3}
+    text = ToolCallStream()
+    assert text.feed("Hel") == [{"content": "Hel"}] and text.feed("Hello") == [{"content": "lo"}]
+    assert text.finish("Hello!", None) == [{"content": "!"}]

@@ -45,6 +45,7 @@ from agentrl.deploy.openai_types import (
     logprobs_block,
     new_completion_id,
 )
+from agentrl.deploy.structured import ToolCallStream, tool_call_deltas
 from agentrl.observability import instrument as obs
 
 log = logging.getLogger(__name__)
@@ -489,23 +490,6 @@ def _log(
     state.completion_log.submit(record)
 
 
-def _tool_call_deltas(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Tool calls as OpenAI streams them: per call, a delta with its index, id, type and
-    name (arguments ""), then deltas with argument text the client concatenates."""
-    out: list[dict[str, Any]] = []
-    for i, c in enumerate(calls):
-        fn = c.get("function") or {}
-        head = {"name": fn.get("name"), "arguments": ""}
-        out.append(
-            {"tool_calls": [{"index": i, "id": c.get("id"), "type": "function", "function": head}]}
-        )
-        args = str(fn.get("arguments") or "")
-        for start in range(0, len(args), 16):
-            piece = {"arguments": args[start : start + 16]}
-            out.append({"tool_calls": [{"index": i, "function": piece}]})
-    return out
-
-
 def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
@@ -536,6 +520,7 @@ async def _stream(
         or bool(body.stops())
         or bool(body.guided_choice)
     )
+    live_calls = ToolCallStream() if ToolCallStream.wanted(body) else None
     include_usage = bool((body.stream_options or {}).get("include_usage"))
 
     async def events() -> AsyncIterator[bytes]:
@@ -552,6 +537,13 @@ async def _stream(
                 if kind == "chunk":  # upstream: pass through under our id and version
                     value["id"], value["model"] = completion_id, model_id
                     yield _sse(value)
+                elif kind == "token" and live_calls is not None and tokenizer is not None:
+                    if value[0] not in eos:  # a tools answer: OpenAI's deltas as it decodes
+                        ids.append(value[0])
+                    text = tokenizer.decode(ids, skip_special_tokens=True)
+                    if not text.endswith("\ufffd"):
+                        for delta in live_calls.feed(text):
+                            yield _sse(chunk(completion_id, model_id, delta))
                 elif kind == "token" and not buffered and tokenizer is not None:
                     tok, lp, tops = value
                     if tok not in eos:
@@ -580,8 +572,15 @@ async def _stream(
                 elif kind == "done":
                     gen: Generation = value
                     if tokenizer is not None:
-                        if gen.tool_calls:
-                            for delta in _tool_call_deltas(gen.tool_calls):
+                        if live_calls is not None:
+                            text = tokenizer.decode(
+                                [i for i in gen.completion_token_ids if i not in eos],
+                                skip_special_tokens=True,
+                            )
+                            for delta in live_calls.finish(text, gen.tool_calls):
+                                yield _sse(chunk(completion_id, model_id, delta))
+                        elif gen.tool_calls:
+                            for delta in tool_call_deltas(gen.tool_calls):
                                 yield _sse(chunk(completion_id, model_id, delta))
                         elif buffered or len(gen.content or "") > len(sent):
                             rest = (gen.content or "")[len(sent) if not buffered else 0 :]

@@ -19,6 +19,7 @@ import hashlib
 import json
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from importlib import resources
@@ -414,3 +415,91 @@ def agent_zero_schema(tools: dict[str, dict[str, Any]] | None = None) -> dict[st
         props["tool_args"] = args
         variants.append({**base, "properties": props})
     return variants[0] if len(variants) == 1 else {"anyOf": variants}
+
+
+class ToolCallStream:
+    """OpenAI's streamed tool calls while a constrained tools answer decodes: the grammar
+    fixes a call's text to `{"name": "<tool>", "arguments": <json>}`, so the name goes out
+    in the call's first delta as soon as it is complete, and the arguments follow token by
+    token (the last character is held back: it may be the brace that closes the call).
+    Text answers (tool_choice auto) stream as content; lists of calls wait for the end."""
+
+    HEAD, MID = '{"name": "', '", "arguments": '
+
+    def __init__(self) -> None:
+        self.mode: str | None = None  # call | text | buffer
+        self.sent = 0  # characters of content or arguments sent
+        self.args_at = -1
+
+    @staticmethod
+    def wanted(request: Any) -> bool:
+        """Whether a request's answer is a constrained tools answer that can stream live."""
+        return bool(
+            request.tools
+            and request.tool_choice != "none"
+            and request.response_format is None
+            and request.parallel_tool_calls is not True
+            and not request.stops()
+            and not request.choices()
+            and not request.logprobs
+        )
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        """Deltas for the answer decoded so far (`text`, all of it)."""
+        if self.mode is None and text:
+            self.mode = {"{": "call", "[": "buffer"}.get(text[0], "text")
+        if self.mode == "text":
+            return self._content(text)
+        if self.mode != "call":
+            return []
+        out: list[dict[str, Any]] = []
+        if self.args_at < 0:
+            end = text.find(self.MID, len(self.HEAD))
+            if not text.startswith(self.HEAD) or end < 0:
+                return []
+            self.args_at = end + len(self.MID)
+            name = text[len(self.HEAD) : end]
+            out.append(_head_delta(0, f"call_{uuid.uuid4().hex[:24]}", name))
+        return out + self._args(text[self.args_at : -1])
+
+    def finish(self, text: str, calls: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+        """The deltas still owed once the answer is complete (`calls`: the parsed calls)."""
+        if self.mode == "text":
+            return self._content(text)
+        if self.mode == "call" and self.args_at >= 0:
+            args = text[self.args_at :]
+            return self._args(args[:-1] if calls and args.endswith("}") else args)
+        if calls:
+            return tool_call_deltas(calls)
+        return self._content(text)
+
+    def _content(self, text: str) -> list[dict[str, Any]]:
+        if len(text) <= self.sent:
+            return []
+        piece, self.sent = text[self.sent :], len(text)
+        return [{"content": piece}]
+
+    def _args(self, args: str) -> list[dict[str, Any]]:
+        if len(args) <= self.sent:
+            return []
+        piece, self.sent = args[self.sent :], len(args)
+        return [{"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}]
+
+
+def _head_delta(index: int, call_id: str | None, name: str | None) -> dict[str, Any]:
+    fn = {"name": name, "arguments": ""}
+    return {"tool_calls": [{"index": index, "id": call_id, "type": "function", "function": fn}]}
+
+
+def tool_call_deltas(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Complete tool calls as OpenAI streams them: per call, a delta with its index, id,
+    type and name (arguments ""), then deltas of argument text the client concatenates."""
+    out: list[dict[str, Any]] = []
+    for i, c in enumerate(calls):
+        fn = c.get("function") or {}
+        out.append(_head_delta(i, c.get("id"), fn.get("name")))
+        args = str(fn.get("arguments") or "")
+        for start in range(0, len(args), 16):
+            piece = {"arguments": args[start : start + 16]}
+            out.append({"tool_calls": [{"index": i, "function": piece}]})
+    return out
