@@ -74,19 +74,30 @@ async def _kill_job_while_nats_is_down(svc: TrainingService, nats: Any, job_id: 
 async def test_scheduler_survives_nats_down_while_a_job_ends(nats, data_dir):
     bus = await _bus(nats, data_dir)
     settings = settings_for(data_dir, nats.url)
-    ts = tsettings(batch_size=2, save_interval=1000, sample_size=40, holdout_size=0.0)
+    ts = tsettings(
+        devices=["cpu", "cpu"], batch_size=2, save_interval=1000, sample_size=40, holdout_size=0.0
+    )
     await publish_data(
         bus, [trajectory(i, task=f"t{i // 4}") for i in range(40)], [(i % 4) / 3 for i in range(40)]
     )
     try:
         async with running_service(bus, settings, ts) as svc:
-            first = fill_request({"training_config": {"base_model": "tiny"}}, ts)
+            first, other = (
+                fill_request({"training_config": {"base_model": "tiny"}}, ts) for _ in range(2)
+            )
             await bus.publish(first)
+            await bus.publish(other)
+            await _wait(lambda: other.training_job_id in svc.running, 60)
             await _kill_job_while_nats_is_down(svc, nats, first.training_job_id)
+            # Still away: the scheduler keeps polling, the other job's end is committed too.
+            os.kill(svc.running[other.training_job_id].proc.pid, signal.SIGKILL)
+            await _wait(lambda: other.training_job_id not in svc.running, 40)
+            assert svc.store.get(other.training_job_id).status == "failed"
             nats.start()
-            # The final status reaches the stream and the KV once NATS is back ...
-            await _wait(lambda: _status_is(bus, first.training_job_id, "failed"), 60)
-            assert (await _stream_statuses(bus, first.training_job_id))[-1] == "failed"
+            # The final statuses reach the stream and the KV once NATS is back ...
+            for job in (first, other):
+                await _wait(lambda j=job: _status_is(bus, j.training_job_id, "failed"), 60)
+                assert (await _stream_statuses(bus, job.training_job_id))[-1] == "failed"
             # ... and the next request starts.
             second = fill_request({"training_config": {"base_model": "tiny"}}, ts)
             await bus.publish(second)

@@ -159,6 +159,7 @@ class TrainingService:
             "progress_dropped": 0,
         }
         self._flush_lock = asyncio.Lock()
+        self._flush_error: Exception | None = None
         self.schedule = CronSchedule(self.ts.schedule, clock) if self.ts.schedule else None
         self._torch_version = _version("torch")
 
@@ -304,10 +305,7 @@ class TrainingService:
             return
         self.counters["requests"] += 1
         self.wake.set()
-        try:  # committed with the job: the scheduler publishes it when NATS is away now
-            await self._flush_outbox()
-        except Exception as exc:
-            log.warning("queued status of %s not published yet: %s", req.training_job_id, exc)
+        await self._try_flush()  # committed with the job: else the scheduler publishes it
 
     # -- cancel -----------------------------------------------------------------------------
 
@@ -368,8 +366,10 @@ class TrainingService:
                 await asyncio.wait_for(self.wake.wait() if not failures else stop.wait(), wait)
 
     async def _schedule_round(self) -> None:
+        """One round; raises at its end when the outbox could not be published (NATS away),
+        after starting and polling jobs anyway (their changes are committed)."""
         if self.store.outbox_size():
-            await self._flush_outbox()
+            await self._try_flush(force=True)
         busy = {j.slot for j in self.running.values()}
         free = [i for i in range(len(self.ts.devices)) if i not in busy]
         while free:
@@ -380,6 +380,8 @@ class TrainingService:
         for job in list(self.running.values()):
             await self._poll(job)
         obs.training_queue(len(self.store.jobs("queued")), len(self.running))
+        if self._flush_error is not None and self.store.outbox_size():
+            raise self._flush_error
 
     @staticmethod
     def _requested_storage(request: dict[str, Any]) -> str | None:
@@ -703,13 +705,28 @@ class TrainingService:
         self, job_id: str, status: str, *, fields: dict[str, Any] | None = None, **kw: Any
     ) -> TrainingStatus:
         """Commit the job's `fields` and its status event (outbox) in one transaction, then
-        publish everything the outbox holds. Raises when NATS cannot take it now; the event
-        stays in the outbox and the scheduler publishes it later."""
+        publish everything the outbox holds. When NATS cannot take it now the event stays in
+        the outbox and the scheduler's next round publishes it (one retry window per round,
+        not one per event)."""
         event = self.build_status(job_id, status, **kw)
         row = _outbox_row(self.bus, event)
         self.store.update(job_id, outbox=[row], **(fields or {}), last_status=orjson.loads(row[2]))
-        await self._flush_outbox()
+        await self._try_flush()
         return event
+
+    async def _try_flush(self, force: bool = False) -> bool:
+        """Publish the outbox; False (logged, remembered) when NATS cannot take it. Without
+        `force`, nothing is tried while an earlier flush has failed (the scheduler retries)."""
+        if self._flush_error is not None and not force:
+            return False
+        try:
+            await self._flush_outbox()
+        except Exception as exc:
+            self._flush_error = exc
+            log.warning("status events wait in the outbox (%d): %s", self.store.outbox_size(), exc)
+            return False
+        self._flush_error = None
+        return True
 
     async def _publish_progress(self, job: RunningJob) -> None:
         """A progress event: best effort (the next one supersedes it), and never ahead of
@@ -743,12 +760,14 @@ class TrainingService:
         return TrainingRequest.model_validate(merge(base, override))
 
     async def _emit_request(self, req: TrainingRequest, state: dict[str, Any]) -> None:
-        """Commit trigger state and the request (outbox) together, then publish."""
+        """Commit trigger state and the request (outbox) together, then publish (or leave it
+        to the scheduler's next round when NATS is away)."""
         subject, data, msg_id = self.bus.encode(req)
         self.store.set_state(
             {**state, "last_trigger_job": req.training_job_id}, outbox=[(msg_id, subject, data)]
         )
-        await self._flush_outbox()
+        self.wake.set()
+        await self._try_flush()
 
     async def _flush_outbox(self) -> None:
         """Publish the outbox in order; a status event also becomes its job's KV entry (the
