@@ -410,11 +410,15 @@ class Registry:
         except nats.js.errors.NoKeysError:
             return []
         out = []
-        cutoff = utcnow() - timedelta(seconds=max_age_s)
+        now = utcnow()
+        cutoff, gone = now - timedelta(seconds=max_age_s), now - timedelta(hours=1)
         for key in keys:
             report, _ = await self._get(key, ServingReport)
             if report is not None and report.at >= cutoff:
                 out.append(report)
+            elif report is not None and report.at < gone:  # a gateway killed long ago
+                with contextlib.suppress(nats.js.errors.Error):
+                    await self.kv.purge(key)
         return out
 
     async def history(self, key: str) -> list[dict[str, Any]]:
