@@ -163,6 +163,27 @@ def test_exact_tokens_from_the_completion_log(tokenizer):
     assert other.old_logprobs is None and other.action_ids[-1] == tokenizer.eos_token_id
 
 
+def test_constrained_completions_keep_their_tokens_not_their_masked_logprobs(tokenizer):
+    t = trajectory(0, completion_id="cmpl-c", turns=1)
+    kept, _ = _join([t], [1.0], {})
+    comp = {
+        "cmpl-c": {
+            "completion_id": "cmpl-c",
+            "prompt_token_ids": [1, 2, 3],
+            "completion_token_ids": [7, 8, 9],
+            "completion_logprobs": [-0.1, 0.0, -0.2],  # under the grammar's mask
+            "constrained": True,
+            "schema_hash": "ab12",
+        }
+    }
+    samples, stats = build_samples(kept, tokenizer, completions=comp)
+    (s,) = samples
+    assert stats.exact_token_samples == 1
+    assert s.prompt_ids == [1, 2, 3] and s.action_ids == [7, 8, 9]
+    assert s.meta["exact_tokens"] and s.meta["schema_hash"] == "ab12"
+    assert s.old_logprobs is None  # scored under the policy, not the masked distribution
+
+
 def test_gigpo_step_advantages_use_anchor_groups(tokenizer):
     trajs = [trajectory(i, task="g") for i in range(3)]
     kept, _ = _join(trajs, [0.0, 1.0, 0.5], {})

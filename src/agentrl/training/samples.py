@@ -6,6 +6,10 @@ chat template); the action is the agent's JSON response of the turn (`raw_respon
 tool call as JSON when no raw response was logged). Where the gateway logged the completion
 (`action.completion_id` found in the completion log), the exact prompt and completion token
 ids are used and the behaviour log-probs become the old log-probs of the importance ratio.
+A completion decoded under a grammar (`constrained` in the log) keeps its exact tokens, but
+its logged log-probs are those of the masked distribution, not the policy's: they are not
+used as old log-probs (the trainer scores the tokens under the policy instead), so the
+ratio never mixes the two distributions.
 
 Advantages: attempts of the same task_id form a group (GRPO: (r - mean) / std, RLOO:
 leave-one-out, GiGPO: episode advantage + step advantage over anchor groups of identical
@@ -232,9 +236,14 @@ def _build_samples(
     a_ids = tokenizer(actions, add_special_tokens=False)["input_ids"] if actions else []
     eos = tokenizer.eos_token_id
 
-    def make(i: int, k: int, prompt: list[int], action: list[int], old: Any) -> None:
+    def make(
+        i: int, k: int, prompt: list[int], action: list[int], old: Any, schema: Any = None
+    ) -> None:
         a = step_adv[i][k] if step_adv is not None else float(adv[i])
         r = records[i]
+        meta = {"exact_tokens": old is not None or schema is not None, "domain": r.domain}
+        if schema is not None:
+            meta["schema_hash"] = schema
         samples.append(
             PolicySample(
                 prompt_ids=prompt,
@@ -245,7 +254,7 @@ def _build_samples(
                 group_id=r.task_id,
                 episode_id=r.trajectory_id,
                 step_index=k,
-                meta={"exact_tokens": old is not None, "domain": r.domain},
+                meta=meta,
             )
         )
 
@@ -260,12 +269,14 @@ def _build_samples(
     for i, k, comp in exact:
         action = [int(x) for x in comp["completion_token_ids"]]
         lps = comp.get("completion_logprobs")
+        constrained = bool(comp.get("constrained"))
         old = (
             torch.tensor([float(x) for x in lps], dtype=torch.float32)
-            if lps is not None and len(lps) == len(action)
+            if lps is not None and len(lps) == len(action) and not constrained
             else None
         )
-        make(i, k, [int(x) for x in comp["prompt_token_ids"]], action, old)
+        schema = str(comp.get("schema_hash") or "constrained") if constrained else None
+        make(i, k, [int(x) for x in comp["prompt_token_ids"]], action, old, schema)
         stats.exact_token_samples += 1
     samples.sort(key=lambda s: (s.episode_id, s.step_index))
     stats.samples = len(samples)
