@@ -14,7 +14,7 @@ def fresh_label_caps() -> Iterator[None]:
     from agentrl.observability import instrument, metrics
 
     for cap in vars(metrics).values():
-        if isinstance(cap, metrics.LabelCap):
+        if isinstance(cap, metrics.LabelCap | metrics.VersionLabels):
             cap.reset()
     instrument._clear_children()
     yield

@@ -64,6 +64,7 @@ def trajectory(model: str, domain: str, turns: int, status: str) -> TrajectoryEv
 
 def test_reward_batch_records_every_series() -> None:
     version = f"rb-{uuid.uuid4().hex[:6]}"
+    instrument.deployment(traffic={version: 1.0})  # a version of the split: labelled
     events = [
         trajectory(version, "coding", 3, "completed_successfully"),
         trajectory(version, "coding", 5, "failed"),

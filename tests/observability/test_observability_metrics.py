@@ -72,6 +72,7 @@ def test_helpers_never_raise_and_can_be_switched_off() -> None:
     finally:
         m.set_enabled(True)
     assert m.GATEWAY_REQUESTS.labels(model_version="bench-off")._value.get() == before
+    m.versions_changed(*m.MODEL_VERSION.set_split(["bench-on"]))  # in the split: labelled
     m.record_gateway_request("bench-on", 0.2, error=True)
     text = m.exposition().decode()
     got = samples(text)

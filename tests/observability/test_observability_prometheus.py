@@ -56,6 +56,7 @@ def activity() -> None:
     m.inc(m.TRAINING_STEPS, 10)
     m.set_gauge(m.TRAINING_REWARD, 0.4)
     m.set_gauge(m.TRAINING_LOSS, 1.2)
+    m.versions_changed(*m.MODEL_VERSION.set_split(["v1", "v2"]))
     for version, ratio, reward in (("v1", 0.9, 0.7), ("v2", 0.1, 0.6)):
         m.set_gauge(m.MODEL_REWARD_MEAN, reward, model_version=version)
         m.set_gauge(m.MODEL_TRAFFIC_RATIO, ratio, model_version=version)

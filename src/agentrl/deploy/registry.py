@@ -348,7 +348,10 @@ class Registry:
 
     # ---- split and rollout ------------------------------------------------------------
     async def get_split(self, public_name: str) -> tuple[Split | None, int]:
-        return await self._get(f"split.{public_name}", Split)
+        split, revision = await self._get(f"split.{public_name}", Split)
+        if split is not None:  # a process that only reads the split labels its versions too
+            obs.split_seen(split.weights)
+        return split, revision
 
     async def update_split(self, public_name: str, fn: Callable[[Split], None]) -> Split:
         def apply(current: Split | None) -> Split:

@@ -185,20 +185,22 @@ def deployment(
     scores: Mapping[tuple[str, str], float] | None = None,
 ) -> None:
     """A deployment changed state and/or the split and per-version rewards were measured.
-    `traffic` is {version: ratio 0-1}; versions no longer in the split drop to 0."""
+    `traffic` is the split, {version: ratio 0-1}: its versions get their own labels (those
+    that left it drop to 0, then are evicted at the next change); the versions of `scores`
+    are announced (the registry knows them)."""
     if status:
         m.record_deployment(status)
     if not m.enabled():
         return
     with m.safe():
         if traffic is not None:
-            live = {m.MODEL_VERSION(v): float(r) for v, r in traffic.items()}
-            for labels, _ in list(_known_traffic.items()):
-                if labels not in live:
-                    m.MODEL_TRAFFIC_RATIO.labels(model_version=labels).set(0.0)
-            for v, r in live.items():
-                m.MODEL_TRAFFIC_RATIO.labels(model_version=v).set(r)
-                _known_traffic[v] = r
+            m.versions_changed(*m.MODEL_VERSION.set_split(traffic))
+            for v in m.MODEL_VERSION.previous - m.MODEL_VERSION.current:
+                m.MODEL_TRAFFIC_RATIO.labels(model_version=v).set(0.0)
+            for v, r in traffic.items():
+                m.MODEL_TRAFFIC_RATIO.labels(model_version=m.MODEL_VERSION(v)).set(float(r))
+        for v, _ in scores or {}:
+            m.versions_changed(*m.MODEL_VERSION.announce(v))
         for v, value in (rewards or {}).items():
             if value is not None and math.isfinite(value):
                 m.MODEL_REWARD_MEAN.labels(model_version=m.MODEL_VERSION(v)).set(value)
@@ -208,7 +210,10 @@ def deployment(
             ).set(value)
 
 
-_known_traffic: dict[str, float] = {}
+def split_seen(weights: Mapping[str, float]) -> None:
+    """A process read the split (percentages): label its versions, as a write would."""
+    if m.enabled() and frozenset(weights) != m.MODEL_VERSION.current:
+        deployment(traffic={v: w / 100.0 for v, w in weights.items()})
 
 
 def bus_published_many(items: list[tuple[str, bytes, str]]) -> None:

@@ -5,8 +5,15 @@ in `_total`; durations are seconds; a traffic share is a 0-1 ratio
 (`agent_rl_model_traffic_ratio`, not `..._percentage`); an error rate is not exported as a
 gauge but derived in PromQL from `agent_rl_gateway_requests_total` and
 `agent_rl_gateway_errors_total`; no label takes unbounded values (no trajectory, session or
-job ids): model versions, subjects, consumers and task domains go through a `LabelCap`, which
-keeps the first N distinct values and maps the rest to "other".
+job ids): subjects, consumers and task domains go through a `LabelCap`, which keeps the first
+N distinct values and maps the rest to "other"; model versions go through `VersionLabels`,
+which follows the registry's split (the versions in the split always have their own label,
+those that left it are evicted, names the registry never announced are "other").
+
+Families whose label values are known up front (job and deployment statuses, trajectory
+domains, the versions of the split) are initialised at zero (NaN for the per-version means and
+scores: not measured yet), so `/metrics` shows them from the first scrape and `rate()` and
+`absent()` work from the start (Prometheus's instrumentation guide).
 
 Multiprocess: training jobs run in child processes. When `PROMETHEUS_MULTIPROC_DIR` (or
 `AGENTRL_METRICS_MULTIPROC_DIR`) is set before this module is imported, every process writes
@@ -20,9 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+import sys
 import threading
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from agentrl.observability.multiproc import (  # noqa: F401  (re-exported)
@@ -105,7 +115,73 @@ class LabelCap:
                 self._seen.clear()
 
 
-MODEL_VERSION = LabelCap("model_version", max_values=20)
+class VersionLabels:
+    """`model_version` label values that follow the registry's split (issue 28.10).
+
+    Always labelled: the versions of the current split, and of the previous one (a version
+    just rolled back keeps its last values until the next change). Names the registry
+    announced (a validated candidate, a deployment event) get a label while fewer than
+    `max_values` are labelled; any other name is "other". A version that is in neither split
+    nor among the announced ones is evicted: `versions_changed` removes its series, so the
+    slots follow the split instead of the first names the process ever saw."""
+
+    name = "model_version"
+
+    def __init__(self, max_values: int = 20, max_len: int = 64) -> None:
+        self.max_values = max_values
+        self.max_len = max_len
+        self.current: frozenset[str] = frozenset()
+        self.previous: frozenset[str] = frozenset()
+        self.announced: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, value: Any) -> str:
+        text = str(value if value not in (None, "") else "unknown")[: self.max_len]
+        if text in self.current or text in self.previous or text in self.announced:
+            return text
+        return OTHER
+
+    def labelled(self) -> set[str]:
+        return set(self.current) | set(self.previous) | set(self.announced)
+
+    def set_split(self, versions: Iterable[str]) -> tuple[list[str], list[str]]:
+        """The split now holds `versions`: -> (newly labelled, evicted)."""
+        now = frozenset(str(v)[: self.max_len] for v in versions)
+        with self._lock:
+            if now == self.current:
+                return [], []
+            before = self.labelled()
+            self.previous, self.current = self.current, now
+            for v in now:  # in the split: no longer needs an announced slot
+                self.announced.pop(v, None)
+            self._trim()
+            after = self.labelled()
+        return sorted(after - before), sorted(before - after)
+
+    def announce(self, name: str) -> tuple[list[str], list[str]]:
+        """The registry knows `name` (validated, deployed): -> (newly labelled, evicted)."""
+        text = str(name)[: self.max_len]
+        with self._lock:
+            before = self.labelled()
+            if text in self.current or text in self.previous:
+                return [], []
+            self.announced[text] = None
+            self.announced.move_to_end(text)
+            self._trim()
+            after = self.labelled()
+        return sorted(after - before), sorted(before - after)
+
+    def _trim(self) -> None:
+        while self.announced and len(self.labelled()) > self.max_values:
+            self.announced.popitem(last=False)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.current = self.previous = frozenset()
+            self.announced.clear()
+
+
+MODEL_VERSION = VersionLabels(max_values=20)
 SUBJECT = LabelCap("subject", max_values=40)
 CONSUMER = LabelCap("consumer", max_values=40)
 STREAM = LabelCap("stream", max_values=20)
@@ -362,6 +438,7 @@ def switch_to_multiprocess() -> None:
         else:
             metric._metric_init()
     MULTIPROCESS = True
+    initialise_families()
 
 
 def metric_names() -> set[str]:
@@ -486,3 +563,71 @@ def record_training_status(status: str) -> None:
 
 def record_deployment(status: str) -> None:
     inc(MODEL_DEPLOYMENTS, status=STATUS(status))
+
+
+# ---- label values known up front ----------------------------------------------------------
+
+JOB_STATUSES = ("queued", "started", "running", "completed", "failed", "cancelled")
+DEPLOY_STATUSES = ("deployed", "canary", "promoted", "rolled_back", "rejected")
+TASK_DOMAINS = ("coding", "research", "data_analysis", "general", "debugging", "writing")
+# the seed's benchmark task types (deploy.validation.TASK_TYPES; a test keeps them equal)
+BENCHMARK_TASK_TYPES = ("tool_usage", "code_generation", "data_analysis", "research_synthesis")
+
+
+def initialise_families() -> None:
+    """Children at zero for every label value known before the first event."""
+    with safe():
+        for status in JOB_STATUSES:
+            TRAINING_JOBS.labels(status=STATUS(status))
+        for status in DEPLOY_STATUSES:
+            MODEL_DEPLOYMENTS.labels(status=STATUS(status))
+        for domain in TASK_DOMAINS:
+            TRAJECTORIES.labels(agent_type=AGENT_TYPE("agent"), task_domain=TASK_DOMAIN(domain))
+        versions_changed(sorted(MODEL_VERSION.labelled()), [])
+
+
+# the families labelled by model_version (evicted together)
+VERSION_FAMILIES: tuple[Any, ...] = (
+    MODEL_REWARD_MEAN,
+    MODEL_BENCHMARK_SCORE,
+    TRAJECTORY_REWARD,
+    TRAJECTORY_SUCCESS,
+    MODEL_TRAFFIC_RATIO,
+    GATEWAY_REQUESTS,
+    GATEWAY_ERRORS,
+    GATEWAY_LATENCY,
+)
+
+
+def versions_changed(new: list[str], evicted: list[str]) -> None:
+    """Initialise the per-version families for `new` versions (counters and histograms at
+    zero, the mean reward and benchmark scores NaN: not measured yet) and remove every series
+    of the `evicted` ones."""
+    if not new and not evicted:
+        return
+    with safe():
+        instrument = sys.modules.get("agentrl.observability.instrument")
+        if instrument is not None:  # cached children may belong to evicted or "other" labels
+            instrument._clear_children()
+        gone = set(evicted)
+        for metric in VERSION_FAMILIES:
+            index = list(metric._labelnames).index("model_version")
+            with metric._lock:
+                stale = [k for k in metric._metrics if k[index] in gone]
+            for key in stale:
+                with contextlib.suppress(KeyError):
+                    metric.remove(*key)
+        for v in new:
+            TRAJECTORY_REWARD.labels(model_version=v)
+            TRAJECTORY_SUCCESS.labels(model_version=v)
+            GATEWAY_REQUESTS.labels(model_version=v)
+            GATEWAY_ERRORS.labels(model_version=v)
+            GATEWAY_LATENCY.labels(model_version=v)
+            MODEL_REWARD_MEAN.labels(model_version=v).set(math.nan)
+            for task in BENCHMARK_TASK_TYPES:
+                MODEL_BENCHMARK_SCORE.labels(model_version=v, task_type=TASK_TYPE(task)).set(
+                    math.nan
+                )
+
+
+initialise_families()
