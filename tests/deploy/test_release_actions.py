@@ -274,32 +274,44 @@ async def test_promote_cut_off_by_sigkill_is_finished_and_the_next_candidate_sta
     assert split is not None and split.weights == {v2: 50.0, v1: 50.0}
 
 
-async def test_a_promote_cut_off_after_its_intent_is_finished_by_the_next_action(
-    env: Env, tmp_path: Path
+@pytest.mark.parametrize(
+    "point",
+    [
+        "promote:intent",
+        "promote:split",
+        "promote:live",
+        "rollback:intent",
+        "rollback:split",
+        "rollback:rolled_back",
+    ],
+)
+async def test_an_action_cut_off_at_any_write_is_finished_by_the_next_action(
+    env: Env, tmp_path: Path, point: str
 ) -> None:
-    """No restart needed: a promote that stopped after its intent (a crash, a KV timeout)
-    is completed by whoever acts next; later candidates are not blocked."""
+    """No restart needed: a human's promote or rollback whose process died between two
+    writes (a crash, or a KV timeout) is completed by whoever acts next, with its own who
+    and why; the next candidate is not blocked."""
     e, v1 = env, env.candidate
     p = plan(pause=60.0)
     await e.deployer.start(v1, p, by="test")
+    action = point.split(":")[0]
     code = (
         "import asyncio,sys\n"
         "from agentrl.bus import Bus\n"
         "from agentrl.deploy.actions import Deployer\n"
         "from agentrl.deploy.registry import Registry\n"
-        "async def main(url, bucket, public):\n"
+        "async def main(url, bucket, public, action):\n"
         "    bus = await Bus.connect(url)\n"
         "    d = Deployer(await Registry.open(bus.js, bucket), bus, public)\n"
-        "    await d.promote(by='alice', reason='ship it')\n"
-        "asyncio.run(main(*sys.argv[1:4]))\n"
+        "    await getattr(d, action)(by='alice', reason='by hand')\n"
+        "asyncio.run(main(*sys.argv[1:5]))\n"
     )
     marker = tmp_path / "paused"
-    url = e.url
     proc = subprocess.Popen(
-        [sys.executable, "-c", code, url, e.bucket, e.public],
+        [sys.executable, "-c", code, e.url, e.bucket, e.public, action],
         env={
             **os.environ,
-            "AGENTRL_DEPLOY_PAUSE_AT": "promote:intent",
+            "AGENTRL_DEPLOY_PAUSE_AT": point,
             "AGENTRL_DEPLOY_PAUSE_FILE": str(marker),
         },
     )
@@ -312,17 +324,24 @@ async def test_a_promote_cut_off_after_its_intent_is_finished_by_the_next_action
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     rollout = await e.registry.get_rollout(e.public)
-    assert rollout is not None and rollout.status == "promoting"
-    split, _ = await e.registry.get_split(e.public)
-    assert split is not None and split.live == e.base  # nothing but the intent was written
+    want = "promoting" if action == "promote" else "rolling_back"
+    assert rollout is not None and rollout.status == want
     v2 = await register_upstream(e.deployer, e.upstream)
-    await e.deployer.start(v2, p, by="test")  # finishes v1's promote, then starts v2
-    assert (await e.registry.require_model(v1)).state == "live"
-    assert (await e.registry.require_model(e.base)).state == "retired"
+    await e.deployer.start(v2, p, by="test")  # finishes the cut-off action, then starts v2
+    live, old = (v1, e.base) if action == "promote" else (e.base, v1)
+    assert (await e.registry.require_model(live)).state == "live"
+    assert (await e.registry.require_model(old)).state == (
+        "retired" if action == "promote" else "rolled_back"
+    )
     rollout = await e.registry.get_rollout(e.public)
-    assert rollout is not None and rollout.model_id == v2 and rollout.previous_model == v1
-    promote = [d for d in (await e.registry.require_model(v1)).decisions if d.action == "promote"]
-    assert promote and promote[-1].by == "alice" and promote[-1].reason == "ship it"
+    assert rollout is not None and rollout.model_id == v2 and rollout.previous_model == live
+    split, _ = await e.registry.get_split(e.public)
+    assert split is not None and split.live == live and split.weights == {v2: 50.0, live: 50.0}
+    assert old not in split.weights
+    decided = [d for d in (await e.registry.require_model(live if action == "promote" else old)).decisions if d.action == action]  # fmt: skip
+    assert len(decided) == 1 and decided[0].by == "alice" and decided[0].reason == "by hand"
+    events = [x["metadata"]["action"] for x in await deployed_events(e)]
+    assert events.count(action) == 1  # published once (a resumed action's copy is dropped)
 
 
 async def deployed_events(e: Env) -> list[dict[str, Any]]:
