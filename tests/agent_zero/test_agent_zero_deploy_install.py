@@ -181,7 +181,7 @@ def test_install_plugin_layout_keeps_saved_settings(tmp_path: Path) -> None:
     saved = root / "usr" / "plugins" / "agentrl" / "config.json"
     saved.parent.mkdir(parents=True)
     saved.write_text('{"nats_url": "nats://mine:4222"}')
-    result = CliRunner().invoke(app, ["agent-zero", "install", str(root)])
+    result = CliRunner().invoke(app, ["agent-zero", "install", str(root), "--no-client"])
     assert result.exit_code == 0, result.output
     assert (
         "plugin layout" in result.output and "api_base: http://127.0.0.1:8700/v1" in result.output

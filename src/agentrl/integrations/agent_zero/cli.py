@@ -34,8 +34,20 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         layout: str = typer.Option(
             "auto", help="plugin (usr/plugins/agentrl), legacy (python/extensions/) or auto."
         ),
+        python: str = typer.Option(
+            None,
+            "--python",
+            help="Agent Zero's Python (default: /opt/venv-a0/bin/python, PATH/.venv, PATH/venv).",
+        ),
+        client: bool = typer.Option(
+            True, help="Install agentrl's client (agentrl-a0-client) into Agent Zero's Python."
+        ),
     ) -> None:
-        """Copy the plugin into PATH and print the chat model settings to use."""
+        """Copy the plugin into PATH, install agentrl's client into Agent Zero's Python and
+        print the chat model settings to use."""
+        import tempfile
+
+        from agentrl.integrations.agent_zero import client as a0client
         from agentrl.integrations.agent_zero.config import load_config
         from agentrl.integrations.agent_zero.install import install, model_settings
 
@@ -54,9 +66,25 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             f"\nsettings: {done.plugin_dir / 'default_config.yaml'} (NATS {cfg.nats_url}, "
             f"spool {cfg.spool_path()})"
         )
-        typer.echo("Agent Zero's Python needs agentrl too: pip install agentrl (same version)")
-        if done.layout == "plugin":
-            typer.echo("enable it in Agent Zero: Settings > Plugins > agentrl")
+        if client:
+            try:
+                interpreter = a0client.find_interpreter(done.root, python)
+                with tempfile.TemporaryDirectory() as tmp:
+                    import agentrl
+
+                    wheel = a0client.build_wheel(
+                        Path(agentrl.__file__).parent, Path(tmp), a0client.installed_version()
+                    )
+                    a0client.install_client(interpreter, wheel)
+            except (FileNotFoundError, RuntimeError) as exc:
+                typer.echo(f"error: {exc}", err=True)
+                typer.echo(
+                    "the plugin is in place but inactive (a chat still works) until the client "
+                    "is installed: run this again with --python",
+                    err=True,
+                )
+                raise typer.Exit(2) from exc
+            typer.echo(f"installed {a0client.DIST_NAME} ({wheel.name}) into {interpreter}")
         typer.echo("\n" + model_settings(cfg.gateway_url, cfg.model_name))
 
     @a0.command("flush")
