@@ -109,6 +109,7 @@ async def supervise(
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), delay)
     health.state, health.since = "stopped", time.time()
+    log.info("%s stopped", name, extra={"service": name})
 
 
 @dataclass
@@ -208,8 +209,19 @@ async def serve_all(url: str, settings: Settings, services: bool, console: Conso
     only: set[str] | None = None if services else set()
     async with stack_services(url, settings, only=only) as stack:
         loop = asyncio.get_running_loop()
+        main = asyncio.current_task()
+
+        def on_signal() -> None:
+            if stack.stop.is_set():  # a second Ctrl-C: stop waiting for anything
+                log.warning("second signal: cancelling what is left")
+                if main is not None:
+                    main.cancel()
+                return
+            log.info("signal received: stopping the services (again to force)")
+            stack.stop.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stack.stop.set)
+            loop.add_signal_handler(sig, on_signal)
         for name in stack.health:
             console.print(f"[green]started[/] {name}")
         for what, where in stack.urls().items():
@@ -224,6 +236,15 @@ async def serve_all(url: str, settings: Settings, services: bool, console: Conso
     console.print("stopped cleanly")
 
 
+def _run(url: str, settings: Settings, services: bool, console: Console) -> None:
+    try:
+        asyncio.run(serve_all(url, settings, services, console))
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        console.print("[yellow]stopped (forced by a second signal)[/]")
+        raise SystemExit(130) from None
+    log.info("event loop closed")
+
+
 def run_stack(data_dir: str | None = None, port: int | None = None, services: bool = True) -> None:
     settings = get_settings()
     if data_dir:
@@ -231,7 +252,7 @@ def run_stack(data_dir: str | None = None, port: int | None = None, services: bo
     console = Console()
     if settings.nats_url:
         console.print(f"using NATS at [bold]{settings.nats_url}[/] (NATS_URL)")
-        asyncio.run(serve_all(settings.nats_url, settings, services, console))
+        _run(settings.nats_url, settings, services, console)
         return
     with EmbeddedNats(settings=settings, port=port) as server:
         console.print(
@@ -239,4 +260,5 @@ def run_stack(data_dir: str | None = None, port: int | None = None, services: bo
             f"  store: {server.store_dir}\n  log:   {server.log_file}\n"
             f"  export NATS_URL={server.url}  # for other shells"
         )
-        asyncio.run(serve_all(server.url, settings, services, console))
+        _run(server.url, settings, services, console)
+    log.info("nats-server stopped")

@@ -319,9 +319,10 @@ class LocalEngine:
     def cancel_all(self) -> None:
         """Stop every queued and decoding request now (the stack is stopping): a decode
         thread left running to max_tokens kept `agentrl up` from exiting."""
+        stopping = BackendError("the gateway is stopping; retry against another replica", 503)
         for row in [*self._live, *(self._queue._queue if self._queue else [])]:  # type: ignore[attr-defined]
-            if not row.future.done():
-                row.future.cancel()
+            if not row.future.done():  # an answer (503, in-band for a stream), not a hang
+                row.future.set_exception(stopping)
 
     async def _run_batches(self, queue: asyncio.Queue[_Row]) -> None:
         while not queue.empty():

@@ -150,6 +150,14 @@ async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:
     }
     if d.completion_log is not None:
         coros["completion-log"] = d.completion_log.run(stop)
+
+    async def stop_decoding() -> None:  # open streams end now, so the gateway stops at once
+        await stop.wait()
+        engine = getattr(d.manager, "engine", None)
+        if engine is not None:
+            engine.cancel_all()
+
+    coros["stop-decoding"] = stop_decoding()
     if d.state.capture is not None:
         coros["capture"] = d.state.capture.run(stop)
     log.info("gateway on http://%s:%s/v1", settings.gateway_host, settings.gateway_port)
