@@ -158,3 +158,35 @@ def test_benchmark_task_types_are_the_validators() -> None:
     from agentrl.deploy.validation import TASK_TYPES
 
     assert tuple(TASK_TYPES) == m.BENCHMARK_TASK_TYPES
+
+
+MULTIPROCESS = textwrap.dedent(
+    """
+    import sys
+    from agentrl.observability.multiproc import enable_multiprocess
+
+    enable_multiprocess(sys.argv[1], clean=True)
+    from agentrl.observability import instrument
+    from agentrl.observability import metrics as m
+
+    instrument.deployment(traffic={"va": 0.9, "vb": 0.1})
+    instrument.gateway_request("va", 0.01, error=False)
+    instrument.gateway_request("vb", 0.01, error=False)
+    instrument.deployment(traffic={"vb": 1.0})  # vb promoted: va is in the previous split
+    instrument.deployment(traffic={"vb": 0.9, "vc": 0.1})  # va evicted
+    print(m.exposition().decode())
+    """
+)
+
+
+def test_evicted_versions_leave_the_scrape_in_multiprocess_mode(tmp_path: Any) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", MULTIPROCESS, str(tmp_path / "mp")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = versions_of(done.stdout, "agent_rl_gateway_requests_total")
+    assert got == {"vb", "vc"}, got

@@ -472,7 +472,29 @@ def registry() -> CollectorRegistry:
 
 def exposition() -> bytes:
     """The text format of every metric (what `/metrics` returns)."""
-    return generate_latest(registry())
+    return generate_latest(_Evicting(registry()))  # type: ignore[arg-type]
+
+
+class _Evicting:
+    """Leaves out the series of evicted versions. `versions_changed` removes them from this
+    process's metrics, but in multiprocess mode (`agentrl up`) the memory-mapped files keep
+    them; the scrape drops them here. Inactive until this process has seen a split."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Any]:
+        labelled = MODEL_VERSION.labelled()
+        names = {metric._name for metric in VERSION_FAMILIES}
+        for family in self.source.collect():
+            if labelled and family.name in names:
+                family.samples = [
+                    s
+                    for s in family.samples
+                    if s.labels.get("model_version", OTHER) in labelled
+                    or s.labels.get("model_version") == OTHER
+                ]
+            yield family
 
 
 def mark_process_dead(pid: int) -> None:
