@@ -179,18 +179,6 @@ class DeploySettings(BaseSettings):
         description="Completion records queued while NATS is away or slow; beyond, the "
         "oldest are dropped (counted in /v1/stats).",
     )
-    max_inflight: int = Field(
-        64, ge=1, description="Chat requests in flight at once; beyond, 429 + Retry-After."
-    )
-    prompt_cache_mb: float = Field(
-        256.0, ge=0.0, description="Bytes the local backend's prompt caches hold (LRU)."
-    )
-    completion_log_max_mb: float = Field(
-        64.0,
-        gt=0.0,
-        description="Completion records queued while NATS is away or slow; beyond, the "
-        "oldest are dropped (counted in /v1/stats).",
-    )
     api_keys: list[str] = Field(default_factory=list, description="Gateway bearer keys.")
     completion_log: bool = Field(True, description="Publish token ids + log-probs per completion.")
     cache_dir: Path | None = Field(None, description="Local copies of remote checkpoints.")
