@@ -50,6 +50,7 @@ PLUGINS = (
     "agentrl.integrations.agent_zero.cli",
     "agentrl.loop_cli",
     "agentrl.soak_cli",
+    "agentrl.capture.cli",
 )
 
 

@@ -298,6 +298,11 @@ def trajectory_id_of(ep: OpenEpisode) -> str:
     return str(uuid.uuid5(NAMESPACE, f"{ep.key}\x00{first}"))
 
 
+def task_id_of(task: str) -> str:
+    """Episodes of the same task text share a task id (a GRPO/RLOO group)."""
+    return str(uuid.uuid5(NAMESPACE, f"task\x00{task}"))
+
+
 def to_trajectory(
     ep: OpenEpisode,
     *,
@@ -351,6 +356,6 @@ def to_trajectory(
         start_timestamp=ep.started_at,
         end_timestamp=max(ended_at, ep.exchanges[-1].at),
         turns=turns,
-        task_context=TaskContext(task_id=tid, instructions=ep.task or ""),
+        task_context=TaskContext(task_id=task_id_of(ep.task or ""), instructions=ep.task or ""),
         metadata=meta,
     )

@@ -466,6 +466,5 @@ def to_trajectory_from_spans(trace: TraceEpisode, max_turns: int = 512) -> Traje
             (turn.action.model_extra or {}).pop("completion_id", None)
     traj.metadata.__pydantic_extra__ = {**meta_extra, "capture": capture}
     traj.trajectory_id = str(uuid.uuid5(NAMESPACE, f"otlp\x00{trace.trace_id}"))
-    traj.task_context.task_id = traj.trajectory_id
     traj.session_id = str(conversation or trace.trace_id)
     return traj

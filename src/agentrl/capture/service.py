@@ -68,6 +68,7 @@ class CaptureService:
         self.counts = CaptureCounts()
         self.index: TrajectoryIndex | None = None
         self._wake = asyncio.Event()
+        self.observe_s: deque[tuple[float, float]] | None = None  # a deque: time `observe`
 
     # ---- on the request path --------------------------------------------------------------
     def wants(self, headers: Mapping[str, str], session: str | None) -> bool:
@@ -90,6 +91,7 @@ class CaptureService:
         model_id: str,
     ) -> None:
         """One served request (`gen`: the backend's Generation). Never raises."""
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             answer = {"content": gen.content, "tool_calls": gen.tool_calls}
             closed = self.book.observe(
@@ -109,6 +111,8 @@ class CaptureService:
             return
         for c in closed:
             self._queue(c, None, None)
+        if self.observe_s is not None:  # (wall, this thread's CPU) seconds
+            self.observe_s.append((time.perf_counter() - t0, time.thread_time() - c0))
 
     # ---- closing and publishing ------------------------------------------------------------
     def _queue(self, closed: Closed, outcome: Any, comment: str | None) -> None:
@@ -162,9 +166,10 @@ class CaptureService:
                 s = self.settings
                 self.index = await TrajectoryIndex.open(self.bus.js, s.index_bucket, s.index_ttl_s)
             capture = (clean.metadata.model_extra or {}).get("capture") or {}
-            await self.index.put(
-                clean.trajectory_id, clean.session_id, list(capture.get("completion_ids") or [])
-            )
+            episodes = {str(capture.get("episode_id") or ""), clean.session_id} - {""}
+            for i, episode in enumerate(sorted(episodes)):
+                ids = list(capture.get("completion_ids") or []) if i == 0 else []
+                await self.index.put(clean.trajectory_id, episode, ids)
         except Exception:  # feedback by trajectory id still works
             log.warning("capture: could not index %s", clean.trajectory_id, exc_info=True)
 
