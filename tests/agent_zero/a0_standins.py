@@ -83,6 +83,39 @@ HELPERS = {
         class AgentContext:
             _contexts = {}
     """,
+    "helpers/plugins.py": """
+        import json
+        import os
+        from pathlib import Path
+
+        import yaml
+
+        ROOT = Path(__file__).resolve().parent.parent
+
+
+        def get_plugin_config(plugin_name, agent=None, project_name=None, agent_profile=None):
+            # the project's config.json, else the global one, else the defaults with
+            # A0_SET_<plugin>__<key> applied (helpers/plugins.py, _apply_defaults_from_env)
+            if project_name is None and agent is not None:
+                project_name = agent.context.get_data("project")
+            candidates = []
+            if project_name:
+                meta = ROOT / "usr" / "projects" / project_name / ".a0proj"
+                candidates.append(meta / "plugins" / plugin_name / "config.json")
+            candidates.append(ROOT / "usr" / "plugins" / plugin_name / "config.json")
+            for path in candidates:
+                if path.is_file():
+                    return json.loads(path.read_text())
+            default = ROOT / "usr" / "plugins" / plugin_name / "default_config.yaml"
+            if not default.is_file():
+                return None
+            config = yaml.safe_load(default.read_text()) or {}
+            for key in list(config):
+                env = os.environ.get(f"A0_SET_{plugin_name}__{key}")
+                if env is not None:
+                    config[key] = env
+            return config
+    """,
     "helpers/tool.py": """
         from abc import abstractmethod
         from dataclasses import dataclass

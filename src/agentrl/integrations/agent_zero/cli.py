@@ -49,7 +49,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         from agentrl.integrations.agent_zero import client as a0client
         from agentrl.integrations.agent_zero.config import load_config
-        from agentrl.integrations.agent_zero.install import install, model_settings
+        from agentrl.integrations.agent_zero.install import (
+            install,
+            model_settings,
+            served_context,
+        )
 
         if layout not in ("auto", "plugin", "legacy"):
             raise typer.BadParameter("layout is auto, plugin or legacy")
@@ -85,7 +89,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 )
                 raise typer.Exit(2) from exc
             typer.echo(f"installed {a0client.DIST_NAME} ({wheel.name}) into {interpreter}")
-        typer.echo("\n" + model_settings(cfg.gateway_url, cfg.model_name))
+        ctx = served_context(cfg.gateway_url, cfg.model_name, cfg.api_token)
+        typer.echo("\n" + model_settings(cfg.gateway_url, cfg.model_name, ctx))
 
     @a0.command("flush")
     def flush_cmd(

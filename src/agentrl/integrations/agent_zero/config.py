@@ -1,5 +1,13 @@
-"""The plugin's settings: `default_config.yaml` of the plugin, overridden by the
-`config.json` Agent Zero's settings screen saves next to it, then by AGENTRL_A0_* variables.
+"""The plugin's settings, in layers (later wins):
+
+1. `default_config.yaml` of the plugin;
+2. Agent Zero's override convention, `A0_SET_agentrl__<key>` (environment or its .env);
+3. the `config.json` Agent Zero's settings screen (`webui/config.html`) saves: read through
+   Agent Zero's own plugin-config path (`helpers.plugins.get_plugin_config`) when the
+   plugin runs inside Agent Zero, so a chat in a project gets the project's settings
+   (`usr/projects/<p>/.a0proj/plugins/agentrl/config.json`, e.g. a per-project opt_out);
+   else the global one next to `plugin.yaml`;
+4. AGENTRL_A0_<KEY> variables.
 
 The same files are read in every layout (upstream `usr/plugins/agentrl/`, or the older
 `python/extensions/` layout, where `agentrl agent-zero install` puts them under
@@ -19,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 PLUGIN_NAME = "agentrl"
 ENV_PREFIX = "AGENTRL_A0_"
+A0_ENV_PREFIX = f"A0_SET_{PLUGIN_NAME}__"  # Agent Zero's: A0_SET_<plugin>__<key>
 
 
 class AgentZeroConfig(BaseModel):
@@ -69,16 +78,27 @@ def plugin_dir_for(file: str | Path) -> Path | None:
     return None
 
 
-def load_config(plugin_dir: Path | None, env: Mapping[str, str] | None = None) -> AgentZeroConfig:
+def load_config(
+    plugin_dir: Path | None,
+    env: Mapping[str, str] | None = None,
+    saved: Mapping[str, Any] | None = None,
+) -> AgentZeroConfig:
+    """The settings; `saved` is what Agent Zero's plugin-config path found for this chat
+    (its project's config.json, or the global one), else the global file is read."""
     values: dict[str, Any] = {}
+    environ: Mapping[str, str] = os.environ if env is None else env
     if plugin_dir is not None:
         default = plugin_dir / "default_config.yaml"
         if default.is_file():
             values.update(yaml.safe_load(default.read_text()) or {})
-        saved = plugin_dir / "config.json"
-        if saved.is_file():
-            values.update(json.loads(saved.read_text()) or {})
-    environ: Mapping[str, str] = os.environ if env is None else env
+    for name in AgentZeroConfig.model_fields:
+        for key in (A0_ENV_PREFIX + name, A0_ENV_PREFIX + name.upper()):
+            if key in environ:
+                values[name] = environ[key]
+    if saved is not None:
+        values.update(saved)
+    elif plugin_dir is not None and (plugin_dir / "config.json").is_file():
+        values.update(json.loads((plugin_dir / "config.json").read_text()) or {})
     for name in AgentZeroConfig.model_fields:
         key = ENV_PREFIX + name.upper()
         if key in environ:

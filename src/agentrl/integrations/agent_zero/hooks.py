@@ -40,7 +40,12 @@ from typing import Any, TypeVar
 
 from agentrl.contracts.base import new_id
 from agentrl.integrations.agent_zero import capture
-from agentrl.integrations.agent_zero.config import AgentZeroConfig, load_config, plugin_dir_for
+from agentrl.integrations.agent_zero.config import (
+    PLUGIN_NAME,
+    AgentZeroConfig,
+    load_config,
+    plugin_dir_for,
+)
 from agentrl.integrations.agent_zero.publisher import Outbox
 from agentrl.integrations.agent_zero.recorder import (
     SUBORDINATE_TOOL,
@@ -100,15 +105,36 @@ def _stamp(plugin_dir: str) -> tuple[float, ...]:
     return tuple(out)
 
 
-def config_for(plugin_file: str | Path) -> AgentZeroConfig:
-    """The plugin's settings, re-read when a settings file changed."""
+def config_for(plugin_file: str | Path, agent: Any = None) -> AgentZeroConfig:
+    """The plugin's settings, re-read when a settings file changed; with `agent`, what Agent
+    Zero's plugin-config path gives its chat (the project's settings first)."""
     key = str(plugin_dir_for(plugin_file) or "")
     stamp = _stamp(key)
     cached = _configs.get(key)
     if cached is None or _stamps.get(key) != stamp:
         cached = _configs[key] = load_config(Path(key) if key else None)
         _stamps[key] = stamp
-    return cached
+    if agent is None:
+        return cached
+    saved = _a0_plugin_config(agent)
+    if saved is None:
+        return cached
+    fresh = load_config(Path(key) if key else None, saved=saved)
+    return cached if fresh == cached else fresh
+
+
+def _a0_plugin_config(agent: Any) -> dict[str, Any] | None:
+    """Agent Zero's `get_plugin_config("agentrl", agent=...)`, None outside Agent Zero."""
+    try:
+        plugins = importlib.import_module("helpers.plugins")
+    except ImportError:
+        return None
+    try:
+        got = plugins.get_plugin_config(PLUGIN_NAME, agent=agent)
+    except Exception:  # Agent Zero's loader failed: the plugin's own files still work
+        log.warning("agentrl: Agent Zero's get_plugin_config failed", exc_info=True)
+        return None
+    return dict(got) if isinstance(got, dict) else None
 
 
 def outbox_for(config: AgentZeroConfig) -> Outbox:
@@ -194,7 +220,7 @@ def recorder(agent: Any) -> TrajectoryRecorder | None:
 
 @guarded
 async def monologue_start(agent: Any, loop_data: Any, plugin_file: str | Path) -> None:
-    config = config_for(plugin_file)
+    config = config_for(plugin_file, agent)
     if opted_out(config, agent):
         return
     message = getattr(loop_data, "user_message", None)

@@ -95,8 +95,34 @@ def install(root: Path, layout: Layout | None = None) -> Installed:
     return out
 
 
-def model_settings(gateway_url: str, model_name: str) -> str:
+def served_context(gateway_url: str, model_name: str, token: str = "") -> int | None:
+    """The served model's context window (`max_model_len` of GET /models, as agentrl's
+    gateway and vLLM answer it); None when the gateway cannot say."""
+    import httpx
+
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    try:
+        resp = httpx.get(gateway_url.rstrip("/") + "/models", headers=headers, timeout=3.0)
+        resp.raise_for_status()
+        entries = resp.json().get("data") or []
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    for entry in entries:
+        if isinstance(entry, dict) and entry.get("id") == model_name:
+            size = entry.get("max_model_len") or entry.get("context_length")
+            return int(size) if isinstance(size, int) and size > 0 else None
+    return None
+
+
+def model_settings(gateway_url: str, model_name: str, ctx_length: int | None = None) -> str:
     """What to enter in Agent Zero's chat model settings to use agentrl's gateway."""
+    if ctx_length:
+        ctx = f"  ctx_length: {ctx_length}   # the served model's context window\n"
+    else:
+        ctx = (
+            "  ctx_length: the served model's context window (agentrl's gateway at "
+            f"{gateway_url} did not say; run this again while `agentrl up` runs)\n"
+        )
     return (
         "Chat model settings for Agent Zero (Settings > Agent > Chat Model, or "
         "usr/plugins/_model_config/config.json `chat_model`):\n"
@@ -104,6 +130,7 @@ def model_settings(gateway_url: str, model_name: str) -> str:
         f"  name:     {model_name}\n"
         f"  api_base: {gateway_url}\n"
         "  api key:  any non-empty value, or a token from AGENTRL_API_TOKENS\n"
+        f"{ctx}"
         "The gateway answers with the serving version in `model` and the "
         "x-agentrl-model-version header; agentrl's plugin records it per trajectory."
     )
