@@ -198,6 +198,16 @@ class GatewayState:
     def models(self) -> list[str]:
         return [self.public_name, *sorted(self.backends)]
 
+    def context_of(self, name: str) -> int | None:
+        """The context window (tokens) of a version, or the smallest of the public name's
+        live versions; None when a backend does not say (an upstream server)."""
+        names = list(self.weights or self.backends) if name == self.public_name else [name]
+        sizes = [
+            getattr(getattr(self.backends.get(n), "engine", None), "context", None) for n in names
+        ]
+        known = [int(c) for c in sizes if isinstance(c, int)]
+        return min(known) if known and len(known) == len(sizes) else None
+
     def resolve(self, name: str, session: str | None) -> str:
         if name == self.public_name:
             if not self.weights:
@@ -281,8 +291,9 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
         now = int(time.time())
         return {
             "object": "list",
-            "data": [
+            "data": [  # max_model_len as vLLM names it (clients size their history by it)
                 {"id": m, "object": "model", "created": now, "owned_by": "agentrl"}
+                | ({"max_model_len": c} if (c := state.context_of(m)) else {})
                 for m in state.models()
             ],
         }
