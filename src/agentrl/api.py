@@ -43,13 +43,20 @@ def create_app(settings: Settings, bus: Any = None) -> FastAPI:
         if module is not None:
             app.include_router(module.router)
 
-    @app.get("/health", tags=["stack"], summary="Every supervised service's state")
-    async def health() -> dict[str, Any]:
+    @app.get(
+        "/health",
+        tags=["stack"],
+        summary="Up or down; every supervised service's state to a caller with a token",
+    )
+    async def health(request: Request) -> dict[str, Any]:
+        from agentrl.apiauth import authenticated
         from agentrl.stack import running_stack
 
         stack = running_stack(app.state.bus)
         services = stack.health_report() if stack else {}
         ok = all(s["healthy"] for s in services.values())
+        if not authenticated(request):  # errors name hosts, paths and versions: not public
+            return {"ok": ok}
         return {"ok": ok, "services": services}
 
     return app
@@ -69,8 +76,12 @@ def get_settings_dep(request: Request) -> Settings:
 async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:
     """Serve the control API on `settings.api_host:settings.api_port` until `stop` is set.
     A port it cannot bind raises (`ListenError`): the stack restarts it, the rest runs on."""
+    from agentrl.apiauth import check_exposure
     from agentrl.httpserve import serve_http
 
+    check_exposure(
+        settings.api_host, bool(settings.api_tokens), "the control API", settings.allow_open
+    )
     log.info("control API on http://%s:%s", settings.api_host, settings.api_port)
     await serve_http(
         create_app(settings, bus),

@@ -245,11 +245,32 @@ def _run(url: str, settings: Settings, services: bool, console: Console) -> None
     log.info("event loop closed")
 
 
+def preflight(settings: Settings) -> None:
+    """Refuse to start an API beyond loopback with no token (`OpenBindRefused`), before
+    anything starts, rather than each service failing on its own."""
+    from agentrl.apiauth import check_exposure
+
+    check_exposure(
+        settings.api_host, bool(settings.api_tokens), "the control API", settings.allow_open
+    )
+    config = optional_module("agentrl.deploy.config")
+    if config is not None:
+        keys = config.DeploySettings().api_keys
+        check_exposure(settings.gateway_host, bool(keys), "the gateway", settings.allow_open)
+
+
 def run_stack(data_dir: str | None = None, port: int | None = None, services: bool = True) -> None:
+    from agentrl.apiauth import OpenBindRefused
+
     settings = get_settings()
     if data_dir:
         settings = settings.model_copy(update={"data_dir": Path(data_dir)})
     console = Console()
+    try:
+        preflight(settings)
+    except OpenBindRefused as exc:
+        console.print(f"[red]agentrl up: {exc}[/]")
+        raise SystemExit(2) from None
     if settings.nats_url:
         console.print(f"using NATS at [bold]{settings.nats_url}[/] (NATS_URL)")
         _run(settings.nats_url, settings, services, console)

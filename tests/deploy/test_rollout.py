@@ -322,32 +322,41 @@ async def test_manual_pause_weight_rollback_through_api_and_cli(
 
     h = harness
     v = await register(h, checkpoints[0])
-    app = create_app(Settings(), h.bus)
+    # `by` is the name of the caller's token (issue 29.12), never what the body says
+    app = create_app(Settings(api_tokens={"t-alice": {"name": "alice", "scopes": ["*"]}}), h.bus)
     app.state.deploy_settings = h.d.settings
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://api") as api:
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://api", headers={"Authorization": "Bearer t-alice"}
+    ) as api:
         assert (await api.post("/deploy/rollback", json={"reason": "x"})).status_code == 409
         r = await api.post(
-            "/deploy/deploy", json={"model_id": v, "reason": "try it", "by": "alice"}
+            "/deploy/deploy",
+            json={"model_id": v, "reason": "try it", "by": "agentrl-deploy-controller"},
         )
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "by"]
+        r = await api.post("/deploy/deploy", json={"model_id": v, "reason": "try it"})
         assert r.status_code == 200, r.text
-        r = await api.post("/deploy/pause", json={"reason": "looking at logs", "by": "alice"})
+        r = await api.post("/deploy/pause", json={"reason": "looking at logs"})
         assert r.status_code == 200 and r.json()["paused"] is True
         await asyncio.sleep(1.0)  # several monitor periods: a paused rollout does not move
         assert (await h.d.registry.require_model(v)).traffic_weight == 10.0
-        r = await api.post("/deploy/weight", json={"weight": 150, "by": "alice"})
+        r = await api.post("/deploy/weight", json={"weight": 150})
         assert r.status_code == 409 and "between 0 and 100" in r.json()["detail"]
-        r = await api.post("/deploy/weight", json={"weight": 40, "by": "alice"})
+        r = await api.post("/deploy/weight", json={"weight": 40})
         assert r.status_code == 200
         split = (await api.get("/deploy/split")).json()["split"]
         assert split["weights"] == {v: 40.0, f"{h.public}-base": 60.0}
-        r = await api.post("/deploy/rollback", json={"reason": "bad answers", "by": "alice"})
+        r = await api.post(
+            "/deploy/rollback", json={"reason": "bad answers; ask jane.doe@example.com"}
+        )
         assert r.status_code == 200 and r.json()["model_id"] == f"{h.public}-base"
         record = (await api.get(f"/deploy/models/{v}")).json()
         assert record["state"] == "rolled_back"
         assert (
             record["decisions"][-1]["by"] == "alice"
-            and record["decisions"][-1]["reason"] == "bad answers"
+            and record["decisions"][-1]["reason"].startswith("bad answers; ask ")
+            and "jane.doe@example.com" not in record["decisions"][-1]["reason"]
         )
         toml = (await api.get("/deploy/tensorzero", params={"function": "agent"})).text
         assert f'"{h.public}-base" = 1' in toml

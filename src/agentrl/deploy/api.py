@@ -13,9 +13,9 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import PlainTextResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agentrl.apiauth import require_scope
+from agentrl.apiauth import caller, require_scope
 from agentrl.deploy.actions import Deployer
 from agentrl.deploy.agent import tensorzero_experimentation
 from agentrl.deploy.config import DeploySettings, Strategy
@@ -26,8 +26,20 @@ router = APIRouter(prefix="/deploy", tags=["deploy"])
 
 
 class Action(BaseModel):
+    """An action's body. Who did it is not the caller's to say: the audit trail records the
+    name of the bearer token (`api:anonymous` on an open API), and a `by` field is refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
     reason: str = Field("manual action", description="Why (kept in the audit trail).")
-    by: str = Field("api", description="Who (kept in the audit trail).")
+
+    @field_validator("reason")
+    @classmethod
+    def _redacted(cls, reason: str) -> str:
+        """Free text that is stored and published: no PII (agentrl.rewards.redact)."""
+        from agentrl.rewards.redact import redact_payload
+
+        return str(redact_payload(reason)[0])
 
 
 class Promote(Action):
@@ -108,7 +120,7 @@ async def tensorzero(request: Request, function: str = "agent") -> str:
 async def promote(body: Promote, request: Request) -> dict[str, Any]:
     d = await _deployer(request)
     try:
-        record = await d.promote(body.model_id, by=body.by, reason=body.reason)
+        record = await d.promote(body.model_id, by=caller(request), reason=body.reason)
     except DeployError as exc:
         raise _refused(exc) from exc
     return record.model_dump(mode="json")
@@ -118,7 +130,7 @@ async def promote(body: Promote, request: Request) -> dict[str, Any]:
 async def rollback(body: Action, request: Request) -> dict[str, Any]:
     d = await _deployer(request)
     try:
-        record = await d.rollback(by=body.by, reason=body.reason)
+        record = await d.rollback(by=caller(request), reason=body.reason)
     except DeployError as exc:
         raise _refused(exc) from exc
     return record.model_dump(mode="json")
@@ -128,7 +140,7 @@ async def rollback(body: Action, request: Request) -> dict[str, Any]:
 async def pause(body: Action, request: Request) -> dict[str, Any]:
     d = await _deployer(request)
     try:
-        return (await d.pause(by=body.by, reason=body.reason)).model_dump(mode="json")
+        return (await d.pause(by=caller(request), reason=body.reason)).model_dump(mode="json")
     except DeployError as exc:
         raise _refused(exc) from exc
 
@@ -137,7 +149,7 @@ async def pause(body: Action, request: Request) -> dict[str, Any]:
 async def resume(body: Action, request: Request) -> dict[str, Any]:
     d = await _deployer(request)
     try:
-        return (await d.resume(by=body.by, reason=body.reason)).model_dump(mode="json")
+        return (await d.resume(by=caller(request), reason=body.reason)).model_dump(mode="json")
     except DeployError as exc:
         raise _refused(exc) from exc
 
@@ -146,7 +158,7 @@ async def resume(body: Action, request: Request) -> dict[str, Any]:
 async def weight(body: Weight, request: Request) -> dict[str, Any]:
     d = await _deployer(request)
     try:
-        return (await d.set_weight(body.weight, by=body.by, reason=body.reason)).model_dump(
+        return (await d.set_weight(body.weight, by=caller(request), reason=body.reason)).model_dump(
             mode="json"
         )
     except DeployError as exc:
@@ -162,7 +174,7 @@ async def deploy(body: Deploy, request: Request) -> dict[str, Any]:
         rollout = await d.start(
             body.model_id,
             settings.plan(body.strategy),
-            by=body.by,
+            by=caller(request),
             approval="manual_approved",
             reason=body.reason,
         )

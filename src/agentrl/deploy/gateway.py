@@ -265,12 +265,16 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
             "invalid_api_key",
         )
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
+    @app.get("/health", response_model=None)
+    async def health(request: Request) -> Any:
+        if unauthorized(request) is not None:  # up/down only: the split is not public
+            return {"status": "ok"}
         return {"status": "ok", "weights": state.weights}
 
-    @app.get("/v1/stats")
-    async def stats() -> dict[str, Any]:
+    @app.get("/v1/stats", response_model=None)
+    async def stats(request: Request) -> Any:
+        if (denied := unauthorized(request)) is not None:
+            return denied
         return {
             "weights": state.weights,
             "versions": {k: v.snapshot() for k, v in state.stats.items()},
@@ -281,6 +285,12 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
                 "dropped": state.completion_log.dropped,
                 "queued": len(state.completion_log.queue),
                 "queued_bytes": state.completion_log.bytes,
+            },
+            "admission": {
+                "inflight": state.inflight,
+                "max_inflight": state.max_inflight,
+                "shed": state.shed,
+                "abandoned": state.abandoned,
             },
         }
 

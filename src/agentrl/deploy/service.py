@@ -123,9 +123,13 @@ async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:
     """Run the controller, the monitor and the gateway until `stop` is set. The consumers
     retry with backoff; an inner task that dies for good fails the whole service (the
     stack's supervisor restarts it and `/health` shows the error)."""
+    from agentrl.apiauth import check_exposure
     from agentrl.supervision import keep_running, run_tasks
 
     d = await build(bus, settings)
+    check_exposure(
+        settings.gateway_host, bool(d.settings.api_keys), "the gateway", settings.allow_open
+    )
     await d.deployer.bootstrap(d.settings.base_model, by=BY)
     await d.manager.sync(force=True)
     coros = {
