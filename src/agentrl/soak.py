@@ -4,6 +4,8 @@ Agents act on FrozenLake through the gateway with the official `openai` SDK (tin
 `guided_choice`) and publish every episode as `agent.rl.trajectory.v1`, continuously. While
 they do, the soak kills, once each and one after the other, and lets come back:
 
+* the control API, whose port another program holds when the stack starts (it fails and is
+  restarted with backoff like any service, the rest keeps running, it serves once freed),
 * the reward service (SIGKILL of its process, restarted like a supervisor would),
 * the warehouse ingester (SIGKILL, restarted),
 * a running training job's process (SIGKILL of the worker child; the training service must
@@ -75,6 +77,7 @@ class SoakConfig:
     settle_s: float = 10.0
     burst: int = 300
     release_kills: bool = True  # phase 6: the controller killed mid-rollback and mid-promote
+    api_port_taken: bool = True  # phase 0: the control API's port taken at start
     nats_down_s: float = 60.0  # phase 4b: nats-server away this long while a job ends
 
 
@@ -543,8 +546,9 @@ async def run_soak(cfg: SoakConfig, say: Callable[[str], None] = print) -> SoakR
     result = SoakResult()
     gateway = f"http://127.0.0.1:{gw_port}/v1"
     api = f"http://127.0.0.1:{api_port}"
+    squatter = _take_port(api_port) if cfg.api_port_taken else None
     try:
-        async with stack_services(url, settings, only={"control API"}):
+        async with stack_services(url, settings, only={"control API"}) as stack:
             for p in procs.values():
                 p.start()
             say(f"soak: nats {url}, gateway {gateway}, control API {api}, data {data_dir}")
@@ -554,6 +558,9 @@ async def run_soak(cfg: SoakConfig, say: Callable[[str], None] = print) -> SoakR
                 if up is None:
                     raise TimeoutError("the gateway did not answer within 240 s")
                 say(f"soak: stack up in {time.monotonic() - t_start:.1f}s")
+                if squatter is not None:
+                    await _api_port_taken(squatter, stack, procs, http, api, gateway, result, say)
+                    squatter = None
                 from agentrl.deploy.config import DeploySettings
 
                 agents = SoakAgents(cfg, bus, gateway, DeploySettings().public_model)
@@ -579,11 +586,57 @@ async def run_soak(cfg: SoakConfig, say: Callable[[str], None] = print) -> SoakR
         _check_warehouse(settings, result, say)
         _check_gateway(agents, result, say)
     finally:
+        if squatter is not None:
+            squatter.close()
         for p in procs.values():
             p.stop(5.0)
         server.stop()
     result.wall_s = time.monotonic() - t_start
     return result
+
+
+def _take_port(port: int) -> Any:
+    """A listening socket on `port` (another program holding the control API's port)."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(1)
+    return sock
+
+
+async def _api_port_taken(
+    squatter: Any,
+    stack: Any,
+    procs: dict[str, ServiceProc],
+    http: httpx.AsyncClient,
+    api: str,
+    gateway: str,
+    result: SoakResult,
+    say: Callable[[str], None],
+) -> None:
+    """Phase 0: the control API's port was taken when the stack started. The API is an
+    ordinary failing service (restarted with backoff, its error shown); everything else
+    kept running; once the port is free the API serves within its backoff."""
+    health = stack.health["control API"]
+    failed = await wait_for(lambda: _true(health.restarts >= 1), 30, 0.2)
+    say(
+        f"soak: control API port taken at start: {health.restarts} restart(s), "
+        f"state {health.state}, error: {health.last_error}"
+    )
+    result.checks["port taken: the control API failed as a service (restarts, error shown)"] = (
+        failed is not None and "could not listen" in (health.last_error or "")
+    )
+    alive = all(p.proc is not None and p.proc.poll() is None for p in procs.values())
+    models = await http.get(f"{gateway}/models")
+    result.checks["port taken: the rest of the stack kept running"] = (
+        alive and models.status_code == 200
+    )
+    squatter.close()
+    back = await wait_for(lambda: _http_ok(http, f"{api}/health"), 60, 0.2)
+    result.recovery_s["control API after its port was freed"] = back
+    result.checks["port taken: the control API serves once the port is free"] = back is not None
+    say(f"soak:   control API serving {_fmt(back)} after the port was freed")
 
 
 async def _true(value: bool) -> bool:

@@ -58,6 +58,7 @@ def test_soak_every_component_killed_once_comes_back_and_nothing_is_lost(tmp_pat
         "gateway",
         "controller killed mid-rollback",
         "controller killed mid-promotion",
+        "control API after its port was freed",
     ):
         assert last["recovery_s"].get(component) is not None, f"{component} not back:\n{tail}"
     assert last["trajectories"] > 0 and last["missing_rewards"] == 0, tail
