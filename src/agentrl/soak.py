@@ -869,7 +869,7 @@ async def _kill_controller_mid_release(
             await wait_for(idle, t, 0.5)
             r = await http.post(
                 f"{api}/deploy/deploy",
-                json={"model_id": model_id, "reason": "soak: release kill", "by": "soak"},
+                json={"model_id": model_id, "reason": "soak: release kill"},
             )
             if r.status_code == 200:
                 return True
