@@ -82,6 +82,29 @@ HELPERS = {
     "agent.py": """
         class AgentContext:
             _contexts = {}
+
+            @staticmethod
+            def get(id):
+                return AgentContext._contexts.get(id)
+    """,
+    "helpers/api.py": """
+        class Request:
+            pass
+
+
+        class Response:
+            def __init__(self, response=None, status=200, mimetype=None):
+                self.response = response
+                self.status = status
+
+
+        class ApiHandler:
+            def __init__(self, app=None, thread_lock=None):
+                self.app = app
+                self.thread_lock = thread_lock
+
+            async def process(self, input, request):
+                raise NotImplementedError
     """,
     "helpers/plugins.py": """
         import json
@@ -207,12 +230,25 @@ class Config:
     profile: str = ""
 
 
+class Log:
+    """helpers/log.py: the items the web UI shows, numbered `no` from 0."""
+
+    def __init__(self) -> None:
+        self.logs: list[dict[str, Any]] = []
+
+    def log(self, type: str, content: Any = "") -> dict[str, Any]:
+        item = {"no": len(self.logs), "type": type, "content": content}
+        self.logs.append(item)
+        return item
+
+
 class Context:
     def __init__(self, context_id: str) -> None:
         self.id = context_id
         self.data: dict[str, Any] = {}
         self.agent0: Any = None
         self.streaming_agent: Any = None
+        self.log = Log()
 
     def get_data(self, key: str, recursive: bool = True) -> Any:
         return self.data.get(key)
@@ -293,6 +329,13 @@ class ChatModel:
         return self.iteration["response"], ""
 
 
+def message_text_of(message: Any) -> str:
+    content = getattr(message, "content", "")
+    if isinstance(content, dict):
+        return str(content.get("user_message", ""))
+    return str(content)
+
+
 def parse_tool_request(text: str) -> dict[str, Any] | None:
     """What process_tools finds: the outermost JSON object, trailing commas allowed (its
     dirty-JSON parser takes them); None: a misformat."""
@@ -325,6 +368,7 @@ class Driver:
         content_data = {"content": content}
         self.ext.call_sync("hist_add_before", agent, content_data=content_data, ai=ai)
         self.history.append((ai, content_data["content"]))
+        agent.context.log.log("agent" if ai else "tool", content_data["content"])
 
     def hist_add_warning(self, agent: Agent, message: str) -> None:
         self.hist_add(agent, False, {"system_warning": message})
@@ -333,6 +377,8 @@ class Driver:
         Response = importlib.import_module(f"{self.ext.package}.tool").Response
 
         loop_data = LoopData(user_message=agent.last_user_message)
+        if agent.number == 0:  # communicate(): the user's message is logged first
+            agent.context.log.log("user", message_text_of(agent.last_user_message))
         if agent.context.agent0 is None:
             agent.context.agent0 = agent
         alive = True  # False once the task was killed: no end hooks post mortem

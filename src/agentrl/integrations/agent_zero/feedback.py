@@ -3,6 +3,13 @@
 The reward service re-scores the trajectory with it (a new reward version). Feedback goes
 through the same spool as trajectories, so a thumbs-up given while NATS is away is not lost
 and arrives after the trajectory it is about.
+
+In the web UI every message gets thumbs up/down (the plugin's
+`extensions/webui/set_messages_after_loop/agentrl-thumbs.js`), which call the plugin's API
+`/plugins/agentrl/feedback` (`api/feedback.py` -> `feedback_from_ui`): the message's log
+number finds the main monologue that wrote it (the chat's spans, kept by `hooks`), so the
+thumb lands on that trajectory. Implicit signals come from `hooks`: a retry (the same
+question again) is a `correction`, a stopped or reset chat `abandoned`.
 """
 
 from __future__ import annotations
@@ -12,9 +19,15 @@ from typing import Any
 from agentrl.contracts.base import utcnow
 from agentrl.contracts.feedback import FeedbackEvent, FeedbackType
 from agentrl.integrations.agent_zero.config import AgentZeroConfig
-from agentrl.integrations.agent_zero.hooks import LAST_TRAJECTORY_KEY, outbox_for
+from agentrl.integrations.agent_zero.hooks import (
+    LAST_TRAJECTORY_KEY,
+    SPANS_KEY,
+    config_for,
+    outbox_for,
+)
 
 KINDS: tuple[str, ...] = ("thumbs_up", "thumbs_down", "rating", "correction", "abandoned")
+UI_KINDS = ("thumbs_up", "thumbs_down")
 
 
 def feedback_event(
@@ -53,3 +66,47 @@ def last_trajectory_id(context: Any) -> str | None:
 async def send_feedback(config: AgentZeroConfig, event: FeedbackEvent) -> bool:
     """Spool and flush; True when it reached NATS now (else it waits in the spool)."""
     return await outbox_for(config).send([event]) > 0 and not len(outbox_for(config).spool)
+
+
+def trajectory_for(context: Any, log_no: Any = None) -> str | None:
+    """The trajectory of the main monologue that wrote log item `log_no` (the chat's last
+    one when no number is given or none matches)."""
+    get = getattr(context, "get_data", None)
+    spans = get(SPANS_KEY) if callable(get) else None
+    if isinstance(log_no, int) and isinstance(spans, list):
+        for start, end, trajectory_id in spans:
+            if start <= log_no <= end:
+                return str(trajectory_id)
+        later = [s for s in spans if s[0] > log_no]
+        if later:  # a message logged before the monologue's first hook ran (the user's)
+            return str(later[0][2])
+    return last_trajectory_id(context)
+
+
+async def feedback_from_ui(
+    context: Any,
+    kind: Any,
+    log_no: Any,
+    comment: Any,
+    plugin_file: str,
+) -> dict[str, Any]:
+    """A thumb from the web UI: `{"ok", "trajectory_id", "published"}` or `{"ok": False,
+    "message"}` (no trajectory yet, opted out, an unknown kind)."""
+    if kind not in UI_KINDS:
+        return {"ok": False, "message": f"kind must be one of {', '.join(UI_KINDS)}"}
+    agent0 = getattr(context, "agent0", None)
+    config = config_for(plugin_file, agent0) if agent0 is not None else config_for(plugin_file)
+    if not config.enabled or config.opt_out:
+        return {"ok": False, "message": "this chat is not recorded for training (opted out)"}
+    number = log_no if isinstance(log_no, int) else None
+    trajectory_id = trajectory_for(context, number)
+    if trajectory_id is None:
+        return {"ok": False, "message": "no recorded answer in this chat yet"}
+    event = feedback_event(
+        trajectory_id,
+        kind,
+        comment=str(comment) if comment else None,
+        session_id=str(getattr(context, "id", "") or "") or None,
+    )
+    published = await send_feedback(config, event)
+    return {"ok": True, "trajectory_id": trajectory_id, "published": published}

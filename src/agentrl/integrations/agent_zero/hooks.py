@@ -60,6 +60,10 @@ LAST_TRAJECTORY_KEY = "_agentrl_last_trajectory_id"
 SUPERIOR_KEY = "_superior"  # Agent.DATA_NAME_SUPERIOR
 SUBORDINATE_KEY = "_subordinate"  # Agent.DATA_NAME_SUBORDINATE
 OPT_OUT_KEY = "rl_opt_out"  # a context's data flag: this chat is not for training
+SPANS_KEY = "_agentrl_spans"  # the chat's main monologues: [first log no, last, trajectory id]
+LAST_ASK_KEY = "_agentrl_last_ask"  # (the last user message, its trajectory id): retries
+KEEP_SPANS = 200
+RETRY_SIMILARITY = 0.85  # a new message this close to the last one is a retry (a correction)
 
 _configs: dict[str, AgentZeroConfig] = {}
 _stamps: dict[str, tuple[float, ...]] = {}
@@ -224,6 +228,8 @@ async def monologue_start(agent: Any, loop_data: Any, plugin_file: str | Path) -
     if opted_out(config, agent):
         return
     message = getattr(loop_data, "user_message", None)
+    if int(getattr(agent, "number", 0) or 0) == 0:
+        await _retry_signal(agent, message_text(message), config)
     _data(agent)[RECORDER_KEY] = TrajectoryRecorder(
         identity(agent),
         message_text(message),
@@ -232,6 +238,7 @@ async def monologue_start(agent: Any, loop_data: Any, plugin_file: str | Path) -
         domain=config.domain,
         max_text_bytes=config.max_text_bytes,
     )
+    _data(agent)[LOG_START_KEY] = _log_length(agent)
     await outbox_for(config).flush()  # the fallback flush: whatever an earlier end left
 
 
@@ -371,9 +378,49 @@ async def monologue_end(agent: Any, loop_data: Any, plugin_file: str | Path) -> 
     _data(agent)[LAST_TRAJECTORY_KEY] = event.trajectory_id
     context = getattr(agent, "context", None)
     setter = getattr(context, "set_data", None)
-    if callable(setter):  # the feedback helper links thumbs to the chat's last trajectory
+    if callable(setter) and rec.identity.number == 0:  # thumbs find their trajectory here
         setter(LAST_TRAJECTORY_KEY, event.trajectory_id)
+        spans = list(context.get_data(SPANS_KEY) or [])  # type: ignore[union-attr]
+        start = _data(agent).pop(LOG_START_KEY, 0)
+        spans.append([start, max(start, _log_length(agent) - 1), event.trajectory_id])
+        setter(SPANS_KEY, spans[-KEEP_SPANS:])
+        setter(LAST_ASK_KEY, [rec.instructions, event.trajectory_id])
     await outbox_for(config_for(plugin_file)).send([event])
+
+
+LOG_START_KEY = "_agentrl_log_start"
+
+
+def _log_length(agent: Any) -> int:
+    """How many items the chat's log (what the web UI shows, numbered `no`) holds."""
+    logs = getattr(getattr(getattr(agent, "context", None), "log", None), "logs", None)
+    return len(logs) if isinstance(logs, list) else 0
+
+
+async def _retry_signal(agent: Any, text: str, config: AgentZeroConfig) -> None:
+    """The user asks (nearly) the same again right after an answer: a retry, which says the
+    last answer was not what they wanted; sent as a `correction` feedback on its trajectory."""
+    import difflib
+
+    context = getattr(agent, "context", None)
+    get = getattr(context, "get_data", None)
+    last = get(LAST_ASK_KEY) if callable(get) else None
+    if not (isinstance(last, list) and len(last) == 2 and text.strip()):
+        return
+    previous, trajectory_id = last
+    ratio = difflib.SequenceMatcher(None, str(previous).strip(), text.strip()).ratio()
+    if ratio < RETRY_SIMILARITY:
+        return
+    from agentrl.integrations.agent_zero.feedback import feedback_event
+
+    event = feedback_event(
+        str(trajectory_id),
+        "correction",
+        comment=f"the user asked again (similarity {ratio:.2f}): an implicit correction",
+        correction=text,
+        session_id=str(getattr(context, "id", "") or "") or None,
+    )
+    outbox_for(config).spool_events([event])
 
 
 # ---- a chat stopped, reset or removed mid-monologue ---------------------------------------
