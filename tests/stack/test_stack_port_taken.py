@@ -52,6 +52,14 @@ async def test_control_api_port_taken_is_a_restartable_failure(
             assert api.state in ("restarting", "running")
             assert "could not listen" in (api.last_error or ""), api.last_error
             assert str(port) in (api.last_error or "")
+            from rich.console import Console
+
+            from agentrl.status_panel import render
+
+            console = Console(record=True, width=250)
+            console.print(await render(stack, 0.0))  # the panel shows the failing service
+            shown = console.export_text()
+            assert "control API" in shown and "could not listen" in shown, shown
             before = beats
             await asyncio.sleep(0.3)
             assert beats > before and other_health.healthy  # the rest keeps running
