@@ -115,3 +115,24 @@ def test_outcomes() -> None:
     assert o is not None and o.task_status == "failed" and o.completion_percentage == 0.0
     o = outcome_of(None, 0.4)
     assert o is not None and o.task_status == "partial_completion"
+
+
+def test_a_new_conversation_under_the_same_key_starts_a_new_episode() -> None:
+    book = EpisodeBook()
+    run(book, "u", 2)
+    # a retry of the first request is the same task: same episode
+    book.observe(
+        "u", [{"role": "user", "content": "task u"}], {"content": "x"}, "r", "v1", now=0, at=AT
+    )
+    assert book.counts.closed_new_task == 0
+    closed = book.observe(
+        "u",
+        [{"role": "user", "content": "another task"}],
+        {"content": "y"},
+        "n",
+        "v1",
+        now=0,
+        at=AT,
+    )
+    assert [c.reason for c in closed] == ["new_task"] and len(closed[0].episode.exchanges) == 3
+    assert book.open["u"].task == "another task" and book.counts.closed_new_task == 1

@@ -40,10 +40,28 @@ TOOLS = [
 ]
 
 
-async def _session(client: Any, url: str, sid: str, turns: int) -> int:
-    """One agent: `turns` requests, then the end of its episode. Returns failed requests."""
+async def _post(client: Any, url: str, body: dict[str, Any], sid: str) -> Any:
+    """POST with retries: 429 (the gateway's admission limit) and a keep-alive connection
+    closed under us are tried again shortly; None when it never got through."""
     import httpx
 
+    retried = False
+    for _ in range(30):
+        try:
+            r = await client.post(url, json=body, headers={"x-agentrl-session": sid})
+        except httpx.TransportError:
+            retried = True
+            await asyncio.sleep(0.05)
+            continue
+        if r.status_code != 429:
+            r.retried = retried
+            return r
+        await asyncio.sleep(0.05)
+    return None
+
+
+async def _session(client: Any, url: str, sid: str, turns: int) -> int:
+    """One agent: `turns` requests, then the end of its episode. Returns failed requests."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 2 + 3?"}]
     failed = 0
     for t in range(turns):
@@ -54,28 +72,18 @@ async def _session(client: Any, url: str, sid: str, turns: int) -> int:
             "tools": TOOLS,
             "guided_choice": ["The sum is 5." if final else CALL],
         }
-        for _ in range(20):  # 429: the gateway's admission limit; try again shortly
-            try:
-                r = await client.post(
-                    f"{url}/v1/chat/completions", json=body, headers={"x-agentrl-session": sid}
-                )
-            except httpx.TransportError:  # a keep-alive connection closed under us: retry
-                await asyncio.sleep(0.05)
-                continue
-            if r.status_code != 429:
-                break
-            await asyncio.sleep(0.05)
-        else:
-            failed += 1
-            continue
-        if r.status_code != 200:
+        r = await _post(client, f"{url}/v1/chat/completions", body, sid)
+        if r is None or r.status_code != 200:
             failed += 1
             continue
         msg = r.json()["choices"][0]["message"]
         messages = [*messages, {k: v for k, v in msg.items() if v is not None}]
         for c in msg.get("tool_calls") or []:
             messages.append({"role": "tool", "tool_call_id": c["id"], "content": "5"})
-    await client.post(f"{url}/v1/episodes/{sid}/end", json={"success": True})
+    r = await _post(client, f"{url}/v1/episodes/{sid}/end", {"success": True}, sid)
+    # a 404 after a retry: the first attempt ended it and its answer was lost
+    if r is None or not (r.status_code == 200 or (r.status_code == 404 and r.retried)):
+        failed += 1
     return failed
 
 
@@ -210,7 +218,7 @@ async def run(
         capture.observe_s = deque()
         log = CompletionLog(bus)
         state = GatewayState("agentrl-policy", completion_log=log, capture=capture)
-        state.max_inflight = max(getattr(state, "max_inflight", 64), connections)
+        state.max_inflight = max(getattr(state, "max_inflight", 64), 2 * connections)
         engine = LocalEngine("tiny", seed=0, tiny_kwargs=TINY, max_batch_size=8, max_wait_ms=2.0)
         state.backends["bench-v1"] = LocalBackend(engine, Path(tmp))
         state.set_split({"bench-v1": 1.0}, ["bench-v1"])

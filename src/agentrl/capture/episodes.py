@@ -82,6 +82,7 @@ class BookCounts:
     closed_ended: int = 0
     closed_idle: int = 0
     closed_memory: int = 0
+    closed_new_task: int = 0  # the key started another conversation
     turns_dropped: int = 0  # past max_turns
 
     def as_dict(self) -> dict[str, int]:
@@ -103,8 +104,13 @@ class EpisodeBook:
     """The open episodes, keyed by session key, least recently active first."""
 
     def __init__(
-        self, max_open: int = 10_000, max_bytes: int = 256 * 2**20, max_turns: int = 512
+        self,
+        max_open: int = 10_000,
+        max_bytes: int = 256 * 2**20,
+        max_turns: int = 512,
+        split_tasks: bool = True,
     ) -> None:
+        self.split_tasks = split_tasks  # a new conversation under a key starts a new episode
         self.max_open = max_open
         self.max_bytes = max_bytes
         self.max_turns = max_turns
@@ -126,7 +132,13 @@ class EpisodeBook:
         agent_id: str = "openai-client",
     ) -> list[Closed]:
         """Add one served request to its episode; returns the episodes closed for memory."""
+        msgs = [m for m in messages if isinstance(m, dict)]
+        closed: list[Closed] = []
         ep = self.open.get(key)
+        if ep is not None and self.split_tasks and ep.exchanges and _starts_another_task(msgs, ep):
+            closed.append(Closed(self._pop(key), "new_task"))
+            self.counts.closed_new_task += 1
+            ep = None
         if ep is None:
             ep = self.open[key] = OpenEpisode(key, agent_id, at, now)
             self.counts.opened += 1
@@ -134,7 +146,6 @@ class EpisodeBook:
             self.open.move_to_end(key)
         ep.last_seen = now
         self.counts.observed += 1
-        msgs = [m for m in messages if isinstance(m, dict)]
         if len(msgs) >= ep.seen:
             new = msgs[ep.seen :] if ep.seen else msgs
         else:  # another branch of the conversation: what follows its last assistant message
@@ -152,13 +163,12 @@ class EpisodeBook:
         if len(ep.exchanges) >= self.max_turns:
             ep.truncated = True
             self.counts.turns_dropped += 1
-            return []
+            return closed
         ex = Exchange(at, new, answer, completion_id, model, tokens)
         size = len(orjson.dumps([new, answer], default=str))
         ep.exchanges.append(ex)
         ep.size += size
         self.bytes += size
-        closed: list[Closed] = []
         while self.open and (len(self.open) > self.max_open or self.bytes > self.max_bytes):
             oldest = next(iter(self.open))
             if oldest == key and len(self.open) == 1:
@@ -193,6 +203,15 @@ class EpisodeBook:
     def close_all(self) -> list[Closed]:
         out = [Closed(self._pop(k), "shutdown") for k in list(self.open)]
         return out
+
+
+def _starts_another_task(msgs: list[dict[str, Any]], ep: OpenEpisode) -> bool:
+    """A fresh conversation under a key in use (OpenAI's `user` names a person, not a
+    conversation): no assistant message yet and another first user message."""
+    if len(msgs) >= ep.seen or any(m.get("role") == "assistant" for m in msgs):
+        return False
+    first = next((m for m in msgs if m.get("role") == "user"), None)
+    return first is not None and text_of(first.get("content")) != ep.task
 
 
 def _args(raw: Any) -> dict[str, Any]:

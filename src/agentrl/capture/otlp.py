@@ -409,7 +409,7 @@ def to_trajectory_from_spans(trace: TraceEpisode, max_turns: int = 512) -> Traje
     agent_spans = [s.name.removeprefix("invoke_agent ") for s in spans if s.kind == "agent"]
     agent = next(iter(named + agent_spans), None)
     agent = agent or (llm[0].service or "otel-agent")
-    book = EpisodeBook(max_open=1, max_bytes=2**62, max_turns=max_turns)
+    book = EpisodeBook(max_open=1, max_bytes=2**62, max_turns=max_turns, split_tasks=False)
     joined = []
     for s in llm:
         inputs, output = messages_of(s)
