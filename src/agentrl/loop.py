@@ -78,6 +78,7 @@ class LoopConfig:
     grace_s: float = 120.0  # after the budget: wait this long for a version being decided
     pace: bool = True  # a trickle of acting while a job trains or a version validates (2 cores)
     fresh: bool = True
+    backend: str = "local"  # the gateway's serving backend: local (embedded) or vllm
 
     @classmethod
     def quick(cls, **kw: Any) -> LoopConfig:
@@ -139,6 +140,7 @@ def loop_environment(cfg: LoopConfig) -> dict[str, str]:
         "AGENTRL_TRAINING_INIT_FROM": "latest",
         "AGENTRL_TRAINING_MIXED_PRECISION": "bf16" if cfg.model != "tiny" and bf16_pays() else "no",
         "AGENTRL_DEPLOY_BASE_MODEL": cfg.model,
+        "AGENTRL_DEPLOY_BACKEND": cfg.backend,
         "AGENTRL_DEPLOY_RAMP": json.dumps(list(cfg.ramp)),
         "AGENTRL_DEPLOY_STEP_DELAY_S": str(cfg.step_delay_s),
         "AGENTRL_DEPLOY_MONITOR_PERIOD_S": "0.5",

@@ -52,6 +52,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             help="Each job's learning rate (0: default, 2e-3 — measured: 5e-4 needed 4-6 "
             "generations to leave 0 % held-out success, 2e-3 two).",
         ),
+        backend: str = typer.Option(
+            "local",
+            help="The gateway's serving backend: local (embedded) or vllm (a supervised "
+            "`vllm serve`, every version a LoRA loaded at run time; `agentrl vllm setup`).",
+        ),
         job_kind: str = typer.Option(
             "dataset",
             help="Training job kind the trigger starts; only dataset (the logged trajectories) "
@@ -67,6 +72,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             "bad_candidate": bad_candidate,
             "job_kind": job_kind,
             "pace": pace,
+            "backend": backend,
         }
         if temperature:
             overrides["temperature"] = temperature
@@ -85,6 +91,16 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         if time_budget_s:
             overrides["time_budget_s"] = time_budget_s
         cfg = LoopConfig.quick(**overrides) if quick else LoopConfig(**overrides)  # type: ignore[arg-type]
+        if cfg.backend not in ("local", "vllm"):
+            typer.echo(f"error: --backend is local or vllm, not {cfg.backend!r}", err=True)
+            raise typer.Exit(2)
+        if cfg.backend == "vllm" and cfg.model in ("tiny", "tiny-random"):
+            typer.echo(
+                "error: the tiny model's head size (16) is not one vLLM's CPU kernels run; "
+                "use --backend vllm with smollm2 (not --quick)",
+                err=True,
+            )
+            raise typer.Exit(2)
 
         def say(line: str) -> None:
             print(line, flush=True)

@@ -386,3 +386,38 @@ async def test_sigkill_mid_canary_restarts_and_reloads(stack: Stack) -> None:
     )
     assert again.choices[0].model_extra["token_ids"] == before["choices"][0]["token_ids"]
     assert s.state.weights.get(v) == 50.0  # the split did not change
+
+
+@needs_vllm
+@pytest.mark.slow
+async def test_vllm_that_cannot_start_is_reported_and_retried(tmp_path: Path) -> None:
+    """A model folder that is not there: each start fails, the error is kept (with vLLM's
+    own line), a waiter gets 503 naming it, and the supervisor keeps retrying with backoff."""
+    from agentrl.deploy.errors import BackendError
+    from agentrl.deploy.vllm.server import VllmServer
+
+    python = vllm_python()
+    assert python is not None
+    server = VllmServer(
+        python,
+        str(tmp_path / "no-such-model"),
+        log_path=tmp_path / "vllm.log",
+        restart_base_s=0.2,
+        restart_max_s=0.5,
+    )
+    server.start()
+    try:
+        deadline = time.monotonic() + 600
+        while server.starts < 2:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.5)
+        assert server.state in ("backoff", "starting") and server.ready_count == 0
+        assert "exited with" in str(server.last_error)
+        assert "no-such-model" in (tmp_path / "vllm.log").read_text()
+        with pytest.raises(BackendError, match="not ready") as err:
+            await server.wait_ready(0.1)
+        assert err.value.status == 503
+    finally:
+        await server.close()
+    assert server.state == "stopped" and server.proc is not None
+    assert server.proc.returncode is not None

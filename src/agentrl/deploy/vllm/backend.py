@@ -53,6 +53,7 @@ class VllmBackend(UpstreamBackend):
         self.server, self.base, self.cache_dir = server, base, cache_dir
         self.adapters: dict[str, Path] = {}  # model_id -> verified folder, loaded in vLLM
         self.load_seconds: dict[str, float] = {}
+        self.adapter_wait_s = 300.0  # how long `prepare` waits for a (re)starting vLLM
         server.on_ready.append(self._on_ready)
 
     # ---- adapters ----------------------------------------------------------------------
@@ -79,8 +80,8 @@ class VllmBackend(UpstreamBackend):
             raise DeployError(f"vLLM refused adapter {model_id}: {resp.text[:300]}")
 
     async def prepare(self, record: ModelRecord) -> None:
-        if record.checkpoint_path is None:  # the base model itself
-            await self.server.wait_ready(self.server.startup_timeout_s)
+        if record.checkpoint_path is None:  # the base model itself: nothing to load, and
+            # the gateway need not wait for vLLM (requests get 503 until it is ready)
             self.names[record.model_id] = self.server.served_name
             return
         folder = await asyncio.to_thread(verify_checkpoint, record, self.cache_dir)
@@ -99,7 +100,8 @@ class VllmBackend(UpstreamBackend):
                     f"adapter {record.model_id} was trained on base {spec}, but vLLM serves "
                     f"{self.base}; start it with that base model"
                 )
-        await self.server.wait_ready(self.server.startup_timeout_s)
+        # a (re)starting vLLM is waited for: the version is not to blame for it
+        await self.server.wait_ready(self.adapter_wait_s, through_restarts=True)
         started = time.monotonic()
         await self._load(record.model_id, folder)
         self.load_seconds[record.model_id] = time.monotonic() - started

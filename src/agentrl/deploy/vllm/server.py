@@ -77,6 +77,7 @@ class VllmServer:
         self.startup_timeout_s = startup_timeout_s
         self.restart_base_s, self.restart_max_s = restart_base_s, restart_max_s
         self.on_ready: list[Hook] = []
+        self.health_every_s, self.health_timeout_s, self.health_failures = 1.0, 10.0, 3
         self.state = "stopped"  # starting | ready | backoff | stopped
         self.last_error: str | None = None
         self.starts = 0  # processes started
@@ -99,15 +100,18 @@ class VllmServer:
 
     def start(self) -> None:
         if self._task is None:
+            self._set("starting")  # before the task runs: a waiter must not see "stopped"
             self._task = asyncio.create_task(self._supervise(), name="vllm-supervisor")
 
-    async def wait_ready(self, timeout_s: float) -> None:
+    async def wait_ready(self, timeout_s: float, through_restarts: bool = False) -> None:
         """Return once ready; BackendError(503) naming the last failure when it is not
-        ready within `timeout_s` (or at once when it is backing off after a failure)."""
+        ready within `timeout_s` (or at once when it is backing off after a failure, unless
+        `through_restarts`)."""
         deadline = time.monotonic() + timeout_s
         while not self._ready.is_set():
             left = deadline - time.monotonic()
-            if self.state in ("backoff", "stopped") or left <= 0:
+            gave_up = self.state == "stopped" or (self.state == "backoff" and not through_restarts)
+            if gave_up or left <= 0:
                 why = f": {self.last_error}" if self.last_error else ""
                 raise BackendError(f"vLLM is not ready ({self.state}){why}", 503)
             self._changed.clear()
@@ -173,14 +177,7 @@ class VllmServer:
                 self._ready.set()
                 self._set("ready")
                 log.info("vLLM ready on %s in %.1f s", self.base_url, self.last_startup_s)
-                stop = asyncio.ensure_future(self._stop.wait())
-                exited = asyncio.ensure_future(self.proc.wait())
-                await asyncio.wait([stop, exited], return_when=asyncio.FIRST_COMPLETED)
-                stop.cancel()
-                if exited.done():
-                    self.last_error = f"vLLM exited with {self.proc.returncode}{self._why()}"
-                else:
-                    exited.cancel()
+                await self._watch(self.proc)
         finally:
             self._ready.clear()
             await self._kill(self.proc)
@@ -190,6 +187,29 @@ class VllmServer:
             if logfile:
                 logfile.close()
         return became_ready
+
+    async def _watch(self, proc: asyncio.subprocess.Process) -> None:
+        """Until stop, the server's exit, or /health failing `health_failures` times in a
+        row. Not `proc.wait()`: vLLM's engine-core and worker processes outlive a killed API
+        server and keep its stdout open, and asyncio's wait() waits for the pipe too."""
+        failures = 0
+        async with httpx.AsyncClient(timeout=self.health_timeout_s) as client:
+            while not self._stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), self.health_every_s)
+                if self._stop.is_set():
+                    return
+                if proc.returncode is not None:
+                    self.last_error = f"vLLM exited with {proc.returncode}{self._why()}"
+                    return
+                try:
+                    ok = (await client.get(f"http://{self.host}:{self.port}/health")).is_success
+                except httpx.HTTPError:
+                    ok = False
+                failures = 0 if ok else failures + 1
+                if failures >= self.health_failures:
+                    self.last_error = f"vLLM stopped answering /health ({failures} checks)"
+                    return
 
     async def _until_ready(self, proc: asyncio.subprocess.Process, started: float) -> bool:
         async with httpx.AsyncClient(timeout=5.0) as client:
@@ -229,16 +249,18 @@ class VllmServer:
                 logfile.flush()  # type: ignore[attr-defined]
 
     async def _kill(self, proc: asyncio.subprocess.Process) -> None:
-        """End the whole process group (the API server and its engine core / workers)."""
-        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        """End the whole process group: the API server and its engine core and workers
+        (they outlive a killed API server, holding memory and its stdout)."""
+        for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, sig)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), wait)
-                # children may outlive the leader: the group is killed all the same
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                return
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and _group_alive(proc.pid):
+                await asyncio.sleep(0.1)
+            if not _group_alive(proc.pid):
+                break
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), 5.0)  # reap the leader
 
     async def close(self) -> None:
         self._stop.set()
@@ -246,3 +268,13 @@ class VllmServer:
             with contextlib.suppress(BaseException):
                 await self._task
             self._task = None
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
