@@ -136,3 +136,21 @@ def test_a_new_conversation_under_the_same_key_starts_a_new_episode() -> None:
     )
     assert [c.reason for c in closed] == ["new_task"] and len(closed[0].episode.exchanges) == 3
     assert book.open["u"].task == "another task" and book.counts.closed_new_task == 1
+
+
+def test_the_canary_monitor_leaves_a_mixed_version_episode_out() -> None:
+    from agentrl.deploy.monitor import RewardTracker
+
+    book = EpisodeBook()
+    run(book, "m", 1, model="v1")
+    msgs = [{"role": "user", "content": "task m"}, {"role": "assistant", **call(0)}]
+    book.observe("m", msgs, {"content": "3"}, "cid-m", "v2", now=0, at=AT)
+    mixed = to_trajectory(book.open.pop("m"), ended_at=AT, reason="ended")
+    run(book, "one", 1, model="v1")
+    single = to_trajectory(book.open.pop("one"), ended_at=AT, reason="ended")
+    assert mixed is not None and single is not None
+    tracker = RewardTracker()
+    tracker.on_trajectory(mixed)
+    tracker.on_trajectory(single)
+    assert tracker.trajectory_model[single.trajectory_id] == "v1"
+    assert tracker.trajectory_model[mixed.trajectory_id] is None  # credited to no version

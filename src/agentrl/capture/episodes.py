@@ -365,6 +365,7 @@ def to_trajectory(
         total_tokens=tokens or None,
         outcome=outcome,
         serving_versions=versions,
+        served_by=versions,  # the name the loop and the canary monitor read
         capture=capture,
     )
     tid = trajectory_id_of(ep)
