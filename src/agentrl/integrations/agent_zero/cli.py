@@ -106,6 +106,12 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         before = len(outbox.spool)
         sent = asyncio.run(outbox.flush(timeout, force=True))
         typer.echo(f"published {sent} of {before} spooled event(s); {len(outbox.spool)} left")
+        if outbox.spool.bad_count():
+            typer.echo(
+                f"{outbox.spool.bad_count()} event(s) NATS refused for good are set aside in "
+                f"{outbox.spool.folder} (*.bad, the reason in *.why)",
+                err=True,
+            )
         if outbox.last_error:
             typer.echo(f"error: {outbox.last_error}", err=True)
             raise typer.Exit(1)
