@@ -9,6 +9,7 @@ backend failed, 504 when it did not answer in time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -111,8 +112,12 @@ class LocalBackend:
         return await self.engine.generate(self._version(model_id), request)  # type: ignore[no-any-return]
 
     async def stream(self, model_id: str, request: ChatRequest) -> AsyncIterator[tuple[str, Any]]:
-        async for item in self.engine.stream(self._version(model_id), request):
-            yield item
+        # closed with this generator (a client gone): the engine cancels the row's decode now
+        async with contextlib.aclosing(
+            self.engine.stream(self._version(model_id), request)
+        ) as items:
+            async for item in items:
+                yield item
 
     def _version(self, model_id: str) -> str | None:
         return model_id if model_id in self.engine.adapters else None
