@@ -326,3 +326,18 @@ def recording_payload(session: str, instructions: str) -> dict[str, Any]:
         "task_context": {"task_id": new_id(), "instructions": instructions, "domain": "general"},
         "metadata": {"model": "agentrl-policy"},
     }
+
+
+def test_dirty_json_is_read_like_agent_zero_reads_it() -> None:
+    from agentrl.integrations.agent_zero.recorder import parse_response
+
+    want = {"thoughts": ["a"], "tool_name": "response", "tool_args": {"text": "§§secret(K)"}}
+    for text in (
+        '{"thoughts": ["a",], "tool_name": "response", "tool_args": {"text": "§§secret(K)",},}',
+        "{'thoughts': ['a'], 'tool_name': 'response', 'tool_args': {'text': '§§secret(K)'}}",
+        '{thoughts: ["a"], tool_name: response, tool_args: {text: "§§secret(K)"}}',
+        'Sure: {"thoughts": ["a"], "tool_name": "response", "tool_args": {"text": "§§secret(K)"}}',
+    ):
+        assert parse_response(text) == (want, None), text
+    assert parse_response("no json here")[0] is None
+    assert parse_response('{"thoughts": ["unclosed}')[0] is None

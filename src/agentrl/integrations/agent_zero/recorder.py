@@ -52,14 +52,25 @@ _TRAILING_COMMA = re.compile(r'("(?:[^"\\]|\\.)*")|,(\s*[}\]])')
 
 
 def _lenient_loads(text: str) -> Any:
-    """Strict JSON, else the same text without trailing commas (what Agent Zero accepts)."""
+    """Strict JSON, else the same text without trailing commas, else YAML's flow syntax
+    (single quotes, unquoted keys): the dirty JSON Agent Zero's parser accepts."""
     try:
         return json.loads(text)
-    except json.JSONDecodeError:
+    except json.JSONDecodeError as exc:
         fixed = _TRAILING_COMMA.sub(lambda m: m.group(1) or m.group(2), text)
-        if fixed == text:
-            raise
-        return json.loads(fixed)
+        try:
+            return json.loads(fixed)
+        except json.JSONDecodeError:
+            pass
+        try:
+            import yaml
+
+            value = yaml.safe_load(fixed)
+        except Exception:
+            raise exc from None
+        if not isinstance(value, dict):
+            raise exc from None
+        return value
 
 
 def truncate(text: str, budget: int) -> str:
