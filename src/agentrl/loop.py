@@ -437,6 +437,25 @@ class Watch:
         return float(ev.total_reward)
 
 
+async def _wait_answer(gateway_url: str, model: str, timeout: float) -> None:
+    """Until the gateway answers a chat completion (a supervised vLLM is starting)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    async with httpx.AsyncClient(timeout=60.0) as client:
+        while True:
+            try:
+                r = await client.post(f"{gateway_url}/chat/completions", json=body)
+                if r.status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{gateway_url} did not answer within {timeout:.0f}s")
+            await asyncio.sleep(2.0)
+
+
 async def _wait_http(url: str, timeout: float) -> None:
     import httpx
 
@@ -557,6 +576,8 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
             for what, where in stack.urls().items():
                 say(f"stack: {what:<22} {where}")
             await _wait_http(f"{stack.gateway_url}/models", 180)
+            if cfg.backend == "vllm":  # the gateway is up before vLLM (minutes on 2 cores)
+                await _wait_answer(stack.gateway_url, public, 1800)
             stages["startup"] = time.monotonic() - t_start
             say(f"stack: up in {stages['startup']:.1f}s ({', '.join(stack.health)})")
             bus = stack.bus

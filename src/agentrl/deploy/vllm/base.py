@@ -31,7 +31,7 @@ def base_folder(spec: dict[str, Any], data_dir: Path) -> str:
     if key in SMOLLM2_ALIASES:
         from agentrl.llm.loading import convert_smollm2
 
-        return str(convert_smollm2(data_dir))
+        return str(convert_smollm2(data_dir).resolve())
     if key not in TINY_ALIASES:
         return name  # a folder or a hub id: vLLM loads it itself
     kwargs = dict(spec.get("tiny_kwargs") or {})
@@ -45,7 +45,7 @@ def base_folder(spec: dict[str, Any], data_dir: Path) -> str:
     digest = hashlib.sha256(json.dumps([seed, kwargs], sort_keys=True).encode()).hexdigest()
     target = Path(data_dir) / "models" / f"tiny-{digest[:12]}"
     if (target / "config.json").exists():
-        return str(target)
+        return str(target.resolve())
     from agentrl.llm.loading import load_policy
 
     policy = load_policy("tiny", seed=seed, tiny_kwargs=kwargs or None, data_dir=data_dir)
@@ -54,7 +54,7 @@ def base_folder(spec: dict[str, Any], data_dir: Path) -> str:
         policy.model.save_pretrained(tmp)
         policy.tokenizer.save_pretrained(tmp)
 
-    return str(_atomic_save(target, save))
+    return str(_atomic_save(target, save).resolve())
 
 
 def same_base(adapter_spec: dict[str, Any], served: dict[str, Any]) -> bool:
