@@ -106,21 +106,25 @@ class OtlpReceiver:
         """Take spans in; publish the traces that are complete. Returns their trajectory ids."""
         now = time.monotonic()
         ready = self.book.add(spans, now) + self.book.expire(now)
-        ids = []
+        built = []
         for trace in ready:
             traj = to_trajectory_from_spans(trace, self.max_turns)
             if traj is None:
                 self.book.counts["traces_without_llm_spans"] += 1
-                continue
-            try:
-                await self.publisher.publish(traj)
-            except Exception:
-                self.book.counts["publish_failed"] += 1
-                log.warning("otlp: could not publish trace %s", trace.trace_id, exc_info=True)
-                continue
-            self.book.counts["published"] += 1
-            ids.append(traj.trajectory_id)
-        return ids
+            else:
+                built.append((trace, traj))
+        if not built:
+            return []
+        try:
+            await self.publisher.publish_many([t for _, t in built])
+        except Exception:  # kept: the next request (or expiry) tries them again
+            self.book.counts["publish_failed"] += len(built)
+            for trace, _ in built:
+                self.book.traces.setdefault(trace.trace_id, trace)
+            log.warning("otlp: could not publish %d traces", len(built), exc_info=True)
+            return []
+        self.book.counts["published"] += len(built)
+        return [t.trajectory_id for _, t in built]
 
 
 def receiver(request: Request) -> OtlpReceiver:

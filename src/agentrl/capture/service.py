@@ -154,33 +154,45 @@ class CaptureService:
 
     async def publish(self, event: TrajectoryEvent) -> None:
         """Redact, publish (Msg-Id = trajectory id) and index one trajectory."""
+        await self.publish_many([event])
+
+    async def publish_many(self, events: list[TrajectoryEvent]) -> None:
+        """Redact, publish (pipelined, Msg-Id = trajectory id) and index trajectories."""
         from agentrl.rewards.redact import redact_event
 
-        clean, found = redact_event(event)
-        if found:
-            self.counts.redacted += 1
-        await self.bus.publish(clean)
-        self.counts.published += 1
+        cleaned = []
+        for event in events:
+            clean, found = redact_event(event)
+            self.counts.redacted += bool(found)
+            cleaned.append(clean)
+        await self.bus.publish_many(cleaned)
+        self.counts.published += len(cleaned)
         try:
             if self.index is None:
                 s = self.settings
                 self.index = await TrajectoryIndex.open(self.bus.js, s.index_bucket, s.index_ttl_s)
-            capture = (clean.metadata.model_extra or {}).get("capture") or {}
-            episodes = {str(capture.get("episode_id") or ""), clean.session_id} - {""}
-            for i, episode in enumerate(sorted(episodes)):
-                ids = list(capture.get("completion_ids") or []) if i == 0 else []
-                await self.index.put(clean.trajectory_id, episode, ids)
+            await asyncio.gather(*(self._index(self.index, c) for c in cleaned))
         except Exception:  # feedback by trajectory id still works
-            log.warning("capture: could not index %s", clean.trajectory_id, exc_info=True)
+            log.warning("capture: could not index %d trajectories", len(cleaned), exc_info=True)
 
-    async def flush(self) -> None:
-        """Publish everything closed so far (a failure puts it back and raises)."""
+    @staticmethod
+    async def _index(index: TrajectoryIndex, event: TrajectoryEvent) -> None:
+        capture = (event.metadata.model_extra or {}).get("capture") or {}
+        episodes = sorted({str(capture.get("episode_id") or ""), event.session_id} - {""})
+        for i, episode in enumerate(episodes):
+            ids = list(capture.get("completion_ids") or []) if i == 0 else []
+            await index.put(event.trajectory_id, episode, ids)
+
+    async def flush(self, batch: int = 256) -> None:
+        """Publish everything closed so far, in batches (a failure leaves it queued, raises)."""
         while self.outbox:
-            closed, outcome, comment = self.outbox[0]
-            event = self.trajectory(closed, outcome, comment)
-            if event is not None:
-                await self.publish(event)
-            self.outbox.popleft()
+            items = [self.outbox[i] for i in range(min(batch, len(self.outbox)))]
+            events = [e for e in (self.trajectory(*it) for it in items) if e is not None]
+            if events:
+                await self.publish_many(events)
+            for it in items:  # by identity: the outbox may have moved meanwhile
+                if self.outbox and self.outbox[0] is it:
+                    self.outbox.popleft()
 
     async def run(self, stop: asyncio.Event, tick_s: float = 1.0) -> None:
         """Close idle episodes and publish closed ones until `stop`; then close the rest."""
