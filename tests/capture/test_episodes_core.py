@@ -154,3 +154,11 @@ def test_the_canary_monitor_leaves_a_mixed_version_episode_out() -> None:
     tracker.on_trajectory(single)
     assert tracker.trajectory_model[single.trajectory_id] == "v1"
     assert tracker.trajectory_model[mixed.trajectory_id] is None  # credited to no version
+
+
+def test_capture_is_off_per_deployment_by_setting(monkeypatch: Any) -> None:
+    from agentrl.deploy.service import _capture
+
+    assert _capture(object()) is not None
+    monkeypatch.setenv("AGENTRL_CAPTURE_ENABLED", "false")
+    assert _capture(object()) is None
