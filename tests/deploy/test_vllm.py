@@ -421,3 +421,38 @@ async def test_vllm_that_cannot_start_is_reported_and_retried(tmp_path: Path) ->
         await server.close()
     assert server.state == "stopped" and server.proc is not None
     assert server.proc.returncode is not None
+
+
+@needs_vllm
+@pytest.mark.slow
+async def test_tools_through_vllm(stack: Stack) -> None:
+    """A named tool choice: vLLM forces the call's JSON; the gateway passes the OpenAI
+    tool_calls on and logs the tokens as constrained."""
+    s = stack
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "calculator",
+                "parameters": {
+                    "type": "object",
+                    # finite (an enum): a random model in a free string may never close it
+                    "properties": {"expression": {"type": "string", "enum": ["2+2", "4"]}},
+                    "required": ["expression"],
+                },
+            },
+        }
+    ]
+    resp = await s.client.chat.completions.create(
+        model=PUB,
+        messages=[{"role": "user", "content": "What is 2 + 2?"}],
+        tools=tools,  # type: ignore[arg-type]
+        tool_choice={"type": "function", "function": {"name": "calculator"}},
+        max_tokens=40,
+        temperature=0.0,
+    )
+    calls = resp.choices[0].message.tool_calls
+    assert calls and calls[0].function.name == "calculator"
+    assert json.loads(calls[0].function.arguments)["expression"] in ("2+2", "4")
+    found = await logged(s.bus, resp.id)
+    assert found["constrained"] is True and found["completion_token_ids"]

@@ -51,6 +51,7 @@ class VllmServer:
         max_loras: int = 4,
         dtype: str = "float32",
         kv_cache_gib: float = 1.0,
+        tool_call_parser: str | None = "pythonic",
         extra_args: list[str] | None = None,
         log_path: Path | None = None,
         startup_timeout_s: float = 900.0,
@@ -70,6 +71,8 @@ class VllmServer:
             "--enable-lora",
             "--max-lora-rank", str(max_lora_rank),
             "--max-loras", str(max_loras),
+            *(["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
+              if tool_call_parser else []),
             *(extra_args or []),
         ]  # fmt: skip
         self.kv_cache_gib = kv_cache_gib

@@ -24,6 +24,12 @@ class VllmSettings(BaseSettings):
     max_loras: int = Field(4, gt=0, description="Adapters in one batch.")
     dtype: str = Field("float32", description="vLLM's --dtype (float32 on CPU is exact).")
     kv_cache_gib: float = Field(1.0, gt=0.0, description="VLLM_CPU_KVCACHE_SPACE on CPU hosts.")
+    tool_call_parser: str | None = Field(
+        "pythonic",
+        description="vLLM's --tool-call-parser (with --enable-auto-tool-choice): vLLM answers "
+        "tool_choice auto/required/named only with one. pythonic needs no special tokens "
+        "(SmolLM2 has none); hermes, llama3_json, ... for models trained on those formats.",
+    )
     extra_args: list[str] = Field(default_factory=list, description="More `vllm serve` flags.")
     startup_timeout_s: float = Field(900.0, gt=0.0, description="One start, ready or killed.")
     restart_base_s: float = Field(1.0, gt=0.0)

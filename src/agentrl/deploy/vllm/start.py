@@ -42,6 +42,7 @@ async def start_vllm(
         max_loras=vllm.max_loras,
         dtype=vllm.dtype,
         kv_cache_gib=vllm.kv_cache_gib,
+        tool_call_parser=vllm.tool_call_parser,
         extra_args=vllm.extra_args,
         log_path=data / "deploy" / "vllm.log",
         startup_timeout_s=vllm.startup_timeout_s,
