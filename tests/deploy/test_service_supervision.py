@@ -112,3 +112,77 @@ async def test_keep_running_retries_then_gives_up() -> None:
 
     with pytest.raises(InnerTaskFailed, match=r"failed 3 times in a row.*still away"):
         await keep_running("consumer", broken, asyncio.Event(), backoff=(0.0,), max_failures=3)
+
+
+async def test_statuses_consumer_survives_nats_away_longer_than_its_retries(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The deployment controller's statuses consumer, started while nats-server is away
+    (its consumer setup gives up after its retries and raises), is retried with backoff and
+    consumes again once the server is back: it no longer ends silently."""
+    import uuid
+
+    from agentrl.bus import EmbeddedNats
+    from agentrl.contracts.base import utcnow
+    from agentrl.contracts.training import TrainingStatus
+
+    server = EmbeddedNats(data_dir=tmp_path / "nats")
+    server.start()
+    bus = await Bus.connect(server.url)
+    await bus.ensure_streams()
+    seen: list[str] = []
+
+    async def handle(event: TrainingStatus) -> None:
+        seen.append(event.training_job_id)
+
+    stop = asyncio.Event()
+    server.stop()  # away before the consumer starts: its setup fails after its retries
+    task = asyncio.create_task(
+        keep_running(
+            "training statuses consumer",
+            lambda: bus.consume(
+                "agent.rl.training.status.v1", "sup-statuses", handle, stop=stop, batch=8
+            ),
+            stop,
+            backoff=(0.5,),
+            max_failures=1000,
+        )
+    )
+    try:
+        for _ in range(1200):  # the first attempt gives up (about 10 to 40 s)
+            if "training statuses consumer failed" in caplog.text:
+                break
+            await asyncio.sleep(0.1)
+        assert "training statuses consumer failed" in caplog.text
+        assert not task.done()
+        server.start()  # back on the same port and store
+        try:
+            job = str(uuid.uuid4())
+            last: Exception | None = None
+            for _ in range(200):
+                try:
+                    await bus.publish(
+                        TrainingStatus(training_job_id=job, timestamp=utcnow(), status="running")
+                    )
+                    break
+                except Exception as exc:
+                    last = exc
+                    await asyncio.sleep(0.2)
+            else:
+                raise AssertionError(
+                    f"could not publish after nats-server came back: {last!r} "
+                    f"closed={bus.nc.is_closed} connected={bus.nc.is_connected}"
+                )
+            for _ in range(600):
+                if job in seen:
+                    break
+                await asyncio.sleep(0.1)
+            assert job in seen and not task.done(), caplog.text[-3000:]
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)
+            await bus.close()
+            server.stop()
+    finally:
+        if not task.done():
+            task.cancel()
