@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import signal
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -81,6 +82,8 @@ def test_missing_vllm_names_the_install_command(tmp_path: Path) -> None:
         find_python(None, tmp_path)
     with pytest.raises(VllmNotInstalled, match="agentrl vllm setup"):
         find_python(tmp_path / "nope" / "python", tmp_path)
+    with pytest.raises(VllmNotInstalled, match="has no vllm"):  # agentrl's own Python
+        find_python(Path(sys.executable), tmp_path)
 
 
 async def test_serving_manager_without_vllm_names_the_command(
@@ -453,6 +456,9 @@ async def test_tools_through_vllm(stack: Stack) -> None:
     )
     calls = resp.choices[0].message.tool_calls
     assert calls and calls[0].function.name == "calculator"
-    assert json.loads(calls[0].function.arguments)["expression"] in ("2+2", "4")
+    # the grammar forces the call's JSON; a random model may pad it with the whitespace
+    # JSON allows until max_tokens, so only its start is certain
+    assert calls[0].function.arguments.startswith('{"expression"')
     found = await logged(s.bus, resp.id)
-    assert found["constrained"] is True and found["completion_token_ids"]
+    assert found["constrained"] is True
+    assert len(found["completion_token_ids"]) == resp.usage.completion_tokens

@@ -53,6 +53,7 @@ class VllmBackend(UpstreamBackend):
         self.server, self.base, self.cache_dir = server, base, cache_dir
         self.adapters: dict[str, Path] = {}  # model_id -> verified folder, loaded in vLLM
         self.load_seconds: dict[str, float] = {}
+        self.lost: dict[str, str] = {}  # model_id -> why a restarted vLLM lacks it
         self.adapter_wait_s = 300.0  # how long `prepare` waits for a (re)starting vLLM
         server.on_ready.append(self._on_ready)
 
@@ -61,7 +62,12 @@ class VllmBackend(UpstreamBackend):
         """Reload every adapter into a (re)started vLLM, then warm each name up once (the
         first request of a fresh vLLM was measured at 39 s on 2 busy cores, the next 0.9 s)."""
         for model_id, folder in list(self.adapters.items()):
-            await self._load(model_id, folder)
+            try:
+                await self._load(model_id, folder)
+            except DeployError as exc:  # one bad adapter must not keep vLLM down for all
+                log.error("adapter %s could not be reloaded: %s", model_id, exc)
+                self.adapters.pop(model_id)
+                self.lost[model_id] = str(exc)
         for name in [self.server.served_name, *self.adapters]:
             resp = await self.client.post(
                 "/chat/completions",
@@ -107,8 +113,10 @@ class VllmBackend(UpstreamBackend):
         self.load_seconds[record.model_id] = time.monotonic() - started
         self.adapters[record.model_id] = folder
         self.names[record.model_id] = record.model_id
+        self.lost.pop(record.model_id, None)
 
     async def release(self, model_id: str) -> None:
+        self.lost.pop(model_id, None)
         if self.adapters.pop(model_id, None) is not None and self.server.state == "ready":
             resp = await self.client.post("/unload_lora_adapter", json={"lora_name": model_id})
             if resp.status_code >= 400:
@@ -138,6 +146,8 @@ class VllmBackend(UpstreamBackend):
         return body
 
     def _ready(self, model_id: str) -> None:
+        if model_id in self.lost:
+            raise BackendError(f"adapter {model_id} was lost: {self.lost[model_id]}", 502)
         if self.server.state != "ready":
             why = f": {self.server.last_error}" if self.server.last_error else ""
             raise BackendError(f"vLLM is not serving now ({self.server.state}){why}", 503)
