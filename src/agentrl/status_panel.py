@@ -80,7 +80,10 @@ async def job_rows(stack: RunningStack) -> list[dict[str, Any]]:
     """Queued and running training jobs from the control API."""
     import httpx
 
-    token = next(iter(stack.settings.api_tokens), None)
+    token = next(  # a token that may read jobs (the first one may lack the scope)
+        (t for t, s in stack.settings.api_tokens.items() if {"training:read", "*"} & set(s)),
+        None,
+    )
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         async with httpx.AsyncClient(timeout=1.0) as client:
