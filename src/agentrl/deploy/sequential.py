@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 Verdict = Literal["pass", "fail", "inconclusive"]
-PRIOR_N = 1.0  # pseudo-observations at the worst-case variance (see above)
+PRIOR_N = 0.25  # pseudo-observations at the worst-case variance (see above)
 
 
 @dataclass(frozen=True)
