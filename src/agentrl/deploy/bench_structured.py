@@ -146,7 +146,17 @@ def run_structured_bench(
                 engine, [_request(s, False, c) for s, c in zip(part, caps, strict=True)]
             )
             cons, free, t_c, t_f = cons + got, free + plain, t_c + t, t_f + t2
-            print(f"{len(cons)}/{len(schemas)} schemas", file=sys.stderr, flush=True)
+            ok = sum(_valid(g.content, x) for g, x in zip(cons, schemas, strict=False))
+            n_c, n_f = (
+                sum(g.completion_tokens for g in cons),
+                sum(g.completion_tokens for g in free),
+            )
+            print(
+                f"{len(cons)}/{len(schemas)} schemas: valid {ok}, overhead "
+                f"{(t_c / max(1, n_c)) / (t_f / max(1, n_f)) - 1:.3f}, mask {mask_s / t_c:.3f}",
+                file=sys.stderr,
+                flush=True,
+            )
         return cons, t_c, free, t_f, mask_s
 
     cons, t_c, free, t_f, mask_s = asyncio.run(both())
