@@ -130,6 +130,9 @@ class VllmServer:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(self.kv_cache_gib))))
         env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+        # vLLM closes idle keep-alive connections after 5 s; the gateway's pool reuses them
+        # (measured in a loop run: 502s after each quiet spell while a job trained)
+        env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "3600")
         env.pop("PYTHONPATH", None)  # agentrl's paths must not shadow vLLM's packages
         return env
 
