@@ -33,6 +33,7 @@ import torch
 from agentrl.llm.samples import PolicySample
 from agentrl.llm.trainer import PreferencePair
 from agentrl.training.dataset import Record, gc_paused
+from agentrl.training.prompt_ids import encode_turns, render
 
 BASELINE_ALPHA = 0.1
 
@@ -105,13 +106,7 @@ def trajectory_turns(traj: dict[str, Any]) -> list[Turn]:
 
 
 def _render(tokenizer: Any, messages: list[dict[str, str]]) -> str:
-    if getattr(tokenizer, "chat_template", None):
-        out: str = tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
-        return out
-    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
-    return text + "assistant: "
+    return render(tokenizer, messages)
 
 
 def episode_advantages(records: Sequence[Record], estimator: str) -> tuple[np.ndarray, np.ndarray]:
@@ -230,10 +225,9 @@ def _build_samples(
             else:
                 texts.append((i, k))
     samples: list[PolicySample] = []
-    prompts = [_render(tokenizer, turns[i][k].prompt) for i, k in texts]
-    actions = [turns[i][k].action for i, k in texts]
-    p_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"] if prompts else []
-    a_ids = tokenizer(actions, add_special_tokens=False)["input_ids"] if actions else []
+    p_ids, a_ids = encode_turns(
+        tokenizer, [turns[i][k].prompt for i, k in texts], [turns[i][k].action for i, k in texts]
+    )
     eos = tokenizer.eos_token_id
 
     def make(
