@@ -23,7 +23,12 @@ from test_gateway import logged, serve
 from agentrl.deploy.backends import LocalBackend, UpstreamBackend
 from agentrl.deploy.gateway import CompletionLog, GatewayState, create_gateway_app
 from agentrl.deploy.openai_types import ChatRequest
-from agentrl.deploy.structured import agent_zero_schema, spec_hash
+from agentrl.deploy.structured import (
+    agent_zero_schema,
+    constraint_for,
+    spec_hash,
+    split_tool_answer,
+)
 from agentrl.rollout.testing_server import ScriptedOpenAIServer, ScriptedReply
 
 MSG = [{"role": "user", "content": "Plan the next move."}]
@@ -435,6 +440,12 @@ def test_tool_call_stream_sends_the_name_first_then_arguments_as_they_decode() -
     flat = [d for ds in deltas for d in ds] + live.finish(answer, [{"function": {}}])
     args = "".join(d["tool_calls"][0]["function"]["arguments"] for d in flat)
     assert json.loads(args) == {"direction": "up", "steps": 3}
+    call = '{"name": "move", "arguments": {"direction": "sideways"}}'
+    auto = constraint_for(ChatRequest(model="m", messages=MSG, tools=TOOLS))
+    assert auto is not None and auto.tool_mode == "auto"
+    assert split_tool_answer(call, auto)[1] is not None
+    # text that merely contains JSON went through the grammar's free-text branch: not a call
+    assert split_tool_answer(" " + call, auto) == (" " + call, None)
     text = ToolCallStream()
     assert text.feed("Hel") == [{"content": "Hel"}] and text.feed("Hello") == [{"content": "lo"}]
     assert text.finish("Hello!", None) == [{"content": "!"}]

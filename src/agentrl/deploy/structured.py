@@ -386,11 +386,10 @@ def split_tool_answer(
     offered tool becomes OpenAI tool calls, anything else stays text."""
     from agentrl.deploy.openai_types import tool_call
 
-    stripped = text.strip()
-    if not stripped.startswith(("{", "[")):
+    if not text.startswith(("{", "[")):  # the grammar's text branch: never parsed as a call
         return text, None
     try:
-        value = json.loads(stripped)
+        value = json.loads(text)
     except ValueError:
         return text, None  # cut off by the token limit
     items = value if isinstance(value, list) else [value]
