@@ -7,8 +7,10 @@ overhead fraction smaller).
 
 - dataset: N trajectories + N rewards published, then read back from JetStream, parsed,
   joined with the latest reward, filtered, sampled and turned into training records; the
-  chat-template tokenisation rate is measured on a subset, and the end-to-end figure
-  combines both (1 / (1/load + 1/tokenise)).
+  chat-template tokenisation rate (`build_samples`: prompts as ChatML pieces, see
+  `training.prompt_ids`) is measured on a subset, and the end-to-end figure combines both
+  (1 / (1/load + 1/tokenise)). The read from JetStream is shown apart: one Python message
+  object per trajectory and per reward in nats-py is most of the load time.
 - control path: request published -> `running` status (process spawned; the model load is
   measured apart: running -> first training step), then cancel -> `cancelled`.
 - job overhead: one job sized to about `job_seconds` of training steps; overhead = (wall
@@ -308,6 +310,7 @@ def run_bench(trajectories: int, jobs: int, job_seconds: float) -> None:
     table.add_column("value", justify="right")
     table.add_column("target")
     table.add_row("trajectories loaded", f"{ds['trajectories']:,.0f}", "")
+    table.add_row("  of which read from JetStream s", f"{ds['read_s']:.2f}", "")
     table.add_row("load+join+filter+records /s", f"{ds['load_rate']:,.0f}", "")
     table.add_row("chat-template tokenisation traj/s", f"{ds['tokenise_rate']:,.0f}", "")
     table.add_row("dataset end to end traj/s", f"{ds['end_to_end_rate']:,.0f}", ">= 10,000")
