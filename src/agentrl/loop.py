@@ -69,6 +69,10 @@ class LoopConfig:
     ramp: tuple[float, ...] = (50.0, 100.0)
     step_delay_s: float = 5.0
     min_samples: int = 8
+    # the canary's non-inferiority margin on the reward scale and how long an undecided
+    # step may wait before it is rolled back (the deploy defaults are 0.1 and an hour)
+    max_reward_drop: float = 0.1
+    inconclusive_deadline_s: float = 180.0
     learning_rate: float = 2e-3  # 5e-4: 4-6 generations to learn; 2e-3: 2 (BENCHMARKS.md)
     epochs: int = 20
     objective: str = "awr"
@@ -94,6 +98,10 @@ class LoopConfig:
             ramp=(50.0, 100.0),
             step_delay_s=1.0,
             min_samples=4,
+            # the tiny random model's rewards are noise: its canary walks the chain (the
+            # analysis, the ramp, the decision) with a margin of the whole reward range
+            max_reward_drop=2.0,
+            inconclusive_deadline_s=60.0,
             epochs=1,
             temperature=1.0,
             benchmark_episodes=4,
@@ -145,6 +153,8 @@ def loop_environment(cfg: LoopConfig) -> dict[str, str]:
         "AGENTRL_DEPLOY_STEP_DELAY_S": str(cfg.step_delay_s),
         "AGENTRL_DEPLOY_MONITOR_PERIOD_S": "0.5",
         "AGENTRL_DEPLOY_MIN_SAMPLES": str(cfg.min_samples),
+        "AGENTRL_DEPLOY_MAX_REWARD_DROP": str(cfg.max_reward_drop),
+        "AGENTRL_DEPLOY_INCONCLUSIVE_DEADLINE_S": str(cfg.inconclusive_deadline_s),
         # validation plays FrozenLake as the agents do (valid actions, greedy) on benchmark
         # maps of its own (neither training nor held-out seeds); a candidate worse than the
         # live version by more than 0.05 is rejected (the seed's regression rule)
