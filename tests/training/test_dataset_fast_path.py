@@ -145,6 +145,9 @@ def test_other_template_and_no_template_take_the_plain_path(tokenizer):
     )
     assert not _pieces_ok(other)
     _check(other, "grpo", {})
+    several = copy.deepcopy(tokenizer)
+    several.chat_template = {"default": tokenizer.chat_template}
+    assert not _pieces_ok(several)
     plain = copy.deepcopy(tokenizer)
     plain.chat_template = None
     assert not _pieces_ok(plain)

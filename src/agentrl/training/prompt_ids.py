@@ -49,7 +49,8 @@ def render(tokenizer: Any, messages: list[Message]) -> str:
 
 def _pieces_ok(tokenizer: Any) -> bool:
     """Whether the pieces shortcut gives exactly the ids of the whole prompt (module doc)."""
-    if CHATML.get(getattr(tokenizer, "chat_template", None) or "") is None:
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str) or template not in CHATML:
         return False
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or not getattr(tokenizer, "is_fast", False):
@@ -82,13 +83,14 @@ def _split_actions_ok(tokenizer: Any) -> bool:
     )
 
 
-def _encode(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+def _encode(tokenizer: Any, texts: Sequence[str], fast: bool = False) -> list[list[int]]:
+    """Ids of each text in one batch (`fast`: straight from the Rust tokenizer, no offsets)."""
     if not texts:
         return []
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None and getattr(tokenizer, "is_fast", False):
-        fast = getattr(backend, "encode_batch_fast", backend.encode_batch)
-        return [e.ids for e in fast(list(texts), add_special_tokens=False)]
+    if fast:
+        backend = tokenizer.backend_tokenizer
+        batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
+        return [e.ids for e in batch(list(texts), add_special_tokens=False)]
     ids: list[list[int]] = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
     return [list(x) for x in ids]
 
@@ -135,7 +137,7 @@ def _by_pieces(
         if split and key[0] == "assistant" and key[1][:1].strip() and key[1] in by_text
     }
     pieces = [f"{START}{r}\n{c}{END}\n" for (r, c) in seen if (r, c) not in derived]
-    ids = _encode(tokenizer, [head, gen, f"{END}\n", *pieces, *uniq_actions])
+    ids = _encode(tokenizer, [head, gen, f"{END}\n", *pieces, *uniq_actions], fast=True)
     head_ids, gen_ids, end_ids = ids[0], ids[1], ids[2]
     own = iter(ids[3 : 3 + len(pieces)])
     by_action = dict(zip(uniq_actions, ids[3 + len(pieces) :], strict=True))
