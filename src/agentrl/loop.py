@@ -284,7 +284,13 @@ class Agents:
         from openai import AsyncOpenAI
 
         self.cfg, self.bus, self.public, self.say = cfg, bus, public, say
-        self.client = AsyncOpenAI(base_url=gateway_url, api_key="agentrl-loop", max_retries=0)
+        # the agents publish their own trajectories: the gateway must not capture a copy
+        self.client = AsyncOpenAI(
+            base_url=gateway_url,
+            api_key="agentrl-loop",
+            max_retries=0,
+            default_headers={"x-agentrl-capture": "off"},
+        )
         self.published: dict[str, float] = {}  # trajectory_id -> publish time
         self.by_model: dict[str, int] = {}
         self.mixed = 0  # trajectories several versions played (credited to none)

@@ -111,7 +111,10 @@ async def test_an_early_closed_stream_still_names_version_and_completion_id(
     log = CompletionLog(bus)
     stop = asyncio.Event()
     log_task = asyncio.create_task(log.run(stop))
-    state = GatewayState("agentrl-policy", completion_log=log, timeout_s=30.0)
+    from agentrl.capture.service import CaptureService
+
+    capture = CaptureService(bus)  # the gateway's own capture: Agent Zero opts out of it
+    state = GatewayState("agentrl-policy", completion_log=log, timeout_s=30.0, capture=capture)
     upstream = f"http://127.0.0.1:{up_port}/v1"
     state.backends["agentrl-policy-v3"] = UpstreamBackend(upstream, timeout_s=10)
     state.set_split({"agentrl-policy-v3": 100.0}, ["agentrl-policy-v3"])
@@ -144,3 +147,5 @@ async def test_an_early_closed_stream_still_names_version_and_completion_id(
     # the gateway's own ids: the ones in the body of each stream it served
     assert [m.chunk_ids for m in models] == [{i} for i in ids]
     assert payload["metadata"]["model"] == "agentrl-policy-v3"
+    # the plugin publishes the monologue itself: the gateway assembled no copy of it
+    assert capture.counts.opted_out == 2 and capture.stats()["open"] == 0, capture.stats()

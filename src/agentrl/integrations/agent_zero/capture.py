@@ -35,6 +35,7 @@ SESSION_HEADER = "x-agentrl-session"  # agentrl's gateway keeps a session on one
 CALL_HEADER = "x-agentrl-call-id"  # our tag on the request, read back by the response hook
 VERSION_HEADER = "x-agentrl-model-version"
 COMPLETION_HEADER = "x-agentrl-completion-id"
+CAPTURE_HEADER = "x-agentrl-capture"  # "off": the gateway assembles no episode of its own
 VERSION_HEADERS = ("llm_provider-x-agentrl-model-version", VERSION_HEADER)
 USAGE_GRACE_S = 0.05  # after the headers were filed: how long to wait for LiteLLM's usage
 KEEP = 1000  # answers nobody took (a call Agent Zero abandoned) are dropped after this many

@@ -276,6 +276,8 @@ async def chat_model_call_before(agent: Any, call_data: Any, plugin_file: str | 
         headers = {
             capture.SESSION_HEADER: rec.identity.session_id,
             capture.CALL_HEADER: rec.current.call_id,
+            # the plugin publishes the monologue itself: the gateway must not capture a copy
+            capture.CAPTURE_HEADER: "off",
         }
         client = capture.gateway_client(capture.api_base_of(model) or "", capture.api_key_of(model))
     if rec.current.call_id is not None:
