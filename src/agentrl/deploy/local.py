@@ -33,6 +33,7 @@ from agentrl.deploy.openai_types import ChatRequest, Generation, tool_call
 from agentrl.deploy.structured import (
     Constraint,
     GrammarCompiler,
+    advance,
     constraint_for,
     mask_logits,
     split_tool_answer,
@@ -435,7 +436,7 @@ class LocalEngine:
                     tops[i].append(top)
                 if r.on_token is not None:
                     r.on_token(tok, lp, top)
-                if r.matcher is not None and not r.matcher.consume_token(tok):
+                if r.matcher is not None and not advance(r.matcher, tok):
                     done[i], finish[i] = True, "grammar_error"
                 elif (
                     tok in self.eos_ids

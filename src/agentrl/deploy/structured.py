@@ -41,7 +41,7 @@ DRAFTS = {
     "http://json-schema.org/draft/2019-09/schema",
     "http://json-schema.org/draft/2020-12/schema",
 }
-MASK_SECONDS = [0.0]  # time spent computing and applying masks, process-wide (benchmarks)
+GRAMMAR_SECONDS = [0.0]  # decode time spent on masks and matcher steps, process-wide
 UNSUPPORTED_MARKERS = ("Unimplemented", "Unknown format", "not supported", "unsupported")
 
 
@@ -374,8 +374,16 @@ def mask_logits(logits: torch.Tensor, rows: list[int], matchers: list[Any]) -> l
     forbidden = np.unpackbits(flipped, axis=1, bitorder="little")[:, :vocab].view(np.bool_)
     logits.masked_fill_(torch.from_numpy(forbidden), float("-inf"))
     empty = (bitmask == 0).all(dim=1).tolist()
-    MASK_SECONDS[0] += time.perf_counter() - started
+    GRAMMAR_SECONDS[0] += time.perf_counter() - started
     return [r for r in rows if empty[r]]
+
+
+def advance(matcher: Any, token: int) -> bool:
+    """Move a matcher past the sampled token (False: the token broke the grammar)."""
+    started = time.perf_counter()
+    ok = bool(matcher.consume_token(token))
+    GRAMMAR_SECONDS[0] += time.perf_counter() - started
+    return ok
 
 
 # ---- answers --------------------------------------------------------------------------
