@@ -26,3 +26,36 @@ async def test_kv_keys_lists_live_keys_and_leaves_no_consumers(tmp_path: Path) -
             assert info.state.consumer_count == 0
         finally:
             await bus.close()
+
+
+async def test_kv_keys_never_lists_a_full_bucket_as_empty_when_the_loop_stalls(
+    tmp_path: Path,
+) -> None:
+    """nats-py's end-of-initial-values marker comes first when the consumer's info says
+    nothing is pending while its messages still wait in the client's queue (a stalled event
+    loop on a loaded host): the listing must wait for the last entry, not trust the marker."""
+    import random
+    import time
+
+    with EmbeddedNats(data_dir=tmp_path) as server:
+        bus = await Bus.connect(server.url)
+        try:
+            kv = await bus.js.create_key_value(bucket="probe")
+            for i in range(50):
+                await kv.put(f"model.{i}", b"{}")
+            await kv.delete("model.3")
+            rng = random.Random(0)
+
+            async def stall(after: float) -> None:
+                await asyncio.sleep(after)
+                time.sleep(0.05)  # the event loop blocked, as on a loaded host
+
+            wrong = 0
+            for _ in range(100):
+                task = asyncio.create_task(stall(rng.choice([0, 0.0005, 0.001, 0.002, 0.004])))
+                keys = await kv_keys(kv)
+                await task
+                wrong += sorted(keys) != sorted(f"model.{i}" for i in range(50) if i != 3)
+            assert wrong == 0
+        finally:
+            await bus.close()

@@ -15,14 +15,32 @@ INACTIVE_S = 2.0
 
 
 async def kv_keys(kv: Any) -> list[str]:
-    """The bucket's live keys (deleted and purged ones left out); [] for an empty bucket."""
-    watcher = await kv.watchall(ignore_deletes=True, meta_only=True, inactive_threshold=INACTIVE_S)
-    keys: list[str] = []
+    """The bucket's live keys (deleted and purged ones left out); [] for an empty bucket.
+
+    The listing ends at the entry with nothing pending after it, not at nats-py's
+    end-of-initial-values marker: that marker is put first when the consumer's info says
+    nothing is pending while its messages still wait in the client's queue (a loaded host:
+    a bucket with keys listed as empty, and a registry that seemed to have no models)."""
+    timeout = float(getattr(getattr(kv, "_js", None), "_timeout", 5.0) or 5.0)
+    watcher = await kv.watchall(meta_only=True, inactive_threshold=INACTIVE_S)
+    live: dict[str, bool] = {}
     try:
-        async for entry in watcher:
-            if entry is None:  # the watcher's end-of-initial-values marker
-                break
-            keys.append(entry.key)
+        while True:
+            entry = await watcher.updates(timeout=timeout)
+            if entry is None:  # the marker: trust it only for a bucket with no message at all
+                if await _empty(kv):
+                    return []
+                continue
+            live[entry.key] = entry.operation not in _GONE
+            if entry.delta == 0:
+                return [k for k, alive in live.items() if alive]
     finally:
         await watcher.stop()
-    return keys
+
+
+_GONE = frozenset({"DEL", "PURGE"})
+
+
+async def _empty(kv: Any) -> bool:
+    info = await kv._js.stream_info(kv._stream)
+    return int(info.state.messages) == 0
