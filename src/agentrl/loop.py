@@ -85,7 +85,8 @@ class LoopConfig:
     hole_penalty: float = 0.3
     benchmark_episodes: int = 30
     grace_s: float = 120.0  # after the budget: wait this long for a version being decided
-    pace: bool = True  # a trickle of acting while a job trains or a version validates (2 cores)
+    pace: bool = True  # a trickle of acting while a job trains or a version validates (2 cores),
+    # full speed while a canary runs (its analysis needs sessions)
     fresh: bool = True
     backend: str = "local"  # the gateway's serving backend: local (embedded) or vllm
 
@@ -701,11 +702,18 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
                 ]
                 was_pending = pending
                 pending = busy or bool(validating)
-                # 2 cores: full-speed acting starves a training job and a validation alike
-                agents.paced = cfg.pace and (
-                    bool(validating)
-                    or any(
-                        evs[-1].status in ("queued", "running") for evs in watch.statuses.values()
+                # 2 cores: full-speed acting starves a training job and a validation alike;
+                # but a running canary decides only on enough sessions per version (a paced
+                # trickle gave it 0-3 in four minutes, and every canary was rolled back)
+                agents.paced = (
+                    cfg.pace
+                    and not busy
+                    and (
+                        bool(validating)
+                        or any(
+                            evs[-1].status in ("queued", "running")
+                            for evs in watch.statuses.values()
+                        )
                     )
                 )
                 if time.monotonic() >= deadline:
