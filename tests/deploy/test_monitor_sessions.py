@@ -253,3 +253,27 @@ async def test_a_restarted_controller_rolls_back_on_evidence_from_before(
         assert check["verdict"] == "fail" and check["new"]["n"] == 40
     finally:
         await bus.close()
+
+
+async def test_the_live_follower_keeps_counting_past_a_thousand_rewards(nats_url: str) -> None:
+    """The follower's consumer must not wait for acks: one that did stopped delivering at
+    `max_ack_pending` (1,000) and every canary after the first stayed undecided."""
+    bus = await Bus.connect(nats_url)
+    await bus.ensure_streams()
+    tracker = RewardTracker(0.0, 1.0)
+    stop = asyncio.Event()
+    task = asyncio.create_task(tracker.run(bus, stop))
+    try:
+        await asyncio.sleep(0.5)  # the follower's consumers exist (new messages only)
+        tag = uuid.uuid4().hex[:8]
+        since = time.time() - 1.0
+        events = [reward(f"{tag}-{i}", 0.5, f"v-{tag}", session=f"{tag}-s{i}") for i in range(1500)]
+        await bus.publish_many(events)
+        deadline = time.monotonic() + 60
+        while tracker.sessions(f"v-{tag}", since).sessions < 1500 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert tracker.sessions(f"v-{tag}", since).sessions == 1500
+    finally:
+        stop.set()
+        await task
+        await bus.close()

@@ -335,12 +335,18 @@ class RewardTracker:
         return seen
 
     async def run(self, bus: Any, stop: asyncio.Event, durable: str = "deploy-monitor") -> None:
-        """Follow the reward and trajectory streams (new messages only) until `stop`."""
-        from nats.js.api import ConsumerConfig, DeliverPolicy
+        """Follow the reward and trajectory streams (new messages only) until `stop`.
+
+        The consumers ask for no acks: read through `next_msg`, nats-py acks nothing, and a
+        consumer that wants acks stops delivering at `max_ack_pending` (1,000) — the monitor
+        went blind after its first thousand rewards and every later canary stayed undecided."""
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
         async def follow(subject: str, handler: Any) -> None:
             sub = await bus.js.subscribe(
-                subject, config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW), manual_ack=False
+                subject,
+                config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW, ack_policy=AckPolicy.NONE),
+                manual_ack=True,
             )
             try:
                 while not stop.is_set():
