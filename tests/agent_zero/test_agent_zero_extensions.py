@@ -134,12 +134,14 @@ async def test_serving_version_completion_ids_and_usage(
         assert turn["action"]["model"] == "agentrl-policy-v3"
         assert turn["action"]["usage"] == s["usage"]
     assert capture.take("anything") is None and not capture._results  # nothing left behind
-    # every call carried the chat as the gateway's sticky-session key
+    # every call carried the chat as the gateway's sticky-session key, and opted out of the
+    # gateway's own capture (the plugin publishes the monologue itself)
     for model in checkout.driver.calls:
         seen = model._inner.kwargs_seen
         assert seen["extra_headers"] == {
             "x-agentrl-session": agent.context.id,
             "x-agentrl-call-id": seen["metadata"]["agentrl_call_id"],
+            "x-agentrl-capture": "off",
         }
         assert seen["metadata"]["agentrl_call_id"]
         assert seen["stream_options"] == {"include_usage": True}
