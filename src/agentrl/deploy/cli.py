@@ -209,7 +209,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         from agentrl.deploy.bench_canary import run_bench
 
         if quick:
-            runs, worse_runs, cap = 6, 4, 6000
+            runs, worse_runs, cap = 6, 4, 12_000
         run_bench(runs=runs, worse_runs=worse_runs, cap=cap, batch=batch)
 
     @bench.command("gateway")
