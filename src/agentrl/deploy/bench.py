@@ -145,6 +145,16 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far (Linux; NaN elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
 # ---- 1. added latency ------------------------------------------------------------------
 class _Conn:
     """One keep-alive HTTP/1.1 connection speaking just enough HTTP for the benchmark (a
@@ -176,10 +186,17 @@ class _Conn:
 
 
 async def latency_run(
-    direct: str, gateway: str, rate: float, duration: float, conns: int = 64
+    direct: str,
+    gateway: str,
+    rate: float,
+    duration: float,
+    conns: int = 64,
+    pids: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Open-loop arrivals at `rate` per path, alternating direct and gateway; latency is
-    send -> last byte on a keep-alive connection."""
+    send -> last byte on a keep-alive connection. `pids` ({"gateway": pid, "backend": pid})
+    adds each process's CPU milliseconds per gateway request: the figure that load on a
+    shared machine does not change, and that bounds the rate one core can serve."""
     from urllib.parse import urlsplit
 
     body = json.dumps(
@@ -218,6 +235,8 @@ async def latency_run(
     await asyncio.gather(*(one(p, False) for p in ("direct", "gateway") for _ in range(conns)))
     n = int(rate * duration) * 2
     tasks = []
+    cpu0 = {k: _cpu_s(p) for k, p in (pids or {}).items()}
+    client0 = time.process_time()
     start = time.perf_counter()
     for i in range(n):
         delay = start + i / (2 * rate) - time.perf_counter()
@@ -226,6 +245,9 @@ async def latency_run(
         tasks.append(asyncio.create_task(one("direct" if i % 2 == 0 else "gateway")))
     await asyncio.gather(*tasks)
     wall = time.perf_counter() - start
+    per_req = 1000 / max(1, n // 2)  # ms per gateway request (the backend also served direct)
+    cpu = {f"{k}_cpu_ms_per_req": (_cpu_s(p) - cpu0[k]) * per_req for k, p in (pids or {}).items()}
+    cpu["client_cpu_ms_per_req"] = (time.process_time() - client0) * per_req
     for q in pools.values():
         while not q.empty():
             c = q.get_nowait()
@@ -243,6 +265,7 @@ async def latency_run(
         "added_p50": _pct(g, 0.5) - _pct(d, 0.5),
         "added_p99": _pct(g, 0.99) - _pct(d, 0.99),
         "unanswered": unanswered,
+        **cpu,
     }
 
 
@@ -490,8 +513,19 @@ def split_run(sessions: int = 10_000) -> dict[str, Any]:
 
 
 # ---- driver ----------------------------------------------------------------------------
+def _median_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run whose gateway p99 is the median of `runs`, with every run's added p99."""
+    ordered = sorted(runs, key=lambda r: r["added_p99"])
+    return {**ordered[len(ordered) // 2], "added_p99_runs": [r["added_p99"] for r in runs]}
+
+
 def run_bench(
-    duration: float = 3.0, model: str = "tiny", tokens: int = 32, period: float = 2.0
+    duration: float = 3.0,
+    model: str = "tiny",
+    tokens: int = 32,
+    period: float = 2.0,
+    latency_only: bool = False,
+    repeat: int = 1,
 ) -> None:
     import logging
 
@@ -515,12 +549,19 @@ def run_bench(
             direct = f"http://127.0.0.1:{bp}/v1/chat/completions"
             gateway = f"http://127.0.0.1:{gp}/v1/chat/completions"
 
+            pids = {"gateway": procs[2].pid, "backend": procs[0].pid}
+
             async def main() -> None:
                 await _wait_http(direct)
                 await _wait_http(gateway)
                 for rate in (200.0, 1000.0):
-                    console.print(f"latency at {rate:g} requests/s per path ...")
-                    results[f"lat{int(rate)}"] = await latency_run(direct, gateway, rate, duration)
+                    runs = []
+                    for _ in range(max(1, repeat)):
+                        console.print(f"latency at {rate:g} requests/s per path ...")
+                        runs.append(await latency_run(direct, gateway, rate, duration, pids=pids))
+                    results[f"lat{int(rate)}"] = _median_runs(runs)
+                if latency_only:
+                    return
                 console.print(f"rollback with a {period:g} s monitor period ...")
                 results["rollback"] = await rollback_run(
                     nats.url, f"http://127.0.0.1:{bp}/v1", f"http://127.0.0.1:{fp}/v1", period, tmp
@@ -542,6 +583,9 @@ def run_bench(
                 p.terminate()
             for p in procs:
                 p.wait(10)
+    if latency_only:
+        _print_latency(results, load)
+        return
     results["split"] = split_run()
     table = Table(
         title=f"agentrl bench gateway (load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, {os.cpu_count()} cores)"
@@ -560,6 +604,12 @@ def run_bench(
         )
         table.add_row(
             f"{rate} req/s: added p50 / p99 ms", f"{r['added_p50']:.2f} / {r['added_p99']:.2f}"
+        )
+        table.add_row(
+            f"{rate} req/s: CPU ms per request gateway / backend / client",
+            f"{r.get('gateway_cpu_ms_per_req', float('nan')):.3f} / "
+            f"{r.get('backend_cpu_ms_per_req', float('nan')):.3f} / "
+            f"{r['client_cpu_ms_per_req']:.3f}",
         )
     rb, bt, sp = results["rollback"], results["batching"], results["split"]
     table.add_row("rollback: first bad window -> all traffic on live", f"{rb['rollback_s']:.2f} s")
@@ -593,9 +643,7 @@ def run_bench(
     print(
         json.dumps(
             {
-                "added_p50_ms_1000rps": round(results["lat1000"]["added_p50"], 3),
-                "added_p99_ms_1000rps": round(results["lat1000"]["added_p99"], 3),
-                "added_p99_ms_200rps": round(results["lat200"]["added_p99"], 3),
+                **_latency_line(results),
                 "rollback_s": round(rb["rollback_s"], 3),
                 "monitor_period_s": rb["period_s"],
                 "batching_factor": round(bt["batching_factor"], 3),
@@ -608,6 +656,29 @@ def run_bench(
             }
         )
     )
+
+
+def _latency_line(results: dict[str, Any]) -> dict[str, Any]:
+    hi, lo = results["lat1000"], results["lat200"]
+    return {
+        "added_p50_ms_1000rps": round(hi["added_p50"], 3),
+        "added_p99_ms_1000rps": round(hi["added_p99"], 3),
+        "added_p99_ms_1000rps_runs": [round(x, 3) for x in hi["added_p99_runs"]],
+        "added_p99_ms_200rps": round(lo["added_p99"], 3),
+        "added_p99_ms_200rps_runs": [round(x, 3) for x in lo["added_p99_runs"]],
+        "achieved_rps_1000": round(hi["achieved_rate"], 1),
+        "gateway_cpu_ms_per_req": round(hi.get("gateway_cpu_ms_per_req", float("nan")), 3),
+        "backend_cpu_ms_per_req": round(hi.get("backend_cpu_ms_per_req", float("nan")), 3),
+        "client_cpu_ms_per_req": round(hi.get("client_cpu_ms_per_req", float("nan")), 3),
+    }
+
+
+def _print_latency(results: dict[str, Any], load: tuple[float, float, float]) -> None:
+    line = _latency_line(results)
+    line["errors_unanswered"] = results["lat200"]["unanswered"] + results["lat1000"]["unanswered"]
+    line["load_at_start"] = [round(x, 2) for x in load]
+    line["load_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    print(json.dumps(line))
 
 
 if __name__ == "__main__":  # the benchmark's helper processes

@@ -218,11 +218,20 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         model: str = typer.Option("tiny", help="Local model for the batching figure."),
         tokens: int = typer.Option(32, help="Completion tokens per request (batching)."),
         period: float = typer.Option(2.0, help="Monitor period for the rollback figure."),
+        latency_only: bool = typer.Option(False, help="Only the added-latency figures."),
+        repeat: int = typer.Option(1, help="Latency runs per rate (the median is reported)."),
     ) -> None:
         """Gateway overhead, rollback time, batching factor, split accuracy."""
         from agentrl.deploy.bench import run_bench
 
-        run_bench(duration=duration, model=model, tokens=tokens, period=period)
+        run_bench(
+            duration=duration,
+            model=model,
+            tokens=tokens,
+            period=period,
+            latency_only=latency_only,
+            repeat=repeat,
+        )
 
     @bench.command("structured")
     def bench_structured(
