@@ -56,6 +56,11 @@ class TrainerConfig(BaseModel):
     clip_epsilon: float = Field(0.2, gt=0.0, lt=1.0)
     clip_epsilon_high: float | None = Field(None, gt=0.0, description="DAPO clip-higher.")
     loss_aggregation: Literal["token", "sequence"] = "token"
+    policy_loss: Literal["ppo_clip", "weighted_nll"] = Field(
+        "ppo_clip",
+        description="ppo_clip: the clipped surrogate; weighted_nll: -A * log pi(a) "
+        "(advantage-weighted regression, rejection sampling: non-negative weights).",
+    )
     kl_coef: float = Field(0.0, ge=0.0, description="k3 KL penalty to the reference policy.")
     entropy_coef: float = Field(0.0, ge=0.0)
     exact_entropy: bool = Field(

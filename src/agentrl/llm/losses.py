@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 Aggregation = Literal["token", "sequence"]
+PolicyLoss = Literal["ppo_clip", "weighted_nll"]
 
 
 def aggregate(
@@ -73,6 +74,16 @@ def ppo_clip_token_loss(
     return loss, was_clipped
 
 
+def weighted_nll_token_loss(logp: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Weighted maximum likelihood per token: `-w * log pi(a)`.
+
+    With w = exp(A / beta) it is advantage-weighted regression (Peng et al. 2019); with w = 1
+    on the kept episodes only, rejection-sampling fine-tuning (expert iteration). Unlike the
+    clipped surrogate it keeps pulling over several epochs (no trust region: the weights
+    are non-negative and bounded by whoever builds them)."""
+    return -weights * logp
+
+
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Schulman's k3 estimator of KL(pi || ref) per token, from samples of pi:
 
@@ -120,16 +131,23 @@ def policy_gradient_loss(
     kl_coef: float = 0.0,
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
+    kind: PolicyLoss = "ppo_clip",
 ) -> tuple[torch.Tensor, PGStats]:
     """The full per-token objective of GiGPO/GRPO/RLOO/PPO over flat action tokens:
 
         loss = agg(ppo_clip) + kl_coef * agg(k3(pi, ref)) - entropy_coef * agg(H)
 
     `advantages` are per token (a step's advantage repeated over its action tokens).
+    `kind="weighted_nll"` replaces the clipped surrogate by `-A * log pi(a)` (see
+    `weighted_nll_token_loss`): advantage-weighted regression and rejection sampling.
     """
-    token_loss, was_clipped = ppo_clip_token_loss(
-        logp, old_logp, advantages, clip_epsilon, clip_epsilon_high
-    )
+    if kind == "weighted_nll":
+        token_loss = weighted_nll_token_loss(logp, advantages)
+        was_clipped = torch.zeros_like(logp, dtype=torch.bool)
+    else:
+        token_loss, was_clipped = ppo_clip_token_loss(
+            logp, old_logp, advantages, clip_epsilon, clip_epsilon_high
+        )
     loss = aggregate(token_loss, seq_index, num_seqs, agg)
     if ref_logp is not None and kl_coef:
         loss = loss + kl_coef * aggregate(k3_kl(logp, ref_logp), seq_index, num_seqs, agg)

@@ -212,7 +212,8 @@ class PolicyTrainer:
             kept = [s for s in kept if abs(s.advantage) > 1e-8]
         if not kept:
             return []
-        self.score(kept)
+        if cfg.policy_loss == "ppo_clip" or cfg.kl_coef > 0 or cfg.algorithm == "ppo":
+            self.score(kept)  # weighted NLL has no ratio: no old log-probs to fill
         return kept
 
     def score(self, samples: Sequence[PolicySample], force_old: bool = False) -> None:
@@ -334,7 +335,9 @@ class PolicyTrainer:
             )
         logp = out["logp"].float()
         old = mb.cat_token_field("old_logprobs")
-        assert old is not None, "prepare() fills old log-probs"
+        if old is None:
+            assert cfg.policy_loss == "weighted_nll", "prepare() fills old log-probs"
+            old = logp.detach()  # no ratio in the loss; the KL metrics read 0
         old = old.to(self.device)
         adv = mb.per_token([s.advantage for s in mb.samples]).to(self.device)
         seq = mb.seq_index.to(self.device)
@@ -361,6 +364,7 @@ class PolicyTrainer:
             kl_coef=cfg.kl_coef,
             entropy=ent,
             entropy_coef=cfg.entropy_coef,
+            kind=cfg.policy_loss,
         )
         loss = pg * weight
         parts = {

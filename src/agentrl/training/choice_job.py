@@ -166,7 +166,10 @@ async def resolve_init(js: Any, init_from: str | None, recent: str | None = None
     from agentrl.bus.kv import kv_keys
 
     public = public or "agentrl-policy"
-    if recent and not (Path(recent) / "valid_action_config.json").exists():
+    if recent and not any(
+        (Path(recent) / name).exists()
+        for name in ("valid_action_config.json", "trainer_config.json")
+    ):
         recent = None  # not a valid-action checkpoint (or not a local folder): not continuable
     try:
         kv = await js.key_value(REGISTRY_BUCKET)

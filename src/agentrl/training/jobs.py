@@ -32,6 +32,7 @@ import numpy as np
 from agentrl.errors import TrainingError
 from agentrl.logs import audit
 from agentrl.observability import instrument as obs
+from agentrl.training.objectives import OBJECTIVES, policy_loss_of, shape_samples
 from agentrl.training.worker import Emitter, finite
 
 if TYPE_CHECKING:
@@ -77,11 +78,43 @@ def trainer_config(spec: dict[str, Any], algorithm: str) -> TrainerConfig:
             seed=int(extra.get("seed", 0)),
             lora_r=int(extra.get("lora_r", 16)),
             kl_coef=float(extra.get("kl_coef", 0.0)),
+            policy_loss=policy_loss_of(objective_of(extra)),  # type: ignore[arg-type]
         )
     except TrainingError as exc:
         raise TrainingError(str(exc), "CONFIG") from exc
     except ValueError as exc:
         raise TrainingError(f"invalid training configuration: {exc}", "CONFIG") from exc
+
+
+def objective_of(extra: dict[str, Any]) -> str:
+    """The token path's objective (`training.objectives`); the choice path's 'ppo' is 'pg'."""
+    objective = str(extra.get("objective", "pg"))
+    return "pg" if objective == "ppo" else objective
+
+
+def init_lora_shape(folder: str | None) -> dict[str, Any]:
+    """The LoRA shape of a token-level checkpoint to continue from (its trainer_config.json):
+    the job's adapter must have that shape to load its weights. {} without one."""
+    if not folder or not (Path(folder) / "trainer_config.json").exists():
+        return {}
+    saved = json.loads((Path(folder) / "trainer_config.json").read_text())
+    keys = ("lora_r", "lora_alpha", "lora_target_modules")
+    return {k: saved[k] for k in keys if k in saved}
+
+
+def continue_from(trainer: PolicyTrainer, folder: str) -> None:
+    """Load the adapter (or full weights) of the token-level checkpoint `folder` into the
+    job's fresh policy: the job continues that version instead of starting at the base."""
+    from agentrl.llm.checkpoint import load_weights
+
+    path = Path(folder)
+    if not (path / "trainer_config.json").exists():
+        raise TrainingError(
+            f"init checkpoint {folder} was not written by a token-level job (no "
+            "trainer_config.json); continue from one that was, or from the base",
+            "CONFIG",
+        )
+    load_weights(trainer.policy, path)
 
 
 def load_trainer(config: TrainerConfig, spec: dict[str, Any], callback: Any) -> PolicyTrainer:
@@ -378,6 +411,12 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
     est = estimator_of(req)
     algorithm = "dpo" if est == "dpo" else ("rloo" if est == "rloo" else "grpo")
     config = trainer_config(spec, algorithm)
+    if objective_of(dict(tc.hyperparameters.model_extra or {})) not in OBJECTIVES:
+        raise TrainingError(
+            f"objective {objective_of(dict(tc.hyperparameters.model_extra or {}))!r}: use one "
+            f"of {', '.join(OBJECTIVES)} (the valid-action path also takes 'awr', 'ppo')",
+            "CONFIG",
+        )
     check_store(spec["storage_path"])
     from agentrl.training.filters import declared
 
@@ -415,6 +454,7 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
         return
     # torch and transformers only now: a job without data fails in a second
     from agentrl.llm.checkpoint import CheckpointManager
+    from agentrl.llm.config import TrainerConfig
     from agentrl.llm.samples import truncate
     from agentrl.training.samples import build_pairs, build_samples
 
@@ -426,8 +466,15 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
     )
     history: list[dict[str, float]] = []
     state: dict[str, Any] = {"best": None}
+    init = spec.get("init_checkpoint") if algorithm != "dpo" else None
+    if init:  # the adapter must have the shape of the one it continues
+        config = TrainerConfig(**{**config.model_dump(), **init_lora_shape(str(init))})
     trainer = load_trainer(config, spec, None)
+    if init:
+        continue_from(trainer, str(spec["init_checkpoint"]))
     tok = trainer.policy.tokenizer
+    extra = dict(tc.hyperparameters.model_extra or {})
+    objective = objective_of(extra)
     ckpt = CheckpointManager(
         config.storage_path,
         config.max_checkpoints,
@@ -453,7 +500,15 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
         hold_samples, _ = build_samples(hold, tok, completions=data["completions"])
     else:
         units, bstats = build_samples(train, tok, estimator=est, completions=data["completions"])
-        units = fit([s for s in units if abs(s.advantage) > 1e-8])
+        units = fit(
+            shape_samples(
+                units,
+                objective,
+                beta=float(extra.get("awr_beta", 0.5)),
+                max_weight=float(extra.get("awr_max_weight", 20.0)),
+                min_reward=float(extra.get("min_reward", 1.0)),
+            )
+        )
         hold_samples, _ = build_samples(hold, tok, completions=data["completions"])
     hold_samples = fit(hold_samples)
     if not units:
@@ -462,6 +517,8 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
             + (
                 "preference pairs (every task has one attempt or tied rewards)"
                 if algorithm == "dpo"
+                else f"trajectory with a reward >= min_reward {extra.get('min_reward', 1.0)}"
+                if objective == "rs"
                 else "sample with a non-zero advantage (all rewards equal?)"
             ),
             "DATA",
@@ -480,6 +537,9 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
         "running",
         phase="training",
         samples=bstats.samples,
+        trained_samples=len(units),
+        objective=objective if algorithm != "dpo" else "dpo",
+        init_checkpoint=init,
         exact_token_samples=bstats.exact_token_samples,
         pairs=bstats.pairs,
         grouped_trajectories=bstats.grouped_trajectories,
@@ -587,6 +647,9 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
         eval_s=time.monotonic() - t_eval,
         dataset=report.as_dict(),
         samples=bstats.samples,
+        trained_samples=len(units),
+        objective=objective if algorithm != "dpo" else "dpo",
+        init_checkpoint=init,
         exact_token_samples=bstats.exact_token_samples,
     )
 
