@@ -147,6 +147,14 @@ class DeploySettings(BaseSettings):
         "gateway's guided_choice serves them) instead of free-form generation.",
     )
     benchmark_max_steps: int = Field(6, gt=0, description="Steps per benchmark episode.")
+    benchmark_response_format: dict[str, Any] | None = Field(
+        None,
+        description="Play benchmark episodes through the local engine under this OpenAI "
+        "response_format (structured outputs, as the gateway serves the agents), greedy.",
+    )
+    benchmark_max_tokens: int = Field(
+        256, gt=0, description="Tokens per benchmark reply under benchmark_response_format."
+    )
     validation_max_new_tokens: int = Field(
         48, gt=0, description="Tokens a validation answer may use (benchmarks and safety)."
     )

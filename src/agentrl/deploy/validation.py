@@ -239,10 +239,13 @@ class Validator:
         self.cache_dir = cache_dir
         self.task_types = task_types or settings.benchmark_tasks or TASK_TYPES
         self.prompts = prompts
+        self._engines: dict[str, Any] = {}  # base spec -> LocalEngine (structured benchmarks)
 
     async def evaluate(self, record: ModelRecord) -> dict[str, Any]:
         from agentrl.deploy.backends import verify_checkpoint
 
+        if self.settings.benchmark_response_format is not None:
+            return await self._evaluate_structured(record)
         if record.checkpoint_path is None:
             policy = _hf_policy(
                 record.base_model,
@@ -264,6 +267,56 @@ class Validator:
         obs.deployment(scores={(record.model_id, t): v for t, v in bench["scores"].items()})
         safety = await run_safety(_generator(policy), self.settings, self.prompts)
         return {"benchmark": bench, "safety": safety}
+
+    async def _evaluate_structured(self, record: ModelRecord) -> dict[str, Any]:
+        """Benchmarks through a local engine under the response format (the version's
+        adapter loaded for the run, then dropped); safety as free text, as usual."""
+        from agentrl.deploy.backends import verify_checkpoint
+        from agentrl.deploy.engine_policy import EnginePolicy
+
+        spec = record.serving.get("base_spec") or {"name": record.base_model}
+        engine = await asyncio.to_thread(self._engine, spec)
+        adapter: str | None = None
+        if record.checkpoint_path is not None:
+            folder = await asyncio.to_thread(verify_checkpoint, record, self.cache_dir)
+            adapter = f"validate-{record.model_id}"
+            await asyncio.to_thread(engine.load_adapter, adapter, folder)
+        try:
+            policy = EnginePolicy(
+                engine,
+                adapter,
+                response_format=self.settings.benchmark_response_format,
+                max_tokens=self.settings.benchmark_max_tokens,
+            )
+            bench = await run_benchmarks(policy, self.settings, self.task_types)
+            safety = await run_safety(
+                _generator(
+                    EnginePolicy(
+                        engine, adapter, max_tokens=self.settings.validation_max_new_tokens
+                    )
+                ),
+                self.settings,
+                self.prompts,
+            )
+        finally:
+            if adapter is not None:
+                engine.unload_adapter(adapter)
+        obs.deployment(scores={(record.model_id, t): v for t, v in bench["scores"].items()})
+        return {"benchmark": bench, "safety": safety}
+
+    def _engine(self, spec: dict[str, Any]) -> Any:
+        """One local engine per base model, kept between validations (loading is seconds)."""
+        from agentrl.deploy.local import LocalEngine
+
+        key = json.dumps(spec, sort_keys=True, default=str)
+        if key not in self._engines:
+            self._engines[key] = LocalEngine(
+                str(spec.get("name") or "smollm2"),
+                seed=int(spec.get("seed") or 0),
+                tiny_kwargs=spec.get("tiny_kwargs"),
+                max_batch_size=16,
+            )
+        return self._engines[key]
 
     async def __call__(
         self, record: ModelRecord, live: ModelRecord | None

@@ -6,7 +6,9 @@ Each action is one JSON object `{"thoughts": [...], "headline": "...", "tool_nam
   - code_exe    {"code": "print(sum(range(10)))"}  Python in a sandboxed subprocess
   - response    {"text": "14"}                     the final answer; ends the episode
 The final answer is checked against the task's ground truth: reward `success_reward` if
-right, 0 if wrong. The anchor (GiGPO's state) is the task plus the last tool result.
+right, 0 if wrong. `view="agent_zero"` shows the task and the tool results as Agent Zero
+does (`agent_prompt`: the question alone, each result as a JSON user message; the tools are
+in the system prompt), so the loop's agents see what an Agent Zero agent sees. The anchor (GiGPO's state) is the task plus the last tool result.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 from agentrl.envs.actions import tool_call_from_text
 from agentrl.envs.base import Observation
+from agentrl.envs.tooluse.agent_prompt import tool_result_message
 from agentrl.envs.tooluse.calculator import CalculatorError, evaluate, format_number
 from agentrl.envs.tooluse.sandbox import run_python
 from agentrl.envs.tooluse.tasks import ToolTask, check_answer, generate_task
@@ -95,7 +98,11 @@ class ToolUseEnv:
         step_penalty: float = 0.0,
         invalid_action_penalty: float = 0.0,
         success_reward: float = 1.0,
+        view: str = "plain",
     ) -> None:
+        if view not in ("plain", "agent_zero"):
+            raise ValueError(f"view {view!r}: use 'plain' or 'agent_zero'")
+        self.view = view
         self.family = family
         self.env_id = "tooluse" if family == "mixed" else f"tooluse-{family}"
         self.max_steps = max_steps
@@ -117,6 +124,8 @@ class ToolUseEnv:
         self._done = False
         self._state = "start"
         text = f"Task: {self.task.question}\n\n{TOOL_HELP}"
+        if self.view == "agent_zero":  # the task as the user types it; the system prompt
+            text = self.task.question  # (agent_prompt.SYSTEM_PROMPT) lists the tools
         return {
             "text": text,
             "anchor": f"{self.task.task_id}|start",
@@ -191,6 +200,8 @@ class ToolUseEnv:
                 f"\n(Steps left: {self.max_steps - self._steps}. Finish with the response tool.)"
             )
         self._state = result
+        if self.view == "agent_zero":
+            text = tool_result_message(info.get("tool_name"), text)["content"]
         return self._observation(text), self.step_penalty, truncated, info
 
     def _invalid(self, message: str) -> tuple[Observation, float, bool, dict[str, Any]]:
@@ -198,6 +209,8 @@ class ToolUseEnv:
         self._done = truncated
         info = {"invalid_action": True, "success": False, "truncated": truncated}
         reward = self.invalid_action_penalty + self.step_penalty
+        if self.view == "agent_zero":  # Agent Zero answers a malformed reply as an error
+            message = tool_result_message("error", message)["content"]
         # The environment's state did not change, so neither does the anchor.
         return self._observation(message), reward, truncated, info
 

@@ -1,0 +1,62 @@
+"""Validation of tool-use versions under structured outputs: the benchmark episodes are
+played through the local engine with the agents' response format (Agent Zero's JSON, one
+branch per tool), so every reply is a valid call of a listed tool — on the tiny random
+model, whose free text never is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from deploy_helpers import TINY
+
+from agentrl.deploy.config import DeploySettings
+from agentrl.deploy.engine_policy import EnginePolicy
+from agentrl.deploy.local import LocalEngine
+from agentrl.deploy.registry import ModelRecord
+from agentrl.deploy.validation import Validator
+from agentrl.envs.registry import task_for
+from agentrl.envs.tooluse.agent_prompt import SYSTEM_PROMPT, response_schema
+from agentrl.episodes import Message
+from agentrl.rollout.worker import RLRolloutWorker
+
+FORMAT = {
+    "type": "json_schema",
+    "json_schema": {"name": "agent_zero", "schema": response_schema(), "strict": True},
+}
+
+
+async def test_engine_policy_plays_only_valid_tool_calls() -> None:
+    engine = LocalEngine("tiny", tiny_kwargs=TINY)
+    policy = EnginePolicy(engine, None, response_format=FORMAT, max_tokens=96, temperature=1.0)
+    for seed in range(3):
+        task = task_for("tooluse", seed, max_episode_steps=3, view="agent_zero")
+        task.initial_messages = [Message(role="system", content=SYSTEM_PROMPT)]
+        episode = await RLRolloutWorker(task, policy).run()
+        assert episode.steps
+        for step in episode.steps:
+            assert not step.step_info.get("invalid_action"), step.step_info
+            assert step.step_info.get("tool_name") in ("calculator", "code_exe", "response")
+
+
+async def test_validator_benchmarks_through_the_engine(tmp_path: Path) -> None:
+    settings = DeploySettings(
+        benchmark_tasks={"tool_usage": ["tooluse-arithmetic"]},
+        benchmark_env_kwargs={"tooluse-arithmetic": {"view": "agent_zero"}},
+        benchmark_system_prompt=SYSTEM_PROMPT,
+        benchmark_response_format=FORMAT,
+        benchmark_max_tokens=64,
+        benchmark_episodes=2,
+        benchmark_max_steps=2,
+        validation_max_new_tokens=8,
+    )
+    validator = Validator(settings, None, tmp_path, prompts={"refusal": []})
+    record = ModelRecord(
+        model_id="agentrl-policy-base",
+        public_name="agentrl-policy",
+        version=0,
+        base_model="tiny",
+        serving={"base_spec": {"name": "tiny", "seed": 0, "tiny_kwargs": TINY}},
+    )
+    found = await validator.evaluate(record)
+    assert found["benchmark"]["scores"] == {"tool_usage": 0.0}  # random weights: no answer
+    assert found["benchmark"]["episodes_per_env"] == 2
