@@ -16,7 +16,7 @@ from agentrl.bus import Bus
 from agentrl.bus.server import free_port
 from agentrl.deploy.backends import UpstreamBackend
 from agentrl.deploy.gateway import CompletionLog, GatewayState, create_gateway_app
-from conftest import Checkout, recording, trajectories_of
+from conftest import Checkout, recording, stream_payloads, trajectories_of
 
 litellm = pytest.importorskip("litellm")  # Agent Zero's own client library
 
@@ -147,5 +147,13 @@ async def test_an_early_closed_stream_still_names_version_and_completion_id(
     # the gateway's own ids: the ones in the body of each stream it served
     assert [m.chunk_ids for m in models] == [{i} for i in ids]
     assert payload["metadata"]["model"] == "agentrl-policy-v3"
+    # training finds each turn's tokens by that id: every early-closed stream has its row
+    rows = [
+        r
+        for r in await stream_payloads(a0_nats.url, "agent.rl.completion.v1")
+        if r["completion_id"] in ids
+    ]
+    assert sorted(r["completion_id"] for r in rows) == sorted(ids)
+    assert {r["model"] for r in rows} == {"agentrl-policy-v3"}
     # the plugin publishes the monologue itself: the gateway assembled no copy of it
     assert capture.counts.opted_out == 2 and capture.stats()["open"] == 0, capture.stats()

@@ -163,6 +163,24 @@ def test_exact_tokens_from_the_completion_log(tokenizer):
     assert other.old_logprobs is None and other.action_ids[-1] == tokenizer.eos_token_id
 
 
+def test_a_cancelled_completion_trains_on_the_tokens_the_client_was_sent(tokenizer):
+    t = trajectory(0, completion_id="cmpl-x", turns=1)
+    kept, _ = _join([t], [1.0], {})
+    comp = {  # Agent Zero closed the stream at the end of its JSON: no EOS was sampled
+        "cmpl-x": {
+            "completion_id": "cmpl-x",
+            "prompt_token_ids": [1, 2, 3],
+            "completion_token_ids": [7, 8],
+            "completion_logprobs": [-0.5, -1.5],
+            "finish_reason": "cancelled",
+        }
+    }
+    (s,), stats = build_samples(kept, tokenizer, completions=comp)
+    assert stats.exact_token_samples == 1 and s.meta["exact_tokens"]
+    assert s.action_ids == [7, 8]  # exactly what was sent: no EOS added
+    assert s.old_logprobs.tolist() == [-0.5, -1.5]
+
+
 def test_constrained_completions_keep_their_tokens_not_their_masked_logprobs(tokenizer):
     t = trajectory(0, completion_id="cmpl-c", turns=1)
     kept, _ = _join([t], [1.0], {})

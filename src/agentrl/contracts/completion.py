@@ -35,4 +35,9 @@ class CompletionRecord(Event):
     schema_hash: str | None = Field(
         None, description="sha256 of the constraint (schema, regex, grammar or tools)."
     )
+    finish_reason: str | None = Field(
+        None,
+        description="stop, length, tool_calls, or cancelled: the client closed the stream "
+        "early and completion_token_ids are exactly the tokens it was sent.",
+    )
     timestamp: Timestamp

@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from agentrl.deploy import split as splitting
-from agentrl.deploy.backends import Backend
+from agentrl.deploy.backends import Backend, _accumulate
 from agentrl.deploy.errors import BackendError, DeployError
 from agentrl.deploy.openai_types import (
     ChatRequest,
@@ -440,11 +440,15 @@ class _Admission:
 
 class _ClosingStream(StreamingResponse):
     """A stream that closes its source however it ends: a client that disconnects (or
-    times out) mid-stream cancels the generation instead of decoding to max_tokens."""
+    times out) mid-stream cancels the generation instead of decoding to max_tokens, and
+    `on_cancel` logs what the client was sent (the completion id named at stream start
+    keeps its row in the completion log)."""
 
-    def __init__(self, content: Any, source: Any, state: GatewayState, **kw: Any) -> None:
+    def __init__(
+        self, content: Any, source: Any, state: GatewayState, on_cancel: Any, **kw: Any
+    ) -> None:
         super().__init__(content, **kw)
-        self.source, self.gateway = source, state
+        self.source, self.gateway, self.on_cancel = source, state, on_cancel
         self.finished = False
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -457,6 +461,11 @@ class _ClosingStream(StreamingResponse):
                 await self.body_iterator.aclose()  # type: ignore[attr-defined]
             with contextlib.suppress(BaseException):
                 await self.source.aclose()
+            if not self.finished:
+                try:
+                    self.on_cancel()
+                except Exception:
+                    log.exception("a cancelled stream's completion was not logged")
 
 
 def _failed(
@@ -503,6 +512,7 @@ def _log(
             completion_logprobs=[max(x, -1e30) for x in gen.token_logprobs],
             constrained=gen.constrained,
             schema_hash=gen.schema_hash,
+            finish_reason=gen.finish_reason,
             timestamp=utcnow(),
         )
     except ValidationError:
@@ -543,8 +553,28 @@ async def _stream(
     )
     live_calls = ToolCallStream() if ToolCallStream.wanted(body) else None
     include_usage = bool((body.stream_options or {}).get("include_usage"))
+    # what the client was sent, for the log row of a stream it closes early: the tokens
+    # whose text went out (a chunk counts once its send returned), or the upstream's chunks
+    got_ids: list[int] = []
+    got_lps: list[float] = []
+    shown = 0
+    upto = Generation(content="")
+    logged = False
+
+    def cancelled() -> None:
+        if logged:
+            return
+        engine: Any = getattr(backend, "engine", None)
+        if hasattr(engine, "partial"):
+            gen = engine.partial(body, got_ids[:shown], got_lps[:shown])
+        else:  # an upstream's chunks as they went out (token ids where it sends them)
+            gen = upto
+            gen.finish_reason = "cancelled"
+        stats.completion_tokens += len(got_ids)
+        _log(state, completion_id, model_id, session, gen)
 
     async def events() -> AsyncIterator[bytes]:
+        nonlocal shown, logged
         tokenizer = getattr(getattr(backend, "engine", None), "tokenizer", None)
         eos: set[int] = getattr(getattr(backend, "engine", None), "eos_ids", set())
         ids: list[int] = []
@@ -555,9 +585,13 @@ async def _stream(
         try:
             while item is not None:
                 kind, value = item
+                if kind == "token":
+                    got_ids.append(value[0])
+                    got_lps.append(value[1])
                 if kind == "chunk":  # upstream: pass through under our id and version
                     value["id"], value["model"] = completion_id, model_id
                     yield _sse(value)
+                    _accumulate(upto, value)
                 elif kind == "token" and live_calls is not None and tokenizer is not None:
                     if value[0] not in eos:  # a tools answer: OpenAI's deltas as it decodes
                         ids.append(value[0])
@@ -590,6 +624,7 @@ async def _stream(
                                 ]
                             }
                         yield _sse(chunk(completion_id, model_id, {"content": delta}, logprobs=lpb))
+                        shown = len(got_ids)  # sent: the client has these tokens' text
                 elif kind == "done":
                     gen: Generation = value
                     if tokenizer is not None:
@@ -634,6 +669,7 @@ async def _stream(
                     stats.latency_ms.append((time.perf_counter() - started) * 1000)
                     stats.completion_tokens += gen.completion_tokens
                     _log(state, completion_id, model_id, session, gen)
+                    logged = True
                     if tracked is not None and session and state.capture is not None:
                         state.capture.observe(
                             tracked, session, body.messages, gen, completion_id, model_id
@@ -656,6 +692,6 @@ async def _stream(
         response.finished = True
 
     response = _ClosingStream(
-        events(), source, state, media_type="text/event-stream", headers=headers
+        events(), source, state, cancelled, media_type="text/event-stream", headers=headers
     )
     return response

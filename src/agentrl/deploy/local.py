@@ -317,6 +317,24 @@ class LocalEngine:
             if not task.done():
                 task.cancel()
 
+    def partial(self, request: ChatRequest, ids: list[int], logps: list[float]) -> Generation:
+        """What a cancelled stream's client was sent (`ids`, their log-probs) under the
+        request's prompt, `finish_reason` "cancelled": the gateway logs it, so the completion
+        id it named at stream start has a row (Agent Zero closes every normal turn early)."""
+        _, prompt = self._prompt(request)  # the cached ids generate() decoded from
+        constraint = None if request.choices() else constraint_for(request)
+        return Generation(
+            content=None,
+            finish_reason="cancelled",
+            prompt_token_ids=prompt,
+            completion_token_ids=list(ids),
+            token_logprobs=list(logps),
+            prompt_tokens=len(prompt),
+            completion_tokens=len(ids),
+            constrained=constraint is not None,
+            schema_hash=None if constraint is None else constraint.key,
+        )
+
     def cancel_all(self) -> None:
         """Stop every queued and decoding request now (the stack is stopping): a decode
         thread left running to max_tokens kept `agentrl up` from exiting."""

@@ -10,6 +10,12 @@ A completion decoded under a grammar (`constrained` in the log) keeps its exact 
 its logged log-probs are those of the masked distribution, not the policy's: they are not
 used as old log-probs (the trainer scores the tokens under the policy instead), so the
 ratio never mixes the two distributions.
+A cancelled completion (`finish_reason: cancelled`: the client closed the stream early, as
+Agent Zero does at the first complete JSON tool request) is used like any other: the gateway
+logs exactly the tokens the client was sent, never the ones decoded after it left, so the row
+is the action the agent took; no end-of-sequence token is added (the model did not stop
+there), and its log-probs are still the behaviour log-probs of those tokens. A cancelled row
+without tokens (the client left before any text) falls back to the turn's text.
 
 Advantages: attempts of the same task_id form a group (GRPO: (r - mean) / std, RLOO:
 leave-one-out, GiGPO: episode advantage + step advantage over anchor groups of identical
