@@ -214,9 +214,8 @@ class UpstreamBackend:
         assert self.pool is not None
         body = orjson.dumps(self._body(model_id, request))
         try:
-            status, data = await asyncio.wait_for(
-                self.pool.post("/chat/completions", body), self.timeout_s
-            )
+            async with asyncio.timeout(self.timeout_s):  # (no extra task, unlike wait_for)
+                status, data = await self.pool.post("/chat/completions", body)
         except TimeoutError as exc:
             raise BackendError(
                 f"upstream {self.base_url} timed out after {self.timeout_s}s", 504

@@ -92,6 +92,10 @@ def _serve_gateway(port: int, upstream: str, nats_url: str) -> None:
         state.set_split({"v1": 100.0}, ["v1"])
         stop = asyncio.Event()
         log_task = asyncio.create_task(state.completion_log.run(stop))  # type: ignore[union-attr]
+        if os.environ.get("BENCH_GATEWAY_GC") != "default":  # as `agentrl up` does
+            from agentrl.deploy import gctune
+
+            gctune.settle()
         server = uvicorn.Server(
             uvicorn.Config(
                 create_gateway_app(state),
@@ -100,13 +104,19 @@ def _serve_gateway(port: int, upstream: str, nats_url: str) -> None:
                 log_level="warning",
                 access_log=False,
                 lifespan="off",
+                http=os.environ.get("BENCH_GATEWAY_HTTP", "auto"),  # auto: httptools if there
             )
         )
         await server.serve()
         stop.set()
         await log_task
 
-    asyncio.run(main())
+    if os.environ.get("BENCH_GATEWAY_LOOP") == "uvloop":  # what a uvloop stack would see
+        import uvloop
+
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
 
 
 def _spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

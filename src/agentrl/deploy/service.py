@@ -165,6 +165,9 @@ async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:
     if d.state.capture is not None:
         coros["capture"] = d.state.capture.run(stop)
     log.info("gateway on http://%s:%s/v1", settings.gateway_host, settings.gateway_port)
+    from agentrl.deploy import gctune
+
+    gctune.settle()  # start-up is done: no full collection walks it again (the tail)
     try:
         await run_tasks(coros, stop)
     finally:

@@ -230,17 +230,26 @@ def bus_published_many(items: list[tuple[str, bytes, str]]) -> None:
 
 
 def gateway_started(version: str) -> None:
-    """A chat completion request was routed to `version` (counts every request, streamed too)."""
-    if m.enabled():
+    """A chat completion request was routed to `version` (counts every request, streamed too).
+    Per request: the label child is cached (a dict lookup, no `labels()` call)."""
+    if m._DISABLED[0]:
+        return
+    try:
+        _child(m.GATEWAY_REQUESTS, m.MODEL_VERSION, version).inc()
+    except Exception:
         with m.safe():
-            m.GATEWAY_REQUESTS.labels(model_version=m.MODEL_VERSION(version)).inc()
+            raise
 
 
 def gateway_done(version: str, seconds: float) -> None:
     """A non-streamed request to `version` answered after `seconds`."""
-    if m.enabled():
+    if m._DISABLED[0]:
+        return
+    try:
+        _child(m.GATEWAY_LATENCY, m.MODEL_VERSION, version).observe(seconds)
+    except Exception:
         with m.safe():
-            m.GATEWAY_LATENCY.labels(model_version=m.MODEL_VERSION(version)).observe(seconds)
+            raise
 
 
 def gateway_error(version: str) -> None:

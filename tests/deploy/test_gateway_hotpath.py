@@ -1,0 +1,123 @@
+"""Issue 35.2: the gateway's per-request path. Chat completions skip Starlette's middleware
+stack (other routes keep it); the cached metric children follow a version's eviction; the
+garbage collector is settled after start-up; the benchmark's CPU figure reads a process's
+CPU time. Real HTTP: the benchmark's own scripted upstream behind `UpstreamBackend`."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import uuid
+from typing import Any, ClassVar
+
+import httpx
+import pytest
+import uvicorn
+from deploy_helpers import free_port
+
+from agentrl.deploy import gctune
+from agentrl.deploy.backends import UpstreamBackend
+from agentrl.deploy.bench import _cpu_s, backend_app
+from agentrl.deploy.gateway import VERSION_HEADER, GatewayState, create_gateway_app
+from agentrl.observability import instrument as obs
+from agentrl.observability import metrics as m
+
+
+async def _serve(app: Any) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    return server, task, port
+
+
+class _Counting:
+    """A user middleware: counts the requests that pass through Starlette's stack."""
+
+    seen: ClassVar[list[str]] = []
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            self.seen.append(f"{scope['method']} {scope['path']}")
+        await self.app(scope, receive, send)
+
+
+async def test_chat_skips_the_middleware_stack_and_answers_as_before() -> None:
+    upstream, up_task, up_port = await _serve(backend_app)
+    state = GatewayState("hot-policy")
+    backend = UpstreamBackend(f"http://127.0.0.1:{up_port}/v1", timeout_s=10)
+    state.backends["hot-v1"] = backend
+    state.set_split({"hot-v1": 100.0}, ["hot-v1"])
+    app = create_gateway_app(state)
+    app.add_middleware(_Counting)
+    _Counting.seen = []
+    gw, gw_task, port = await _serve(app)
+    url = f"http://127.0.0.1:{port}/v1"
+    body = {"model": "hot-policy", "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        async with httpx.AsyncClient() as c:
+            r = await c.post(f"{url}/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+            assert r.headers[VERSION_HEADER] == "hot-v1"
+            out = r.json()
+            assert out["model"] == "hot-v1" and out["choices"][0]["message"]["content"] == "ok"
+            bad = await c.post(f"{url}/chat/completions", content=b"{not json")
+            assert bad.status_code == 400 and "invalid request" in bad.json()["error"]["message"]
+            missing = await c.post(f"{url}/chat/completions", json={**body, "model": "nope"})
+            assert missing.status_code == 404
+            assert (await c.get(f"{url}/models")).status_code == 200
+            # a method the route does not take still gets FastAPI's answer
+            assert (await c.get(f"{url}/chat/completions")).status_code == 405
+        assert _Counting.seen == ["GET /v1/models", "GET /v1/chat/completions"]
+        assert state.stats["hot-v1"].requests == 1 and state.inflight == 0
+    finally:
+        await backend.close()
+        gw.should_exit = upstream.should_exit = True
+        await asyncio.gather(gw_task, up_task)
+
+
+def test_cached_metric_children_follow_a_version_eviction() -> None:
+    version = f"hot-{uuid.uuid4().hex[:8]}"
+    m.versions_changed([version], [])
+    label = m.MODEL_VERSION(version)
+
+    def count() -> float:
+        return float(m.GATEWAY_REQUESTS.labels(model_version=label)._value.get())
+
+    before = count()
+    obs.gateway_started(version)
+    obs.gateway_started(version)
+    assert count() == before + 2
+    m.versions_changed([], [label])  # its series removed: the cached child must go too
+    obs.gateway_started(version)
+    assert count() == 1.0
+
+
+def test_settle_freezes_start_up_and_still_collects_later_cycles() -> None:
+    threshold = gc.get_threshold()
+    try:
+        gctune.settle()
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold()[0] >= gctune.YOUNG
+        a: dict[str, Any] = {}
+        a["self"] = a  # a cycle made after start-up
+        del a
+        assert gc.collect() >= 1
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
+
+
+def test_cpu_seconds_of_a_process_grow_with_work() -> None:
+    before = _cpu_s(os.getpid())
+    if before != before:  # NaN: no /proc here
+        pytest.skip("no /proc on this platform")
+    sum(i * i for i in range(2_000_000))
+    assert _cpu_s(os.getpid()) > before
