@@ -10,7 +10,8 @@ every earlier message). Two exact shortcuts:
   before normalising or pre-tokenising, so when no added token can span the boundary
   between two pieces (none contains "\\n<"), has no strip/word flags and there is no
   normalizer, the ids of a prompt are the concatenation of its pieces' ids. Each distinct
-  piece is tokenised once, in one batch.
+  piece is tokenised once, in one batch, through the pre-token cache of
+  `training.bpe_words` where the tokenizer has that shape (byte-level BPE: SmolLM2's).
 - Otherwise each distinct prompt (by its messages) is rendered and tokenised once, in one
   batch: the straightforward path without the repeats.
 """
@@ -20,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import chain
 from typing import Any
+
+from agentrl.training.bpe_words import WordIds
 
 Message = dict[str, str]
 
@@ -88,6 +91,8 @@ def _encode(tokenizer: Any, texts: Sequence[str], fast: bool = False) -> list[li
     if not texts:
         return []
     if fast:
+        if WordIds.supported(tokenizer):
+            return WordIds(tokenizer).encode(texts)
         backend = tokenizer.backend_tokenizer
         batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
         return [e.ids for e in batch(list(texts), add_special_tokens=False)]
