@@ -62,11 +62,21 @@ class Controller:
         self.last_action: tuple[float, str] | None = None
         self.ticks: list[float] = []  # when each look happened (benchmarks), last 1000
         self.report_max_age_s = 15.0  # a gateway's serving report older than this is gone
+        # the controller lease (`agentrl.deploy.service.run_elected`); None: the only one
+        self.lease: Any = None
+
+    def active(self) -> bool:
+        """Whether this controller may act now (it holds the lease, or there is none)."""
+        return self.lease is None or bool(self.lease.held)
 
     # ---- training -> candidate ----------------------------------------------------------
     async def handle_status(self, event: Any) -> ModelRecord | None:
         if event.status != "completed":
             return None
+        if not self.active():  # the lease passed on meanwhile: the active one handles it
+            from agentrl.bus import TransientError
+
+            raise TransientError("this deployment controller is not the active one")
         artifacts = event.artifacts
         ckpt = getattr(artifacts, "final_checkpoint", None) if artifacts else None
         if not ckpt:
@@ -188,6 +198,8 @@ class Controller:
         `min_samples` per version on both sides) and a gateway serves the new version;
         otherwise it holds, and a step still undecided `inconclusive_deadline_s` after its
         pause is rolled back or handed to a human (`on_inconclusive`)."""
+        if not self.active():
+            return "standby"
         self.ticks = [*self.ticks[-999:], time.time()]
         pending = await self.registry.get_rollout(self.deployer.public)
         if pending is not None and pending.status in ("promoting", "rolling_back"):
@@ -231,6 +243,7 @@ class Controller:
             verdict, checks = analyse(summary(new), summary(live), plan.analysis)
         evidence = {
             "verdict": verdict,
+            "deployment_id": rollout.deployment_id,
             "step": rollout.step,
             "weight": step.weight,
             "checks": [c.to_dict() for c in checks],
@@ -280,13 +293,14 @@ class Controller:
         if ready and judged and served:
             text = _verdict_text(verdict, checks)
             if rollout.step + 1 < len(plan.steps):
-                await self.registry.record(
-                    new,
-                    by=BY,
-                    action="advance",
-                    reason=f"step {rollout.step + 1} held {elapsed:.1f}s; {text}",
-                    evidence=evidence,
-                )
+                if not await self._advance_recorded(rollout):  # not by a controller that died
+                    await self.registry.record(
+                        new,
+                        by=BY,
+                        action="advance",
+                        reason=f"step {rollout.step + 1} held {elapsed:.1f}s; {text}",
+                        evidence=evidence,
+                    )
                 await self.deployer.set_step(
                     rollout, rollout.step + 1, by=BY, reason=f"analysis {verdict}"
                 )
@@ -342,6 +356,18 @@ class Controller:
                 new, by=BY, action="hold", reason=f"analysis {why}", evidence=evidence
             )
         return "hold"
+
+    async def _advance_recorded(self, rollout: Rollout) -> bool:
+        """Whether this step's advance is already recorded: a controller that recorded it
+        and died before moving the rollout (its successor moves it, without a second
+        record)."""
+        record = await self.registry.get_model(rollout.model_id)
+        return record is not None and any(
+            d.action == "advance"
+            and d.evidence.get("deployment_id") == rollout.deployment_id
+            and d.evidence.get("step") == rollout.step
+            for d in record.decisions
+        )
 
     async def _served(self, model_id: str, weight: float) -> list[str]:
         """The gateways that route traffic to `model_id` now (at a 0 % step: that have it

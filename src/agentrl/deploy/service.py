@@ -5,16 +5,28 @@ The gateway binds to `settings.gateway_host:gateway_port` (loopback by default).
 controller consumes training statuses (durable consumer `deploy-controller`, so a restart
 resumes), validates, rolls out and monitors; the serving manager keeps the gateway's split in
 step with the registry; the completion log publishes token records off the request path.
+
+Any number of these processes may run (one per host, or beside each other): every one serves
+the gateway, and one at a time is the controller, elected through a KV lease
+(`agentrl.bus.lease`, `AGENTRL_DEPLOY_LEASE_TTL_S`, 6 s by default). The others stand by and
+take over within one TTL of the active one's death, from the registry alone (a half-done
+promote or rollback is finished from its intent record, the monitor's evidence re-read from
+the reward stream).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
+import secrets
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrl.bus.lease import Lease, lease_bucket, while_leader
 from agentrl.deploy.actions import Deployer
 from agentrl.deploy.config import DeploySettings, RolloutPlan
 from agentrl.deploy.controller import BY, Controller
@@ -25,6 +37,8 @@ from agentrl.deploy.serving import ServingManager
 from agentrl.settings import Settings
 
 log = logging.getLogger(__name__)
+
+LEASE_TTL_S = 6.0
 
 
 @dataclass
@@ -111,6 +125,60 @@ def _capture(bus: Any) -> Any:
     return CaptureService(bus, cs) if cs.enabled else None
 
 
+def lease_ttl_s() -> float:
+    return float(os.environ.get("AGENTRL_DEPLOY_LEASE_TTL_S") or LEASE_TTL_S)
+
+
+def controller_owner() -> str:
+    """This process's name in the controller lease: unique per process (two processes must
+    never both think they hold it), named after `AGENTRL_REPLICA_ID` or the host."""
+    base = os.environ.get("AGENTRL_REPLICA_ID") or socket.gethostname()
+    return f"{base}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+async def run_elected(
+    d: Deployment,
+    bus: Any,
+    stop: asyncio.Event,
+    *,
+    replicas: int = 1,
+    owner: str | None = None,
+    ttl_s: float | None = None,
+    statuses: bool = True,
+) -> None:
+    """The controller's work (the monitor and the training statuses consumer) only while this
+    process holds the controller lease of its public name; standing by otherwise. The
+    controller checks the lease before every look, so a holder cut off from NATS stops
+    acting before its lease can pass to another process."""
+    from agentrl.supervision import keep_running, run_tasks
+
+    ttl = ttl_s or lease_ttl_s()
+    kv = await lease_bucket(bus.js, ttl, replicas)
+    key = "deploy." + re.sub(r"[^A-Za-z0-9_-]", "_", d.settings.public_model) + ".controller"
+    lease = Lease(kv, key, owner or controller_owner(), ttl)
+    d.controller.lease = lease
+
+    async def lead(leader_stop: asyncio.Event) -> None:
+        log.info("deployment controller active (%s)", lease.owner)
+        coros = {"deploy-monitor": d.controller.run(leader_stop)}
+        if statuses:
+            coros["deploy-statuses"] = keep_running(
+                "training statuses consumer",
+                lambda: bus.consume(
+                    "agent.rl.training.status.v1",
+                    "deploy-controller",
+                    d.controller.handle_status,
+                    stop=leader_stop,
+                    batch=8,
+                    ack_wait=600.0,
+                ),
+                leader_stop,
+            )
+        await run_tasks(coros, leader_stop)
+
+    await while_leader(lease, lead, stop)
+
+
 async def run_gateway(app: Any, host: str, port: int, stop: asyncio.Event) -> None:
     """The gateway's HTTP server until `stop`; a port it cannot bind raises (`ListenError`),
     so the service fails visibly and is restarted (it used to keep running without one)."""
@@ -134,20 +202,8 @@ async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:
     await d.manager.sync(force=True)
     coros = {
         "deploy-serving": d.manager.run(stop),
-        "deploy-monitor": d.controller.run(stop),
+        "deploy-controller": run_elected(d, bus, stop, replicas=settings.stream_replicas),
         "deploy-rewards": keep_running("reward tracker", lambda: d.tracker.run(bus, stop), stop),
-        "deploy-statuses": keep_running(
-            "training statuses consumer",
-            lambda: bus.consume(
-                "agent.rl.training.status.v1",
-                "deploy-controller",
-                d.controller.handle_status,
-                stop=stop,
-                batch=8,
-                ack_wait=600.0,
-            ),
-            stop,
-        ),
         "gateway": run_gateway(
             create_gateway_app(d.state), settings.gateway_host, settings.gateway_port, stop
         ),

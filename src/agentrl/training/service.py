@@ -18,18 +18,29 @@ A failure in one scheduler round (NATS away longer than the publish retry window
 counted and retried with backoff; every state change is committed, so nothing is lost. An
 inner task that ends anyway ends `run()` with an error naming it, so the stack's supervisor
 restarts the service and its health shows why.
+
+Several runners (one per host, or `AGENTRL_REPLICA_ID` apart on one host) share one queue:
+the request consumer is shared, each accepted job goes into the KV queue
+(`agentrl.training.queue`), and a runner with a free device takes the next job by taking its
+lease, renewed while the job runs. A runner that dies loses its leases; another takes the job
+and resumes it from the newest checkpoint in the shared checkpoint root. The SQLite file is
+each runner's own record (outbox, what it ran), not the queue. Triggers: every runner counts
+the rewards (a consumer of its own) and one, the holder of the trigger lease, fires; firing
+ids are deterministic and intake is create-only, so a firing published twice is one job.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import importlib.metadata
 import json
 import logging
 import os
 import re
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -41,6 +52,7 @@ import orjson
 from pydantic import ValidationError
 
 from agentrl.bus import Bus, Delivery, PermanentError, TransientError
+from agentrl.bus.lease import Lease, lease_bucket, while_leader
 from agentrl.contracts.base import new_id, utcnow
 from agentrl.contracts.subjects import REWARD, TRAINING_REQUEST, TRAINING_STATUS, TRAJECTORY
 from agentrl.contracts.training import TrainingRequest, TrainingStatus
@@ -49,9 +61,10 @@ from agentrl.settings import Settings, get_settings
 from agentrl.training.filters import declared
 from agentrl.training.kv import CANCEL_SUBJECT, STATUS_BUCKET, bucket
 from agentrl.training.paths import UnsafePath, checkpoint_base, job_dir
+from agentrl.training.queue import FINAL, JobQueue, QueueEntry, status_of
 from agentrl.training.requests import defaults, job_kind, merge
 from agentrl.training.settings import TrainingSettings
-from agentrl.training.store import JobRow, Store
+from agentrl.training.store import PRIORITY_RANK, JobRow, Store
 from agentrl.training.triggers import (
     Clock,
     CronSchedule,
@@ -81,6 +94,11 @@ DATA_KEYS = (
 UUID_RE = re.compile(r"^[0-9a-fA-F-]{8,64}$")
 # Backoff of the scheduler after a failed round (NATS away): doubles up to the last value.
 SCHEDULER_BACKOFF_S = (0.5, 30.0)
+# How long a runner owns a job (or the triggers) without renewing: a runner that dies gives
+# its jobs up this long after its last renewal (renewed every third of it).
+LEASE_TTL_S = 10.0
+# A job of this runner's queue that another runner holds: look again after this long.
+ELSEWHERE_RETRY_S = 1.0
 
 
 def validation_reason(exc: ValidationError) -> str:
@@ -136,11 +154,23 @@ class TrainingService:
         durable: str = "training",
         poll_s: float = 0.1,
         cron_poll_s: float = 1.0,
+        replica_id: str | None = None,
+        lease_ttl_s: float | None = None,
+        scan_s: float = 1.0,
     ) -> None:
         self.bus = bus
         self.settings = settings or get_settings()
         self.ts = tsettings or TrainingSettings()
-        self.root = Path(self.settings.data_dir).resolve() / "training"
+        rid = replica_id or os.environ.get("AGENTRL_REPLICA_ID") or None
+        base = Path(self.settings.data_dir).resolve() / "training"
+        # Replicas on one host keep their own records apart; checkpoints stay shared.
+        self.root = base / "replicas" / _slug(rid) if rid else base
+        self.owner = rid or f"{socket.gethostname()}-{_digest(str(self.root))}"
+        self.suffix = _slug(self.owner)
+        self.lease_ttl_s = lease_ttl_s or float(
+            os.environ.get("AGENTRL_TRAINING_LEASE_TTL_S") or LEASE_TTL_S
+        )
+        self.scan_s = scan_s
         self.store = Store(self.root / "state.sqlite")
         self.clock = clock
         self.durable = durable
@@ -149,6 +179,13 @@ class TrainingService:
         self.running: dict[str, RunningJob] = {}
         self.wake = asyncio.Event()
         self.kv: Any = None
+        self.queue: JobQueue | None = None
+        self.lease_kv: Any = None
+        self.job_leases: dict[str, Lease] = {}
+        self.trigger_owner = False
+        self._elsewhere: dict[str, float] = {}  # job id -> when to look at it again
+        self._requeued: set[str] = set()  # resumed by this runner, not started yet
+        self._last_scan = 0.0
         self.counters: dict[str, int] = {
             "requests": 0,
             "duplicates": 0,
@@ -160,6 +197,8 @@ class TrainingService:
             "cancelled": 0,
             "scheduler_errors": 0,
             "progress_dropped": 0,
+            "adopted": 0,
+            "leases_lost": 0,
         }
         self._flush_lock = asyncio.Lock()
         self._flush_error: Exception | None = None
@@ -172,14 +211,23 @@ class TrainingService:
         stop = stop or asyncio.Event()
         await self.bus.ensure_streams()
         self.kv = await self._kv()
+        self.queue = await JobQueue.open(self.bus.js)
+        self.lease_kv = await lease_bucket(
+            self.bus.js, self.lease_ttl_s, self.settings.stream_replicas
+        )
         await self._flush_outbox()
         await self.recover()
-        if self.ts.threshold > 0:
-            await self.fire_deferred()  # a job that ended while the service was down
+        triggers = Lease(
+            self.lease_kv, f"training.{_slug(self.durable)}.triggers", self.owner, self.lease_ttl_s
+        )
         tasks = [
             asyncio.create_task(self._consume_requests(stop), name="training-requests"),
             asyncio.create_task(self._consume_cancels(stop), name="training-cancels"),
             asyncio.create_task(self._scheduler(stop), name="training-scheduler"),
+            asyncio.create_task(self._renew_jobs(stop), name="training-leases"),
+            asyncio.create_task(
+                while_leader(triggers, self._own_triggers, stop), name="training-trigger-lease"
+            ),
         ]
         if self.ts.threshold > 0:
             tasks.append(
@@ -212,48 +260,216 @@ class TrainingService:
 
     async def _stop_jobs(self) -> None:
         """On shutdown, stop job processes; their rows stay 'running' so the next start
-        resumes them from their checkpoints (or fails them)."""
+        resumes them from their checkpoints (or fails them). Their leases are kept: this
+        runner takes them back when it starts again, another one when they expire."""
         for job in list(self.running.values()):
             with contextlib.suppress(ProcessLookupError):
                 job.proc.kill()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(job.proc.wait(), 5)
 
+    async def _own_triggers(self, leader_stop: asyncio.Event) -> None:
+        """While this runner holds the trigger lease it fires (the others only count)."""
+        self.trigger_owner = True
+        try:
+            if self.ts.threshold > 0:
+                # firings counted while another runner fired, or a job that ended while down
+                with contextlib.suppress(Exception):
+                    await self.fire_deferred()
+            await leader_stop.wait()
+        finally:
+            self.trigger_owner = False
+
     async def recover(self) -> None:
-        """Jobs left 'running' by a stopped or killed service: resume or fail (INFRA)."""
+        """Jobs left 'running' by a stopped or killed service: resume or fail (INFRA) the
+        ones whose lease is still ours; the others moved to another runner meanwhile."""
         for row in self.store.jobs("running"):
             if row.pid:
                 _kill_stale(row.pid)
-            try:
-                storage = self._storage_path(row)
-            except UnsafePath as exc:  # a row from before ids and paths were checked
-                await self._finish(row, "failed", error={"code": "CONFIG", "message": str(exc)})
+            if not await self._claim(row.job_id):
                 continue
-            ckpt = latest_step_checkpoint(storage)
-            if ckpt is not None and row.resumes < self.ts.max_resumes:
-                log.info("job %s resumes from %s", row.job_id, ckpt, extra={"job_id": row.job_id})
-                await self._publish_status(
-                    row.job_id,
-                    "queued",
-                    extra={"resume_from": ckpt, "resumes": row.resumes + 1},
-                    fields={"status": "queued", "resumes": row.resumes + 1, "pid": None},
-                )
-            else:
-                why = (
-                    "no checkpoint was written before"
-                    if ckpt is None
-                    else f"it already resumed {row.resumes} times"
-                )
-                await self._finish(
-                    row,
-                    "failed",
-                    error={
-                        "code": "INFRA",
-                        "message": "the training service stopped while this job was running and "
-                        f"it cannot resume ({why}); start it again",
-                    },
-                    artifacts={"last_checkpoint": ckpt} if ckpt else None,
-                )
+            await self._resume_or_fail(row)
+
+    async def _resume_or_fail(self, row: JobRow) -> None:
+        """A job whose runner stopped: queued again from its newest checkpoint (up to
+        `max_resumes` times), else failed INFRA."""
+        try:
+            storage = self._storage_path(row)
+        except UnsafePath as exc:  # a row from before ids and paths were checked
+            await self._finish(row, "failed", error={"code": "CONFIG", "message": str(exc)})
+            return
+        ckpt = latest_step_checkpoint(storage)
+        if ckpt is not None and row.resumes < self.ts.max_resumes:
+            log.info("job %s resumes from %s", row.job_id, ckpt, extra={"job_id": row.job_id})
+            await self._count_resume(row.job_id, row.resumes + 1)
+            self._requeued.add(row.job_id)
+            await self._publish_status(
+                row.job_id,
+                "queued",
+                extra={"resume_from": ckpt, "resumes": row.resumes + 1, "runner": self.owner},
+                fields={"status": "queued", "resumes": row.resumes + 1, "pid": None},
+            )
+        else:
+            why = (
+                "no checkpoint was written before"
+                if ckpt is None
+                else f"it already resumed {row.resumes} times"
+            )
+            await self._finish(
+                row,
+                "failed",
+                error={
+                    "code": "INFRA",
+                    "message": "the training service stopped while this job was running and "
+                    f"it cannot resume ({why}); start it again",
+                },
+                artifacts={"last_checkpoint": ckpt} if ckpt else None,
+            )
+
+    # -- the shared queue and the leases ------------------------------------------------------
+
+    async def _claim(self, job_id: str) -> QueueEntry | None:
+        """Take a job's lease. Its queue entry when it is ours to run now; None when another
+        runner holds it (looked at again later) or it has ended (this runner's record then
+        follows the job's status)."""
+        assert self.queue is not None
+        lease = self.job_leases.get(job_id) or Lease(
+            self.lease_kv, f"job.{job_id}", self.owner, self.lease_ttl_s
+        )
+        if not await lease.acquire():
+            self._elsewhere[job_id] = time.monotonic() + ELSEWHERE_RETRY_S
+            return None
+        entry = await self.queue.get(job_id)
+        status = await status_of(self.kv, job_id)
+        ended = status is not None and status.get("status") in FINAL
+        row = self.store.get(job_id)
+        if entry is None and not ended and row is not None and row.status in ("queued", "running"):
+            # a job accepted before the queue existed (an older version): queue it now
+            entry = QueueEntry(
+                job_id, row.request, row.kind, row.priority, row.created, row.resumes
+            )
+            if not await self.queue.add(entry):
+                entry = await self.queue.get(job_id)
+        if entry is None or ended:
+            if entry is not None:
+                await self.queue.remove(job_id)
+            await lease.release()
+            self.job_leases.pop(job_id, None)
+            self._settle(job_id, status)
+            return None
+        self.job_leases[job_id] = lease
+        self._elsewhere.pop(job_id, None)
+        return entry
+
+    def _settle(self, job_id: str, status: dict[str, Any] | None) -> None:
+        """This runner's record of a job another runner has (or had): its final status, or
+        'moved' while it is queued or running elsewhere."""
+        row = self.store.get(job_id)
+        if row is None or row.status in FINAL:
+            return
+        final = status.get("status") if status else None
+        self.store.update(job_id, status=final if final in FINAL else "moved", pid=None)
+
+    async def _count_resume(self, job_id: str, resumes: int) -> None:
+        """Record a resume in the queue entry, so every runner counts it against max_resumes."""
+        if self.queue is None:
+            return
+        for _ in range(3):
+            entry = await self.queue.get(job_id)
+            if entry is None or entry.resumes >= resumes:
+                return
+            entry.resumes = resumes
+            if await self.queue.update(entry):
+                return
+
+    async def _ended(self, job_id: str) -> None:
+        """After a job's final status is published: out of the queue, lease given up."""
+        if self.queue is not None:
+            await self.queue.remove(job_id)
+        lease = self.job_leases.pop(job_id, None)
+        if lease is not None:
+            with contextlib.suppress(Exception):
+                await lease.release()
+
+    async def _candidates(self) -> list[str]:
+        """Job ids to try, in scheduling order: this runner's queued jobs, and every `scan_s`
+        the shared queue's (jobs other runners accepted, or lost)."""
+        order: dict[str, tuple[int, float, str]] = {
+            r.job_id: (r.priority, r.created, r.job_id) for r in self.store.jobs("queued")
+        }
+        if self.queue is not None and time.monotonic() - self._last_scan >= self.scan_s:
+            self._last_scan = time.monotonic()
+            for e in await self.queue.entries():
+                order.setdefault(e.job_id, e.order())
+        now = time.monotonic()
+        ids = [j for j in order if j not in self.running and self._elsewhere.get(j, 0.0) <= now]
+        return sorted(ids, key=order.__getitem__)
+
+    async def _take(self, job_id: str, slot: int) -> bool:
+        """Claim a job and start it on `slot`; a job whose runner died resumes from its
+        checkpoint. False when it is not ours to run."""
+        entry = await self._claim(job_id)
+        if entry is None:
+            return False
+        row = self.store.get(job_id)
+        if row is None:
+            priority = str(entry.request.get("priority") or "normal")
+            self.store.add_job(job_id, priority, entry.kind, entry.request)
+            row = self.store.get(job_id)
+            assert row is not None
+        status = await status_of(self.kv, job_id)
+        state = (status or {}).get("status")
+        if row.status not in ("queued", "running") or entry.resumes > row.resumes:
+            self.store.update(job_id, status="queued", resumes=max(row.resumes, entry.resumes))
+            row = self.store.get(job_id)
+            assert row is not None
+        if (state == "running" or row.status == "running") and job_id not in self._requeued:
+            # its runner died (the lease expired): resume it here, or fail it
+            self.counters["adopted"] += 1
+            log.info("job %s: its runner stopped; %s takes it", job_id, self.owner)
+            await self._resume_or_fail(row)
+            row = self.store.get(job_id)
+            if row is None or row.status != "queued":
+                return False
+        self._requeued.discard(job_id)
+        await self._start(row, slot)
+        return job_id in self.running
+
+    async def _renew_jobs(self, stop: asyncio.Event) -> None:
+        """Renew the lease of every job this runner holds; a lost lease (away longer than
+        the TTL: another runner has the job now) stops the job here without a word; a
+        cancel flagged in the queue by another runner is carried out."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.lease_ttl_s / 3)
+            for job_id, lease in list(self.job_leases.items()):
+                try:
+                    ok = await lease.renew()
+                except Exception as exc:
+                    # NATS away (for every runner, most likely): the job goes on; only a
+                    # lease another runner has taken stops it
+                    log.info("lease of job %s not renewed: %s", job_id, exc)
+                    ok = True
+                if not ok:
+                    self._lost(job_id)
+                    continue
+                job = self.running.get(job_id)
+                if job is None or job.cancel_requested or self.queue is None:
+                    continue
+                with contextlib.suppress(Exception):
+                    entry = await self.queue.get(job_id)
+                    if entry is not None and entry.cancel:
+                        await self.cancel(job_id)
+
+    def _lost(self, job_id: str) -> None:
+        self.counters["leases_lost"] += 1
+        self.job_leases.pop(job_id, None)
+        job = self.running.pop(job_id, None)
+        if job is not None:
+            log.warning("job %s: lease lost, another runner has it; stopped here", job_id)
+            _kill(job.proc)
+        self._settle(job_id, None)
+        self.wake.set()
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -294,6 +510,20 @@ class TrainingService:
                 )
             raise PermanentError(reason) from exc
         kind = job_kind(req)
+        if self.store.get(req.training_job_id) is None and self.queue is not None:
+            # one job per id across runners: known to the status bucket (it ran, or runs),
+            # or already in the shared queue
+            entry = QueueEntry(
+                req.training_job_id,
+                req.model_dump(mode="json"),
+                kind,
+                PRIORITY_RANK.get(req.priority, 2),
+            )
+            known = await status_of(self.kv, req.training_job_id) is not None
+            if known or not await self.queue.add(entry):
+                self.counters["duplicates"] += 1
+                log.info("request %s already known: not started again", req.training_job_id)
+                return
         event = self.build_status(req.training_job_id, "queued", extra={"kind": kind})
         added = self.store.add_job(
             req.training_job_id,
@@ -325,10 +555,31 @@ class TrainingService:
         await self.cancel(job_id)
 
     async def cancel(self, job_id: str) -> bool:
-        row = self.store.get(job_id)
-        if row is None or row.status not in ("queued", "running"):
-            return False
+        """Cancel a job wherever it is: here (its process is stopped), queued (cancelled
+        here, under its lease), or running on another runner (flagged in the queue: that
+        runner stops it at its next lease renewal)."""
         job = self.running.get(job_id)
+        if job is None and self.queue is not None:
+            entry = await self.queue.get(job_id)
+            if entry is None:
+                return False
+            if await self._claim(job_id) is None:
+                if job_id in self.job_leases:
+                    return False  # it ended meanwhile
+                for _ in range(3):  # another runner has it
+                    entry = await self.queue.get(job_id)
+                    if entry is None:
+                        return False
+                    entry.cancel = True
+                    if await self.queue.update(entry):
+                        return True
+                return False
+            if self.store.get(job_id) is None:
+                priority = str(entry.request.get("priority") or "normal")
+                self.store.add_job(job_id, priority, entry.kind, entry.request)
+        row = self.store.get(job_id)
+        if row is None or row.status not in ("queued", "running", "moved"):
+            return False
         if job is None:
             await self._finish(
                 row, "cancelled", error={"code": "CANCELLED", "message": "cancelled before it ran"}
@@ -375,14 +626,21 @@ class TrainingService:
             await self._try_flush(force=True)
         busy = {j.slot for j in self.running.values()}
         free = [i for i in range(len(self.ts.devices)) if i not in busy]
-        while free:
-            row = self.store.next_queued()
-            if row is None:
-                break
-            await self._start(row, free.pop(0))
+        taking: Exception | None = None
+        try:  # the shared queue needs NATS; the jobs here are polled without it
+            if free:
+                for job_id in await self._candidates():
+                    if not free:
+                        break
+                    if await self._take(job_id, free[0]):
+                        free.pop(0)
+        except Exception as exc:
+            taking = exc
         for job in list(self.running.values()):
             await self._poll(job)
         obs.training_queue(len(self.store.jobs("queued")), len(self.running))
+        if taking is not None:
+            raise taking
         if self._flush_error is not None and self.store.outbox_size():
             raise self._flush_error
 
@@ -459,6 +717,7 @@ class TrainingService:
                 stdin=asyncio.subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         except OSError as exc:
             log_fh.close()
@@ -480,7 +739,7 @@ class TrainingService:
             row.job_id,
             "running",
             job=job,
-            extra={"device": device, "resumed": resume},
+            extra={"device": device, "resumed": resume, "runner": self.owner},
             fields={
                 "status": "running",
                 "device": device,
@@ -651,6 +910,7 @@ class TrainingService:
             "status": status,
             "metadata": {
                 "training_platform": PLATFORM,
+                "runner": self.owner,
                 **({"pytorch_version": self._torch_version} if self._torch_version else {}),
             },
         }
@@ -779,14 +1039,17 @@ class TrainingService:
             for msg_id, subject, data in self.store.outbox():
                 await self.bus.publish_raw(subject, bytes(data), msg_id)
                 if subject == TRAINING_STATUS and self.kv is not None:
-                    job_id = str(orjson.loads(data)["training_job_id"])
+                    event = orjson.loads(data)
+                    job_id = str(event["training_job_id"])
                     await self.kv.put(job_id, bytes(data))
+                    if event.get("status") in FINAL:
+                        await self._ended(job_id)
                 self.store.outbox_done(msg_id)
 
     async def _consume_rewards(self, stop: asyncio.Event) -> None:
         await self.bus.consume(
             REWARD,
-            f"{self.durable}-threshold",
+            f"{self.durable}-threshold-{self.suffix}",
             batch_handler=self.handle_rewards,
             stop=stop,
             validate=False,
@@ -815,7 +1078,7 @@ class TrainingService:
         now = dict(self.store.get_state("threshold_now") or {})
         for key, n in fired:
             previous = self.store.get_state(f"threshold_job:{key}")
-            if key not in now and not (previous and self._active(previous)):
+            if key not in now and not (previous and await self._active(previous)):
                 now[key] = n  # starts a job right after the commit
             else:
                 # The scope's last threshold job has not finished: do not pile up jobs (a
@@ -836,13 +1099,24 @@ class TrainingService:
             except Exception as exc:  # committed: the outbox or the next firing publishes it
                 log.warning("threshold firing not published yet: %s", exc)
 
-    def _active(self, job_id: str) -> bool:
+    async def _active(self, job_id: str) -> bool:
+        """Whether a job is queued or running on any runner (the status bucket; this
+        runner's record when NATS cannot say)."""
+        try:
+            status = await status_of(self.kv, job_id) if self.kv is not None else None
+        except Exception:
+            status = None
+        if status is not None:
+            return status.get("status") not in FINAL
         row = self.store.get(job_id)
-        return row is None or row.status in ("queued", "running")
+        return row is None or row.status in ("queued", "running", "moved")
 
     async def fire_deferred(self) -> None:
         """Start the committed firings that have no job yet, then the deferred firing of
-        every scope whose last job has ended."""
+        every scope whose last job has ended. Only the runner holding the trigger lease
+        fires; the others keep their firings for when they hold it."""
+        if self.lease_kv is not None and not self.trigger_owner:
+            return
         now = dict(self.store.get_state("threshold_now") or {})
         for key, n in list(now.items()):
             del now[key]
@@ -850,7 +1124,7 @@ class TrainingService:
         deferred = dict(self.store.get_state("threshold_deferred") or {})
         for key, n in list(deferred.items()):
             previous = self.store.get_state(f"threshold_job:{key}")
-            if previous and self._active(previous):
+            if previous and await self._active(previous):
                 continue
             del deferred[key]
             await self._fire_threshold(key, int(n), {"threshold_deferred": deferred})
@@ -902,7 +1176,7 @@ class TrainingService:
 
         await self.bus.consume(
             TRAJECTORY,
-            f"{self.durable}-scope",
+            f"{self.durable}-scope-{self.suffix}",
             batch_handler=index,
             stop=stop,
             validate=False,
@@ -922,6 +1196,8 @@ class TrainingService:
     async def check_schedule(self) -> bool:
         """Fire once when a schedule time passed since the last firing (missed ones too)."""
         assert self.schedule is not None
+        if self.lease_kv is not None and not self.trigger_owner:
+            return False  # another runner fires (the same id: one job if both did)
         last = datetime.fromisoformat(self.store.get_state("schedule_last"))
         due = self.schedule.due(last)
         if due is None:
@@ -956,6 +1232,25 @@ def _kill(proc: asyncio.subprocess.Process) -> None:
     if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
+
+
+def _slug(name: str) -> str:
+    """A name fit for consumer and lease keys."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64] or "_"
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
+def _die_with_parent() -> None:
+    """In the job process before exec: die with the runner (Linux), so a runner that is
+    SIGKILLed leaves no job writing checkpoints beside the one that resumes it elsewhere."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(Exception):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _kill_stale(pid: int) -> None:
