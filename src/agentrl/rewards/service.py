@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import nats.errors
+import orjson
 
 from agentrl.bus import Bus, ConsumeStats, Deferred, Delivery, PermanentError, TransientError
 from agentrl.contracts.feedback import FeedbackEvent
@@ -44,6 +45,7 @@ from agentrl.contracts.subjects import FEEDBACK, REWARD, TRAJECTORY
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.observability import instrument as obs
 from agentrl.rewards.calculator import Scored, ScoringInput, rescore_with_feedback, score_batch
+from agentrl.rewards.claims import Claims, Record
 from agentrl.rewards.code import CodeChecker
 from agentrl.rewards.components import FeedbackState
 from agentrl.rewards.config import RewardConfig
@@ -84,7 +86,9 @@ class RewardService:
         self.max_deliver = max_deliver
         self.ack_wait = ack_wait
         self.max_inflight = max_inflight
-        self._inflight: deque[asyncio.Task[None]] = deque()
+        self._inflight: deque[asyncio.Task[bool]] = deque()
+        # The shared records (NATS KV) that make replicas exactly-once; opened by `run`.
+        self.claims: Claims | None = None
         self._inflight_ids: set[str] = set()  # reward ids an in-flight publish carries
         # One SQLite connection, used from the loop and (for the fsynced batch commit) from a
         # worker thread: every use goes through this lock, so transactions never overlap and
@@ -109,6 +113,12 @@ class RewardService:
         failure (the caller, e.g. `agentrl up`'s supervisor, restarts the service)."""
         stop = stop or asyncio.Event()
         await self.bus.ensure_streams()
+        self.claims = await Claims.open(
+            self.bus.js,
+            self.durable,
+            replicas=self.bus.stream_replicas,
+            ttl_s=self.config.retention_days * 86400,
+        )
         self._maybe_prune()
         log.info(
             "reward service started (calculator %s, %d rewards stored)",
@@ -158,15 +168,20 @@ class RewardService:
             self.close()
 
     # ---- publishing: pipelined, confirmed through the outbox ------------------------------
-    def _publish_later(self, items: list[tuple[str, bytes, str]]) -> None:
+    def _publish_later(self, items: list[tuple[str, bytes, str]]) -> asyncio.Task[bool] | None:
         """Publish in the background and take the rewards out of the outbox once JetStream
-        has them. The batch handler returns meanwhile, so the next batch is fetched and
-        scored while these PubAcks travel."""
-        if items:
-            self._inflight_ids.update(rid for _, _, rid in items)
-            self._inflight.append(asyncio.create_task(self._publish(items)))
+        has them. The next batch is fetched and scored while these PubAcks travel; the
+        trajectories are acked only once the task says the rewards are stored (a replica
+        whose machine is lost with its outbox leaves them unacked, so another replica
+        publishes them from the shared records)."""
+        if not items:
+            return None
+        self._inflight_ids.update(rid for _, _, rid in items)
+        task = asyncio.create_task(self._publish(items))
+        self._inflight.append(task)
+        return task
 
-    async def _publish(self, items: list[tuple[str, bytes, str]]) -> None:
+    async def _publish(self, items: list[tuple[str, bytes, str]]) -> bool:
         ids = [rid for _, _, rid in items]
         try:
             try:
@@ -176,12 +191,13 @@ class RewardService:
                     "publishing %d rewards failed (kept in the outbox): %s", len(items), exc
                 )
                 self.counters["publish_failures"] += 1
-                return
+                return False
             # A service closed meanwhile replays these at its next start (after checking the
             # stream, so they are not published twice).
             async with self._db:
                 with contextlib.suppress(sqlite3.ProgrammingError):
                     self.store.confirm(ids)
+            return True
         finally:
             self._inflight_ids.difference_update(ids)
 
@@ -325,6 +341,9 @@ class RewardService:
         await self._db.acquire()
         try:
             stored = self.store.rewards(ids)
+            # A stored reward still in the outbox is not known to be published: its
+            # trajectory waits (nak) until it is, rather than being acked on a local promise.
+            unconfirmed = self.store.unconfirmed(list(stored)) if stored else set()
             already_dropped = self.store.dropped(ids) if self._have_dropped else set()
             delta: Counter[str] = Counter()  # counted only once the batch is committed
             drops: list[tuple[str, str]] = []
@@ -333,6 +352,9 @@ class RewardService:
                 tid = ev.trajectory_id
                 if tid in stored:  # redelivered or republished: its reward is in the outbox or out
                     self.counters["redelivered"] += 1  # observed, not committed state
+                    if tid in unconfirmed and i not in copies:
+                        outcomes[i] = TransientError("its reward is not confirmed published yet")
+                        self.counters["publish_failures"] += 1  # replay the outbox soon
                 elif tid in already_dropped or i in copies:
                     pass
                 elif i in opted_out:
@@ -349,9 +371,13 @@ class RewardService:
             rewards, new_state, commit = self._score(
                 prepared.order, prepared.inputs, outcomes, delta
             )
+            rewards, feedback_new = await self._claim(
+                events, rewards, commit, drops, outcomes, delta
+            )
             committed = self._start_commit(
                 rewards=commit["rewards"],
                 windows=new_state,
+                feedback_new=feedback_new,
                 feedback_applied=commit["feedback_applied"],
                 dropped=drops,
                 counters=dict(self.counters + delta),
@@ -372,12 +398,108 @@ class RewardService:
             obs.reward_batch(events, rewards, time.perf_counter() - started)  # never raises
             if drops:
                 self._have_dropped = True
+            if feedback_new:
+                self._have_pending = True
             self._maybe_collect()
-            self._publish_later([(REWARD, r.to_json(), r.reward_id) for r in rewards])
+            task = self._publish_later([(REWARD, r.to_json(), r.reward_id) for r in rewards])
             await self._backpressure()
+            if task is not None and not await asyncio.shield(task):
+                where = {tid: i for i, tid in reversed(list(enumerate(ids)))}
+                for r in rewards:  # kept in the outbox; acked once it is published
+                    i = where[r.trajectory_id]
+                    outcomes[i] = outcomes[i] or TransientError("reward not confirmed published")
             return outcomes
 
         return Deferred(asyncio.ensure_future(finish()))
+
+    async def _claim(
+        self,
+        events: list[TrajectoryEvent],
+        rewards: list[Scored],
+        commit: dict[str, Any],
+        drops: list[tuple[str, str]],
+        outcomes: list[BaseException | None],
+        delta: Counter[str],
+    ) -> tuple[list[Scored], list[tuple[str, str, str, int | None]]]:
+        """Commit this batch's rewards to the shared records (create-only keys, see
+        `claims`); returns the rewards to publish and feedback rows to store.
+
+        A record another replica committed first wins: its reward replaces ours here (so
+        the local cache agrees) and is published again only when the reward stream lacks
+        it (that replica died between its commit and its publish; same Msg-Id). Feedback
+        another replica recorded before the trajectory arrived is stored here and the
+        trajectory is nakked: its redelivery is scored with the feedback folded in."""
+        if self.claims is None:  # not running on a bus (the profiler)
+            return rewards, []
+        claims, now = self.claims, time.time()
+        if drops:
+            dropped = orjson.dumps({"version": 0, "dropped": "opted out", "at": now})
+            await claims.create_many([(tid, dropped) for tid, _ in drops])
+        rows: list[tuple[str, int, bytes, dict[str, Any]]] = commit["rewards"]
+        found = await claims.create_many(
+            [(tid, claims.scored(data, fb, v, now)) for tid, v, data, fb in rows]
+        )
+        if all(rec is None for rec in found):
+            return rewards, []
+        where = {ev.trajectory_id: i for i, ev in reversed(list(enumerate(events)))}
+        mine: list[Scored] = []
+        kept: list[tuple[str, int, bytes, dict[str, Any]]] = []
+        theirs: list[tuple[Scored, Record]] = []
+        feedback_new: list[tuple[str, str, str, int | None]] = []
+        own = 0
+        for r, row, rec in zip(rewards, rows, found, strict=True):
+            tid = r.trajectory_id
+            if rec is None:
+                mine.append(r)
+                kept.append(row)
+            elif rec.scored:
+                win = Scored(rec.data["reward"])
+                theirs.append((win, rec))
+                kept.append((tid, rec.version, win.to_json(), rec.data.get("feedback", {})))
+                if rec.data.get("by") == claims.replica:  # an earlier attempt of ours
+                    own += 1
+                else:
+                    delta["scored_by_another_replica"] += 1
+            elif rec.dropped is not None:
+                drops.append((tid, rec.dropped))
+            else:  # feedback first, recorded by a replica: fold it in (now or at redelivery)
+                have = set(row[3].get("feedback_ids", []))
+                missing = [p for p in rec.pending if p["feedback_id"] not in have]
+                if not missing:
+                    value = claims.scored(row[2], row[3], row[1], now)
+                    if await claims.update(tid, value, rec.revision) is not None:
+                        mine.append(r)
+                        kept.append(row)
+                        continue
+                feedback_new += [(p["feedback_id"], tid, json.dumps(p), None) for p in missing]
+                outcomes[where[tid]] = TransientError("feedback came first: scored again with it")
+        delta["trajectories_scored"] -= len(rewards) - len(mine) - own
+        delta["rewards_published"] -= len(rewards) - len(mine)
+        applied = {fid for fid, _ in commit["feedback_applied"]}
+        commit["rewards"] = kept
+        commit["feedback_applied"] = [
+            (fid, 1) for row in kept for fid in row[3].get("feedback_ids", []) if fid in applied
+        ]
+        republish = await self._missing_from_stream(theirs, now)
+        delta["rewards_published"] += len(republish)
+        delta["republished_committed"] += len(republish)
+        return mine + republish, feedback_new
+
+    async def _missing_from_stream(
+        self, records: list[tuple[Scored, Record]], now: float
+    ) -> list[Scored]:
+        """The committed rewards among these that the reward stream does not hold.
+
+        Only records younger than the redelivery horizon are checked: an older record's
+        message was redelivered (to a replica that published it) long ago, or was
+        dead-lettered; reading the stream back from days ago would cost more than it tells."""
+        horizon = now - self.ack_wait * (self.max_deliver + 1) - 60.0
+        recent = [(r, rec) for r, rec in records if float(rec.data.get("at", 0.0)) > horizon]
+        if not recent:
+            return []
+        since = min(float(rec.data["at"]) for _, rec in recent)
+        held = await published_reward_ids(self.bus, since - STREAM_CHECK_MARGIN_S)
+        return [r for r, _ in recent if r.reward_id not in held]
 
     def _score(
         self,
@@ -442,29 +564,42 @@ class RewardService:
         await asyncio.shield(self._start_commit(**rows))
 
     async def handle_feedback(self, deliveries: list[Delivery]) -> list[BaseException | None]:
-        """The batch handler of `agent.rl.feedback.v1`."""
+        """The batch handler of `agent.rl.feedback.v1`: acked once the rewards it produced
+        are stored in the reward stream."""
         async with self._db:
-            outcomes, latest = await self._feedback(deliveries)
-        self._publish_later([(REWARD, r.to_json(), r.reward_id) for r in latest.values()])
+            outcomes, publish = await self._feedback(deliveries)
+        task = self._publish_later([(REWARD, r.to_json(), r.reward_id) for r in publish])
         await self._backpressure()
+        if task is not None and not await asyncio.shield(task):
+            failed = {r.trajectory_id for r in publish}
+            for i, d in enumerate(deliveries):
+                if d.event.trajectory_id in failed:
+                    outcomes[i] = outcomes[i] or TransientError("reward not confirmed published")
         return outcomes
 
     async def _feedback(
         self, deliveries: list[Delivery]
-    ) -> tuple[list[BaseException | None], dict[str, Scored]]:
+    ) -> tuple[list[BaseException | None], list[Scored]]:
         outcomes: list[BaseException | None] = [None] * len(deliveries)
         events: list[FeedbackEvent] = [d.event for d in deliveries]
         seen = self.store.feedback_seen([e.feedback_id for e in events])
         stored = self.store.rewards([e.trajectory_id for e in events])
         dropped = self.store.dropped([e.trajectory_id for e in events])
+        unconfirmed = self.store.unconfirmed([tid for tid, _ in seen.values()]) if seen else set()
         latest: dict[str, Scored] = {}
         states: dict[str, FeedbackState] = {}
+        records: dict[str, Record | None] = {}
+        theirs: list[tuple[Scored, Record]] = []
         new_rows: list[tuple[str, str, str, int | None]] = []
         delta: Counter[str] = Counter()
         for i, ev in enumerate(events):
             tid = ev.trajectory_id
             if ev.feedback_id in seen or any(r[0] == ev.feedback_id for r in new_rows):
-                continue  # its reward version is committed: published or in the outbox
+                # its reward version is committed; acked once it is confirmed published
+                if seen.get(ev.feedback_id, ("", None))[0] in unconfirmed:
+                    outcomes[i] = TransientError("its reward is not confirmed published yet")
+                    self.counters["publish_failures"] += 1  # replay the outbox soon
+                continue
             if tid in dropped or (
                 ev.user_id is not None and ev.user_id in self.config.opt_out_users
             ):
@@ -480,8 +615,28 @@ class RewardService:
                 if self.config.redact
                 else ev.model_dump(mode="json")
             )
+            row_payload = json.dumps(payload)
+            if self.claims is not None:  # the shared record decides
+                try:
+                    kind, reward, state, rec = await self._apply_shared(ev, payload, records)
+                except TransientError as exc:
+                    outcomes[i] = exc
+                    continue
+                if kind == "pending":
+                    new_rows.append((ev.feedback_id, tid, row_payload, None))
+                    delta["feedback_pending"] += 1
+                elif kind == "dropped":
+                    delta["feedback_dropped_opt_out"] += 1
+                elif kind == "already" and reward is not None and rec is not None:
+                    new_rows.append((ev.feedback_id, tid, row_payload, reward.version))
+                    theirs.append((reward, rec))
+                elif reward is not None and state is not None:  # applied
+                    latest[tid], states[tid] = reward, state
+                    new_rows.append((ev.feedback_id, tid, row_payload, reward.version))
+                    delta["feedback_applied"] += 1
+                continue
             if tid not in stored and tid not in latest:
-                new_rows.append((ev.feedback_id, tid, json.dumps(payload), None))
+                new_rows.append((ev.feedback_id, tid, row_payload, None))
                 delta["feedback_pending"] += 1
                 continue
             if tid not in latest:
@@ -491,20 +646,79 @@ class RewardService:
                 previous = latest[tid].payload
             states[tid].apply(ev.type, ev.rating, ev.feedback_id)
             latest[tid] = rescore_with_feedback(previous, states[tid], self.state, self.config)
-            new_rows.append((ev.feedback_id, tid, json.dumps(payload), latest[tid].version))
+            new_rows.append((ev.feedback_id, tid, row_payload, latest[tid].version))
             delta["feedback_applied"] += 1
         delta["rewards_published"] += len(latest)
         rows = [(tid, r.version, r.to_json(), states[tid].to_dict()) for tid, r in latest.items()]
+        republish = [
+            r
+            for r in await self._missing_from_stream(theirs, time.time())
+            if r.trajectory_id not in latest
+        ]
+        rows += [
+            (r.trajectory_id, r.version, r.to_json(), rec.data.get("feedback", {}))
+            for r, rec in theirs
+            if r.trajectory_id not in latest
+        ]
+        publish = [*latest.values(), *republish]
         await self._commit(
             rewards=rows,
             feedback_new=new_rows,
             counters=dict(self.counters + delta),
-            outbox=[(r.reward_id, r.trajectory_id) for r in latest.values()],
+            outbox=[(r.reward_id, r.trajectory_id) for r in publish],
         )
         self.counters.update(delta)
         if delta["feedback_pending"]:
             self._have_pending = True
-        return outcomes, latest
+        return outcomes, publish
+
+    async def _apply_shared(
+        self, ev: FeedbackEvent, payload: dict[str, Any], records: dict[str, Record | None]
+    ) -> tuple[str, Scored | None, FeedbackState | None, Record | None]:
+        """Apply one feedback event to its trajectory's shared record (compare-and-set).
+
+        Returns ("pending"|"dropped"|"applied"|"already", reward, feedback state, record):
+        before its trajectory is scored the feedback is appended to the record's pending
+        list; after, it makes the next reward version, unless the record already carries it
+        ("already": committed by a replica, maybe never published). `records` caches this
+        batch's latest records."""
+        assert self.claims is not None
+        claims, tid = self.claims, ev.trajectory_id
+        for _ in range(8):
+            rec = records.pop(tid) if tid in records else await claims.get(tid)
+            if rec is None:
+                value = orjson.dumps({"version": 0, "pending": [payload], "at": time.time()})
+                rec = await claims.create(tid, value)
+                if rec is None:
+                    records[tid] = await claims.get(tid)
+                    return "pending", None, None, None
+                records[tid] = rec
+                continue
+            if rec.dropped is not None:
+                records[tid] = rec
+                return "dropped", None, None, None
+            if not rec.scored:
+                if any(p.get("feedback_id") == ev.feedback_id for p in rec.pending):
+                    records[tid] = rec
+                    return "pending", None, None, None
+                value = orjson.dumps({**rec.data, "pending": [*rec.pending, payload]})
+                rev = await claims.update(tid, value, rec.revision)
+                if rev is not None:
+                    records[tid] = Record(orjson.loads(value), rev)
+                    return "pending", None, None, None
+                continue
+            state = FeedbackState.from_dict(rec.data.get("feedback", {}))
+            if ev.feedback_id in state.feedback_ids:
+                records[tid] = rec
+                return "already", Scored(rec.data["reward"]), state, rec
+            state.apply(ev.type, ev.rating, ev.feedback_id)
+            reward = rescore_with_feedback(rec.data["reward"], state, self.state, self.config)
+            value = claims.scored(reward.to_json(), state.to_dict(), reward.version, time.time())
+            rev = await claims.update(tid, value, rec.revision)
+            if rev is not None:
+                records[tid] = Record(orjson.loads(value), rev)
+                return "applied", reward, state, None
+        raise TransientError(f"the shared reward record of {tid} kept changing; retried")
 
 
 STREAM_CHECK_MARGIN_S = 5.0  # clock skew and commit-to-publish delay, in seconds

@@ -1,0 +1,146 @@
+"""Shared reward records in NATS KV: one reward per (trajectory, version) across replicas.
+
+Why: N reward services share one durable consumer. A trajectory redelivered to another
+replica (its first holder was killed, or stalled past ack_wait) must not become a second
+reward, and the record of what was committed cannot live in one replica's SQLite file.
+
+One key per trajectory in the bucket `rl_rewards_<durable>` (the replicas of one service
+share its durable name, so they share the bucket). Its value (JSON) is one of:
+- `{"version": n, "reward": {...}, "feedback": {...}, "by": replica, "at": unix}`: reward
+  version n is committed (and published, or about to be, under Nats-Msg-Id = its reward_id);
+- `{"version": 0, "pending": [feedback payloads]}`: feedback that came before its trajectory;
+- `{"version": 0, "dropped": reason}`: an opted-out trajectory (its feedback is dropped too).
+
+Every transition is create-only (`kv.create` fails when the key exists) or compare-and-set
+on the revision, so exactly one replica commits each version. A replica killed between the
+commit and the publish leaves a record whose reward is not in the stream: whoever gets the
+redelivered message publishes the record's reward under the same id (after reading the
+reward stream back, so it is stored once even after JetStream's duplicate window).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import nats.js.errors
+import orjson
+
+_SAFE = re.compile(r"[A-Za-z0-9_-]{1,200}")
+_BUCKET_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def replica_name() -> str:
+    """This process's name among replicas: $AGENTRL_REPLICA, else host-pid."""
+    return os.environ.get("AGENTRL_REPLICA") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def key_for(trajectory_id: str) -> str:
+    """A KV key for a trajectory id (ids outside the key alphabet are hashed)."""
+    if _SAFE.fullmatch(trajectory_id):
+        return trajectory_id
+    return "sha256_" + hashlib.sha256(trajectory_id.encode()).hexdigest()
+
+
+def bucket_name(durable: str) -> str:
+    return "rl_rewards_" + _BUCKET_UNSAFE.sub("_", durable)
+
+
+@dataclass
+class Record:
+    """A trajectory's shared record and its KV revision (for compare-and-set)."""
+
+    data: dict[str, Any]
+    revision: int
+
+    @property
+    def version(self) -> int:
+        return int(self.data.get("version", 0))
+
+    @property
+    def scored(self) -> bool:
+        return self.version >= 1
+
+    @property
+    def dropped(self) -> str | None:
+        why = self.data.get("dropped")
+        return str(why) if why is not None else None
+
+    @property
+    def pending(self) -> list[dict[str, Any]]:
+        return list(self.data.get("pending", []))
+
+
+class Claims:
+    """The bucket of shared reward records (see the module docstring)."""
+
+    def __init__(self, kv: Any, replica: str) -> None:
+        self.kv = kv
+        self.replica = replica
+
+    @classmethod
+    async def open(cls, js: Any, durable: str, *, replicas: int = 1, ttl_s: float = 0.0) -> Claims:
+        from nats.js.api import KeyValueConfig
+
+        name = bucket_name(durable)
+        try:
+            kv = await js.key_value(name)
+        except nats.js.errors.BucketNotFoundError:
+            try:
+                kv = await js.create_key_value(
+                    KeyValueConfig(bucket=name, history=1, ttl=ttl_s or None, replicas=replicas)
+                )
+            except nats.js.errors.BadRequestError:  # another replica created it meanwhile
+                kv = await js.key_value(name)
+        return cls(kv, replica_name())
+
+    def scored(
+        self, reward_json: bytes, feedback: dict[str, Any], version: int, at: float
+    ) -> bytes:
+        """The value of a committed reward version (`reward_json`: the reward as published)."""
+        rest = orjson.dumps({"feedback": feedback, "by": self.replica, "at": at})
+        return b'{"version":%d,"reward":%s,%s' % (version, reward_json, rest[1:])
+
+    async def get(self, trajectory_id: str) -> Record | None:
+        try:
+            entry = await self.kv.get(key_for(trajectory_id))
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        if not entry.value:
+            return None
+        return Record(orjson.loads(entry.value), int(entry.revision or 0))
+
+    async def create(self, trajectory_id: str, value: bytes) -> Record | None:
+        """Create the record; None when this call created it, else the record that exists."""
+        try:
+            await self.kv.create(key_for(trajectory_id), value)
+            return None
+        except nats.js.errors.KeyWrongLastSequenceError:
+            pass
+        for _ in range(20):  # it exists; read it (a purge in between would read as missing)
+            found = await self.get(trajectory_id)
+            if found is not None:
+                return found
+            try:
+                await self.kv.create(key_for(trajectory_id), value)
+                return None
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue
+        raise RuntimeError(f"cannot create or read the reward record of {trajectory_id}")
+
+    async def create_many(self, items: list[tuple[str, bytes]]) -> list[Record | None]:
+        """`create` for many trajectories at once (concurrent round trips)."""
+        return list(await asyncio.gather(*(self.create(tid, value) for tid, value in items)))
+
+    async def update(self, trajectory_id: str, value: bytes, revision: int) -> int | None:
+        """Compare-and-set: the new revision, or None when someone else changed the record
+        since `revision`."""
+        try:
+            return int(await self.kv.update(key_for(trajectory_id), value, last=revision))
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return None
