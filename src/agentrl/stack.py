@@ -4,6 +4,12 @@ A service is `async def serve(bus, stop, settings) -> None` that runs until `sto
 SERVICES names them by import path so this module needs none of them to import. Each runs
 under a supervisor that restarts it with exponential backoff when it dies and keeps its health
 (state, restarts, last error) where the status panel and `GET /health` can read it.
+
+`agentrl up --replicas N` runs N of every service on this machine: this process is replica 0,
+and N-1 child processes (`python -m agentrl.stack`, restarted with backoff when they die) run
+the same services against the same NATS and data dir, each with `AGENTRL_REPLICA_ID=replica-i`
+and its own ports (control API and gateway at the base port + i). Each replica is what one
+host would run: see docs/guide/replicas.md.
 """
 
 from __future__ import annotations
@@ -11,7 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import subprocess
+import sys
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -203,11 +212,118 @@ def running_stack(bus: Any) -> RunningStack | None:
         return None
 
 
-async def serve_all(url: str, settings: Settings, services: bool, console: Console) -> None:
+def replica_env(url: str, settings: Settings, i: int) -> dict[str, str]:
+    """The environment of replica `i` (1..N-1): same NATS, data dir and settings, its own
+    replica id and ports."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "NATS_URL": url,
+            "AGENTRL_NATS_URL": url,
+            "AGENTRL_DATA_DIR": str(Path(settings.data_dir).resolve()),
+            "AGENTRL_REPLICA_ID": f"replica-{i}",
+            "AGENTRL_API_PORT": str(settings.api_port + i),
+            "AGENTRL_GATEWAY_PORT": str(settings.gateway_port + i),
+            "AGENTRL_STREAM_REPLICAS": str(settings.stream_replicas),
+        }
+    )
+    return env
+
+
+@dataclass
+class Replica:
+    """One child process running every service (replica `index`), restarted when it dies."""
+
+    index: int
+    env: dict[str, str]
+    log_file: Path
+    proc: subprocess.Popen[bytes] | None = None
+    health: ServiceHealth = field(default_factory=lambda: ServiceHealth("replica"))
+
+    def start(self) -> None:
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "ab") as fh:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "agentrl.stack"],
+                env=self.env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        self.health.state, self.health.since = "running", time.time()
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+async def run_replicas(
+    url: str,
+    settings: Settings,
+    count: int,
+    stop: asyncio.Event,
+    health: dict[str, ServiceHealth],
+) -> None:
+    """Start replicas 1..count-1 and keep them running (restart with backoff) until `stop`."""
+    logs = Path(settings.data_dir).resolve() / "logs"
+    replicas = [
+        Replica(i, replica_env(url, settings, i), logs / f"replica-{i}.log")
+        for i in range(1, count)
+    ]
+    for r in replicas:
+        r.health = ServiceHealth(f"replica {r.index}")
+        health[r.health.name] = r.health
+        r.start()
+    failures = {r.index: 0 for r in replicas}
+    try:
+        while not stop.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+            for r in replicas:
+                code = r.proc.poll() if r.proc is not None else None
+                if code is None or stop.is_set():
+                    continue
+                failures[r.index] += 1
+                r.health.restarts += 1
+                r.health.last_error = f"exited with {code}; see {r.log_file}"
+                r.health.state = "restarting"
+                delay = BACKOFF_S[min(failures[r.index] - 1, len(BACKOFF_S) - 1)]
+                log.warning("replica %d exited (%s): restarting in %.0f s", r.index, code, delay)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                if not stop.is_set():
+                    r.start()
+    finally:
+        await asyncio.gather(*(asyncio.to_thread(r.stop) for r in replicas))
+        for r in replicas:
+            r.health.state = "stopped"
+
+
+async def serve_all(
+    url: str, settings: Settings, services: bool, console: Console, replicas: int = 1
+) -> None:
     from agentrl.status_panel import run_panel
 
     only: set[str] | None = None if services else set()
     async with stack_services(url, settings, only=only) as stack:
+        if services and replicas > 1:
+            stack.tasks.append(
+                asyncio.create_task(
+                    run_replicas(url, settings, replicas, stack.stop, stack.health),
+                    name="replicas",
+                )
+            )
+            for i in range(1, replicas):
+                console.print(
+                    f"  replica {i}: control API :{settings.api_port + i}, "
+                    f"gateway :{settings.gateway_port + i}"
+                )
         loop = asyncio.get_running_loop()
         main = asyncio.current_task()
 
@@ -236,9 +352,9 @@ async def serve_all(url: str, settings: Settings, services: bool, console: Conso
     console.print("stopped cleanly")
 
 
-def _run(url: str, settings: Settings, services: bool, console: Console) -> None:
+def _run(url: str, settings: Settings, services: bool, console: Console, replicas: int = 1) -> None:
     try:
-        asyncio.run(serve_all(url, settings, services, console))
+        asyncio.run(serve_all(url, settings, services, console, replicas))
     except (asyncio.CancelledError, KeyboardInterrupt):
         console.print("[yellow]stopped (forced by a second signal)[/]")
         raise SystemExit(130) from None
@@ -259,7 +375,9 @@ def preflight(settings: Settings) -> None:
         check_exposure(settings.gateway_host, bool(keys), "the gateway", settings.allow_open)
 
 
-def run_stack(data_dir: str | None = None, port: int | None = None, services: bool = True) -> None:
+def run_stack(
+    data_dir: str | None = None, port: int | None = None, services: bool = True, replicas: int = 1
+) -> None:
     from agentrl.apiauth import OpenBindRefused
 
     settings = get_settings()
@@ -273,7 +391,7 @@ def run_stack(data_dir: str | None = None, port: int | None = None, services: bo
         raise SystemExit(2) from None
     if settings.nats_url:
         console.print(f"using NATS at [bold]{settings.nats_url}[/] (NATS_URL)")
-        _run(settings.nats_url, settings, services, console)
+        _run(settings.nats_url, settings, services, console, replicas)
         return
     with EmbeddedNats(settings=settings, port=port) as server:
         console.print(
@@ -281,5 +399,25 @@ def run_stack(data_dir: str | None = None, port: int | None = None, services: bo
             f"  store: {server.store_dir}\n  log:   {server.log_file}\n"
             f"  export NATS_URL={server.url}  # for other shells"
         )
-        _run(server.url, settings, services, console)
+        _run(server.url, settings, services, console, replicas)
     log.info("nats-server stopped")
+
+
+async def _replica_main() -> None:
+    """One replica (a child of `agentrl up --replicas N`): every service, no panel, until
+    SIGTERM."""
+    settings = get_settings()
+    url = settings.nats_url or ""
+    async with stack_services(url, settings) as stack:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stack.stop.set)
+        log.info("replica %s up against %s", os.environ.get("AGENTRL_REPLICA_ID"), url)
+        await stack.stop.wait()
+
+
+if __name__ == "__main__":
+    from agentrl.logs import setup_logging
+
+    setup_logging()
+    asyncio.run(_replica_main())

@@ -18,6 +18,12 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             help="Start a JetStream cluster of this many nats-servers on loopback (e.g. 3) "
             "with streams replicated min(3, N) times, instead of one server.",
         ),
+        replicas: int = typer.Option(
+            1,
+            min=1,
+            help="Run this many of every service on this machine (replica i: its own "
+            "processes, AGENTRL_REPLICA_ID=replica-i, API and gateway at the base port + i).",
+        ),
     ) -> None:
         """Start the whole embedded stack: nats-server with JetStream and all streams,
         the reward service, the warehouse ingester, the training service with its
@@ -54,9 +60,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         enable_for_stack(data_dir)  # job child processes report to the one /metrics
 
         if cluster:
-            _up_cluster(cluster, data_dir, not no_services)
+            _up_cluster(cluster, data_dir, not no_services, replicas)
             return
-        run_stack(data_dir=data_dir, port=port or None, services=not no_services)
+        run_stack(data_dir=data_dir, port=port or None, services=not no_services, replicas=replicas)
 
     @bench.command("bus")
     def bench_bus(
@@ -166,7 +172,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         report("bus", rows, {k: res[k] for k in keys})
 
 
-def _up_cluster(size: int, data_dir: str | None, services: bool) -> None:
+def _up_cluster(size: int, data_dir: str | None, services: bool, replicas: int = 1) -> None:
     """`agentrl up --cluster N`: N local nats-servers, NATS_URL pointing at all of them and
     AGENTRL_STREAM_REPLICAS=min(3, N), then the usual stack against them."""
     import os
@@ -184,4 +190,4 @@ def _up_cluster(size: int, data_dir: str | None, services: bool) -> None:
         print(f"nats cluster of {size} servers, JetStream store under {base / 'cluster'}")
         for node in nodes.nodes:
             print(f"  {node.server_name} listening on {node.url}  log: {node.log_file}")
-        run_stack(data_dir=data_dir, services=services)
+        run_stack(data_dir=data_dir, services=services, replicas=replicas)
