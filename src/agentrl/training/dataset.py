@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -236,7 +237,111 @@ async def read_subject(
     idle_timeout: float = 2.0,
 ) -> list[bytes]:
     """Every message of `subject` in `stream` stored at or after `start` (all when None), up
-    to the stream's last message at the time of the call; ordered push consumer, no acks."""
+    to the stream's last message at the time of the call.
+
+    Read with batched pull requests on an ephemeral consumer (no acks) into a raw
+    subscription (`bus.wire.subscribe` with a sink): no nats-py `Msg`, header parse or
+    callback task per message, which was most of the read (measured: 200,000 messages
+    2-3x faster). Falls back to nats-py's ordered push consumer where the connection lacks
+    the internals the raw subscription uses."""
+    from agentrl.bus import wire
+
+    nc = getattr(js, "_nc", None)
+    if nc is None or not wire.supported(nc):
+        return await _read_ordered(js, stream, subject, start, idle_timeout)
+    return await _read_pulled(js, nc, stream, subject, start, idle_timeout)
+
+
+PULL_BATCH = 2000  # messages per pull request (two in flight): bounded bytes in transit
+
+
+async def _read_pulled(
+    js: Any, nc: Any, stream: str, subject: str, start: datetime | None, idle_timeout: float
+) -> list[bytes]:
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    from agentrl.bus import wire
+
+    info = await js.stream_info(stream)
+    if int(info.state.messages) == 0:
+        return []
+    config = ConsumerConfig(
+        ack_policy=AckPolicy.NONE,
+        filter_subject=subject,
+        mem_storage=True,
+        num_replicas=1,
+        inactive_threshold=max(60.0, idle_timeout * 4),
+    )
+    if start is not None:
+        config.deliver_policy = DeliverPolicy.BY_START_TIME
+        config.opt_start_time = start - CLOCK_SKEW
+    reconnects = nc.stats.get("reconnects", 0)
+    consumer = await js.add_consumer(stream, config=config)
+    expected = int(consumer.num_pending)
+    out: list[bytes] = []
+    unfilled = [0]  # messages that ended requests (408/409 status) left undelivered
+    arrived = asyncio.Event()
+
+    def sink(_subject: bytes, data: bytes, headers: bytes | None) -> None:
+        if headers is not None and headers[8:10] != b"\r\n":  # a status line: request ended
+            if headers[9:12] in (b"408", b"409"):
+                for line in headers.split(b"\r\n"):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"nats-pending-messages":
+                        unfilled[0] += int(value)
+                arrived.set()
+            return
+        out.append(data)
+        if len(out) >= expected or len(out) % PULL_BATCH == 0:
+            arrived.set()
+
+    inbox = nc.new_inbox()
+    sub = await wire.subscribe(nc, inbox, sink)
+    next_subject = f"{js._prefix}.CONSUMER.MSG.NEXT.{stream}.{consumer.name}"
+    requested = 0
+    paused = gc_paused()
+    paused.__enter__()
+    try:
+        idle_since = time.monotonic()
+        count = 0
+        while len(out) < expected:
+            requested -= unfilled[0]
+            unfilled[0] = 0
+            frames = []
+            while requested - len(out) < 2 * PULL_BATCH and requested < expected:
+                n = min(PULL_BATCH, expected - requested)
+                body = b'{"batch":%d,"expires":%d}' % (n, int(idle_timeout * 1e9))
+                frames.append(
+                    b"PUB %s %s %d\r\n%s\r\n"
+                    % (next_subject.encode(), inbox.encode(), len(body), body)
+                )
+                requested += n
+            await wire.write(nc, frames)
+            arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(arrived.wait(), idle_timeout)
+            if len(out) > count:
+                count, idle_since = len(out), time.monotonic()
+            elif time.monotonic() - idle_since > idle_timeout:
+                break  # nothing for a while: messages removed meanwhile (limits, age)
+    finally:
+        paused.__exit__(None, None, None)
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+        with contextlib.suppress(Exception):
+            await js.delete_consumer(stream, consumer.name)
+    if nc.stats.get("reconnects", 0) != reconnects and len(out) < expected:
+        raise ConnectionError(
+            f"reading {stream}: the connection to NATS was re-established mid-read "
+            f"({len(out)} of {expected} messages): read again"
+        )
+    return out[:expected]
+
+
+async def _read_ordered(
+    js: Any, stream: str, subject: str, start: datetime | None, idle_timeout: float
+) -> list[bytes]:
+    """`read_subject` through nats-py's ordered push consumer (the fallback)."""
     from nats.js.api import DeliverPolicy
 
     info = await js.stream_info(stream)
