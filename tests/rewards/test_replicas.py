@@ -60,9 +60,17 @@ async def fresh_bus(server: EmbeddedNats) -> Bus:
 
 
 async def start_replicas(
-    bus: Bus, url: str, tmp_path: Path, durable: str, names: tuple[str, ...] = ("a", "b")
+    bus: Bus,
+    url: str,
+    tmp_path: Path,
+    durable: str,
+    names: tuple[str, ...] = ("a", "b"),
+    one_data_dir: bool = False,
 ) -> dict[str, subprocess.Popen[bytes]]:
-    procs = {n: serve(url, tmp_path / n, n, durable, tmp_path / f"{n}.log") for n in names}
+    def data(n: str) -> Path:
+        return tmp_path / ("shared" if one_data_dir else n)
+
+    procs = {n: serve(url, data(n), n, durable, tmp_path / f"{n}.log") for n in names}
     deadline = time.monotonic() + 90
     while True:  # both replicas are past their ensure_streams (which restores the windows)
         for n, p in procs.items():
@@ -122,11 +130,16 @@ def per_version(got: list[dict[str, Any]]) -> Counter[tuple[str, int]]:
     return Counter((d["trajectory_id"], int(d["metadata"]["version"])) for d in got)
 
 
-async def test_two_replicas_one_sigkilled_mid_batch(server: EmbeddedNats, tmp_path: Path) -> None:
+@pytest.mark.parametrize("one_data_dir", [False, True], ids=["two-machines", "one-data-dir"])
+async def test_two_replicas_one_sigkilled_mid_batch(
+    server: EmbeddedNats, tmp_path: Path, one_data_dir: bool
+) -> None:
+    """As on two machines (a data dir each), and as two replicas on one machine that were
+    given the same data dir (one SQLite cache file: they must not corrupt each other)."""
     bus = await fresh_bus(server)
     durable = f"rewards-{uuid.uuid4().hex[:8]}"
     docs = [sample_trajectory(i, trajectory_id=str(uuid.uuid4())) for i in range(1500)]
-    procs = await start_replicas(bus, server.url, tmp_path, durable)
+    procs = await start_replicas(bus, server.url, tmp_path, durable, one_data_dir=one_data_dir)
     try:
         for k in range(0, len(docs), 500):
             await bus.publish_many([TrajectoryEvent.model_validate(d) for d in docs[k : k + 500]])
