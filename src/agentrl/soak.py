@@ -79,6 +79,9 @@ class SoakConfig:
     release_kills: bool = True  # phase 6: the controller killed mid-rollback and mid-promote
     api_port_taken: bool = True  # phase 0: the control API's port taken at start
     nats_down_s: float = 60.0  # phase 4b: nats-server away this long while a job ends
+    replicas: int = 1  # > 1: the replicated soak (agentrl.soak_replicas)
+    cluster: int = 0  # nodes of the NATS cluster under the replicated soak (0: one server)
+    lease_ttl_s: float = 5.0  # training job and controller leases in the replicated soak
 
 
 def soak_environment(cfg: SoakConfig) -> dict[str, str]:

@@ -22,6 +22,20 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         recover_timeout_s: float = typer.Option(
             120.0, help="A component not back after this long counts as not recovered."
         ),
+        replicas: int = typer.Option(
+            1,
+            min=1,
+            help="Run this many of every service (each replica its own processes) and kill "
+            "one of each kind during the run (the replicated soak).",
+        ),
+        cluster: int = typer.Option(
+            0,
+            help="With --replicas: a NATS cluster of this many nodes (3); its stream "
+            "leader is killed during the run.",
+        ),
+        quick: bool = typer.Option(
+            False, "--quick", help="With --replicas: shorter waits and a smaller threshold."
+        ),
     ) -> None:
         """Run the loop on a stack whose services are separate processes (tiny model, loopback
         only) and kill, once each, the reward service, the warehouse ingester, a running
@@ -39,10 +53,34 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             threshold=threshold,
             restart_delay_s=restart_delay_s,
             recover_timeout_s=recover_timeout_s,
+            replicas=replicas,
+            cluster=cluster,
         )
 
         def say(line: str) -> None:
             print(line, flush=True)
+
+        if replicas > 1:
+            from agentrl.soak_replicas import main_json as replicas_json
+            from agentrl.soak_replicas import run_replicated_soak
+
+            if quick:
+                cfg.agents, cfg.threshold, cfg.settle_s = 1, min(threshold, 8), 3.0
+                cfg.job_wait_s, cfg.drain_timeout_s = 180.0, 120.0
+            try:
+                res = asyncio.run(run_replicated_soak(cfg, say))
+            except ValueError as exc:
+                typer.echo(f"error: {exc}", err=True)
+                raise typer.Exit(2) from exc
+            except (asyncio.CancelledError, KeyboardInterrupt) as exc:
+                typer.echo("soak stopped before the end (its services are stopped)", err=True)
+                raise typer.Exit(130) from exc
+            print(table(res), flush=True)
+            sys.stdout.write(replicas_json(res, replicas) + "\n")
+            sys.stdout.flush()
+            if not res.ok:
+                raise typer.Exit(1)
+            return
 
         try:
             result = asyncio.run(run_soak(cfg, say))

@@ -1,0 +1,504 @@
+"""`agentrl soak --replicas 2 --cluster 3`: two of every service over a NATS cluster, one of
+each kind SIGKILLed during the run, and one NATS node (a stream leader).
+
+Each replica is what one host would run, as its own processes: reward service, warehouse
+ingester, training runner and deployment controller + gateway, with its own data dir,
+`AGENTRL_REPLICA_ID` and gateway port; training checkpoints go to one shared folder. Agents
+act through every gateway (`openai` SDK, counted below it) and publish their episodes. During
+the run the soak kills, once each: the training runner that runs a job (mid-job), a reward
+service, a warehouse ingester, the active deployment controller (the holder of its lease) with
+its gateway, and the NATS node that leads RL_TRAJECTORIES (restarted after a while). Killed
+services are not restarted: the surviving replicas must do the work.
+
+Afterwards: every trajectory has exactly one reward per version (RL_REWARDS), the surviving
+warehouse equals the streams (an embedded chdb is per host, so each ingester replica keeps a
+whole warehouse with consumers of its own; with a ClickHouse server they share consumers),
+every job ended (none stuck) and the killed runner's job was resumed by the other, no
+controller decision was recorded twice and the standby took the lease within seconds, the
+gateways kept answering (errors counted). The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from agentrl.soak import (
+    ServiceProc,
+    SoakAgents,
+    SoakConfig,
+    SoakResult,
+    _check_streams,
+    _check_warehouse,
+    consumer_idle,
+    soak_environment,
+    wait_for,
+)
+
+ACTIVE = ("queued", "running")
+FINAL = ("completed", "failed", "cancelled")
+# decisions a controller takes once per rollout step (a second one means two acted)
+ONCE = ("advance", "promote", "rollback", "set_weight", "escalate", "reject", "validate")
+LAST_LINE_KEYS = (
+    "ok",
+    "replicas",
+    "duplicate_rewards",
+    "missing_rewards",
+    "stuck_jobs",
+    "jobs_resumed_elsewhere",
+    "controller_failover_s",
+    "gateway_errors",
+    "lost",
+)
+
+
+# ---- checks (pure: unit-tested on hand-made data) -------------------------------------------
+
+
+def duplicate_decisions(models: Iterable[Any]) -> list[tuple[str, str, Any, Any]]:
+    """Decisions recorded twice: the same model, action, rollout and step (two controllers
+    acting at once, or one repeating what a dead one did)."""
+    seen: Counter[tuple[str, str, Any, Any]] = Counter()
+    for m in models:
+        for d in m.decisions:
+            if d.action in ONCE:
+                ev = d.evidence or {}
+                key = (m.model_id, d.action, ev.get("deployment_id"), ev.get("step"))
+                if d.action == "set_weight":
+                    key = (m.model_id, d.action, ev.get("step"), d.weight)
+                seen[key] += 1
+    return [k for k, n in seen.items() if n > 1]
+
+
+@dataclass
+class JobHistory:
+    """Every status event of every job (RL_TRAINING), reduced to what the checks need."""
+
+    last: dict[str, str] = field(default_factory=dict)
+    runners: dict[str, list[str]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, statuses: Iterable[dict[str, Any]]) -> JobHistory:
+        h = cls()
+        for s in statuses:
+            job = str(s.get("training_job_id"))
+            h.last[job] = str(s.get("status"))
+            runner = (s.get("metadata") or {}).get("runner")
+            if runner and s.get("status") == "running":
+                seen = h.runners.setdefault(job, [])
+                if not seen or seen[-1] != runner:
+                    seen.append(str(runner))
+        return h
+
+    def stuck(self, current: dict[str, str] | None = None) -> list[str]:
+        """Jobs whose latest status is queued or running (`current`: the status bucket's
+        view, newer than the stream's when given)."""
+        states = {**self.last, **(current or {})}
+        return sorted(j for j, s in states.items() if s in ACTIVE)
+
+    def resumed_elsewhere(self) -> list[str]:
+        """Jobs run by more than one runner that ended."""
+        return sorted(
+            j for j, rs in self.runners.items() if len(set(rs)) > 1 and self.last.get(j) in FINAL
+        )
+
+
+def last_line(result: SoakResult, replicas: int) -> dict[str, Any]:
+    """The soak's last JSON line: the keys the issue names, then the rest of the figures."""
+    f = result.figures
+    head = {
+        "ok": result.ok,
+        "replicas": replicas,
+        "duplicate_rewards": f.get("duplicate_rewards"),
+        "missing_rewards": f.get("missing_rewards"),
+        "stuck_jobs": f.get("stuck_jobs"),
+        "jobs_resumed_elsewhere": f.get("jobs_resumed_elsewhere"),
+        "controller_failover_s": f.get("controller_failover_s"),
+        "gateway_errors": f.get("gateway_errors_total"),
+        "lost": f.get("lost"),
+    }
+    rest = {k: v for k, v in result.summary().items() if k not in head}
+    return {**head, **rest}
+
+
+# ---- the run --------------------------------------------------------------------------------
+
+
+@dataclass
+class Replica:
+    index: int
+    data_dir: Path
+    gateway_port: int
+    procs: dict[str, ServiceProc]
+
+    @property
+    def name(self) -> str:
+        return f"replica-{self.index}"
+
+    @property
+    def gateway(self) -> str:
+        return f"http://127.0.0.1:{self.gateway_port}/v1"
+
+
+def replica_env(base: dict[str, str], data: Path, i: int, gw_port: int) -> dict[str, str]:
+    return {
+        **base,
+        "AGENTRL_DATA_DIR": str(data / f"replica-{i}"),
+        "AGENTRL_REPLICA_ID": f"replica-{i}",
+        "AGENTRL_GATEWAY_PORT": str(gw_port),
+        "AGENTRL_WAREHOUSE_DURABLE_PREFIX": f"warehouse-r{i}",
+    }
+
+
+def _replicas(cfg: SoakConfig, url: str, data: Path, count: int, streams: int) -> list[Replica]:
+    import sys
+
+    from agentrl.bus.server import free_port
+
+    exe = str(Path(sys.executable).parent / "agentrl")
+    base = {
+        **os.environ,
+        **soak_environment(cfg),
+        "NATS_URL": url,
+        "AGENTRL_NATS_URL": url,
+        "AGENTRL_STREAM_REPLICAS": str(streams),
+        "AGENTRL_TRAINING_STORAGE_PATH": str(data / "shared" / "checkpoints"),
+        "AGENTRL_TRAINING_LEASE_TTL_S": str(cfg.lease_ttl_s),
+        "AGENTRL_DEPLOY_LEASE_TTL_S": str(cfg.lease_ttl_s),
+        "AGENTRL_CAPTURE_ENABLED": "false",
+    }
+    out = []
+    for i in range(count):
+        port = free_port()
+        env = replica_env(base, data, i, port)
+        (data / f"replica-{i}").mkdir(parents=True, exist_ok=True)
+        logs = data / "logs"
+        argv = {
+            "rewards": [exe, "rewards", "serve", "--nats-url", url],
+            "warehouse": [exe, "warehouse", "serve", "--nats-url", url],
+            "training": [exe, "train", "serve", "--nats", url],
+            "deploy": [exe, "deploy", "serve", "--nats-url", url],
+        }
+        procs = {
+            k: ServiceProc(f"{k} replica-{i}", a, env, logs / f"{k}-{i}.log")
+            for k, a in argv.items()
+        }
+        out.append(Replica(i, data / f"replica-{i}", port, procs))
+    return out
+
+
+async def run_replicated_soak(cfg: SoakConfig, say: Callable[[str], None] = print) -> SoakResult:
+    import logging
+
+    from agentrl.bus.client import Bus
+    from agentrl.bus.server import EmbeddedNats, NatsCluster
+    from agentrl.deploy.config import DeploySettings
+    from agentrl.settings import Settings
+
+    for noisy in ("httpx", "httpx2"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    t_start = time.monotonic()
+    data = Path(cfg.data_dir).resolve()
+    data.mkdir(parents=True, exist_ok=True)
+    if any(data.iterdir()):
+        raise ValueError(f"{data} is not empty: give the soak a fresh folder")
+    (data / "logs").mkdir()
+    nodes: Any = (
+        NatsCluster(data / "cluster", size=cfg.cluster)
+        if cfg.cluster > 1
+        else EmbeddedNats(settings=Settings(data_dir=data / "nats", nats_url=None))
+    )
+    nodes.start()
+    streams = min(3, cfg.cluster) if cfg.cluster > 1 else 1
+    url = nodes.url
+    os.environ.update(soak_environment(cfg))
+    os.environ["AGENTRL_STREAM_REPLICAS"] = str(streams)
+    replicas = _replicas(cfg, url, data, cfg.replicas, streams)
+    result = SoakResult()
+    result.figures["replicas"] = cfg.replicas
+    public = DeploySettings().public_model
+    agents: list[SoakAgents] = []
+    acting: list[asyncio.Task[None]] = []
+    stops: list[asyncio.Event] = []
+    bus = None
+    try:
+        for r in replicas:
+            for p in r.procs.values():
+                p.start()
+        settings = Settings(data_dir=data, nats_url=url, stream_replicas=streams)
+        bus = await Bus.connect(url, settings=settings, name="agentrl-soak")
+        import httpx
+
+        async with httpx.AsyncClient(timeout=5.0) as http:
+            for r in replicas:
+                up = await wait_for(partial(_ok, http, f"{r.gateway}/models"), 300, 0.5)
+                if up is None:
+                    raise TimeoutError(f"the gateway of {r.name} did not answer within 300 s")
+            say(f"soak: {cfg.replicas} replicas up in {time.monotonic() - t_start:.1f}s on {url}")
+            for r in replicas:
+                a = SoakAgents(cfg, bus, r.gateway, public)
+                stop = asyncio.Event()
+                agents.append(a)
+                stops.append(stop)
+                acting.append(asyncio.create_task(a.run(stop)))
+            await _faults(cfg, bus, nodes, replicas, agents, stops, result, say)
+            await asyncio.sleep(cfg.settle_s)
+        for s in stops:
+            s.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(*acting, return_exceptions=True), 90)
+        published = {k: v for a in agents for k, v in a.published.items()}
+        say(f"soak: acting stopped; {len(published)} trajectories published")
+        await _drain(cfg, bus, replicas, result, say)
+        both = SimpleNamespace(
+            published=published, feedback=set().union(*(a.feedback for a in agents))
+        )
+        await _check_streams(bus, both, result, say)  # type: ignore[arg-type]
+        await _check_jobs(bus, result, say)
+        await _check_decisions(bus, result, say)
+        _check_gateways(agents, result, say)
+        for a in agents:
+            await a.close()
+        for r in replicas:
+            for p in r.procs.values():
+                p.stop()
+        survivor = next(r for r in replicas if r.procs["warehouse"].starts and _alive_until_end(r))
+        _check_warehouse(Settings(data_dir=survivor.data_dir), result, say)
+        f = result.figures
+        f["lost"] = int(f.get("missing_rewards") or 0) + sum(a.publish_failed for a in agents)
+        if "controller_failover_s" in f:
+            ok = f["controller_failover_s"] is not None
+            result.checks["the standby controller took over within seconds"] = ok and (
+                f["controller_failover_s"] <= cfg.lease_ttl_s * 3 + 10
+            )
+    finally:
+        for s in stops:
+            s.set()
+        for t in acting:
+            t.cancel()
+        if bus is not None:
+            with contextlib.suppress(Exception):
+                await bus.close()
+        for r in replicas:
+            for p in r.procs.values():
+                p.stop(5.0)
+        nodes.stop()
+    result.wall_s = time.monotonic() - t_start
+    return result
+
+
+def _alive_until_end(r: Replica) -> bool:
+    return not getattr(r, "warehouse_killed", False)
+
+
+async def _ok(http: Any, url: str) -> bool:
+    return bool((await http.get(url)).status_code == 200)
+
+
+async def _statuses(bus: Any) -> dict[str, dict[str, Any]]:
+    from agentrl.training.kv import all_statuses
+
+    return {str(s["training_job_id"]): s for s in await all_statuses(bus.js)}
+
+
+async def _faults(
+    cfg: SoakConfig,
+    bus: Any,
+    nodes: Any,
+    replicas: list[Replica],
+    agents: list[SoakAgents],
+    stops: list[asyncio.Event],
+    result: SoakResult,
+    say: Callable[[str], None],
+) -> None:
+    by_name = {r.name: r for r in replicas}
+    # 1. the runner of a job, mid-job (a checkpoint written: it resumes from it elsewhere)
+    job: dict[str, Any] | None = None
+
+    async def running() -> bool:
+        nonlocal job
+        for s in (await _statuses(bus)).values():
+            step = int((s.get("progress") or {}).get("current_step") or 0)
+            runner = (s.get("metadata") or {}).get("runner")
+            if s.get("status") == "running" and step >= 1 and runner in by_name:
+                job = s
+                return True
+        return False
+
+    got = await wait_for(running, cfg.job_wait_s, 0.5)
+    if got is None or job is None:
+        result.checks["a training job ran (to kill its runner)"] = False
+        say("soak: no training job ran: the runner kill was skipped")
+    else:
+        victim = by_name[job["metadata"]["runner"]]
+        victim.procs["training"].kill()
+        result.figures["killed_runner_job"] = job["training_job_id"]
+        say(f"soak: SIGKILLed training {victim.name} running job {job['training_job_id']}")
+    # 2. a reward service and a warehouse ingester (of different replicas)
+    await asyncio.sleep(2.0)
+    replicas[0].procs["rewards"].kill()
+    say(f"soak: SIGKILLed rewards {replicas[0].name}")
+    loser = replicas[-1]
+    loser.procs["warehouse"].kill()
+    loser.warehouse_killed = True  # type: ignore[attr-defined]
+    say(f"soak: SIGKILLed warehouse {loser.name}")
+    # 3. the active controller (and its gateway): the standby takes the lease
+    await asyncio.sleep(2.0)
+    await _kill_controller(cfg, bus, replicas, stops, result, say)
+    # 4. the NATS node leading RL_TRAJECTORIES (restarted after a while)
+    if hasattr(nodes, "node_named"):
+        await asyncio.sleep(2.0)
+        info = await bus.js.stream_info("RL_TRAJECTORIES")
+        leader = info.cluster.leader if info.cluster else None
+        if leader:
+            node = nodes.node_named(leader)
+            node.kill()
+            say(f"soak: SIGKILLed NATS node {leader} (stream leader)")
+            t0 = time.monotonic()
+
+            async def new_leader() -> bool:
+                i = await bus.js.stream_info("RL_TRAJECTORIES")
+                return bool(i.cluster and i.cluster.leader and i.cluster.leader != leader)
+
+            took = await wait_for(new_leader, 60, 0.5)
+            result.recovery_s["RL_TRAJECTORIES leader elected after its node's kill"] = took
+            await asyncio.sleep(10.0)
+            node.launch()
+            await asyncio.to_thread(node.wait_ready, 30)
+            say(f"soak: NATS node {leader} restarted ({time.monotonic() - t0:.1f}s after)")
+
+
+async def _kill_controller(
+    cfg: SoakConfig,
+    bus: Any,
+    replicas: list[Replica],
+    stops: list[asyncio.Event],
+    result: SoakResult,
+    say: Callable[[str], None],
+) -> None:
+    import re
+
+    from agentrl.bus.lease import holder, lease_bucket
+    from agentrl.deploy.config import DeploySettings
+
+    kv = await lease_bucket(bus.js, cfg.lease_ttl_s, min(3, max(1, cfg.cluster)))
+    key = "deploy." + re.sub(r"[^A-Za-z0-9_-]", "_", DeploySettings().public_model) + ".controller"
+    active = await holder(kv, key)
+    victim = next((r for r in replicas if active and active.startswith(r.name + "-")), None)
+    if victim is None:
+        result.checks["one deployment controller holds the lease"] = False
+        say(f"soak: no controller lease holder found ({active!r})")
+        return
+    stops[victim.index].set()  # its agents' balancer would send them elsewhere
+    victim.procs["deploy"].kill()
+    t0 = time.monotonic()
+    say(f"soak: SIGKILLed the active controller + gateway of {victim.name} ({active})")
+
+    async def taken() -> bool:
+        now = await holder(kv, key)
+        return now is not None and now != active
+
+    took = await wait_for(taken, cfg.lease_ttl_s * 3 + 30, 0.2)
+    result.figures["controller_failover_s"] = round(took, 1) if took is not None else None
+    result.recovery_s["controller lease taken by the standby"] = took
+    say(f"soak:   standby holds the controller lease after {time.monotonic() - t0:.1f}s")
+
+
+async def _drain(
+    cfg: SoakConfig,
+    bus: Any,
+    replicas: list[Replica],
+    result: SoakResult,
+    say: Callable[[str], None],
+) -> None:
+    t0 = time.monotonic()
+    survivor = next(r for r in replicas if _alive_until_end(r))
+    prefix = f"warehouse-r{survivor.index}"
+    durables = [
+        ("RL_TRAJECTORIES", "rewards"),
+        ("RL_TRAJECTORIES", f"{prefix}-trajectory"),
+        ("RL_REWARDS", f"{prefix}-reward"),
+        ("RL_TRAINING", f"{prefix}-training-status"),
+    ]
+
+    async def caught_up() -> bool:
+        for stream, durable in durables:
+            if not await consumer_idle(bus, stream, durable):
+                return False
+        return not any(s.get("status") in ACTIVE for s in (await _statuses(bus)).values())
+
+    got = await wait_for(caught_up, cfg.drain_timeout_s, 1.0)
+    result.figures["drain_s"] = round(time.monotonic() - t0, 1)
+    result.checks["caught up after the run (rewards, ingester, job queue)"] = got is not None
+    say(f"soak: drained in {result.figures['drain_s']}s" + ("" if got else " (timed out)"))
+
+
+async def _check_jobs(bus: Any, result: SoakResult, say: Callable[[str], None]) -> None:
+    from datetime import UTC, datetime
+
+    from agentrl.observability.report import read_stream
+
+    events = await read_stream(bus, "RL_TRAINING", datetime(2000, 1, 1, tzinfo=UTC), 10_000_000)
+    history = JobHistory.of(e for e in events if "training_job_id" in e and "status" in e)
+    current = {j: str(s.get("status")) for j, s in (await _statuses(bus)).items()}
+    stuck = history.stuck(current)
+    resumed = history.resumed_elsewhere()
+    f = result.figures
+    f["jobs"] = dict(Counter(current.values()))
+    f["stuck_jobs"] = len(stuck)
+    f["jobs_resumed_elsewhere"] = len(resumed)
+    result.checks["no training job stuck"] = not stuck
+    killed = f.get("killed_runner_job")
+    if killed:
+        result.checks["the killed runner's job was resumed by another runner and ended"] = (
+            killed in resumed
+        )
+    say(f"soak: jobs {f['jobs']}; stuck {stuck}; resumed elsewhere {resumed}")
+
+
+async def _check_decisions(bus: Any, result: SoakResult, say: Callable[[str], None]) -> None:
+    from agentrl.deploy.config import DeploySettings
+    from agentrl.deploy.registry import Registry
+
+    ds = DeploySettings()
+    registry = await Registry.open(bus.js, ds.bucket)
+    models = await registry.list_models(ds.public_model)
+    twice = duplicate_decisions(models)
+    result.figures["decisions_recorded_twice"] = len(twice)
+    result.checks["no controller decision recorded twice"] = not twice
+    say(f"soak: registry: {len(models)} versions; decisions recorded twice: {twice}")
+
+
+def _check_gateways(
+    agents: list[SoakAgents], result: SoakResult, say: Callable[[str], None]
+) -> None:
+    f = result.figures
+    errors: Counter[str] = Counter()
+    for a in agents:
+        errors.update(a.counts.errors)
+    f["gateway_requests"] = sum(a.counts.requests for a in agents)
+    f["gateway_ok"] = sum(a.counts.ok for a in agents)
+    f["gateway_errors"] = dict(errors)
+    f["gateway_errors_total"] = sum(errors.values())
+    counted = f["gateway_ok"] + f["gateway_errors_total"]
+    result.checks["the gateways answered (every request counted)"] = (
+        f["gateway_ok"] > 0 and counted == f["gateway_requests"]
+    )
+    result.checks["no trajectory lost on publish"] = all(a.publish_failed == 0 for a in agents)
+    say(
+        f"soak: gateways: {f['gateway_requests']} requests, {f['gateway_ok']} ok, errors {dict(errors)}"
+    )
+
+
+def main_json(result: SoakResult, replicas: int) -> str:
+    return json.dumps(last_line(result, replicas), default=str)

@@ -1,0 +1,85 @@
+"""The replicated soak's checks on hand-made data (the soak itself needs minutes and eight
+service processes): decisions recorded twice, stuck jobs, jobs resumed on another runner,
+and the last JSON line's keys."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+from agentrl.soak import SoakResult
+from agentrl.soak_replicas import LAST_LINE_KEYS, JobHistory, duplicate_decisions, main_json
+
+
+def _d(action: str, step: int | None, dep: str = "d1", weight: float | None = None) -> object:
+    return SimpleNamespace(
+        action=action, evidence={"step": step, "deployment_id": dep}, weight=weight
+    )
+
+
+def test_a_decision_recorded_twice_is_found_and_holds_are_not_counted() -> None:
+    once = SimpleNamespace(
+        model_id="v1",
+        decisions=[
+            _d("set_weight", 0, weight=50.0),
+            _d("hold", 0),
+            _d("hold", 0),  # holds repeat on a changed verdict: not a decision taken twice
+            _d("advance", 0),
+            _d("set_weight", 1, weight=100.0),
+            _d("promote", 1),
+        ],
+    )
+    assert duplicate_decisions([once]) == []
+    twice = SimpleNamespace(model_id="v2", decisions=[_d("advance", 0), _d("advance", 0)])
+    again = SimpleNamespace(
+        model_id="v3", decisions=[_d("advance", 0, "d1"), _d("advance", 0, "d2")]
+    )
+    assert duplicate_decisions([once, twice, again]) == [("v2", "advance", "d1", 0)]
+
+
+def _status(job: str, status: str, runner: str | None = None) -> dict[str, object]:
+    return {"training_job_id": job, "status": status, "metadata": {"runner": runner}}
+
+
+def test_job_history_finds_stuck_jobs_and_jobs_resumed_elsewhere() -> None:
+    events = [
+        _status("a", "queued"),
+        _status("a", "running", "replica-0"),
+        _status("a", "running", "replica-0"),
+        _status("a", "queued", "replica-1"),  # the resume
+        _status("a", "running", "replica-1"),
+        _status("a", "completed", "replica-1"),
+        _status("b", "queued"),
+        _status("b", "running", "replica-1"),
+        _status("b", "failed", "replica-1"),
+        _status("c", "queued"),
+        _status("c", "running", "replica-0"),
+        _status("d", "running", "replica-0"),
+        _status("d", "running", "replica-1"),  # moved but never ended
+    ]
+    h = JobHistory.of(events)
+    assert h.resumed_elsewhere() == ["a"]
+    assert h.stuck() == ["c", "d"]
+    # the status bucket is newer than the stream: c ended meanwhile
+    assert h.stuck({"c": "completed"}) == ["d"]
+
+
+def test_the_last_line_names_the_issue_keys_first() -> None:
+    r = SoakResult()
+    r.checks["x"] = True
+    r.figures.update(
+        duplicate_rewards=0,
+        missing_rewards=0,
+        stuck_jobs=0,
+        jobs_resumed_elsewhere=1,
+        controller_failover_s=4.2,
+        gateway_errors_total=3,
+        lost=0,
+        drain_s=1.0,
+    )
+    line = json.loads(main_json(r, 2))
+    assert tuple(line)[: len(LAST_LINE_KEYS)] == LAST_LINE_KEYS
+    assert line["ok"] is True and line["replicas"] == 2 and line["gateway_errors"] == 3
+    assert line["drain_s"] == 1.0
+    r.checks["y"] = False
+    assert json.loads(main_json(r, 2))["ok"] is False
