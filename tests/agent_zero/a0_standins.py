@@ -139,6 +139,27 @@ HELPERS = {
                     config[key] = env
             return config
     """,
+    "helpers/subagents.py": """
+        from pathlib import Path
+
+        ROOT = Path(__file__).resolve().parent.parent
+
+
+        def get_paths(agent, *subpaths, must_exist_completely=True, default_root="", **kw):
+            # the folders Agent.get_tool searches, in priority order: the profile's (user,
+            # default), usr/, every plugin's, then the default root (helpers/subagents.py)
+            profile = agent.config.profile if agent and agent.config.profile else ""
+            roots = []
+            if profile:
+                roots += [ROOT / "usr" / "agents" / profile, ROOT / "agents" / profile]
+            roots.append(ROOT / "usr")
+            roots += sorted((ROOT / "usr" / "plugins").glob("*"))
+            roots.append(ROOT / default_root)
+            paths = [str(r.joinpath(*subpaths)) for r in roots]
+            if must_exist_completely:
+                paths = [p for p in paths if Path(p).exists()]
+            return paths
+    """,
     "helpers/tool.py": """
         from abc import abstractmethod
         from dataclasses import dataclass

@@ -43,6 +43,8 @@ def test_the_wheel_holds_the_client_and_nothing_heavy(tmp_path: Path) -> None:
         meta = zf.read("agentrl_a0_client-9.9.9.dist-info/METADATA").decode()
     assert "agentrl/integrations/agent_zero/recorder.py" in names
     assert "agentrl/rewards/redact.py" in names and "agentrl/bus/client.py" in names
+    # the structured-outputs setting's schema, beside the module that reads it
+    assert "agentrl/integrations/agent_zero/agent_zero_response.json" in names
     assert not any(
         n.startswith(("agentrl/training/", "agentrl/llm/", "agentrl/deploy/")) for n in names
     )

@@ -88,3 +88,15 @@ async def test_spool_redacts_then_publishes_to_a_real_nats(tmp_path: Path) -> No
             await nc.close()
     finally:
         server.stop()
+
+
+def test_the_structured_outputs_schema_ships_with_the_client() -> None:
+    from agentrl.integrations.agent_zero import structured
+
+    fmt = structured.response_format(["response", "code_execution_tool"])
+    schema = fmt["json_schema"]["schema"]
+    assert set(schema["required"]) == {"thoughts", "headline", "tool_name", "tool_args"}
+    assert schema["properties"]["tool_name"]["anyOf"][0]["enum"] == [
+        "code_execution_tool",
+        "response",
+    ]

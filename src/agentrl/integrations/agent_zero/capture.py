@@ -228,8 +228,8 @@ def takes_extra_kwargs(model: Any) -> bool:
 class TaggedModel:
     """Agent Zero's chat model for one call: `unified_call` passes LiteLLM `metadata` (the
     capture tag) and, towards agentrl's gateway, `extra_headers` (its sticky-session key, so
-    one chat stays on one model version) and `stream_options.include_usage` on; everything
-    else is the wrapped model's."""
+    one chat stays on one model version), `stream_options.include_usage` on and, with the
+    structured-outputs setting, `response_format`; everything else is the wrapped model's."""
 
     def __init__(
         self,
@@ -238,12 +238,14 @@ class TaggedModel:
         headers: dict[str, str] | None = None,
         usage: bool = False,
         client: Any = None,
+        response_format: dict[str, Any] | None = None,
     ) -> None:
         self._inner = inner
         self._call_id = call_id
         self._headers = dict(headers or {})
         self._usage = usage  # ask a stream for its token usage (agentrl's gateway sends it)
         self._client = client  # reads the gateway's headers at stream start
+        self._response_format = response_format  # structured outputs (the plugin's setting)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -259,4 +261,6 @@ class TaggedModel:
             kwargs["stream_options"] = {"include_usage": True}
         if self._client is not None and "client" not in kwargs:
             kwargs["client"] = self._client
+        if self._response_format is not None and "response_format" not in kwargs:
+            kwargs["response_format"] = self._response_format
         return await self._inner.unified_call(*args, **kwargs)

@@ -39,6 +39,11 @@ DEPENDENCIES = (
 # relative to the agentrl package: whole folders, and single files
 PACKAGES = ("contracts", "bus", "observability", "rewards", "integrations/agent_zero")
 MODULES = ("__init__.py", "py.typed", "errors.py", "settings.py", "integrations/__init__.py")
+# files shipped under another name: the structured-outputs setting's schema (deploy/ is not
+# the client's; integrations/agent_zero/structured.py reads it beside itself in the client)
+RENAMED = (
+    ("deploy/schemas/agent_zero_response.json", "integrations/agent_zero/agent_zero_response.json"),
+)
 # folders of the shipped packages that are not the client's (CLIs import typer)
 LEAVE_OUT = ("cli.py",)
 # where Agent Zero's interpreter usually is: its docker image, then a venv in the checkout
@@ -51,6 +56,9 @@ def client_files(package_root: Path) -> Iterator[tuple[Path, str]]:
         path = package_root / rel
         if path.is_file():
             yield path, f"agentrl/{rel}"
+    for rel, name in RENAMED:
+        if (package_root / rel).is_file():
+            yield package_root / rel, f"agentrl/{name}"
     for rel in PACKAGES:
         folder = package_root / rel
         for path in sorted(folder.rglob("*")):

@@ -51,6 +51,11 @@ class AgentZeroConfig(BaseModel):
         0.5, ge=0, description="The most a turn waits for LiteLLM's report of the call."
     )
     domain: str = "general"
+    structured_outputs: bool = Field(
+        False,
+        description="Ask agentrl's gateway for Agent Zero's response schema (tool_name among "
+        "the agent's tools): every answer is a well-formed tool request.",
+    )
     max_text_bytes: int = Field(
         32_768,
         ge=1024,

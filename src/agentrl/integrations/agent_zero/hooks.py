@@ -7,7 +7,8 @@ logic lives here, in the installed agentrl package. Read from Agent Zero's sourc
 
   monologue_start(loop_data)           a user (or superior's) message starts a monologue
   message_loop_start(loop_data)        one LLM call + tool run begins
-  chat_model_call_before(call_data)    tag the main chat call (capture: serving version)
+  chat_model_call_before(call_data)    tag the main chat call (capture: serving version);
+                                       with `structured_outputs`, ask for Agent Zero's schema
   chat_model_call_after(call_data, response, reasoning)   the LLM's full answer (upstream)
   tool_execute_before(tool_args, tool_name)   at _05_: the arguments as the model wrote
                                        them, before _10_unmask_secrets puts secrets in
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from agentrl.contracts.base import new_id
-from agentrl.integrations.agent_zero import capture
+from agentrl.integrations.agent_zero import capture, structured
 from agentrl.integrations.agent_zero.config import (
     PLUGIN_NAME,
     AgentZeroConfig,
@@ -261,13 +262,21 @@ def _main_call(rec: TrajectoryRecorder | None, call_data: Any) -> bool:
 
 @guarded
 async def chat_model_call_before(agent: Any, call_data: Any, plugin_file: str | Path) -> None:
-    rec = recorder(agent)
-    if not _main_call(rec, call_data) or rec is None or rec.current is None:
+    if not isinstance(call_data, dict) or call_data.get("background"):
         return
     model = call_data.get("model")
     if not capture.takes_extra_kwargs(model):
         return
-    ours = capture.points_at(model, config_for(plugin_file).gateway_url)
+    config = config_for(plugin_file, agent)
+    ours = capture.points_at(model, config.gateway_url)
+    fmt = None  # structured outputs: asked of agentrl's gateway only (it enforces them)
+    if ours and config.structured_outputs:
+        fmt = structured.response_format(structured.tool_names_of(agent))
+    rec = recorder(agent)
+    if not _main_call(rec, call_data) or rec is None or rec.current is None:
+        if fmt is not None:  # not recorded (opted out): the answers are still well-formed
+            call_data["model"] = capture.TaggedModel(model, None, response_format=fmt)
+        return
     if capture.ensure_litellm_callback() or ours:
         rec.current.call_id = new_id()
     headers: dict[str, str] | None = None
@@ -280,9 +289,9 @@ async def chat_model_call_before(agent: Any, call_data: Any, plugin_file: str | 
             capture.CAPTURE_HEADER: "off",
         }
         client = capture.gateway_client(capture.api_base_of(model) or "", capture.api_key_of(model))
-    if rec.current.call_id is not None:
+    if rec.current.call_id is not None or fmt is not None:
         call_data["model"] = capture.TaggedModel(
-            model, rec.current.call_id, headers, usage=ours, client=client
+            model, rec.current.call_id, headers, usage=ours, client=client, response_format=fmt
         )
 
 
