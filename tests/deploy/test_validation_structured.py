@@ -60,3 +60,25 @@ async def test_validator_benchmarks_through_the_engine(tmp_path: Path) -> None:
     found = await validator.evaluate(record)
     assert found["benchmark"]["scores"] == {"tool_usage": 0.0}  # random weights: no answer
     assert found["benchmark"]["episodes_per_env"] == 2
+
+
+async def test_base_still_answers_after_its_only_adapter_is_unloaded(tmp_path: Path) -> None:
+    """Validation loads a version's adapter and drops it after; with no other adapter
+    loaded, peft kept the deleted one active and every later request failed (KeyError)."""
+    from deploy_helpers import write_checkpoint
+
+    from agentrl.deploy.openai_types import ChatRequest
+
+    engine = LocalEngine("tiny", tiny_kwargs=TINY)
+    folder = Path(write_checkpoint(tmp_path / "v1", seed=1))
+    request = ChatRequest(
+        model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0.0
+    )
+    before = await engine.generate(None, request)
+    engine.load_adapter("v1", folder)
+    await engine.generate("v1", request)
+    engine.unload_adapter("v1")
+    after = await engine.generate(None, request)
+    assert after.completion_token_ids == before.completion_token_ids  # the base, unchanged
+    engine.load_adapter("v1", folder)  # and it can come back
+    await engine.generate("v1", request)

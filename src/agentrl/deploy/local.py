@@ -162,7 +162,11 @@ class LocalEngine:
         with self._lock:
             name = self.adapters.pop(model_id, None)
             if name is not None and self.is_peft:
-                self.model.delete_adapter(name)
+                if self.adapters:
+                    self.model.delete_adapter(name)
+                else:  # the last one: peft would keep naming the deleted adapter active
+                    self.model = self.model.unload().eval()  # the plain base model again
+                    self.is_peft = False
             if name is not None:
                 self._choice_cache.drop_tag(name)
 
