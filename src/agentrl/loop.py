@@ -89,6 +89,57 @@ class LoopConfig:
     # full speed while a canary runs (its analysis needs sessions)
     fresh: bool = True
     backend: str = "local"  # the gateway's serving backend: local (embedded) or vllm
+    env: str = "frozenlake"  # frozenlake (guided_choice over the moves) or tooluse
+    max_tokens: int = 4  # per reply (a move's name; tool-use replies are JSON)
+    min_reward: float = 1.0  # rejection sampling (objective rs): the trajectories kept
+    init_checkpoint: str | None = None  # act first with this version (a warm start)
+
+    @classmethod
+    def tooluse(cls, quick: bool = False, **kw: Any) -> LoopConfig:
+        """The tool-use loop (`agentrl loop --env tooluse`, see `agentrl.loop_tooluse`):
+        Agent Zero JSON replies under structured outputs; jobs by rejection sampling on the
+        logged tokens, continuing the newest version; 120 held-out tasks (40 per family)."""
+        base: dict[str, Any] = dict(
+            env="tooluse",
+            model="smollm2",
+            generations=3,
+            agents=4,
+            group_size=4,
+            threshold=64,
+            max_steps=4,
+            heldout_seeds=120,
+            time_budget_s=1200.0,
+            temperature=1.0,
+            objective="rs",
+            epochs=2,
+            learning_rate=5e-4,
+            max_tokens=256,
+            benchmark_episodes=4,
+            min_samples=8,
+        )
+        if quick:
+            base.update(
+                model="tiny",
+                generations=1,
+                agents=2,
+                group_size=2,
+                threshold=8,
+                max_steps=2,
+                heldout_seeds=6,
+                time_budget_s=600.0,
+                step_delay_s=1.0,
+                min_samples=4,
+                max_reward_drop=2.0,
+                inconclusive_deadline_s=60.0,
+                epochs=1,
+                max_tokens=48,
+                benchmark_episodes=1,
+                # the tiny random model never answers right: rejection sampling would keep
+                # nothing; awr trains on every turn (weights from the group advantages)
+                objective="awr",
+            )
+        base.update(kw)
+        return cls(**base)
 
     @classmethod
     def quick(cls, **kw: Any) -> LoopConfig:
@@ -176,6 +227,10 @@ def loop_environment(cfg: LoopConfig) -> dict[str, str]:
         # the moves are one word; safety refusals show in the first dozen tokens
         "AGENTRL_DEPLOY_VALIDATION_MAX_NEW_TOKENS": "12" if cfg.model == "tiny" else "24",
     }
+    if cfg.env == "tooluse":
+        from agentrl import loop_tooluse
+
+        env.update(loop_tooluse.environment(cfg))
     if cfg.model == "tiny":  # a random tiny model's safety scores are noise: no drop check
         env["AGENTRL_DEPLOY_SAFETY_MAX_DROP"] = "1.0"
     return {k: v for k, v in env.items() if k not in os.environ}
@@ -187,12 +242,16 @@ def _system_prompt() -> str:
     return SYSTEM_PROMPT
 
 
-def loop_task(cfg: LoopConfig, seed: int) -> Any:
+def loop_task(cfg: LoopConfig, seed: int, family: str = "mixed") -> Any:
     """The agents' task: FrozenLake 4x4 (egocentric observations, shaped step rewards) with
-    the learning configuration's short system prompt."""
+    the learning configuration's short system prompt; or a tool-use question (`family`)."""
     from agentrl.envs.registry import task_for
     from agentrl.episodes import Message
 
+    if cfg.env == "tooluse":
+        from agentrl import loop_tooluse
+
+        return loop_tooluse.task(seed, cfg.max_steps, family)
     task = task_for(
         "frozenlake-4x4",
         seed,
@@ -216,6 +275,7 @@ class VersionRow:
     ci_low: float | None = None
     ci_high: float | None = None
     heldout_n: int = 0
+    per_family: dict[str, tuple[int, int]] = field(default_factory=dict)  # family: (wins, n)
     mean_reward: float | None = None
     rewards: int = 0
     traffic_share: float = 0.0
@@ -234,6 +294,8 @@ class LoopResult:
     wall_s: float = 0.0
     report: str | None = None
     gateway_errors: int = 0
+    start_model: str | None = None  # the version the agents began acting with
+    loop_wall_s: float | None = None  # first trajectory to last promotion
 
     def summary(self) -> dict[str, Any]:
         base = next((v for v in self.versions if v.model_id.endswith("-base")), None)
@@ -257,7 +319,24 @@ class LoopResult:
             "lost": self.lost,
             "mixed_trajectories": self.mixed,
             "wall_s": round(self.wall_s, 1),
+            **self._start_and_families(live),
         }
+
+    def _start_and_families(self, live: VersionRow | None) -> dict[str, Any]:
+        """The loop's own contribution: the version it began with against the live one at
+        the end, and held-out success per task family (tool use)."""
+        start = next((v for v in self.versions if v.model_id == self.start_model), None)
+        out: dict[str, Any] = {
+            "start_model": self.start_model,
+            "start_heldout_success": start.heldout_success if start else None,
+            "start_ci_high": start.ci_high if start else None,
+            "live_ci_low": live.ci_low if live else None,
+            "loop_wall_s": round(self.loop_wall_s, 1) if self.loop_wall_s is not None else None,
+        }
+        for row, name in ((start, "start"), (live, "live")):
+            for fam, (wins, n) in (row.per_family if row else {}).items():
+                out[f"{name}_{fam}_success"] = round(wins / n, 4) if n else None
+        return out
 
 
 def decision_of(record: Any) -> tuple[str, str]:
@@ -304,21 +383,29 @@ class Agents:
         self.next_seed = 0
         self.acting_s = 0.0
         self.paced = False  # a job trains or a version validates: act at a trickle (watcher)
+        self.first_published: float | None = None  # unix time of the first trajectory
 
     def policy(self, model: str, temperature: float, session: str | None = None) -> Any:
         """The gateway's policy; `session` (sent as `episode_id` on every turn) keeps all
         turns of a group on one version of the sticky split."""
         from agentrl.rollout.policies.openai_policy import OpenAIAgentPolicy
 
+        kwargs: dict[str, Any] = {
+            "max_tokens": 4,
+            "guided_choice": MOVES,
+            "extra_body": {"episode_id": session} if session else None,
+        }
+        if self.cfg.env == "tooluse":
+            from agentrl import loop_tooluse
+
+            kwargs = loop_tooluse.policy_kwargs(self.cfg, session)
         return OpenAIAgentPolicy(
             model,
             client=self.client,
             temperature=temperature,
-            max_tokens=4,
-            guided_choice=MOVES,
             max_retries=3,
             backoff_base=0.2,
-            extra_body={"episode_id": session} if session else None,
+            **kwargs,
         )
 
     async def group(self, seed: int) -> None:
@@ -329,14 +416,16 @@ class Agents:
         task = loop_task(self.cfg, seed)
         group_id = str(uuid.uuid4())  # the trajectories' session_id and the gateway's key
         policy = self.policy(self.public, self.cfg.temperature, session=group_id)
+        tools = self.cfg.env == "tooluse"
         workers = [
             RLRolloutWorker(
                 task,
                 policy,
-                history_window=0,
+                # a FrozenLake state says all (the last answer only); an agent sees its chat
+                history_window=None if tools else 0,
                 group_id=group_id,
                 episode_index=i,
-                env_in_thread=False,  # a FrozenLake step takes microseconds
+                env_in_thread=tools,  # a FrozenLake step takes microseconds; code_exe runs
             )
             for i in range(self.cfg.group_size)
         ]
@@ -358,8 +447,10 @@ class Agents:
             if len(served) > 1:
                 self.mixed += 1
                 event.metadata.served_by = served  # type: ignore[attr-defined]
-            link_completions(event, ep)
+            link_completions(event, ep, MOVES if not tools else None)
             await self.bus.publish(event)
+            if self.first_published is None:
+                self.first_published = time.time()
             self.published[event.trajectory_id] = time.monotonic()
             self.by_model[model] = self.by_model.get(model, 0) + 1
 
@@ -386,40 +477,49 @@ class Agents:
 
         await asyncio.gather(*(worker(k) for k in range(self.cfg.agents)))
 
-    async def heldout(self, model_id: str, seeds: list[int]) -> tuple[int, int, float]:
-        """Greedy episodes of `model_id` (named explicitly) on held-out seeds."""
+    async def heldout(
+        self, model_id: str, tasks: list[tuple[str, int]]
+    ) -> tuple[int, int, dict[str, tuple[int, int]]]:
+        """Greedy episodes of `model_id` (named explicitly) on held-out (family, seed) tasks:
+        wins, episodes, and (wins, episodes) per family."""
         from agentrl.rollout.worker import RLRolloutWorker
 
         policy = self.policy(model_id, 0.0)
         sem = asyncio.Semaphore(8)
+        tools = self.cfg.env == "tooluse"
 
-        async def one(seed: int) -> Any:
-            task = loop_task(self.cfg, seed)
+        async def one(family: str, seed: int) -> Any:
+            task = loop_task(self.cfg, seed, family)
             async with sem:
                 return await RLRolloutWorker(
-                    task, policy, history_window=0, env_in_thread=False
+                    task, policy, history_window=None if tools else 0, env_in_thread=tools
                 ).run()
 
-        eps = await asyncio.gather(*(one(s) for s in seeds))
+        eps = await asyncio.gather(*(one(f, s) for f, s in tasks))
+        per: dict[str, tuple[int, int]] = {}
+        for (family, _), e in zip(tasks, eps, strict=True):
+            w, n = per.get(family, (0, 0))
+            per[family] = (w + int(e.success), n + 1)
         wins = sum(int(e.success) for e in eps)
         errors = sum(1 for e in eps if e.critical_error)
-        mean_r = sum(e.total_reward for e in eps) / max(1, len(eps))
         if errors:
             self.say(f"held-out {model_id}: {errors} episodes ended on an error")
-        return wins, len(eps), mean_r
+        return wins, len(eps), per
 
     async def close(self) -> None:
         await self.client.close()
 
 
-def link_completions(event: Any, episode: Any) -> None:
+def link_completions(event: Any, episode: Any, choices: list[str] | None = MOVES) -> None:
     """The gateway's contract: each turn's `action.completion_id` (its completion-log record:
-    exact tokens and the behaviour log-probs) and the `guided_choice` it was answered from."""
+    exact tokens and the behaviour log-probs) and the `guided_choice` it was answered from
+    (none for free-form replies)."""
     for turn, step in zip(event.turns, episode.steps, strict=False):
         lp = step.policy_logprobs or {}
         if lp.get("completion_id"):
             turn.action.completion_id = str(lp["completion_id"])
-        turn.action.guided_choice = list(MOVES)
+        if choices is not None:
+            turn.action.guided_choice = list(choices)
 
 
 def served_versions(episode: Any) -> list[str]:
@@ -582,6 +682,12 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
     t_start = time.monotonic()
     stages: dict[str, float] = {}
     data_dir = prepare_data_dir(Path(cfg.data_dir), fresh=cfg.fresh)
+    if cfg.env == "tooluse":
+        from agentrl import loop_tooluse
+
+        loop_tooluse.write_reward_config(data_dir)
+    elif cfg.env != "frozenlake":
+        raise ValueError(f"--env {cfg.env!r}: use frozenlake or tooluse")
     env = loop_environment(cfg)
     os.environ.update(env)
     settings = Settings(
@@ -604,6 +710,9 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
             say(f"stack: up in {stages['startup']:.1f}s ({', '.join(stack.health)})")
             bus = stack.bus
             registry = await Registry.open(bus.js, ds.bucket)
+            result.start_model = f"{public}-base"
+            if cfg.init_checkpoint:
+                result.start_model = await start_from(registry, bus, public, cfg, data_dir, say)
             watch = Watch()
             stop_watch = asyncio.Event()
             watchers = [
@@ -625,9 +734,14 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
             stop_acting = asyncio.Event()
             t_act = time.monotonic()
             acting = asyncio.create_task(agents.run(stop_acting))
+            what = (
+                "tool-use tasks (Agent Zero JSON under structured outputs)"
+                if cfg.env == "tooluse"
+                else "FrozenLake 4x4 (egocentric)"
+            )
             say(
-                f"acting: {cfg.agents} agents x groups of {cfg.group_size} on FrozenLake 4x4 "
-                f"(egocentric) through {stack.gateway_url}, trigger every {cfg.threshold} rewards"
+                f"acting: {cfg.agents} agents x groups of {cfg.group_size} on {what} "
+                f"through {stack.gateway_url}, trigger every {cfg.threshold} rewards"
             )
             # Ctrl-C / SIGTERM: stop acting, still evaluate and report; a second one stops
             # at once (the stack and nats-server still shut down through the context managers)
@@ -757,9 +871,19 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
             _job_stages(watch, stages)
             records = await registry.list_models(public)
             _deploy_stages(records, stages)
+            promoted_at = [
+                d.at.timestamp() for r in records for d in r.decisions if d.action == "promote"
+            ]
+            if agents.first_published is not None and promoted_at:
+                result.loop_wall_s = max(promoted_at) - agents.first_published
             # Held-out greedy success per served version, by its own name.
             t_eval = time.monotonic()
-            seeds = [HELDOUT_OFFSET + k for k in range(cfg.heldout_seeds)]
+            if cfg.env == "tooluse":
+                from agentrl import loop_tooluse
+
+                tasks = loop_tooluse.heldout_tasks(cfg.heldout_seeds, HELDOUT_OFFSET)
+            else:
+                tasks = [("frozenlake", HELDOUT_OFFSET + k) for k in range(cfg.heldout_seeds)]
             served = set(await _served_models(stack.gateway_url))
             total_by = sum(agents.by_model.values()) or 1
             for r in sorted(records, key=lambda r: r.version):
@@ -774,12 +898,14 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
                 row.rewards = len(rs)
                 row.mean_reward = sum(rs) / len(rs) if rs else None
                 if r.model_id in served:
-                    wins, n, _ = await agents.heldout(r.model_id, seeds)
+                    wins, n, per = await agents.heldout(r.model_id, tasks)
                     row.heldout_success, row.heldout_n = wins / n, n
                     row.ci_low, row.ci_high = wilson(wins, n)
+                    row.per_family = per if cfg.env == "tooluse" else {}
+                    fams = ", ".join(f"{f} {w}/{k}" for f, (w, k) in row.per_family.items())
                     say(
                         f"held-out: {r.model_id} {wins}/{n} = {wins / n:.2f} "
-                        f"[{row.ci_low:.2f}, {row.ci_high:.2f}]"
+                        f"[{row.ci_low:.2f}, {row.ci_high:.2f}]" + (f" ({fams})" if fams else "")
                     )
                 result.versions.append(row)
             stages["heldout_eval"] = time.monotonic() - t_eval
@@ -808,6 +934,28 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
     result.stages = {k: round(v, 2) for k, v in stages.items()}
     result.wall_s = time.monotonic() - t_start
     return result
+
+
+async def start_from(
+    registry: Any, bus: Any, public: str, cfg: LoopConfig, data_dir: Path, say: Any
+) -> str:
+    """Make `cfg.init_checkpoint` (a warm start) the live version before the agents act:
+    registered and promoted by hand, as an operator would (`agentrl deploy promote`)."""
+    from agentrl.deploy.actions import Deployer, checkpoint_sha
+
+    ckpt = str(cfg.init_checkpoint)
+    sha = await asyncio.to_thread(checkpoint_sha, ckpt, data_dir / "checkpoint-cache")
+    deployer = Deployer(registry, bus, public)
+    record = await deployer.register(
+        checkpoint_path=ckpt,
+        base_model=cfg.model,
+        sha256=sha,
+        training_job_id="warm-start",
+        by="agentrl-loop",
+    )
+    await deployer.promote(record.model_id, by="agentrl-loop", reason="the loop's warm start")
+    say(f"start: {record.model_id} (warm start {ckpt}) is live")
+    return str(record.model_id)
 
 
 def _model_of(watch: Watch, tid: str) -> str | None:
@@ -889,6 +1037,9 @@ def table(result: LoopResult) -> str:
             f"{v.model_id:<22} {v.state:<12} {ho:<28} {mr:>11} {v.traffic_share:>7.0%}  "
             f"{v.decision}: {v.why[:90]}"
         )
+        if v.per_family:
+            fams = "  ".join(f"{f} {w}/{n} = {w / n:.2f}" for f, (w, n) in v.per_family.items())
+            lines.append(f"{'':<22} per family: {fams}")
     lines.append(
         f"trajectories played by more than one version (credited to none): {result.mixed} "
         f"of {result.trajectories}"

@@ -57,6 +57,17 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             help="The gateway's serving backend: local (embedded) or vllm (a supervised "
             "`vllm serve`, every version a LoRA loaded at run time; `agentrl vllm setup`).",
         ),
+        env: str = typer.Option(
+            "frozenlake",
+            help="frozenlake: the valid-action loop (guided_choice over the moves); tooluse: "
+            "Agent Zero agents answering tool-use tasks in free-form JSON under structured "
+            "outputs (calculator, code_exe, response), trained on the logged tokens.",
+        ),
+        init_checkpoint: str = typer.Option(
+            None,
+            help="Start acting with this checkpoint (a warm start, e.g. from `agentrl learn "
+            "--config configs/tooluse-warmstart.yaml`): registered and promoted first.",
+        ),
         job_kind: str = typer.Option(
             "dataset",
             help="Training job kind the trigger starts; only dataset (the logged trajectories) "
@@ -90,7 +101,15 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             overrides["model"] = model
         if time_budget_s:
             overrides["time_budget_s"] = time_budget_s
-        cfg = LoopConfig.quick(**overrides) if quick else LoopConfig(**overrides)  # type: ignore[arg-type]
+        if init_checkpoint:
+            overrides["init_checkpoint"] = init_checkpoint
+        if env == "tooluse":
+            cfg = LoopConfig.tooluse(quick=quick, **overrides)
+        elif env == "frozenlake":
+            cfg = LoopConfig.quick(**overrides) if quick else LoopConfig(**overrides)  # type: ignore[arg-type]
+        else:
+            typer.echo(f"error: --env is frozenlake or tooluse, not {env!r}", err=True)
+            raise typer.Exit(2)
         if cfg.backend not in ("local", "vllm"):
             typer.echo(f"error: --backend is local or vllm, not {cfg.backend!r}", err=True)
             raise typer.Exit(2)

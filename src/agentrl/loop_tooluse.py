@@ -1,0 +1,99 @@
+"""`agentrl loop --env tooluse`: what differs from the FrozenLake loop, in one place.
+
+The agents are Agent Zero agents: the system prompt lists the tools (calculator, code_exe,
+response) and the JSON reply format; each task is the user's question; each tool result
+comes back as Agent Zero's JSON user message (`envs.tooluse.agent_prompt`). Every reply is
+decoded through the gateway under the reply schema (structured outputs: one branch per
+tool, `thoughts` one short item), so an invalid call cannot happen. The reward service
+scores task completion alone (1 if the final answer is right, else 0); jobs train on the
+logged tokens with rejection sampling (the turns of trajectories with reward >= 1) and
+continue the newest version; validation plays benchmark tasks of each family under the same
+schema; held-out tasks are balanced across the three families and never trained on.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from agentrl.envs.tooluse.tasks import FAMILIES
+
+ENV_ID = "tooluse"
+# validation's benchmark seeds: neither training (0, 1, ...) nor held-out (>= 1_000_000)
+BENCHMARK_SEED = 500_000
+
+
+def response_format() -> dict[str, Any]:
+    """The OpenAI `response_format` the agents send: Agent Zero's reply, strict."""
+    from agentrl.envs.tooluse.agent_prompt import response_schema
+
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": "agent_zero_reply", "schema": response_schema(), "strict": True},
+    }
+
+
+def task(seed: int, max_steps: int, family: str = "mixed") -> Any:
+    """One tool-use task as an Agent Zero agent sees it."""
+    from agentrl.envs.registry import task_for
+    from agentrl.envs.tooluse.agent_prompt import SYSTEM_PROMPT
+    from agentrl.episodes import Message
+
+    env_id = ENV_ID if family == "mixed" else f"{ENV_ID}-{family}"
+    t = task_for(env_id, seed, max_episode_steps=max_steps, view="agent_zero")
+    t.initial_messages = [Message(role="system", content=SYSTEM_PROMPT)]
+    return t
+
+
+def heldout_tasks(n: int, offset: int) -> list[tuple[str, int]]:
+    """`n` held-out (family, seed) pairs, the families in turn (balanced)."""
+    return [(FAMILIES[k % len(FAMILIES)], offset + k) for k in range(n)]
+
+
+def environment(cfg: Any) -> dict[str, str]:
+    """The services' settings for the tool-use loop (on top of the loop's shared ones)."""
+    from agentrl.envs.tooluse.agent_prompt import SYSTEM_PROMPT
+
+    families = {
+        "tool_usage": [f"{ENV_ID}-arithmetic"],
+        "data_analysis": [f"{ENV_ID}-data"],
+        "code_generation": [f"{ENV_ID}-numbers"],
+    }
+    hyper = {
+        "objective": cfg.objective,
+        "min_reward": cfg.min_reward,
+        "awr_beta": 0.5,
+    }
+    return {
+        "AGENTRL_TRAINING_HYPERPARAMETERS": json.dumps(hyper),
+        "AGENTRL_TRAINING_MAX_LENGTH": "1024",
+        "AGENTRL_TRAINING_BATCH_SIZE": "8",
+        "AGENTRL_DEPLOY_BENCHMARK_TASKS": json.dumps(families),
+        "AGENTRL_DEPLOY_BENCHMARK_ENV_KWARGS": json.dumps(
+            {env: {"view": "agent_zero"} for envs in families.values() for env in envs}
+        ),
+        "AGENTRL_DEPLOY_BENCHMARK_SYSTEM_PROMPT": SYSTEM_PROMPT,
+        "AGENTRL_DEPLOY_BENCHMARK_VALID_ACTIONS": "false",
+        "AGENTRL_DEPLOY_BENCHMARK_RESPONSE_FORMAT": json.dumps(response_format()),
+        "AGENTRL_DEPLOY_BENCHMARK_MAX_TOKENS": str(cfg.max_tokens),
+        "AGENTRL_DEPLOY_BENCHMARK_SEED": str(BENCHMARK_SEED),
+        "AGENTRL_DEPLOY_VALIDATION_MAX_NEW_TOKENS": "12" if cfg.model == "tiny" else "32",
+    }
+
+
+def write_reward_config(data_dir: Path) -> Path:
+    """Task completion alone: 1 for a right final answer, 0 otherwise (the loop's signal)."""
+    path = Path(data_dir) / "rewards.yaml"
+    path.write_text(
+        "weights: {task_completion: 1.0, efficiency: 0.0, code_quality: 0.0, user_feedback: 0.0}\n"
+    )
+    return path
+
+
+def policy_kwargs(cfg: Any, session: str | None) -> dict[str, Any]:
+    """What the agents' OpenAI policy sends besides the messages."""
+    body: dict[str, Any] = {"response_format": response_format()}
+    if session:
+        body["episode_id"] = session
+    return {"max_tokens": cfg.max_tokens, "guided_choice": None, "extra_body": body}
