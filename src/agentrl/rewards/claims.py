@@ -31,6 +31,8 @@ from typing import Any
 import nats.js.errors
 import orjson
 
+_NEW = {"Nats-Expected-Last-Subject-Sequence": "0"}  # create-only: the key has no message
+_WRONG_LAST_SEQ = 10071  # JetStream's error code when it has one
 _SAFE = re.compile(r"[A-Za-z0-9_-]{1,200}")
 _BUCKET_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -79,12 +81,28 @@ class Record:
 class Claims:
     """The bucket of shared reward records (see the module docstring)."""
 
-    def __init__(self, kv: Any, replica: str) -> None:
+    def __init__(self, nc: Any, kv: Any, name: str, replica: str) -> None:
+        self.nc = nc
         self.kv = kv
+        self.subject_prefix = f"$KV.{name}."
         self.replica = replica
+        self.timeout = 10.0  # seconds for a batch of creates (no answer: the batch fails)
+        self._inbox = ""
+        self._sub: Any = None
+        self._serial = 0
+        self._waiting: dict[str, asyncio.Future[bytes]] = {}
 
     @classmethod
-    async def open(cls, js: Any, durable: str, *, replicas: int = 1, ttl_s: float = 0.0) -> Claims:
+    async def open(
+        cls,
+        nc: Any,
+        js: Any,
+        durable: str,
+        *,
+        replicas: int = 1,
+        ttl_s: float = 0.0,
+        replica: str | None = None,
+    ) -> Claims:
         from nats.js.api import KeyValueConfig
 
         name = bucket_name(durable)
@@ -97,7 +115,7 @@ class Claims:
                 )
             except nats.js.errors.BadRequestError:  # another replica created it meanwhile
                 kv = await js.key_value(name)
-        return cls(kv, replica_name())
+        return cls(nc, kv, name, replica or replica_name())
 
     def scored(
         self, reward_json: bytes, feedback: dict[str, Any], version: int, at: float
@@ -134,8 +152,49 @@ class Claims:
         raise RuntimeError(f"cannot create or read the reward record of {trajectory_id}")
 
     async def create_many(self, items: list[tuple[str, bytes]]) -> list[Record | None]:
-        """`create` for many trajectories at once (concurrent round trips)."""
-        return list(await asyncio.gather(*(self.create(tid, value) for tid, value in items)))
+        """`create` for a batch: the creates are pipelined (written at once, one answer
+        each on this object's inbox: half the client CPU of concurrent `kv.create` calls,
+        and nats-py's `publish_async` loses error answers); the keys that exist are read
+        back one by one (the rare case)."""
+        if self._sub is None:
+            self._inbox = self.nc.new_inbox()
+            self._sub = await self.nc.subscribe(self._inbox + ".*", cb=self._answer)
+        loop = asyncio.get_running_loop()
+        tokens: list[str] = []
+        try:
+            for tid, value in items:
+                self._serial += 1
+                token = f"{self._serial:x}"
+                tokens.append(token)
+                self._waiting[token] = loop.create_future()
+                await self.nc.publish(
+                    self.subject_prefix + key_for(tid),
+                    value,
+                    reply=f"{self._inbox}.{token}",
+                    headers=_NEW,
+                )
+            answers = await asyncio.wait_for(
+                asyncio.gather(*(self._waiting[t] for t in tokens)), self.timeout
+            )
+        finally:
+            for token in tokens:
+                self._waiting.pop(token, None)
+        out: list[Record | None] = []
+        for (tid, value), answer in zip(items, answers, strict=True):
+            error = orjson.loads(answer).get("error")
+            if error is None:
+                out.append(None)
+            elif error.get("err_code") == _WRONG_LAST_SEQ:
+                out.append(await self.create(tid, value))  # exists: read it (or a purge raced)
+            else:
+                raise RuntimeError(f"creating the reward record of {tid} failed: {error}")
+        return out
+
+    async def _answer(self, msg: Any) -> None:
+        fut = self._waiting.get(msg.subject.rsplit(".", 1)[-1])
+        if fut is not None and not fut.done():
+            # an empty answer is a status (e.g. 503: no JetStream answered): not a create
+            fut.set_result(msg.data or b'{"error": {"description": "no JetStream answer"}}')
 
     async def update(self, trajectory_id: str, value: bytes, revision: int) -> int | None:
         """Compare-and-set: the new revision, or None when someone else changed the record

@@ -114,6 +114,7 @@ class RewardService:
         stop = stop or asyncio.Event()
         await self.bus.ensure_streams()
         self.claims = await Claims.open(
+            self.bus.nc,
             self.bus.js,
             self.durable,
             replicas=self.bus.stream_replicas,

@@ -181,7 +181,20 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         nats_url: str = typer.Option(None, help="NATS server (default: NATS_URL)."),
     ) -> None:
         """Run the ingester alone (`agentrl up` runs it for you). Ctrl-C stops it; a restart
-        resumes from the durable consumers."""
+        resumes from the durable consumers.
+
+        On its own host it needs NATS_URL (a cluster: also AGENTRL_STREAM_REPLICAS=3) and a
+        warehouse: AGENTRL_CLICKHOUSE_URL (with AGENTRL_CLICKHOUSE_USER, _PASSWORD,
+        _DATABASE) of a ClickHouse server. It opens no port.
+
+        N copies may run (any hosts, same settings): with the same
+        AGENTRL_WAREHOUSE_DURABLE_PREFIX they share the durable consumers, each batch goes
+        to one of them, and a batch a dead copy inserted but never acked is redelivered to
+        another, whose second insert the tables' ReplacingMergeTree keys collapse (counts
+        stay exact). Every copy applies the migrations on start (idempotent: CREATE ... IF
+        NOT EXISTS); or set AGENTRL_WAREHOUSE_MIGRATE=false and run `agentrl warehouse
+        migrate` once as a deploy step. Embedded chdb (no AGENTRL_CLICKHOUSE_URL) is one
+        process per data path: one copy only."""
         import asyncio
         import signal
 
