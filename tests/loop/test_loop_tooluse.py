@@ -1,0 +1,54 @@
+"""`agentrl loop --env tooluse --quick` walks the chain with Agent Zero JSON replies under
+structured outputs (tiny model): agents act through the gateway -> trajectories whose turns
+name their completion-log rows -> task-completion rewards -> a job on the logged tokens ->
+validation under the reply schema -> canary -> promotion; held-out tasks per family. The
+last line is the loop's JSON with the tool-use keys."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from agentrl.bus.server import free_port
+
+
+def test_tooluse_quick_loop_walks_the_chain(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "AGENTRL_API_PORT": str(free_port()),
+        "AGENTRL_GATEWAY_PORT": str(free_port()),
+    }
+    for name in ("NATS_URL", "AGENTRL_NATS_URL"):
+        env.pop(name, None)
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "agentrl"),
+            "loop",
+            "--env",
+            "tooluse",
+            "--quick",
+            "--data-dir",
+            str(tmp_path / "loop"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out[-4000:] + proc.stderr[-4000:]
+    last = json.loads(out.strip().splitlines()[-1])
+    assert last["versions"] >= 2 and last["promoted"] >= 1, out[-3000:]
+    assert last["trajectories"] > 0 and last["lost"] == 0
+    assert last["heldout_seeds"] == 6 and last["start_model"] == "agentrl-policy-base"
+    for key in ("start_heldout_success", "start_ci_high", "live_ci_low", "loop_wall_s"):
+        assert last[key] is not None, key
+    for fam in ("arithmetic", "data", "numbers"):
+        assert f"live_{fam}_success" in last
+    for stage in ("Agent Zero JSON", "training job", "completed", "validate", "-> canary",
+                  "promote -> live", "per family:"):  # fmt: skip
+        assert stage in out, f"no {stage!r} in the progress:\n{out[-3000:]}"
+    assert "validation could not run" not in out
