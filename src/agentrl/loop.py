@@ -93,6 +93,7 @@ class LoopConfig:
     max_tokens: int = 4  # per reply (a move's name; tool-use replies are JSON)
     min_reward: float = 1.0  # rejection sampling (objective rs): the trajectories kept
     init_checkpoint: str | None = None  # act first with this version (a warm start)
+    structured: bool = True  # tool use: replies under the schema (False: the ablation)
 
     @classmethod
     def tooluse(cls, quick: bool = False, **kw: Any) -> LoopConfig:

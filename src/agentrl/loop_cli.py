@@ -68,6 +68,12 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             help="Start acting with this checkpoint (a warm start, e.g. from `agentrl learn "
             "--config configs/tooluse-warmstart.yaml`): registered and promoted first.",
         ),
+        structured: bool = typer.Option(
+            True,
+            "--structured/--no-structured",
+            help="--env tooluse: decode every reply under Agent Zero's reply schema (default); "
+            "--no-structured is the ablation (free text, parsed as it comes).",
+        ),
         job_kind: str = typer.Option(
             "dataset",
             help="Training job kind the trigger starts; only dataset (the logged trajectories) "
@@ -103,6 +109,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             overrides["time_budget_s"] = time_budget_s
         if init_checkpoint:
             overrides["init_checkpoint"] = init_checkpoint
+        if not structured:
+            overrides["structured"] = False
         if env == "tooluse":
             cfg = LoopConfig.tooluse(quick=quick, **overrides)
         elif env == "frozenlake":

@@ -65,7 +65,7 @@ def environment(cfg: Any) -> dict[str, str]:
         "min_reward": cfg.min_reward,
         "awr_beta": 0.5,
     }
-    return {
+    env = {
         "AGENTRL_TRAINING_HYPERPARAMETERS": json.dumps(hyper),
         "AGENTRL_TRAINING_MAX_LENGTH": "1024",
         "AGENTRL_TRAINING_BATCH_SIZE": "8",
@@ -80,6 +80,10 @@ def environment(cfg: Any) -> dict[str, str]:
         "AGENTRL_DEPLOY_BENCHMARK_SEED": str(BENCHMARK_SEED),
         "AGENTRL_DEPLOY_VALIDATION_MAX_NEW_TOKENS": "12" if cfg.model == "tiny" else "32",
     }
+    if not cfg.structured:  # the ablation: free text everywhere, validation included
+        del env["AGENTRL_DEPLOY_BENCHMARK_RESPONSE_FORMAT"]
+        env["AGENTRL_DEPLOY_VALIDATION_MAX_NEW_TOKENS"] = str(cfg.max_tokens)
+    return env
 
 
 def write_reward_config(data_dir: Path) -> Path:
@@ -93,7 +97,7 @@ def write_reward_config(data_dir: Path) -> Path:
 
 def policy_kwargs(cfg: Any, session: str | None) -> dict[str, Any]:
     """What the agents' OpenAI policy sends besides the messages."""
-    body: dict[str, Any] = {"response_format": response_format()}
+    body: dict[str, Any] = {"response_format": response_format()} if cfg.structured else {}
     if session:
         body["episode_id"] = session
-    return {"max_tokens": cfg.max_tokens, "guided_choice": None, "extra_body": body}
+    return {"max_tokens": cfg.max_tokens, "guided_choice": None, "extra_body": body or None}
