@@ -20,6 +20,8 @@ from test_agent_zero_gateway import LiteLLMChatModel, serve
 from agentrl.bus import Bus
 from agentrl.deploy.backends import LocalBackend
 from agentrl.deploy.gateway import CompletionLog, GatewayState, create_gateway_app
+from agentrl.deploy.openai_types import ChatRequest
+from agentrl.deploy.structured import constraint_for
 from agentrl.integrations.agent_zero import structured
 from conftest import Checkout, stream_payloads, trajectories_of
 
@@ -118,7 +120,14 @@ async def test_structured_outputs_ask_for_agent_zeros_schema_and_the_answer_fits
         for r in await stream_payloads(a0_nats.url, "agent.rl.completion.v1")
         if r["completion_id"] == turn["action"]["completion_id"]
     ]
-    assert len(rows) == 1 and rows[0]["constrained"] is True and rows[0]["schema_hash"]
+    # decoded under exactly that schema: the gateway's hash of the constraint it compiled
+    asked = ChatRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": fmt}
+    )
+    constraint = constraint_for(asked)
+    assert constraint is not None
+    assert len(rows) == 1 and rows[0]["constrained"] is True
+    assert rows[0]["schema_hash"] == constraint.key
 
 
 async def test_structured_outputs_off_by_default_send_no_response_format(
