@@ -184,7 +184,10 @@ async def _phase(
     paced_s: float,
     url: str | None,
     progress: Callable[[str], None],
+    replicas: int = 1,
 ) -> dict[str, Any]:
+    """One phase; with `replicas` > 1 that many service processes share the durable (each
+    with its own data dir and AGENTRL_REPLICA name), and CPU is summed over them."""
     from agentrl.bus import Bus, EmbeddedNats
 
     with tempfile.TemporaryDirectory(prefix=f"agentrl-bench-rewards-{name}-") as tmp:
@@ -192,7 +195,7 @@ async def _phase(
         if server is not None:
             server.start()
         nats_url = url or server.url  # type: ignore[union-attr]
-        proc: subprocess.Popen[bytes] | None = None
+        procs: list[subprocess.Popen[bytes]] = []
         bus = await Bus.connect(nats_url, name=f"bench-rewards-{name}")
         try:
             await bus.ensure_streams()
@@ -204,18 +207,23 @@ async def _phase(
             receiver = _Receiver()
             await wire.subscribe(bus.nc, REWARD, sink=receiver.on_raw)
             log = open(Path(tmp) / "service.log", "wb")  # noqa: SIM115 - closed below
-            proc = subprocess.Popen(
-                service_cmd(nats_url, Path(tmp) / "data"), stdout=log, stderr=subprocess.STDOUT
-            )
-            await _wait_consumer(bus, durable, proc)
+            for r in range(replicas):
+                cmd = service_cmd(nats_url, Path(tmp) / (f"data-{r}" if replicas > 1 else "data"))
+                if replicas > 1:
+                    cmd = ["env", f"AGENTRL_REPLICA=replica-{r}", *cmd]
+                procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+            for proc in procs:
+                await _wait_consumer(bus, durable, proc)
+            if replicas > 1:  # every replica is up (its first pull request is waiting)
+                await _wait_started(Path(tmp) / "service.log", replicas, procs)
             progress(f"{name}: publishing {n:,} trajectories at full speed")
             sent: dict[str, float] = {}
-            cpu0 = _cpu_seconds(proc.pid)
+            cpu0 = sum(_cpu_seconds(p.pid) for p in procs)
             t0 = time.perf_counter()
             await _publish(bus, saturated, sent, None, 500)
             ok = await receiver.wait_for(n, timeout=max(120.0, n / 50))
             t1 = time.perf_counter()
-            cpu1 = _cpu_seconds(proc.pid)
+            cpu1 = sum(_cpu_seconds(p.pid) for p in procs)
             got = len(receiver.first)
             throughput = got / (t1 - t0)
             lat_sat = (
@@ -238,6 +246,7 @@ async def _phase(
             published = {t for t, _ in saturated} | {t for t, _ in paced}
             return {
                 "phase": name,
+                "replicas": replicas,
                 "trajectories": n + m,
                 "per_s": throughput,
                 "lost": len(published - tids),
@@ -252,8 +261,10 @@ async def _phase(
                 "complete": bool(ok and ok2),
             }
         finally:
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in procs:
                 try:
                     proc.wait(20)
                 except subprocess.TimeoutExpired:
@@ -262,6 +273,19 @@ async def _phase(
             await bus.close()
             if server is not None:
                 server.stop()
+
+
+async def _wait_started(
+    log: Path, replicas: int, procs: list[subprocess.Popen[bytes]], timeout: float = 60.0
+) -> None:
+    """Until every replica has logged its start (the consumer exists after the first)."""
+    deadline = time.monotonic() + timeout
+    while log.read_bytes().count(b"reward service started") < replicas:
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError("a reward service replica exited early")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not all {replicas} replicas started within {timeout}s")
+        await asyncio.sleep(0.1)
 
 
 def _reward_service_cmd(url: str, data_dir: Path) -> list[str]:
@@ -373,6 +397,29 @@ def run_rewards_benchmark(
             ("rewards (no code) #2", _reward_service_cmd),
         ):
             rows.append(await _phase(label, cmd, "rewards", n, False, paced_s, url, say))
+        return rows
+
+    return asyncio.run(main())
+
+
+def run_replicas_benchmark(
+    n: int,
+    replicas: int,
+    url: str | None = None,
+    paced_s: float = 2.0,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """One reward service against `replicas` of them on one durable, in ABBA order (1, N,
+    N, 1) so load drift on a shared machine cancels; one result row each."""
+    say = progress or (lambda _msg: None)
+
+    async def main() -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        for k in (1, replicas, replicas, 1):
+            label = f"rewards x{k}" + (" #2" if any(r["replicas"] == k for r in rows) else "")
+            rows.append(
+                await _phase(label, _reward_service_cmd, "rewards", n, False, paced_s, url, say, k)
+            )
         return rows
 
     return asyncio.run(main())

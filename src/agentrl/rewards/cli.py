@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -197,19 +198,78 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         url: str = typer.Option(
             None, help="Use an existing NATS server (its trajectory and reward streams are purged)."
         ),
+        replicas: int = typer.Option(
+            1,
+            min=1,
+            help="Compare one service with this many replicas on one durable (1, N, N, 1), "
+            "instead of the usual phases.",
+        ),
     ) -> None:
         """End to end through the running reward service: trajectories in, rewards out.
 
         Publishes trajectories to the embedded NATS and counts the rewards that come back. Targets on 2 cores: >= 5,000
         trajectories/s without code, >= 200/s with code (ruff + bandit), lost 0, duplicates 0.
-        The peer is a raw nats-py service that answers every trajectory with a fixed reward."""
+        The peer is a raw nats-py service that answers every trajectory with a fixed reward.
+
+        With --replicas N: one service against N replicas sharing the durable, on this
+        machine, side by side. On one small machine the replicas share its cores, so the
+        ratio shows the cost of coordinating them, not scale-out."""
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         from agentrl.benchmarks.report import report
-        from agentrl.rewards.bench import run_rewards_benchmark
+        from agentrl.rewards.bench import run_replicas_benchmark, run_rewards_benchmark
 
         plain = n or (10_000 if quick else 50_000)
         code = n_code or (1_000 if quick else 5_000)
+        if replicas > 1:
+            with Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                TimeElapsedColumn(),
+                transient=True,
+            ) as bar:
+                task = bar.add_task("starting", total=None)
+                rows = run_replicas_benchmark(
+                    plain,
+                    replicas,
+                    url,
+                    paced_s=2.0 if quick else 4.0,
+                    progress=lambda m: bar.update(task, description=m),
+                )
+            one = [r for r in rows if r["replicas"] == 1]
+            many = [r for r in rows if r["replicas"] == replicas]
+            one_rate = sum(r["per_s"] for r in one) / len(one)
+            many_rate = sum(r["per_s"] for r in many) / len(many)
+            cores = os.cpu_count() or 1
+            typer.echo(
+                f"{replicas} replicas on one {cores}-core machine share its cores: the ratio "
+                "is the cost of coordination (claims in NATS KV, shared consumer), it "
+                "cannot show scale-out; that needs a host per replica.",
+                err=True,
+            )
+            report(
+                "rewards",
+                rows,
+                {
+                    "replicas": replicas,
+                    "one_replica_trajectories_per_s": round(one_rate, 1),
+                    "replicas_trajectories_per_s": round(many_rate, 1),
+                    "ratio": round(many_rate / one_rate, 3) if one_rate else None,
+                    "one_replica_service_cpu_us": round(
+                        sum(r["service_cpu_us"] for r in one) / len(one), 1
+                    ),
+                    "replicas_service_cpu_us": round(
+                        sum(r["service_cpu_us"] for r in many) / len(many), 1
+                    ),
+                    "lost": sum(r["lost"] for r in rows),
+                    "duplicates": sum(r["duplicates"] for r in rows),
+                    "cpu_cores": cores,
+                    "shows_scale_out": False,
+                    "n": plain,
+                    "complete": all(r["complete"] for r in rows),
+                },
+            )
+            return
         with Progress(
             SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True
         ) as bar:
