@@ -590,7 +590,9 @@ async def _stream(
     live_calls = ToolCallStream() if ToolCallStream.wanted(body) else None
     include_usage = bool((body.stream_options or {}).get("include_usage"))
     # what the client was sent, for the log row of a stream it closes early: the tokens
-    # whose text went out (a chunk counts once its send returned), or the upstream's chunks
+    # whose text went out (a chunk counts once its send returned), or the upstream's chunks.
+    # A buffered or tool-call answer sends no token's text as such before its end: a row
+    # without completion tokens (training falls back to the turn's text)
     got_ids: list[int] = []
     got_lps: list[float] = []
     shown = 0
