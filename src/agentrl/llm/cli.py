@@ -202,6 +202,15 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         from agentrl.llm.main_job import run_main_job
 
+        if _is_tooluse_config(config):  # configs/tooluse-*.yaml: Agent Zero JSON tool use
+            from agentrl.llm.tooluse import run_main
+
+            tooluse = {"model": model, "seed": seed, "out_dir": out, "iterations": iterations}
+            tooluse["rl_time_budget_s"] = time_budget_s
+            if heldout_seeds:
+                tooluse["heldout_per_family"] = -(-heldout_seeds // 3)
+            run_main(config, tooluse, Console(stderr=True))
+            return
         overrides = {
             "iterations": iterations,
             "algorithm": algorithm,
@@ -376,3 +385,16 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             out_dir=out,
         )
         report("learning: GiGPO vs GRPO", rows, figures)
+
+
+def _is_tooluse_config(path: Path) -> bool:
+    """A tool-use learning config: named tooluse-*.yaml or saying `kind: tooluse`."""
+    if path.name.startswith("tooluse"):
+        return True
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and data.get("kind") == "tooluse"

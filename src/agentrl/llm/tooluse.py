@@ -1,0 +1,473 @@
+"""`agentrl learn --config configs/tooluse-*.yaml`: SmolLM2 answers the tool-use tasks in
+Agent Zero's JSON under structured outputs, warm-started on the environment's scripted
+solutions, then improved by RL, and measured greedy on held-out tasks never trained on.
+
+Stages, each timed: (1) the base on the held-out tasks; (2) the warm start: LoRA fine-tuned
+on the solver's replies (`envs.tooluse.solver`) for training seeds, balanced across the
+families, saved as a checkpoint the gateway's local backend loads; (3) the warm start on
+the same held-out tasks; (4) RL: groups of episodes sampled at temperature ~1 under the
+schema on fresh training seeds, reward = success, updated by rejection sampling (NLL on the
+successful episodes' sampled tokens) or GRPO (group-relative advantages, log-probs
+recomputed under the current policy: the behaviour log-probs are of the masked
+distribution, so the ratio starts on-policy at 1); (5) the trained policy on the held-out
+tasks. Training seeds stay below `HELDOUT_OFFSET`; held-out seeds start there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentrl.envs.tooluse.tasks import FAMILIES
+from agentrl.llm.tooluse_episodes import (
+    EpisodeRecord,
+    PlaySettings,
+    PlayTiming,
+    SchemaMatchers,
+    episode_json,
+    play,
+    summarise,
+)
+
+log = logging.getLogger(__name__)
+
+HELDOUT_OFFSET = 1_000_000  # as agentrl.llm.valid_action: training seeds stay below
+WARM_SEED_BASE = 0  # warm-start seeds: WARM_SEED_BASE + k
+RL_SEED_BASE = 100_000  # RL seeds: fresh training tasks, disjoint from the warm start's
+
+
+class ToolUseConfig(BaseModel):
+    """Every knob of a tool-use learning run (configs/tooluse-*.yaml)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "smollm2"
+    families: list[str] = Field(default_factory=lambda: list(FAMILIES))
+    max_steps: int = Field(4, ge=2)
+    max_new_tokens: int = Field(256, ge=8)
+    structured: bool = True
+    threads: int = Field(1, ge=0, description="torch threads; 0 leaves torch's default")
+    lora_r: int = Field(16, gt=0)
+    lora_alpha: int = Field(32, gt=0)
+    lora_layers: int | None = Field(None, ge=1, description="adapters on the top N layers")
+    lora_targets: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"]
+    )
+    micro_batch_tokens: int = Field(4096, gt=0)
+    # warm start
+    warm_start: bool = True
+    warm_tasks_per_family: int = Field(16, ge=0)
+    warm_epochs: int = Field(2, ge=0)
+    warm_batch_size: int = Field(8, gt=0)
+    warm_learning_rate: float = Field(5e-4, gt=0)
+    # RL
+    rl_method: Literal["rejection", "grpo", "none"] = "rejection"
+    iterations: int = Field(4, ge=0)
+    tasks_per_iteration: int = Field(12, gt=0, description="balanced across the families")
+    group_size: int = Field(4, gt=0)
+    temperature: float = Field(1.0, gt=0)
+    rl_learning_rate: float = Field(2e-4, gt=0)
+    rl_epochs: int = Field(1, gt=0)
+    rl_batch_size: int = Field(8, gt=0)
+    result_bonus: float = Field(
+        0.0, ge=0, description="GRPO: reward for a tool result showing the answer"
+    )
+    rl_time_budget_s: float | None = Field(1200.0, gt=0)
+    # evaluation
+    heldout_per_family: int = Field(34, gt=0)
+    eval_base: bool = True
+    batch_size: int = Field(34, gt=0, description="episodes decoded together")
+    seed: int = 0
+    out_dir: str = "runs/tooluse"
+
+    @classmethod
+    def from_file(cls, path: str | Path, **overrides: Any) -> ToolUseConfig:
+        import yaml
+
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        data.pop("kind", None)
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**data)
+
+    def heldout(self) -> list[tuple[str, int]]:
+        return [
+            (f, HELDOUT_OFFSET + k) for f in self.families for k in range(self.heldout_per_family)
+        ]
+
+    def warm_tasks(self) -> list[tuple[str, int]]:
+        n = self.warm_tasks_per_family
+        return [(f, WARM_SEED_BASE + k) for k in range(n) for f in self.families]
+
+    def rl_tasks(self, iteration: int) -> list[tuple[str, int]]:
+        n = self.tasks_per_iteration
+        seeds = [RL_SEED_BASE + iteration * n + j for j in range(n)]
+        if max(seeds) >= HELDOUT_OFFSET:
+            raise ValueError("RL seeds would reach the held-out range")
+        return [(self.families[j % len(self.families)], s) for j, s in enumerate(seeds)]
+
+
+@dataclass
+class ToolUseResult:
+    summaries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    curve: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints: dict[str, str] = field(default_factory=dict)
+
+
+class ToolUseLearner:
+    """The policy (LoRA over the base), its trainer, and the structured-outputs matchers."""
+
+    def __init__(self, config: ToolUseConfig) -> None:
+        from agentrl.llm.config import TrainerConfig
+        from agentrl.llm.loading import LoraSettings, apply_lora, load_policy
+        from agentrl.llm.trainer import PolicyTrainer
+
+        self.config = config
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        policy = load_policy(config.model, seed=0)
+        layers = int(policy.model.config.num_hidden_layers)
+        top = (
+            None
+            if config.lora_layers is None
+            else tuple(range(max(0, layers - config.lora_layers), layers))
+        )
+        policy.lora = LoraSettings(
+            r=config.lora_r,
+            alpha=config.lora_alpha,
+            target_modules=tuple(config.lora_targets),
+            layers=top,
+        )
+        policy.model = apply_lora(policy.model, policy.lora)
+        out = Path(config.out_dir)
+        tc = TrainerConfig(
+            algorithm="grpo",
+            model=config.model,
+            lora_r=config.lora_r,
+            lora_alpha=config.lora_alpha,
+            lora_target_modules=list(config.lora_targets),
+            learning_rate=config.warm_learning_rate,
+            batch_size=config.rl_batch_size,
+            epochs=config.rl_epochs,
+            micro_batch_tokens=config.micro_batch_tokens,
+            max_length=4096,
+            seed=config.seed,
+            recompute_old_logprobs=True,
+            storage_path=str(out / "checkpoints"),
+        )
+        self.trainer = PolicyTrainer(policy, tc)
+        self.tokenizer = policy.tokenizer
+        vocab = int(policy.model.config.vocab_size)
+        self.matchers = SchemaMatchers(self.tokenizer, vocab) if config.structured else None
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.timing = PlayTiming()
+
+    @property
+    def model(self) -> Any:
+        return self.trainer.policy.model
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.trainer.optimizer.param_groups:
+            group["lr"] = lr
+        self.trainer.scheduler.base_lrs = [lr for _ in self.trainer.scheduler.base_lrs]
+
+    def play(
+        self,
+        tasks: Sequence[tuple[str, int]],
+        temperature: float,
+        groups: Sequence[int] | None = None,
+        adapters: bool = True,
+    ) -> list[EpisodeRecord]:
+        cfg = self.config
+        settings = PlaySettings(
+            temperature=temperature,
+            max_steps=cfg.max_steps,
+            max_new_tokens=cfg.max_new_tokens,
+            batch_size=cfg.batch_size,
+            structured=cfg.structured,
+        )
+        kwargs: dict[str, Any] = {
+            "matchers": self.matchers,
+            "generator": self.generator,
+            "groups": groups,
+            "timing": self.timing,
+        }
+        if adapters:
+            return play(self.model, self.tokenizer, tasks, settings, **kwargs)
+        with self.model.disable_adapter():  # the base: LoRA off
+            return play(self.model, self.tokenizer, tasks, settings, **kwargs)
+
+    def save(self, name: str, metrics: dict[str, Any]) -> str:
+        from agentrl.llm.checkpoint import CheckpointManager
+
+        ckpt = CheckpointManager(
+            self.trainer.config.storage_path,
+            run_info={
+                "name": f"agentrl tool-use policy ({name})",
+                "data": "scripted solutions and RL episodes of training seeds "
+                f"(< {HELDOUT_OFFSET}) of the tool-use tasks, Agent Zero JSON",
+            },
+        )
+        return ckpt.save(self.trainer, metrics, name=name)
+
+
+def demonstrations(learner: ToolUseLearner, tasks: Sequence[tuple[str, int]]) -> list[Any]:
+    """The solver's replies on `tasks` as training samples (exact chat-template prompts),
+    only from episodes the environment scored as solved."""
+    from agentrl.envs.tooluse import ToolUseEnv
+    from agentrl.envs.tooluse.agent_prompt import messages_for
+    from agentrl.envs.tooluse.solver import solve_episode
+    from agentrl.llm.samples import PolicySample, encode_action, render_prompt
+
+    tok = learner.tokenizer
+    envs = {f: ToolUseEnv(family=f, max_steps=learner.config.max_steps) for f in FAMILIES}
+    samples = []
+    for family, seed in tasks:
+        ep = solve_episode(envs[family], seed)
+        if not ep.success:
+            continue
+        for i, turn in enumerate(ep.turns):
+            prompt = render_prompt(tok, messages_for(ep.task.question, ep.turns[:i]))
+            samples.append(
+                PolicySample(prompt, encode_action(tok, turn.reply), advantage=1.0, reward=1.0)
+            )
+    return samples
+
+
+def nll_epochs(
+    learner: ToolUseLearner, samples: Sequence[Any], epochs: int, batch: int
+) -> list[float]:
+    from agentrl.llm.sft import sft_epoch
+
+    return [sft_epoch(learner.trainer, samples, batch) for _ in range(epochs)] if samples else []
+
+
+def episode_samples(episodes: Sequence[EpisodeRecord], advantages: Sequence[float]) -> list[Any]:
+    """Every valid turn of each episode as a sample with its episode's advantage, on the
+    tokens that were sampled."""
+    from agentrl.llm.samples import PolicySample
+
+    out = []
+    for ep, adv in zip(episodes, advantages, strict=True):
+        for i, t in enumerate(ep.turns):
+            if t.finish != "stop":
+                continue
+            out.append(
+                PolicySample(
+                    list(t.prompt_ids),
+                    list(t.action_ids),
+                    advantage=float(adv),
+                    reward=ep.reward,
+                    group_id=str(ep.group),
+                    episode_id=f"{ep.family}-{ep.seed}-{id(ep)}",
+                    step_index=i,
+                )
+            )
+    return out
+
+
+def group_advantages(episodes: Sequence[EpisodeRecord], bonus: float) -> list[float]:
+    """GRPO: each episode's reward minus its group's mean, over the group's std."""
+    rewards = [ep.reward + bonus * float(ep.answer_in_result and not ep.success) for ep in episodes]
+    groups: dict[int, list[int]] = {}
+    for k, ep in enumerate(episodes):
+        groups.setdefault(ep.group, []).append(k)
+    adv = [0.0] * len(episodes)
+    for members in groups.values():
+        r = torch.tensor([rewards[k] for k in members])
+        std = float(r.std(unbiased=False))
+        for k in members:
+            adv[k] = (rewards[k] - float(r.mean())) / (std + 1e-6) if std > 0 else 0.0
+    return adv
+
+
+def rl_iteration(learner: ToolUseLearner, iteration: int) -> dict[str, Any]:
+    cfg = learner.config
+    t0 = time.perf_counter()
+    tasks = cfg.rl_tasks(iteration)
+    batch = [t for t in tasks for _ in range(cfg.group_size)]
+    groups = [j for j in range(len(tasks)) for _ in range(cfg.group_size)]
+    episodes = learner.play(batch, cfg.temperature, groups=groups)
+    t1 = time.perf_counter()
+    learner.set_lr(cfg.rl_learning_rate)
+    trained_on = 0
+    if cfg.rl_method == "rejection":
+        good = [ep for ep in episodes if ep.success]
+        samples = episode_samples(good, [1.0] * len(good))
+        trained_on = len(samples)
+        nll_epochs(learner, samples, cfg.rl_epochs, cfg.rl_batch_size)
+    elif cfg.rl_method == "grpo":
+        samples = episode_samples(episodes, group_advantages(episodes, cfg.result_bonus))
+        learner.trainer.train_on_samples(samples, allow_empty=True)
+        trained_on = sum(abs(s.advantage) > 1e-8 for s in samples)
+    t2 = time.perf_counter()
+    rec = {
+        "iteration": iteration,
+        "train_success": sum(ep.success for ep in episodes) / len(episodes),
+        "answered": sum(ep.answered for ep in episodes) / len(episodes),
+        "samples": trained_on,
+        "rollout_s": round(t1 - t0, 1),
+        "update_s": round(t2 - t1, 1),
+    }
+    for f in cfg.families:
+        fam = [ep for ep in episodes if ep.family == f]
+        if fam:
+            rec[f"success_{f}"] = round(sum(ep.success for ep in fam) / len(fam), 3)
+    return rec
+
+
+def run_tooluse(
+    config: ToolUseConfig, say: Callable[[str], None] = print
+) -> tuple[ToolUseResult, dict[str, Any]]:
+    """All stages; returns the result and the final JSON record."""
+    t_start = time.perf_counter()
+    out = Path(config.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    learner = ToolUseLearner(config)
+    res = ToolUseResult()
+    held = config.heldout()
+    assert all(s >= HELDOUT_OFFSET for _, s in held)
+    load_s = time.perf_counter() - t_start
+    say(f"loaded {config.model} in {load_s:.0f}s; {len(held)} held-out tasks; load {_load()}")
+
+    def evaluate(name: str, adapters: bool = True) -> None:
+        t = time.perf_counter()
+        eps = learner.play(held, 0.0, adapters=adapters)
+        res.timings[f"eval_{name}_s"] = time.perf_counter() - t
+        res.summaries[name] = summarise(eps)
+        with (out / f"heldout_{name}.jsonl").open("w") as fh:
+            fh.writelines(episode_json(e) + "\n" for e in eps)
+        s = res.summaries[name]["all"]
+        say(
+            f"{name}: held-out success {s['success']:.2f} {s['ci']} "
+            + " ".join(f"{f} {res.summaries[name][f]['success']:.2f}" for f in config.families)
+            + f" ({res.timings[f'eval_{name}_s']:.0f}s, load {_load()})"
+        )
+
+    if config.eval_base:
+        evaluate("base", adapters=False)
+    # warm start
+    t = time.perf_counter()
+    if config.warm_start and config.warm_tasks_per_family and config.warm_epochs:
+        learner.set_lr(config.warm_learning_rate)
+        demos = demonstrations(learner, config.warm_tasks())
+        losses = nll_epochs(learner, demos, config.warm_epochs, config.warm_batch_size)
+        res.timings["warm_start_s"] = time.perf_counter() - t
+        res.checkpoints["warmstart"] = learner.save("warmstart", {"sft_losses": losses})
+        say(
+            f"warm start: {len(demos)} scripted replies, losses {[round(x, 3) for x in losses]} "
+            f"({res.timings['warm_start_s']:.0f}s, load {_load()})"
+        )
+    else:
+        res.timings["warm_start_s"] = 0.0
+    if config.warm_start or not config.eval_base:
+        evaluate("start")
+    else:
+        res.summaries["start"] = res.summaries["base"]
+        res.timings["eval_start_s"] = 0.0
+    # RL
+    t = time.perf_counter()
+    if config.rl_method != "none":
+        for it in range(config.iterations):
+            if config.rl_time_budget_s and time.perf_counter() - t > config.rl_time_budget_s:
+                say(f"RL time budget {config.rl_time_budget_s:.0f}s spent after {it} iterations")
+                break
+            rec = rl_iteration(learner, it)
+            res.curve.append(rec)
+            say(json.dumps(rec))
+    res.timings["rl_s"] = time.perf_counter() - t
+    res.checkpoints["final"] = learner.save("final", {"curve": res.curve})
+    evaluate("trained")
+    res.timings["wall_s"] = time.perf_counter() - t_start
+    return res, final_record(config, res)
+
+
+def final_record(config: ToolUseConfig, res: ToolUseResult) -> dict[str, Any]:
+    s = res.summaries
+    base = s.get("base", s["start"])
+    rec: dict[str, Any] = {
+        "base_heldout_success": base["all"]["success"],
+        "start_heldout_success": s["start"]["all"]["success"],
+        "trained_heldout_success": s["trained"]["all"]["success"],
+        "base_ci": base["all"]["ci"],
+        "start_ci": s["start"]["all"]["ci"],
+        "trained_ci": s["trained"]["all"]["ci"],
+        "start_ci_high": s["start"]["all"]["ci"][1],
+        "trained_ci_low": s["trained"]["all"]["ci"][0],
+        "heldout_tasks": s["trained"]["all"]["episodes"],
+        "invalid_calls": sum(x["all"]["invalid_calls"] for x in s.values()),
+        "cut_by_token_cap": {k: x["all"]["cut_by_token_cap"] for k, x in s.items()},
+        "structured": config.structured,
+        "rl_method": config.rl_method,
+        "rl_iterations": len(res.curve),
+    }
+    for name in ("base", "start", "trained"):
+        for f in config.families:
+            rec[f"{name}_{f}"] = (s.get(name) or base)[f]["success"]
+    eval_s = sum(v for k, v in res.timings.items() if k.startswith("eval_"))
+    rec.update(
+        warm_start_s=round(res.timings.get("warm_start_s", 0.0), 1),
+        rl_s=round(res.timings.get("rl_s", 0.0), 1),
+        eval_s=round(eval_s, 1),
+        wall_s=round(res.timings.get("wall_s", 0.0), 1),
+        load=_load(),
+    )
+    return rec
+
+
+def _load() -> str:
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return "unknown"
+    return f"{one:.2f}, {five:.2f}, {fifteen:.2f}"
+
+
+def run_main(config_path: Path, overrides: dict[str, Any], console: Any) -> dict[str, Any]:
+    """`agentrl learn` for a tool-use config: stages, the held-out table, a last JSON line."""
+    from rich.table import Table
+
+    config = ToolUseConfig.from_file(config_path, **overrides)
+    console.print(
+        f"[bold]tool-use learning[/]: {config.model}, Agent Zero JSON, structured outputs "
+        f"{'on' if config.structured else 'off'}, warm start {config.warm_tasks_per_family} "
+        f"tasks/family x {config.warm_epochs} epochs, RL {config.rl_method} "
+        f"{config.iterations} x {config.tasks_per_iteration} tasks x {config.group_size}; "
+        f"load {_load()}"
+    )
+    res, record = run_tooluse(config, say=lambda m: console.print(m))
+    table = Table(
+        title=f"held-out greedy success, {record['heldout_tasks']} tasks never trained on"
+    )
+    table.add_column("model")
+    table.add_column("all [95% CI]")
+    for f in config.families:
+        table.add_column(f)
+    table.add_column("answered")
+    table.add_column("invalid calls")
+    for name in ("base", "start", "trained"):
+        s = res.summaries.get(name)
+        if s is None:
+            continue
+        table.add_row(
+            name,
+            f"{s['all']['success']:.2f} [{s['all']['ci'][0]:.2f}, {s['all']['ci'][1]:.2f}]",
+            *[f"{s[f]['success']:.2f}" for f in config.families],
+            f"{s['all']['answered']:.2f}",
+            str(s["all"]["invalid_calls"]),
+        )
+    console.print(table)
+    (Path(config.out_dir) / "result.json").write_text(
+        json.dumps({"record": record, "curve": res.curve, "summaries": res.summaries}, indent=1)
+    )
+    print(json.dumps(record), flush=True)
+    return record
