@@ -13,6 +13,11 @@ table keys collapse them: the counts come out exact.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -114,3 +119,75 @@ async def test_two_ingesters_one_dies_after_an_insert_rows_stay_exact(
     counts = Analytics(backend, ws.database).counts()
     assert (counts["trajectories"], counts["turns"], counts["rewards"]) == (n, 3 * n, n)
     assert await bus.dead_letters() == []
+
+
+CHILD = str(Path(__file__).with_name("_child.py"))
+
+
+def child(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, CHILD, *args], env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT
+    )
+
+
+def counts(env: dict[str, str]) -> dict[str, object]:
+    out = subprocess.run(
+        [sys.executable, CHILD, "count"], env=env, capture_output=True, timeout=60, check=True
+    )
+    return json.loads(out.stdout.decode().strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+async def test_two_ingester_processes_on_one_chdb_path_one_takes_over(
+    bus: Bus, server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """Two ingester processes given the same embedded data path (`agentrl up --replicas 2`
+    on one data dir): one owns chdb, the other stands by; SIGKILL the owner mid-stream and
+    the other opens the path, takes the unacked batches and the counts come out exact."""
+    n = 6000
+    env = {
+        **os.environ,
+        "AGENTRL_WAREHOUSE_PATH": str(tmp_path / "chdb"),
+        "AGENTRL_CLICKHOUSE_DATABASE": "replicas",
+        "AGENTRL_WAREHOUSE_DURABLE_PREFIX": f"whp-{uuid.uuid4().hex[:6]}",
+        "AGENTRL_WAREHOUSE_BATCH_SIZE": "500",
+        "AGENTRL_WAREHOUSE_ACK_WAIT_S": "2",
+    }
+    logs = {x: tmp_path / f"{x}.log" for x in "ab"}
+    procs = {x: child(["ingest", server.url, "0"], env, logs[x]) for x in "ab"}
+    try:
+        events: list[object] = []
+        for i in range(n):
+            events += [S.trajectory(60_000 + i), S.reward(60_000 + i, (i % 10) / 10)]
+        for k in range(0, len(events), 2000):
+            await bus.publish_many(events[k : k + 2000])  # type: ignore[arg-type]
+        deadline = time.monotonic() + 120
+        active = None
+        while active is None:  # the owner is the one inserting
+            for x in "ab":
+                assert procs[x].poll() is None, logs[x].read_text()
+                if "inserted batch 2 " in logs[x].read_text():
+                    active = x
+            assert time.monotonic() < deadline, "no ingester inserted anything"
+            await asyncio.sleep(0.05)
+        standby = "b" if active == "a" else "a"
+        procs[active].send_signal(signal.SIGKILL)
+        procs[active].wait(10)
+        while await pending(bus, env["AGENTRL_WAREHOUSE_DURABLE_PREFIX"]) > 0:
+            assert procs[standby].poll() is None, logs[standby].read_text()
+            assert time.monotonic() < deadline, "the standby never took over"
+            await asyncio.sleep(0.2)
+        assert "inserted batch" in logs[standby].read_text()  # the standby did take over
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.terminate()
+                p.wait(30)
+    assert counts(env) == {
+        "trajectories": n,
+        "turns": 3 * n,
+        "rewards": n,
+        "feedback": 0,
+        "training_jobs": 0,
+        "deployments": 0,
+        "model_versions": 0,
+    }

@@ -45,7 +45,7 @@ class IngestStatus:
     """What the ingester reports (control API `/stats/ingester`, `agentrl up`'s panel)."""
 
     backend: str = ""
-    state: str = "starting"  # starting | up | down | stopped | failed
+    state: str = "starting"  # starting | up | down | standby | stopped | failed
     last_error: str | None = None
     down_since: float | None = None
     last_insert_at: float | None = None

@@ -5,6 +5,13 @@ events; each fetched batch (bounded by `batch_size` events and `batch_timeout_s`
 columnar inserts (see `ingest`). On start it applies the schema migrations; a schema newer
 than this code stops the service with a clear message, a warehouse that cannot be reached
 is retried with backoff while the status says so.
+
+Replicas: with a ClickHouse server, N ingesters (any hosts, same settings) share the durable
+consumers and insert into the same tables, whose ReplacingMergeTree keys collapse what a
+dead replica inserted but never acked. Embedded chdb is one process per data path: an
+ingester that finds the path owned by another process stands by (state "standby") and
+opens it within `standby_poll_s` of that process's exit, so N replicas on one data dir
+give one active ingester and N-1 ready to take over.
 """
 
 from __future__ import annotations
@@ -19,7 +26,13 @@ from typing import Any
 from agentrl.bus import Bus, ConsumeStats
 from agentrl.settings import Settings, get_settings
 from agentrl.warehouse import schema
-from agentrl.warehouse.backend import Backend, SchemaTooNew, WarehouseDown, open_backend
+from agentrl.warehouse.backend import (
+    Backend,
+    SchemaTooNew,
+    WarehouseDown,
+    WarehouseLocked,
+    open_backend,
+)
 from agentrl.warehouse.config import WarehouseSettings
 from agentrl.warehouse.ingest import SUBJECT_KINDS, Ingester, IngestStatus
 
@@ -43,6 +56,7 @@ class IngesterService:
         max_deliver: int = 10_000,
         nak_delay: float = 5.0,
         down_hold_s: float = 20.0,
+        standby_poll_s: float = 2.0,
     ) -> None:
         self.bus = bus
         self.settings = settings or get_settings()
@@ -52,6 +66,7 @@ class IngesterService:
         self.max_deliver = max_deliver
         self.nak_delay = nak_delay
         self.down_hold_s = down_hold_s
+        self.standby_poll_s = standby_poll_s
         self.status = IngestStatus(backend=self.wsettings.backend_name)
         self.consume_stats: dict[str, ConsumeStats] = {}
         self.ingester: Ingester | None = None
@@ -75,6 +90,13 @@ class IngesterService:
             except SchemaTooNew:
                 self.status.state = "failed"
                 raise
+            except WarehouseLocked as exc:  # another replica's ingester owns the chdb path
+                if self.status.state != "standby":
+                    log.info("warehouse owned by another process: standing by (%s)", exc)
+                self.status.state = "standby"
+                self.status.last_error = str(exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.standby_poll_s)
             except WarehouseDown as exc:
                 self.status.state = "down"
                 self.status.last_error = str(exc)
