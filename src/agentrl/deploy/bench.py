@@ -205,8 +205,9 @@ async def latency_run(
 ) -> dict[str, Any]:
     """Open-loop arrivals at `rate` per path, alternating direct and gateway; latency is
     send -> last byte on a keep-alive connection. `pids` ({"gateway": pid, "backend": pid})
-    adds each process's CPU milliseconds per gateway request: the figure that load on a
-    shared machine does not change, and that bounds the rate one core can serve."""
+    adds each process's CPU milliseconds per gateway request: it bounds the rate one core
+    can serve, and load on a shared machine moves it far less than the latencies (it drops
+    somewhat when a busy process handles several requests per wake-up)."""
     from urllib.parse import urlsplit
 
     body = json.dumps(
