@@ -157,3 +157,79 @@ def _by_pieces(
         parts.append(gen_ids)
         out.append(list(chain.from_iterable(parts)))
     return out, [by_action[a] for a in actions]
+
+
+Turns = Sequence[tuple[str, str]]  # a dialogue: (user message, assistant action) per turn
+
+
+def encode_dialogues(
+    tokenizer: Any, dialogues: Sequence[Turns], wanted: Sequence[Sequence[bool]]
+) -> list[list[tuple[list[int], list[int]] | None]]:
+    """(prompt ids, action ids) of each wanted turn of each dialogue, None for the others.
+    A turn's prompt is the dialogue up to it (earlier user messages and actions, then its
+    own user message) with the generation prompt: what `encode_turns` gives for the same
+    messages. Id lists can be shared between turns: copy one before changing it."""
+    if not _pieces_ok(tokenizer):
+        prompts: list[list[Message]] = []
+        actions: list[str] = []
+        for turns, want in zip(dialogues, wanted, strict=True):
+            history: list[Message] = []
+            for (user, action), w in zip(turns, want, strict=True):
+                history.append({"role": "user", "content": user})
+                if w:
+                    prompts.append(list(history))
+                    actions.append(action)
+                history.append({"role": "assistant", "content": action})
+        p_ids, a_ids = encode_turns(tokenizer, prompts, actions)
+        flat = iter(zip(p_ids, a_ids, strict=True))
+        return [[next(flat) if w else None for w in want] for want in wanted]
+    return _dialogues_by_pieces(tokenizer, dialogues, wanted)
+
+
+def _dialogues_by_pieces(
+    tokenizer: Any, dialogues: Sequence[Turns], wanted: Sequence[Sequence[bool]]
+) -> list[list[tuple[list[int], list[int]] | None]]:
+    """`encode_dialogues` by ChatML pieces (module doc): each distinct user message and
+    action is tokenised once, and a prompt grows turn by turn from its dialogue's prefix."""
+    system = CHATML[tokenizer.chat_template]
+    users: dict[str, None] = {}
+    actions: dict[str, None] = {}  # every action: its ids, and its assistant piece's
+    lasts: list[int] = []
+    for turns, want in zip(dialogues, wanted, strict=True):
+        last = max((k for k, w in enumerate(want) if w), default=-1)
+        lasts.append(last)
+        for user, action in turns[: last + 1]:
+            users[user] = None
+            actions[action] = None
+    split = _split_actions_ok(tokenizer)
+    own = [a for a in actions if not (split and a[:1].strip())]  # pieces tokenised whole
+    fixed = [f"{START}system\n{system}{END}\n", f"{START}assistant\n", f"{END}\n"]
+    texts = [
+        *fixed,
+        *(f"{START}user\n{u}{END}\n" for u in users),
+        *actions,
+        *(f"{START}assistant\n{a}{END}\n" for a in own),
+    ]
+    ids = _encode(tokenizer, texts, fast=True)
+    head_ids, gen_ids, end_ids = ids[:3]
+    pos = 3 + len(users)
+    user_ids = dict(zip(users, ids[3:pos], strict=True))
+    action_ids = dict(zip(actions, ids[pos : pos + len(actions)], strict=True))
+    piece_ids = dict(zip(own, ids[pos + len(actions) :], strict=True))
+    for a, a_ids in action_ids.items():
+        if a not in piece_ids:  # "assistant\n" + action splits at the newline
+            piece_ids[a] = [*gen_ids, *a_ids, *end_ids]
+    out: list[list[tuple[list[int], list[int]] | None]] = []
+    for turns, want, last in zip(dialogues, wanted, lasts, strict=True):
+        prefix = list(head_ids)
+        row: list[tuple[list[int], list[int]] | None] = []
+        for k, ((user, action), w) in enumerate(zip(turns, want, strict=True)):
+            if k > last:
+                row.append(None)
+                continue
+            u = user_ids[user]
+            row.append((prefix + u + gen_ids, action_ids[action]) if w else None)
+            prefix += u
+            prefix += piece_ids[action]
+        out.append(row)
+    return out

@@ -31,7 +31,7 @@ import json
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -39,7 +39,7 @@ import torch
 from agentrl.llm.samples import PolicySample
 from agentrl.llm.trainer import PreferencePair
 from agentrl.training.dataset import Record, gc_paused
-from agentrl.training.prompt_ids import encode_turns, render
+from agentrl.training.prompt_ids import encode_dialogues, render
 
 BASELINE_ALPHA = 0.1
 
@@ -90,24 +90,41 @@ def action_text(action: dict[str, Any], thoughts: Sequence[str] = ()) -> str:
     )
 
 
-def trajectory_turns(traj: dict[str, Any]) -> list[Turn]:
-    """Context and action of each turn of one trajectory."""
+class Step(NamedTuple):
+    """One turn without its context: the user message, the agent's response text."""
+
+    user: str
+    action: str
+    completion_id: str | None
+    anchor: str
+
+
+def trajectory_steps(traj: dict[str, Any]) -> list[Step]:
+    """User message and action of each turn of one trajectory."""
     task = traj.get("task_context") or {}
-    history: list[dict[str, str]] = []
     instructions = str(task.get("instructions") or "")
-    turns: list[Turn] = []
+    steps: list[Step] = []
     for i, turn in enumerate(traj.get("turns") or ()):
         obs = _content(turn.get("observation") or {})
         if i == 0 and instructions and obs != instructions:
             user = f"{instructions}\n\n{obs}" if obs else instructions
         else:
             user = obs
-        history.append({"role": "user", "content": user})
         action = turn.get("action") or {}
         text = action_text(action, turn.get("thought_process") or ())
         cid = action.get("completion_id")
-        turns.append(Turn(list(history), text, str(cid) if cid else None, obs))
-        history.append({"role": "assistant", "content": text})
+        steps.append(Step(user, text, str(cid) if cid else None, obs))
+    return steps
+
+
+def trajectory_turns(traj: dict[str, Any]) -> list[Turn]:
+    """Context and action of each turn of one trajectory."""
+    history: list[dict[str, str]] = []
+    turns: list[Turn] = []
+    for step in trajectory_steps(traj):
+        history.append({"role": "user", "content": step.user})
+        turns.append(Turn(list(history), step.action, step.completion_id, step.anchor))
+        history.append({"role": "assistant", "content": step.action})
     return turns
 
 
@@ -159,7 +176,7 @@ def running_baseline(records: Sequence[Record], scores: np.ndarray) -> np.ndarra
 
 
 def gigpo_step_advantages(
-    records: Sequence[Record], turns: Sequence[Sequence[Turn]]
+    records: Sequence[Record], turns: Sequence[Sequence[Turn | Step]]
 ) -> list[list[float]]:
     """GiGPO per turn for grouped records (anchor = identical observation text)."""
     from agentrl.advantages import gigpo_advantages
@@ -210,7 +227,7 @@ def _build_samples(
     stats: BuildStats,
 ) -> tuple[list[PolicySample], BuildStats]:
     stats.trajectories = len(records)
-    turns = [trajectory_turns(r.trajectory) for r in records]
+    turns = [trajectory_steps(r.trajectory) for r in records]
     adv, grouped = episode_advantages(records, "rloo" if estimator == "rloo" else "grpo")
     stats.grouped_trajectories = int(grouped.sum())
     stats.baseline_trajectories = int((~grouped).sum())
@@ -222,26 +239,31 @@ def _build_samples(
         for j, i in enumerate(gi):
             step_adv[i] = per[j]
     exact: list[tuple[int, int, dict[str, Any]]] = []
-    texts: list[tuple[int, int]] = []
+    wanted: list[list[bool]] = []
     for i, ts in enumerate(turns):
+        want = []
         for k, t in enumerate(ts):
             comp = completions.get(t.completion_id) if t.completion_id else None
             if comp and comp.get("completion_token_ids") and comp.get("prompt_token_ids"):
                 exact.append((i, k, comp))
+                want.append(False)
             else:
-                texts.append((i, k))
+                want.append(True)
+        wanted.append(want)
     samples: list[PolicySample] = []
-    p_ids, a_ids = encode_turns(
-        tokenizer, [turns[i][k].prompt for i, k in texts], [turns[i][k].action for i, k in texts]
+    encoded = encode_dialogues(
+        tokenizer, [[(t.user, t.action) for t in ts] for ts in turns], wanted
     )
     eos = tokenizer.eos_token_id
+    # per record, read once: (domain, score, task_id, trajectory_id)
+    facts = [(r.domain, r.score, r.task_id, r.trajectory_id) for r in records]
 
     def make(
         i: int, k: int, prompt: list[int], action: list[int], old: Any, schema: Any = None
     ) -> None:
         a = step_adv[i][k] if step_adv is not None else float(adv[i])
-        r = records[i]
-        meta = {"exact_tokens": old is not None or schema is not None, "domain": r.domain}
+        domain, score, task_id, trajectory_id = facts[i]
+        meta = {"exact_tokens": old is not None or schema is not None, "domain": domain}
         if schema is not None:
             meta["schema_hash"] = schema
         samples.append(
@@ -250,22 +272,26 @@ def _build_samples(
                 action_ids=action,
                 advantage=a,
                 old_logprobs=old,
-                reward=r.score,
-                group_id=r.task_id,
-                episode_id=r.trajectory_id,
+                reward=score,
+                group_id=task_id,
+                episode_id=trajectory_id,
                 step_index=k,
                 meta=meta,
             )
         )
 
-    for (i, k), p, a in zip(texts, p_ids, a_ids, strict=True):
-        action = list(a)
-        if eos is not None and (not action or action[-1] != eos):
-            action.append(int(eos))
-        if not p:
-            stats.skipped_turns += 1
-            continue
-        make(i, k, list(p), action, None)
+    for i, row in enumerate(encoded):
+        for k, ids in enumerate(row):
+            if ids is None:
+                continue
+            p, a = ids
+            action = list(a)
+            if eos is not None and (not action or action[-1] != eos):
+                action.append(int(eos))
+            if not p:
+                stats.skipped_turns += 1
+                continue
+            make(i, k, list(p), action, None)
     for i, k, comp in exact:
         action = [int(x) for x in comp["completion_token_ids"]]
         lps = comp.get("completion_logprobs")
