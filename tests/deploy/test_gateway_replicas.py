@@ -18,11 +18,14 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from deploy_helpers import free_port
 from openai import AsyncOpenAI
 
 from agentrl.bus import Bus
 from agentrl.deploy.registry import ModelRecord, Registry
+
+pytestmark = pytest.mark.slow  # two gateway processes start (about 20 s on a quiet host)
 
 
 def gateway(

@@ -38,8 +38,11 @@ _BUCKET_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 
 def replica_name() -> str:
-    """This process's name among replicas: $AGENTRL_REPLICA, else host-pid."""
-    return os.environ.get("AGENTRL_REPLICA") or f"{socket.gethostname()}-{os.getpid()}"
+    """This process's name among replicas (recorded in the records it commits):
+    $AGENTRL_REPLICA_ID (as `agentrl up --replicas` sets it) or $AGENTRL_REPLICA, else
+    host-pid. Correctness never depends on it: it only tells whose record a replica found."""
+    name = os.environ.get("AGENTRL_REPLICA_ID") or os.environ.get("AGENTRL_REPLICA")
+    return name or f"{socket.gethostname()}-{os.getpid()}"
 
 
 def key_for(trajectory_id: str) -> str:

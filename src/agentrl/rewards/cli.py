@@ -29,10 +29,13 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         ),
         config: Path = typer.Option(
             None,
-            help="Reward config YAML: weights, window, total_reward raw|normalized, custom functions, opt-outs.",
+            help="Reward config YAML: weights, window, total_reward raw|normalized, custom "
+            "functions, opt-outs (default: AGENTRL_REWARDS_CONFIG, else <data dir>/rewards.yaml "
+            "when it exists, as `agentrl up`).",
         ),
         durable: str = typer.Option(
-            "rewards", help="Durable consumer name; two services with one name share the work."
+            "rewards",
+            help="Durable consumer name; services with one name are replicas of one service.",
         ),
         batch: int = typer.Option(256, help="Trajectories fetched and scored per batch."),
         ack_wait: float = typer.Option(
@@ -43,16 +46,33 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         Consumes agent.rl.trajectory.v1 and agent.rl.feedback.v1 and publishes
         agent.rl.reward.v1. Stops cleanly on Ctrl-C / SIGTERM; restarting continues with the
-        same normalisation windows (kept in the data dir). `agentrl up` runs it for you."""
+        same normalisation windows (kept in the data dir). `agentrl up` runs it for you.
+
+        On its own host it needs NATS_URL (a cluster: also AGENTRL_STREAM_REPLICAS=3), the
+        same reward config as every other copy, and a local data dir (AGENTRL_DATA_DIR or
+        --data-dir) for its cache: normalisation windows, counters, an outbox. No shared
+        storage, no port.
+
+        N copies may run (any hosts, or several on one host, even on one data dir) with the
+        same --durable: they share the trajectory and feedback consumers, and exactly one
+        reward per (trajectory, version) comes from the shared records in the NATS KV bucket
+        rl_rewards_<durable> (create-only keys, compare-and-set), not from a local file. A
+        trajectory is acked only once its reward is in the stream, so a copy killed at any
+        point loses and duplicates nothing. AGENTRL_REPLICA_ID names a copy in those
+        records (default host-pid). Each copy normalises with the windows of what it scored
+        itself."""
         import asyncio
         import signal
 
         from agentrl.bus import Bus
         from agentrl.rewards.config import RewardConfig
-        from agentrl.rewards.service import RewardService
+        from agentrl.rewards.service import RewardService, config_path
         from agentrl.settings import get_settings
 
-        cfg = RewardConfig.load(config)
+        settings = get_settings()
+        if data_dir is not None:
+            settings = settings.model_copy(update={"data_dir": data_dir})
+        cfg = RewardConfig.load(config or config_path(settings))
         # This process is the service. A batch keeps ~256 validated trajectories alive while
         # it allocates, which makes the automatic collector re-scan them again and again
         # (validation costs twice as much). The service collects between batches instead.
