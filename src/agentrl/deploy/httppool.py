@@ -51,14 +51,27 @@ class JsonPool:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return _Conn(reader, writer)
 
+    def _reusable(self) -> _Conn | None:
+        """The most recently used idle connection the server has not closed (its FIN has
+        reached our reader: uvicorn closes keep-alive connections idle for 5 s), or None."""
+        while self.idle:
+            conn = self.idle.pop()
+            if conn.reader.at_eof() or conn.writer.is_closing():
+                conn.close()
+                continue
+            return conn
+        return None
+
     async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        """(status, body). A reused connection the server had closed is retried once."""
+        """(status, body). A reused connection that fails (the server closed it just now) is
+        retried once on a new connection, never on another idle one (closed as well, likely)."""
         request = (
             f"POST {self.prefix}{path} HTTP/1.1\r\n{self._head}Content-Length: {len(body)}\r\n\r\n"
         ).encode() + body
         for attempt in (0, 1):
-            reused = bool(self.idle)
-            conn = self.idle.pop() if reused else await self._connect()
+            idle = self._reusable() if attempt == 0 else None
+            reused = idle is not None
+            conn = idle if idle is not None else await self._connect()
             try:
                 conn.writer.write(request)
                 status, data, keep = await self._read(conn.reader)
