@@ -21,7 +21,6 @@ from agentrl.llm.tooluse import (
     demonstrations,
     group_advantages,
     rl_iteration,
-    run_tooluse,
 )
 from agentrl.llm.tooluse_decode import generate
 from agentrl.llm.tooluse_episodes import EpisodeRecord, SchemaMatchers
@@ -115,22 +114,31 @@ def test_rl_iteration_runs(tmp_path: Path, method: str) -> None:
 
 
 def test_every_stage_runs_and_the_checkpoint_loads_in_the_gateway(tmp_path: Path) -> None:
+    import yaml
+
+    from agentrl.llm.tooluse_bench import bench_tooluse
+
     cfg = tiny_config(tmp_path)
-    res, record = run_tooluse(cfg, say=lambda _m: None)
-    assert record["heldout_tasks"] == 6
+    path = tmp_path / "tooluse-tiny.yaml"
+    path.write_text(yaml.safe_dump({"kind": "tooluse", **cfg.model_dump(exclude={"out_dir"})}))
+    pooled = bench_tooluse(path, 1, tmp_path / "bench", say=lambda _m: None)
+    record = json.loads((tmp_path / "bench" / "tooluse_bench.json").read_text())["runs"][0]
+    assert record["heldout_tasks"] == pooled["heldout_tasks"] == 6
     assert record["invalid_calls"] == 0  # structured outputs: no invalid call by construction
     for key in ("base", "start", "trained"):
         assert 0.0 <= record[f"{key}_heldout_success"] <= 1.0
+        assert pooled[f"{key}_success"] == record[f"{key}_heldout_success"]
         for family in ("arithmetic", "data", "numbers"):
             assert f"{key}_{family}" in record
     for key in ("warm_start_s", "rl_s", "eval_s"):
         assert record[key] >= 0.0
-    assert len(res.curve) == 1
+    assert record["rl_iterations"] == 1
     from agentrl.deploy.local import LocalEngine
 
     engine = LocalEngine("tiny", seed=0)
-    folder = Path(cfg.out_dir) / "checkpoints" / "final"
-    engine.load_adapter("tooluse-v1", folder)
-    assert engine.adapters["tooluse-v1"]
-    lines = (Path(cfg.out_dir) / "heldout_trained.jsonl").read_text().splitlines()
+    run = tmp_path / "bench" / "seed-0"
+    engine.load_adapter("tooluse-v1", run / "checkpoints" / "final")
+    engine.load_adapter("tooluse-v0", run / "checkpoints" / "warmstart")
+    assert set(engine.adapters) == {"tooluse-v1", "tooluse-v0"}
+    lines = (run / "heldout_trained.jsonl").read_text().splitlines()
     assert len(lines) == 6

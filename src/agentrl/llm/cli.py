@@ -264,7 +264,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             1, min=1, help="Worker processes (seeds split between them, 1 torch thread each)."
         ),
         settings: str = typer.Option(
-            "fl4,curriculum,sokoban", help="Comma list of: fl4, curriculum, sokoban."
+            "fl4,curriculum,sokoban",
+            help="Comma list of: fl4, curriculum, sokoban; or tooluse alone (configs/tooluse-*.yaml).",
         ),
         algorithms: str = typer.Option("gigpo,grpo,rloo", help="Comma list."),
         model: str = typer.Option("", help="Override the model (e.g. a larger one on a GPU)."),
@@ -307,6 +308,20 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         def say(msg: str) -> None:
             print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
+        if settings.strip() == "tooluse":  # Agent Zero JSON tool use: agentrl.llm.tooluse
+            from agentrl.llm.tooluse_bench import bench_tooluse
+
+            tooluse_config = config
+            if not _is_tooluse_config(config):
+                tooluse_config = Path("configs/tooluse-rl.yaml")
+            extra: dict[str, object] = {"model": model} if model else {}
+            if quick:
+                extra.update(model="tiny", heldout_per_family=2, warm_tasks_per_family=2)
+                extra.update(iterations=1, tasks_per_iteration=3, group_size=2)
+                extra.update(max_new_tokens=24, max_steps=2, warm_epochs=1)
+            pooled = bench_tooluse(tooluse_config, seeds, out, say, **extra)
+            print(json.dumps(pooled), flush=True)
+            return
         if quick:
             plan = bc.quick_plan(str(config), str(out))
         else:

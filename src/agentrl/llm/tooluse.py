@@ -371,9 +371,8 @@ def run_tooluse(
         res.timings["warm_start_s"] = 0.0
     if config.warm_start or not config.eval_base:
         evaluate("start")
-    else:
+    else:  # no warm start: the loop starts from the base
         res.summaries["start"] = res.summaries["base"]
-        res.timings["eval_start_s"] = 0.0
     # RL
     t = time.perf_counter()
     if config.rl_method != "none":
@@ -392,18 +391,22 @@ def run_tooluse(
 
 
 def final_record(config: ToolUseConfig, res: ToolUseResult) -> dict[str, Any]:
+    """The run's JSON line; a stage that was not measured is null, never a stand-in."""
     s = res.summaries
-    base = s.get("base", s["start"])
+
+    def fig(name: str, key: str = "all", field: str = "success") -> Any:
+        return s[name][key][field] if name in s else None
+
     rec: dict[str, Any] = {
-        "base_heldout_success": base["all"]["success"],
-        "start_heldout_success": s["start"]["all"]["success"],
-        "trained_heldout_success": s["trained"]["all"]["success"],
-        "base_ci": base["all"]["ci"],
-        "start_ci": s["start"]["all"]["ci"],
-        "trained_ci": s["trained"]["all"]["ci"],
-        "start_ci_high": s["start"]["all"]["ci"][1],
-        "trained_ci_low": s["trained"]["all"]["ci"][0],
-        "heldout_tasks": s["trained"]["all"]["episodes"],
+        "base_heldout_success": fig("base"),
+        "start_heldout_success": fig("start"),
+        "trained_heldout_success": fig("trained"),
+        "base_ci": fig("base", field="ci"),
+        "start_ci": fig("start", field="ci"),
+        "trained_ci": fig("trained", field="ci"),
+        "start_ci_high": fig("start", field="ci")[1] if "start" in s else None,
+        "trained_ci_low": fig("trained", field="ci")[0] if "trained" in s else None,
+        "heldout_tasks": fig("trained", field="episodes"),
         "invalid_calls": sum(x["all"]["invalid_calls"] for x in s.values()),
         "cut_by_token_cap": {k: x["all"]["cut_by_token_cap"] for k, x in s.items()},
         "structured": config.structured,
@@ -412,7 +415,7 @@ def final_record(config: ToolUseConfig, res: ToolUseResult) -> dict[str, Any]:
     }
     for name in ("base", "start", "trained"):
         for f in config.families:
-            rec[f"{name}_{f}"] = (s.get(name) or base)[f]["success"]
+            rec[f"{name}_{f}"] = fig(name, f)
     eval_s = sum(v for k, v in res.timings.items() if k.startswith("eval_"))
     rec.update(
         warm_start_s=round(res.timings.get("warm_start_s", 0.0), 1),
