@@ -5,12 +5,13 @@ random model (the model's size is irrelevant to what is measured here, except th
 overhead, which is reported for the tiny model: a bigger model makes steps longer and the
 overhead fraction smaller).
 
-- dataset: N trajectories + N rewards published, then read back from JetStream, parsed,
-  joined with the latest reward, filtered, sampled and turned into training records; the
-  chat-template tokenisation rate (`build_samples`: prompts as ChatML pieces, see
-  `training.prompt_ids`) is measured on a subset, and the end-to-end figure combines both
-  (1 / (1/load + 1/tokenise)). The read from JetStream is shown apart: one Python message
-  object per trajectory and per reward in nats-py is most of the load time.
+- dataset: N trajectories + N rewards published, then, timed as one, what a job does with
+  them: read back from JetStream (`read_subject`: batched pull requests into a raw
+  subscription), parsed, joined with the latest reward, filtered, sampled and built into
+  training samples (`build_samples`: advantages, chat-template token ids as ChatML pieces
+  through a pre-token id cache, see `training.prompt_ids` and `training.bpe_words`) for
+  all N; the three stages are shown apart. (Until 2026-11-25 the figure combined a load
+  rate with a tokenisation rate measured on a 5,000-trajectory subset.)
 - control path: request published -> `running` status (process spawned; the model load is
   measured apart: running -> first training step), then cancel -> `cancelled`.
 - job overhead: one job sized to about `job_seconds` of training steps; overhead = (wall
@@ -112,6 +113,9 @@ async def _publish(bus: Any, n: int, offset: int = 0) -> None:
 
 
 async def bench_dataset(bus: Any, n: int) -> dict[str, float]:
+    """The job's dataset path end to end on all `n` trajectories, timed as one: read both
+    subjects from JetStream, parse, join with the latest reward, filter, sample, and build
+    the training samples (advantages, chat-template token ids)."""
     from agentrl.contracts.training import DatasetFilter
     from agentrl.llm.loading import load_smollm2_tokenizer
     from agentrl.training.dataset import (
@@ -122,35 +126,33 @@ async def bench_dataset(bus: Any, n: int) -> dict[str, float]:
         read_subject,
         seeded_sample,
     )
-    from agentrl.training.samples import build_samples, episode_advantages, trajectory_turns
+    from agentrl.training.samples import build_samples
 
     await _publish(bus, n)
-    paused = gc_paused()  # as the job does while it loads its data
-    paused.__enter__()
-    t0 = time.perf_counter()
-    trajs = parse_all(await read_subject(bus.js, "RL_TRAJECTORIES", "agent.rl.trajectory.v1"))
-    rewards = parse_all(await read_subject(bus.js, "RL_REWARDS", "agent.rl.reward.v1"))
-    t_read = time.perf_counter() - t0
-    records, _ = apply_filters(trajs, latest_rewards(rewards), DatasetFilter())
-    records = seeded_sample(records, None, 0)
-    episode_advantages(records, "grpo")
-    for r in records:
-        trajectory_turns(r.trajectory)
-    load_s = time.perf_counter() - t0
-    paused.__exit__(None, None, None)
     tok = load_smollm2_tokenizer()
-    subset = records[: min(len(records), 5000)]
+    t0 = time.perf_counter()
+    with gc_paused():  # as the job does while it loads its data
+        raw_t = await read_subject(bus.js, "RL_TRAJECTORIES", "agent.rl.trajectory.v1")
+        raw_r = await read_subject(bus.js, "RL_REWARDS", "agent.rl.reward.v1")
+        t_read = time.perf_counter() - t0
+        records, _ = apply_filters(
+            parse_all(raw_t), latest_rewards(parse_all(raw_r)), DatasetFilter()
+        )
+        records = seeded_sample(records, None, 0)
+        del raw_t, raw_r
+    t_load = time.perf_counter() - t0 - t_read
     t1 = time.perf_counter()
-    build_samples(subset, tok)
-    tok_s = time.perf_counter() - t1
-    load_rate = len(records) / load_s
-    tok_rate = len(subset) / tok_s
+    samples, _ = build_samples(records, tok)
+    t_build = time.perf_counter() - t1
+    total = time.perf_counter() - t0
     return {
         "trajectories": float(len(records)),
+        "samples": float(len(samples)),
         "read_s": t_read,
-        "load_rate": load_rate,
-        "tokenise_rate": tok_rate,
-        "end_to_end_rate": 1.0 / (1.0 / load_rate + 1.0 / tok_rate),
+        "load_s": t_load,
+        "build_s": t_build,
+        "total_s": total,
+        "end_to_end_rate": len(records) / total,
     }
 
 
@@ -309,10 +311,14 @@ def run_bench(trajectories: int, jobs: int, job_seconds: float) -> None:
     table.add_column("figure")
     table.add_column("value", justify="right")
     table.add_column("target")
-    table.add_row("trajectories loaded", f"{ds['trajectories']:,.0f}", "")
-    table.add_row("  of which read from JetStream s", f"{ds['read_s']:.2f}", "")
-    table.add_row("load+join+filter+records /s", f"{ds['load_rate']:,.0f}", "")
-    table.add_row("chat-template tokenisation traj/s", f"{ds['tokenise_rate']:,.0f}", "")
+    table.add_row(
+        "trajectories loaded / samples built",
+        f"{ds['trajectories']:,.0f} / {ds['samples']:,.0f}",
+        "",
+    )
+    table.add_row("  read from JetStream s", f"{ds['read_s']:.2f}", "")
+    table.add_row("  parse+join+filter+sample s", f"{ds['load_s']:.2f}", "")
+    table.add_row("  samples (advantages, token ids) s", f"{ds['build_s']:.2f}", "")
     table.add_row("dataset end to end traj/s", f"{ds['end_to_end_rate']:,.0f}", ">= 10,000")
     p50 = _pct(jb["to_running"], 0.5)
     table.add_row("request -> running p50 s", f"{p50:.3f}" if p50 is not None else "-", "<= 1")
