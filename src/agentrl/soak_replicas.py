@@ -73,10 +73,7 @@ def duplicate_decisions(models: Iterable[Any]) -> list[tuple[str, str, Any, Any]
         for d in m.decisions:
             if d.action in ONCE:
                 ev = d.evidence or {}
-                key = (m.model_id, d.action, ev.get("deployment_id"), ev.get("step"))
-                if d.action == "set_weight":
-                    key = (m.model_id, d.action, ev.get("step"), d.weight)
-                seen[key] += 1
+                seen[(m.model_id, d.action, ev.get("deployment_id"), ev.get("step"))] += 1
     return [k for k, n in seen.items() if n > 1]
 
 
@@ -261,11 +258,19 @@ async def run_replicated_soak(cfg: SoakConfig, say: Callable[[str], None] = prin
         say(f"soak: acting stopped; {len(published)} trajectories published")
         await _drain(cfg, bus, replicas, result, say)
         both = SimpleNamespace(
-            published=published, feedback=set().union(*(a.feedback for a in agents))
+            published=published, feedback=set().union(*(a.feedback for a in agents)), burst=0
         )
-        await _check_streams(bus, both, result, say)  # type: ignore[arg-type]
-        await _check_jobs(bus, result, say)
-        await _check_decisions(bus, result, say)
+        checks = {
+            "streams": _check_streams(bus, both, result, say),  # type: ignore[arg-type]
+            "jobs": _check_jobs(bus, result, say),
+            "decisions": _check_decisions(bus, result, say),
+        }
+        for name, check in checks.items():
+            try:
+                await check
+            except Exception as exc:  # one broken check must not hide the others
+                result.checks[f"the {name} check ran"] = False
+                result.notes.append(f"{name} check: {type(exc).__name__}: {exc}")
         _check_gateways(agents, result, say)
         for a in agents:
             await a.close()
@@ -322,20 +327,26 @@ async def _faults(
     say: Callable[[str], None],
 ) -> None:
     by_name = {r.name: r for r in replicas}
-    # 1. the runner of a job, mid-job (a checkpoint written: it resumes from it elsewhere)
+    # 1. the runner of a job, mid-job, once it has a step checkpoint in the shared storage
+    # (it resumes from it elsewhere)
+    from agentrl.training.service import latest_step_checkpoint
+
+    shared = Path(cfg.data_dir).resolve() / "shared" / "checkpoints"
     job: dict[str, Any] | None = None
 
     async def running() -> bool:
         nonlocal job
         for s in (await _statuses(bus)).values():
-            step = int((s.get("progress") or {}).get("current_step") or 0)
             runner = (s.get("metadata") or {}).get("runner")
-            if s.get("status") == "running" and step >= 1 and runner in by_name:
+            if s.get("status") != "running" or runner not in by_name:
+                continue
+            folder = str(shared / str(s["training_job_id"]))
+            if await asyncio.to_thread(latest_step_checkpoint, folder):
                 job = s
                 return True
         return False
 
-    got = await wait_for(running, cfg.job_wait_s, 0.5)
+    got = await wait_for(running, cfg.job_wait_s, 0.2)
     if got is None or job is None:
         result.checks["a training job ran (to kill its runner)"] = False
         say("soak: no training job ran: the runner kill was skipped")

@@ -11,21 +11,19 @@ from agentrl.soak import SoakResult
 from agentrl.soak_replicas import LAST_LINE_KEYS, JobHistory, duplicate_decisions, main_json
 
 
-def _d(action: str, step: int | None, dep: str = "d1", weight: float | None = None) -> object:
-    return SimpleNamespace(
-        action=action, evidence={"step": step, "deployment_id": dep}, weight=weight
-    )
+def _d(action: str, step: int | None, dep: str = "d1") -> object:
+    return SimpleNamespace(action=action, evidence={"step": step, "deployment_id": dep})
 
 
 def test_a_decision_recorded_twice_is_found_and_holds_are_not_counted() -> None:
     once = SimpleNamespace(
         model_id="v1",
         decisions=[
-            _d("set_weight", 0, weight=50.0),
+            _d("set_weight", 0),
             _d("hold", 0),
             _d("hold", 0),  # holds repeat on a changed verdict: not a decision taken twice
             _d("advance", 0),
-            _d("set_weight", 1, weight=100.0),
+            _d("set_weight", 1),
             _d("promote", 1),
         ],
     )
