@@ -90,15 +90,24 @@ class FilterReport:
 
 
 @contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
+def gc_paused(freeze: bool = False) -> Iterator[None]:
     """Pause the cyclic garbage collector while a dataset is read and parsed: hundreds of
     thousands of small live objects make it rescan again and again (measured: parsing runs
-    2.5-5x faster without it). Reference counting still frees everything acyclic."""
+    2.5-5x faster without it). Reference counting still frees everything acyclic.
+
+    With `freeze`, everything alive at the end moves to the collector's permanent
+    generation (`gc.freeze`): a job's records and samples live as long as the job, and the
+    first collection after the pause would otherwise walk every one of them (measured:
+    0.4 s for the samples of 100,000 trajectories), later full ones again. Frozen objects
+    are still freed by reference counting; only cyclic garbage alive at that moment is
+    never collected, so freeze in a process that ends with its work (a training job)."""
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        if freeze:
+            gc.freeze()
         if was:
             gc.enable()
 

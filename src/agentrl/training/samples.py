@@ -212,8 +212,10 @@ def build_samples(
     completions: dict[str, dict[str, Any]] | None = None,
     stats: BuildStats | None = None,
 ) -> tuple[list[PolicySample], BuildStats]:
-    """Policy-gradient samples of every turn of every record (see the module doc)."""
-    with gc_paused():
+    """Policy-gradient samples of every turn of every record (see the module doc). Built
+    for a job that keeps them to its end: the collector is paused, and what is alive at the
+    end is frozen out of later collections (`gc_paused(freeze=True)`)."""
+    with gc_paused(freeze=True):
         return _build_samples(
             records, tokenizer, estimator, completions or {}, stats or BuildStats()
         )
