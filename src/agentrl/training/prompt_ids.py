@@ -196,9 +196,11 @@ def _dialogues_by_pieces(
     actions: dict[str, None] = {}  # every action: its ids, and its assistant piece's
     lasts: list[int] = []
     for turns, want in zip(dialogues, wanted, strict=True):
-        last = max((k for k, w in enumerate(want) if w), default=-1)
+        last = len(want) - 1
+        while last >= 0 and not want[last]:
+            last -= 1
         lasts.append(last)
-        for user, action in turns[: last + 1]:
+        for user, action in turns[: last + 1] if last < len(turns) - 1 else turns:
             users[user] = None
             actions[action] = None
     split = _split_actions_ok(tokenizer)
@@ -216,9 +218,6 @@ def _dialogues_by_pieces(
     user_ids = dict(zip(users, ids[3:pos], strict=True))
     action_ids = dict(zip(actions, ids[pos : pos + len(actions)], strict=True))
     piece_ids = dict(zip(own, ids[pos + len(actions) :], strict=True))
-    for a, a_ids in action_ids.items():
-        if a not in piece_ids:  # "assistant\n" + action splits at the newline
-            piece_ids[a] = [*gen_ids, *a_ids, *end_ids]
     out: list[list[tuple[list[int], list[int]] | None]] = []
     for turns, want, last in zip(dialogues, wanted, lasts, strict=True):
         prefix = list(head_ids)
@@ -228,8 +227,16 @@ def _dialogues_by_pieces(
                 row.append(None)
                 continue
             u = user_ids[user]
-            row.append((prefix + u + gen_ids, action_ids[action]) if w else None)
+            row.append(([*prefix, *u, *gen_ids], action_ids[action]) if w else None)
+            if k == last:
+                continue
             prefix += u
-            prefix += piece_ids[action]
+            piece = piece_ids.get(action)
+            if piece is None:  # "assistant\n" + action splits at the newline
+                prefix += gen_ids
+                prefix += action_ids[action]
+                prefix += end_ids
+            else:
+                prefix += piece
         out.append(row)
     return out
