@@ -81,7 +81,9 @@ class SoakConfig:
     nats_down_s: float = 60.0  # phase 4b: nats-server away this long while a job ends
     replicas: int = 1  # > 1: the replicated soak (agentrl.soak_replicas)
     cluster: int = 0  # nodes of the NATS cluster under the replicated soak (0: one server)
-    lease_ttl_s: float = 5.0  # training job and controller leases in the replicated soak
+    # training job and controller leases in the replicated soak: longer than a NATS leader
+    # election (about 5 s here), else a node kill looks like a dead runner
+    lease_ttl_s: float = 10.0
 
 
 def soak_environment(cfg: SoakConfig) -> dict[str, str]:

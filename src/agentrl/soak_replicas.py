@@ -327,12 +327,14 @@ async def _faults(
     say: Callable[[str], None],
 ) -> None:
     by_name = {r.name: r for r in replicas}
-    # 1. the runner of a job, mid-job, once it has a step checkpoint in the shared storage
-    # (it resumes from it elsewhere)
+    # 1. the runner of a job, mid-job: a job seen running for two seconds, or with a step
+    # checkpoint in the shared storage (it resumes from it elsewhere; a job kind without
+    # step checkpoints, such as a choice job, starts over there)
     from agentrl.training.service import latest_step_checkpoint
 
     shared = Path(cfg.data_dir).resolve() / "shared" / "checkpoints"
     job: dict[str, Any] | None = None
+    first_seen: dict[str, float] = {}
 
     async def running() -> bool:
         nonlocal job
@@ -340,8 +342,10 @@ async def _faults(
             runner = (s.get("metadata") or {}).get("runner")
             if s.get("status") != "running" or runner not in by_name:
                 continue
-            folder = str(shared / str(s["training_job_id"]))
-            if await asyncio.to_thread(latest_step_checkpoint, folder):
+            job_id = str(s["training_job_id"])
+            seen = first_seen.setdefault(job_id, time.monotonic())
+            saved = await asyncio.to_thread(latest_step_checkpoint, str(shared / job_id))
+            if time.monotonic() - seen >= 2.0 or saved is not None:
                 job = s
                 return True
         return False

@@ -170,3 +170,44 @@ async def test_threshold_watched_by_two_runners_fires_one_job(nats, data_dir):
                 p.kill()
                 p.wait(10)
         await bus.close()
+
+
+async def test_a_job_killed_before_any_checkpoint_starts_over_on_the_other_runner(nats, data_dir):
+    """No step checkpoint yet (or a job kind that writes none): the other runner starts the
+    job over (counted as a resume) instead of failing it."""
+    bus = await _bus(nats.url, data_dir)
+    statuses = await Statuses().start(bus)
+    ts = tsettings(batch_size=2, save_interval=1000, sample_size=24, holdout_size=0.0)
+    await publish_data(
+        bus, [trajectory(i, task=f"t{i // 4}") for i in range(24)], [(i % 4) / 3 for i in range(24)]
+    )
+    procs = {name: _start(nats.url, data_dir, name, ts) for name in ("runner-a", "runner-b")}
+    try:
+        req = fill_request({"training_config": {"base_model": "tiny"}}, ts)
+        await bus.publish(req)
+        job_id = req.training_job_id
+
+        def runner() -> str | None:
+            for e in statuses.of(job_id):
+                if e["status"] == "running" and e["metadata"].get("runner") in procs:
+                    return str(e["metadata"]["runner"])
+            return None
+
+        await _wait(lambda: runner() is not None, 120)
+        first = runner()
+        assert first is not None
+        procs[first].send_signal(signal.SIGKILL)
+        procs[first].wait(10)
+        final = await statuses.wait(job_id, ("completed", "failed"), 240)
+        assert final["status"] == "completed", final
+        other = next(n for n in procs if n != first)
+        again = [e for e in statuses.of(job_id) if e["metadata"].get("restarted")]
+        assert again and again[-1]["metadata"]["runner"] == other
+        assert again[-1]["metadata"]["resumes"] == 1
+        assert final["metadata"]["runner"] == other
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        await bus.close()

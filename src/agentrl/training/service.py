@@ -291,30 +291,33 @@ class TrainingService:
             await self._resume_or_fail(row)
 
     async def _resume_or_fail(self, row: JobRow) -> None:
-        """A job whose runner stopped: queued again from its newest checkpoint (up to
-        `max_resumes` times), else failed INFRA."""
+        """A job whose runner stopped: queued again from its newest checkpoint, or from the
+        start when it wrote none (a job kind without step checkpoints, or one that died
+        early), up to `max_resumes` times; then failed INFRA."""
         try:
             storage = self._storage_path(row)
         except UnsafePath as exc:  # a row from before ids and paths were checked
             await self._finish(row, "failed", error={"code": "CONFIG", "message": str(exc)})
             return
         ckpt = latest_step_checkpoint(storage)
-        if ckpt is not None and row.resumes < self.ts.max_resumes:
-            log.info("job %s resumes from %s", row.job_id, ckpt, extra={"job_id": row.job_id})
+        if row.resumes < self.ts.max_resumes:
+            log.info(
+                "job %s resumes from %s",
+                row.job_id,
+                ckpt or "the start (no checkpoint)",
+                extra={"job_id": row.job_id},
+            )
             await self._count_resume(row.job_id, row.resumes + 1)
             self._requeued.add(row.job_id)
+            where = {"resume_from": ckpt} if ckpt else {"restarted": "no step checkpoint"}
             await self._publish_status(
                 row.job_id,
                 "queued",
-                extra={"resume_from": ckpt, "resumes": row.resumes + 1, "runner": self.owner},
+                extra={**where, "resumes": row.resumes + 1, "runner": self.owner},
                 fields={"status": "queued", "resumes": row.resumes + 1, "pid": None},
             )
         else:
-            why = (
-                "no checkpoint was written before"
-                if ckpt is None
-                else f"it already resumed {row.resumes} times"
-            )
+            why = f"it already resumed {row.resumes} times"
             await self._finish(
                 row,
                 "failed",
