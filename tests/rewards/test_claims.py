@@ -19,9 +19,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
     srv.stop()
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["wire", "nats-py"])
 async def test_create_many_creates_once_and_answers_the_existing_record(
-    server: EmbeddedNats,
+    server: EmbeddedNats, fast: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if not fast:  # the path for a nats-py without the internals the wire frames need
+        monkeypatch.setattr("agentrl.rewards.claims.wire.supported", lambda nc: False)
     bus = await Bus.connect(server.url)
     durable = f"t-{uuid.uuid4().hex[:6]}"
     a = await Claims.open(bus.nc, bus.js, durable, replica="a")

@@ -31,10 +31,20 @@ from typing import Any
 import nats.js.errors
 import orjson
 
+from agentrl.bus import wire
+
 _NEW = {"Nats-Expected-Last-Subject-Sequence": "0"}  # create-only: the key has no message
 _WRONG_LAST_SEQ = 10071  # JetStream's error code when it has one
+_NEW_HDR = b"NATS/1.0\r\nNats-Expected-Last-Subject-Sequence: 0\r\n\r\n"
+_NO_ANSWER = b'{"error": {"description": "no JetStream answer"}}'
 _SAFE = re.compile(r"[A-Za-z0-9_-]{1,200}")
 _BUCKET_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def _hpub_new(subject: bytes, reply: bytes, data: bytes) -> bytes:
+    """One HPUB frame of a create-only write (the key must have no message yet)."""
+    n = len(_NEW_HDR)
+    return b"HPUB %s %s %d %d\r\n%s%s\r\n" % (subject, reply, n, n + len(data), _NEW_HDR, data)
 
 
 def replica_name() -> str:
@@ -156,26 +166,34 @@ class Claims:
 
     async def create_many(self, items: list[tuple[str, bytes]]) -> list[Record | None]:
         """`create` for a batch: the creates are pipelined (written at once, one answer
-        each on this object's inbox: half the client CPU of concurrent `kv.create` calls,
-        and nats-py's `publish_async` loses error answers); the keys that exist are read
-        back one by one (the rare case)."""
+        each on this object's inbox: a quarter of the client CPU of concurrent `kv.create`
+        calls, and nats-py's `publish_async` loses error answers); the keys that exist are
+        read back one by one (the rare case)."""
+        fast = wire.supported(self.nc)
         if self._sub is None:
             self._inbox = self.nc.new_inbox()
-            self._sub = await self.nc.subscribe(self._inbox + ".*", cb=self._answer)
+            if fast:  # answers go straight to `_take`, no Msg object per answer
+                self._sub = await wire.subscribe(self.nc, self._inbox + ".*", sink=self._take)
+            else:
+                self._sub = await self.nc.subscribe(self._inbox + ".*", cb=self._answer)
         loop = asyncio.get_running_loop()
         tokens: list[str] = []
+        frames: list[bytes] = []
+        reply = self._inbox.encode() + b"."
         try:
             for tid, value in items:
                 self._serial += 1
                 token = f"{self._serial:x}"
                 tokens.append(token)
                 self._waiting[token] = loop.create_future()
-                await self.nc.publish(
-                    self.subject_prefix + key_for(tid),
-                    value,
-                    reply=f"{self._inbox}.{token}",
-                    headers=_NEW,
-                )
+                subject = self.subject_prefix + key_for(tid)
+                if fast:
+                    frames.append(_hpub_new(subject.encode(), reply + token.encode(), value))
+                else:
+                    await self.nc.publish(
+                        subject, value, reply=f"{self._inbox}.{token}", headers=_NEW
+                    )
+            await wire.write(self.nc, frames)
             answers = await asyncio.wait_for(
                 asyncio.gather(*(self._waiting[t] for t in tokens)), self.timeout
             )
@@ -193,11 +211,14 @@ class Claims:
                 raise RuntimeError(f"creating the reward record of {tid} failed: {error}")
         return out
 
-    async def _answer(self, msg: Any) -> None:
-        fut = self._waiting.get(msg.subject.rsplit(".", 1)[-1])
+    def _take(self, subject: bytes, data: bytes, _headers: bytes | None) -> None:
+        fut = self._waiting.get(subject.rsplit(b".", 1)[-1].decode())
         if fut is not None and not fut.done():
             # an empty answer is a status (e.g. 503: no JetStream answered): not a create
-            fut.set_result(msg.data or b'{"error": {"description": "no JetStream answer"}}')
+            fut.set_result(data or _NO_ANSWER)
+
+    async def _answer(self, msg: Any) -> None:
+        self._take(msg.subject.encode(), msg.data, None)
 
     async def update(self, trajectory_id: str, value: bytes, revision: int) -> int | None:
         """Compare-and-set: the new revision, or None when someone else changed the record
