@@ -15,7 +15,13 @@ from pathlib import Path
 async def main(
     nats_url: str, bucket: str, public: str, data_dir: str, plan_json: str, owner: str, ttl: str
 ) -> None:
+    import logging
+
     import httpx
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    for noisy in ("httpx", "agentrl.audit"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
     from agentrl.bus import Bus
     from agentrl.deploy.config import DeploySettings, RolloutPlan

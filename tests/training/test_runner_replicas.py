@@ -95,9 +95,17 @@ async def test_killed_runner_job_resumes_on_the_other_runner(nats, data_dir):
         await _wait(lambda: _runner_at_step(statuses, job_id, 2) is not None, 180)
         first = _runner_at_step(statuses, job_id, 2)
         assert first in procs, first
+        import psutil
+
+        workers = psutil.Process(procs[first].pid).children(recursive=True)
+        assert workers, "the job process runs under its runner"
         procs[first].send_signal(signal.SIGKILL)
         procs[first].wait(10)
         killed_at = time.monotonic()
+        # the job process dies with its runner: no orphan writes checkpoints beside the
+        # runner that resumes the job
+        _, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive, alive
         other = next(n for n in procs if n != first)
         await _wait(
             lambda: any(e["metadata"].get("runner") == other for e in statuses.of(job_id)), 60

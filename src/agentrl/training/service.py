@@ -1246,14 +1246,19 @@ def _digest(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:10]
 
 
+_PRCTL: Any = None
+if sys.platform.startswith("linux"):
+    import ctypes
+
+    with contextlib.suppress(OSError):  # loaded now: dlopen between fork and exec can deadlock
+        _PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+
+
 def _die_with_parent() -> None:
     """In the job process before exec: die with the runner (Linux), so a runner that is
     SIGKILLed leaves no job writing checkpoints beside the one that resumes it elsewhere."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        with contextlib.suppress(Exception):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _kill_stale(pid: int) -> None:
