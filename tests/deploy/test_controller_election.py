@@ -5,6 +5,7 @@ SIGKILLed), finishes it from the registry alone, and no decision is recorded twi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -15,7 +16,17 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from test_release_actions import Env, env, feed_until, plan  # noqa: F401 - env is a fixture
+import pytest
+from test_release_actions import (  # noqa: F401 - env and live are fixtures
+    BY,
+    Env,
+    Live,
+    env,
+    feed_until,
+    live,
+    plan,
+    publish_rewards,
+)
 
 CHILD = Path(__file__).with_name("election_child.py")
 TTL_S = 2.0
@@ -119,3 +130,35 @@ async def test_standby_takes_over_a_rollout_when_the_active_controller_dies(
     actions = [d.action for d in record.decisions]
     assert actions.count("promote") == 1 and actions.count("advance") == 2, actions
     assert actions.count("set_weight") == 3, actions
+
+
+@pytest.mark.plan(plan(pause=0.0, max_reward_drop=1.0, max_error_increase=1.0))
+async def test_an_advance_recorded_by_a_controller_that_died_is_not_recorded_again(
+    env: Env,  # noqa: F811 - the fixture
+    live: Live,  # noqa: F811 - the fixture
+) -> None:
+    """The active controller recorded "advance" and died before moving the rollout: its
+    successor moves it without a second "advance" in the audit trail."""
+    e, v1, d = env, env.candidate, live.d
+    rollout = await e.deployer.start(v1, d.controller.plan, by="test")
+    for v in (e.base, v1):
+        d.state.stats_for(v)
+    await d.controller.tick()  # the baseline of the gateway's counters
+    for v in (e.base, v1):
+        d.state.stats[v].requests += 10
+    await publish_rewards(e.bus, e.base, [0.8] * 6)
+    await publish_rewards(e.bus, v1, [0.8] * 6)
+    await d.manager.sync(force=True)  # a gateway serves v1 and says so
+    await e.registry.record(
+        v1,
+        by=BY,
+        action="advance",
+        reason="step 1 held; pass (recorded by a controller that died next)",
+        evidence={"deployment_id": rollout.deployment_id, "step": 0},
+    )
+    await asyncio.sleep(0.5)
+    assert await d.controller.tick() == "advance"
+    now = await e.registry.get_rollout(e.public)
+    assert now is not None and now.step == 1
+    actions = [x.action for x in (await e.registry.require_model(v1)).decisions]
+    assert actions.count("advance") == 1, actions
