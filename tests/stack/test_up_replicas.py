@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from agentrl.bus.server import free_port
 
@@ -54,6 +55,7 @@ async def _controller_holders(nats_url: str) -> list[str]:
         await bus.close()
 
 
+@pytest.mark.slow
 def test_up_replicas_runs_two_of_every_service(tmp_path: Path) -> None:
     api, gw = _two_free_ports(), _two_free_ports()
     env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "AGENTRL_NATS_URL")} | {

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from training_helpers import Statuses, publish_data, trajectory, tsettings
 
 from agentrl.bus import Bus
@@ -80,6 +81,7 @@ async def _bus(url: str, data_dir: Path) -> Bus:
     return bus
 
 
+@pytest.mark.slow
 async def test_killed_runner_job_resumes_on_the_other_runner(nats, data_dir):
     bus = await _bus(nats.url, data_dir)
     statuses = await Statuses().start(bus)
@@ -135,6 +137,7 @@ async def test_killed_runner_job_resumes_on_the_other_runner(nats, data_dir):
         await bus.close()
 
 
+@pytest.mark.slow
 async def test_threshold_watched_by_two_runners_fires_one_job(nats, data_dir):
     """Ten rewards, threshold ten, two runners: one job. The runner that fired is then
     killed: the other takes the triggers over and its own (identical) firing is the same
@@ -180,6 +183,7 @@ async def test_threshold_watched_by_two_runners_fires_one_job(nats, data_dir):
         await bus.close()
 
 
+@pytest.mark.slow
 async def test_a_job_killed_before_any_checkpoint_starts_over_on_the_other_runner(nats, data_dir):
     """No step checkpoint yet (or a job kind that writes none): the other runner starts the
     job over (counted as a resume) instead of failing it."""
