@@ -97,8 +97,9 @@ SCHEDULER_BACKOFF_S = (0.5, 30.0)
 # How long a runner owns a job (or the triggers) without renewing: a runner that dies gives
 # its jobs up this long after its last renewal (renewed every third of it).
 LEASE_TTL_S = 10.0
-# A job of this runner's queue that another runner holds: look again after this long.
-ELSEWHERE_RETRY_S = 1.0
+# A job another runner holds is looked at again after this part of the lease TTL (it cannot
+# come free sooner unless it ends, and then it leaves the queue).
+ELSEWHERE_RETRY_TTL = 0.5
 
 
 def validation_reason(exc: ValidationError) -> str:
@@ -340,7 +341,7 @@ class TrainingService:
             self.lease_kv, f"job.{job_id}", self.owner, self.lease_ttl_s
         )
         if not await lease.acquire():
-            self._elsewhere[job_id] = time.monotonic() + ELSEWHERE_RETRY_S
+            self._elsewhere[job_id] = time.monotonic() + self.lease_ttl_s * ELSEWHERE_RETRY_TTL
             return None
         entry = await self.queue.get(job_id)
         status = await status_of(self.kv, job_id)
