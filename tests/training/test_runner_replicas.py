@@ -223,3 +223,35 @@ async def test_a_job_killed_before_any_checkpoint_starts_over_on_the_other_runne
                 p.kill()
                 p.wait(10)
         await bus.close()
+
+
+async def test_a_cancel_handled_by_another_runner_stops_the_job_where_it_runs(nats, data_dir):
+    """The cancel consumer is shared: the runner that gets the cancel may not be the one
+    running the job. It flags the job in the queue; the runner that runs it stops it at its
+    next lease renewal, and the job ends cancelled."""
+    from training_helpers import running_service
+
+    bus = await _bus(nats.url, data_dir)
+    statuses = await Statuses().start(bus)
+    ts = tsettings(batch_size=2, save_interval=1000, sample_size=40, epochs=50)
+    await publish_data(
+        bus, [trajectory(i, task=f"t{i // 4}") for i in range(40)], [(i % 4) / 3 for i in range(40)]
+    )
+    settings = Settings(data_dir=data_dir, nats_url=nats.url)
+    try:
+        async with (
+            running_service(bus, settings, ts, replica_id="a", lease_ttl_s=LEASE_TTL_S) as a,
+            running_service(bus, settings, ts, replica_id="b", lease_ttl_s=LEASE_TTL_S) as b,
+        ):
+            req = fill_request({"training_config": {"base_model": "tiny"}}, ts)
+            await bus.publish(req)
+            job_id = req.training_job_id
+            await _wait(lambda: job_id in a.running or job_id in b.running, 120)
+            here, other = (a, b) if job_id in a.running else (b, a)
+            assert await other.cancel(job_id) is True  # flagged in the queue
+            final = await statuses.wait(job_id, ("cancelled", "completed", "failed"), 60)
+            assert final["status"] == "cancelled", final
+            assert final["metadata"]["runner"] == here.owner
+            assert job_id not in here.running
+    finally:
+        await bus.close()
