@@ -316,6 +316,7 @@ async def _read_pulled(
         while len(out) < expected:
             requested -= unfilled[0]
             unfilled[0] = 0
+            arrived.clear()  # before the write: what arrives while it yields still wakes us
             frames = []
             while requested - len(out) < 2 * PULL_BATCH and requested < expected:
                 n = min(PULL_BATCH, expected - requested)
@@ -326,7 +327,6 @@ async def _read_pulled(
                 )
                 requested += n
             await wire.write(nc, frames)
-            arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(arrived.wait(), idle_timeout)
             if len(out) > count:
