@@ -738,19 +738,21 @@ class TrainingService:
         job = RunningJob(row, proc, folder)
         job.offset = offset
         job.slot = slot
-        self.running[row.job_id] = job
-        await self._publish_status(
-            row.job_id,
-            "running",
-            job=job,
-            extra={"device": device, "resumed": resume, "runner": self.owner},
-            fields={
-                "status": "running",
-                "device": device,
-                "pid": proc.pid,
-                "job_dir": str(folder),
-            },
-        )
+        try:  # listed as running here once its running status is out (or in the outbox)
+            await self._publish_status(
+                row.job_id,
+                "running",
+                job=job,
+                extra={"device": device, "resumed": resume, "runner": self.owner},
+                fields={
+                    "status": "running",
+                    "device": device,
+                    "pid": proc.pid,
+                    "job_dir": str(folder),
+                },
+            )
+        finally:
+            self.running[row.job_id] = job
 
     async def _poll(self, job: RunningJob) -> None:
         """Read new events of a job; publish progress; finish it when its process ended."""
