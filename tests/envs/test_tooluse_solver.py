@@ -120,6 +120,17 @@ def test_messages_show_tool_results_as_agent_zero_does() -> None:
     }
 
 
+def test_long_tool_output_is_cut_to_head_and_tail() -> None:
+    from agentrl.envs.tooluse.agent_prompt import RESULT_CHARS, tool_result_message
+
+    long = "Traceback\n" + "x" * 5000 + "\nValueError: the end"
+    shown = json.loads(tool_result_message("code_exe", long)["content"])["tool_result"]
+    assert len(shown) < RESULT_CHARS + 60
+    assert shown.startswith("Traceback") and shown.endswith("ValueError: the end")
+    short = "calculator: 1+2 = 3"
+    assert json.loads(tool_result_message("calculator", short)["content"])["tool_result"] == short
+
+
 @pytest.mark.parametrize(
     ("result", "answer"),
     [

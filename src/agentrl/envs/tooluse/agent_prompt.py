@@ -20,6 +20,7 @@ from typing import Any
 TOOLS = ("calculator", "code_exe", "response")
 THOUGHT_CHARS = 100
 HEADLINE_CHARS = 40
+RESULT_CHARS = 600  # a longer tool output (a traceback, a flood of prints) keeps head and tail
 
 SYSTEM_PROMPT = """You are Agent Zero, an autonomous agent. Solve the user's task with tools.
 
@@ -108,6 +109,11 @@ def user_message(question: str) -> dict[str, str]:
 
 def tool_result_message(tool_name: str | None, result: str) -> dict[str, str]:
     """A tool's result as Agent Zero feeds it back: a user message holding a JSON object."""
+    if len(result) > RESULT_CHARS:  # every later prompt carries it: keep it short
+        half = RESULT_CHARS // 2
+        result = (
+            f"{result[:half]}\n[... {len(result) - 2 * half} characters cut ...]\n{result[-half:]}"
+        )
     body = {"tool_name": tool_name or "unknown", "tool_result": result}
     return {"role": "user", "content": json.dumps(body, ensure_ascii=False)}
 
