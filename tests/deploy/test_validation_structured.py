@@ -82,3 +82,35 @@ async def test_base_still_answers_after_its_only_adapter_is_unloaded(tmp_path: P
     assert after.completion_token_ids == before.completion_token_ids  # the base, unchanged
     engine.load_adapter("v1", folder)  # and it can come back
     await engine.generate("v1", request)
+
+
+async def test_a_busy_engine_still_loads_a_new_version(tmp_path: Path) -> None:
+    """Agents keep the engine decoding batch after batch; a new version's adapter must get
+    in between two batches (the engine's lock alone starved it: the gateway kept serving
+    the old version while the registry said the new one was live)."""
+    import asyncio
+    import time
+
+    from deploy_helpers import write_checkpoint
+
+    from agentrl.deploy.openai_types import ChatRequest
+
+    engine = LocalEngine("tiny", tiny_kwargs=TINY, max_batch_size=4)
+    folder = Path(write_checkpoint(tmp_path / "v1", seed=1))
+    request = ChatRequest(
+        model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=200, temperature=1.0
+    )
+    stop = asyncio.Event()
+
+    async def agent() -> None:
+        while not stop.is_set():
+            await engine.generate(None, request)
+
+    agents = [asyncio.create_task(agent()) for _ in range(8)]
+    await asyncio.sleep(0.5)  # the engine is busy now
+    t0 = time.monotonic()
+    await asyncio.wait_for(asyncio.to_thread(engine.load_adapter, "v1", folder), 30)
+    waited = time.monotonic() - t0
+    stop.set()
+    await asyncio.gather(*agents)
+    assert "v1" in engine.adapters and waited < 30

@@ -174,6 +174,12 @@ class DeploySettings(BaseSettings):
     upstream_load_lora: bool = Field(False, description="Load adapters into vLLM at run time.")
     backend_timeout_s: float = 60.0
     max_batch_size: int = 8
+    torch_threads: int = Field(
+        0,
+        ge=0,
+        description="Torch threads of the local engine; 0: one per two cores (it shares the "
+        "host with training jobs: spinning OpenMP threads made decoding 7-30x slower).",
+    )
     batch_wait_ms: float = 5.0
     max_inflight: int = Field(
         64, ge=1, description="Chat requests in flight at once; beyond, 429 + Retry-After."

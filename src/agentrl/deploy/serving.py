@@ -80,6 +80,7 @@ class ServingManager:
                     max_batch_size=self.settings.max_batch_size,
                     max_wait_ms=self.settings.batch_wait_ms,
                     prompt_cache_mb=self.settings.prompt_cache_mb,
+                    threads=self.settings.torch_threads,
                 )
         return LocalBackend(self.engine, self.cache_dir)
 
