@@ -104,7 +104,7 @@ class LoopConfig:
             env="tooluse",
             model="smollm2",
             generations=3,
-            agents=4,
+            agents=2,
             group_size=4,
             threshold=64,
             max_steps=4,

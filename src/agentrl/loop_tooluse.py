@@ -78,6 +78,10 @@ def environment(cfg: Any) -> dict[str, str]:
         "AGENTRL_DEPLOY_BENCHMARK_RESPONSE_FORMAT": json.dumps(response_format()),
         "AGENTRL_DEPLOY_BENCHMARK_MAX_TOKENS": str(cfg.max_tokens),
         "AGENTRL_DEPLOY_BENCHMARK_SEED": str(BENCHMARK_SEED),
+        "AGENTRL_DEPLOY_MAX_BATCH_SIZE": "8",  # 8 agents act at once (2 x groups of 4)
+        # a batch of 256-token replies of SmolLM2 takes about a minute on 2 busy cores: the
+        # default 60 s made every queued request time out and be retried (measured)
+        "AGENTRL_DEPLOY_BACKEND_TIMEOUT_S": "600",
         "AGENTRL_DEPLOY_VALIDATION_MAX_NEW_TOKENS": "12" if cfg.model == "tiny" else "32",
     }
     if not cfg.structured:  # the ablation: free text everywhere, validation included
