@@ -6,40 +6,16 @@ deployed by hand and rolled back automatically. The last line is the issue's JSO
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-from agentrl.bus.server import free_port
+from loop_helpers import run_loop_cli
 
 
 def test_quick_loop_promotes_a_trained_version_and_rolls_back_a_broken_one(
     tmp_path: Path,
 ) -> None:
-    env = {
-        **os.environ,
-        "AGENTRL_API_PORT": str(free_port()),
-        "AGENTRL_GATEWAY_PORT": str(free_port()),
-    }
-    for name in ("NATS_URL", "AGENTRL_NATS_URL"):
-        env.pop(name, None)
-    proc = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "agentrl"),
-            "loop",
-            "--quick",
-            "--bad-candidate",
-            "--data-dir",
-            str(tmp_path / "loop"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
+    proc = run_loop_cli("--quick", "--bad-candidate", "--data-dir", str(tmp_path / "loop"))
     out = proc.stdout
     assert proc.returncode == 0, out[-4000:] + proc.stderr[-4000:]
     last = json.loads(out.strip().splitlines()[-1])

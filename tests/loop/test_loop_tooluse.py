@@ -7,37 +7,13 @@ last line is the loop's JSON with the tool-use keys."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from agentrl.bus.server import free_port
+from loop_helpers import run_loop_cli
 
 
 def test_tooluse_quick_loop_walks_the_chain(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "AGENTRL_API_PORT": str(free_port()),
-        "AGENTRL_GATEWAY_PORT": str(free_port()),
-    }
-    for name in ("NATS_URL", "AGENTRL_NATS_URL"):
-        env.pop(name, None)
-    proc = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "agentrl"),
-            "loop",
-            "--env",
-            "tooluse",
-            "--quick",
-            "--data-dir",
-            str(tmp_path / "loop"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
+    proc = run_loop_cli("--env", "tooluse", "--quick", "--data-dir", str(tmp_path / "loop"))
     out = proc.stdout
     assert proc.returncode == 0, out[-4000:] + proc.stderr[-4000:]
     last = json.loads(out.strip().splitlines()[-1])
