@@ -466,6 +466,12 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
     )
     history: list[dict[str, float]] = []
     state: dict[str, Any] = {"best": None}
+    import torch
+
+    from agentrl.llm.valid_action import pick_threads
+
+    extra_hp = dict(tc.hyperparameters.model_extra or {})
+    torch.set_num_threads(pick_threads(int(extra_hp.get("threads", 0))))  # 1 on a busy host
     init = spec.get("init_checkpoint") if algorithm != "dpo" else None
     if init:  # the adapter must have the shape of the one it continues
         config = TrainerConfig(**{**config.model_dump(), **init_lora_shape(str(init))})
