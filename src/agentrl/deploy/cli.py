@@ -157,7 +157,19 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     @deploy.command("serve")
     def serve_cmd(nats_url: str = url_opt) -> None:
         """Run the deployment controller, its monitor and the gateway, as agentrl up does,
-        against an existing NATS server; Ctrl-C stops."""
+        against an existing NATS server; Ctrl-C stops.
+
+        On its own host it needs NATS_URL, AGENTRL_GATEWAY_PORT (default 8700) open to the
+        agents or a load balancer, and the checkpoints' storage readable (the paths or
+        s3://… URLs the training runners write); the base model is loaded locally
+        (AGENTRL_DEPLOY_BACKEND local, vllm or upstream).
+
+        N copies may run behind a load balancer with the same AGENTRL_DEPLOY_BUCKET and
+        AGENTRL_DEPLOY_PUBLIC_MODEL: every copy serves the registry's split (a session key
+        hashes to the same version on each), logs each completion once (its id as
+        Nats-Msg-Id), and one copy, elected through a KV lease (AGENTRL_DEPLOY_LEASE_TTL_S,
+        default 6 s), runs the controller; a standby takes over from the registry alone.
+        See docs/guide/replicas.md."""
         import asyncio
         import signal
 

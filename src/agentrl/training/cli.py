@@ -279,7 +279,19 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     def serve(
         nats: str = typer.Option(None, "--nats", help="NATS URL (default: settings)."),
     ) -> None:
-        """Run the training service alone (`agentrl up` runs it with everything else)."""
+        """Run the training service alone (`agentrl up` runs it with everything else).
+
+        On its own host (a GPU machine) it needs NATS_URL (a cluster: also
+        AGENTRL_STREAM_REPLICAS=3), its devices, and AGENTRL_TRAINING_STORAGE_PATH on storage
+        every runner reaches (s3://… or a shared mount): a job a dead runner leaves is resumed
+        by another from its newest checkpoint there. A local data dir holds job folders and
+        logs; no port (the control API serves /training).
+
+        N copies may run with the same settings: they share one job queue (NATS KV
+        agentrl_training_queue), own each job through a lease renewed while it runs
+        (AGENTRL_TRAINING_LEASE_TTL_S, default 10 s: longer than a NATS leader election),
+        and one of them, the trigger lease's holder, fires triggers. AGENTRL_REPLICA_ID names
+        a copy (default host-pid). See docs/guide/replicas.md."""
         import asyncio
         import signal
 
