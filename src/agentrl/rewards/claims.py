@@ -25,9 +25,11 @@ import hashlib
 import os
 import re
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
+import nats.errors
 import nats.js.errors
 import orjson
 
@@ -115,20 +117,29 @@ class Claims:
         replicas: int = 1,
         ttl_s: float = 0.0,
         replica: str | None = None,
+        open_deadline_s: float = 60.0,
     ) -> Claims:
         from nats.js.api import KeyValueConfig
 
         name = bucket_name(durable)
-        try:
-            kv = await js.key_value(name)
-        except nats.js.errors.BucketNotFoundError:
+        config = KeyValueConfig(bucket=name, history=1, ttl=ttl_s or None, replicas=replicas)
+        deadline = time.monotonic() + open_deadline_s
+        while True:
             try:
-                kv = await js.create_key_value(
-                    KeyValueConfig(bucket=name, history=1, ttl=ttl_s or None, replicas=replicas)
-                )
-            except nats.js.errors.BadRequestError:  # another replica created it meanwhile
-                kv = await js.key_value(name)
-        return cls(nc, kv, name, replica or replica_name())
+                try:
+                    kv = await js.key_value(name)
+                except nats.js.errors.BucketNotFoundError:
+                    try:
+                        kv = await js.create_key_value(config)
+                    except nats.js.errors.BadRequestError:  # another replica created it
+                        kv = await js.key_value(name)
+                return cls(nc, kv, name, replica or replica_name())
+            except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
+                # a replicated bucket on a cluster that is electing a leader (or a busy
+                # host) can take longer than one API timeout: ask again until the deadline
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(1.0)
 
     def scored(
         self, reward_json: bytes, feedback: dict[str, Any], version: int, at: float
