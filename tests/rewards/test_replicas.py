@@ -140,14 +140,15 @@ async def test_two_replicas_one_sigkilled_mid_batch(
     durable = f"rewards-{uuid.uuid4().hex[:8]}"
     docs = [sample_trajectory(i, trajectory_id=str(uuid.uuid4())) for i in range(1500)]
     procs = await start_replicas(bus, server.url, tmp_path, durable, one_data_dir=one_data_dir)
+    events = [TrajectoryEvent.model_validate(d) for d in docs]
     try:
-        for k in range(0, len(docs), 500):
-            await bus.publish_many([TrajectoryEvent.model_validate(d) for d in docs[k : k + 500]])
+        await bus.publish_many(events[:1000])
         await wait_for(bus, procs, 300, tmp_path)
         procs["a"].send_signal(signal.SIGKILL)  # mid-batch: claims taken, rewards in flight
         procs["a"].wait(10)
-        at_kill = await reward_count(bus)
-        assert at_kill < 1500, "the kill came too late to test anything"
+        # the rest arrives after the kill, so the survivor always has work left (on a fast
+        # host both replicas had scored all 1,500 before the kill: nothing was tested)
+        await bus.publish_many(events[1000:])
         await wait_for(bus, procs, 1500, tmp_path)
         deadline = time.monotonic() + 60
         while not await settled(bus, durable):  # the killed replica's batch was redelivered
