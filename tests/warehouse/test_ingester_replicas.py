@@ -158,8 +158,9 @@ async def test_two_ingester_processes_on_one_chdb_path_one_takes_over(
         events: list[object] = []
         for i in range(n):
             events += [S.trajectory(60_000 + i), S.reward(60_000 + i, (i % 10) / 10)]
-        for k in range(0, len(events), 2000):
-            await bus.publish_many(events[k : k + 2000])  # type: ignore[arg-type]
+        half = len(events) // 2
+        for k in range(0, half, 2000):
+            await bus.publish_many(events[k : min(k + 2000, half)])  # type: ignore[arg-type]
         deadline = time.monotonic() + 120
         active = None
         while active is None:  # the owner is the one inserting
@@ -172,6 +173,9 @@ async def test_two_ingester_processes_on_one_chdb_path_one_takes_over(
         standby = "b" if active == "a" else "a"
         procs[active].send_signal(signal.SIGKILL)
         procs[active].wait(10)
+        # the second half arrives after the kill: the standby has work whatever the speed
+        for k in range(half, len(events), 2000):
+            await bus.publish_many(events[k : k + 2000])  # type: ignore[arg-type]
         while await pending(bus, env["AGENTRL_WAREHOUSE_DURABLE_PREFIX"]) > 0:
             assert procs[standby].poll() is None, logs[standby].read_text()
             assert time.monotonic() < deadline, "the standby never took over"
