@@ -67,23 +67,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             if quick:
                 cfg.agents, cfg.threshold, cfg.settle_s = 1, min(threshold, 8), 3.0
                 cfg.job_wait_s, cfg.drain_timeout_s = 180.0, 120.0
-            try:
-                res = asyncio.run(run_replicated_soak(cfg, say))
-            except ValueError as exc:
-                typer.echo(f"error: {exc}", err=True)
-                raise typer.Exit(2) from exc
-            except (asyncio.CancelledError, KeyboardInterrupt) as exc:
-                typer.echo("soak stopped before the end (its services are stopped)", err=True)
-                raise typer.Exit(130) from exc
-            print(table(res), flush=True)
-            sys.stdout.write(replicas_json(res, replicas) + "\n")
-            sys.stdout.flush()
-            if not res.ok:
-                raise typer.Exit(1)
-            return
-
+            run, as_json = run_replicated_soak, lambda r: replicas_json(r, replicas)
+        else:
+            run, as_json = run_soak, main_json
         try:
-            result = asyncio.run(run_soak(cfg, say))
+            result = asyncio.run(run(cfg, say))
         except ValueError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from exc
@@ -91,7 +79,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             typer.echo("soak stopped before the end (its services are stopped)", err=True)
             raise typer.Exit(130) from exc
         print(table(result), flush=True)
-        sys.stdout.write(main_json(result) + "\n")
+        sys.stdout.write(as_json(result) + "\n")
         sys.stdout.flush()
         if not result.ok:
             raise typer.Exit(1)
