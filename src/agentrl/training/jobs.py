@@ -411,9 +411,11 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
     est = estimator_of(req)
     algorithm = "dpo" if est == "dpo" else ("rloo" if est == "rloo" else "grpo")
     config = trainer_config(spec, algorithm)
-    if objective_of(dict(tc.hyperparameters.model_extra or {})) not in OBJECTIVES:
+    extra = dict(tc.hyperparameters.model_extra or {})
+    objective = objective_of(extra)
+    if objective not in OBJECTIVES:
         raise TrainingError(
-            f"objective {objective_of(dict(tc.hyperparameters.model_extra or {}))!r}: use one "
+            f"objective {objective!r}: use one "
             f"of {', '.join(OBJECTIVES)} (the valid-action path also takes 'awr', 'ppo')",
             "CONFIG",
         )
@@ -470,8 +472,7 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
 
     from agentrl.llm.valid_action import pick_threads
 
-    extra_hp = dict(tc.hyperparameters.model_extra or {})
-    torch.set_num_threads(pick_threads(int(extra_hp.get("threads", 0))))  # 1 on a busy host
+    torch.set_num_threads(pick_threads(int(extra.get("threads", 0))))  # 1 on a busy host
     init = spec.get("init_checkpoint") if algorithm != "dpo" else None
     if init:  # the adapter must have the shape of the one it continues
         config = TrainerConfig(**{**config.model_dump(), **init_lora_shape(str(init))})
@@ -479,8 +480,6 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
     if init:
         continue_from(trainer, str(spec["init_checkpoint"]))
     tok = trainer.policy.tokenizer
-    extra = dict(tc.hyperparameters.model_extra or {})
-    objective = objective_of(extra)
     ckpt = CheckpointManager(
         config.storage_path,
         config.max_checkpoints,
