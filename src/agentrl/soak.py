@@ -424,6 +424,17 @@ async def delivered(bus: Any, stream: str, durable: str) -> int | None:
         return None
 
 
+async def threshold_durable(bus: Any) -> str:
+    """The training service's threshold consumer: one per runner since runners can be
+    replicas (`training-threshold-<runner>`), so it is found by its prefix."""
+    try:
+        infos = await asyncio.wait_for(bus.js.consumers_info("RL_REWARDS"), 5.0)
+    except Exception:
+        infos = []
+    names = sorted(i.name for i in infos if str(i.name).startswith("training-threshold"))
+    return names[0] if names else "training-threshold"
+
+
 async def delivered_seq(bus: Any, stream: str, durable: str) -> int | None:
     """The last stream sequence the consumer handed out."""
     try:
@@ -703,12 +714,13 @@ async def _faults(
 
     # 4. nats-server
     # back = each client does its job again: publishes, or pulls from its durable consumer
+    threshold = await threshold_durable(bus)
     marks = {
         "agents publish": (lambda: last_seq(bus, "RL_TRAJECTORIES")),
         "reward service": (lambda: last_seq(bus, "RL_REWARDS")),
         "gateway completion log": (lambda: last_seq(bus, "RL_COMPLETIONS")),
         "warehouse ingester": (lambda: delivered(bus, "RL_TRAJECTORIES", "warehouse-trajectory")),
-        "training service": (lambda: delivered(bus, "RL_REWARDS", "training-threshold")),
+        "training service": (lambda: delivered(bus, "RL_REWARDS", threshold)),
     }
     # what the consumers had in hand when the server died: their acks may be lost with it,
     # then the server redelivers them after each consumer's ack_wait
@@ -716,7 +728,7 @@ async def _faults(
         ("RL_TRAJECTORIES", "rewards"),
         ("RL_TRAJECTORIES", "warehouse-trajectory"),
         ("RL_REWARDS", "warehouse-reward"),
-        ("RL_REWARDS", "training-threshold"),
+        ("RL_REWARDS", threshold),
     ]
     burst = Burst(bus, agents)
     bursting = asyncio.create_task(burst.run(cfg.burst, pause=0.1))
