@@ -8,11 +8,24 @@ independent and the command starts fast (heavy imports live inside commands).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import typer
+from typer.core import TyperGroup
+
+
+class MenuGroup(TyperGroup):
+    """Lists the commands in `MENU`'s order (commands and groups interleaved), so the panels
+    of `agentrl --help` come in that order too."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        rank = {name: i for i, name in enumerate(n for items in MENU.values() for n in items)}
+        return sorted(super().list_commands(ctx), key=lambda name: rank.get(name, len(rank)))
+
 
 app = typer.Typer(
     name="agentrl",
+    cls=MenuGroup,
     help=(
         "agentrl closes the reinforcement-learning loop for LLM agents: trajectories over NATS "
         "JetStream, rewards, policy training (GiGPO/GRPO/RLOO/PPO/DPO), and an off-policy DQN "
@@ -39,18 +52,16 @@ PLUGINS = (
     "agentrl.rewards.cli",
     "agentrl.advantages.cli",
     "agentrl.rollout.cli",
-    "agentrl.llm.cli",
+    "agentrl.learners.cli",
+    "agentrl.evaluation.cli",
     "agentrl.offpolicy.cli",
-    "agentrl.demo.cli",
     "agentrl.training.cli",
     "agentrl.warehouse.cli",
     "agentrl.deploy.cli",
     "agentrl.deploy.vllm.cli",
     "agentrl.observability.cli",
     "agentrl.integrations.agent_zero.cli",
-    "agentrl.loop_cli",
-    "agentrl.soak_cli",
-    "agentrl.capture.cli",
+    "agentrl.app.cli",
 )
 
 
@@ -72,7 +83,79 @@ def _root(
     setup_logging(logging.DEBUG if verbose else None)
 
 
+# The first screen of `agentrl --help`: one line per command, grouped, the main job first; each
+# command's own `--help` keeps its long text.
+MENU: dict[str, dict[str, str]] = {
+    "The loop": {
+        "loop": "The main job: agents act, rewards, training, canary; held-out table at the end.",
+        "soak": "The loop under faults: every service killed once, nothing lost or doubled.",
+    },
+    "Run the stack": {
+        "up": "Start the embedded stack: NATS, rewards, warehouse, training, gateway, API.",
+        "rewards": "Score trajectories, redact PII, run the reward service.",
+        "agent-zero": "The Agent Zero plugin: install, flush its spool, feedback, listener.",
+        "vllm": "vLLM as the serving engine behind the gateway: set up its environment.",
+    },
+    "Train": {
+        "learn": "Stand-alone: train, then compare with the base on held-out tasks.",
+        "train": "Training jobs of the running stack: start, status, cancel, list, serve.",
+        "train-sft": "Supervised warm start on scripted demonstrations (free-form text).",
+        "dqn": "Off-policy Double DQN with prioritized replay (Ape-X on Ray).",
+    },
+    "Deploy": {
+        "deploy": "Model versions: registry, traffic split, promote, rollback, the gateway.",
+    },
+    "Data": {
+        "warehouse": "The ClickHouse warehouse: schema, ingester, dataset export.",
+        "stats": "Warehouse analytics: rewards per version, success over time, tools.",
+        "schemas": "The event contracts as JSON Schema.",
+    },
+    "Observe": {
+        "report": "The HTML report: held-out success per version, lineage, curves.",
+        "observability": "Grafana dashboards and Prometheus alert rules (generated files).",
+    },
+    "Bench": {"bench": "Benchmarks: a table, then one JSON line of named figures."},
+}
+
+
+def first_sentence(text: str | None, width: int = 88) -> str | None:
+    """A command's one-line summary from its docstring: the first sentence, cut at a word."""
+    if not text:
+        return None
+    flat = " ".join(text.replace("\b", " ").split())
+    flat = flat.split(". ", 1)[0].rstrip(".")
+    if len(flat) > width:
+        flat = flat[: width - 1].rsplit(" ", 1)[0] + "…"
+    return flat
+
+
+def _one_line_summaries(typer_app: typer.Typer) -> None:
+    """Every subcommand's summary in its group's help: its first sentence, not its docstring."""
+    for command in typer_app.registered_commands:
+        if not command.short_help:
+            command.short_help = first_sentence(command.help or (command.callback or _root).__doc__)
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _one_line_summaries(group.typer_instance)
+
+
+def _arrange_menu() -> None:
+    where = {name: (panel, text) for panel, items in MENU.items() for name, text in items.items()}
+
+    def name_of(info: Any) -> str:
+        callback = getattr(info, "callback", None)
+        return str(info.name or (callback.__name__.replace("_", "-") if callback else ""))
+
+    _one_line_summaries(app)
+    infos: list[Any] = [*app.registered_commands, *app.registered_groups]
+    for info in infos:
+        panel, text = where.get(name_of(info), ("More", None))  # a plugin's own command
+        info.rich_help_panel = panel
+        info.short_help = text or info.short_help or first_sentence(info.help)
+
+
 _register_plugins()
+_arrange_menu()
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from agentrl.bus import Bus
 from agentrl.cli import app
 from agentrl.contracts import ModelDeployed
 from agentrl.contracts.base import new_id, utcnow
-from agentrl.integrations.agent_zero import hooks
+from agentrl.integrations.agent_zero import state
 from agentrl.integrations.agent_zero.deployment import (
     ModelSwitcher,
     handle_model_deployment,
@@ -214,7 +214,7 @@ async def test_legacy_layout_end_to_end(tmp_path: Path, a0_nats: Any) -> None:
     assert (root / "agents" / "rl-trainer" / "_context.md").is_file()
     (done.plugin_dir / "config.json").write_text(json.dumps({"nats_url": a0_nats.url}))
     install_standins(root)  # only python/helpers exists: the shims fall back to it
-    hooks.reset_caches()
+    state.reset_caches()
     try:
         from python.helpers.extension import Extension  # type: ignore[import-not-found]
 
@@ -237,7 +237,7 @@ async def test_legacy_layout_end_to_end(tmp_path: Path, a0_nats: Any) -> None:
 
         for name in [m for m in sys.modules if m == "python" or m.startswith("python.")]:
             del sys.modules[name]
-        hooks.reset_caches()
+        state.reset_caches()
 
 
 def test_feedback_and_flush_commands(tmp_path: Path, a0_nats: Any) -> None:
@@ -251,7 +251,7 @@ def test_feedback_and_flush_commands(tmp_path: Path, a0_nats: Any) -> None:
     config = root / "usr" / "plugins" / "agentrl" / "config.json"
     down = f"nats://127.0.0.1:{free_port()}"
     config.write_text(json.dumps({"nats_url": down, "publish_timeout_s": 1.0}))
-    hooks.reset_caches()
+    state.reset_caches()
     tid = new_id()
     runner = CliRunner()
     bad = runner.invoke(app, ["agent-zero", "feedback", str(root), tid, "rating"])

@@ -11,7 +11,7 @@ from a0_standins import install_standins, make_checkout, remove_standins
 
 from agentrl.bus.server import EmbeddedNats, free_port
 from agentrl.contracts import TrajectoryEvent
-from agentrl.integrations.agent_zero import hooks
+from agentrl.integrations.agent_zero import hooks, state
 from agentrl.integrations.agent_zero.publisher import Outbox
 from conftest import Checkout, recording, stream_payloads
 
@@ -58,7 +58,7 @@ async def test_nats_down_then_up_every_event_once_in_order(tmp_path: Path) -> No
         if server is not None:
             server.stop()
         remove_standins(root)
-        hooks.reset_caches()
+        state.reset_caches()
 
 
 async def test_unreadable_spool_file_is_set_aside(tmp_path: Path, a0_nats: Any) -> None:
@@ -109,4 +109,4 @@ async def test_a_silent_nats_costs_one_budget_then_flushes_pause(tmp_path: Path)
         for w in held:
             w.close()
         remove_standins(root)
-        hooks.reset_caches()
+        state.reset_caches()

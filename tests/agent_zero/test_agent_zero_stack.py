@@ -52,7 +52,7 @@ async def call_tool(co: Checkout, agent: Any, method: str, args: dict[str, Any])
 async def test_training_tool_and_feedback_against_agentrl_up(
     tmp_path: Path, a0_nats: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agentrl.stack import stack_services
+    from agentrl.app.stack import stack_services
 
     monkeypatch.setenv("AGENTRL_TRAINING_THRESHOLD", "0")
     monkeypatch.setenv("AGENTRL_TRAINING_SCHEDULE", "")

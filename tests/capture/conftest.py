@@ -133,7 +133,7 @@ async def stream_docs(bus: Bus, stream: str) -> list[dict[str, Any]]:
 async def harness(
     server: EmbeddedNats, engine: Any, tmp_path: Path, request: pytest.FixtureRequest
 ) -> AsyncIterator[Harness]:
-    from agentrl.api import create_app
+    from agentrl.app.api import create_app
     from agentrl.capture.service import CaptureService
     from agentrl.capture.settings import CaptureSettings
     from agentrl.deploy.backends import LocalBackend

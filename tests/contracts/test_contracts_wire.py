@@ -32,14 +32,6 @@ from agentrl.contracts import (
 )
 from agentrl.contracts.base import without_nulls
 from agentrl.contracts.schemas import wire_schema
-from agentrl.contracts.training import CurrentMetrics, StatusMetrics
-from agentrl.demo.loop import (
-    DemoSettings,
-    new_job_id,
-    status_event,
-    trainer_config,
-    training_request,
-)
 from agentrl.envs import make_env, task_for
 from agentrl.rewards.calculator import ScoringInput, score_batch
 from agentrl.rewards.config import RewardConfig
@@ -109,23 +101,41 @@ def reward_wire(trajectory: TrajectoryEvent) -> bytes:
     return scored[0].to_json()
 
 
-def demo_events() -> list[TrainingRequest | TrainingStatus]:
-    settings = DemoSettings()
-    job_id = new_job_id()
-    request = training_request(settings, trainer_config(settings, job_id), job_id)
-    metrics = StatusMetrics(current=CurrentMetrics(loss=0.4, reward_mean=0.2, reward_std=0.1))
+def training_events() -> list[TrainingRequest | TrainingStatus]:
+    """A request as the training service's triggers fill it, and its status events as the
+    service builds them (a running job without its total steps known, then a failure)."""
+    from types import SimpleNamespace
+
+    from agentrl.training.requests import fill_request
+    from agentrl.training.service import TrainingService
+    from agentrl.training.settings import TrainingSettings
+
+    settings = TrainingSettings(algorithm="grpo", mixed_precision="no")
+    request = fill_request(
+        {"training_config": {"hyperparameters": {"adv_estimator": "gigpo"}}}, settings
+    )
+    job_id = request.training_job_id
+    service = SimpleNamespace(owner="runner-1", _torch_version=None)
+    metrics = {"current": {"loss": 0.4, "reward_mean": 0.2, "reward_std": 0.1}}
+
+    def status(state: str, **kw: Any) -> TrainingStatus:
+        return TrainingService.build_status(service, job_id, state, **kw)  # type: ignore[arg-type]
+
     return [
         request,
-        status_event(settings, job_id, "running", 0, 0),
-        status_event(settings, job_id, "running", 1, 3, metrics=metrics),
-        status_event(settings, job_id, "failed", 1, 3, error={"code": "CONFIG", "message": "x"}),
+        status("running", final={"progress": {"current_epoch": 0, "current_step": 0}}),
+        status(
+            "running",
+            final={"progress": {"current_step": 1, "total_steps": 3}, "metrics": metrics},
+        ),
+        status("failed", error={"code": "CONFIG", "message": "x"}),
     ]
 
 
 def deployed_event() -> ModelDeployed:
     return ModelDeployed.model_validate(
         {
-            "training_job_id": new_job_id(),
+            "training_job_id": str(uuid.uuid4()),
             "timestamp": NOW,
             "model_info": {"model_id": "m-v2", "base_model": "tiny", "checkpoint_path": "/c"},
             "deployment_config": {
@@ -150,7 +160,7 @@ def wire() -> list[tuple[str, dict[str, Any]]]:
     trajectory = asyncio.run(rollout_trajectory())
     out = [(TrajectoryEvent.SUBJECT, json.loads(trajectory.to_json()))]
     out.append((RewardEvent.SUBJECT, json.loads(reward_wire(trajectory))))
-    out += [(e.SUBJECT, json.loads(e.to_json())) for e in demo_events()]
+    out += [(e.SUBJECT, json.loads(e.to_json())) for e in training_events()]
     out.append((ModelDeployed.SUBJECT, json.loads(deployed_event().to_json())))
     for name in sorted(p.stem.split("_", 1)[1] for p in DATA.glob("seed_*.json")):
         model = MODELS[name]

@@ -638,7 +638,7 @@ async def test_a_deleted_rollout_is_never_recreated(env: Env) -> None:
 
 
 async def test_unknown_model_id_is_404_before_any_write(env: Env) -> None:
-    from agentrl.api import create_app
+    from agentrl.app.api import create_app
 
     e, v1 = env, env.candidate
     app = create_app(Settings(), e.bus)

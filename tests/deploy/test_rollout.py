@@ -318,7 +318,7 @@ async def test_bad_checksum_never_serves(
 async def test_manual_pause_weight_rollback_through_api_and_cli(
     harness: Harness, checkpoints: list[str], nats_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agentrl.api import create_app
+    from agentrl.app.api import create_app
 
     h = harness
     v = await register(h, checkpoints[0])

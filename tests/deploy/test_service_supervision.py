@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from deploy_helpers import free_port
 
+from agentrl.app.stack import ServiceHealth, supervise
 from agentrl.bus import Bus
 from agentrl.settings import Settings
-from agentrl.stack import ServiceHealth, supervise
 from agentrl.supervision import InnerTaskFailed, keep_running, run_tasks
 
 

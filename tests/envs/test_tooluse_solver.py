@@ -22,7 +22,7 @@ from agentrl.envs.tooluse.agent_prompt import (
 from agentrl.envs.tooluse.solver import SolvedEpisode, answer_from, solve_episode
 from agentrl.envs.tooluse.tasks import FAMILIES
 
-REPLY_TOKEN_CAP = 256  # agentrl.llm.tooluse's max_new_tokens per turn
+REPLY_TOKEN_CAP = 256  # agentrl.learners.tooluse's max_new_tokens per turn
 SEEDS = 300
 
 

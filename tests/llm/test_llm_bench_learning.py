@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from agentrl.cli import app
 from agentrl.envs.sokoban import SokobanEnv
-from agentrl.llm import bench_compare as bc
-from agentrl.llm.valid_action import HELDOUT_OFFSET, Learner, ValidActionConfig, env_state
-from agentrl.llm.valid_action import shaped_reward as reward
+from agentrl.evaluation import compare as bc
+from agentrl.learners.valid_action import HELDOUT_OFFSET, Learner, ValidActionConfig, env_state
+from agentrl.learners.valid_action import shaped_reward as reward
 
 CONFIG = "configs/frozenlake-valid-action.yaml"
 ISSUE_KEYS = [

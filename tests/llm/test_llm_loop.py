@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.llm.config import TrainerConfig
-from agentrl.llm.loading import LoraSettings, load_policy
-from agentrl.llm.loop import (
+from agentrl.learners.onpolicy import (
     LoopSettings,
     build_pairs,
     build_samples,
@@ -19,6 +17,8 @@ from agentrl.llm.loop import (
     make_tasks,
     run_training,
 )
+from agentrl.llm.config import TrainerConfig
+from agentrl.llm.loading import LoraSettings, load_policy
 from agentrl.llm.trainer import PolicyTrainer
 from agentrl.rollout.policies import ScriptedPolicy
 

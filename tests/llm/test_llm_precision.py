@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
+from agentrl.learners.valid_action import ValidActionConfig
 from agentrl.llm.precision import bf16_pays, resolve_precision
-from agentrl.llm.valid_action import ValidActionConfig
 
 
 def _linear_s(dtype: torch.dtype) -> float:

@@ -7,9 +7,7 @@ import re
 
 from agentrl.envs import make_env
 from agentrl.envs.frozenlake import shortest_path
-from agentrl.llm.config import TrainerConfig
-from agentrl.llm.loading import load_policy
-from agentrl.llm.sft import (
+from agentrl.learners.sft import (
     SFTSettings,
     collect_demonstrations,
     heldout_seeds,
@@ -18,6 +16,8 @@ from agentrl.llm.sft import (
     sft_epoch,
     train_seeds,
 )
+from agentrl.llm.config import TrainerConfig
+from agentrl.llm.loading import load_policy
 from agentrl.llm.trainer import PolicyTrainer
 
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_layers": 2}

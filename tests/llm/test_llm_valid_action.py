@@ -11,8 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrl.llm.choices import UpperLayerScorer, choice_logprobs, render_prompt, score_choices
-from agentrl.llm.valid_action import (
+from agentrl.learners.valid_action import (
     HELDOUT_OFFSET,
     MOVES,
     Learner,
@@ -22,6 +21,7 @@ from agentrl.llm.valid_action import (
     rollout,
     train_on_env,
 )
+from agentrl.llm.choices import UpperLayerScorer, choice_logprobs, render_prompt, score_choices
 
 BOARD = {"size": 2, "desc": ["SG", "HH"]}
 
@@ -48,7 +48,7 @@ def tiny_config(algorithm: str, **kw: object) -> ValidActionConfig:
 
 
 def p_right_at_start(learner: Learner) -> float:
-    from agentrl.llm.valid_action import make_env
+    from agentrl.learners.valid_action import make_env
 
     env = make_env(learner.config)
     text = learner.cache.prompt(env.reset(0)["text"])
@@ -142,7 +142,7 @@ def test_scorer_rejects_multi_token_choices() -> None:
 def test_shared_prefix_path_equals_the_whole_prompt_path() -> None:
     """Running the system prompt once per call (the fast path) changes neither the log-probs
     nor the gradients; a prompt without that prefix in the same batch takes the whole path."""
-    from agentrl.llm.valid_action import make_env
+    from agentrl.learners.valid_action import make_env
 
     results = {}
     for share in (True, False):

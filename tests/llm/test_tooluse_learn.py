@@ -13,8 +13,7 @@ import pytest
 import torch
 
 from agentrl.envs.tooluse.agent_prompt import messages_for, response_schema
-from agentrl.llm.samples import render_prompt
-from agentrl.llm.tooluse import (
+from agentrl.learners.tooluse import (
     HELDOUT_OFFSET,
     ToolUseConfig,
     ToolUseLearner,
@@ -22,8 +21,9 @@ from agentrl.llm.tooluse import (
     group_advantages,
     rl_iteration,
 )
-from agentrl.llm.tooluse_decode import generate
-from agentrl.llm.tooluse_episodes import EpisodeRecord, SchemaMatchers
+from agentrl.learners.tooluse_decode import generate
+from agentrl.learners.tooluse_episodes import EpisodeRecord, SchemaMatchers
+from agentrl.llm.samples import render_prompt
 
 
 def tiny_config(tmp_path: Path, **kw: object) -> ToolUseConfig:
@@ -116,7 +116,7 @@ def test_rl_iteration_runs(tmp_path: Path, method: str) -> None:
 def test_every_stage_runs_and_the_checkpoint_loads_in_the_gateway(tmp_path: Path) -> None:
     import yaml
 
-    from agentrl.llm.tooluse_bench import bench_tooluse
+    from agentrl.evaluation.tooluse import bench_tooluse
 
     cfg = tiny_config(tmp_path)
     path = tmp_path / "tooluse-tiny.yaml"

@@ -55,7 +55,7 @@ def test_quick_loop_promotes_a_trained_version_and_rolls_back_a_broken_one(
 
 
 def test_a_fresh_run_empties_its_folder_but_keeps_the_converted_model(tmp_path: Path) -> None:
-    from agentrl.loop import prepare_data_dir
+    from agentrl.app.loop import prepare_data_dir
 
     run = prepare_data_dir(tmp_path / "run")
     (run / "models" / "SmolLM2").mkdir(parents=True)

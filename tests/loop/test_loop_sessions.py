@@ -11,11 +11,11 @@ from typing import Any
 
 import uvicorn
 
+from agentrl.app.loop import Agents, LoopConfig, served_versions
 from agentrl.bus import Bus
 from agentrl.bus.server import free_port
 from agentrl.deploy.backends import UpstreamBackend
 from agentrl.deploy.gateway import GatewayState, create_gateway_app
-from agentrl.loop import Agents, LoopConfig, served_versions
 from agentrl.rollout.testing_server import ScriptedOpenAIServer, ScriptedReply
 
 

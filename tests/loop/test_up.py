@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import psutil
 
+from agentrl.app.stack import SERVICES
 from agentrl.bus.server import free_port
-from agentrl.stack import SERVICES
 
 
 def test_up_starts_every_service_and_sigint_stops_all(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentrl.api import create_app
+from agentrl.app.api import create_app
 from agentrl.bus.client import Bus
 from agentrl.observability import collectors
 from agentrl.observability import metrics as m

@@ -21,14 +21,14 @@ import pytest
 import yaml
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from agentrl.app.stack import stack_services
 from agentrl.bus.server import EmbeddedNats
+from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.subjects import TRAJECTORY
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.observability import generate
 from agentrl.observability import metrics as m
-from agentrl.rewards.samples import sample_trajectory
 from agentrl.settings import Settings
-from agentrl.stack import stack_services
 
 OPS = Path(__file__).resolve().parents[2] / "ops"
 PROMETHEUS = shutil.which("prometheus")

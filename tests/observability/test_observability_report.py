@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.app import report
 from agentrl.bus.client import Bus
 from agentrl.contracts.deployment import ModelDeployed
 from agentrl.contracts.reward import RewardEvent
 from agentrl.contracts.training import TrainingStatus
-from agentrl.observability import report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 NO_CHROMIUM = "chromium is missing: install Debian's `chromium` package (apt-get install chromium)"

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentrl.api import create_app
+from agentrl.app.api import create_app
 from agentrl.observability import instrument
 from agentrl.observability import metrics as m
 from agentrl.settings import Settings
@@ -100,7 +100,7 @@ FRESH = textwrap.dedent(
     """
     import asyncio, sys
     import httpx
-    from agentrl.api import create_app
+    from agentrl.app.api import create_app
     from agentrl.bus import Bus
     from agentrl.deploy.registry import Registry
     from agentrl.settings import Settings

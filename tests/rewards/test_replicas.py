@@ -26,10 +26,10 @@ import pytest
 from agentrl.bus import Bus, EmbeddedNats
 from agentrl.bus.kv import kv_keys
 from agentrl.contracts.feedback import FeedbackEvent
+from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.rewards.bench import read_stream
 from agentrl.rewards.claims import bucket_name
-from agentrl.rewards.samples import sample_trajectory
 
 pytestmark = pytest.mark.slow
 

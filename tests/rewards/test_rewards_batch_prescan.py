@@ -14,12 +14,12 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.rewards import RewardConfig
 from agentrl.rewards.pii_corpus import CORPUS
 from agentrl.rewards.pipeline import Preparer
 from agentrl.rewards.redact import RedactionReport, Redactor
-from agentrl.rewards.samples import sample_trajectory
 
 R = Redactor()
 UNGATED = Redactor(string_gate=False)

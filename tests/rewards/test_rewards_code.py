@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 
+from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.rewards import RewardConfig, score_batch
 from agentrl.rewards.code import (
@@ -20,7 +21,6 @@ from agentrl.rewards.code import (
 )
 from agentrl.rewards.components import code_quality
 from agentrl.rewards.pipeline import Failure, Preparer, score_payloads
-from agentrl.rewards.samples import sample_trajectory
 from agentrl.rewards.window import WindowState
 
 CLEAN = "def add(a, b):\n    return a + b\n"

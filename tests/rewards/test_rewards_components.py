@@ -7,10 +7,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.trajectory import Outcome, TrajectoryEvent
 from agentrl.rewards import RewardConfig, ScoringInput, score_batch, score_trajectory
 from agentrl.rewards import components as C
-from agentrl.rewards.samples import sample_trajectory
 from agentrl.rewards.window import TrailingWindow, WindowState
 
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from agentrl.bus import Bus, EmbeddedNats
+from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.rewards.bench import read_stream
-from agentrl.rewards.samples import sample_trajectory
 from agentrl.rewards.store import RewardStore
 
 pytestmark = pytest.mark.slow

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.errors import ConfigError
 from agentrl.rewards import EvaluateResult, MetricResult, RewardConfig, StepOutput, reward_function
 from agentrl.rewards.custom import REGISTRY, RewardFunctionError, resolve, trajectory_messages
 from agentrl.rewards.pipeline import Failure, score_payloads
-from agentrl.rewards.samples import sample_trajectory
 
 
 @reward_function

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.rewards import RewardConfig
 from agentrl.rewards.pii_bench import score_corpus
@@ -24,7 +25,6 @@ from agentrl.rewards.redact import (
     redact_event,
     redact_payload,
 )
-from agentrl.rewards.samples import sample_trajectory
 
 R = Redactor()
 PREPARER = Preparer(RewardConfig())

@@ -17,12 +17,12 @@ import pytest
 from agentrl.bus import Bus, EmbeddedNats
 from agentrl.contracts.feedback import FeedbackEvent
 from agentrl.contracts.reward import RewardEvent
+from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.subjects import FEEDBACK, REWARD, TRAJECTORY
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.rewards import RewardConfig, ScoringInput, reward_function, score_batch
 from agentrl.rewards.bench import read_stream
 from agentrl.rewards.custom import REGISTRY, EvaluateResult
-from agentrl.rewards.samples import sample_trajectory
 from agentrl.rewards.service import RewardService
 from agentrl.rewards.store import RewardStore
 from agentrl.rewards.window import WindowState

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.rewards import RewardConfig, ScoringInput, score_batch
 from agentrl.rewards.calculator import TOTAL
-from agentrl.rewards.samples import sample_trajectory
 from agentrl.rewards.window import TrailingWindow, WindowState
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from agentrl.api import create_app
+from agentrl.app.api import create_app
 from agentrl.bus import Bus
 from agentrl.bus.server import free_port
 from agentrl.httpserve import serve_http

@@ -15,11 +15,11 @@ import httpx
 import pytest
 
 from agentrl.apiauth import OpenBindRefused, check_exposure
+from agentrl.app.stack import stack_services
 from agentrl.bus.server import free_port
 from agentrl.deploy.gateway import GatewayState, create_gateway_app
 from agentrl.httpserve import serve_http
 from agentrl.settings import Settings
-from agentrl.stack import stack_services
 
 TOKENS = {"t-alice": {"name": "alice", "scopes": ["deploy:read"]}}
 
@@ -109,7 +109,7 @@ def test_up_refuses_an_open_api_beyond_loopback(tmp_path: Path) -> None:
 
 
 async def test_control_api_service_refuses_an_open_bind(tmp_path: Path) -> None:
-    from agentrl.api import serve
+    from agentrl.app.api import serve
 
     settings = Settings(data_dir=tmp_path, api_host="0.0.0.0", api_port=free_port())
     with pytest.raises(OpenBindRefused):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from agentrl.soak import SoakResult
-from agentrl.soak_replicas import LAST_LINE_KEYS, JobHistory, duplicate_decisions, main_json
+from agentrl.app.soak import SoakResult
+from agentrl.app.soak_replicas import LAST_LINE_KEYS, JobHistory, duplicate_decisions, main_json
 
 
 def _d(action: str, step: int | None, dep: str = "d1") -> object:

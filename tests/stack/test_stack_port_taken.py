@@ -10,9 +10,9 @@ from pathlib import Path
 
 import httpx
 
+from agentrl.app.stack import ServiceHealth, stack_services, supervise
 from agentrl.bus.server import free_port
 from agentrl.settings import Settings
-from agentrl.stack import ServiceHealth, stack_services, supervise
 
 
 def _hold(port: int) -> socket.socket:
@@ -54,7 +54,7 @@ async def test_control_api_port_taken_is_a_restartable_failure(
             assert str(port) in (api.last_error or "")
             from rich.console import Console
 
-            from agentrl.status_panel import render
+            from agentrl.app.status_panel import render
 
             console = Console(record=True, width=250)
             console.print(await render(stack, 0.0))  # the panel shows the failing service

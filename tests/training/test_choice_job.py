@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from agentrl.llm.valid_action import Batch, Learner, Step, ValidActionConfig
+from agentrl.learners.valid_action import Batch, Learner, Step, ValidActionConfig
 from agentrl.training.choice_job import choice_data, guided_share, resolve_init, train_choices
 from agentrl.training.dataset import Record
 

@@ -143,7 +143,7 @@ class _BrokenCron(TrainingService):
 
 
 async def test_a_dead_inner_task_ends_run_and_the_supervisor_shows_it(nats, data_dir):
-    from agentrl.stack import ServiceHealth, supervise
+    from agentrl.app.stack import ServiceHealth, supervise
 
     bus = await _bus(nats, data_dir)
     settings = settings_for(data_dir, nats.url)

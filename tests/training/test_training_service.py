@@ -101,7 +101,7 @@ async def test_threshold_job_completes_and_model_is_listed(nats, data_dir):
             ]
             assert steps and all("eta_seconds" in p for p in steps)
             # GET /models lists the checkpoint (the real API app over the same bus).
-            from agentrl.api import create_app
+            from agentrl.app.api import create_app
 
             app = create_app(settings, bus)
             async with httpx.AsyncClient(

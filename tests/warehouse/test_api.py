@@ -11,7 +11,7 @@ import httpx
 import pyarrow.parquet as pq
 import pytest
 
-from agentrl.api import serve
+from agentrl.app.api import serve
 from agentrl.contracts.training import Dataset
 from agentrl.settings import Settings
 from agentrl.warehouse import samples as S

@@ -19,7 +19,7 @@ from agentrl.settings import Settings
 def served(backend, wsettings, monkeypatch) -> Iterator[str]:  # type: ignore[no-untyped-def]
     import uvicorn
 
-    from agentrl.api import create_app
+    from agentrl.app.api import create_app
 
     monkeypatch.setenv("AGENTRL_WAREHOUSE_PATH", str(wsettings.path))
     monkeypatch.setenv("AGENTRL_CLICKHOUSE_DATABASE", wsettings.database)

@@ -1,5 +1,5 @@
 """`serve(bus, stop, settings)`: the deployment controller, its monitor and the gateway in
-one process (listed in `agentrl.stack.SERVICES`, so `agentrl up` runs it).
+one process (listed in `agentrl.app.stack.SERVICES`, so `agentrl up` runs it).
 
 The gateway binds to `settings.gateway_host:gateway_port` (loopback by default). The
 controller consumes training statuses (durable consumer `deploy-controller`, so a restart

@@ -7,6 +7,7 @@ max_checkpoints, storage_path); `from_training_request` maps that payload onto t
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -126,3 +127,16 @@ class TrainerConfig(BaseModel):
         }
         values.update(overrides)
         return cls(**values)
+
+
+def is_tooluse_config(path: Path) -> bool:
+    """A tool-use learning config: named tooluse-*.yaml or saying `kind: tooluse`."""
+    if path.name.startswith("tooluse"):
+        return True
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and data.get("kind") == "tooluse"

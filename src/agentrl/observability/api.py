@@ -1,7 +1,7 @@
 """`GET /metrics` on the control API: the Prometheus text format of every agentrl metric
 (merged across job processes in multiprocess mode), refreshed by the scrape-time collectors.
 
-Mounted by `agentrl.api` (and therefore served by `agentrl up`); open like Prometheus
+Mounted by `agentrl.app.api` (and therefore served by `agentrl up`); open like Prometheus
 endpoints usually are: metrics carry counts and bounded labels, never ids or payloads.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from agentrl.api import get_bus
+from agentrl.apideps import get_bus
 from agentrl.observability import collectors
 from agentrl.observability import metrics as m
 

@@ -12,10 +12,10 @@ import random
 import time
 from typing import Any
 
+from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.observability import instrument
 from agentrl.observability import metrics as m
-from agentrl.rewards.samples import sample_trajectory
 
 
 def _best_cpu_per_item(fn: Any, items: int, repeats: int = 7) -> float:

@@ -1,5 +1,5 @@
-"""`agentrl observability generate` (dashboards, provisioning, alert rules) and
-`agentrl report --out DIR` (an HTML page with PNG plots). Heavy imports stay inside."""
+"""`agentrl observability generate` (dashboards, provisioning, alert rules) and `agentrl bench
+metrics`. Heavy imports stay inside."""
 
 from __future__ import annotations
 
@@ -33,25 +33,6 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             return
         for path in generate.write(out):
             typer.echo(f"wrote {path}")
-
-    @app.command("report")
-    def report_cmd(
-        out: Path = typer.Option(..., "--out", help="Directory for index.html and the PNG plots."),
-        source: str = typer.Option(
-            "auto",
-            help="Where the data comes from: auto (warehouse, else streams), warehouse, streams.",
-        ),
-        nats_url: str = typer.Option(
-            None, help="NATS server for --source streams (default: NATS_URL)."
-        ),
-        hours: float = typer.Option(24 * 7, help="How far back to read."),
-    ) -> None:
-        """Write an HTML report with plots: reward per version, training curves, success rate,
-        canary traffic with rollbacks, reward components."""
-        from agentrl.observability.report import run_report
-
-        page = run_report(out, source=source, nats_url=nats_url, hours=hours)
-        typer.echo(f"report: {page}")
 
 
 def _register_bench(bench: typer.Typer) -> None:

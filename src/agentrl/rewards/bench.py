@@ -33,8 +33,8 @@ import numpy as np
 import orjson
 
 from agentrl.bus import wire
+from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.subjects import REWARD, TRAJECTORY
-from agentrl.rewards.samples import sample_trajectory
 
 TRAJ_STREAM = "RL_TRAJECTORIES"
 ECHO_DURABLE = "echo-peer"

@@ -126,7 +126,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         from agentrl.rewards.pipeline import Failure, score_payloads
 
         if demo:
-            from agentrl.rewards.samples import sample_trajectory
+            from agentrl.contracts.samples import sample_trajectory
 
             payloads: list[bytes | dict[str, object]] = [
                 sample_trajectory(i, code=i % 2 == 1, pii=i % 3 == 2) for i in range(demo)

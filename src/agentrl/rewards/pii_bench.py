@@ -71,8 +71,8 @@ def edge_cost(n: int = 2000, repeats: int = 3, seed: int = 7) -> dict[str, float
     """Microseconds `redact_event` costs per trajectory (sample trajectories, 10 % with PII):
     the mean per pass (median of `repeats` passes), the median over every call, and the
     clean and PII-bearing cases apart (medians)."""
+    from agentrl.contracts.samples import sample_trajectory
     from agentrl.contracts.trajectory import TrajectoryEvent
-    from agentrl.rewards.samples import sample_trajectory
 
     rng = random.Random(seed)
     events = [

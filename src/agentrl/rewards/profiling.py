@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from agentrl.rewards.samples import sample_trajectory
+from agentrl.contracts.samples import sample_trajectory
 
 
 class _Msg:

@@ -782,7 +782,7 @@ def config_path(settings: Settings) -> Path | None:
 
 
 async def serve(bus: Bus, stop: asyncio.Event, settings: Settings) -> None:
-    """The entry point `agentrl up` starts (agentrl.stack.SERVICES)."""
+    """The entry point `agentrl up` starts (agentrl.app.stack.SERVICES)."""
     config = RewardConfig.load(config_path(settings))
     await run_reward_service(bus, stop, config=config, data_dir=settings.data_dir)
 

@@ -1,4 +1,4 @@
-"""The /training, /models and /feedback routes of the control API (mounted by agentrl.api).
+"""The /training, /models and /feedback routes of the control API (mounted by agentrl.app.api).
 
 Thin over the bus: start publishes `agent.rl.training.request.v1`, cancel publishes
 `agent.rl.training.cancel.v1`, status and lists read the service's KV bucket, feedback
@@ -19,11 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agentrl.apiauth import require_scope
 from agentrl.contracts.base import new_id, utcnow
 from agentrl.contracts.feedback import FeedbackEvent
+from agentrl.contracts.filters import declared
 from agentrl.contracts.subjects import TRAINING_REQUEST
 from agentrl.contracts.training import TrainingRequest, TrainingStatus
 from agentrl.errors import BusError
 from agentrl.settings import get_settings
-from agentrl.training.filters import declared
 from agentrl.training.kv import (
     CANCEL_SUBJECT,
     IDEM_BUCKET,

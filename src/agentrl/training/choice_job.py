@@ -4,7 +4,7 @@ Such a turn's action is one of a few choices and the policy that chose it is the
 distribution renormalised over them (`agentrl.llm.choices`, GLAM). Training the free-form
 token log-prob instead would push probability onto tokens outside the choice set, so these
 turns get a path of their own: the learning configuration's machinery
-(`agentrl.llm.valid_action`: LoRA on the top layers, frozen trunk cached per prompt, the same
+(`agentrl.learners.valid_action`: LoRA on the top layers, frozen trunk cached per prompt, the same
 precision for scoring and training) on the exact prompts the gateway logged.
 
 Data: every turn with `action.guided_choice` and a completion-log record (`completion_id`)
@@ -205,7 +205,7 @@ def _same(a: Any, b: str) -> bool:
 
 def learner_config(spec: dict[str, Any], req: Any, estimator: str) -> Any:
     """The job's `ValidActionConfig` from the request (hyperparameter extras override)."""
-    from agentrl.llm.valid_action import ValidActionConfig
+    from agentrl.learners.valid_action import ValidActionConfig
 
     tc = req.training_config
     hp = tc.hyperparameters
@@ -273,7 +273,7 @@ def build_batch(data: ChoiceData, texts: dict[int, str]) -> Any:
     """ChoiceData -> `valid_action.Batch`. Rewards: each turn's environment reward, and the
     reward service's score as the episode's terminal reward (added to its last step), so an
     episode's return is its shaped progress plus the service's judgement of the outcome."""
-    from agentrl.llm.valid_action import Batch, Step
+    from agentrl.learners.valid_action import Batch, Step
 
     steps: list[Step] = []
     returns: list[float] = []
@@ -315,7 +315,7 @@ def train_choices(
     """epochs x minibatches optimiser steps over the batch's distinct prompts."""
     import torch
 
-    from agentrl.llm.valid_action import advantages
+    from agentrl.learners.valid_action import advantages
 
     cfg = learner.config
     steps = batch.steps
@@ -381,7 +381,7 @@ def save_choice_checkpoint(
 ) -> str:
     """The adapter in `agentrl.llm.checkpoint`'s format (sha256 manifest), through `ckpt`'s
     store (local folder or fsspec URL)."""
-    from agentrl.llm.valid_action import write_adapter
+    from agentrl.learners.valid_action import write_adapter
 
     with tempfile.TemporaryDirectory(prefix="agentrl-choice-") as tmp:
         local = Path(tmp) / name
@@ -401,9 +401,9 @@ def run_choice_job(
     """The whole valid-action job: data -> (warm-started) learner -> steps -> checkpoint."""
     import torch
 
+    from agentrl.learners.valid_action import Learner, pick_threads
     from agentrl.llm.checkpoint import CheckpointManager
-    from agentrl.llm.valid_action import Learner, pick_threads
-    from agentrl.training.jobs import Progress, current_metrics, write_curves
+    from agentrl.training.progress import Progress, current_metrics, write_curves
 
     tc = req.training_config
     extra = dict(tc.hyperparameters.model_extra or {})

@@ -158,7 +158,7 @@ def apply_filters(
     """Join and filter, counting removals per filter in `FILTER_ORDER`. A trajectory that
     occurs twice (a republish under another message id) is kept once. The filter is read
     through `training.filters.declared` (the warehouse source applies the same set)."""
-    from agentrl.training.filters import declared
+    from agentrl.contracts.filters import declared
 
     f = declared(flt)  # ValueError: a filter no source applies
     report = report or FilterReport()

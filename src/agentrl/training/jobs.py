@@ -31,13 +31,12 @@ import numpy as np
 
 from agentrl.errors import TrainingError
 from agentrl.logs import audit
-from agentrl.observability import instrument as obs
 from agentrl.training.objectives import OBJECTIVES, policy_loss_of, shape_samples
-from agentrl.training.worker import Emitter, finite
+from agentrl.training.progress import Emitter, Progress, current_metrics, write_curves
 
 if TYPE_CHECKING:
+    from agentrl.learners.onpolicy import LoopSettings, TrainingResult
     from agentrl.llm.config import TrainerConfig
-    from agentrl.llm.loop import LoopSettings, TrainingResult
     from agentrl.llm.samples import PolicySample
     from agentrl.llm.trainer import PolicyTrainer
 
@@ -147,86 +146,6 @@ def check_store(storage_path: str) -> None:
             f"checkpoint store {storage_path} cannot be written: {type(exc).__name__}: {exc}",
             "INFRA",
         ) from exc
-
-
-def write_curves(history: list[dict[str, float]], path: Path, title: str) -> str | None:
-    """Loss and batch reward per optimiser step as a PNG."""
-    if not history:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [h.get("step", i + 1) for i, h in enumerate(history)]
-    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
-    axes[0].plot(steps, [h.get("loss", np.nan) for h in history])
-    axes[0].set_title("loss")
-    axes[1].plot(steps, [h.get("reward_mean", np.nan) for h in history])
-    axes[1].set_title("batch reward")
-    for ax in axes:
-        ax.set_xlabel("step")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return str(path)
-
-
-def current_metrics(m: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "loss": finite(m.get("loss")),
-        "reward_mean": finite(m.get("reward_mean")),
-        "reward_std": finite(m.get("reward_std")),
-        "policy_entropy": finite(m.get("policy_entropy")),
-        "kl_divergence": finite(m.get("approx_kl", m.get("kl_ref"))),
-        "learning_rate": finite(m.get("learning_rate")),
-    }
-
-
-class Progress:
-    """Step counting, ETA and periodic progress events."""
-
-    def __init__(self, emitter: Emitter, total_steps: int, epochs: int, every: int) -> None:
-        self.emitter = emitter
-        self.total = max(1, total_steps)
-        self.epochs = epochs
-        self.every = every
-        self.t0 = time.monotonic()
-        self.done_at_start = 0
-        self.train_s = 0.0
-
-    def report(
-        self,
-        step: int,
-        epoch: int,
-        metrics: dict[str, float],
-        best: Any = None,
-        force: bool = False,
-    ) -> None:
-        if not force and step % self.every and step != self.total:
-            return
-        # job process -> multiprocess metrics (the steps since the last report, the curve)
-        since = getattr(self, "_obs_step", self.done_at_start)
-        obs.training_step(step - since, metrics.get("reward_mean"), metrics.get("loss"))
-        self._obs_step = step
-        elapsed = time.monotonic() - self.t0
-        new = max(1, step - self.done_at_start)
-        eta = elapsed / new * max(0, self.total - step)
-        self.emitter.emit(
-            "running",
-            phase="training",
-            progress={
-                "current_epoch": epoch,
-                "total_epochs": self.epochs,
-                "current_step": step,
-                "total_steps": self.total,
-                "percent_complete": round(min(100.0, 100.0 * step / self.total), 2),
-                "eta_seconds": round(eta, 1),
-            },
-            metrics={"current": current_metrics(metrics), **({"best": best} if best else {})},
-            train_s=self.train_s,
-        )
 
 
 # -- dataset jobs -----------------------------------------------------------------------------
@@ -420,7 +339,7 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
             "CONFIG",
         )
     check_store(spec["storage_path"])
-    from agentrl.training.filters import declared
+    from agentrl.contracts.filters import declared
 
     try:  # both dataset sources apply the same declared filter set
         declared(tc.dataset.filter)
@@ -470,7 +389,7 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
     state: dict[str, Any] = {"best": None}
     import torch
 
-    from agentrl.llm.valid_action import pick_threads
+    from agentrl.learners.valid_action import pick_threads
 
     torch.set_num_threads(pick_threads(int(extra.get("threads", 0))))  # 1 on a busy host
     init = spec.get("init_checkpoint") if algorithm != "dpo" else None
@@ -667,7 +586,7 @@ def train_on_env(
 ) -> TrainingResult:
     """The one call into agentrl.llm's online loop (swap for `train_on_env` of the learning
     configuration when it lands)."""
-    from agentrl.llm.loop import run_training
+    from agentrl.learners.onpolicy import run_training
 
     return run_training(config, loop, on_iteration=on_iteration, trainer=trainer)
 
@@ -676,7 +595,7 @@ def run_environment_job(spec: dict[str, Any], emitter: Emitter) -> None:
     from dataclasses import asdict
 
     from agentrl.contracts.training import TrainingRequest
-    from agentrl.llm.loop import LoopSettings
+    from agentrl.learners.onpolicy import LoopSettings
 
     req = TrainingRequest.model_validate(spec["request"])
     tc = req.training_config

@@ -54,11 +54,11 @@ from pydantic import ValidationError
 from agentrl.bus import Bus, Delivery, PermanentError, TransientError
 from agentrl.bus.lease import Lease, lease_bucket, while_leader
 from agentrl.contracts.base import new_id, utcnow
+from agentrl.contracts.filters import declared
 from agentrl.contracts.subjects import REWARD, TRAINING_REQUEST, TRAINING_STATUS, TRAJECTORY
 from agentrl.contracts.training import TrainingRequest, TrainingStatus
 from agentrl.observability import instrument as obs
 from agentrl.settings import Settings, get_settings
-from agentrl.training.filters import declared
 from agentrl.training.kv import CANCEL_SUBJECT, STATUS_BUCKET, bucket
 from agentrl.training.paths import UnsafePath, checkpoint_base, job_dir
 from agentrl.training.queue import FINAL, JobQueue, QueueEntry, status_of

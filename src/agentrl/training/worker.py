@@ -15,83 +15,24 @@ import contextlib
 import ctypes
 import json
 import logging
-import math
 import os
-import resource
 import signal
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from agentrl.errors import TrainingError
 from agentrl.logs import bind, configure_handler
+from agentrl.training.progress import Cancelled, Emitter
 
 log = logging.getLogger("agentrl.training.worker")
-
-
-class Cancelled(Exception):
-    """Raised inside the job when SIGTERM asked it to stop."""
-
-
-class Emitter:
-    """Appends events to events.jsonl (one JSON object per line, flushed at once)."""
-
-    def __init__(self, path: Path) -> None:
-        self.fh = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
-        self.lock = threading.Lock()
-        self.t0 = time.monotonic()
-        self.cancel = threading.Event()
-
-    def emit(self, status: str, **fields: Any) -> None:
-        fields = {k: v for k, v in fields.items() if v is not None}
-        record = {"status": status, "t": time.time(), "peak_rss_gb": peak_rss_gb(), **fields}
-        gpu = peak_gpu_gb()
-        if gpu is not None:
-            record["peak_gpu_gb"] = gpu
-        with self.lock:
-            self.fh.write(json.dumps(record, default=_jsonable) + "\n")
-            self.fh.flush()
-
-    def check(self) -> None:
-        if self.cancel.is_set():
-            raise Cancelled()
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return float(x) if hasattr(x, "__float__") else str(x)
-
-
-def peak_rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
-
-
-def peak_gpu_gb() -> float | None:
-    torch = sys.modules.get("torch")
-    try:  # torch may be half imported when the heartbeat thread looks
-        if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
-            return None
-        return float(torch.cuda.max_memory_allocated()) / 1024**3
-    except Exception:
-        return None
 
 
 def _die_with_parent() -> None:
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def finite(x: Any) -> float | None:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
 
 
 def run(job_dir: Path) -> int:

@@ -15,8 +15,8 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
-from agentrl.api import get_settings_dep
 from agentrl.apiauth import require_scope
+from agentrl.apideps import get_settings_dep
 from agentrl.contracts.training import DatasetFilter
 from agentrl.settings import Settings
 from agentrl.warehouse.backend import (

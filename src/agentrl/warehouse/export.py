@@ -14,7 +14,7 @@ Filter semantics (the same as the training service's JetStream source):
   exclude_subordinate_profiles  subordinate profile not in the list
   agent_ids              agent_id in the list (empty: all)
   sample_size            at most this many, a deterministic sample for a given seed
-The filter set is declared once in `agentrl.training.filters` (both sources read it there; a
+The filter set is declared once in `agentrl.contracts.filters` (both sources read it there; a
 field neither applies is refused).
 """
 
@@ -28,11 +28,11 @@ from typing import Any, Literal
 import orjson
 import pyarrow as pa
 
+from agentrl.contracts.filters import declared
 from agentrl.contracts.training import Dataset, DatasetFilter
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.logs import audit
 from agentrl.settings import Settings, get_settings
-from agentrl.training.filters import declared
 from agentrl.warehouse.backend import Backend
 from agentrl.warehouse.config import WarehouseSettings
 from agentrl.warehouse.queries import latest_rewards_sql, ts_param

@@ -19,7 +19,7 @@ from typing import Any
 from agentrl.contracts.base import utcnow
 from agentrl.contracts.feedback import FeedbackEvent, FeedbackType
 from agentrl.integrations.agent_zero.config import AgentZeroConfig
-from agentrl.integrations.agent_zero.hooks import (
+from agentrl.integrations.agent_zero.state import (
     LAST_TRAJECTORY_KEY,
     SPANS_KEY,
     config_for,

@@ -42,33 +42,30 @@ from typing import Any, TypeVar
 from agentrl.contracts.base import new_id
 from agentrl.integrations.agent_zero import capture, structured
 from agentrl.integrations.agent_zero.config import (
-    PLUGIN_NAME,
     AgentZeroConfig,
-    load_config,
-    plugin_dir_for,
 )
-from agentrl.integrations.agent_zero.publisher import Outbox
 from agentrl.integrations.agent_zero.recorder import (
     SUBORDINATE_TOOL,
     Identity,
     TrajectoryRecorder,
 )
+from agentrl.integrations.agent_zero.state import (
+    LAST_TRAJECTORY_KEY,
+    SPANS_KEY,
+    config_for,
+    outbox_for,
+)
 
 log = logging.getLogger("agentrl.agent_zero")
 
 RECORDER_KEY = "_agentrl_recorder"
-LAST_TRAJECTORY_KEY = "_agentrl_last_trajectory_id"
 SUPERIOR_KEY = "_superior"  # Agent.DATA_NAME_SUPERIOR
 SUBORDINATE_KEY = "_subordinate"  # Agent.DATA_NAME_SUBORDINATE
 OPT_OUT_KEY = "rl_opt_out"  # a context's data flag: this chat is not for training
-SPANS_KEY = "_agentrl_spans"  # the chat's main monologues: [first log no, last, trajectory id]
 LAST_ASK_KEY = "_agentrl_last_ask"  # (the last user message, its trajectory id): retries
 KEEP_SPANS = 200
 RETRY_SIMILARITY = 0.85  # a new message this close to the last one is a retry (a correction)
 
-_configs: dict[str, AgentZeroConfig] = {}
-_stamps: dict[str, tuple[float, ...]] = {}
-_outboxes: dict[str, Outbox] = {}
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -95,69 +92,6 @@ def guarded_sync(fn: Callable[..., Any]) -> Callable[..., Any]:
             return None
 
     return wrapper
-
-
-def _stamp(plugin_dir: str) -> tuple[float, ...]:
-    """When the settings files last changed (Agent Zero's settings screen saves config.json)."""
-    if not plugin_dir:
-        return ()
-    out = []
-    for name in ("default_config.yaml", "config.json"):
-        try:
-            out.append((Path(plugin_dir) / name).stat().st_mtime)
-        except OSError:
-            out.append(0.0)
-    return tuple(out)
-
-
-def config_for(plugin_file: str | Path, agent: Any = None) -> AgentZeroConfig:
-    """The plugin's settings, re-read when a settings file changed; with `agent`, what Agent
-    Zero's plugin-config path gives its chat (the project's settings first)."""
-    key = str(plugin_dir_for(plugin_file) or "")
-    stamp = _stamp(key)
-    cached = _configs.get(key)
-    if cached is None or _stamps.get(key) != stamp:
-        cached = _configs[key] = load_config(Path(key) if key else None)
-        _stamps[key] = stamp
-    if agent is None:
-        return cached
-    saved = _a0_plugin_config(agent)
-    if saved is None:
-        return cached
-    fresh = load_config(Path(key) if key else None, saved=saved)
-    return cached if fresh == cached else fresh
-
-
-def _a0_plugin_config(agent: Any) -> dict[str, Any] | None:
-    """Agent Zero's `get_plugin_config("agentrl", agent=...)`, None outside Agent Zero."""
-    try:
-        plugins = importlib.import_module("helpers.plugins")
-    except ImportError:
-        return None
-    try:
-        got = plugins.get_plugin_config(PLUGIN_NAME, agent=agent)
-    except Exception:  # Agent Zero's loader failed: the plugin's own files still work
-        log.warning("agentrl: Agent Zero's get_plugin_config failed", exc_info=True)
-        return None
-    return dict(got) if isinstance(got, dict) else None
-
-
-def outbox_for(config: AgentZeroConfig) -> Outbox:
-    key = str(config.spool_path())
-    box = _outboxes.get(key)
-    if box is None:
-        box = _outboxes[key] = Outbox(config)
-    elif box.config != config:  # new settings (e.g. another NATS URL): keep the pause state
-        box.config = config
-        box.streams_ready = False
-    return box
-
-
-def reset_caches() -> None:
-    """Forget loaded configs and outboxes (tests)."""
-    _configs.clear()
-    _stamps.clear()
-    _outboxes.clear()
 
 
 # ---- reading Agent Zero's objects --------------------------------------------------------

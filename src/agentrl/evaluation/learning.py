@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from agentrl.learners.onpolicy import LoopSettings, run_training
 from agentrl.llm.config import TrainerConfig
-from agentrl.llm.loop import LoopSettings, run_training
 
 # Short prompts keep CPU prefill cheap; the observation carries the legend and the grid.
 SHORT_PROMPTS = {

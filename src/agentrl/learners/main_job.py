@@ -29,7 +29,7 @@ def load_average() -> str:
 def run_main_job(config_path: Path, overrides: dict[str, Any], console: Any) -> dict[str, Any]:
     from rich.table import Table
 
-    from agentrl.llm.valid_action import IterationStats, ValidActionConfig, train_on_env
+    from agentrl.learners.valid_action import IterationStats, ValidActionConfig, train_on_env
 
     t0 = time.perf_counter()
     config = ValidActionConfig.from_file(config_path, **overrides)

@@ -79,7 +79,7 @@ class SoakConfig:
     release_kills: bool = True  # phase 6: the controller killed mid-rollback and mid-promote
     api_port_taken: bool = True  # phase 0: the control API's port taken at start
     nats_down_s: float = 60.0  # phase 4b: nats-server away this long while a job ends
-    replicas: int = 1  # > 1: the replicated soak (agentrl.soak_replicas)
+    replicas: int = 1  # > 1: the replicated soak (agentrl.app.soak_replicas)
     cluster: int = 0  # nodes of the NATS cluster under the replicated soak (0: one server)
     # training job and controller leases in the replicated soak: longer than a NATS leader
     # election (about 5 s here), else a node kill looks like a dead runner
@@ -501,10 +501,10 @@ class SoakResult:
 async def run_soak(cfg: SoakConfig, say: Callable[[str], None] = print) -> SoakResult:
     import logging
 
+    from agentrl.app.stack import stack_services
     from agentrl.bus.client import Bus
     from agentrl.bus.server import EmbeddedNats, free_port
     from agentrl.settings import Settings
-    from agentrl.stack import stack_services
 
     for noisy in ("httpx", "httpx2"):  # one INFO line per agent request
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -1355,7 +1355,7 @@ async def _drain(
 async def _check_streams(
     bus: Any, agents: SoakAgents, result: SoakResult, say: Callable[[str], None]
 ) -> None:
-    from agentrl.observability.report import read_stream
+    from agentrl.app.report import read_stream
 
     epoch = datetime(2000, 1, 1, tzinfo=UTC)
     trajectories = await read_stream(bus, "RL_TRAJECTORIES", epoch, limit=10_000_000)

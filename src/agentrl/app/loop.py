@@ -33,7 +33,7 @@ from typing import Any
 from agentrl.stats import wilson
 
 MOVES = ["up", "down", "left", "right"]
-HELDOUT_OFFSET = 1_000_000  # same as agentrl.llm.valid_action: training seeds stay below
+HELDOUT_OFFSET = 1_000_000  # same as agentrl.learners.valid_action: training seeds stay below
 PACE_S = 3.0  # paced acting: agent 0's pause between groups (a job trains or a version validates)
 
 
@@ -97,7 +97,7 @@ class LoopConfig:
 
     @classmethod
     def tooluse(cls, quick: bool = False, **kw: Any) -> LoopConfig:
-        """The tool-use loop (`agentrl loop --env tooluse`, see `agentrl.loop_tooluse`):
+        """The tool-use loop (`agentrl loop --env tooluse`, see `agentrl.app.loop_tooluse`):
         Agent Zero JSON replies under structured outputs; jobs by rejection sampling on the
         logged tokens, continuing the newest version; 120 held-out tasks (40 per family)."""
         base: dict[str, Any] = dict(
@@ -229,7 +229,7 @@ def loop_environment(cfg: LoopConfig) -> dict[str, str]:
         "AGENTRL_DEPLOY_VALIDATION_MAX_NEW_TOKENS": "12" if cfg.model == "tiny" else "24",
     }
     if cfg.env == "tooluse":
-        from agentrl import loop_tooluse
+        from agentrl.app import loop_tooluse
 
         env.update(loop_tooluse.environment(cfg))
     if cfg.model == "tiny":  # a random tiny model's safety scores are noise: no drop check
@@ -238,7 +238,7 @@ def loop_environment(cfg: LoopConfig) -> dict[str, str]:
 
 
 def _system_prompt() -> str:
-    from agentrl.llm.valid_action import SYSTEM_PROMPT
+    from agentrl.learners.valid_action import SYSTEM_PROMPT
 
     return SYSTEM_PROMPT
 
@@ -250,7 +250,7 @@ def loop_task(cfg: LoopConfig, seed: int, family: str = "mixed") -> Any:
     from agentrl.episodes import Message
 
     if cfg.env == "tooluse":
-        from agentrl import loop_tooluse
+        from agentrl.app import loop_tooluse
 
         return loop_tooluse.task(seed, cfg.max_steps, family)
     task = task_for(
@@ -397,7 +397,7 @@ class Agents:
             "extra_body": {"episode_id": session} if session else None,
         }
         if self.cfg.env == "tooluse":
-            from agentrl import loop_tooluse
+            from agentrl.app import loop_tooluse
 
             kwargs = loop_tooluse.policy_kwargs(self.cfg, session)
         return OpenAIAgentPolicy(
@@ -667,11 +667,11 @@ def prepare_data_dir(data_dir: Path, *, fresh: bool = True) -> Path:
 async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopResult:
     import logging
 
+    from agentrl.app.stack import stack_services
     from agentrl.bus.server import EmbeddedNats
     from agentrl.deploy.config import DeploySettings
     from agentrl.deploy.registry import Registry
     from agentrl.settings import Settings
-    from agentrl.stack import stack_services
 
     for noisy in ("httpx", "httpx2"):  # one INFO line per agent request drowns the progress
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -684,7 +684,7 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
     stages: dict[str, float] = {}
     data_dir = prepare_data_dir(Path(cfg.data_dir), fresh=cfg.fresh)
     if cfg.env == "tooluse":
-        from agentrl import loop_tooluse
+        from agentrl.app import loop_tooluse
 
         loop_tooluse.write_reward_config(data_dir)
     elif cfg.env != "frozenlake":
@@ -880,7 +880,7 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
             # Held-out greedy success per served version, by its own name.
             t_eval = time.monotonic()
             if cfg.env == "tooluse":
-                from agentrl import loop_tooluse
+                from agentrl.app import loop_tooluse
 
                 tasks = loop_tooluse.heldout_tasks(cfg.heldout_seeds, HELDOUT_OFFSET)
             else:
@@ -918,7 +918,7 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
             try:
                 from datetime import UTC, datetime, timedelta
 
-                from agentrl.observability.report import load_from_streams, write_report
+                from agentrl.app.report import load_from_streams, write_report
 
                 data = await load_from_streams(bus, datetime.now(UTC) - timedelta(hours=1))
                 page = await asyncio.to_thread(write_report, data, data_dir / "report")

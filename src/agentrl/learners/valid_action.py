@@ -227,7 +227,7 @@ class PromptCache:
 
 def env_state(env: Any) -> Any:
     """What `shaped_reward` compares before and after a move: FrozenLake's (row, column);
-    Sokoban's (player, boxes) (see `agentrl.llm.sokoban_shaping`)."""
+    Sokoban's (player, boxes) (see `agentrl.learners.sokoban_shaping`)."""
     from agentrl.envs.sokoban import SokobanEnv
 
     if isinstance(env, SokobanEnv):
@@ -242,7 +242,7 @@ def shaped_reward(config: ValidActionConfig, env: Any, before: Any, info: dict[s
     from agentrl.envs.sokoban import SokobanEnv
 
     if isinstance(env, SokobanEnv):
-        from agentrl.llm.sokoban_shaping import sokoban_reward
+        from agentrl.learners.sokoban_shaping import sokoban_reward
 
         return sokoban_reward(config, env, before, info)
     if info.get("success"):

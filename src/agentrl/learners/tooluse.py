@@ -28,7 +28,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.envs.tooluse.tasks import FAMILIES
-from agentrl.llm.tooluse_episodes import (
+from agentrl.learners.tooluse_episodes import (
     EpisodeRecord,
     PlaySettings,
     PlayTiming,
@@ -40,7 +40,7 @@ from agentrl.llm.tooluse_episodes import (
 
 log = logging.getLogger(__name__)
 
-HELDOUT_OFFSET = 1_000_000  # as agentrl.llm.valid_action: training seeds stay below
+HELDOUT_OFFSET = 1_000_000  # as agentrl.learners.valid_action: training seeds stay below
 WARM_SEED_BASE = 0  # warm-start seeds: WARM_SEED_BASE + k
 RL_SEED_BASE = 100_000  # RL seeds: fresh training tasks, disjoint from the warm start's
 
@@ -246,7 +246,7 @@ def demonstrations(learner: ToolUseLearner, tasks: Sequence[tuple[str, int]]) ->
 def nll_epochs(
     learner: ToolUseLearner, samples: Sequence[Any], epochs: int, batch: int
 ) -> list[float]:
-    from agentrl.llm.sft import sft_epoch
+    from agentrl.learners.sft import sft_epoch
 
     return [sft_epoch(learner.trainer, samples, batch) for _ in range(epochs)] if samples else []
 

@@ -13,7 +13,8 @@ import asyncio
 import contextlib
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -21,8 +22,21 @@ from rich.table import Table
 
 from agentrl.bus.kv import kv_keys
 
-if TYPE_CHECKING:
-    from agentrl.stack import RunningStack
+
+class RunningStack(Protocol):
+    """What the panel reads of a started stack (`agentrl.app.stack.RunningStack`), so the
+    panel depends on its shape, not on the module that runs it."""
+
+    bus: Any
+    stop: asyncio.Event
+    settings: Any
+
+    @property
+    def health(self) -> Mapping[str, Any]: ...
+
+    @property
+    def api_url(self) -> str: ...
+
 
 REGISTRY_BUCKET = "agentrl_models"
 

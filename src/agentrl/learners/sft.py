@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentrl.learners.onpolicy import EVAL_SEED_OFFSET, LoopSettings, collect, make_tasks
 from agentrl.llm.config import TrainerConfig
 from agentrl.llm.forward import run_head
-from agentrl.llm.loop import EVAL_SEED_OFFSET, LoopSettings, collect, make_tasks
 from agentrl.llm.samples import PolicySample, encode_action, make_microbatches, sample_from_step
 from agentrl.llm.trainer import PolicyTrainer
 

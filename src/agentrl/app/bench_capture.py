@@ -177,7 +177,7 @@ async def run(
     import httpx
     import uvicorn
 
-    from agentrl.api import create_app
+    from agentrl.app.api import create_app
     from agentrl.bus import Bus, EmbeddedNats
     from agentrl.capture.service import CaptureService
     from agentrl.capture.settings import CaptureSettings

@@ -3,8 +3,8 @@
 Routers live in their packages (`agentrl.training.api`, `agentrl.warehouse.api`,
 `agentrl.deploy.api`, `agentrl.observability.api`), each exposing `router: APIRouter`;
 this module only mounts those that are installed, like `cli.py` does for commands. A router
-reaches the shared bus and settings through `request.app.state` (see `get_bus`,
-`get_settings_dep`), never by importing another service.
+reaches the shared bus and settings through `request.app.state` (see `agentrl.apideps`),
+never by importing another service.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def create_app(settings: Settings, bus: Any = None) -> FastAPI:
     )
     async def health(request: Request) -> dict[str, Any]:
         from agentrl.apiauth import authenticated
-        from agentrl.stack import running_stack
+        from agentrl.app.stack import running_stack
 
         stack = running_stack(app.state.bus)
         services = stack.health_report() if stack else {}
@@ -60,17 +60,6 @@ def create_app(settings: Settings, bus: Any = None) -> FastAPI:
         return {"ok": ok, "services": services}
 
     return app
-
-
-def get_bus(request: Request) -> Any:
-    """FastAPI dependency: the bus the app was created with."""
-    return request.app.state.bus
-
-
-def get_settings_dep(request: Request) -> Settings:
-    """FastAPI dependency: the settings the app was created with."""
-    settings: Settings = request.app.state.settings
-    return settings
 
 
 async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:

@@ -6,7 +6,7 @@ under a supervisor that restarts it with exponential backoff when it dies and ke
 (state, restarts, last error) where the status panel and `GET /health` can read it.
 
 `agentrl up --replicas N` runs N of every service on this machine: this process is replica 0,
-and N-1 child processes (`python -m agentrl.stack`, restarted with backoff when they die) run
+and N-1 child processes (`python -m agentrl.app.stack`, restarted with backoff when they die) run
 the same services against the same NATS and data dir, each with `AGENTRL_REPLICA_ID=replica-i`
 and its own ports (control API and gateway at the base port + i). Each replica is what one
 host would run: see docs/guide/replicas.md.
@@ -42,7 +42,7 @@ SERVICES: tuple[tuple[str, str], ...] = (
     ("warehouse ingester", "agentrl.warehouse.service:serve"),
     ("training service", "agentrl.training.service:serve"),
     ("deployment controller", "agentrl.deploy.service:serve"),
-    ("control API", "agentrl.api:serve"),
+    ("control API", "agentrl.app.api:serve"),
 )
 
 Serve = Callable[[Bus, asyncio.Event, Settings], Coroutine[Any, Any, None]]
@@ -246,7 +246,7 @@ class Replica:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as fh:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "agentrl.stack"],
+                [sys.executable, "-m", "agentrl.app.stack"],
                 env=self.env,
                 stdout=fh,
                 stderr=subprocess.STDOUT,
@@ -311,7 +311,7 @@ async def run_replicas(
 async def serve_all(
     url: str, settings: Settings, services: bool, console: Console, replicas: int = 1
 ) -> None:
-    from agentrl.status_panel import run_panel
+    from agentrl.app.status_panel import run_panel
 
     only: set[str] | None = None if services else set()
     async with stack_services(url, settings, only=only) as stack:

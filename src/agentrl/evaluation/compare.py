@@ -56,7 +56,7 @@ class Plan:
     fl4_every_algorithm: bool = False  # 4x4 from the base for GRPO/RLOO too, not GiGPO only
 
     def config(self, setting: str, algorithm: str, seed: int) -> Any:
-        from agentrl.llm.valid_action import ValidActionConfig
+        from agentrl.learners.valid_action import ValidActionConfig
 
         over = dict(self.overrides.get(setting, {}))
         over.update(self.overrides.get("all", {}))  # e.g. the quick plan's tiny model wins
@@ -191,7 +191,7 @@ def reset_learner(
     cache and sampling stream. The trunk cache stays (the lower layers are frozen)."""
     import torch
 
-    from agentrl.llm.valid_action import SYSTEM_PROMPT, PromptCache
+    from agentrl.learners.valid_action import SYSTEM_PROMPT, PromptCache
 
     learner.config = config
     gen = torch.Generator().manual_seed(10_007 + config.seed)
@@ -226,7 +226,7 @@ def run_one(
     progress: Progress,
     optimizer_state: dict[str, Any] | None = None,
 ) -> Run:
-    from agentrl.llm.valid_action import evaluate_heldout, rollout
+    from agentrl.learners.valid_action import evaluate_heldout, rollout
 
     reset_learner(learner, config, state, optimizer_state)
     fn = learner.logprob_fn()
@@ -308,7 +308,7 @@ class Worker:
     def __init__(self, plan: Plan, sink: Path, progress: Progress) -> None:
         import torch
 
-        from agentrl.llm.valid_action import Learner, pick_threads
+        from agentrl.learners.valid_action import Learner, pick_threads
 
         torch.set_num_threads(pick_threads(plan.threads))
         t0 = time.perf_counter()

@@ -33,7 +33,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from agentrl.soak import (
+from agentrl.app.soak import (
     ServiceProc,
     SoakAgents,
     SoakConfig,
@@ -461,7 +461,7 @@ async def _drain(
 async def _check_jobs(bus: Any, result: SoakResult, say: Callable[[str], None]) -> None:
     from datetime import UTC, datetime
 
-    from agentrl.observability.report import read_stream
+    from agentrl.app.report import read_stream
 
     events = await read_stream(bus, "RL_TRAINING", datetime(2000, 1, 1, tzinfo=UTC), 10_000_000)
     history = JobHistory.of(e for e in events if "training_job_id" in e and "status" in e)

@@ -1,5 +1,5 @@
 """`agentrl bench learning --settings tooluse --seeds N`: the tool-use learning run
-(`agentrl.llm.tooluse`) repeated over training seeds: base, warm-start and trained
+(`agentrl.learners.tooluse`) repeated over training seeds: base, warm-start and trained
 held-out success per seed and per family, pooled with 95 % Wilson intervals (every seed
 plays the same held-out tasks, so the pooled interval is over seeds x tasks)."""
 
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentrl.llm.tooluse import ToolUseConfig, run_tooluse
+from agentrl.learners.tooluse import ToolUseConfig, run_tooluse
 from agentrl.stats import wilson
 
 STAGES = ("base", "start", "trained")

@@ -22,8 +22,8 @@ import torch
 
 from agentrl.envs.tooluse import ToolUseEnv
 from agentrl.envs.tooluse.agent_prompt import Turn, messages_for, response_schema
+from agentrl.learners.tooluse_decode import generate
 from agentrl.llm.samples import render_prompt
-from agentrl.llm.tooluse_decode import generate
 
 
 @dataclass

@@ -1,1 +1,0 @@
-"""The closed loop in one command (`agentrl demo`): the README's main job."""
