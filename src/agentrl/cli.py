@@ -28,9 +28,11 @@ app = typer.Typer(
     cls=MenuGroup,
     help=(
         "agentrl closes the reinforcement-learning loop for LLM agents: trajectories over NATS "
-        "JetStream, rewards, policy training (GiGPO/GRPO/RLOO/PPO/DPO), and an off-policy DQN "
-        "trainer.\n\nStart with `agentrl up` to run the embedded stack, or `agentrl --help` on "
-        "any command."
+        "JetStream, rewards, training (GiGPO/GRPO/RLOO/PPO/DPO), validation, canary rollout "
+        "through an OpenAI-compatible gateway with automatic rollback; an off-policy DQN beside "
+        "it.\n\nStart with `agentrl loop` (the main job: the whole loop on the embedded stack, "
+        "held-out success per version at the end) or `agentrl up` (the stack alone, for your own "
+        "agents). `agentrl COMMAND --help` tells each command's story."
     ),
     no_args_is_help=True,
     add_completion=False,
