@@ -56,6 +56,8 @@ from typing import Any
 import httpx
 import httpx2  # the openai SDK's own httpx (its http_client must be one of these)
 
+from agentrl.training.dataset import reward_version
+
 MOVES = ["up", "down", "left", "right"]
 ACTIVE = ("queued", "running")
 
@@ -385,15 +387,6 @@ class Burst:
         self.agents.feedback.update(liked)
 
 
-def reward_version(reward: dict[str, Any]) -> int:
-    """A reward's version: top level, or in the nested extras object on the wire."""
-    v = reward.get("version")
-    if v is None:
-        for value in reward.values():
-            if isinstance(value, dict) and isinstance(value.get("version"), int):
-                v = value["version"]
-                break
-    return int(v or 1)
 
 
 # ---- probes ---------------------------------------------------------------------------------
