@@ -10,7 +10,7 @@ echo "[test] ruff format --check"; .venv/bin/ruff format --check src tests
 echo "[test] mypy src";           .venv/bin/mypy src/agentrl
 echo "[test] pytest"
 set +e
-.venv/bin/pytest -q -p no:cacheprovider "$@"
+.venv/bin/pytest -q -p no:cacheprovider --durations=30 "$@"
 status=$?
 set -e
 if [ "$status" -eq 5 ]; then echo "[test] pytest collected no tests"; fi
