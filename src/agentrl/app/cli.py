@@ -34,8 +34,7 @@ def _register_report(app: typer.Typer) -> None:
         ),
         hours: float = typer.Option(24 * 7, help="How far back to read."),
     ) -> None:
-        """Write an HTML report with plots: reward per version, training curves, success rate,
-        canary traffic with rollbacks, reward components."""
+        """Write an HTML report: held-out success per version (DIR/heldout.json), lineage, plots."""
         from agentrl.app.report import run_report
 
         page = run_report(out, source=source, nats_url=nats_url, hours=hours)

@@ -921,7 +921,9 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
                 from agentrl.app.report import load_from_streams, write_report
 
                 data = await load_from_streams(bus, datetime.now(UTC) - timedelta(hours=1))
-                page = await asyncio.to_thread(write_report, data, data_dir / "report")
+                page = await asyncio.to_thread(
+                    write_report, data, data_dir / "report", heldout=result.versions
+                )
                 result.report = str(page)
             except Exception as exc:  # the report is a by-product: say why it is missing
                 say(f"report: not written ({type(exc).__name__}: {exc})")

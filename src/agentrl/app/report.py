@@ -1,25 +1,39 @@
-"""`agentrl report --out DIR`: an HTML page with PNG plots of what the loop did.
+"""`agentrl report --out DIR`: an HTML page that leads with the result of the loop.
 
-Plots: reward over time per model version, training curves per job, success rate per
-version, canary traffic with rollback markers, reward component distributions.
+The page, top to bottom:
+1. held-out success per version with 95 % intervals: the final table of `agentrl loop` as
+   a plot (base, each version, the live one marked). The loop passes its rows
+   (`write_report(data, out, heldout=rows)`), which are also written to `heldout.json`
+   beside index.html so `agentrl report --out DIR` draws them again; without held-out rows
+   one line says so and the page starts with the lineage;
+2. the lineage of each version: data window -> reward version -> training job ->
+   checkpoint -> validation -> canary steps -> decision, from the training requests and
+   statuses (RL_TRAINING), the deployment and validation events (RL_MODELS) and the model
+   registry (KV bucket); "n/a" where none of them carries the value;
+3. the supporting plots: reward and success on training traffic (sampled at the agents'
+   exploring temperature, not held-out), training metrics per job, canary traffic, reward
+   components. Time axes count seconds since the first event of the report.
 
-Data comes from the streams (RL_REWARDS, RL_TRAINING, RL_MODELS), read from a start time
-with ephemeral consumers that are deleted afterwards (nothing is left behind, nothing is
-replayed from the beginning). The pure part (`frames`, `plots`, `html`) takes plain event
-dicts, so it can be fed from the warehouse or a file as well.
+Data comes from the streams, read from a start time with ephemeral consumers that are
+deleted afterwards (nothing is left behind, nothing is replayed from the beginning), and
+from the registry's bucket when it exists (it is never created here). The pure part
+(`*_rows`, `lineage_rows`, the plots, `html_page`) takes plain dicts, so it can be fed
+from a file as well.
 
-Every plot is always written (an empty one says "no data yet"), so the page never shows a
-broken image; the page checks its own images on load and records the result in the DOM
-(`data-images-ok`, `data-broken`), which the headless-browser test reads.
+Every supporting plot is always written (an empty one says "no data yet"), so the page never
+shows a broken image; the page checks its own images on load and records the result in the
+DOM (`data-images-ok`, `data-broken`), which the headless-browser test reads.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import html as htmllib
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -27,21 +41,52 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+HELDOUT_PLOT = ("heldout_success.png", "Held-out success per version")
+HELDOUT_FILE = "heldout.json"
 PLOTS = (
-    ("reward_over_time.png", "Reward over time per model version"),
-    ("training_curves.png", "Training curves per job"),
-    ("success_rate.png", "Success rate per model version"),
-    ("canary_traffic.png", "Canary traffic per version, with rollbacks"),
+    ("reward_over_time.png", "Reward on training traffic per version"),
+    ("success_rate.png", "Success on training traffic per version"),
+    ("training_curves.png", "Training metrics, job after job"),
+    ("canary_traffic.png", "Traffic share per version, with rollbacks"),
     ("reward_components.png", "Reward component distributions"),
 )
+CAPTIONS = {
+    PLOTS[0][0]: "Every reward of the agents' traffic while the loop ran, by the version that "
+    "acted; the agents sample at their exploring temperature, so this is not held-out success.",
+    PLOTS[1][0]: "Share of the training traffic's episodes that completed the task, per version "
+    "(exploring temperature: low for every version; the held-out plot above is the result).",
+    PLOTS[2][0]: "Each job's loss and its batch's mean reward at its reported steps, the jobs in "
+    "the order they ran.",
+    PLOTS[3][0]: "Canary steps, promotions and rollbacks: each version's share of the traffic "
+    "(the live version keeps the rest).",
+    PLOTS[4][0]: "The reward's components over all rewards of the report.",
+}
+CAPTIONS[HELDOUT_PLOT[0]] = (
+    "Each version played the same held-out tasks greedily (none of them was in its training "
+    "data); the bar is its success, the whisker its 95 % Wilson interval, the framed green bar "
+    "the version live at the end."
+)
 SUCCESS_COMPONENT = "task_completion"
+NA = "n/a"
+# A version's deciding action (the registry's audit trail) as the page names it.
+DECISIONS = {
+    "promote": "promoted",
+    "rollback": "rolled back",
+    "reject": "rejected",
+    "supersede": "superseded",
+    "bootstrap": "base (served first)",
+    "refuse_to_serve": "refused to serve",
+}
+COLORS = {"promoted": "tab:blue", "rolled back": "tab:red", "rejected": "tab:red"}
 
 
 @dataclass
 class ReportData:
     rewards: list[dict[str, Any]] = field(default_factory=list)
     statuses: list[dict[str, Any]] = field(default_factory=list)
-    deployments: list[dict[str, Any]] = field(default_factory=list)
+    deployments: list[dict[str, Any]] = field(default_factory=list)  # deployed + validated
+    requests: list[dict[str, Any]] = field(default_factory=list)  # training requests
+    registry: list[dict[str, Any]] = field(default_factory=list)  # model records
     source: str = "streams"
 
 
@@ -90,6 +135,23 @@ async def read_stream(bus: Any, stream: str, since: datetime, limit: int = 200_0
     return out
 
 
+async def read_registry(bus: Any, bucket: str | None = None) -> list[dict[str, Any]]:
+    """The model records of the registry's bucket, or none when there is no bucket (it is
+    not created here)."""
+    import nats.js.errors
+
+    from agentrl.deploy.config import DeploySettings
+    from agentrl.deploy.registry import Registry
+
+    bucket = bucket or DeploySettings().bucket
+    try:
+        kv = await bus.js.key_value(bucket)
+    except nats.js.errors.BucketNotFoundError:
+        return []
+    records = await Registry(kv, bucket).list_models()
+    return [r.model_dump(mode="json") for r in records]
+
+
 async def load_from_streams(bus: Any, since: datetime) -> ReportData:
     data = ReportData(source="streams")
     for stream, attr in (
@@ -104,9 +166,30 @@ async def load_from_streams(bus: Any, since: datetime) -> ReportData:
                 raise
             rows = []
         if attr == "statuses":
+            data.requests = [r for r in rows if "training_job_id" in r and "training_config" in r]
             rows = [r for r in rows if "training_job_id" in r and "status" in r]
         setattr(data, attr, rows)
+    data.registry = await read_registry(bus)
     return data
+
+
+def heldout_rows(rows: Sequence[Any] | None) -> list[dict[str, Any]]:
+    """The loop's rows (`VersionRow`s or their dicts) as plain JSON-able dicts."""
+    out = []
+    for row in rows or ():
+        if dataclasses.is_dataclass(row) and not isinstance(row, type):
+            row = dataclasses.asdict(row)
+        out.append(json.loads(json.dumps(dict(row), default=str)))
+    return out
+
+
+def read_heldout(out: Path) -> list[dict[str, Any]] | None:
+    """`out/heldout.json`'s rows, or None when there is no such file."""
+    path = out / HELDOUT_FILE
+    if not path.exists():
+        return None
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    return heldout_rows(doc.get("rows") if isinstance(doc, dict) else doc)
 
 
 # ---- frames (pure) ------------------------------------------------------------------------
@@ -151,6 +234,8 @@ def reward_rows(events: list[dict]) -> list[dict[str, Any]]:
                 "reward": float(ev.get("total_reward", 0.0)),
                 "success": comps.get(SUCCESS_COMPONENT, 0.0) >= 1.0,
                 "components": comps,
+                "version": _dig(ev, "metadata", "version"),
+                "calculator": _dig(ev, "metadata", "calculator_version"),
             }
         )
     return sorted(rows, key=lambda r: r["ts"])
@@ -168,17 +253,23 @@ def status_rows(events: list[dict]) -> list[dict[str, Any]]:
                 "step": int(_dig(ev, "progress", "current_step") or 0),
                 "reward_mean": cur.get("reward_mean"),
                 "loss": cur.get("loss"),
+                "dataset": _dig(ev, "metadata", "dataset"),
+                "train_s": _dig(ev, "resource_usage", "total_training_time_seconds"),
             }
         )
     return sorted(rows, key=lambda r: r["ts"])
 
 
-def _is_rollback(ev: dict) -> bool:
-    text = json.dumps(ev).lower()
-    return "rolled_back" in text or "rollback" in text
+def _action(ev: dict) -> str | None:
+    action = _dig(ev, "metadata", "action")
+    if action:
+        return str(action)
+    text = json.dumps(ev).lower()  # events of other publishers: a status word in the text
+    return "rollback" if "rolled_back" in text or "rollback" in text else None
 
 
 def deployment_rows(events: list[dict]) -> list[dict[str, Any]]:
+    """The deployed events: one row per step, promotion or rollback."""
     rows = []
     for ev in events:
         if "deployment_config" not in ev:
@@ -189,37 +280,233 @@ def deployment_rows(events: list[dict]) -> list[dict[str, Any]]:
             or _dig(ev, "model_info", "version")
             or _dig(ev, "model_info", "model_id")
         )
+        action = _action(ev)
         rows.append(
             {
                 "ts": _ts(ev.get("timestamp")),
                 "model": str(version),
                 "traffic": float(_dig(ev, "deployment_config", "traffic_percentage") or 0.0) / 100,
-                "rollback": _is_rollback(ev),
+                "rollback": action == "rollback",
+                "action": action,
+                "previous": _dig(ev, "metadata", "previous_model"),
+                "job": ev.get("training_job_id"),
+                "checkpoint": _dig(ev, "model_info", "checkpoint_path"),
+                "validation": ev.get("validation_results"),
+                "reason": _dig(ev, "metadata", "reason"),
             }
         )
     return sorted(rows, key=lambda r: r["ts"])
 
 
+def _origin(data: ReportData) -> float | None:
+    """The time axes' zero: the first event of the report (the registry's too)."""
+    times = [_ts(e.get("timestamp")) for e in (*data.rewards, *data.statuses, *data.requests)]
+    times += [_ts(e.get("timestamp")) for e in data.deployments if "timestamp" in e]
+    times += [_ts(d.get("at")) for r in data.registry for d in r.get("decisions") or ()]
+    return min(times) if times else None
+
+
+def _clock(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%H:%M:%S")
+
+
+def _short(model_id: str, prefix: str) -> str:
+    return model_id[len(prefix) :] if prefix and model_id.startswith(prefix) else model_id
+
+
+def _prefix(model_ids: list[str]) -> str:
+    """The public name's prefix all versions share (agentrl-policy-), to label them short."""
+    if not model_ids:
+        return ""
+    head = model_ids[0].rsplit("-", 1)[0] + "-" if "-" in model_ids[0] else ""
+    return head if head and all(m.startswith(head) for m in model_ids) else ""
+
+
+def decision_label(decision: str | None, state: str | None = None) -> str:
+    """What happened to a version, in words: promoted / rolled back / rejected / held ..."""
+    label = DECISIONS.get(decision or "", "held" if decision else NA)
+    if state == "live":
+        return "live" if label in ("held", NA) else f"{label}, live"
+    if label == "held" and state in ("candidate", "canary"):
+        return f"held ({state})"
+    return label
+
+
+def _record_decision(record: dict[str, Any]) -> tuple[str | None, str]:
+    for d in reversed(record.get("decisions") or []):
+        if d.get("action") in DECISIONS:
+            return str(d["action"]), str(d.get("reason") or "")
+    last = (record.get("decisions") or [None])[-1]
+    return (str(last.get("action")), str(last.get("reason") or "")) if last else (None, "")
+
+
+def _validation_text(results: dict[str, Any] | None, details: dict[str, Any] | None) -> str:
+    if not results:
+        return NA
+    failed = [
+        name
+        for name, bad in (
+            ("benchmark", not results.get("benchmark_passed", True)),
+            ("safety", not results.get("safety_checks_passed", True)),
+            ("regression", results.get("performance_regression", False)),
+        )
+        if bad
+    ]
+    text = "passed" if not failed else "failed: " + ", ".join(failed)
+    mean = _dig(details, "benchmark", "mean")
+    if isinstance(mean, int | float):
+        text += f" (benchmark mean {mean:.2f})"
+    return text
+
+
+def _window(request: dict | None, statuses: list[dict], rewards: list[dict]) -> tuple[str, str]:
+    """The job's data window (its request's date range, the counts its status reported) and
+    the reward versions of the rewards in that window."""
+    rng = _dig(request, "training_config", "dataset", "filter", "date_range")
+    counts = next((s["dataset"] for s in reversed(statuses) if s.get("dataset")), None)
+    lo = hi = None
+    if isinstance(rng, dict) and rng.get("start") and rng.get("end"):
+        lo, hi = _ts(rng["start"]), _ts(rng["end"])
+    elif statuses:  # the job reads what was there when it started
+        hi = statuses[0]["ts"]
+    inside = [
+        r for r in rewards if hi is not None and (lo is None or r["ts"] >= lo) and r["ts"] <= hi
+    ]
+    parts = []
+    if inside:  # the rewarded trajectories its window holds, first to last
+        parts.append(f"rewards of {_clock(inside[0]['ts'])}-{_clock(inside[-1]['ts'])} UTC")
+    elif hi is not None:
+        parts.append((f"{_clock(lo)}-" if lo is not None else "up to ") + f"{_clock(hi)} UTC")
+    if isinstance(counts, dict):
+        parts.append(
+            f"{counts.get('trajectories', '?')} read, {counts.get('kept', '?')} kept, "
+            f"{counts.get('sampled', '?')} sampled"
+        )
+    window = "; ".join(parts) or NA
+    versions = sorted(
+        {f"v{r['version']}" + (f" ({r['calculator']})" if r.get("calculator") else "")
+         for r in inside if r.get("version") is not None}
+    )  # fmt: skip
+    return window, ", ".join(versions) or NA
+
+
+def lineage_rows(
+    data: ReportData, heldout: list[dict[str, Any]] | None = None
+) -> list[dict[str, str]]:
+    """One row per version: data window -> reward version -> training job -> checkpoint ->
+    validation -> canary steps -> decision. Plain strings, "n/a" where no event carries it."""
+    rewards = reward_rows(data.rewards)
+    statuses = status_rows(data.statuses)
+    deploys = deployment_rows(data.deployments)
+    records = {str(r["model_id"]): r for r in data.registry if r.get("model_id")}
+    validated = {
+        str(e["model_id"]): e
+        for e in data.deployments
+        if "model_id" in e and "validation_results" in e
+    }
+    requests = {str(r["training_job_id"]): r for r in data.requests}
+    order = sorted(records, key=lambda m: (records[m].get("version") or 0, m))
+    for mid in [str(h.get("model_id")) for h in heldout or ()] + [d["model"] for d in deploys]:
+        if mid not in order and mid != "None":
+            order.append(mid)
+    prefix = _prefix(order)
+    held = {str(h.get("model_id")): h for h in heldout or ()}
+    jobs_known = {s["job"] for s in statuses} | set(requests)
+    rows = []
+    for mid in order:
+        rec = records.get(mid, {})
+        mine = [d for d in deploys if d["model"] == mid and d["action"] != "rollback"]
+        job = rec.get("training_job_id") or next(
+            (d["job"] for d in mine if d["job"] in jobs_known), None
+        )
+        job_statuses = [s for s in statuses if s["job"] == job]
+        window, reward_version = _window(requests.get(str(job)), job_statuses, rewards)
+        ckpt = rec.get("checkpoint_path") or next((d["checkpoint"] for d in mine), None)
+        if rec and not rec.get("checkpoint_path"):
+            ckpt_text = f"base weights ({rec.get('base_model', '?')})"
+        elif ckpt and not str(ckpt).startswith("base:"):
+            tail = "/".join(Path(str(ckpt)).parts[-2:])
+            sha = rec.get("sha256")
+            ckpt_text = f".../{tail}" + (f" sha256 {sha[:12]}" if sha else "")
+        else:
+            ckpt_text = f"base weights ({str(ckpt)[5:]})" if ckpt else NA
+        val = validated.get(mid, {})
+        validation = _validation_text(
+            rec.get("validation_results") or val.get("validation_results")
+            or next((d["validation"] for d in mine), None),
+            rec.get("validation_details") or val.get("details"),
+        )  # fmt: skip
+        if rec.get("decisions") and any(d.get("action") == "reject" for d in rec["decisions"]):
+            validation = "failed: " + next(
+                d.get("reason", "") for d in rec["decisions"] if d.get("action") == "reject"
+            )
+        steps = [d for d in mine if d["action"] in ("step", None)]
+        canary = " \u2192 ".join(f"{d['traffic'] * 100:g} %" for d in steps) or NA
+        ended = [
+            d for d in deploys
+            if (d["action"] == "promote" and d["model"] == mid)
+            or (d["action"] == "rollback" and d["previous"] == mid)
+        ]  # fmt: skip
+        if steps and ended:
+            canary += f" in {ended[0]['ts'] - steps[0]['ts']:.0f} s"
+        decision, why = _record_decision(rec) if rec else (None, "")
+        if decision is None:
+            h = held.get(mid, {})
+            decision, why = (h.get("decision") or None), str(h.get("why") or "")
+            if decision is None and ended:
+                decision, why = ended[-1]["action"], str(ended[-1]["reason"] or "")
+        state = rec.get("state") or held.get(mid, {}).get("state")
+        job_text = NA
+        if job and job_statuses:
+            last = job_statuses[-1]
+            job_text = f"{str(job)[:8]} {last['status']}"
+            if last.get("step"):
+                job_text += f", {last['step']} steps"
+            if isinstance(last.get("train_s"), int | float):
+                job_text += f", {last['train_s']:.0f} s training"
+        elif job:
+            job_text = str(job)[:8]
+        elif rec and not rec.get("checkpoint_path"):
+            job_text = "none (base model)"
+        rows.append(
+            {
+                "version": _short(mid, prefix),
+                "model_id": mid,
+                "data": window,
+                "reward_version": reward_version,
+                "job": job_text,
+                "checkpoint": ckpt_text,
+                "validation": validation,
+                "canary": canary,
+                "decision": decision_label(decision, state),
+                "why": why,
+            }
+        )
+    return rows
+
+
 # ---- plots --------------------------------------------------------------------------------
 
 
-def _figure(title: str) -> tuple[Any, Any]:
+def _plt() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4), dpi=100)
+    return plt
+
+
+def _figure(title: str, size: tuple[float, float] = (8, 4)) -> tuple[Any, Any]:
+    fig, ax = _plt().subplots(figsize=size, dpi=100)
     ax.set_title(title)
     return fig, ax
 
 
 def _save(fig: Any, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
     fig.tight_layout()
     fig.savefig(path, format="png")
-    plt.close(fig)
+    _plt().close(fig)
 
 
 def _empty(ax: Any, what: str) -> None:
@@ -228,20 +515,51 @@ def _empty(ax: Any, what: str) -> None:
     ax.set_yticks([])
 
 
-def _time_axis(ax: Any) -> None:
-    import matplotlib.dates as mdates
+def _seconds_axis(ax: Any, t0: float) -> None:
+    """Seconds since the first event, few ticks, the wall clock of zero in the label."""
+    from matplotlib.ticker import MaxNLocator
 
-    locator = mdates.AutoDateLocator()
-    ax.xaxis.set_major_locator(locator)
-    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
-
-
-def _dates(ts: list[float]) -> list[datetime]:
-    return [datetime.fromtimestamp(t, UTC) for t in ts]
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
+    ax.set_xlabel(f"seconds since the first event ({_clock(t0)} UTC)")
 
 
-def plot_reward_over_time(rows: list[dict], path: Path) -> None:
-    fig, ax = _figure(PLOTS[0][1])
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def plot_heldout(rows: list[dict[str, Any]], path: Path) -> None:
+    """Held-out success per version with its 95 % interval; the live version marked."""
+    prefix = _prefix([str(r.get("model_id")) for r in rows])
+    n = max((int(r.get("heldout_n") or 0) for r in rows), default=0)
+    fig, ax = _figure(
+        f"{HELDOUT_PLOT[1]}: greedy, {n} held-out tasks each, 95 % interval", (9, 4.4)
+    )
+    ticks = []
+    for i, r in enumerate(rows):
+        label = decision_label(r.get("decision"), r.get("state"))
+        ticks.append(f"{_short(str(r.get('model_id')), prefix)}\n{label}")
+        s = r.get("heldout_success")
+        if s is None:
+            ax.text(i, 0.04, "not\nevaluated", ha="center", va="bottom", color="grey", fontsize=9)
+            continue
+        live = r.get("state") == "live"
+        color = "tab:green" if live else COLORS.get(label.split(",")[0], "tab:grey")
+        lo, hi = float(_or(r.get("ci_low"), s)), float(_or(r.get("ci_high"), s))
+        ax.bar(i, s, width=0.6, color=color, alpha=0.85 if live else 0.55,
+               edgecolor="black" if live else color, linewidth=2 if live else 0.5)  # fmt: skip
+        ax.errorbar(i, s, yerr=[[s - lo], [hi - s]], color="black", capsize=6, lw=1.5)
+        ax.text(i, hi + 0.03, f"{s:.2f}", ha="center", va="bottom", fontsize=12,
+                fontweight="bold" if live else "normal")  # fmt: skip
+    ax.set_xticks(range(len(rows)), ticks)
+    ax.set_xlim(-0.6, len(rows) - 0.4)
+    ax.set_ylim(0, 1.12)
+    ax.set_ylabel("held-out success (greedy)")
+    ax.grid(axis="y", alpha=0.3)
+    _save(fig, path)
+
+
+def plot_reward_over_time(rows: list[dict], path: Path, t0: float) -> None:
+    fig, ax = _figure(f"{PLOTS[0][1]} (rolling mean)")
     if not rows:
         _empty(ax, "rewards")
     for model in sorted({r["model"] for r in rows}):
@@ -252,82 +570,116 @@ def plot_reward_over_time(rows: list[dict], path: Path) -> None:
             sum(vals[max(0, i - window + 1) : i + 1]) / len(vals[max(0, i - window + 1) : i + 1])
             for i in range(len(vals))
         ]
-        ax.plot(_dates([r["ts"] for r in pts]), smooth, label=f"{model} (n={len(pts)})")
+        ax.plot([r["ts"] - t0 for r in pts], smooth, label=f"{model} (n={len(pts)})")
     if rows:
         ax.set_ylabel("reward (rolling mean)")
         ax.legend(loc="best", fontsize=8)
-        _time_axis(ax)
-    _save(fig, path)
-
-
-def plot_training_curves(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
-    fig.suptitle(PLOTS[1][1])
-    curves = [r for r in rows if r["reward_mean"] is not None or r["loss"] is not None]
-    if not curves:
-        _empty(ax1, "training metrics")
-        _empty(ax2, "training metrics")
-    for job in sorted({r["job"] for r in curves}):
-        pts = [r for r in curves if r["job"] == job]
-        label = job[:8]
-        rw = [(r["step"], r["reward_mean"]) for r in pts if r["reward_mean"] is not None]
-        ls = [(r["step"], r["loss"]) for r in pts if r["loss"] is not None]
-        if rw:
-            ax1.plot(*zip(*rw, strict=True), marker=".", label=label)
-        if ls:
-            ax2.plot(*zip(*ls, strict=True), marker=".", label=label)
-    if curves:
-        ax1.set(xlabel="step", ylabel="reward mean")
-        ax2.set(xlabel="step", ylabel="loss")
-        ax1.legend(fontsize=8)
+        _seconds_axis(ax, t0)
     _save(fig, path)
 
 
 def plot_success_rate(rows: list[dict], path: Path) -> None:
-    fig, ax = _figure(PLOTS[2][1])
+    fig, ax = _figure(f"{PLOTS[1][1]} (not held-out)")
     models = sorted({r["model"] for r in rows})
     if not models:
         _empty(ax, "rewards")
     else:
+        counts = [sum(1 for r in rows if r["model"] == m) for m in models]
         rates = [
-            sum(r["success"] for r in rows if r["model"] == m)
-            / sum(1 for r in rows if r["model"] == m)
-            for m in models
+            sum(r["success"] for r in rows if r["model"] == m) / n
+            for m, n in zip(models, counts, strict=True)
         ]
-        ax.bar(models, rates, color="tab:green")
+        ax.bar(models, rates, color="tab:olive")
+        for i, (rate, n) in enumerate(zip(rates, counts, strict=True)):
+            ax.text(i, rate + 0.02, f"{rate:.2f} (n={n})", ha="center", fontsize=9)
         ax.set_ylim(0, 1)
-        ax.set_ylabel(f"success rate ({SUCCESS_COMPONENT} = 1)")
+        ax.set_ylabel(f"share with {SUCCESS_COMPONENT} = 1")
     _save(fig, path)
 
 
-def plot_canary(rows: list[dict], path: Path) -> None:
+def plot_training_curves(rows: list[dict], path: Path) -> None:
+    """Loss and the batch's reward mean per step, the jobs one after another on one step
+    axis (a job's metrics change from job to job more than within one)."""
+    plt = _plt()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
+    fig.suptitle(PLOTS[2][1])
+    curves = [r for r in rows if r["reward_mean"] is not None or r["loss"] is not None]
+    if not curves:
+        _empty(ax1, "training metrics")
+        _empty(ax2, "training metrics")
+        _save(fig, path)
+        return
+    jobs: list[str] = []
+    for r in curves:
+        if r["job"] not in jobs:
+            jobs.append(r["job"])
+    offset, ticks, labels = 0, [], []
+    trail: dict[str, list[tuple[int, float]]] = {"loss": [], "reward_mean": []}
+    for k, job in enumerate(jobs):
+        pts: dict[int, dict] = {}
+        for r in curves:
+            if r["job"] == job:
+                pts[r["step"]] = r  # the last event of a step wins (status repeats it)
+        steps = sorted(pts)
+        for ax, key in ((ax1, "loss"), (ax2, "reward_mean")):
+            xy = [(offset + s, pts[s][key]) for s in steps if pts[s][key] is not None]
+            trail[key] += xy
+            if xy:
+                ax.plot(*zip(*xy, strict=True), marker="o", color=f"C{k % 10}")
+        ticks.append(offset + (steps[-1] if steps else 0))
+        labels.append(f"job {k + 1}\n{job[:8]}")
+        offset += (steps[-1] if steps else 0) + 1
+    for ax, key, name in ((ax1, "loss", "loss"), (ax2, "reward_mean", "batch reward mean")):
+        if len(trail[key]) > 1:  # job to job
+            ax.plot(*zip(*trail[key], strict=True), color="grey", lw=0.8, zorder=0)
+        ax.set_ylabel(name)
+        ax.set_xticks(ticks, labels, fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.set_xlabel("last step of each job (steps of all jobs in order)")
+    _save(fig, path)
+
+
+def traffic_points(
+    deploys: list[dict], registry: list[dict]
+) -> dict[str, list[tuple[float, float]]]:
+    """Traffic share per version over time: canary steps (the live version keeps the rest),
+    promotions, rollbacks, and the registry's bootstrap of the base model."""
+    pts: dict[str, list[tuple[float, float]]] = {}
+    for rec in registry:
+        for d in rec.get("decisions") or ():
+            if d.get("action") == "bootstrap":
+                pts.setdefault(str(rec["model_id"]), []).append((_ts(d.get("at")), 1.0))
+    for d in deploys:
+        if d["action"] == "rollback":
+            pts.setdefault(d["model"], []).append((d["ts"], 1.0))
+            if d["previous"]:
+                pts.setdefault(str(d["previous"]), []).append((d["ts"], 0.0))
+            continue
+        share = 1.0 if d["action"] == "promote" else d["traffic"]
+        pts.setdefault(d["model"], []).append((d["ts"], share))
+        if d["previous"]:
+            pts.setdefault(str(d["previous"]), []).append((d["ts"], 1.0 - share))
+    return {m: sorted(p) for m, p in pts.items()}
+
+
+def plot_canary(deploys: list[dict], registry: list[dict], path: Path, t0: float) -> None:
     fig, ax = _figure(PLOTS[3][1])
-    if not rows:
+    pts = traffic_points(deploys, registry)
+    if not pts:
         _empty(ax, "deployments")
-    for model in sorted({r["model"] for r in rows}):
-        pts = [r for r in rows if r["model"] == model]
-        ax.step(
-            _dates([r["ts"] for r in pts]),
-            [r["traffic"] for r in pts],
-            where="post",
-            marker="o",
-            label=model,
-        )
-    rollbacks = [r for r in rows if r["rollback"]]
-    for i, r in enumerate(rollbacks):
-        ax.axvline(
-            _dates([r["ts"]])[0], color="red", linestyle="--", label="rollback" if i == 0 else None
-        )
-    if rows:
-        ax.set_ylim(0, 1.05)
-        ax.set_ylabel("traffic ratio")
-        ax.legend(loc="best", fontsize=8)
-        _time_axis(ax)
+        _save(fig, path)
+        return
+    end = max(t for p in pts.values() for t, _ in p)
+    for model in sorted(pts):
+        xs = [t - t0 for t, _ in pts[model]] + [end - t0]
+        ys = [s * 100 for _, s in pts[model]]
+        ax.step(xs, [*ys, ys[-1]], where="post", marker="o", markevery=range(len(ys)), label=model)
+    for i, d in enumerate(d for d in deploys if d["rollback"]):
+        ax.axvline(d["ts"] - t0, color="red", linestyle="--", label="rollback" if i == 0 else None)
+    ax.set_ylim(-3, 105)
+    ax.set_ylabel("traffic share (%)")
+    ax.legend(loc="best", fontsize=8)
+    _seconds_axis(ax, t0)
     _save(fig, path)
 
 
@@ -359,10 +711,57 @@ window.addEventListener("load", () => {
 });
 </script>
 """
+STYLE = """body{font-family:sans-serif;margin:2em;max-width:1200px}figure{margin:1em 0}
+table{border-collapse:collapse;font-size:13px}th,td{border:1px solid #ccc;padding:4px 8px;
+text-align:left;vertical-align:top}th{background:#f4f4f4}.headline{font-size:1.2em}
+.muted{color:#666}"""
+LINEAGE_COLUMNS = (
+    ("version", "version"),
+    ("data", "data window"),
+    ("reward_version", "reward version"),
+    ("job", "training job"),
+    ("checkpoint", "checkpoint"),
+    ("validation", "validation"),
+    ("canary", "canary steps"),
+    ("decision", "decision"),
+)
+
+
+def _figure_html(name: str, title: str, width: int = 800) -> str:
+    esc = htmllib.escape
+    return (
+        f'<figure><img src="{esc(name)}" alt="{esc(title)}" width="{width}">'
+        f'<figcaption class="muted">{esc(CAPTIONS.get(name, title))}</figcaption></figure>'
+    )
+
+
+def _headline(rows: list[dict[str, Any]]) -> str:
+    """base x [lo, hi] -> live y [lo, hi] on n held-out tasks, in one sentence."""
+
+    prefix = _prefix([str(r.get("model_id")) for r in rows])
+
+    def one(r: dict[str, Any]) -> str:
+        s, name = r.get("heldout_success"), _short(str(r.get("model_id")), prefix)
+        if s is None:
+            return f"{name} not evaluated"
+        return f"{name} {s:.2f} [{_or(r.get('ci_low'), s):.2f}, {_or(r.get('ci_high'), s):.2f}]"
+
+    base = next((r for r in rows if str(r.get("model_id", "")).endswith("-base")), None)
+    live = next((r for r in rows if r.get("state") == "live"), None)
+    n = max((int(r.get("heldout_n") or 0) for r in rows), default=0)
+    parts = [one(base)] if base else []
+    if live is not None and live is not base:
+        parts.append(f"live: {one(live)}")
+    return " &rarr; ".join(htmllib.escape(p) for p in parts) + f" (greedy, {n} held-out tasks)"
 
 
 def html_page(
-    data: ReportData, rewards: list[dict], statuses: list[dict], deploys: list[dict]
+    data: ReportData,
+    rewards: list[dict],
+    statuses: list[dict],
+    deploys: list[dict],
+    heldout: list[dict[str, Any]] | None = None,
+    lineage: list[dict[str, str]] | None = None,
 ) -> str:
     esc = htmllib.escape
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -375,41 +774,82 @@ def html_page(
         ("deployment events", len(deploys)),
         ("rollbacks", sum(d["rollback"] for d in deploys)),
     ]
-    rows = "".join(f"<tr><th>{esc(k)}</th><td>{v}</td></tr>" for k, v in summary)
-    figures = "".join(
-        f'<figure><img src="{esc(name)}" alt="{esc(title)}" width="800">'
-        f"<figcaption>{esc(title)}</figcaption></figure>"
-        for name, title in PLOTS
+    counts = "".join(f"<tr><th>{esc(k)}</th><td>{v}</td></tr>" for k, v in summary)
+    if heldout:
+        result = f'<p class="headline">{_headline(heldout)}</p>' + _figure_html(
+            HELDOUT_PLOT[0], HELDOUT_PLOT[1], 900
+        )
+    else:
+        result = (
+            '<p class="headline" id="no-heldout">No held-out results: this page was not '
+            "written by <code>agentrl loop</code> and there is no heldout.json beside it.</p>"
+        )
+    head = "".join(f"<th>{esc(title)}</th>" for _, title in LINEAGE_COLUMNS)
+
+    def cell(row: dict[str, str], key: str) -> str:
+        if key == "decision" and row.get("why"):
+            why = row["why"] if len(row["why"]) <= 70 else row["why"][:69] + "\u2026"
+            return (
+                f'<td title="{esc(row["why"])}"><b>{esc(row[key])}</b><br>'
+                f'<small class="muted">{esc(why)}</small></td>'
+            )
+        return f"<td>{esc(row[key])}</td>"
+
+    body = "".join(
+        "<tr>" + "".join(cell(row, key) for key, _ in LINEAGE_COLUMNS) + "</tr>"
+        for row in lineage or ()
     )
+    table = (
+        f'<table id="lineage"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+        if lineage
+        else '<p id="lineage">No versions in the registry or the deployment events.</p>'
+    )
+    figures = "".join(_figure_html(name, title) for name, title in PLOTS)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>agentrl report</title>
-<style>body{{font-family:sans-serif;margin:2em}}figure{{margin:1em 0}}table{{border-collapse:collapse}}
-th,td{{border:1px solid #ccc;padding:4px 10px;text-align:left}}</style>{SELF_CHECK}</head>
-<body><h1>agentrl report</h1><p>Generated {esc(now)} from the {esc(data.source)}.</p>
-<table>{rows}</table>{figures}</body></html>
+<style>{STYLE}</style>{SELF_CHECK}</head>
+<body><h1>agentrl report</h1>
+<p class="muted">Generated {esc(now)} from the {esc(data.source)}.</p>
+<h2>Held-out success per version</h2>{result}
+<h2>Lineage of each version</h2>
+<p class="muted">Data window &rarr; reward version &rarr; training job &rarr; checkpoint &rarr;
+validation &rarr; canary steps &rarr; decision (hover a decision for its reason).</p>{table}
+<h2>Supporting plots</h2>{figures}
+<h2>Counts</h2><table>{counts}</table></body></html>
 """
 
 
-def write_report(data: ReportData, out: Path) -> Path:
-    """Write the PNGs and index.html into `out`; returns the page's path."""
+def write_report(data: ReportData, out: Path, heldout: Sequence[Any] | None = None) -> Path:
+    """Write the PNGs, index.html and (with held-out rows) heldout.json into `out`; returns
+    the page's path."""
     out.mkdir(parents=True, exist_ok=True)
+    held = heldout_rows(heldout)
     rewards = reward_rows(data.rewards)
     statuses = status_rows(data.statuses)
     deploys = deployment_rows(data.deployments)
-    plot_reward_over_time(rewards, out / PLOTS[0][0])
-    plot_training_curves(statuses, out / PLOTS[1][0])
-    plot_success_rate(rewards, out / PLOTS[2][0])
-    plot_canary(deploys, out / PLOTS[3][0])
+    t0 = _origin(data) or time.time()
+    if held:
+        (out / HELDOUT_FILE).write_text(
+            json.dumps({"written": datetime.now(UTC).isoformat(), "rows": held}, indent=1),
+            encoding="utf-8",
+        )
+        plot_heldout(held, out / HELDOUT_PLOT[0])
+    plot_reward_over_time(rewards, out / PLOTS[0][0], t0)
+    plot_success_rate(rewards, out / PLOTS[1][0])
+    plot_training_curves(statuses, out / PLOTS[2][0])
+    plot_canary(deploys, data.registry, out / PLOTS[3][0], t0)
     plot_components(rewards, out / PLOTS[4][0])
     page = out / "index.html"
-    page.write_text(html_page(data, rewards, statuses, deploys), encoding="utf-8")
+    lineage = lineage_rows(data, held)
+    page.write_text(html_page(data, rewards, statuses, deploys, held, lineage), encoding="utf-8")
     return page
 
 
 def run_report(
     out: Path, source: str = "auto", nats_url: str | None = None, hours: float = 24 * 7
 ) -> Path:
-    """The CLI's entry: read the streams of the running stack (NATS_URL) and write the page."""
+    """The CLI's entry: read the streams and the registry of the running stack (NATS_URL)
+    and write the page, with the held-out rows of `out/heldout.json` when it is there."""
     from agentrl.bus.client import Bus
     from agentrl.errors import ConfigError
 
@@ -419,6 +859,7 @@ def run_report(
             "ingester (read its numbers with GET /stats); use --source streams"
         )
     since = datetime.now(UTC) - timedelta(hours=hours)
+    heldout = read_heldout(out)
 
     async def main() -> Path:
         bus = await Bus.connect(nats_url)
@@ -426,6 +867,6 @@ def run_report(
             data = await load_from_streams(bus, since)
         finally:
             await bus.close()
-        return write_report(data, out)
+        return write_report(data, out, heldout=heldout)
 
     return asyncio.run(main())
