@@ -29,7 +29,7 @@ from a0_standins import (
 )
 
 from agentrl.bus.server import EmbeddedNats
-from agentrl.integrations.agent_zero import hooks
+from agentrl.integrations.agent_zero import state
 from agentrl.integrations.agent_zero.install import install
 
 DATA = Path(__file__).parent / "data"
@@ -74,7 +74,7 @@ class Checkout:
         current = json.loads(path.read_text()) if path.exists() else {}
         current.update(values)
         path.write_text(json.dumps(current))
-        hooks.reset_caches()
+        state.reset_caches()
 
     def agent(self, rec: dict[str, Any]) -> Agent:
         return make_agent(rec)
@@ -93,7 +93,7 @@ def checkout(tmp_path: Path, a0_nats: EmbeddedNats) -> Iterator[Checkout]:
         yield Checkout(root, a0_nats.url, publish_timeout_s=5.0)
     finally:
         remove_standins(root)
-        hooks.reset_caches()
+        state.reset_caches()
 
 
 async def stream_payloads(url: str, subject: str, idle: float = 0.5) -> list[dict[str, Any]]:

@@ -233,9 +233,9 @@ async def test_an_extension_error_never_breaks_the_loop(
     checkout: Checkout, a0_nats: Any, caplog: Any
 ) -> None:
     (checkout.plugin_dir / "config.json").write_text("{ this is not json")
-    from agentrl.integrations.agent_zero import hooks
+    from agentrl.integrations.agent_zero import state
 
-    hooks.reset_caches()
+    state.reset_caches()
     rec = recording("main_with_tools")
     with caplog.at_level(logging.ERROR, logger="agentrl.agent_zero"):
         agent, answer = await checkout.run(rec)

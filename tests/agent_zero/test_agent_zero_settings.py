@@ -14,7 +14,7 @@ import yaml
 from typer.testing import CliRunner
 
 from agentrl.cli import app
-from agentrl.integrations.agent_zero import hooks
+from agentrl.integrations.agent_zero import hooks, state
 from agentrl.integrations.agent_zero.config import AgentZeroConfig
 from conftest import Checkout, recording, trajectories_of
 
@@ -40,7 +40,7 @@ def test_a0_set_overrides_apply(checkout: Checkout, monkeypatch: Any) -> None:
     """Agent Zero's convention A0_SET_agentrl__<key> sets a default; a saved setting and
     AGENTRL_A0_<KEY> still win over it."""
     (checkout.plugin_dir / "config.json").unlink()
-    hooks.reset_caches()
+    state.reset_caches()
     monkeypatch.setenv("A0_SET_agentrl__domain", "coding")
     monkeypatch.setenv("A0_SET_agentrl__max_text_bytes", "4096")
     shim = checkout.plugin_dir / "plugin.yaml"
@@ -49,7 +49,7 @@ def test_a0_set_overrides_apply(checkout: Checkout, monkeypatch: Any) -> None:
     checkout.write_config(domain="research")
     assert hooks.config_for(shim).domain == "research"
     monkeypatch.setenv("AGENTRL_A0_DOMAIN", "writing")
-    hooks.reset_caches()
+    state.reset_caches()
     assert hooks.config_for(shim).domain == "writing"
 
 

@@ -14,7 +14,7 @@ import pytest
 from a0_standins import LoopData, classes_in, install_standins, make_checkout, remove_standins
 
 from agentrl.bus.server import free_port
-from agentrl.integrations.agent_zero import hooks
+from agentrl.integrations.agent_zero import hooks, state
 from agentrl.integrations.agent_zero.feedback import (
     feedback_event,
     last_trajectory_id,
@@ -107,7 +107,7 @@ async def test_training_tool_and_feedback_against_agentrl_up(
         assert "unreachable" in down
     finally:
         remove_standins(root)
-        hooks.reset_caches()
+        state.reset_caches()
 
 
 async def _wait_api(port: int, timeout: float = 30.0) -> None:
