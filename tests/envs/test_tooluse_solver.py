@@ -14,11 +14,13 @@ import pytest
 from agentrl.envs.tooluse import ToolUseEnv
 from agentrl.envs.tooluse.agent_prompt import (
     SYSTEM_PROMPT,
+    THOUGHT_CHARS,
     TOOLS,
     Turn,
     messages_for,
     response_schema,
 )
+from agentrl.envs.tooluse import solver
 from agentrl.envs.tooluse.solver import SolvedEpisode, answer_from, solve_episode
 from agentrl.envs.tooluse.tasks import FAMILIES
 
@@ -93,8 +95,11 @@ def test_schema_ties_arguments_to_the_named_tool() -> None:
     assert not validator.is_valid(wrong_args)
     two_thoughts = {**good, "thoughts": ["a", "b"]}
     assert not validator.is_valid(two_thoughts)
-    long_thought = {**good, "thoughts": ["x" * 101]}
+    long_thought = {**good, "thoughts": ["x" * (THOUGHT_CHARS + 1)]}
     assert not validator.is_valid(long_thought)
+    assert validator.is_valid({**good, "thoughts": ["x" * THOUGHT_CHARS]})
+    for thought in (solver.THOUGHT_CALC, solver.THOUGHT_CODE, solver.THOUGHT_ANSWER):
+        assert validator.is_valid({**good, "thoughts": [thought]})
     unknown_tool = {**good, "tool_name": "search_engine"}
     assert not validator.is_valid(unknown_tool)
     assert validator.is_valid({**good, "headline": "Computing"})

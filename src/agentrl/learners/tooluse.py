@@ -69,6 +69,13 @@ class ToolUseConfig(BaseModel):
     warm_epochs: int = Field(2, ge=0)
     warm_batch_size: int = Field(8, gt=0)
     warm_learning_rate: float = Field(5e-4, gt=0)
+    warm_stop_loss: float | None = Field(
+        None, gt=0, description="stop the warm start after an epoch whose mean loss is below"
+    )
+    warm_time_budget_s: float | None = Field(None, gt=0, description="no new epoch after this")
+    warm_fast: bool = Field(
+        True, description="one sequence per episode, frozen layers once (tooluse_warm)"
+    )
     # RL
     rl_method: Literal["rejection", "grpo", "none"] = "rejection"
     iterations: int = Field(4, ge=0)
@@ -220,21 +227,25 @@ class ToolUseLearner:
         return ckpt.save(self.trainer, metrics, name=name)
 
 
+def solved_episodes(max_steps: int, tasks: Sequence[tuple[str, int]]) -> list[Any]:
+    """The solver's episodes on `tasks`, only those the environment scored as solved."""
+    from agentrl.envs.tooluse import ToolUseEnv
+    from agentrl.envs.tooluse.solver import solve_episode
+
+    envs = {f: ToolUseEnv(family=f, max_steps=max_steps) for f in FAMILIES}
+    episodes = [solve_episode(envs[family], seed) for family, seed in tasks]
+    return [ep for ep in episodes if ep.success]
+
+
 def demonstrations(learner: ToolUseLearner, tasks: Sequence[tuple[str, int]]) -> list[Any]:
     """The solver's replies on `tasks` as training samples (exact chat-template prompts),
     only from episodes the environment scored as solved."""
-    from agentrl.envs.tooluse import ToolUseEnv
     from agentrl.envs.tooluse.agent_prompt import messages_for
-    from agentrl.envs.tooluse.solver import solve_episode
     from agentrl.llm.samples import PolicySample, encode_action, render_prompt
 
     tok = learner.tokenizer
-    envs = {f: ToolUseEnv(family=f, max_steps=learner.config.max_steps) for f in FAMILIES}
     samples = []
-    for family, seed in tasks:
-        ep = solve_episode(envs[family], seed)
-        if not ep.success:
-            continue
+    for ep in solved_episodes(learner.config.max_steps, tasks):
         for i, turn in enumerate(ep.turns):
             prompt = render_prompt(tok, messages_for(ep.task.question, ep.turns[:i]))
             samples.append(
@@ -249,6 +260,34 @@ def nll_epochs(
     from agentrl.learners.sft import sft_epoch
 
     return [sft_epoch(learner.trainer, samples, batch) for _ in range(epochs)] if samples else []
+
+
+def warm_start(
+    learner: ToolUseLearner, demos: Sequence[Any], say: Callable[[str], None] = print
+) -> list[float]:
+    """NLL epochs on the demonstrations, each reported with its loss and time; stops after
+    `warm_epochs`, or earlier once an epoch's mean loss is below `warm_stop_loss` or the
+    warm start has run `warm_time_budget_s`."""
+    from agentrl.learners.sft import sft_epoch
+
+    cfg = learner.config
+    t0 = time.perf_counter()
+    losses: list[float] = []
+    steps = -(-len(demos) // cfg.warm_batch_size)
+    for epoch in range(cfg.warm_epochs if demos else 0):
+        if cfg.warm_time_budget_s and time.perf_counter() - t0 > cfg.warm_time_budget_s:
+            say(f"warm start: time budget {cfg.warm_time_budget_s:.0f}s spent after {epoch} epochs")
+            break
+        te = time.perf_counter()
+        losses.append(sft_epoch(learner.trainer, demos, cfg.warm_batch_size))
+        dt = time.perf_counter() - te
+        say(
+            f"warm start epoch {epoch + 1}: loss {losses[-1]:.4f}, {steps} steps, "
+            f"{dt / steps:.1f} s/step (load {_load()})"
+        )
+        if cfg.warm_stop_loss is not None and losses[-1] < cfg.warm_stop_loss:
+            break
+    return losses
 
 
 def episode_samples(episodes: Sequence[EpisodeRecord], advantages: Sequence[float]) -> list[Any]:
@@ -359,12 +398,22 @@ def run_tooluse(
     t = time.perf_counter()
     if config.warm_start and config.warm_tasks_per_family and config.warm_epochs:
         learner.set_lr(config.warm_learning_rate)
-        demos = demonstrations(learner, config.warm_tasks())
-        losses = nll_epochs(learner, demos, config.warm_epochs, config.warm_batch_size)
+        if config.warm_fast:
+            from agentrl.learners.tooluse_warm import fast_warm_start
+
+            episodes = solved_episodes(config.max_steps, config.warm_tasks())
+            losses, extra = fast_warm_start(learner, episodes, say, _load)
+            res.timings.update(extra)
+            n_demos = sum(len(ep.turns) for ep in episodes)
+        else:
+            demos = demonstrations(learner, config.warm_tasks())
+            losses = warm_start(learner, demos, say)
+            n_demos = len(demos)
         res.timings["warm_start_s"] = time.perf_counter() - t
+        res.timings["warm_epochs"] = len(losses)
         res.checkpoints["warmstart"] = learner.save("warmstart", {"sft_losses": losses})
         say(
-            f"warm start: {len(demos)} scripted replies, losses {[round(x, 3) for x in losses]} "
+            f"warm start: {n_demos} scripted replies, losses {[round(x, 3) for x in losses]} "
             f"({res.timings['warm_start_s']:.0f}s, load {_load()})"
         )
     else:
@@ -419,6 +468,7 @@ def final_record(config: ToolUseConfig, res: ToolUseResult) -> dict[str, Any]:
     eval_s = sum(v for k, v in res.timings.items() if k.startswith("eval_"))
     rec.update(
         warm_start_s=round(res.timings.get("warm_start_s", 0.0), 1),
+        warm_epochs=int(res.timings.get("warm_epochs", 0)),
         rl_s=round(res.timings.get("rl_s", 0.0), 1),
         eval_s=round(eval_s, 1),
         wall_s=round(res.timings.get("wall_s", 0.0), 1),

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 TOOLS = ("calculator", "code_exe", "response")
-THOUGHT_CHARS = 100
+THOUGHT_CHARS = 40  # one short thought: a 100-character cap was run to the end (issue 30)
 HEADLINE_CHARS = 40
 RESULT_CHARS = 600  # a longer tool output (a traceback, a flood of prints) keeps head and tail
 

@@ -18,9 +18,10 @@ from agentrl.envs.tooluse.agent_prompt import Turn, reply
 from agentrl.envs.tooluse.env import ToolUseEnv
 from agentrl.envs.tooluse.tasks import ToolTask
 
-THOUGHT_CALC = "Compute the expression with the calculator."
-THOUGHT_CODE = "Compute the answer with a Python program."
-THOUGHT_ANSWER = "The tool showed the result; give it as the answer."
+# Short thoughts (the schema caps one at THOUGHT_CHARS): every token is a decode step.
+THOUGHT_CALC = "Use the calculator."
+THOUGHT_CODE = "Write a Python program."
+THOUGHT_ANSWER = "Answer with the tool's result."
 
 _TABLE_HEAD = "R=[l.split(',') for l in t.split()[1:]]\n"
 
