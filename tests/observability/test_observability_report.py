@@ -1,12 +1,19 @@
 """`agentrl report`: events published through the contracts to the real nats-server are read
 back from the streams (ephemeral consumers, deleted afterwards), plotted, and the page is
-opened in headless Chromium: every image loads, no script error, a real screenshot."""
+opened in headless Chromium: every image loads, no script error, a real screenshot.
+
+The page leads with the result (issue 36): held-out success per version first (the loop's
+rows, kept in heldout.json for `agentrl report`), then each version's lineage, built here from
+a real registry driven by the real Deployer (bootstrap, canary, promote, rollback)."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -14,10 +21,17 @@ from pathlib import Path
 import pytest
 
 from agentrl.app import report
+from agentrl.app.loop import VersionRow
 from agentrl.bus.client import Bus
 from agentrl.contracts.deployment import ModelDeployed
 from agentrl.contracts.reward import RewardEvent
-from agentrl.contracts.training import TrainingStatus
+from agentrl.contracts.training import TrainingRequest, TrainingStatus
+from agentrl.deploy.actions import Deployer
+from agentrl.deploy.config import RolloutPlan, Step
+from agentrl.deploy.registry import Registry
+from agentrl.stats import wilson
+
+PASSED = {"benchmark_passed": True, "safety_checks_passed": True, "performance_regression": False}
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 NO_CHROMIUM = "chromium is missing: install Debian's `chromium` package (apt-get install chromium)"
@@ -121,6 +135,30 @@ def chromium(*args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+def heldout() -> list[VersionRow]:
+    """The loop's final table: base 0/50, v1 41/50 live, v2 rolled back, v3 never served."""
+    rows = []
+    for model_id, state, decision, wins in (
+        ("agentrl-policy-base", "retired", "bootstrap", 0),
+        ("agentrl-policy-v1", "live", "promote", 41),
+        ("agentrl-policy-v2", "rolled_back", "rollback", 12),
+        ("agentrl-policy-v3", "rejected", "reject", None),
+    ):
+        row = VersionRow(model_id, state, decision=decision, why=f"{decision} because")
+        if wins is not None:
+            row.heldout_success, row.heldout_n = wins / 50, 50
+            row.ci_low, row.ci_high = wilson(wins, 50)
+        rows.append(row)
+    return rows
+
+
+def dom_attrs(page: Path) -> dict[str, str]:
+    dom = chromium("--virtual-time-budget=5000", "--dump-dom", page.as_uri())
+    body = re.search(r"<body([^>]*)>", dom.stdout)
+    assert body, dom.stdout[:500] + dom.stderr[-2000:]
+    return dict(re.findall(r'data-([\w-]+)="([^"]*)"', body.group(1)))
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 def test_report_opens_in_headless_chromium(tmp_path: Path) -> None:
     data = report.ReportData(
@@ -130,23 +168,199 @@ def test_report_opens_in_headless_chromium(tmp_path: Path) -> None:
             if isinstance(e, RewardEvent)
         ]
     )
-    page = report.write_report(data, tmp_path / "r")
-    dom = chromium("--virtual-time-budget=5000", "--dump-dom", page.as_uri())
-    body = re.search(r"<body([^>]*)>", dom.stdout)
-    assert body, dom.stdout[:500] + dom.stderr[-2000:]
-    attrs = dict(re.findall(r'data-([\w-]+)="([^"]*)"', body.group(1)))
-    assert attrs.get("images") == str(len(report.PLOTS)), attrs
+    page = report.write_report(data, tmp_path / "r", heldout=heldout())
+    attrs = dom_attrs(page)
+    assert attrs.get("images") == str(len(report.PLOTS) + 1), attrs  # + the held-out plot
     assert attrs.get("images-ok") == "true" and attrs.get("broken") == "", attrs
     assert attrs.get("errors") == "", attrs
     shot = tmp_path / "shot.png"
-    out = chromium("--window-size=1200,3000", f"--screenshot={shot}", page.as_uri())
+    out = chromium("--window-size=1200,1400", f"--screenshot={shot}", page.as_uri())
     assert shot.exists() and shot.read_bytes().startswith(b"\x89PNG"), out.stderr[-2000:]
     assert shot.stat().st_size > 20_000  # the plots are in it, not a blank page
 
     # the check can fail: a page with a missing image is reported as broken
-    (tmp_path / "r" / report.PLOTS[2][0]).unlink()
-    dom = chromium("--virtual-time-budget=5000", "--dump-dom", page.as_uri())
-    attrs = dict(
-        re.findall(r'data-([\w-]+)="([^"]*)"', re.search(r"<body([^>]*)>", dom.stdout).group(1))
-    )  # type: ignore[union-attr]
-    assert attrs["images-ok"] == "false" and report.PLOTS[2][0] in attrs["broken"]
+    (tmp_path / "r" / report.HELDOUT_PLOT[0]).unlink()
+    attrs = dom_attrs(page)
+    assert attrs["images-ok"] == "false" and report.HELDOUT_PLOT[0] in attrs["broken"]
+
+
+def images(page: Path) -> list[str]:
+    return re.findall(r'<img src="([^"]+)"', page.read_text())
+
+
+def test_the_heldout_plot_comes_first_and_is_kept_for_agentrl_report(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    page = report.write_report(report.ReportData(), out, heldout=heldout())
+    assert images(page)[0] == report.HELDOUT_PLOT[0]
+    assert (out / report.HELDOUT_PLOT[0]).read_bytes().startswith(b"\x89PNG")
+    text = page.read_text()
+    assert text.index("Held-out success") < text.index("Lineage") < text.index("Supporting")
+    # the headline is the loop's table in one sentence: base -> live, with intervals
+    assert "base 0.00 [0.00, 0.07] &rarr; live: v1 0.82 [0.69, 0.90]" in text
+    rows = report.read_heldout(out)  # what `agentrl report --out DIR` draws again
+    assert rows is not None and [r["heldout_success"] for r in rows] == [0.0, 0.82, 0.24, None]
+    again = report.write_report(report.ReportData(), tmp_path / "again", heldout=rows)
+    assert images(again)[0] == report.HELDOUT_PLOT[0]
+    assert (tmp_path / "again" / "heldout.json").read_text().count("agentrl-policy-v") == 3
+
+    # without held-out rows: one line says so, the page starts with the lineage
+    bare = report.write_report(report.ReportData(), tmp_path / "bare")
+    assert report.HELDOUT_PLOT[0] not in images(bare) and "no-heldout" in bare.read_text()
+    assert not (tmp_path / "bare" / report.HELDOUT_FILE).exists()
+    assert report.read_heldout(tmp_path / "bare") is None
+
+
+def table_rows(page: Path) -> list[list[str]]:
+    body = re.search(r'<table id="lineage">.*?<tbody>(.*?)</tbody>', page.read_text(), re.S)
+    assert body, page.read_text()[:2000]
+    return [
+        [re.sub(r"<[^>]+>", " ", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+        for row in re.findall(r"<tr>(.*?)</tr>", body.group(1))
+    ]
+
+
+async def test_lineage_of_each_version_from_a_real_registry(nats_url: str, tmp_path: Path) -> None:
+    """bootstrap base -> v1 (canary 50 %, promoted) -> v2 (canary 50 %, rolled back), each
+    trained by a job whose request and statuses are on RL_TRAINING: one lineage row per
+    version with its decision; `agentrl report` draws the held-out plot from heldout.json."""
+    since = datetime.now(UTC) - timedelta(seconds=1)
+    bus = await Bus.connect(nats_url)
+    try:
+        await bus.ensure_streams()
+        tag = uuid.uuid4().hex[:8]
+        public, bucket = f"rep-{tag}", f"rep_{tag}"
+        registry = await Registry.open(bus.js, bucket)
+        d = Deployer(registry, bus, public)
+        await d.bootstrap("tiny")
+        jobs = [f"job{k}-{tag}" for k in (1, 2)]
+        await bus.publish_many(training_events(jobs, datetime.now(UTC), f"{public}-base"))
+        plan = RolloutPlan(strategy="canary", steps=[Step(weight=50, pause_s=0), Step(weight=100)])
+        for k, job in enumerate(jobs):
+            record = await d.register(
+                checkpoint_path=str(tmp_path / job / "final"),
+                base_model="tiny",
+                sha256="ab" * 32,
+                training_job_id=job,
+            )
+            await registry.update_model(
+                record.model_id, lambda r: setattr(r, "validation_results", PASSED)
+            )
+            rollout = await d.start(record.model_id, plan, by="test")
+            if k == 0:
+                await d.set_step(rollout, 1, by="test", reason="analysis pass")
+                await d.promote(record.model_id, by="test", reason="every step passed")
+            else:
+                await d.rollback(by="test", reason="reward dropped", model_id=record.model_id)
+        data = await report.load_from_streams(bus, since, registry_bucket=bucket)
+    finally:
+        await bus.close()
+    ours = [e for e in data.deployments if public in json.dumps(e)]  # other tests' are there
+    data.deployments = ours
+    assert len(data.requests) >= 2 and {s["training_job_id"] for s in data.statuses} >= set(jobs)
+    lineage = report.lineage_rows(data)
+    assert [r["version"] for r in lineage] == ["base", "v1", "v2"]
+    base, v1, v2 = lineage
+    assert base["decision"] == "base (served first)" and base["job"] == "none (base model)"
+    assert v1["decision"] == "promoted, live" and v2["decision"] == "rolled back"
+    assert v2["why"].startswith("rolled back") or "reward dropped" in v2["why"]
+    assert v1["job"].startswith(f"job1-{tag}"[:8]) and "completed, 8 steps" in v1["job"]
+    assert "20 read, 16 kept, 8 sampled" in v1["data"] and "21 read" in v2["data"]
+    assert v1["reward_version"] == "v1 (calc-1)"
+    assert v1["checkpoint"].endswith(f"{jobs[0]}/final sha256 abababababab")
+    assert v1["validation"] == "passed" and base["validation"] == "n/a"
+    assert re.fullmatch(r"50 % \u2192 100 % in \d+ s", v1["canary"]), v1["canary"]
+    assert re.fullmatch(r"50 % in \d+ s", v2["canary"]), v2["canary"]
+    # the traffic plot's points: v2 back to 0 % at its rollback, v1 keeps everything
+    points = report.traffic_points(report.deployment_rows(ours), data.registry)
+    assert points[f"{public}-v2"][-1][1] == 0.0 and points[f"{public}-v1"][-1][1] == 1.0
+
+    out = tmp_path / "report"
+    rows = [
+        VersionRow(r["model_id"], "live" if r["version"] == "v1" else "retired") for r in lineage
+    ]
+    for row, wins in zip(rows, (0, 41, 12), strict=True):
+        row.heldout_success, row.heldout_n = wins / 50, 50
+        row.ci_low, row.ci_high = wilson(wins, 50)
+    page = report.write_report(data, out, heldout=rows)
+    assert images(page)[0] == report.HELDOUT_PLOT[0]
+    table = table_rows(page)
+    assert len(table) == 3 and [r[0] for r in table] == ["base", "v1", "v2"]
+    assert [r[-1].split("  ")[0] for r in table] == [
+        "base (served first)",
+        "promoted, live",
+        "rolled back",
+    ]
+
+    # `agentrl report --out DIR` (the real command) reads DIR/heldout.json and leads with it
+    (out / report.HELDOUT_PLOT[0]).unlink()
+    (out / "index.html").unlink()
+    cli = subprocess.run(
+        [str(Path(sys.executable).parent / "agentrl"), "report", "--out", str(out), "--nats-url", nats_url,
+         "--hours", "0.05"],
+        capture_output=True, text=True, timeout=180, check=False,
+        env={**os.environ, "AGENTRL_DEPLOY_BUCKET": bucket},  # the registry of this test
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    assert images(out / "index.html")[0] == report.HELDOUT_PLOT[0]
+    assert {"promoted, live", "rolled back"} <= {
+        r[-1].split("  ")[0] for r in table_rows(out / "index.html")
+    }
+    assert (out / report.HELDOUT_PLOT[0]).read_bytes().startswith(b"\x89PNG")
+
+
+def training_events(jobs: list[str], now: datetime, model: str) -> list:
+    """For each job: its request (a 5-minute data window ending now), queued/running/completed
+    statuses with the dataset counts and metrics; rewards of `model` inside the window."""
+    out: list = []
+    for k, job in enumerate(jobs):
+        end = now + timedelta(seconds=10 * k)
+        out.append(
+            TrainingRequest.model_validate(
+                {
+                    "training_job_id": job,
+                    "timestamp": end.isoformat(),
+                    "requester": "agentrl-threshold-trigger",
+                    "trigger_reason": "threshold_reached",
+                    "training_config": {
+                        "algorithm": "grpo",
+                        "base_model": "tiny",
+                        "dataset": {
+                            "filter": {
+                                "date_range": {
+                                    "start": (end - timedelta(minutes=5)).isoformat(),
+                                    "end": end.isoformat(),
+                                }
+                            },
+                            "sample_size": 8,
+                        },
+                    },
+                }
+            )
+        )
+        dataset = {"trajectories": 20 + k, "rewards": 20 + k, "kept": 16, "sampled": 8}
+        for j, status in enumerate(("queued", "running", "completed")):
+            out.append(
+                TrainingStatus.model_validate(
+                    {
+                        "training_job_id": job,
+                        "timestamp": (end + timedelta(seconds=1 + j)).isoformat(),
+                        "status": status,
+                        "progress": {"current_step": 4 * j},
+                        "metrics": {"current": {"loss": 1.5 - 0.1 * j, "reward_mean": 0.2 * j}},
+                        "resource_usage": {"total_training_time_seconds": 30.0 + j},
+                        "metadata": {"dataset": dataset} if j else {},
+                    }
+                )
+            )
+    for i in range(6):
+        out.append(
+            RewardEvent(
+                trajectory_id=str(uuid.uuid4()),
+                session_id=str(uuid.uuid4()),
+                timestamp=now - timedelta(seconds=6 - i),
+                reward_components={"task_completion": {"score": 0.0, "weight": 1.0}},
+                total_reward=0.1,
+                metadata={"model": model, "version": 1, "calculator_version": "calc-1"},
+            )
+        )
+    return out

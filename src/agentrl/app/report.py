@@ -152,7 +152,9 @@ async def read_registry(bus: Any, bucket: str | None = None) -> list[dict[str, A
     return [r.model_dump(mode="json") for r in records]
 
 
-async def load_from_streams(bus: Any, since: datetime) -> ReportData:
+async def load_from_streams(
+    bus: Any, since: datetime, registry_bucket: str | None = None
+) -> ReportData:
     data = ReportData(source="streams")
     for stream, attr in (
         ("RL_REWARDS", "rewards"),
@@ -169,7 +171,7 @@ async def load_from_streams(bus: Any, since: datetime) -> ReportData:
             data.requests = [r for r in rows if "training_job_id" in r and "training_config" in r]
             rows = [r for r in rows if "training_job_id" in r and "status" in r]
         setattr(data, attr, rows)
-    data.registry = await read_registry(bus)
+    data.registry = await read_registry(bus, registry_bucket)
     return data
 
 
@@ -527,32 +529,46 @@ def _or(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
-def plot_heldout(rows: list[dict[str, Any]], path: Path) -> None:
-    """Held-out success per version with its 95 % interval; the live version marked."""
+def plot_heldout(
+    rows: list[dict[str, Any]], path: Path, decisions: dict[str, str] | None = None
+) -> None:
+    """Held-out success per version with its 95 % interval; the live version marked (green,
+    a star, its label in bold). `decisions`: model_id -> the lineage's decision, for rows
+    that carry none."""
     prefix = _prefix([str(r.get("model_id")) for r in rows])
     n = max((int(r.get("heldout_n") or 0) for r in rows), default=0)
     fig, ax = _figure(
         f"{HELDOUT_PLOT[1]}: greedy, {n} held-out tasks each, 95 % interval", (9, 4.4)
     )
-    ticks = []
+    ticks, live_at = [], None
     for i, r in enumerate(rows):
+        mid = str(r.get("model_id"))
         label = decision_label(r.get("decision"), r.get("state"))
-        ticks.append(f"{_short(str(r.get('model_id')), prefix)}\n{label}")
+        if label == NA:
+            label = (decisions or {}).get(mid, "")
+        ticks.append(f"{_short(mid, prefix)}\n{label}".strip())
         s = r.get("heldout_success")
         if s is None:
             ax.text(i, 0.04, "not\nevaluated", ha="center", va="bottom", color="grey", fontsize=9)
             continue
         live = r.get("state") == "live"
+        live_at = i if live else live_at
         color = "tab:green" if live else COLORS.get(label.split(",")[0], "tab:grey")
         lo, hi = float(_or(r.get("ci_low"), s)), float(_or(r.get("ci_high"), s))
         ax.bar(i, s, width=0.6, color=color, alpha=0.85 if live else 0.55,
                edgecolor="black" if live else color, linewidth=2 if live else 0.5)  # fmt: skip
         ax.errorbar(i, s, yerr=[[s - lo], [hi - s]], color="black", capsize=6, lw=1.5)
-        ax.text(i, hi + 0.03, f"{s:.2f}", ha="center", va="bottom", fontsize=12,
+        ax.plot(i, s, marker="*" if live else "o", ms=16 if live else 8, color=color,
+                markeredgecolor="black", zorder=3)  # fmt: skip
+        ax.text(i + 0.08, hi + 0.03, f"{s:.2f}", ha="center", va="bottom", fontsize=12,
                 fontweight="bold" if live else "normal")  # fmt: skip
     ax.set_xticks(range(len(rows)), ticks)
+    if live_at is not None:
+        tick = ax.get_xticklabels()[live_at]
+        tick.set_color("darkgreen")
+        tick.set_fontweight("bold")
     ax.set_xlim(-0.6, len(rows) - 0.4)
-    ax.set_ylim(0, 1.12)
+    ax.set_ylim(-0.03, 1.12)
     ax.set_ylabel("held-out success (greedy)")
     ax.grid(axis="y", alpha=0.3)
     _save(fig, path)
@@ -828,19 +844,20 @@ def write_report(data: ReportData, out: Path, heldout: Sequence[Any] | None = No
     statuses = status_rows(data.statuses)
     deploys = deployment_rows(data.deployments)
     t0 = _origin(data) or time.time()
+    lineage = lineage_rows(data, held)
     if held:
         (out / HELDOUT_FILE).write_text(
             json.dumps({"written": datetime.now(UTC).isoformat(), "rows": held}, indent=1),
             encoding="utf-8",
         )
-        plot_heldout(held, out / HELDOUT_PLOT[0])
+        decided = {r["model_id"]: r["decision"] for r in lineage if r["decision"] != NA}
+        plot_heldout(held, out / HELDOUT_PLOT[0], decided)
     plot_reward_over_time(rewards, out / PLOTS[0][0], t0)
     plot_success_rate(rewards, out / PLOTS[1][0])
     plot_training_curves(statuses, out / PLOTS[2][0])
     plot_canary(deploys, data.registry, out / PLOTS[3][0], t0)
     plot_components(rewards, out / PLOTS[4][0])
     page = out / "index.html"
-    lineage = lineage_rows(data, held)
     page.write_text(html_page(data, rewards, statuses, deploys, held, lineage), encoding="utf-8")
     return page
 
