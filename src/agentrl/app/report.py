@@ -427,7 +427,7 @@ def lineage_rows(
         if rec and not rec.get("checkpoint_path"):
             ckpt_text = f"base weights ({rec.get('base_model', '?')})"
         elif ckpt and not str(ckpt).startswith("base:"):
-            tail = "/".join(Path(str(ckpt)).parts[-2:])
+            tail = "/".join(Path(str(ckpt)).parts[-2:]).lstrip("/")
             sha = rec.get("sha256")
             ckpt_text = f".../{tail}" + (f" sha256 {sha[:12]}" if sha else "")
         else:
@@ -544,8 +544,8 @@ def plot_heldout(
     for i, r in enumerate(rows):
         mid = str(r.get("model_id"))
         label = decision_label(r.get("decision"), r.get("state"))
-        if label == NA:
-            label = (decisions or {}).get(mid, "")
+        if not r.get("decision"):  # a row without one: the lineage's
+            label = (decisions or {}).get(mid) or label.replace(NA, "")
         ticks.append(f"{_short(mid, prefix)}\n{label}".strip())
         s = r.get("heldout_success")
         if s is None:
