@@ -78,11 +78,16 @@ def _register_plugins() -> None:
 
 @app.callback()
 def _root(
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
+    verbose: bool = typer.Option(
+        False,
+        "--verbose",
+        "-v",
+        help="Log at DEBUG level, every record on the console (loop, learn and soak too).",
+    ),
 ) -> None:
     from agentrl.logs import setup_logging
 
-    setup_logging(logging.DEBUG if verbose else None)
+    setup_logging(logging.DEBUG if verbose else None, verbose=verbose)
 
 
 # The first screen of `agentrl --help`: one line per command, grouped, the main job first; each

@@ -8,6 +8,9 @@
   logging for data access") goes to the `agentrl.audit` logger and, once `setup_logging` or
   `enable_audit_file` ran, to an append-only JSON-lines file (`<data_dir>/audit/audit.jsonl`),
   whatever the console format.
+- `log_to_file(path)` (`agentrl loop`, `learn`, `soak`): the console tells the job's own story;
+  every record, Python warnings and library progress bars go to `path` instead (`-v` keeps
+  everything on the console as well).
 """
 
 from __future__ import annotations
@@ -103,9 +106,14 @@ class JsonFormatter(_BaseJsonFormatter):
             log_data.setdefault(key, value)
 
 
-def setup_logging(level: int | None = None) -> None:
+_verbose = False  # `agentrl -v`: every record on the console, whatever `log_to_file` does
+
+
+def setup_logging(level: int | None = None, *, verbose: bool = False) -> None:
     from agentrl.settings import get_settings
 
+    global _verbose
+    _verbose = verbose
     settings = get_settings()
     handler = logging.StreamHandler()
     if settings.log_json:
@@ -118,6 +126,99 @@ def setup_logging(level: int | None = None) -> None:
     root.setLevel(level if level is not None else settings.log_level.upper())
     with contextlib.suppress(OSError):
         enable_audit_file(Path(settings.data_dir) / "audit" / "audit.jsonl")
+
+
+def log_to_file(path: Path, *, verbose: bool | None = None) -> Path:
+    """A main job's console: its own lines (printed by the job), and of the records only
+    agentrl's own warnings and errors, one line each. Every record (agentrl's INFO, the audit
+    records, the libraries'), Python warnings and the libraries' progress bars go to `path`
+    (truncated: one run's log), whose resolved path is returned for the job to print once.
+
+    `verbose` (default: `agentrl -v`) keeps the console as it was (every record) and writes
+    the file as well. Child processes inherit `HF_HUB_DISABLE_PROGRESS_BARS` and
+    `TQDM_DISABLE`; their own output goes to their own log files."""
+    from agentrl.settings import get_settings
+
+    verbose = _verbose if verbose is None else verbose
+    path = Path(path).resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("")  # one run's log; appended to below: a handler in mode "w" that
+    # `logging.config.dictConfig` closed (uvicorn calls it at each start) never reopens
+    to_file = logging.FileHandler(path, mode="a", encoding="utf-8")
+    if get_settings().log_json:
+        to_file.setFormatter(JsonFormatter())
+    else:
+        to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    to_file.addFilter(ContextFilter())
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "_agentrl_log_file", False)]:
+        root.removeHandler(old)  # a second call moves the file, it does not add one
+        old.close()
+    to_file._agentrl_log_file = True  # type: ignore[attr-defined]
+    if verbose:
+        root.addHandler(to_file)
+    else:
+        console = logging.StreamHandler()  # stderr, as the records went before
+        console.setLevel(logging.WARNING)
+        console.addFilter(_own_records)
+        console.setFormatter(OneLineFormatter(path))
+        root.handlers[:] = [to_file, console]
+    logging.captureWarnings(True)  # FutureWarnings and the like: records of `py.warnings`
+    if not verbose:
+        quiet_progress_bars()
+    _libraries_propagate()
+    return path
+
+
+def _own_records(record: logging.LogRecord) -> bool:
+    """agentrl's own records, less the audit trail (it has its own file)."""
+    name = record.name
+    return (name == "agentrl" or name.startswith("agentrl.")) and not (
+        name == AUDIT_LOGGER or name.startswith(AUDIT_LOGGER + ".")
+    )
+
+
+class OneLineFormatter(logging.Formatter):
+    """`WARNING agentrl.x: message`, on one line: a traceback is named, and left to the file."""
+
+    def __init__(self, log_file: Path) -> None:
+        super().__init__("%(levelname)s %(name)s: %(message)s")
+        self.log_file = log_file
+
+    def format(self, record: logging.LogRecord) -> str:
+        lines = record.getMessage().splitlines() or [""]
+        text = f"{record.levelname} {record.name}: {lines[0]}" + (" ..." if len(lines) > 1 else "")
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            first = (str(exc).splitlines() or [""])[0]
+            what = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+            text += f" ({what}; traceback in {self.log_file})"
+        return text
+
+
+def quiet_progress_bars() -> None:
+    """No tqdm bar of transformers, huggingface_hub (weight loading, downloads) or anything
+    else on the console, in this process and the processes it starts."""
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    os.environ["TQDM_DISABLE"] = "1"  # tqdm reads TQDM_* as its defaults (tqdm >= 4.66)
+    with contextlib.suppress(ImportError):
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    with contextlib.suppress(ImportError):
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+
+
+def _libraries_propagate() -> None:
+    """transformers writes to stderr through a handler of its own and does not propagate:
+    send its records (deprecations, load reports) to the root's handlers instead."""
+    with contextlib.suppress(ImportError):
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_default_handler()
+        transformers_logging.enable_propagation()
 
 
 _audit_files: dict[Path, logging.Handler] = {}

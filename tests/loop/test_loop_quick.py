@@ -52,6 +52,20 @@ def test_quick_loop_promotes_a_trained_version_and_rolls_back_a_broken_one(
     ):
         assert stage in out, f"no {stage!r} in the progress:\n{out[-3000:]}"
     assert (tmp_path / "loop" / "report" / "index.html").exists()
+    # the console tells the loop's story: library warnings, audit records and progress bars
+    # go to the log file, whose path is printed once
+    console = out + proc.stderr
+    for noise in ("FutureWarning", "agentrl.audit", "Loading checkpoint shards", "%|"):
+        assert noise not in console, f"{noise!r} on the console:\n{console[-3000:]}"
+    log = tmp_path / "loop" / "loop.log"
+    assert console.count(str(log)) == 1, console[:2000]
+    assert out.splitlines()[0] == f"log: {log}"
+    records = log.read_text()
+    for action in ("deployment.promote", "deployment.rollback"):
+        assert f"agentrl.audit: audit {action}" in records, records[-3000:]
+    assert "INFO agentrl.bus.server: nats-server listening" in records
+    # one line per record on the console: a traceback, if any, is in the file only
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
 
 def test_a_fresh_run_empties_its_folder_but_keeps_the_converted_model(tmp_path: Path) -> None:

@@ -208,7 +208,7 @@ def _register_loop(app: typer.Typer) -> None:
         import asyncio
 
         try:
-            result = asyncio.run(run_loop(cfg, say))
+            result = asyncio.run(run_loop(cfg, say, log_file="loop.log"))
         except ValueError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from exc
@@ -357,6 +357,14 @@ def _register_soak(app: typer.Typer) -> None:
         def say(line: str) -> None:
             print(line, flush=True)
 
+        from agentrl.app.soak import LOG_FILE
+        from agentrl.logs import log_to_file
+
+        folder = data_dir.resolve()  # refused before its log file is written into it
+        if folder.exists() and any(p.name != LOG_FILE for p in folder.iterdir()):
+            typer.echo(f"error: {folder} is not empty: give the soak a fresh folder", err=True)
+            raise typer.Exit(2)
+        say(f"log: {log_to_file(folder / LOG_FILE)}")
         if replicas > 1:
             from agentrl.app.soak_replicas import main_json as replicas_json
             from agentrl.app.soak_replicas import run_replicated_soak

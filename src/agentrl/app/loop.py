@@ -599,7 +599,8 @@ async def _wait_http(url: str, timeout: float) -> None:
 async def inject_bad_candidate(bus: Any, public: str, data_dir: Path, say: Any) -> str | None:
     """A deliberately broken version deployed by hand past validation (an operator's
     mistake): a copy of the live checkpoint whose weights no longer match their manifest.
-    The gateway refuses to serve it and rolls it back on its own."""
+    The gateway refuses to serve it and rolls it back on its own. None: nothing to break;
+    "": not now (another version's rollout is on)."""
     from agentrl.deploy.actions import Deployer
     from agentrl.deploy.config import DeploySettings
     from agentrl.deploy.registry import Registry
@@ -611,6 +612,11 @@ async def inject_bad_candidate(bus: Any, public: str, data_dir: Path, say: Any) 
     if live is None or not live.checkpoint_path:
         say("bad candidate: no trained live version to break; skipped")
         return None
+    from agentrl.deploy.registry import ACTIVE
+
+    current = await registry.get_rollout(public)
+    if current is not None and current.status in ACTIVE:
+        return ""  # the controller started another version's canary meanwhile: after it
     src = Path(live.checkpoint_path)
     bad = data_dir / "bad-candidate" / src.name
     shutil.rmtree(bad, ignore_errors=True)
@@ -664,7 +670,11 @@ def prepare_data_dir(data_dir: Path, *, fresh: bool = True) -> Path:
 # ---- the run --------------------------------------------------------------------------------
 
 
-async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopResult:
+async def run_loop(
+    cfg: LoopConfig, say: Callable[[str], None] = print, log_file: str | None = None
+) -> LoopResult:
+    """The loop; with `log_file` (the command's `loop.log`) every log record, warning and
+    progress bar goes to that file in the data dir, the console keeps `say`'s lines."""
     import logging
 
     from agentrl.app.stack import stack_services
@@ -683,6 +693,10 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
     t_start = time.monotonic()
     stages: dict[str, float] = {}
     data_dir = prepare_data_dir(Path(cfg.data_dir), fresh=cfg.fresh)
+    if log_file:  # after the wipe of the data dir, before anything logs
+        from agentrl.logs import log_to_file
+
+        say(f"log: {log_to_file(data_dir / log_file)}")
     if cfg.env == "tooluse":
         from agentrl.app import loop_tooluse
 
@@ -845,6 +859,7 @@ async def run_loop(cfg: LoopConfig, say: Callable[[str], None] = print) -> LoopR
                         injected = await inject_bad_candidate(bus, public, data_dir, say)
                         if injected is None:
                             break
+                        injected = injected or None  # "": not now, a rollout is on
                         continue
                     if not cfg.bad_candidate or (
                         injected and seen.get(injected) in ("rolled_back", "live", "retired")

@@ -59,6 +59,7 @@ import httpx2  # the openai SDK's own httpx (its http_client must be one of thes
 from agentrl.training.dataset import reward_version
 
 MOVES = ["up", "down", "left", "right"]
+LOG_FILE = "soak.log"  # `agentrl soak`'s log, written before the soak starts: not "data"
 ACTIVE = ("queued", "running")
 
 
@@ -509,7 +510,7 @@ async def run_soak(cfg: SoakConfig, say: Callable[[str], None] = print) -> SoakR
     t_start = time.monotonic()
     data_dir = Path(cfg.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    if any(data_dir.iterdir()):
+    if any(p.name != LOG_FILE for p in data_dir.iterdir()):
         raise ValueError(f"{data_dir} is not empty: give the soak a fresh folder")
     logs = data_dir / "logs"
     logs.mkdir()

@@ -34,6 +34,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from agentrl.app.soak import (
+    LOG_FILE,
     ServiceProc,
     SoakAgents,
     SoakConfig,
@@ -207,7 +208,7 @@ async def run_replicated_soak(cfg: SoakConfig, say: Callable[[str], None] = prin
     t_start = time.monotonic()
     data = Path(cfg.data_dir).resolve()
     data.mkdir(parents=True, exist_ok=True)
-    if any(data.iterdir()):
+    if any(p.name != LOG_FILE for p in data.iterdir()):
         raise ValueError(f"{data} is not empty: give the soak a fresh folder")
     (data / "logs").mkdir()
     nodes: Any = (

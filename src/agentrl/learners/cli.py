@@ -207,15 +207,22 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         from agentrl.learners.main_job import run_main_job
         from agentrl.llm.config import is_tooluse_config
+        from agentrl.logs import log_to_file
+
+        console = Console(stderr=True)
+
+        def log_in(out_dir: str | Path) -> None:  # records, warnings, bars: OUT/learn.log
+            console.print(f"log: {log_to_file(Path(out_dir) / 'learn.log')}", highlight=False)
 
         if is_tooluse_config(config):  # configs/tooluse-*.yaml: Agent Zero JSON tool use
-            from agentrl.learners.tooluse import run_main
+            from agentrl.learners.tooluse import ToolUseConfig, run_main
 
             tooluse = {"model": model, "seed": seed, "out_dir": out, "iterations": iterations}
             tooluse["rl_time_budget_s"] = time_budget_s
             if heldout_seeds:
                 tooluse["heldout_per_family"] = -(-heldout_seeds // 3)
-            run_main(config, tooluse, Console(stderr=True))
+            log_in(ToolUseConfig.from_file(config, **tooluse).out_dir)
+            run_main(config, tooluse, console)
             return
         overrides = {
             "iterations": iterations,
@@ -226,4 +233,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             "seed": seed,
             "out_dir": out,
         }
-        run_main_job(config, overrides, Console(stderr=True))
+        from agentrl.learners.valid_action import ValidActionConfig
+
+        log_in(ValidActionConfig.from_file(config, **overrides).out_dir)
+        run_main_job(config, overrides, console)
