@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import jsonschema_rs
 import pytest
 
-from agentrl.envs.tooluse import ToolUseEnv
+from agentrl.envs.tooluse import ToolUseEnv, solver
 from agentrl.envs.tooluse.agent_prompt import (
     SYSTEM_PROMPT,
     THOUGHT_CHARS,
@@ -20,7 +20,6 @@ from agentrl.envs.tooluse.agent_prompt import (
     messages_for,
     response_schema,
 )
-from agentrl.envs.tooluse import solver
 from agentrl.envs.tooluse.solver import SolvedEpisode, answer_from, solve_episode
 from agentrl.envs.tooluse.tasks import FAMILIES
 

@@ -15,6 +15,7 @@ tasks. Training seeds stay below `HELDOUT_OFFSET`; held-out seeds start there.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -380,8 +381,16 @@ def run_tooluse(
 
     def evaluate(name: str, adapters: bool = True) -> None:
         t = time.perf_counter()
+        before = dataclasses.replace(learner.timing)
         eps = learner.play(held, 0.0, adapters=adapters)
         res.timings[f"eval_{name}_s"] = time.perf_counter() - t
+        tm = learner.timing
+        turns, tokens = tm.turns - before.turns, tm.tokens - before.tokens
+        say(
+            f"{name}: {len(eps)} episodes, {turns} turns, {tokens} generated tokens "
+            f"({tokens / max(1, turns):.0f}/turn); decode {tm.decode_s - before.decode_s:.0f}s, "
+            f"tools {tm.env_s - before.env_s:.0f}s"
+        )
         res.summaries[name] = summarise(eps)
         with (out / f"heldout_{name}.jsonl").open("w") as fh:
             fh.writelines(episode_json(e) + "\n" for e in eps)
@@ -433,8 +442,12 @@ def run_tooluse(
             res.curve.append(rec)
             say(json.dumps(rec))
     res.timings["rl_s"] = time.perf_counter() - t
-    res.checkpoints["final"] = learner.save("final", {"curve": res.curve})
-    evaluate("trained")
+    if res.curve:
+        res.checkpoints["final"] = learner.save("final", {"curve": res.curve})
+        evaluate("trained")
+    else:  # no RL ran: the trained policy is the start, already measured
+        res.summaries["trained"] = res.summaries["start"]
+        res.checkpoints["final"] = res.checkpoints.get("warmstart") or learner.save("final", {})
     res.timings["wall_s"] = time.perf_counter() - t_start
     return res, final_record(config, res)
 

@@ -61,7 +61,7 @@ def episode_sequences(tokenizer: Any, episodes: Sequence[Any]) -> list[EpisodeSe
 
 
 @contextlib.contextmanager
-def _only_layers(body: Any, layers: Sequence[nn.Module], norm: bool) -> Iterator[None]:
+def _only_layers(body: Any, layers: Sequence[Any], norm: bool) -> Iterator[None]:
     """Run `body` (a decoder: embeddings, layers, final norm) over `layers` alone, numbered
     from 0 for the KV cache, with or without its final norm."""
     saved_layers, saved_norm = body.layers, body.norm
