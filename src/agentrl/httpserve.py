@@ -43,7 +43,9 @@ async def serve_http(
             port=port,
             log_level="warning",
             timeout_graceful_shutdown=int(GRACE_S),
-            **config,
+            # no logging set-up of uvicorn's own (a dictConfig at each start, stderr handlers):
+            # its records go where agentrl's go (the console, or a main job's log file)
+            **{"log_config": None, **config},
         )
     )
 

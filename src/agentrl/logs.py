@@ -20,6 +20,7 @@ import contextvars
 import getpass
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -158,7 +159,7 @@ def log_to_file(path: Path, *, verbose: bool | None = None) -> Path:
     if verbose:
         root.addHandler(to_file)
     else:
-        console = logging.StreamHandler()  # stderr, as the records went before
+        console = _Stderr()  # stderr, as the records went before
         console.setLevel(logging.WARNING)
         console.addFilter(_own_records)
         console.setFormatter(OneLineFormatter(path))
@@ -168,6 +169,17 @@ def log_to_file(path: Path, *, verbose: bool | None = None) -> Path:
         quiet_progress_bars()
     _libraries_propagate()
     return path
+
+
+class _Stderr(logging.StreamHandler):
+    """The `sys.stderr` of the moment (a test runner swaps it), as `logging.lastResort`."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
 
 
 def _own_records(record: logging.LogRecord) -> bool:

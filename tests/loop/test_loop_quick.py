@@ -85,3 +85,70 @@ def test_a_fresh_run_empties_its_folder_but_keeps_the_converted_model(tmp_path: 
     with pytest.raises(ValueError, match="holds other data"):
         prepare_data_dir(foreign)
     assert (foreign / "notes.txt").read_text() == "keep me"
+
+
+# What a main job's process does with its records once `log_to_file` ran: the same calls as
+# `agentrl loop` (setup_logging from the root callback, then log_to_file), in a process of
+# its own (the test process keeps its logging).
+_JOB = """
+import logging, logging.config, sys, warnings
+from pathlib import Path
+from agentrl.logs import audit, log_to_file, setup_logging
+setup_logging(verbose=sys.argv[2] == "verbose")
+print(f"log: {log_to_file(Path(sys.argv[1]))}", flush=True)
+warnings.warn("an old api", FutureWarning)
+from transformers.utils import logging as transformers_logging
+transformers_logging.get_logger("transformers.modeling_utils").warning("a deprecated argument")
+for _ in transformers_logging.tqdm(range(3), desc="Loading weights"):
+    pass
+logging.getLogger("agentrl.deploy.service").info("an info of agentrl")
+audit("deployment.promote", model_id="m-1")
+try:
+    raise RuntimeError("boom\\nsecond line")
+except RuntimeError:
+    logging.getLogger("agentrl.app.stack").exception("training service died; restarting")
+logging.config.dictConfig({"version": 1, "disable_existing_loggers": False})  # uvicorn's start
+logging.getLogger("agentrl.app.loop").warning("after a dictConfig")
+"""
+
+
+@pytest.mark.parametrize("mode", ["quiet", "verbose"])
+def test_the_console_keeps_the_story_and_the_file_takes_the_rest(tmp_path: Path, mode: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    log = tmp_path / "run" / "loop.log"
+    env = {**os.environ, "AGENTRL_DATA_DIR": str(tmp_path / "data"), "AGENTRL_LOG_JSON": "0"}
+    env.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+    env.pop("TQDM_DISABLE", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", _JOB, str(log), mode],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout == f"log: {log.resolve()}\n"
+    records = log.read_text()
+    for line in (
+        "FutureWarning: an old api",
+        "WARNING transformers.modeling_utils: a deprecated argument",
+        "INFO agentrl.deploy.service: an info of agentrl",
+        "INFO agentrl.audit: audit deployment.promote ok",
+        "ERROR agentrl.app.stack: training service died; restarting",
+        "RuntimeError: boom",  # the traceback
+        "WARNING agentrl.app.loop: after a dictConfig",  # the file outlives uvicorn's dictConfig
+    ):
+        assert line in records, f"{line!r} not in the log file:\n{records}"
+    console = proc.stderr
+    if mode == "verbose":  # -v: every record on the console as well
+        for line in ("an old api", "a deprecated argument", "audit deployment.promote"):
+            assert line in console, console
+        return
+    assert console.splitlines() == [
+        "ERROR agentrl.app.stack: training service died; restarting "
+        f"(RuntimeError: boom; traceback in {log.resolve()})",
+        "WARNING agentrl.app.loop: after a dictConfig",
+    ], console
