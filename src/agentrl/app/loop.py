@@ -175,7 +175,7 @@ def free_port() -> int:
 
 
 def loop_environment(cfg: LoopConfig) -> dict[str, str]:
-    """The other services' settings for a demo-sized loop (only those not set by the user)."""
+    """The other services' settings for a loop-sized run (only those not set by the user)."""
     from agentrl.llm.precision import bf16_pays
 
     hyper = {
