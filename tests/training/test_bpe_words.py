@@ -8,7 +8,7 @@ import copy
 import random
 from typing import Any
 
-from agentrl.training.bpe_words import WordIds
+from agentrl.training.bpe_words import WS_BY_SPACE, WordIds
 
 PIECES = [
     "a", "Z", "word", " word", "  word", "\tword", "9", "123", " 45", "x1", "1x",
@@ -62,3 +62,19 @@ def test_other_tokenizer_shapes_are_refused(tokenizer):
     truncating = copy.deepcopy(tokenizer)
     truncating.backend_tokenizer.enable_truncation(8)
     assert not WordIds.supported(truncating)
+
+
+def test_chunks_between_spaces_give_the_same_ids(tokenizer):
+    """Texts split at spaces with no whitespace beside them (the chunk cache) and texts
+    where whitespace touches a space (pre-token path), twice: cold and warm caches."""
+    rng = random.Random(7)
+    words = [p for p in PIECES if p.isascii() and " " not in p] + ["", "x", "'s", "12", "?!"]
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 9))) for _ in range(3000)]
+    texts += [" lead", "trail ", " both ", "a 's b", "x  y", "x \ny", "x\n y", "x\t y"]
+    texts += ['{"thoughts": ["think"], "tool_name": "code_exe", "tool_args": {"code": "1"}}']
+    assert any(not WS_BY_SPACE.search(t) and " " in t for t in texts)
+    assert any(WS_BY_SPACE.search(t) for t in texts)
+    ids = WordIds(tokenizer)
+    assert ids.encode(texts) == _rust(tokenizer, texts)
+    assert ids.heads and ids.tails  # the chunk path ran
+    assert ids.encode(texts[::-1]) == _rust(tokenizer, texts[::-1])

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from training_helpers import (
     TINY,
     Statuses,
@@ -100,6 +101,13 @@ async def test_threshold_job_completes_and_model_is_listed(nats, data_dir):
                 if e["status"] == "running" and e["progress"].get("current_step", 0) > 0
             ]
             assert steps and all("eta_seconds" in p for p in steps)
+            # what the job's wall time was made of (bench training's overhead parts)
+            from agentrl.training.bench import job_parts
+
+            parts = job_parts(svc.root / "jobs" / job_id / "events.jsonl")
+            assert set(parts) == {"data_s", "model_s", "steps_s", "between_steps_s", "end_s"}
+            assert all(v >= -0.05 for v in parts.values()) and parts["steps_s"] > 0
+            assert parts["steps_s"] == pytest.approx(usage["train_step_seconds"], abs=0.01)
             # GET /models lists the checkpoint (the real API app over the same bus).
             from agentrl.app.api import create_app
 

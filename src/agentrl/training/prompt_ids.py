@@ -168,7 +168,8 @@ def encode_dialogues(
     """(prompt ids, action ids) of each wanted turn of each dialogue, None for the others.
     A turn's prompt is the dialogue up to it (earlier user messages and actions, then its
     own user message) with the generation prompt: what `encode_turns` gives for the same
-    messages. Id lists can be shared between turns: copy one before changing it."""
+    messages. Each prompt list is the caller's own; action lists can be shared between
+    turns: copy one before changing it."""
     if not _pieces_ok(tokenizer):
         prompts: list[list[Message]] = []
         actions: list[str] = []
@@ -181,7 +182,7 @@ def encode_dialogues(
                     actions.append(action)
                 history.append({"role": "assistant", "content": action})
         p_ids, a_ids = encode_turns(tokenizer, prompts, actions)
-        flat = iter(zip(p_ids, a_ids, strict=True))
+        flat = iter([(list(p), a) for p, a in zip(p_ids, a_ids, strict=True)])
         return [[next(flat) if w else None for w in want] for want in wanted]
     return _dialogues_by_pieces(tokenizer, dialogues, wanted)
 

@@ -100,18 +100,29 @@ class Step(NamedTuple):
 
 
 def trajectory_steps(traj: dict[str, Any]) -> list[Step]:
-    """User message and action of each turn of one trajectory."""
+    """User message and action of each turn of one trajectory (`_content` and `action_text`
+    written out: this runs for every turn of a job's dataset)."""
     task = traj.get("task_context") or {}
     instructions = str(task.get("instructions") or "")
     steps: list[Step] = []
-    for i, turn in enumerate(traj.get("turns") or ()):
-        obs = _content(turn.get("observation") or {})
-        if i == 0 and instructions and obs != instructions:
+    first = True
+    for turn in traj.get("turns") or ():
+        o = turn.get("observation") or {}
+        content = o.get("content")
+        obs = content if isinstance(content, str) else json.dumps(content, sort_keys=True)
+        kind = o.get("type")
+        if kind == "tool_result":
+            obs = f"Tool result: {obs}"
+        elif kind == "subordinate_response":
+            obs = f"Subordinate response: {obs}"
+        if first and instructions and obs != instructions:
             user = f"{instructions}\n\n{obs}" if obs else instructions
         else:
             user = obs
+        first = False
         action = turn.get("action") or {}
-        text = action_text(action, turn.get("thought_process") or ())
+        raw = action.get("raw_response")
+        text = str(raw) if raw else action_text(action, turn.get("thought_process") or ())
         cid = action.get("completion_id")
         steps.append(Step(user, text, str(cid) if cid else None, obs))
     return steps
@@ -132,26 +143,32 @@ def _render(tokenizer: Any, messages: list[dict[str, str]]) -> str:
     return render(tokenizer, messages)
 
 
-def episode_advantages(records: Sequence[Record], estimator: str) -> tuple[np.ndarray, np.ndarray]:
-    """Per record: its advantage and whether it came from a group (True) or the baseline."""
+def episode_advantages(
+    records: Sequence[Record],
+    estimator: str,
+    scores: Sequence[float] | None = None,
+    tasks: Sequence[str] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per record: its advantage and whether it came from a group (True) or the baseline.
+    `scores` and `tasks`: the records' scores and task ids where the caller has them."""
     from agentrl.advantages import grpo_advantages, rloo_advantages
 
-    scores = np.array([r.score for r in records], dtype=np.float64)
-    tasks = [r.task_id for r in records]
+    values = np.array([r.score for r in records] if scores is None else scores, dtype=np.float64)
+    ids = [r.task_id for r in records] if tasks is None else tasks
     sizes: dict[str, int] = defaultdict(int)
-    for t in tasks:
+    for t in ids:
         sizes[t] += 1
-    grouped = np.array([sizes[t] > 1 for t in tasks], dtype=bool)
+    grouped = np.array([sizes[t] > 1 for t in ids], dtype=bool)
     adv = np.zeros(len(records))
     if not len(records):
         return adv, grouped
     if grouped.any():
         idx = np.flatnonzero(grouped)
-        gids = [tasks[i] for i in idx]
+        gids = [ids[int(i)] for i in idx]
         fn = rloo_advantages if estimator == "rloo" else grpo_advantages
-        adv[idx] = fn(scores[idx], gids)
+        adv[idx] = fn(values[idx], gids)
     adv[~grouped] = running_baseline(
-        [records[int(i)] for i in np.flatnonzero(~grouped)], scores[~grouped]
+        [records[int(i)] for i in np.flatnonzero(~grouped)], values[~grouped]
     )
     return adv, grouped
 
@@ -230,7 +247,14 @@ def _build_samples(
 ) -> tuple[list[PolicySample], BuildStats]:
     stats.trajectories = len(records)
     turns = [trajectory_steps(r.trajectory) for r in records]
-    adv, grouped = episode_advantages(records, "rloo" if estimator == "rloo" else "grpo")
+    # per record, read once: (domain, score, task_id, trajectory_id)
+    facts = [(r.domain, r.score, r.task_id, r.trajectory_id) for r in records]
+    adv, grouped = episode_advantages(
+        records,
+        "rloo" if estimator == "rloo" else "grpo",
+        [f[1] for f in facts],
+        [f[2] for f in facts],
+    )
     stats.grouped_trajectories = int(grouped.sum())
     stats.baseline_trajectories = int((~grouped).sum())
     step_adv: list[list[float]] | None = None
@@ -256,9 +280,7 @@ def _build_samples(
     encoded = encode_dialogues(
         tokenizer, [[(t.user, t.action) for t in ts] for ts in turns], wanted
     )
-    eos = tokenizer.eos_token_id
-    # per record, read once: (domain, score, task_id, trajectory_id)
-    facts = [(r.domain, r.score, r.task_id, r.trajectory_id) for r in records]
+    eos = None if tokenizer.eos_token_id is None else int(tokenizer.eos_token_id)
 
     def make(
         i: int, k: int, prompt: list[int], action: list[int], old: Any, schema: Any = None
@@ -286,14 +308,12 @@ def _build_samples(
         for k, ids in enumerate(row):
             if ids is None:
                 continue
-            p, a = ids
-            action = list(a)
-            if eos is not None and (not action or action[-1] != eos):
-                action.append(int(eos))
+            p, a = ids  # p is this turn's own list; a may be shared with other turns
             if not p:
                 stats.skipped_turns += 1
                 continue
-            make(i, k, list(p), action, None)
+            action = [*a, eos] if eos is not None and (not a or a[-1] != eos) else list(a)
+            make(i, k, p, action, None)
     for i, k, comp in exact:
         action = [int(x) for x in comp["completion_token_ids"]]
         lps = comp.get("completion_logprobs")
