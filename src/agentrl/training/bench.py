@@ -17,10 +17,12 @@ overhead fraction smaller).
 - job overhead: one job sized to about `job_seconds` of training steps; overhead = (wall
   from running to completed - seconds inside trainer steps) / wall, and what it is made of
   from the job's own events (`job_parts`: data, model, between steps, end). Most of it is a
-  fixed cost per job (the job reads the whole stream to draw its sample, loads the model,
-  writes its final checkpoint), so the fraction depends on the job's length: measured
-  2026-11-27 at load 4-6, about 20-30 s of it for 100,000 logged trajectories, a fraction
-  of ~0.07 for the default 300-s job and 0.5-0.8 for `--job-seconds 10`.
+  fixed cost per job (the job reads, parses and joins the whole stream to draw its sample,
+  loads the model, writes its final checkpoint), so the fraction depends on the job's
+  length. Measured 2026-11-27 at load 3.5-4.5 with 100,000 logged trajectories: ~20 s of
+  overhead, 16 s of it the data phase (a 40-trajectory sample drawn from all 100,000), the
+  model 1 s, the end 0.7 s: 0.74 of a `--job-seconds 10` job, by arithmetic ~0.06 of the
+  default 300-s one.
 """
 
 from __future__ import annotations

@@ -416,7 +416,7 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
 
         run_choice_job(spec, emitter, req, train, data, report, est)
         return
-    # torch and transformers only now: a job without data fails in a second
+    # imported by the warm thread while the data was read (a job without data waits for it)
     from agentrl.llm.checkpoint import CheckpointManager
     from agentrl.llm.config import TrainerConfig
     from agentrl.llm.samples import truncate
