@@ -20,13 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import importlib
 import json
 import logging
 import math
-import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -314,41 +311,6 @@ def snis_reward(
     return float((w * r).sum() / w.sum())
 
 
-# What a token-level dataset job imports after its data: most of a short job's fixed cost
-# (measured: ~30 % of a 10-step tiny job's CPU was these imports).
-WARM_MODULES = (
-    "torch",
-    "agentrl.llm.trainer",
-    "agentrl.llm.checkpoint",
-    "agentrl.llm.samples",
-    "agentrl.training.samples",
-    "matplotlib.pyplot",
-)
-
-
-def warm_imports(modules: Sequence[str] = WARM_MODULES) -> threading.Thread:
-    """Import `modules` in a thread while the job reads its dataset: the read mostly waits
-    on nats-server, and the imports (reading and executing thousands of modules) fill that
-    wait. Join the thread before importing any of them in the caller's thread (a module
-    imported from two threads at once can be seen half initialised). A failure is left to
-    the caller's own import, which raises it where it is handled."""
-
-    def run() -> None:
-        for name in modules:
-            try:
-                if name == "matplotlib.pyplot":
-                    import matplotlib
-
-                    matplotlib.use("Agg")  # as write_curves does: no display backend
-                importlib.import_module(name)
-            except Exception as exc:  # pragma: no cover - surfaces at the real import
-                log.debug("warm import of %s failed: %r", name, exc)
-
-    thread = threading.Thread(target=run, name="warm-imports", daemon=True)
-    thread.start()
-    return thread
-
-
 def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
     from agentrl.contracts.training import TrainingRequest
     from agentrl.training import ope
@@ -385,10 +347,6 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
         raise TrainingError(str(exc), "CONFIG") from exc
     emitter.emit("running", phase="loading data")
     t_load = time.monotonic()
-    for name in ("agentrl.bus", "agentrl.settings"):  # the read's own, before the warm ones
-        importlib.import_module(name)
-
-    warm = warm_imports()  # torch, transformers and the trainer while the data is read
     with gc_paused():
         data = asyncio.run(load_data_retrying(spec))
         seed = config.seed
@@ -404,7 +362,6 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
         guided = guided_share([r.trajectory for r in newest]) > 0.5
         records = newest if guided else seeded_sample(records, tc.dataset.sample_size, seed)
         del data["trajectories"], data["rewards"]  # only the sample lives on
-    warm.join()  # before this thread imports any of them itself
     report.sampled = len(records)
     holdout_size = req.evaluation.holdout_size if req.evaluation.enabled else 0.0
     train, hold = holdout_split(records, holdout_size, seed)
@@ -416,7 +373,7 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
 
         run_choice_job(spec, emitter, req, train, data, report, est)
         return
-    # imported by the warm thread while the data was read (a job without data waits for it)
+    # torch and transformers only now: a job without data fails in a second
     from agentrl.llm.checkpoint import CheckpointManager
     from agentrl.llm.config import TrainerConfig
     from agentrl.llm.samples import truncate
