@@ -46,3 +46,33 @@ def test_explicit_precisions_are_kept_and_unknown_ones_refused() -> None:
 def test_shipped_config_resolves_to_a_concrete_precision() -> None:
     config = ValidActionConfig.from_file("configs/frozenlake-valid-action.yaml")
     assert config.dtype in ("fp32", "bf16")
+
+
+AVX2_ONLY = "processor\t: 0\nflags\t\t: fpu sse sse2 avx avx2 fma bmi2\n"
+WITH_BF16 = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile\n"
+
+
+def test_native_bf16_is_read_from_the_cpu_flags() -> None:
+    from agentrl.llm.precision import native_bf16
+
+    assert native_bf16(AVX2_ONLY) is False
+    assert native_bf16(WITH_BF16) is True
+    assert native_bf16("processor\t: 0\n") is None  # nothing to read: the timing decides
+
+
+def test_a_cpu_without_native_bf16_never_gets_bf16_even_when_the_timing_is_fooled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A busy host once made fp32 look slower on an AVX2-only CPU (every training step then
+    ran 9x slower in emulated bf16): without the flag the timing is not consulted."""
+    from agentrl.llm import precision
+
+    monkeypatch.setattr(precision, "native_bf16", lambda: False)
+    monkeypatch.setattr(
+        precision, "_best_of", lambda dtype, *a, **k: 1.0 if dtype == torch.float32 else 0.1
+    )
+    precision.bf16_pays.cache_clear()
+    try:
+        assert precision.bf16_pays() is False
+    finally:
+        precision.bf16_pays.cache_clear()
