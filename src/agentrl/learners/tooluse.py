@@ -270,25 +270,12 @@ def warm_start(
     `warm_epochs`, or earlier once an epoch's mean loss is below `warm_stop_loss` or the
     warm start has run `warm_time_budget_s`."""
     from agentrl.learners.sft import sft_epoch
+    from agentrl.learners.tooluse_warm import warm_epochs
 
     cfg = learner.config
-    t0 = time.perf_counter()
-    losses: list[float] = []
-    steps = -(-len(demos) // cfg.warm_batch_size)
-    for epoch in range(cfg.warm_epochs if demos else 0):
-        if cfg.warm_time_budget_s and time.perf_counter() - t0 > cfg.warm_time_budget_s:
-            say(f"warm start: time budget {cfg.warm_time_budget_s:.0f}s spent after {epoch} epochs")
-            break
-        te = time.perf_counter()
-        losses.append(sft_epoch(learner.trainer, demos, cfg.warm_batch_size))
-        dt = time.perf_counter() - te
-        say(
-            f"warm start epoch {epoch + 1}: loss {losses[-1]:.4f}, {steps} steps, "
-            f"{dt / steps:.1f} s/step (load {_load()})"
-        )
-        if cfg.warm_stop_loss is not None and losses[-1] < cfg.warm_stop_loss:
-            break
-    return losses
+    return warm_epochs(
+        cfg, len(demos), lambda: sft_epoch(learner.trainer, demos, cfg.warm_batch_size), say, _load
+    )
 
 
 def episode_samples(episodes: Sequence[EpisodeRecord], advantages: Sequence[float]) -> list[Any]:

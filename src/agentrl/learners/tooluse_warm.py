@@ -203,14 +203,32 @@ def fast_warm_start(
         f"{tokens} tokens (shared prefix {sft.prefix}), frozen layers 0-{first - 1} "
         f"precomputed in {prep_s:.0f}s"
     )
+    losses = warm_epochs(
+        cfg, len(seqs), lambda: sft.epoch(learner.trainer, cfg.warm_batch_size), say, load, t0
+    )
+    return losses, {"warm_prep_s": prep_s}
+
+
+def warm_epochs(
+    cfg: Any,
+    items: int,
+    one_epoch: Callable[[], float],
+    say: Callable[[str], None] = print,
+    load: Callable[[], str] = lambda: "",
+    t0: float | None = None,
+) -> list[float]:
+    """Epochs of a warm start, each reported with its loss and time: stops after
+    `cfg.warm_epochs`, or earlier once an epoch's mean loss is below `cfg.warm_stop_loss` or
+    `cfg.warm_time_budget_s` (counted from `t0`) is spent."""
+    t0 = time.perf_counter() if t0 is None else t0
     losses: list[float] = []
-    steps = -(-len(seqs) // cfg.warm_batch_size)
-    for epoch in range(cfg.warm_epochs if seqs else 0):
+    steps = max(1, -(-items // cfg.warm_batch_size))
+    for epoch in range(cfg.warm_epochs if items else 0):
         if cfg.warm_time_budget_s and time.perf_counter() - t0 > cfg.warm_time_budget_s:
             say(f"warm start: time budget {cfg.warm_time_budget_s:.0f}s spent after {epoch} epochs")
             break
         te = time.perf_counter()
-        losses.append(sft.epoch(learner.trainer, cfg.warm_batch_size))
+        losses.append(one_epoch())
         dt = time.perf_counter() - te
         say(
             f"warm start epoch {epoch + 1}: loss {losses[-1]:.4f}, {steps} steps, "
@@ -218,4 +236,4 @@ def fast_warm_start(
         )
         if cfg.warm_stop_loss is not None and losses[-1] < cfg.warm_stop_loss:
             break
-    return losses, {"warm_prep_s": prep_s}
+    return losses
