@@ -32,6 +32,7 @@ import dataclasses
 import html as htmllib
 import json
 import logging
+import textwrap
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -537,8 +538,9 @@ def plot_heldout(
     that carry none."""
     prefix = _prefix([str(r.get("model_id")) for r in rows])
     n = max((int(r.get("heldout_n") or 0) for r in rows), default=0)
-    fig, ax = _figure(
-        f"{HELDOUT_PLOT[1]}: greedy, {n} held-out tasks each, 95 % interval", (9, 4.4)
+    fig, ax = _figure(  # wider with more versions: each tick label keeps its own room
+        f"{HELDOUT_PLOT[1]}: greedy, {n} held-out tasks each, 95 % interval",
+        (max(9.0, 1.3 * len(rows)), 4.4),
     )
     ticks, live_at = [], None
     for i, r in enumerate(rows):
@@ -546,7 +548,7 @@ def plot_heldout(
         label = decision_label(r.get("decision"), r.get("state"))
         if not r.get("decision"):  # a row without one: the lineage's
             label = (decisions or {}).get(mid) or label.replace(NA, "")
-        ticks.append(f"{_short(mid, prefix)}\n{label}".strip())
+        ticks.append(f"{_short(mid, prefix)}\n{textwrap.fill(label, 14)}".strip())
         s = r.get("heldout_success")
         if s is None:
             ax.text(i, 0.04, "not\nevaluated", ha="center", va="bottom", color="grey", fontsize=9)
