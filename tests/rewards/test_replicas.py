@@ -142,13 +142,23 @@ async def test_two_replicas_one_sigkilled_mid_batch(
     procs = await start_replicas(bus, server.url, tmp_path, durable, one_data_dir=one_data_dir)
     events = [TrajectoryEvent.model_validate(d) for d in docs]
     try:
-        await bus.publish_many(events[:1000])
+        sent = 1000
+        await bus.publish_many(events[:sent])
         await wait_for(bus, procs, 300, tmp_path)
+        # Kill "a" only once it has committed work of its own: on a loaded host it can start
+        # pulling late, and "b" alone scored the first 300 (CI, 2026-11-27).
+        deadline = time.monotonic() + 120
+        while "a" not in {r.get("by") for r in await records(bus, durable)}:
+            assert time.monotonic() < deadline, "replica a never committed a reward"
+            if sent < 1400 and await reward_count(bus) >= sent - 50:  # keep it fed
+                await bus.publish_many(events[sent : sent + 100])
+                sent += 100
+            await asyncio.sleep(0.2)
         procs["a"].send_signal(signal.SIGKILL)  # mid-batch: claims taken, rewards in flight
         procs["a"].wait(10)
         # the rest arrives after the kill, so the survivor always has work left (on a fast
         # host both replicas had scored all 1,500 before the kill: nothing was tested)
-        await bus.publish_many(events[1000:])
+        await bus.publish_many(events[sent:])
         await wait_for(bus, procs, 1500, tmp_path)
         deadline = time.monotonic() + 60
         while not await settled(bus, durable):  # the killed replica's batch was redelivered
