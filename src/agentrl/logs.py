@@ -116,7 +116,7 @@ def setup_logging(level: int | None = None, *, verbose: bool = False) -> None:
     global _verbose
     _verbose = verbose
     settings = get_settings()
-    handler = logging.StreamHandler()
+    handler: logging.Handler = _Stderr()  # not the stderr of set-up time (a test runner closes it)
     if settings.log_json:
         handler.setFormatter(JsonFormatter())
     else:
