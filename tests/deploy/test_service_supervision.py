@@ -128,7 +128,8 @@ async def test_statuses_consumer_survives_nats_away_longer_than_its_retries(
 
     server = EmbeddedNats(data_dir=tmp_path / "nats")
     server.start()
-    bus = await Bus.connect(server.url)
+    # two API tries, each with a 2 s timeout: the first consumer setup gives up in ~4 s
+    bus = await Bus.connect(server.url, api_attempts=2, publish_timeout=2.0)
     await bus.ensure_streams()
     seen: list[str] = []
 
@@ -149,7 +150,7 @@ async def test_statuses_consumer_survives_nats_away_longer_than_its_retries(
         )
     )
     try:
-        for _ in range(1200):  # the first attempt gives up (about 10 to 40 s)
+        for _ in range(1200):  # the first attempt gives up (about 4 to 10 s)
             if "training statuses consumer failed" in caplog.text:
                 break
             await asyncio.sleep(0.1)

@@ -169,8 +169,10 @@ class Bus:
         stream_replicas: int = 1,
         ack_confirm_timeout: float = 5.0,
         stall_timeout: float = 1.0,
+        api_attempts: int = 8,
     ) -> None:
         self.nc = nc
+        self.api_attempts = api_attempts  # tries of a JetStream API call (`_retry`)
         self.js: JetStreamContext = nc.jetstream(
             timeout=publish_timeout, publish_async_max_pending=async_window
         )
@@ -303,9 +305,10 @@ class Bus:
         except nats.js.errors.NotFoundError:
             return None
 
-    async def _retry(self, call: Callable[[], Awaitable[Any]], attempts: int = 8) -> Any:
+    async def _retry(self, call: Callable[[], Awaitable[Any]]) -> Any:
         """A JetStream API call, retried on timeouts and on a cluster electing a leader
         (a busy, restarting or failing-over server)."""
+        attempts = self.api_attempts
         for attempt in range(attempts):
             try:
                 return await call()
