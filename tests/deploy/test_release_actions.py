@@ -477,6 +477,7 @@ async def test_inconclusive_past_the_deadline_asks_a_human_once(env: Env, live: 
     e, v1, d = env, env.candidate, live.d
     await e.deployer.start(v1, d.controller.plan, by="test")
     await d.manager.sync(force=True)
+    assert await d.controller.tick() == "hold"  # served: the step's clock starts here
     await asyncio.sleep(0.4)
     assert await d.controller.tick() == "escalate"
     assert await d.controller.tick() == "hold"
@@ -507,6 +508,62 @@ async def test_no_step_advances_while_no_gateway_serves_the_version(env: Env, li
     record = await e.registry.require_model(v1)
     advance = [x for x in record.decisions if x.action == "advance"][-1]
     assert "pass" in advance.reason and advance.evidence["served_by"] == [d.manager.gateway_id]
+
+
+@pytest.mark.plan(plan(pause=0.0, inconclusive_deadline_s=0.5, max_reward_drop=0.5))
+async def test_a_version_loaded_late_is_held_then_judged_on_its_own_traffic(
+    env: Env, live: Live
+) -> None:
+    """The step's clock starts when a gateway first reports the version served, not at the
+    deploy: a version whose load is slow is never rolled back as "undecided" for traffic it
+    never got (issue 35: v6 was rolled back 245 s into a step it was never served in)."""
+    e, v1, d = env, env.candidate, live.d
+    await e.deployer.start(v1, d.controller.plan, by="test")
+    # the gateway has not prepared v1 yet (its manager has not synced): twice the deadline
+    assert await d.controller.tick() == "hold"
+    await asyncio.sleep(1.0)
+    assert await d.controller.tick() == "hold"
+    record = await e.registry.require_model(v1)
+    assert record.state == "canary", [x.reason for x in record.decisions]
+    hold = [x for x in record.decisions if x.action == "hold"][-1]
+    assert f"no gateway serves {v1} yet" in hold.reason
+    assert "clock has not started" in hold.reason
+    # now the gateway serves it: the clock starts, and v1 is judged on its own traffic
+    await d.manager.sync(force=True)
+    served = await live.traffic(60)
+    assert served.get(v1, 0) > 0 and served.get(e.base, 0) > 0, served
+    assert await d.controller.tick() == "hold"  # no rewards yet: too few samples
+    await publish_rewards(e.bus, e.base, [0.8] * 6)
+    await publish_rewards(e.bus, v1, [0.8] * 6)
+    await asyncio.sleep(0.3)
+    assert await d.controller.tick() == "advance"
+    record = await e.registry.require_model(v1)
+    advance = [x for x in record.decisions if x.action == "advance"][-1]
+    assert "pass" in advance.reason and advance.evidence["served_s"] is not None
+    assert not [x for x in record.decisions if x.action == "rollback"]
+
+
+@pytest.mark.plan(plan(pause=0.0, inconclusive_deadline_s=0.5))
+async def test_a_served_version_without_evidence_is_rolled_back_after_the_deadline(
+    env: Env, live: Live
+) -> None:
+    """The other side: once served, the deadline runs; undecided past it -> rolled back, and
+    the reason counts from the first serving report (the slow load is not counted)."""
+    e, v1, d = env, env.candidate, live.d
+    await e.deployer.start(v1, d.controller.plan, by="test")
+    await asyncio.sleep(0.8)  # a slow load, longer than the deadline
+    assert await d.controller.tick() == "hold"
+    await d.manager.sync(force=True)
+    assert await d.controller.tick() == "hold"  # first served now
+    await asyncio.sleep(0.6)
+    assert await d.controller.tick() == "rollback"
+    record = await e.registry.require_model(v1)
+    assert record.state == "rolled_back"
+    reason = record.decisions[-1].reason
+    assert "after a gateway first served it" in reason and "inconclusive" in reason
+    evidence = record.decisions[-1].evidence
+    # counted from serving (0.6 s), not from the deploy (1.4 s and more)
+    assert evidence["served_s"] < 1.2 <= evidence["step_elapsed_s"], evidence
 
 
 # ---- 3. refusals expire; the last good version stands in for a live one that cannot serve ----

@@ -62,6 +62,12 @@ class Controller:
         self.last_action: tuple[float, str] | None = None
         self.ticks: list[float] = []  # when each look happened (benchmarks), last 1000
         self.report_max_age_s = 15.0  # a gateway's serving report older than this is gone
+        # (deployment_id, step) -> when a gateway first reported serving the new version at
+        # that step: the step's clock (its pause and the inconclusive deadline) starts there,
+        # not at the deploy, so a version whose adapter loads slowly is never judged on
+        # traffic it never got. In memory: a restarted controller starts the clock again at
+        # its first look (it waits longer, never shorter).
+        self._served_at: dict[tuple[str, int], float] = {}
         # the controller lease (`agentrl.deploy.service.run_elected`); None: the only one
         self.lease: Any = None
 
@@ -286,7 +292,21 @@ class Controller:
             await self.registry.update_rollout(public, count)
         served = await self._served(new, step.weight)
         evidence["served_by"] = served
-        ready = elapsed >= step.pause_s
+        key_step = (rollout.deployment_id, rollout.step)
+        if served and key_step not in self._served_at:
+            self._served_at = {
+                k: v for k, v in self._served_at.items() if k[0] == rollout.deployment_id
+            }
+            self._served_at[key_step] = time.time()
+        first_served = self._served_at.get(key_step)
+        # the step's clock: from the first serving report (never before the step began)
+        served_s = (
+            time.time() - max(first_served, rollout.step_started_at.timestamp())
+            if first_served is not None
+            else None
+        )
+        evidence["served_s"] = None if served_s is None else round(served_s, 3)
+        ready = served_s is not None and served_s >= step.pause_s
         # a 0 % step (blue_green's warm-up) has no traffic to judge: it is done once a
         # gateway has the version ready and nothing failed
         judged = verdict == "pass" or (step.weight == 0 and verdict != "fail")
@@ -312,12 +332,19 @@ class Controller:
         why = _verdict_text(verdict, checks)
         if not served:
             why += f"; no gateway serves {new}" + (" yet" if step.weight > 0 else " (not ready)")
-        over = elapsed - step.pause_s - plan.analysis.inconclusive_deadline_s
+            if served_s is None:
+                why += f" ({elapsed:.0f}s since the step began: the step's clock has not started)"
+        # never served at this step: no deadline runs (the version had no traffic to judge)
+        over = (
+            -1.0
+            if served_s is None
+            else served_s - step.pause_s - plan.analysis.inconclusive_deadline_s
+        )
         if ready and verdict != "fail" and over >= 0:
             limit = plan.analysis.inconclusive_deadline_s
             waited = (
-                f"undecided {elapsed:.0f}s into step {rollout.step + 1} "
-                f"(pause {step.pause_s:g}s + deadline {limit:g}s)"
+                f"undecided {served_s:.0f}s after a gateway first served it in step "
+                f"{rollout.step + 1} (pause {step.pause_s:g}s + deadline {limit:g}s)"
             )
             if plan.analysis.on_inconclusive == "rollback":
                 await self.deployer.rollback(
