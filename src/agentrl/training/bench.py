@@ -139,7 +139,7 @@ async def bench_dataset(bus: Any, n: int) -> dict[str, float]:
     tok = load_smollm2_tokenizer()
     t0 = time.perf_counter()
     c0 = time.process_time()  # this process's CPU (nats-server's is apart)
-    with gc_paused():  # as the job does while it loads its data
+    with gc_paused(freeze=True):  # as the job does while it loads its data
         raw_t = await read_subject(bus.js, "RL_TRAJECTORIES", "agent.rl.trajectory.v1")
         raw_r = await read_subject(bus.js, "RL_REWARDS", "agent.rl.reward.v1")
         t_read = time.perf_counter() - t0

@@ -13,9 +13,10 @@ import asyncio
 import contextlib
 import gc
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -265,8 +266,18 @@ PULL_BATCH = 2000  # messages per pull request (two in flight): bounded bytes in
 
 
 async def _read_pulled(
-    js: Any, nc: Any, stream: str, subject: str, start: datetime | None, idle_timeout: float
+    js: Any,
+    nc: Any,
+    stream: str,
+    subject: str,
+    start: datetime | None,
+    idle_timeout: float,
+    headers_only: bool = False,
+    last_seq: list[int] | None = None,
 ) -> list[bytes]:
+    """With `headers_only`, each message's header block instead of its payload (the
+    payloads are not sent), and the stream sequence of the last one delivered appended to
+    `last_seq`."""
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
     from agentrl.bus import wire
@@ -280,6 +291,7 @@ async def _read_pulled(
         mem_storage=True,
         num_replicas=1,
         inactive_threshold=max(60.0, idle_timeout * 4),
+        headers_only=True if headers_only else None,
     )
     if start is not None:
         config.deliver_policy = DeliverPolicy.BY_START_TIME
@@ -300,7 +312,7 @@ async def _read_pulled(
                         unfilled[0] += int(value)
                 arrived.set()
             return
-        out.append(data)
+        out.append((headers or b"") if headers_only else data)
         if len(out) >= expected or len(out) % PULL_BATCH == 0:
             arrived.set()
 
@@ -333,6 +345,10 @@ async def _read_pulled(
                 count, idle_since = len(out), time.monotonic()
             elif time.monotonic() - idle_since > idle_timeout:
                 break  # nothing for a while: messages removed meanwhile (limits, age)
+        if last_seq is not None:
+            last_seq.append(
+                int((await js.consumer_info(stream, consumer.name)).delivered.stream_seq)
+            )
     finally:
         paused.__exit__(None, None, None)
         with contextlib.suppress(Exception):
@@ -409,3 +425,172 @@ def parse_all(blobs: Iterable[bytes]) -> list[dict[str, Any]]:
             if isinstance(d, dict):
                 out.append(d)
     return out
+
+
+# -- reading only the sample ------------------------------------------------------------------
+#
+# A job that samples `size` of N logged trajectories need not read and parse all N payloads:
+# the sampler needs only the ids (the `Nats-Msg-Id` every publisher sets to the trajectory
+# id, read with a headers-only consumer: no payload is sent) and the rewards (small, read
+# whole). The sample's payloads are then fetched by stream sequence. Sampling rule
+# (`draw_order`): the candidates are the trajectories with a reward that passes
+# `min_reward`, sorted by id; the first ones taken are exactly `seeded_sample`'s draw for
+# (len(candidates), size, seed); the content filters (opt-out, length, date range, domain,
+# profile, agent) run on what was fetched, and each one they remove is replaced by the next
+# candidate of a seeded permutation of the others. So the sample equals the full read's
+# whenever the content filters remove none of the candidates (the usual case: opted-out
+# trajectories get no reward), and otherwise is a seeded draw of `size` trajectories
+# passing every filter. Any doubt (a message without an id, gaps in the stream's
+# sequences, a fetched payload whose id differs) returns None: the caller reads it all.
+
+LAZY_FETCH_CONCURRENCY = 64
+
+
+def draw_order(n: int, size: int, seed: int) -> Iterator[int]:
+    """Indices into `n` id-sorted candidates in the order a lazy read takes them: first the
+    `seeded_sample` draw of `size` (in index order), then every other index in a seeded
+    permutation (the replacements for drawn ones that a content filter removes)."""
+    first = np.random.default_rng(seed).choice(n, size=size, replace=False)
+    yield from sorted(first.tolist())
+    rest = np.setdiff1d(np.arange(n), first, assume_unique=True)
+    yield from np.random.default_rng([seed, 1]).permutation(rest).tolist()
+
+
+def header_msg_id(block: bytes) -> str | None:
+    """The `Nats-Msg-Id` of a raw header block, None when it has none."""
+    at = block.find(b"Nats-Msg-Id:")
+    if at < 0:
+        return None
+    end = block.find(b"\r\n", at)
+    return block[at + 12 : end if end >= 0 else None].strip().decode("utf-8", "replace") or None
+
+
+async def read_located(
+    js: Any, stream: str, subject: str, start: datetime | None = None, idle_timeout: float = 2.0
+) -> list[tuple[str, int]] | None:
+    """(msg id, stream sequence) of every message of `subject`, without the payloads. None
+    where the sequences cannot be known from the delivery order (another subject or
+    deleted messages in the stream, a message without an id, no raw subscription)."""
+    from agentrl.bus import wire
+
+    nc = getattr(js, "_nc", None)
+    if nc is None or not wire.supported(nc):
+        return None
+    info = await js.stream_info(stream)
+    if list(info.config.subjects or ()) != [subject] or int(info.state.num_deleted or 0):
+        return None  # positions in the delivery order are not sequences
+    last: list[int] = []
+    blocks = await _read_pulled(
+        js, nc, stream, subject, start, idle_timeout, headers_only=True, last_seq=last
+    )
+    if not blocks:
+        return []
+    first = last[0] - len(blocks) + 1 if last else 0
+    if first < int(info.state.first_seq or 1):
+        return None
+    out: list[tuple[str, int]] = []
+    for k, block in enumerate(blocks):
+        mid = header_msg_id(block)
+        if mid is None:
+            return None
+        out.append((mid, first + k))
+    return out
+
+
+async def fetch_seqs(js: Any, stream: str, seqs: Sequence[int]) -> dict[int, bytes] | None:
+    """The payloads of the messages at `seqs` (concurrent STREAM.MSG.GET requests); None
+    when one is gone."""
+    sem = asyncio.Semaphore(LAZY_FETCH_CONCURRENCY)
+
+    async def one(seq: int) -> tuple[int, bytes | None]:
+        async with sem:
+            try:
+                msg = await js.get_msg(stream, seq=seq)
+            except Exception:
+                return seq, None
+            return seq, msg.data
+
+    got = await asyncio.gather(*(one(s) for s in seqs))
+    if any(data is None for _, data in got):
+        return None
+    return {seq: data for seq, data in got if data is not None}
+
+
+async def sample_from_stream(
+    js: Any,
+    stream: str,
+    subject: str,
+    rewards: dict[str, dict[str, Any]],
+    flt: DatasetFilter,
+    size: int,
+    seed: int,
+    start: datetime | None = None,
+    report: FilterReport | None = None,
+    newest_guided: Callable[[list[dict[str, Any]]], bool] | None = None,
+) -> tuple[list[Record], FilterReport] | None:
+    """The job's sample read lazily (the rule: see above this function): only the ids, then
+    the sampled payloads. None: read everything instead (also when the sample is all of
+    the candidates, or when `newest_guided` says the newest `size` candidates by arrival
+    are the valid-action kind, whose path takes the newest by end time from a full read)."""
+    located = await read_located(js, stream, subject, start)
+    if located is None:
+        return None
+    report = report or FilterReport()
+    removed = report.removed
+    seqs: dict[str, int] = {}
+    for tid, seq in located:
+        seqs.setdefault(tid, seq)  # a republished trajectory: the first copy, as the full read
+    report.trajectories = len(seqs)
+    cands: list[str] = []
+    for tid in seqs:
+        reward = rewards.get(tid)
+        if reward is None:
+            removed["no_reward"] += 1
+        elif flt.min_reward is not None and float(reward["total_reward"]) < flt.min_reward:
+            removed["min_reward"] += 1
+        else:
+            cands.append(tid)
+    if len(cands) <= size or (rewards and not cands):
+        return None
+    cands.sort()
+    fetched: dict[int, bytes] = {}
+
+    async def payloads(ids: list[str]) -> list[dict[str, Any]] | None:
+        missing = [seqs[t] for t in ids if seqs[t] not in fetched]
+        got = await fetch_seqs(js, stream, missing) if missing else {}
+        if got is None:
+            return None
+        fetched.update(got)
+        out = parse_all(fetched[seqs[t]] for t in ids)
+        if len(out) != len(ids) or any(
+            d.get("trajectory_id") != t for d, t in zip(out, ids, strict=True)
+        ):
+            return None  # the msg id is not the payload's id: read everything
+        return out
+
+    if newest_guided is not None:
+        newest = sorted(cands, key=seqs.__getitem__)[-size:]
+        probe = await payloads(newest)
+        if probe is None:
+            return None
+        kept_probe, _ = apply_filters(probe, rewards, flt, FilterReport())
+        if newest_guided([r.trajectory for r in kept_probe]):
+            return None
+    order = draw_order(len(cands), size, seed)
+    kept: list[Record] = []
+    read = 0
+    while len(kept) < size:
+        ids = [cands[i] for i in islice(order, size - len(kept))]
+        if not ids:
+            break
+        batch = await payloads(ids)
+        if batch is None:
+            return None
+        read += len(ids)
+        more, _ = apply_filters(batch, rewards, flt, report)
+        kept.extend(more)
+    report.trajectories = len(seqs)
+    content = sum(removed[k] for k in FILTER_ORDER if k not in ("no_reward", "min_reward"))
+    report.kept = len(cands) - content  # removals found in what was read
+    kept.sort(key=lambda r: r.trajectory_id)
+    return kept, report

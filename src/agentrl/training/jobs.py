@@ -151,8 +151,13 @@ def check_store(storage_path: str) -> None:
 # -- dataset jobs -----------------------------------------------------------------------------
 
 
-async def load_data(spec: dict[str, Any]) -> dict[str, Any]:
-    """Trajectories, rewards, completion log and feedback corrections from JetStream."""
+async def load_data(spec: dict[str, Any], seed: int | None = None) -> dict[str, Any]:
+    """Trajectories, rewards, completion log and feedback corrections from JetStream.
+
+    With `seed` and a `sample_size`, only the sample's trajectories are read where the
+    stream allows it (`dataset.sample_from_stream`: ids and rewards first, then the sampled
+    payloads): the result then holds `sampled` = (records, filter report), and
+    `trajectories` / `rewards` are the sample's."""
     from agentrl.contracts.training import TrainingRequest
     from agentrl.training.dataset import parse_all, read_subject
 
@@ -167,6 +172,8 @@ async def load_data(spec: dict[str, Any]) -> dict[str, Any]:
     except Exception as exc:
         raise TrainingError(f"cannot reach NATS at {spec['nats_url']}: {exc!r}", "INFRA") from exc
     nc = bus.nc
+    sampled: tuple[list[Any], Any] | None = None
+    parsed_rewards: list[dict[str, Any]] | None = None
     try:
         js = nc.jetstream(timeout=10)
         if ds.source == "clickhouse":
@@ -174,8 +181,14 @@ async def load_data(spec: dict[str, Any]) -> dict[str, Any]:
             trajs = [orjson_dumps(t) for t in warehouse["trajectories"]]
             rewards = [orjson_dumps(r) for r in warehouse["rewards"]]
         else:
-            trajs = await read_subject(js, ds.stream_name, "agent.rl.trajectory.v1", start)
             rewards = await read_subject(js, "RL_REWARDS", "agent.rl.reward.v1", start)
+            if seed is not None and ds.sample_size:
+                parsed_rewards = parse_all(rewards)
+                sampled = await _sample_lazily(js, ds, parsed_rewards, seed, start)
+            if sampled is None:
+                trajs = await read_subject(js, ds.stream_name, "agent.rl.trajectory.v1", start)
+            else:
+                trajs = []
         completions: list[bytes] = []
         feedback: list[bytes] = []
         try:
@@ -198,26 +211,60 @@ async def load_data(spec: dict[str, Any]) -> dict[str, Any]:
         raise TrainingError(f"reading the dataset from JetStream failed: {exc!r}", "INFRA") from exc
     finally:
         await nc.close()
-    audit("data.read", source=ds.source, trajectories=len(trajs), rewards=len(rewards),
-          job_id=req.training_job_id)  # fmt: skip
     comp = {str(c["completion_id"]): c for c in parse_all(completions) if c.get("completion_id")}
     corrections = [f for f in parse_all(feedback) if f.get("type") == "correction"]
+    if sampled is not None:
+        records = sampled[0]
+        audit("data.read", source=ds.source, trajectories=len(records), rewards=len(rewards),
+              sampled_from=sampled[1].trajectories, job_id=req.training_job_id)  # fmt: skip
+        return {
+            "trajectories": [r.trajectory for r in records],
+            "rewards": [r.reward for r in records],
+            "completions": comp,
+            "corrections": corrections,
+            "sampled": sampled,
+        }
+    audit("data.read", source=ds.source, trajectories=len(trajs), rewards=len(rewards),
+          job_id=req.training_job_id)  # fmt: skip
     return {
         "trajectories": parse_all(trajs),
-        "rewards": parse_all(rewards),
+        "rewards": parsed_rewards if parsed_rewards is not None else parse_all(rewards),
         "completions": comp,
         "corrections": corrections,
     }
 
 
-async def load_data_retrying(spec: dict[str, Any], for_s: float = 30.0) -> dict[str, Any]:
+async def _sample_lazily(
+    js: Any, ds: Any, rewards: list[dict[str, Any]], seed: int, start: Any
+) -> tuple[list[Any], Any] | None:
+    """`dataset.sample_from_stream` for a job's dataset, None to read everything."""
+    from agentrl.training.choice_job import guided_share
+    from agentrl.training.dataset import FilterReport, latest_rewards, sample_from_stream
+
+    return await sample_from_stream(
+        js,
+        ds.stream_name,
+        "agent.rl.trajectory.v1",
+        latest_rewards(rewards),
+        ds.filter,
+        int(ds.sample_size),
+        seed,
+        start,
+        FilterReport(rewards=len(rewards)),
+        newest_guided=lambda trajectories: guided_share(trajectories) > 0.5,
+    )
+
+
+async def load_data_retrying(
+    spec: dict[str, Any], for_s: float = 30.0, seed: int | None = None
+) -> dict[str, Any]:
     """`load_data`, tried again for `for_s` seconds when NATS is unreachable (a restarting
     nats-server: reading is safe to repeat); other errors fail at once."""
     deadline = time.monotonic() + for_s
     delay = 0.5
     while True:
         try:
-            return await load_data(spec)
+            return await load_data(spec, seed)
         except TrainingError as exc:
             if exc.code != "INFRA" or time.monotonic() > deadline:
                 raise
@@ -347,20 +394,27 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
         raise TrainingError(str(exc), "CONFIG") from exc
     emitter.emit("running", phase="loading data")
     t_load = time.monotonic()
-    with gc_paused():
-        data = asyncio.run(load_data_retrying(spec))
+    # freeze: what survives the load (the sample) lives to the job's end; without it the
+    # first collection after the pause walks every object parsed (seconds for 100,000)
+    with gc_paused(freeze=True):
         seed = config.seed
-        report = FilterReport(rewards=len(data["rewards"]))
-        records, report = apply_filters(
-            data["trajectories"], latest_rewards(data["rewards"]), tc.dataset.filter, report
-        )
-        # Valid-action data (turns answered from a guided_choice) trains the renormalised
-        # policy on the newest trajectories (closest to the policy now); the path is chosen
-        # by the sample itself, so other traffic on the same stack keeps the token path.
-        newest = sorted(records, key=lambda r: str(r.trajectory.get("end_timestamp") or ""))
-        newest = newest[-tc.dataset.sample_size :] if tc.dataset.sample_size else newest
-        guided = guided_share([r.trajectory for r in newest]) > 0.5
-        records = newest if guided else seeded_sample(records, tc.dataset.sample_size, seed)
+        data = asyncio.run(load_data_retrying(spec, seed=seed))
+        if data.get("sampled") is not None:  # only the sample was read (token path)
+            records, report = data.pop("sampled")
+            guided = False
+        else:
+            report = FilterReport(rewards=len(data["rewards"]))
+            records, report = apply_filters(
+                data["trajectories"], latest_rewards(data["rewards"]), tc.dataset.filter, report
+            )
+            # Valid-action data (turns answered from a guided_choice) trains the renormalised
+            # policy on the newest trajectories (closest to the policy now); the path is
+            # chosen by the sample itself, so other traffic on the same stack keeps the token
+            # path.
+            newest = sorted(records, key=lambda r: str(r.trajectory.get("end_timestamp") or ""))
+            newest = newest[-tc.dataset.sample_size :] if tc.dataset.sample_size else newest
+            guided = guided_share([r.trajectory for r in newest]) > 0.5
+            records = newest if guided else seeded_sample(records, tc.dataset.sample_size, seed)
         del data["trajectories"], data["rewards"]  # only the sample lives on
     report.sampled = len(records)
     holdout_size = req.evaluation.holdout_size if req.evaluation.enabled else 0.0
