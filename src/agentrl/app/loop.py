@@ -1009,7 +1009,7 @@ def _job_stages(watch: Watch, stages: dict[str, float]) -> None:
 def _deploy_stages(records: list[Any], stages: dict[str, float]) -> None:
     """Validation (register -> validated/rejected) and canary (first step -> promote or
     rollback) per version, from the registry's audit trail."""
-    val, canary = [], []
+    val, canary, queued, unserved = [], [], [], []
     for r in records:
         at = {d.action: d.at for d in r.decisions}
         first: dict[str, Any] = {}
@@ -1019,12 +1019,25 @@ def _deploy_stages(records: list[Any], stages: dict[str, float]) -> None:
         end_val = first.get("validate") or first.get("reject")
         if reg and end_val:
             val.append((end_val - reg).total_seconds())
-        start = first.get("deploy") or first.get("set_step") or first.get("validate")
+        # the canary from its first step (a validated version that waited for the running
+        # rollout counts that wait apart: `canary_queue_per_version`)
+        start = first.get("set_weight") or first.get("deploy") or first.get("set_step")
         end = at.get("promote") or at.get("rollback")
         if start and end:
             canary.append((end - start).total_seconds())
+            if end_val and start > end_val:
+                queued.append((start - end_val).total_seconds())
+            # deploy -> the first decision that saw a gateway serve it (the adapter's load)
+            seen = next(
+                (d.at for d in r.decisions if d.at >= start and d.evidence.get("served_by")),
+                None,
+            )
+            if seen is not None:
+                unserved.append((seen - start).total_seconds())
     stages["validation_per_version"] = sum(val) / len(val) if val else 0.0
     stages["canary_per_version"] = sum(canary) / len(canary) if canary else 0.0
+    stages["canary_queue_per_version"] = sum(queued) / len(queued) if queued else 0.0
+    stages["canary_unserved_per_version"] = sum(unserved) / len(unserved) if unserved else 0.0
 
 
 async def _served_models(gateway_url: str) -> list[str]:
