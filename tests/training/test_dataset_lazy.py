@@ -16,8 +16,10 @@ from nats.js.api import StreamConfig
 from agentrl.contracts.training import DatasetFilter
 from agentrl.training.dataset import (
     FilterReport,
+    _fetch_seqs_api,
     apply_filters,
     draw_order,
+    fetch_seqs,
     header_msg_id,
     latest_rewards,
     parse_all,
@@ -154,7 +156,7 @@ async def test_any_doubt_reads_everything(nats):
         assert await _lazy(js, rewards, flt, 10, newest_guided=lambda t: True) is None
         probe: list[int] = []
         got = await _lazy(js, rewards, flt, 10, newest_guided=lambda t: probe.append(len(t)))
-        assert got is not None and len(got[0]) == 10 and probe == [10]
+        assert got is not None and len(got[0]) == 10 and probe == [10]  # min(size, GUIDED_PROBE)
         located = await read_located(js, "TRAJ", SUBJECT)
         assert located is not None
         assert located[:2] == [("t-00000", 1), ("t-00001", 2)] and located[-1][1] == 100
@@ -171,6 +173,12 @@ async def test_any_doubt_reads_everything(nats):
         assert await read_located(js, "TRAJ", SUBJECT) is None
         await js.delete_msg("TRAJ", 5)
         assert await read_located(js, "TRAJ", SUBJECT) is None
+        # a fetch of a message that is gone: None; the raw fetch equals nats-py's get_msg
+        assert await fetch_seqs(js, "TRAJ", [4, 5]) is None
+        got4 = await fetch_seqs(js, "TRAJ", [4, 6])
+        assert got4 == await _fetch_seqs_api(js, "TRAJ", [4, 6])
+        assert got4 is not None and json.loads(got4[4]) == trajs[3]
+        assert await _fetch_seqs_api(js, "TRAJ", [5]) is None
     finally:
         await nc.close()
 
@@ -212,5 +220,39 @@ async def test_load_data_with_a_seed_reads_only_the_sample(nats):
     try:
         raw = parse_all(await read_subject(nc.jetstream(), "RL_REWARDS", "agent.rl.reward.v1"))
         assert len(raw) == 300
+    finally:
+        await nc.close()
+
+
+async def test_only_the_named_completions_are_fetched(nats):
+    """The completion log of a lazy job: the records its sample's turns name, no others;
+    an id not in the log is left out (the turn is re-tokenised, as before); a record whose
+    id is not its msg id makes the job read the whole log."""
+    from agentrl.training.dataset import fetch_by_ids
+    from agentrl.training.jobs import COMPLETION_STREAM, COMPLETION_SUBJECT, completion_ids
+
+    nc = await nats_client.connect(nats.url)
+    js = nc.jetstream()
+    try:
+        await js.add_stream(StreamConfig(name=COMPLETION_STREAM, subjects=[COMPLETION_SUBJECT]))
+        for i in range(60):
+            body = json.dumps({"completion_id": f"c{i}", "prompt_token_ids": [i]}).encode()
+            await js.publish(COMPLETION_SUBJECT, body, headers={"Nats-Msg-Id": f"c{i}"})
+        trajs = [
+            {"turns": [{"action": {"completion_id": "c7"}}, {"action": {"completion_id": "c3"}}]},
+            {"turns": [{"action": {"completion_id": "gone"}}, {"action": {}}]},
+        ]
+        ids = completion_ids(trajs)
+        assert ids == {"c3", "c7", "gone"}
+        got = await fetch_by_ids(js, COMPLETION_STREAM, COMPLETION_SUBJECT, ids, "completion_id")
+        assert got is not None
+        assert [json.loads(b)["completion_id"] for b in got] == ["c3", "c7"]
+        assert await fetch_by_ids(js, COMPLETION_STREAM, COMPLETION_SUBJECT, [], "x") == []
+        body = json.dumps({"completion_id": "other"}).encode()
+        await js.publish(COMPLETION_SUBJECT, body, headers={"Nats-Msg-Id": "c99"})
+        assert (
+            await fetch_by_ids(js, COMPLETION_STREAM, COMPLETION_SUBJECT, {"c99"}, "completion_id")
+            is None
+        )
     finally:
         await nc.close()

@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -159,7 +160,7 @@ async def load_data(spec: dict[str, Any], seed: int | None = None) -> dict[str, 
     payloads): the result then holds `sampled` = (records, filter report), and
     `trajectories` / `rewards` are the sample's."""
     from agentrl.contracts.training import TrainingRequest
-    from agentrl.training.dataset import parse_all, read_subject
+    from agentrl.training.dataset import fetch_by_ids, parse_all, read_subject
 
     req = TrainingRequest.model_validate(spec["request"])
     ds = req.training_config.dataset
@@ -192,7 +193,21 @@ async def load_data(spec: dict[str, Any], seed: int | None = None) -> dict[str, 
         completions: list[bytes] = []
         feedback: list[bytes] = []
         try:
-            completions = await read_subject(js, COMPLETION_STREAM, COMPLETION_SUBJECT, start)
+            lazy = None
+            if sampled is not None:  # only the completions the sample's turns name
+                lazy = await fetch_by_ids(
+                    js,
+                    COMPLETION_STREAM,
+                    COMPLETION_SUBJECT,
+                    completion_ids(r.trajectory for r in sampled[0]),
+                    "completion_id",
+                    start,
+                )
+            completions = (
+                lazy
+                if lazy is not None
+                else await read_subject(js, COMPLETION_STREAM, COMPLETION_SUBJECT, start)
+            )
         except Exception:  # no completion log yet: every sample is re-tokenised
             log.info("no %s stream: samples use re-tokenised text", COMPLETION_STREAM)
         if req.training_config.algorithm == "dpo":
@@ -232,6 +247,17 @@ async def load_data(spec: dict[str, Any], seed: int | None = None) -> dict[str, 
         "completions": comp,
         "corrections": corrections,
     }
+
+
+def completion_ids(trajectories: Iterable[dict[str, Any]]) -> set[str]:
+    """The completion log ids the turns of `trajectories` name (`action.completion_id`)."""
+    out = set()
+    for t in trajectories:
+        for turn in t.get("turns") or ():
+            cid = (turn.get("action") or {}).get("completion_id")
+            if cid:
+                out.add(str(cid))
+    return out
 
 
 async def _sample_lazily(

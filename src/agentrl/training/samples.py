@@ -31,6 +31,7 @@ import json
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -326,7 +327,11 @@ def _build_samples(
         schema = str(comp.get("schema_hash") or "constrained") if constrained else None
         make(i, k, [int(x) for x in comp["prompt_token_ids"]], action, old, schema)
         stats.exact_token_samples += 1
-    samples.sort(key=lambda s: (s.episode_id, s.step_index))
+    # Built in record order, turn by turn: already sorted when the records' ids increase
+    # (a seeded sample is) and no exact-token sample was appended after the others.
+    tids = [f[3] for f in facts]
+    if exact or not all(a < b for a, b in zip(tids, islice(tids, 1, None), strict=False)):
+        samples.sort(key=lambda s: (s.episode_id, s.step_index))
     stats.samples = len(samples)
     return samples, stats
 
