@@ -256,3 +256,37 @@ async def test_only_the_named_completions_are_fetched(nats):
         )
     finally:
         await nc.close()
+
+
+def test_latest_rewards_equals_the_keyed_reference():
+    """`latest_rewards` computes the (version, timestamp) key only on a collision: the same
+    answer as keying every reward (the former code), ties keeping the first."""
+    from agentrl.training.dataset import reward_version
+
+    def reference(rewards):
+        best = {}
+        for r in rewards:
+            tid = r.get("trajectory_id")
+            if not tid:
+                continue
+            key = (reward_version(r), str(r.get("timestamp", "")))
+            if tid not in best or key > best[tid][0]:
+                best[tid] = (key, r)
+        return {t: v[1] for t, v in best.items()}
+
+    rng = np.random.default_rng(0)
+    rewards = []
+    for k in range(3000):
+        r: dict[str, Any] = {"trajectory_id": f"t{rng.integers(0, 800)}", "n": k}
+        kind = rng.integers(0, 4)
+        if kind == 1:
+            r["version"] = int(rng.integers(1, 4))
+        elif kind == 2:
+            r["metadata"] = {"version": int(rng.integers(1, 4))}
+        if rng.integers(0, 2):
+            r["timestamp"] = f"2026-11-2{rng.integers(0, 3)}"
+        rewards.append(r)
+    rewards += [{"n": -1}, {"trajectory_id": "", "n": -2}]
+    got = latest_rewards(rewards)
+    assert got == reference(rewards)
+    assert all(got[t] is reference(rewards)[t] for t in got)

@@ -128,17 +128,25 @@ def reward_version(reward: dict[str, Any]) -> int:
 
 
 def latest_rewards(rewards: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """trajectory_id -> its highest reward version (later timestamp breaks ties)."""
-    best: dict[str, tuple[int, str, dict[str, Any]]] = {}
+    """trajectory_id -> its highest reward version (later timestamp breaks ties). The
+    (version, timestamp) key is computed only for a trajectory with two or more rewards."""
+    best: dict[str, dict[str, Any]] = {}
+    keys: dict[str, tuple[int, str]] = {}
     for r in rewards:
         tid = r.get("trajectory_id")
         if not tid:
             continue
-        key = (reward_version(r), str(r.get("timestamp", "")))
         cur = best.get(tid)
-        if cur is None or key > cur[:2]:
-            best[tid] = (key[0], key[1], r)
-    return {tid: v[2] for tid, v in best.items()}
+        if cur is None:
+            best[tid] = r
+            continue
+        held = keys.get(tid)
+        if held is None:
+            held = keys[tid] = (reward_version(cur), str(cur.get("timestamp", "")))
+        key = (reward_version(r), str(r.get("timestamp", "")))
+        if key > held:
+            best[tid], keys[tid] = r, key
+    return best
 
 
 def _ts(value: Any) -> datetime | None:

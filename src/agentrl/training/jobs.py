@@ -178,7 +178,7 @@ async def load_data(spec: dict[str, Any], seed: int | None = None) -> dict[str, 
     try:
         js = nc.jetstream(timeout=10)
         if ds.source == "clickhouse":
-            warehouse = await asyncio.to_thread(warehouse_data, spec, req)
+            warehouse = await asyncio.to_thread(warehouse_data, spec, req, seed or 0)
             trajs = [orjson_dumps(t) for t in warehouse["trajectories"]]
             rewards = [orjson_dumps(r) for r in warehouse["rewards"]]
         else:
@@ -305,10 +305,12 @@ def orjson_dumps(obj: Any) -> bytes:
     return orjson.dumps(obj, default=str)
 
 
-def warehouse_data(spec: dict[str, Any], req: Any) -> dict[str, Any]:
+def warehouse_data(spec: dict[str, Any], req: Any, seed: int = 0) -> dict[str, Any]:
     """The warehouse as the dataset source (`dataset.source == "clickhouse"`): a ClickHouse
     server directly when AGENTRL_CLICKHOUSE_URL is set, else the control API of the process
-    that owns the embedded warehouse (`POST /stats/export`)."""
+    that owns the embedded warehouse (`POST /stats/export`). The sample is drawn there, in
+    SQL (`warehouse.export.dataset_sql`: the ids first, then only the sampled rows' JSON),
+    for the job's seed."""
     import os
 
     from agentrl.settings import Settings
@@ -325,7 +327,7 @@ def warehouse_data(spec: dict[str, Any], req: Any) -> dict[str, Any]:
         )
     try:
         data: dict[str, Any] = clickhouse_load_data(
-            req.training_config.dataset, settings, seed=0, api_url=api_url, api_token=token
+            req.training_config.dataset, settings, seed=seed, api_url=api_url, api_token=token
         )
     except Exception as exc:
         raise TrainingError(
