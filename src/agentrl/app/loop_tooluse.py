@@ -35,7 +35,12 @@ def response_format() -> dict[str, Any]:
 
 
 def task(seed: int, max_steps: int, family: str = "mixed") -> Any:
-    """One tool-use task as an Agent Zero agent sees it."""
+    """One tool-use task as an Agent Zero agent sees it: Agent Zero's system prompt lists the
+    tools and the agent answers in its JSON under the reply schema; it sends no OpenAI
+    `tools`. With them the gateway appended their JSON specs and a second reply format
+    ({"name", "arguments"}) to the system prompt and allowed either format: 443 prompt tokens
+    instead of 234 on the first turn, and not the prompt the warm start was trained on
+    (`agent_prompt.messages_for`, what validation and `agentrl learn` send)."""
     from agentrl.envs.registry import task_for
     from agentrl.envs.tooluse.agent_prompt import SYSTEM_PROMPT
     from agentrl.episodes import Message
@@ -43,6 +48,7 @@ def task(seed: int, max_steps: int, family: str = "mixed") -> Any:
     env_id = ENV_ID if family == "mixed" else f"{ENV_ID}-{family}"
     t = task_for(env_id, seed, max_episode_steps=max_steps, view="agent_zero")
     t.initial_messages = [Message(role="system", content=SYSTEM_PROMPT)]
+    t.tool_specs = []
     return t
 
 

@@ -4,8 +4,11 @@ attached to it (peft `load_adapter`), and concurrent requests batched together.
 A batch may mix versions: peft's mixed-adapter forward (`adapter_names=[...]`, one per
 row, "__base__" for the bare base) applies each row's adapter, so a canary split does not
 halve the batch. Requests wait in a queue; a batcher takes up to `max_batch_size`, waiting at
-most `max_wait_ms` after the first, and runs one prefill + KV-cache decode loop in a worker
-thread. Per row: temperature (0 = greedy), token limit, top-k log-probs, stop strings, and a
+most `max_wait_ms` after the first, and decodes them in a worker thread with
+`agentrl.deploy.decoding.BatchDecoder` (continuous batching): requests that arrive while a
+batch decodes join it between steps, a row that ends leaves the batch and is answered at
+once, and the system prompt every agent sends is prefilled once per version (prefix KV
+cache). Per row: temperature (0 = greedy), token limit, top-k log-probs, stop strings, and a
 callback per token for streaming. Log-probs are those of the distribution sampled
 (log softmax(logits / temperature); plain log softmax when greedy), as the trainers need.
 """
@@ -20,7 +23,9 @@ import math
 import os
 import random
 import threading
+import time
 from array import array
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,47 +34,40 @@ from typing import Any
 import torch
 
 from agentrl.deploy.choices import pick
+from agentrl.deploy.decoding import BatchDecoder, DecodeRow, DecodeStats, PrefixCache
 from agentrl.deploy.errors import BackendError, DeployError
 from agentrl.deploy.lru import ByteLRU
 from agentrl.deploy.openai_types import ChatRequest, Generation, tool_call
 from agentrl.deploy.structured import (
     Constraint,
     GrammarCompiler,
-    advance,
     constraint_for,
-    mask_logits,
     split_tool_answer,
 )
-from agentrl.rollout.batching import next_batch
-from agentrl.rollout.policies.hf_policy import sample_tokens
 
 log = logging.getLogger(__name__)
 
 BASE_ADAPTER = "__base__"
 PROMPT_CACHE_MB = 256.0  # rendered prompts + guided_choice scores together (LRU by bytes)
+# K/V of shared system prompts, per version: SmolLM2-135M holds ~46 KB per token, so a
+# 250-token Agent Zero prompt is ~11 MB; 128 MB keeps about a dozen (prompt, version) pairs
+PREFIX_CACHE_MB = 128.0
 ChoiceScores = tuple[list[float], list[list[int]], list[list[float]]]
 TokenCallback = Callable[[int, float, list[tuple[int, float]]], None]
 
 
 @dataclass
-class _Row:
-    prompt_ids: list[int]
-    adapter: str
-    temperature: float
-    max_new_tokens: int
-    top_k: int
-    stops: list[str]
-    future: asyncio.Future[tuple[list[int], list[float], list[list[tuple[int, float]]], str]]
-    on_token: TokenCallback | None = None
-    matcher: Any = None  # llguidance matcher of a structured-output request (its own copy)
-
-
-@dataclass
 class EngineStats:
-    batch_sizes: list[int] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)  # rows decoding after each admission
     new_tokens: int = 0
     cancelled: int = 0  # rows stopped mid-decode because their request went away
     active: int = 0  # rows in the decode loop now (a gauge)
+    decode: DecodeStats = field(default_factory=DecodeStats)  # prefill vs decode time
+
+    def record_batch(self, size: int) -> None:
+        self.batch_sizes.append(size)
+        if len(self.batch_sizes) > 10_000:  # a long-running gateway: keep the recent ones
+            del self.batch_sizes[:5_000]
 
 
 def engine_threads(requested: int = 0) -> int:
@@ -96,6 +94,7 @@ class LocalEngine:
         default_max_tokens: int = 256,
         prompt_cache_mb: float = PROMPT_CACHE_MB,
         threads: int = 0,
+        prefix_cache_mb: float = PREFIX_CACHE_MB,
     ) -> None:
         from agentrl.llm.loading import load_policy
 
@@ -120,10 +119,13 @@ class LocalEngine:
         # adapter loads/unloads waiting for the lock: the batcher holds back the next batch
         # (a busy engine decodes batch after batch, and a plain lock starved the load)
         self._adapter_ops = 0
-        self._queue: asyncio.Queue[_Row] | None = None
+        # requests waiting to decode: appended on the event loop, taken by the batcher and,
+        # between decode steps, by the decode thread (deque: thread-safe append/popleft)
+        self._waiting: deque[DecodeRow] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._batcher: asyncio.Task[None] | None = None
-        self._live: list[_Row] = []  # the batch being decoded (cancel_all)
+        self._live: list[DecodeRow] = []  # the rows being decoded (cancel_all)
+        self.prefixes = PrefixCache(int(prefix_cache_mb * 2**20))
         self._rng = torch.Generator()
         self._rng.manual_seed(seed)
         self._py_rng = random.Random(seed)
@@ -187,10 +189,12 @@ class LocalEngine:
                     self.is_peft = False
             if name is not None:
                 self._choice_cache.drop_tag(name)
+                self.prefixes.drop_adapter(name)
 
     @contextlib.contextmanager
     def _adapter_turn(self) -> Iterator[None]:
-        """The engine's lock for an adapter change, taken ahead of the next batch."""
+        """The engine's lock for an adapter change or a scoring pass, taken ahead of the next
+        batch (and of requests that would join the batch decoding now)."""
         self._adapter_ops += 1
         try:
             with self._lock:
@@ -221,6 +225,12 @@ class LocalEngine:
         """Rendered text and token ids of the request's prompt. Agents in an environment
         send the same messages again and again: chat-template rendering and tokenisation
         (about a millisecond together) are done once per distinct prompt."""
+        text, ids, _ = self._prompt_parts(request)
+        return text, ids
+
+    def _prompt_parts(self, request: ChatRequest) -> tuple[str, list[int], int]:
+        """Text, token ids, and how many leading ids are the system message (the prefix every
+        agent of an environment shares; 0 when there is none or it does not tokenise apart)."""
         key = json.dumps(
             [request.messages, request.tools, request.tool_choice], sort_keys=True, default=str
         )
@@ -228,9 +238,22 @@ class LocalEngine:
         if hit is None:
             text = self.render(request)
             ids: list[int] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            hit = (text, array("i", ids))
+            hit = (text, array("i", ids), self._system_len(text, ids))
             self._prompts[key] = hit
-        return hit[0], hit[1].tolist()
+        return hit[0], hit[1].tolist(), int(hit[2])
+
+    def _system_len(self, text: str, ids: list[int]) -> int:
+        """Tokens of `ids` up to the end of the system message, when the rendered prompt
+        starts with one the template closes with its end-of-turn token."""
+        for end in ("<|im_end|>\n", "<|im_end|>", "<|eot_id|>"):
+            cut = text.find(end)
+            if cut > 0:
+                head = text[: cut + len(end)]
+                head_ids = self.tokenizer(head, add_special_tokens=False)["input_ids"]
+                if ids[: len(head_ids)] == head_ids and len(head_ids) < len(ids):
+                    return len(head_ids)
+                return 0
+        return 0
 
     def encode(self, request: ChatRequest) -> list[int]:
         ids: list[int] = self.tokenizer(self.render(request), add_special_tokens=False)["input_ids"]
@@ -243,7 +266,7 @@ class LocalEngine:
         request: ChatRequest,
         on_token: TokenCallback | None = None,
     ) -> Generation:
-        text, prompt = self._prompt(request)
+        text, prompt, system_len = self._prompt_parts(request)
         if request.choices():
             key = (self.adapter_of(model_id), text, tuple(request.choices() or []))
             scored = self._choice_cache.get(key)
@@ -261,24 +284,26 @@ class LocalEngine:
                 )
         temperature = 1.0 if request.temperature is None else float(request.temperature)
         loop = asyncio.get_running_loop()
-        if self._loop is not loop or self._queue is None:
-            self._loop, self._queue, self._batcher = loop, asyncio.Queue(), None
+        if self._loop is not loop:
+            self._loop, self._batcher = loop, None
         future: asyncio.Future[Any] = loop.create_future()
         top_k = (request.top_logprobs or 0) if request.logprobs else 0
-        row = _Row(
+        row = DecodeRow(
             prompt,
-            self.adapter_of(model_id),
-            temperature,
-            limit,
-            top_k,
-            request.stops(),
-            future,
-            on_token,
-            matcher,
+            adapter=self.adapter_of(model_id),
+            temperature=temperature,
+            max_new_tokens=limit,
+            top_k=top_k,
+            stops=request.stops(),
+            matcher=matcher,
+            on_token=on_token,
+            prefix_len=system_len,
+            cancelled=future.done,
+            tag=future,
         )
-        self._queue.put_nowait(row)
+        self._waiting.append(row)
         if self._batcher is None or self._batcher.done():
-            self._batcher = loop.create_task(self._run_batches(self._queue))
+            self._batcher = loop.create_task(self._run_batches())
         ids, logps, tops, finish = await future
         if finish == "grammar_error":
             raise BackendError(f"grammar engine failed: {matcher.get_error() if matcher else ''}")
@@ -371,147 +396,92 @@ class LocalEngine:
         """Stop every queued and decoding request now (the stack is stopping): a decode
         thread left running to max_tokens kept `agentrl up` from exiting."""
         stopping = BackendError("the gateway is stopping; retry against another replica", 503)
-        for row in [*self._live, *(self._queue._queue if self._queue else [])]:  # type: ignore[attr-defined]
-            if not row.future.done():  # an answer (503, in-band for a stream), not a hang
-                row.future.set_exception(stopping)
+        for row in [*self._live, *self._waiting]:
+            future = row.tag
+            if not future.done():  # an answer (503, in-band for a stream), not a hang
+                future.set_exception(stopping)
 
-    async def _run_batches(self, queue: asyncio.Queue[_Row]) -> None:
-        while not queue.empty():
+    async def _run_batches(self) -> None:
+        while self._waiting:
             while self._adapter_ops:  # a version is being loaded or dropped: let it in
                 await asyncio.sleep(0.005)
-            batch = await next_batch(queue, self.max_batch_size, self.max_wait_ms / 1000.0)
-            live = [r for r in batch if not r.future.done()]
-            if not live:
-                continue
-            self._live = live
-            self.stats.active = len(live)
+            # a moment for the agents that act together to arrive together (one prefill)
+            deadline = time.monotonic() + self.max_wait_ms / 1000.0
+            while len(self._waiting) < self.max_batch_size and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
             try:
-                results = await asyncio.to_thread(self._decode, live)
+                await asyncio.to_thread(self._decode)
             except Exception as exc:
                 log.exception("local generation failed")
-                for r in live:
-                    if not r.future.done():
-                        r.future.set_exception(
-                            BackendError(f"local generation failed: {type(exc).__name__}: {exc}")
-                        )
-                continue
+                failed = BackendError(f"local generation failed: {type(exc).__name__}: {exc}")
+                for r in self._live:
+                    if not r.tag.done():
+                        r.tag.set_exception(failed)
             finally:
                 self._live, self.stats.active = [], 0
-            self.stats.batch_sizes.append(len(live))
-            for r, res in zip(live, results, strict=True):
-                self.stats.new_tokens += len(res[0])
-                if not r.future.done():
-                    r.future.set_result(res)
 
     def _forward(self, adapters: list[str], **kw: Any) -> Any:
         if self.is_peft:
             return self.model(adapter_names=adapters, **kw)
         return self.model(**kw)
 
-    @torch.no_grad()
-    def _decode(
-        self, rows: list[_Row]
-    ) -> list[tuple[list[int], list[float], list[list[tuple[int, float]]], str]]:
-        with self._lock:
-            return self._decode_locked(rows)
+    def _take(self, room: int) -> list[DecodeRow]:
+        """Waiting rows whose request is still there, up to `room` (decode thread)."""
+        taken: list[DecodeRow] = []
+        while len(taken) < room:
+            try:
+                row = self._waiting.popleft()
+            except IndexError:
+                break
+            if not row.tag.done():
+                taken.append(row)
+        return taken
 
-    def _decode_locked(
-        self, rows: list[_Row]
-    ) -> list[tuple[list[int], list[float], list[list[tuple[int, float]]], str]]:
-        n = len(rows)
-        width = max(len(r.prompt_ids) for r in rows)
-        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
-            mask[i, width - len(r.prompt_ids) :] = 1
-        adapters = [r.adapter for r in rows]
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self._forward(
-            adapters,
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        cache, logits = out.past_key_values, out.logits[:, -1, :].float()
-        temps = torch.tensor([r.temperature for r in rows])
-        next_pos = mask.sum(-1, keepdim=True)
-        done = [False] * n
-        toks: list[list[int]] = [[] for _ in rows]
-        lps: list[list[float]] = [[] for _ in rows]
-        tops: list[list[list[tuple[int, float]]]] = [[] for _ in rows]
-        finish = ["length"] * n
-        max_steps = max(r.max_new_tokens for r in rows)
-        shared_temp = all(r.temperature == rows[0].temperature for r in rows)
-        want_top = any(r.top_k for r in rows)
-        logp: torch.Tensor | None = None
-        for _step in range(max_steps):
-            for i, r in enumerate(rows):  # the request went away (disconnect, timeout, stop)
-                if not done[i] and r.future.done():
-                    done[i], finish[i] = True, "cancelled"
-                    self.stats.cancelled += 1
-            if all(done):
-                break
-            guided = [i for i, r in enumerate(rows) if r.matcher is not None and not done[i]]
-            if guided:  # structured outputs: what the grammar forbids gets probability 0
-                for i in mask_logits(logits, guided, [rows[i].matcher for i in guided]):
-                    done[i], finish[i] = True, "grammar_error"
-                    logits[i] = 0.0  # a placeholder row: its sample is discarded
-            if shared_temp and not want_top:
-                # one temperature, no alternatives wanted: the rollout policy's sampler (one
-                # uniform per row, two-level inverse CDF; multinomial over 50k is slow on CPU)
-                choice, chosen_lp = sample_tokens(logits, rows[0].temperature, self._rng)
-            else:
-                greedy = temps <= 0
-                scaled = logits / torch.where(greedy, torch.ones_like(temps), temps)[:, None]
-                logp = torch.log_softmax(scaled, dim=-1)
-                sampled = torch.multinomial(logp.exp(), 1, generator=self._rng).squeeze(-1)
-                choice = torch.where(greedy, logp.argmax(-1), sampled)
-                chosen_lp = logp.gather(-1, choice[:, None]).squeeze(-1)
-            choice_list, lp_list = choice.tolist(), chosen_lp.tolist()
-            if any(done):
-                choice = torch.where(
-                    torch.tensor(done), torch.full_like(choice, self.pad_id), choice
-                )
-            for i, r in enumerate(rows):
-                if done[i]:
-                    continue
-                tok, lp = int(choice_list[i]), float(lp_list[i])
-                toks[i].append(tok)
-                lps[i].append(lp)
-                top: list[tuple[int, float]] = []
-                if r.top_k and logp is not None:
-                    v, k = logp[i].topk(r.top_k)
-                    top = list(zip(k.tolist(), v.tolist(), strict=True))
-                    tops[i].append(top)
-                if r.on_token is not None:
-                    r.on_token(tok, lp, top)
-                if r.matcher is not None and not advance(r.matcher, tok):
-                    done[i], finish[i] = True, "grammar_error"
-                elif (
-                    tok in self.eos_ids
-                    or (r.matcher is not None and r.matcher.is_stopped())
-                    or (r.stops and any(s in self.tokenizer.decode(toks[i]) for s in r.stops))
-                ):
-                    done[i], finish[i] = True, "stop"
-                elif len(toks[i]) >= r.max_new_tokens:
-                    done[i] = True
-            if all(done):
-                break
-            mask = torch.cat([mask, mask.new_ones((n, 1))], dim=1)
-            out = self._forward(
-                adapters,
-                input_ids=choice[:, None],
-                attention_mask=mask,
-                position_ids=next_pos,
-                past_key_values=cache,
-                use_cache=True,
+    def _answer(self, row: DecodeRow) -> None:
+        """Hand a finished row to its request, from the decode thread."""
+        self.stats.new_tokens += len(row.toks)
+        if row.finish == "cancelled":
+            self.stats.cancelled += 1
+        result = (row.toks, row.lps, row.tops, row.finish)
+
+        def deliver(future: asyncio.Future[Any] = row.tag) -> None:
+            if not future.done():
+                future.set_result(result)
+
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(deliver)
+
+    @torch.no_grad()
+    def _decode(self) -> None:
+        """Decode waiting requests until none is left (worker thread). Requests arriving
+        meanwhile join between steps while the batch has room; an adapter load or unload
+        that waits for the lock stops new rows joining, so the batch drains and lets it in."""
+        with self._lock:
+            decoder = BatchDecoder(
+                self._forward,
+                eos_ids=self.eos_ids,
+                pad_id=self.pad_id,
+                generator=self._rng,
+                decode_text=lambda ids: str(self.tokenizer.decode(ids)),
+                prefix_cache=self.prefixes,
+                stats=self.stats.decode,
             )
-            next_pos = next_pos + 1
-            cache, logits = out.past_key_values, out.logits[:, -1, :].float()
-        return [(toks[i], lps[i], tops[i], finish[i]) for i in range(n)]
+            while True:
+                room = self.max_batch_size - len(decoder)
+                if room > 0 and not self._adapter_ops:
+                    new = self._take(room)
+                    if new:
+                        self._live = [*decoder.rows, *new]  # answered with an error if it fails
+                        decoder.admit(new)
+                        self._live = list(decoder.rows)
+                        self.stats.active = len(decoder)
+                        self.stats.record_batch(len(decoder))
+                if not len(decoder):
+                    return
+                for row in decoder.step():
+                    self._answer(row)
+                self._live = list(decoder.rows)
+                self.stats.active = len(decoder)
 
     # ---- scoring ----------------------------------------------------------------------
     @torch.no_grad()
@@ -519,7 +489,7 @@ class LocalEngine:
         self, model_id: str | None, prompt: list[int], continuations: list[list[int]]
     ) -> list[list[float]]:
         """Per-token log-probs of each continuation after `prompt` under version `model_id`."""
-        with self._lock:
+        with self._adapter_turn():  # ahead of requests that would join the decoding batch
             return self._score_locked(self.adapter_of(model_id), prompt, continuations)
 
     def _score_locked(
@@ -578,7 +548,7 @@ class LocalEngine:
         except ValueError as exc:  # empty or duplicate choices
             raise DeployError(f"guided_choice: {exc}") from exc
         single = single_token_ids(encoded)
-        with self._lock:
+        with self._adapter_turn():
             if single is not None:
                 logits = self._forward(
                     [adapter], input_ids=torch.tensor([prompt]), logits_to_keep=1

@@ -1,0 +1,399 @@
+"""One batched KV-cache decode core, shared by the gateway's local engine and the learners.
+
+`BatchDecoder` keeps a batch of rows decoding one token per step:
+
+- rows may join between steps (`admit`: continuous batching) and leave as soon as they end
+  (EOS, a stop string, the grammar's end, their token limit, a cancelled request): a
+  finished row no longer costs a decode step or cache memory, and its caller gets the answer
+  then, not when the longest reply of its batch ends (static batching kept every row to the
+  longest, and a request arriving mid-batch waited for the whole batch);
+- a prompt's prefix worth sharing (the system prompt every agent sends, `DecodeRow.prefix_len`)
+  is prefilled once per (adapter, prefix tokens) and kept in a `PrefixCache` (LoRA changes
+  K/V, so per adapter; LRU bounded by bytes; an adapter's entries go when it is unloaded);
+- per row: adapter (a batch may mix versions: `forward` gets one adapter name per row),
+  temperature (0 = greedy), token limit, top-k log-probs, stop strings, a callback per token,
+  and a structured-outputs matcher (llguidance) that masks the logits token by token.
+
+Log-probs are those of the distribution sampled (log softmax(logits / temperature), under
+the grammar's mask; plain log softmax when greedy), as the trainers need.
+
+The KV cache is a transformers `DynamicCache`; rows are left-padded to a common length and
+the attention mask marks the padding (a joining row's cache is padded on the left, or the
+batch's when the newcomer is longer); columns that became padding for every row are cut.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from agentrl.deploy.structured import advance, mask_logits
+from agentrl.rollout.policies.hf_policy import sample_tokens
+
+TokenCallback = Callable[[int, float, list[tuple[int, float]]], None]
+# forward(adapters, **model_kwargs) -> the model's output (logits, past_key_values)
+Forward = Callable[..., Any]
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), [B, heads, T, dim]
+
+MIN_PREFIX = 16  # shorter shared prefixes are not worth a cache entry
+
+
+@dataclass(eq=False)
+class DecodeRow:
+    """One request to decode, and (filled in) its answer."""
+
+    prompt_ids: list[int]
+    adapter: str = "__base__"
+    temperature: float = 1.0
+    max_new_tokens: int = 256
+    top_k: int = 0
+    stops: Sequence[str] = ()
+    matcher: Any = None  # llguidance matcher of a structured-output request (its own copy)
+    on_token: TokenCallback | None = None
+    prefix_len: int = 0  # prompt tokens to take from / put in the prefix cache (0: none)
+    cancelled: Callable[[], bool] | None = None  # True once the request went away
+    tag: Any = None  # the caller's handle (the engine's request)
+    toks: list[int] = field(default_factory=list)
+    lps: list[float] = field(default_factory=list)
+    tops: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish: str = "length"  # stop | length | grammar_error | cancelled
+
+
+@dataclass
+class DecodeStats:
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    prefill_tokens: int = 0  # prompt tokens run through the model (cache hits excluded)
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache
+    decode_steps: int = 0
+    decode_rows: int = 0  # sum of the batch sizes of the decode steps
+
+
+class PrefixCache:
+    """(adapter, prefix token ids) -> the prefix's K/V, per layer [1, heads, P, dim]; least
+    recently used entries go once their bytes pass `budget_bytes`. Thread-safe."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = max(0, int(budget_bytes))
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self._data: OrderedDict[tuple[str, tuple[int, ...]], tuple[KV, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def get(self, adapter: str, prefix: Sequence[int]) -> KV | None:
+        key = (adapter, tuple(prefix))
+        with self._lock:
+            hit = self._data.get(key)
+            if hit is None:
+                self.misses += 1
+                return None
+            self.hits += 1
+            self._data.move_to_end(key)
+            return hit[0]
+
+    def put(self, adapter: str, prefix: Sequence[int], kv: KV) -> None:
+        size = sum(k.nbytes + v.nbytes for k, v in kv)
+        key = (adapter, tuple(prefix))
+        with self._lock:
+            old = self._data.pop(key, None)
+            if old is not None:
+                self.bytes -= old[1]
+            if size > self.budget_bytes:
+                return
+            self._data[key] = (kv, size)
+            self.bytes += size
+            while self.bytes > self.budget_bytes and self._data:
+                _, (_, gone) = self._data.popitem(last=False)
+                self.bytes -= gone
+
+    def drop_adapter(self, adapter: str) -> None:
+        """Forget every prefix of `adapter` (it was unloaded: its K/V mean nothing now)."""
+        with self._lock:
+            for key in [k for k in self._data if k[0] == adapter]:
+                self.bytes -= self._data.pop(key)[1]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+            self.bytes = 0
+
+
+def _kv_of(cache: Any) -> KV:
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _cache_of(kv: KV) -> Any:
+    from transformers import DynamicCache
+
+    return DynamicCache(ddp_cache_data=[(k, v) for k, v in kv])
+
+
+def _pad_left(t: torch.Tensor, extra: int, dim: int) -> torch.Tensor:
+    if extra <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = extra
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+class BatchDecoder:
+    """A batch of rows decoding together; `admit` adds rows, `step` advances every row by one
+    token and returns the rows that ended. Not thread-safe: one thread drives it."""
+
+    def __init__(
+        self,
+        forward: Forward,
+        *,
+        eos_ids: set[int],
+        pad_id: int,
+        generator: torch.Generator,
+        decode_text: Callable[[list[int]], str] | None = None,
+        prefix_cache: PrefixCache | None = None,
+        stats: DecodeStats | None = None,
+    ) -> None:
+        self.forward = forward
+        self.eos_ids = eos_ids
+        self.pad_id = int(pad_id if pad_id is not None else 0)
+        self.generator = generator
+        self.decode_text = decode_text
+        self.prefix_cache = prefix_cache
+        self.stats = stats if stats is not None else DecodeStats()
+        self.rows: list[DecodeRow] = []
+        self._cache: Any = None
+        self._mask: torch.Tensor | None = None  # [B, T]: 1 = a real token
+        self._next_pos: torch.Tensor | None = None  # [B, 1]: each row's next position
+        self._logits: torch.Tensor | None = None  # [B, vocab]: each row's next-token logits
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    # ---- joining --------------------------------------------------------------------------
+    def admit(self, rows: Sequence[DecodeRow]) -> None:
+        """Prefill `rows` (those sharing an adapter and a cached prefix together) and add them
+        to the batch; they take part in the next `step`."""
+        groups: dict[Any, list[DecodeRow]] = {}
+        for r in rows:
+            p = self._prefix_len(r)
+            key = (r.adapter, tuple(r.prompt_ids[:p])) if p else None
+            groups.setdefault(key, []).append(r)
+        for key, members in groups.items():
+            if key is None:
+                self._join(members, *self._prefill(members, None, 0))
+            else:
+                self._join(members, *self._prefill(members, key[1], len(key[1])))
+
+    def _prefix_len(self, r: DecodeRow) -> int:
+        p = min(r.prefix_len, len(r.prompt_ids) - 1)  # a row keeps one token of its own
+        return p if p >= MIN_PREFIX else 0
+
+    def _prefix_kv(self, adapter: str, prefix: Sequence[int]) -> KV:
+        kv = self.prefix_cache.get(adapter, prefix) if self.prefix_cache is not None else None
+        if kv is not None:
+            self.stats.cached_tokens += len(prefix)
+            return kv
+        started = time.perf_counter()
+        ids = torch.tensor([list(prefix)], dtype=torch.long)
+        out = self.forward([adapter], input_ids=ids, use_cache=True, logits_to_keep=1)
+        kv = _kv_of(out.past_key_values)
+        self.stats.prefill_s += time.perf_counter() - started
+        self.stats.prefill_tokens += len(prefix)
+        if self.prefix_cache is not None:
+            self.prefix_cache.put(adapter, prefix, kv)
+        return kv
+
+    def _prefill(
+        self, rows: list[DecodeRow], prefix: Sequence[int] | None, p: int
+    ) -> tuple[KV, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """K/V [n, heads, T, dim], mask [n, T], next positions [n, 1], logits [n, vocab]."""
+        n = len(rows)
+        past = None
+        if prefix is not None:
+            kv = self._prefix_kv(rows[0].adapter, prefix)
+            past = _cache_of([(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in kv])
+        started = time.perf_counter()
+        rest = [r.prompt_ids[p:] for r in rows]
+        width = max(len(x) for x in rest)
+        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+        rest_mask = torch.zeros((n, width), dtype=torch.long)
+        for i, x in enumerate(rest):
+            ids[i, width - len(x) :] = torch.tensor(x, dtype=torch.long)
+            rest_mask[i, width - len(x) :] = 1
+        mask = torch.cat([rest_mask.new_ones((n, p)), rest_mask], dim=1) if p else rest_mask
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, p:]
+        out = self.forward(
+            [r.adapter for r in rows],
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=past,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self.stats.prefill_s += time.perf_counter() - started
+        self.stats.prefill_tokens += int(rest_mask.sum())
+        logits = out.logits[:, -1, :].float()
+        return _kv_of(out.past_key_values), mask, mask.sum(-1, keepdim=True), logits
+
+    def _join(
+        self,
+        rows: list[DecodeRow],
+        kv: KV,
+        mask: torch.Tensor,
+        next_pos: torch.Tensor,
+        logits: torch.Tensor,
+    ) -> None:
+        if not self.rows:
+            self.rows = list(rows)
+            self._cache, self._mask, self._next_pos, self._logits = (
+                _cache_of(kv),
+                mask,
+                next_pos,
+                logits,
+            )
+            return
+        assert self._mask is not None and self._next_pos is not None and self._logits is not None
+        old_t, new_t = self._mask.shape[1], mask.shape[1]
+        width = max(old_t, new_t)
+        merged = []
+        for layer, (k, v) in zip(self._cache.layers, kv, strict=True):
+            merged.append(
+                (
+                    torch.cat(
+                        [_pad_left(layer.keys, width - old_t, 2), _pad_left(k, width - new_t, 2)]
+                    ),
+                    torch.cat(
+                        [_pad_left(layer.values, width - old_t, 2), _pad_left(v, width - new_t, 2)]
+                    ),
+                )
+            )
+        self._cache = _cache_of(merged)
+        self._mask = torch.cat(
+            [_pad_left(self._mask, width - old_t, 1), _pad_left(mask, width - new_t, 1)]
+        )
+        self._next_pos = torch.cat([self._next_pos, next_pos])
+        self._logits = torch.cat([self._logits, logits])
+        self.rows.extend(rows)
+
+    # ---- decoding -------------------------------------------------------------------------
+    def step(self) -> list[DecodeRow]:
+        """Sample one token for every row, drop the rows that ended, run the model once for
+        the rest. Returns the rows that ended (their `toks`, `lps`, `tops`, `finish` final)."""
+        rows, logits = self.rows, self._logits
+        if not rows or logits is None:
+            return []
+        ended: set[int] = set()
+        for b, r in enumerate(rows):  # the request went away (disconnect, timeout, stop)
+            if r.cancelled is not None and r.cancelled():
+                r.finish = "cancelled"
+                ended.add(b)
+        guided = [b for b, r in enumerate(rows) if r.matcher is not None and b not in ended]
+        if guided:  # structured outputs: what the grammar forbids gets probability 0
+            for b in mask_logits(logits, guided, [rows[b].matcher for b in guided]):
+                rows[b].finish = "grammar_error"
+                ended.add(b)
+                logits[b] = 0.0  # a placeholder row: its sample is discarded
+        temp = rows[0].temperature
+        logp: torch.Tensor | None = None
+        if all(r.temperature == temp for r in rows) and not any(r.top_k for r in rows):
+            # one temperature, no alternatives wanted: one uniform per row, two-level
+            # inverse CDF (multinomial over 50k is slow on CPU)
+            choice, chosen_lp = sample_tokens(logits, temp, self.generator)
+        else:
+            temps = torch.tensor([r.temperature for r in rows])
+            greedy = temps <= 0
+            scaled = logits / torch.where(greedy, torch.ones_like(temps), temps)[:, None]
+            logp = torch.log_softmax(scaled, dim=-1)
+            sampled = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
+            choice = torch.where(greedy, logp.argmax(-1), sampled)
+            chosen_lp = logp.gather(-1, choice[:, None]).squeeze(-1)
+        choice_list, lp_list = choice.tolist(), chosen_lp.tolist()
+        for b, r in enumerate(rows):
+            if b in ended:
+                continue
+            tok, lp = int(choice_list[b]), float(lp_list[b])
+            r.toks.append(tok)
+            r.lps.append(lp)
+            top: list[tuple[int, float]] = []
+            if r.top_k and logp is not None:
+                v, k = logp[b].topk(r.top_k)
+                top = list(zip(k.tolist(), v.tolist(), strict=True))
+                r.tops.append(top)
+            if r.on_token is not None:
+                r.on_token(tok, lp, top)
+            if r.matcher is not None and not advance(r.matcher, tok):
+                r.finish = "grammar_error"
+                ended.add(b)
+            elif (
+                tok in self.eos_ids
+                or (r.matcher is not None and r.matcher.is_stopped())
+                or (r.stops and self._stopped(r))
+            ):
+                r.finish = "stop"
+                ended.add(b)
+            elif len(r.toks) >= r.max_new_tokens:
+                ended.add(b)
+        done = [r for b, r in enumerate(rows) if b in ended]
+        if ended:
+            keep = [b for b in range(len(rows)) if b not in ended]
+            self.rows = [rows[b] for b in keep]
+            if not keep:
+                self._cache = self._mask = self._next_pos = self._logits = None
+                return done
+            self._select(keep)
+            choice = choice[torch.tensor(keep)]
+        self._advance(choice)
+        return done
+
+    def _stopped(self, r: DecodeRow) -> bool:
+        text = self.decode_text(r.toks) if self.decode_text is not None else ""
+        return any(s in text for s in r.stops)
+
+    def _select(self, keep: list[int]) -> None:
+        """Keep the batch rows `keep`; cut the columns that are padding for all of them."""
+        assert self._mask is not None and self._next_pos is not None
+        index = torch.tensor(keep)
+        mask = self._mask[index]
+        real = mask.any(0).nonzero()
+        start = int(real[0]) if len(real) else 0
+        kv = [(k[index, :, start:], v[index, :, start:]) for k, v in _kv_of(self._cache)]
+        self._cache = _cache_of(kv)
+        self._mask = mask[:, start:]
+        self._next_pos = self._next_pos[index]
+
+    def _advance(self, choice: torch.Tensor) -> None:
+        assert self._mask is not None and self._next_pos is not None
+        started = time.perf_counter()
+        n = len(self.rows)
+        self._mask = torch.cat([self._mask, self._mask.new_ones((n, 1))], dim=1)
+        out = self.forward(
+            [r.adapter for r in self.rows],
+            input_ids=choice[:, None],
+            attention_mask=self._mask,
+            position_ids=self._next_pos,
+            past_key_values=self._cache,
+            use_cache=True,
+        )
+        self._next_pos = self._next_pos + 1
+        self._cache, self._logits = out.past_key_values, out.logits[:, -1, :].float()
+        self.stats.decode_s += time.perf_counter() - started
+        self.stats.decode_steps += 1
+        self.stats.decode_rows += n
+
+
+def decode_all(decoder: BatchDecoder, rows: Sequence[DecodeRow]) -> list[DecodeRow]:
+    """Admit every row and step until all ended (a batch that nothing joins)."""
+    if rows:
+        decoder.admit(rows)
+    while len(decoder):
+        decoder.step()
+    return list(rows)
