@@ -22,7 +22,7 @@ async def kv_keys(kv: Any) -> list[str]:
     nothing is pending while its messages still wait in the client's queue (a loaded host:
     a bucket with keys listed as empty, and a registry that seemed to have no models)."""
     timeout = float(getattr(getattr(kv, "_js", None), "_timeout", 5.0) or 5.0)
-    watcher = await kv.watchall(meta_only=True, inactive_threshold=INACTIVE_S)
+    watcher = await _watch(kv)
     live: dict[str, bool] = {}
     try:
         while True:
@@ -39,6 +39,21 @@ async def kv_keys(kv: Any) -> list[str]:
 
 
 _GONE = frozenset({"DEL", "PURGE"})
+
+
+async def _watch(kv: Any, tries: int = 3) -> Any:
+    """`watchall` with a retry: on a loaded host the event loop can stall past
+    `INACTIVE_S` between the consumer's creation and nats-py's `consumer_info`, and the
+    server has dropped it ('consumer not found'): a fresh one is asked for."""
+    from nats.js.errors import NotFoundError
+
+    for attempt in range(tries):
+        try:
+            return await kv.watchall(meta_only=True, inactive_threshold=INACTIVE_S)
+        except NotFoundError:
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 async def _empty(kv: Any) -> bool:
