@@ -97,6 +97,32 @@ def test_the_prefix_cache_gives_the_tokens_of_no_cache_and_is_hit(engine: Any) -
     assert len(cache) == 0 and cache.bytes == 0
 
 
+def test_a_finished_conversation_is_the_next_turn_s_prefix(engine: Any) -> None:
+    """An agent's next prompt starts with its last prompt and reply: only the new tokens are
+    prefilled, and the answer is the one a fresh prefill gives."""
+    first = _prompts(1, 30)[0]
+    cache = PrefixCache(2**30)
+
+    def conv() -> BatchDecoder:
+        return BatchDecoder(
+            engine._forward,
+            eos_ids=set(),
+            pad_id=engine.pad_id,
+            generator=torch.Generator().manual_seed(0),
+            prefix_cache=cache,
+            conversations=True,
+        )
+
+    with torch.no_grad():
+        turn1 = decode_all(conv(), [_row(first, 6)])[0]
+        nxt = [*first, *turn1.toks, 11, 12, 13, 14]  # the reply, then the tool's result
+        second = conv()
+        turn2 = decode_all(second, [_row(nxt, 6)])[0]
+    assert second.stats.cached_tokens == len(first) + 5  # the last reply token was never run
+    assert second.stats.prefill_tokens == len(nxt) - len(first) - 5
+    assert turn2.toks == _alone(engine, nxt, 6)
+
+
 def test_a_tiny_budget_caches_nothing_and_changes_nothing(engine: Any) -> None:
     prompts = _prompts(2, 6, shared=30)
     cache = PrefixCache(1000)  # smaller than one prefix's K/V
@@ -176,9 +202,13 @@ async def test_engine_caches_the_system_prompt_per_adapter(
         )
         await engine.generate("dec-b", other)
         assert engine.prefixes.hits == hits + 1
-        assert engine.stats.decode.cached_tokens == cached + system_len
+        # at least the system prompt came from the cache (with the first conversation: more)
+        assert engine.stats.decode.cached_tokens >= cached + system_len
+        before = engine.stats.decode.prefill_tokens
         again = await engine.generate("dec-b", req)  # from the cache: the same tokens
         assert again.completion_token_ids == first.completion_token_ids
+        # the first request's conversation held all of this prompt but its last token
+        assert engine.stats.decode.prefill_tokens - before == 1
         assert any(key[0] == name for key in engine.prefixes._data)
     finally:
         engine.unload_adapter("dec-b")

@@ -101,6 +101,27 @@ class PrefixCache:
             self._data.move_to_end(key)
             return hit[0]
 
+    def longest(self, adapter: str, ids: Sequence[int], limit: int) -> tuple[tuple[int, ...], KV]:
+        """The longest run of leading `ids` (at most `limit`) whose K/V an entry of `adapter`
+        holds (the common prefix with a cached conversation: an agent's next turn starts with
+        its last prompt and reply), with that K/V; ((), []) when none reaches MIN_PREFIX."""
+        best, best_kv = 0, None
+        target = tuple(ids[:limit])
+        with self._lock:
+            for a, key in self._data:
+                if a != adapter or len(key) <= best or key[:MIN_PREFIX] != target[:MIN_PREFIX]:
+                    continue
+                n = _common(key, target)
+                if n > best:
+                    best, best_kv = n, (a, key)
+            if best < MIN_PREFIX or best_kv is None:
+                self.misses += 1
+                return (), []
+            self.hits += 1
+            self._data.move_to_end(best_kv)
+            kv = self._data[best_kv][0]
+        return target[:best], [(k[:, :, :best], v[:, :, :best]) for k, v in kv]
+
     def put(self, adapter: str, prefix: Sequence[int], kv: KV) -> None:
         size = sum(k.nbytes + v.nbytes for k, v in kv)
         key = (adapter, tuple(prefix))
@@ -126,6 +147,14 @@ class PrefixCache:
         with self._lock:
             self._data.clear()
             self.bytes = 0
+
+
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 def _kv_of(cache: Any) -> KV:
@@ -160,8 +189,12 @@ class BatchDecoder:
         decode_text: Callable[[list[int]], str] | None = None,
         prefix_cache: PrefixCache | None = None,
         stats: DecodeStats | None = None,
+        conversations: bool = False,
     ) -> None:
+        """`conversations`: keep each finished row's K/V (prompt and reply) in the prefix
+        cache, and start each row from the longest cached run of its prompt."""
         self.forward = forward
+        self.conversations = conversations and prefix_cache is not None
         self.eos_ids = eos_ids
         self.pad_id = int(pad_id if pad_id is not None else 0)
         self.generator = generator
@@ -182,15 +215,23 @@ class BatchDecoder:
         """Prefill `rows` (those sharing an adapter and a cached prefix together) and add them
         to the batch; they take part in the next `step`."""
         groups: dict[Any, list[DecodeRow]] = {}
+        found: dict[Any, KV] = {}
         for r in rows:
-            p = self._prefix_len(r)
-            key = (r.adapter, tuple(r.prompt_ids[:p])) if p else None
+            key = None
+            if self.conversations and self.prefix_cache is not None:
+                run, kv = self.prefix_cache.longest(r.adapter, r.prompt_ids, len(r.prompt_ids) - 1)
+                if run and len(run) >= self._prefix_len(r):
+                    key = (r.adapter, run)
+                    found[key] = kv
+            if key is None:
+                p = self._prefix_len(r)
+                key = (r.adapter, tuple(r.prompt_ids[:p])) if p else None
             groups.setdefault(key, []).append(r)
         for key, members in groups.items():
             if key is None:
                 self._join(members, *self._prefill(members, None, 0))
             else:
-                self._join(members, *self._prefill(members, key[1], len(key[1])))
+                self._join(members, *self._prefill(members, key[1], len(key[1]), found.get(key)))
 
     def _prefix_len(self, r: DecodeRow) -> int:
         p = min(r.prefix_len, len(r.prompt_ids) - 1)  # a row keeps one token of its own
@@ -212,13 +253,21 @@ class BatchDecoder:
         return kv
 
     def _prefill(
-        self, rows: list[DecodeRow], prefix: Sequence[int] | None, p: int
+        self,
+        rows: list[DecodeRow],
+        prefix: Sequence[int] | None,
+        p: int,
+        cached: KV | None = None,
     ) -> tuple[KV, torch.Tensor, torch.Tensor, torch.Tensor]:
         """K/V [n, heads, T, dim], mask [n, T], next positions [n, 1], logits [n, vocab]."""
         n = len(rows)
         past = None
         if prefix is not None:
-            kv = self._prefix_kv(rows[0].adapter, prefix)
+            if cached is not None:
+                self.stats.cached_tokens += p * n
+                kv = cached
+            else:
+                kv = self._prefix_kv(rows[0].adapter, prefix)
             past = _cache_of([(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in kv])
         started = time.perf_counter()
         rest = [r.prompt_ids[p:] for r in rows]
@@ -343,6 +392,9 @@ class BatchDecoder:
             elif len(r.toks) >= r.max_new_tokens:
                 ended.add(b)
         done = [r for b, r in enumerate(rows) if b in ended]
+        if self.conversations:
+            for b in sorted(ended):
+                self._keep_conversation(b, rows[b])
         if ended:
             keep = [b for b in range(len(rows)) if b not in ended]
             self.rows = [rows[b] for b in keep]
@@ -353,6 +405,17 @@ class BatchDecoder:
             choice = choice[torch.tensor(keep)]
         self._advance(choice)
         return done
+
+    def _keep_conversation(self, b: int, r: DecodeRow) -> None:
+        """Put row `b`'s K/V (its prompt and the reply tokens run through the model) in the
+        prefix cache: the agent's next prompt starts with them."""
+        if r.finish in ("cancelled", "grammar_error") or self._mask is None:
+            return
+        assert self.prefix_cache is not None
+        real = self._mask[b].bool()
+        tokens = [*r.prompt_ids, *r.toks][: int(real.sum())]
+        kv = [(k[b : b + 1, :, real], v[b : b + 1, :, real]) for k, v in _kv_of(self._cache)]
+        self.prefix_cache.put(r.adapter, tokens, kv)
 
     def _stopped(self, r: DecodeRow) -> bool:
         text = self.decode_text(r.toks) if self.decode_text is not None else ""

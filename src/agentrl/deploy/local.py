@@ -49,9 +49,10 @@ log = logging.getLogger(__name__)
 
 BASE_ADAPTER = "__base__"
 PROMPT_CACHE_MB = 256.0  # rendered prompts + guided_choice scores together (LRU by bytes)
-# K/V of shared system prompts, per version: SmolLM2-135M holds ~46 KB per token, so a
-# 250-token Agent Zero prompt is ~11 MB; 128 MB keeps about a dozen (prompt, version) pairs
-PREFIX_CACHE_MB = 128.0
+# K/V of shared system prompts and of finished conversations (an agent's next turn starts
+# with its last prompt and reply), per version: SmolLM2-135M holds ~46 KB per token, so a
+# 250-token Agent Zero prompt is ~11 MB and 256 MB keeps ~5,600 tokens (8 agents' turns)
+PREFIX_CACHE_MB = 256.0
 ChoiceScores = tuple[list[float], list[list[int]], list[list[float]]]
 TokenCallback = Callable[[int, float, list[tuple[int, float]]], None]
 
@@ -465,6 +466,7 @@ class LocalEngine:
                 decode_text=lambda ids: str(self.tokenizer.decode(ids)),
                 prefix_cache=self.prefixes,
                 stats=self.stats.decode,
+                conversations=True,
             )
             while True:
                 room = self.max_batch_size - len(decoder)
