@@ -257,6 +257,9 @@ async def bench_jobs(bus: Any, settings: Any, jobs: int, job_seconds: float) -> 
                 "status": ev["status"],
                 "steps": (ev.get("progress") or {}).get("current_step"),
                 "parts": job_parts(service.root / "jobs" / req.training_job_id / "events.jsonl"),
+                "dataset": job_dataset(
+                    service.root / "jobs" / req.training_job_id / "events.jsonl"
+                ),
             }
             if ev["status"] != "completed":
                 lost += 1
@@ -306,6 +309,15 @@ def job_parts(events_file: Path) -> dict[str, float]:
         "between_steps_s": marks["last_step"] - marks["training"] - train_s,
         "end_s": marks["end"] - marks["last_step"],
     }
+
+
+def job_dataset(events_file: Path) -> dict[str, Any]:
+    """The job's dataset report (what it read, sampled, filtered), {} when missing."""
+    try:
+        rows = [json.loads(line) for line in events_file.read_text().splitlines()]
+    except OSError:
+        return {}
+    return next((r["dataset"] for r in rows if isinstance(r.get("dataset"), dict)), {})
 
 
 def _step_seconds(events: list[tuple[float, dict[str, Any]]]) -> float:
@@ -389,6 +401,10 @@ def run_bench(trajectories: int, jobs: int, job_seconds: float) -> None:
                 "job_overhead_fraction": round(ov["fraction"], 4) if ov else None,
                 "job_seconds_in_steps": round(ov["train_s"], 2) if ov else None,
                 "job_parts_s": {k: round(v, 2) for k, v in (ov.get("parts") or {}).items()},
+                "job_sample": {
+                    k: (ov.get("dataset") or {}).get(k)
+                    for k in ("trajectories", "sampled", "payloads_read")
+                },
                 "dataset_cpu_s": round(ds["cpu_s"], 2),
                 "lost": jb["lost"],
             }

@@ -71,6 +71,7 @@ class FilterReport:
     kept: int = 0
     sampled: int = 0
     holdout: int = 0
+    payloads_read: int = 0  # trajectory payloads read: all of them, or the lazy sample's
 
     def message(self) -> str:
         parts = ", ".join(f"{k} -{v}" for k, v in self.removed.items())
@@ -87,6 +88,7 @@ class FilterReport:
             "kept": self.kept,
             "sampled": self.sampled,
             "holdout": self.holdout,
+            "payloads_read": self.payloads_read,
         }
 
 
@@ -703,6 +705,7 @@ async def sample_from_stream(
         more, _ = apply_filters(batch, rewards, flt, report)
         kept.extend(more)
     report.trajectories = len(seqs)
+    report.payloads_read = len(fetched)
     content = sum(removed[k] for k in FILTER_ORDER if k not in ("no_reward", "min_reward"))
     report.kept = len(cands) - content  # removals found in what was read
     kept.sort(key=lambda r: r.trajectory_id)

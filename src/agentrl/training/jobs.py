@@ -432,6 +432,7 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
             guided = False
         else:
             report = FilterReport(rewards=len(data["rewards"]))
+            report.payloads_read = len(data["trajectories"])
             records, report = apply_filters(
                 data["trajectories"], latest_rewards(data["rewards"]), tc.dataset.filter, report
             )
