@@ -16,13 +16,15 @@ overhead fraction smaller).
   measured apart: running -> first training step), then cancel -> `cancelled`.
 - job overhead: one job sized to about `job_seconds` of training steps; overhead = (wall
   from running to completed - seconds inside trainer steps) / wall, and what it is made of
-  from the job's own events (`job_parts`: data, model, between steps, end). Most of it is a
-  fixed cost per job (the job reads, parses and joins the whole stream to draw its sample,
-  loads the model, writes its final checkpoint), so the fraction depends on the job's
-  length. Measured 2026-11-27 at load 3.5-4.5 with 100,000 logged trajectories: ~20 s of
-  overhead, 16 s of it the data phase (a 40-trajectory sample drawn from all 100,000), the
-  model 1 s, the end 0.7 s: 0.74 of a `--job-seconds 10` job, by arithmetic ~0.06 of the
-  default 300-s one.
+  from the job's own events (`job_parts`: data, model, between steps, end; `job_sample`:
+  trajectories seen, sampled, payloads read). Most of it is a fixed cost per job (reading
+  the ids and rewards to draw the sample, loading the model, writing the final
+  checkpoint), so the fraction depends on the job's length. Measured 2026-11-27 at load
+  3.5-4.5 with 100,000 logged trajectories, before the job read only its sample: ~20 s of
+  overhead, 16 s of it the data phase (the whole stream read, parsed and joined to draw
+  a small sample), the model 1 s, the end 0.7 s. Since then a job whose sample is under a
+  third of the stream reads the ids (headers only) and the rewards, then fetches only the
+  sampled payloads (`training.dataset.sample_from_stream`).
 """
 
 from __future__ import annotations
@@ -317,7 +319,10 @@ def job_dataset(events_file: Path) -> dict[str, Any]:
         rows = [json.loads(line) for line in events_file.read_text().splitlines()]
     except OSError:
         return {}
-    return next((r["dataset"] for r in rows if isinstance(r.get("dataset"), dict)), {})
+    for r in rows:
+        if isinstance(r.get("dataset"), dict):
+            return {**r["dataset"], "load_data_s": r.get("load_data_s")}
+    return {}
 
 
 def _step_seconds(events: list[tuple[float, dict[str, Any]]]) -> float:
@@ -403,7 +408,7 @@ def run_bench(trajectories: int, jobs: int, job_seconds: float) -> None:
                 "job_parts_s": {k: round(v, 2) for k, v in (ov.get("parts") or {}).items()},
                 "job_sample": {
                     k: (ov.get("dataset") or {}).get(k)
-                    for k in ("trajectories", "sampled", "payloads_read")
+                    for k in ("trajectories", "sampled", "payloads_read", "load_data_s")
                 },
                 "dataset_cpu_s": round(ds["cpu_s"], 2),
                 "lost": jb["lost"],

@@ -456,18 +456,20 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
 
         run_choice_job(spec, emitter, req, train, data, report, est)
         return
-    # torch and transformers only now: a job without data fails in a second
-    from agentrl.llm.checkpoint import CheckpointManager
-    from agentrl.llm.config import TrainerConfig
-    from agentrl.llm.samples import truncate
-    from agentrl.training.samples import build_pairs, build_samples
-
+    # The model phase starts here: importing torch and transformers is part of it (seconds
+    # on a busy host), not of the data phase.
     emitter.emit(
         "running",
         phase="loading model",
         dataset=report.as_dict(),
         load_data_s=time.monotonic() - t_load,
     )
+    # torch and transformers only now: a job without data fails in a second
+    from agentrl.llm.checkpoint import CheckpointManager
+    from agentrl.llm.config import TrainerConfig
+    from agentrl.llm.samples import truncate
+    from agentrl.training.samples import build_pairs, build_samples
+
     history: list[dict[str, float]] = []
     state: dict[str, Any] = {"best": None}
     import torch
