@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -137,19 +137,31 @@ def closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def run_for(service: IngesterService, seconds: float) -> dict[str, object]:
-    """Run the service for `seconds`; returns its status as `GET /stats/ingester` showed it
-    just before the stop."""
+async def run_for(
+    service: IngesterService,
+    seconds: float,
+    until: Callable[[], Awaitable[bool]] | None = None,
+) -> dict[str, object]:
+    """Run the service for `seconds` (with `until`: until it holds, at least `seconds`, at
+    most 60 s: a loaded host is slower); returns its status as `GET /stats/ingester` showed
+    it just before the stop."""
     from agentrl.warehouse.api import ingester as ingester_route
 
     stop = asyncio.Event()
     task = asyncio.create_task(service.run(stop))
     await asyncio.sleep(seconds)
+    deadline = time.monotonic() + 60
+    while until is not None and not await until() and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
     status = ingester_route()
     assert status["running_here"] is True
     stop.set()
     await asyncio.wait_for(task, 30)
     return status
+
+
+async def _no_pending(bus: Bus, prefix: str) -> bool:
+    return await pending(bus, prefix) == 0
 
 
 async def test_warehouse_down_naks_and_loses_nothing(
@@ -177,7 +189,7 @@ async def test_warehouse_down_naks_and_loses_nothing(
     # the warehouse is back: a new ingester on the same durables stores everything
     up = wsettings.model_copy(update={"durable_prefix": prefix})
     service = IngesterService(bus, settings, up)
-    status = await run_for(service, 2.5)
+    status = await run_for(service, 1.0, until=lambda: _no_pending(bus, prefix))
     assert status["state"] == "up"
     assert await pending(bus, prefix) == 0
     backend = open_backend(up, settings.data_dir)
@@ -198,7 +210,7 @@ async def test_rejected_rows_dead_lettered_rest_inserted(
     settings = Settings(data_dir=wsettings.path)
     ws = wsettings.model_copy(update={"durable_prefix": prefix})
     service = IngesterService(bus, settings, ws)
-    await run_for(service, 2.5)
+    await run_for(service, 1.0, until=lambda: _no_pending(bus, prefix))
     counts_ = Analytics(open_backend(ws, settings.data_dir), ws.database).counts()
     assert counts_["trajectories"] == 20 and counts_["turns"] == 60
     dlq = await bus.dead_letters()
