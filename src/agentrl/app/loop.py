@@ -971,9 +971,30 @@ async def start_from(
         training_job_id="warm-start",
         by="agentrl-loop",
     )
-    await deployer.promote(record.model_id, by="agentrl-loop", reason="the loop's warm start")
-    say(f"start: {record.model_id} (warm start {ckpt}) is live")
-    return str(record.model_id)
+    model_id = str(record.model_id)
+    await deployer.promote(model_id, by="agentrl-loop", reason="the loop's warm start")
+    await _until_served(registry, public, model_id)
+    say(f"start: {model_id} (warm start {ckpt}) is live")
+    return model_id
+
+
+async def _until_served(
+    registry: Any, public: str, model_id: str, timeout_s: float = 600.0
+) -> None:
+    """Wait until a gateway routes all of `public` to `model_id`: agents that start while
+    its adapter loads are served by the base (the start would be measured on the base's
+    trajectories). A gateway that refuses it ends the loop with the reason."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for report in await registry.serving_reports(public):
+            if model_id in report.refused:
+                raise RuntimeError(
+                    f"the gateway refused the warm start {model_id}: {report.refused[model_id]}"
+                )
+            if report.weights == {model_id: 100.0}:
+                return
+        await asyncio.sleep(0.25)
+    raise RuntimeError(f"no gateway served the warm start {model_id} within {timeout_s:.0f}s")
 
 
 def _model_of(watch: Watch, tid: str) -> str | None:

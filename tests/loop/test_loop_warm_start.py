@@ -1,0 +1,37 @@
+"""The loop's warm start: the agents act only once a gateway routes everything to it (they
+were served by the base while its adapter loaded, and the start was measured on the base)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from agentrl.app.loop import _until_served
+from agentrl.bus import Bus
+from agentrl.deploy.registry import Registry, ServingReport
+
+
+async def test_waits_for_the_gateway_to_route_to_the_warm_start(nats_url: str) -> None:
+    bus = await Bus.connect(nats_url)
+    tag = uuid.uuid4().hex[:8]
+    registry = await Registry.open(bus.js, f"warm_{tag}")
+    public, v1 = f"warm-{tag}", f"warm-{tag}-v1"
+
+    def report(weights: dict[str, float], **kw: object) -> ServingReport:
+        return ServingReport(gateway="g1", public_name=public, weights=weights, **kw)  # type: ignore[arg-type]
+
+    await registry.report_serving(report({f"{public}-base": 100.0}))  # still loading v1
+    waiting = asyncio.create_task(_until_served(registry, public, v1, timeout_s=30))
+    await asyncio.sleep(1.0)
+    assert not waiting.done()
+    await registry.report_serving(report({v1: 100.0}, loaded=[v1]))
+    await asyncio.wait_for(waiting, 10)
+
+    await registry.report_serving(report({f"{public}-base": 100.0}, refused={v1: "bad manifest"}))
+    with pytest.raises(RuntimeError, match=r"refused the warm start .*bad manifest"):
+        await _until_served(registry, public, v1, timeout_s=10)
+    with pytest.raises(RuntimeError, match="no gateway served"):
+        await _until_served(registry, public, f"{public}-v2", timeout_s=1)
+    await bus.close()
