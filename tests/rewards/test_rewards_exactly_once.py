@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import nats.js.errors
+import orjson
 import pytest
 from nats.js.api import ConsumerConfig, RetentionPolicy
 
@@ -140,7 +141,8 @@ async def test_outbox_replay_skips_rewards_the_stream_already_holds(
     db = sqlite3.connect(tmp_path / "rewards" / "state.sqlite")
     with db:
         db.execute(
-            "INSERT INTO outbox VALUES (?, ?, ?)",
+            # a row as an older state file has it (no payload of its own: the latest is used)
+            "INSERT INTO outbox (reward_id, trajectory_id, created_at) VALUES (?, ?, ?)",
             (published["reward_id"], published["trajectory_id"], time.time()),
         )
     db.close()
@@ -217,12 +219,45 @@ def test_pruning_keeps_rewards_that_were_never_confirmed(tmp_path: Path) -> None
     store = RewardStore(tmp_path / "state.sqlite")
     store.commit(
         rewards=[(r.trajectory_id, 1, r.to_json(), {}) for r in (kept, gone)],
-        outbox=[(kept.reward_id, kept.trajectory_id)],  # `gone` was confirmed, `kept` not
+        outbox=[(kept.reward_id, kept.trajectory_id, kept.to_json())],  # `gone` was confirmed
     )
     store.db.execute("UPDATE rewards SET scored_at = scored_at - 100 * 86400")
     assert store.prune(30 * 86400) == 1
     assert [rid for rid, _ in store.outbox()] == [kept.reward_id]  # still publishable
     assert set(store.rewards([kept.trajectory_id, gone.trajectory_id])) == {kept.trajectory_id}
+    store.close()
+
+
+def test_each_unpublished_version_is_replayed_as_itself(tmp_path: Path) -> None:
+    """A crash left version 1 unpublished and feedback's version 2 came after it: both are
+    replayed, each under its own id with its own payload (the outbox used to answer every
+    row with the trajectory's latest reward, so version 1 was never published: the soak's
+    reward-version gaps)."""
+    from agentrl.rewards.calculator import rescore_with_feedback
+    from agentrl.rewards.components import FeedbackState
+
+    item = ScoringInput(TrajectoryEvent.model_validate(fresh(40)))
+    (v1,), state = score_batch([item], WindowState(), RewardConfig())
+    fb = FeedbackState()
+    fb.apply("thumbs_down", None, "fb-1")
+    v2 = rescore_with_feedback(v1.payload, fb, state, RewardConfig())
+    assert v2.version == 2 and v2.reward_id != v1.reward_id
+    path = tmp_path / "state.sqlite"
+    store = RewardStore(path)
+    store.commit(
+        rewards=[(v1.trajectory_id, 1, v1.to_json(), {})],
+        outbox=[(v1.reward_id, v1.trajectory_id, v1.to_json())],
+    )
+    store.commit(
+        rewards=[(v2.trajectory_id, 2, v2.to_json(), fb.to_dict())],
+        outbox=[(v2.reward_id, v2.trajectory_id, v2.to_json())],
+    )
+    store.close()
+    store = RewardStore(path)  # the restart
+    rows = store.outbox()
+    assert [rid for rid, _ in rows] == [v1.reward_id, v2.reward_id]
+    assert [orjson.loads(data)["reward_id"] for _, data in rows] == [v1.reward_id, v2.reward_id]
+    assert [orjson.loads(data)["metadata"]["version"] for _, data in rows] == [1, 2]
     store.close()
 
 

@@ -423,7 +423,7 @@ async def test_rewards_left_in_the_outbox_are_published_at_start(bus: Bus, tmp_p
     store = RewardStore(tmp_path / "rewards" / "state.sqlite")
     store.commit(
         rewards=[(scored.trajectory_id, 1, scored.to_json(), {})],
-        outbox=[(scored.reward_id, scored.trajectory_id)],
+        outbox=[(scored.reward_id, scored.trajectory_id, scored.to_json())],
     )
     store.close()
     svc = Running(bus, tmp_path, durable=durable())

@@ -382,7 +382,7 @@ class RewardService:
                 feedback_applied=commit["feedback_applied"],
                 dropped=drops,
                 counters=dict(self.counters + delta),
-                outbox=[(r.reward_id, r.trajectory_id) for r in rewards],
+                outbox=[(r.reward_id, r.trajectory_id, r.to_json()) for r in rewards],
             )
         except BaseException:
             self._db.release()
@@ -666,7 +666,7 @@ class RewardService:
             rewards=rows,
             feedback_new=new_rows,
             counters=dict(self.counters + delta),
-            outbox=[(r.reward_id, r.trajectory_id) for r in publish],
+            outbox=[(r.reward_id, r.trajectory_id, r.to_json()) for r in publish],
         )
         self.counters.update(delta)
         if delta["feedback_pending"]:

@@ -54,8 +54,9 @@ CREATE TABLE IF NOT EXISTS dropped (
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS outbox (     -- rewards committed but not yet confirmed by JetStream
     reward_id     TEXT PRIMARY KEY,
-    trajectory_id TEXT NOT NULL,      -- its reward (latest version) is in `rewards`
-    created_at    REAL NOT NULL
+    trajectory_id TEXT NOT NULL,
+    created_at    REAL NOT NULL,
+    reward        BLOB                -- this version's RewardEvent (NULL: rows of older files)
 );
 """
 
@@ -78,6 +79,9 @@ class RewardStore:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(SCHEMA)
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(outbox)")}
+        if "reward" not in columns:  # a state file of an older version
+            self.db.execute("ALTER TABLE outbox ADD COLUMN reward BLOB")
 
     def close(self) -> None:
         self.db.close()
@@ -150,7 +154,7 @@ class RewardStore:
         feedback_applied: Iterable[tuple[str, int]] = (),
         dropped: Iterable[tuple[str, str]] = (),
         counters: dict[str, int] | None = None,
-        outbox: Iterable[tuple[str, str]] = (),
+        outbox: Iterable[tuple[str, str, bytes]] = (),
     ) -> None:
         """Write everything of one batch atomically (and durably) or nothing.
 
@@ -179,8 +183,9 @@ class RewardStore:
                 [(tid, why, now) for tid, why in dropped],
             )
             cur.executemany(
-                "INSERT OR REPLACE INTO outbox VALUES (?, ?, ?)",
-                [(rid, tid, now) for rid, tid in outbox],
+                "INSERT OR REPLACE INTO outbox (reward_id, trajectory_id, created_at, reward) "
+                "VALUES (?, ?, ?, ?)",
+                [(rid, tid, now, reward) for rid, tid, reward in outbox],
             )
             if windows is not None:
                 cur.execute(
@@ -196,9 +201,11 @@ class RewardStore:
             raise
 
     def outbox(self, older_than_s: float = 0.0, limit: int = 10_000) -> list[tuple[str, bytes]]:
-        """(outbox reward id, the trajectory's latest reward JSON) for rewards not yet
-        confirmed published, oldest first. A superseded version is answered with the latest
-        one, which is what consumers keep anyway."""
+        """(outbox reward id, that reward version's JSON) for rewards not yet confirmed
+        published, oldest first. Each version is its own row: a version 1 that a crash left
+        unpublished is published even when feedback's version 2 came after it (the soak
+        found such gaps when the rows pointed at the trajectory's latest reward). Rows of an
+        older state file, without their own payload, are answered with the latest one."""
         return [(rid, data) for rid, data, _ in self.outbox_rows(older_than_s, limit)]
 
     def outbox_rows(
@@ -207,7 +214,7 @@ class RewardStore:
         """Like `outbox()`, with each row's creation time (unix seconds)."""
         cutoff = time.time() - older_than_s
         rows = self.db.execute(
-            "SELECT o.reward_id, r.reward, o.created_at FROM outbox o "
+            "SELECT o.reward_id, COALESCE(o.reward, r.reward), o.created_at FROM outbox o "
             "JOIN rewards r USING (trajectory_id) "
             "WHERE o.created_at <= ? ORDER BY o.created_at LIMIT ?",
             (cutoff, limit),
