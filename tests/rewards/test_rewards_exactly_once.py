@@ -261,6 +261,40 @@ def test_each_unpublished_version_is_replayed_as_itself(tmp_path: Path) -> None:
     store.close()
 
 
+async def test_a_committed_version_no_one_published_is_published_before_feedback_supersedes_it(
+    bus: Bus, tmp_path: Path
+) -> None:
+    """A replica committed version 1 to the shared record and died before publishing it;
+    feedback then reaches another replica (its own data dir, as on another machine). Version
+    1 must still reach the stream, under its own id, beside feedback's version 2 (the
+    trajectory's redelivery would find version 2 in the record and publish nothing older)."""
+    from agentrl.contracts.feedback import FeedbackEvent
+
+    name = f"once-{uuid.uuid4().hex[:8]}"
+    first = await started(bus, tmp_path / "a", name)
+    doc = fresh(41)
+    await bus.publish(TrajectoryEvent.model_validate(doc))
+    await until(lambda: _ge(reward_count(bus), 1), "version 1")
+    await first.stop()
+    (v1,) = await read_stream(bus, "RL_REWARDS", REWARD)
+    # the stream as that replica's death left it: the record holds version 1, the stream not
+    await bus.js.delete_msg("RL_REWARDS", (await bus.js.stream_info("RL_REWARDS")).state.last_seq)
+    assert await reward_count(bus) == 0
+    other = await started(bus, tmp_path / "b", name)
+    await asyncio.sleep(1.5)  # past the 1 s duplicate window: the server forgot version 1's id
+    await bus.publish(
+        FeedbackEvent(
+            trajectory_id=doc["trajectory_id"], timestamp="2026-11-27T08:00:00Z", type="thumbs_up"
+        )
+    )
+    await until(lambda: _ge(reward_count(bus), 2), "versions 1 and 2")
+    await other.stop()
+    got = await read_stream(bus, "RL_REWARDS", REWARD)
+    assert [d["metadata"]["version"] for d in got] == [1, 2]
+    assert got[0]["reward_id"] == v1["reward_id"]
+    assert other.service.counters["republished_committed"] == 1
+
+
 async def _ge(value: Awaitable[int], want: int) -> bool:
     return await value >= want
 

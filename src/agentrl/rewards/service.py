@@ -50,7 +50,7 @@ from agentrl.rewards.code import CodeChecker
 from agentrl.rewards.components import FeedbackState
 from agentrl.rewards.config import RewardConfig
 from agentrl.rewards.pipeline import Preparer, opt_out_reason
-from agentrl.rewards.store import RewardStore
+from agentrl.rewards.store import RewardStore, StoredReward
 from agentrl.rewards.window import WindowState
 from agentrl.settings import Settings, get_settings
 
@@ -502,6 +502,28 @@ class RewardService:
         held = await published_reward_ids(self.bus, since - STREAM_CHECK_MARGIN_S)
         return [r for r, _ in recent if r.reward_id not in held]
 
+    async def _superseded_unpublished(
+        self, superseded: list[tuple[Scored, Record]], stored: dict[str, StoredReward]
+    ) -> list[Scored]:
+        """The reward versions feedback just superseded that no one published.
+
+        A replica killed between committing version n to the shared record and publishing
+        it leaves a version only its redelivery would publish, and that redelivery finds
+        version n+1 once feedback moved the record on: version n would be lost. Versions
+        this replica holds as published (its store has them, nothing in its outbox) are
+        skipped; the others are checked against the reward stream."""
+        if not superseded:
+            return []
+        pending = self.store.unconfirmed([r.trajectory_id for r, _ in superseded])
+        unsure = [
+            (r, rec)
+            for r, rec in superseded
+            if r.trajectory_id in pending
+            or (s := stored.get(r.trajectory_id)) is None
+            or s.version < r.version
+        ]
+        return await self._missing_from_stream(unsure, time.time())
+
     def _score(
         self,
         order: list[int],
@@ -591,6 +613,7 @@ class RewardService:
         states: dict[str, FeedbackState] = {}
         records: dict[str, Record | None] = {}
         theirs: list[tuple[Scored, Record]] = []
+        superseded: list[tuple[Scored, Record]] = []
         new_rows: list[tuple[str, str, str, int | None]] = []
         delta: Counter[str] = Counter()
         for i, ev in enumerate(events):
@@ -632,6 +655,8 @@ class RewardService:
                     new_rows.append((ev.feedback_id, tid, row_payload, reward.version))
                     theirs.append((reward, rec))
                 elif reward is not None and state is not None:  # applied
+                    if rec is not None and tid not in latest:  # the version before this batch
+                        superseded.append((Scored(rec.data["reward"]), rec))
                     latest[tid], states[tid] = reward, state
                     new_rows.append((ev.feedback_id, tid, row_payload, reward.version))
                     delta["feedback_applied"] += 1
@@ -661,7 +686,10 @@ class RewardService:
             for r, rec in theirs
             if r.trajectory_id not in latest
         ]
-        publish = [*latest.values(), *republish]
+        unpublished = await self._superseded_unpublished(superseded, stored)
+        delta["rewards_published"] += len(unpublished)
+        delta["republished_committed"] += len(unpublished)
+        publish = [*unpublished, *latest.values(), *republish]
         await self._commit(
             rewards=rows,
             feedback_new=new_rows,
@@ -680,9 +708,9 @@ class RewardService:
 
         Returns ("pending"|"dropped"|"applied"|"already", reward, feedback state, record):
         before its trajectory is scored the feedback is appended to the record's pending
-        list; after, it makes the next reward version, unless the record already carries it
-        ("already": committed by a replica, maybe never published). `records` caches this
-        batch's latest records."""
+        list; after, it makes the next reward version (the record returned is the one it
+        superseded), unless the record already carries it ("already": committed by a
+        replica, maybe never published). `records` caches this batch's latest records."""
         assert self.claims is not None
         claims, tid = self.claims, ev.trajectory_id
         for _ in range(8):
@@ -718,7 +746,7 @@ class RewardService:
             rev = await claims.update(tid, value, rec.revision)
             if rev is not None:
                 records[tid] = Record(orjson.loads(value), rev)
-                return "applied", reward, state, None
+                return "applied", reward, state, rec
         raise TransientError(f"the shared reward record of {tid} kept changing; retried")
 
 
