@@ -35,3 +35,28 @@ async def test_waits_for_the_gateway_to_route_to_the_warm_start(nats_url: str) -
     with pytest.raises(RuntimeError, match="no gateway served"):
         await _until_served(registry, public, f"{public}-v2", timeout_s=1)
     await bus.close()
+
+
+def test_the_warm_start_is_not_one_of_the_generations() -> None:
+    """A warm start is live from the first second: counted as a decided generation, a
+    one-generation loop with `--init-checkpoint` ended before its first job (measured)."""
+    from agentrl.app.loop import trained_and_decided
+    from agentrl.deploy.registry import ModelRecord
+
+    def rec(v: int, state: str, ckpt: str | None = "/ckpt") -> ModelRecord:
+        return ModelRecord(
+            model_id=f"p-v{v}" if v else "p-base",
+            version=v,
+            public_name="p",
+            base_model="smollm2",
+            checkpoint_path=ckpt,
+            state=state,  # type: ignore[arg-type]
+        )
+
+    records = [rec(0, "retired", None), rec(1, "live"), rec(2, "candidate")]
+    assert trained_and_decided(records, {None, "p-v1"}) == []  # v1: the warm start
+    records[2].state = "rolled_back"
+    records.append(rec(3, "rejected"))
+    got = trained_and_decided(records, {"p-v1", "p-v3"})  # v3: injected by hand
+    assert [r.model_id for r in got] == ["p-v2"]
+    assert [r.model_id for r in trained_and_decided(records, {None})] == ["p-v1", "p-v2", "p-v3"]

@@ -726,8 +726,10 @@ async def run_loop(
             bus = stack.bus
             registry = await Registry.open(bus.js, ds.bucket)
             result.start_model = f"{public}-base"
+            start_model: str | None = None  # a warm start is not one of the generations
             if cfg.init_checkpoint:
-                result.start_model = await start_from(registry, bus, public, cfg, data_dir, say)
+                start_model = await start_from(registry, bus, public, cfg, data_dir, say)
+                result.start_model = start_model
             watch = Watch()
             stop_watch = asyncio.Event()
             watchers = [
@@ -814,13 +816,7 @@ async def run_loop(
                         f"{len(watch.rewards)} rewarded, by version {agents.by_model}, "
                         f"{agents.mixed} played by two versions"
                     )
-                finished = [
-                    r
-                    for r in records
-                    if r.state in ("live", "retired", "rolled_back", "rejected")
-                    and r.checkpoint_path
-                ]
-                decided = [r for r in finished if r.model_id != injected]
+                decided = trained_and_decided(records, {injected, start_model})
                 busy = rollout is not None and rollout.status == "running"
                 validating = [
                     r
@@ -913,7 +909,11 @@ async def run_loop(
                 ]
                 row.rewards = len(rs)
                 row.mean_reward = sum(rs) / len(rs) if rs else None
-                if r.model_id in served:
+                if start_model is not None and r.checkpoint_path is None:
+                    # with a warm start the comparison is start vs trained; the base's
+                    # figure is the warm start's own run's (`agentrl learn`), not re-measured
+                    say(f"held-out: {r.model_id} not evaluated (the run started warm)")
+                elif r.model_id in served:
                     wins, n, per = await agents.heldout(r.model_id, tasks)
                     row.heldout_success, row.heldout_n = wins / n, n
                     row.ci_low, row.ci_high = wilson(wins, n)
@@ -995,6 +995,20 @@ async def _until_served(
                 return
         await asyncio.sleep(0.25)
     raise RuntimeError(f"no gateway served the warm start {model_id} within {timeout_s:.0f}s")
+
+
+def trained_and_decided(records: list[Any], not_trained: set[str | None]) -> list[Any]:
+    """The versions this run trained whose fate is decided (live, retired, rolled back or
+    rejected): what `generations` counts. Not the warm start nor a hand-injected version
+    (the warm start is live from the first second: counted, a one-generation loop with a
+    warm start ended before its first job)."""
+    return [
+        r
+        for r in records
+        if r.state in ("live", "retired", "rolled_back", "rejected")
+        and r.checkpoint_path
+        and r.model_id not in not_trained
+    ]
 
 
 def _model_of(watch: Watch, tid: str) -> str | None:
