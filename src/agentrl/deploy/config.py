@@ -52,6 +52,13 @@ class Analysis(BaseModel):
     inconclusive_deadline_s: float = Field(
         3600.0, ge=0.0, description="Seconds past a step's pause before `on_inconclusive`."
     )
+    unserved_deadline_s: float = Field(
+        3600.0,
+        ge=0.0,
+        description="Seconds a step may wait for any gateway to serve the new version (its "
+        "clock starts only then, so a slow load is not judged); past it `on_inconclusive` "
+        "applies: a version no gateway ever serves is not held forever.",
+    )
 
     @field_validator("advance_on", mode="before")
     @classmethod
@@ -126,6 +133,7 @@ class DeploySettings(BaseSettings):
     reward_range: tuple[float, float] = (-1.0, 1.0)
     on_inconclusive: Literal["rollback", "hold"] = "rollback"
     inconclusive_deadline_s: float = Field(3600.0, ge=0.0)
+    unserved_deadline_s: float = Field(3600.0, ge=0.0)
     auto_deploy: bool = Field(True, description="Deploy validated candidates without a human.")
     # validation
     validate_models: bool = Field(True, description="Run validation before deploying.")
@@ -212,5 +220,6 @@ class DeploySettings(BaseSettings):
                 reward_range=self.reward_range,
                 on_inconclusive=self.on_inconclusive,
                 inconclusive_deadline_s=self.inconclusive_deadline_s,
+                unserved_deadline_s=self.unserved_deadline_s,
             ),
         )

@@ -203,7 +203,9 @@ class Controller:
         last one promotes, only when its pause has passed, every check passed (at least
         `min_samples` per version on both sides) and a gateway serves the new version;
         otherwise it holds, and a step still undecided `inconclusive_deadline_s` after its
-        pause is rolled back or handed to a human (`on_inconclusive`)."""
+        pause (counted from the first serving report), or never served at all
+        `unserved_deadline_s` into the step, is rolled back or handed to a human
+        (`on_inconclusive`)."""
         if not self.active():
             return "standby"
         self.ticks = [*self.ticks[-999:], time.time()]
@@ -334,18 +336,26 @@ class Controller:
             why += f"; no gateway serves {new}" + (" yet" if step.weight > 0 else " (not ready)")
             if served_s is None:
                 why += f" ({elapsed:.0f}s since the step began: the step's clock has not started)"
-        # never served at this step: no deadline runs (the version had no traffic to judge)
+        # never served at this step: the inconclusive deadline does not run (the version had
+        # no traffic to judge), but the wait for a gateway to serve it is bounded
         over = (
             -1.0
             if served_s is None
             else served_s - step.pause_s - plan.analysis.inconclusive_deadline_s
         )
-        if ready and verdict != "fail" and over >= 0:
-            limit = plan.analysis.inconclusive_deadline_s
-            waited = (
-                f"undecided {served_s:.0f}s after a gateway first served it in step "
-                f"{rollout.step + 1} (pause {step.pause_s:g}s + deadline {limit:g}s)"
-            )
+        unserved = served_s is None and elapsed >= plan.analysis.unserved_deadline_s
+        if (ready and verdict != "fail" and over >= 0) or unserved:
+            if unserved:
+                waited = (
+                    f"never served: no gateway served it {elapsed:.0f}s into step "
+                    f"{rollout.step + 1} (deadline {plan.analysis.unserved_deadline_s:g}s)"
+                )
+            else:
+                limit = plan.analysis.inconclusive_deadline_s
+                waited = (
+                    f"undecided {served_s:.0f}s after a gateway first served it in step "
+                    f"{rollout.step + 1} (pause {step.pause_s:g}s + deadline {limit:g}s)"
+                )
             if plan.analysis.on_inconclusive == "rollback":
                 await self.deployer.rollback(
                     by=BY,
