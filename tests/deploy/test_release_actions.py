@@ -586,6 +586,60 @@ async def test_a_version_no_gateway_ever_serves_is_rolled_back_after_its_own_dea
     assert "never served" in reason and f"no gateway serves {v1}" in reason, reason
 
 
+@pytest.mark.parametrize("new_live_validated", [True, False], ids=["recorded", "unvalidated"])
+async def test_a_canary_promoted_during_validation_is_the_live_model_compared_with(
+    env: Env, tmp_path: Path, new_live_validated: bool
+) -> None:
+    """v2 is validated against the live base (0.00) while v1's canary is promoted (0.80):
+    v2 passed against the base, but it is deployed only if it does not regress against v1.
+    The loop's fresh-clone run 2: v5, validated against a 0.00 live version, replaced v3
+    (0.82 held-out) and the run ended at 0.50. When the new live model has no recorded
+    validation, v2 is validated again against it."""
+    from agentrl.deploy.service import build
+
+    e = env
+    v1, v2 = e.candidate, await register_upstream(e.deployer, e.upstream)
+
+    def bench(mean: float) -> dict[str, Any]:
+        return {"benchmark": {"mean": mean}, "reasons": []}
+
+    await e.registry.update_model(e.base, lambda r: setattr(r, "validation_details", bench(0.0)))
+    calls: list[tuple[str, str | None]] = []
+
+    async def validate(record: Any, live: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        calls.append((record.model_id, live.model_id if live else None))
+        if len(calls) == 1:  # meanwhile v1's canary passes and is promoted
+            if new_live_validated:
+                await e.registry.update_model(
+                    v1, lambda r: setattr(r, "validation_details", bench(0.8))
+                )
+            await e.deployer.promote(v1, by="test", reason="its canary passed")
+        regressed = live is not None and live.model_id == v1
+        results = {
+            "benchmark_passed": True,
+            "safety_checks_passed": True,
+            "performance_regression": regressed,
+        }
+        return results, {**bench(0.3), "reasons": ["benchmark mean -0.500"] if regressed else []}
+
+    deploy = DeploySettings(public_model=e.public, bucket=e.bucket, completion_log=False)
+    d = await build(e.bus, Settings(data_dir=tmp_path), deploy, validate=validate, plan=plan())
+    try:
+        record = await d.controller.validate_and_deploy(await e.registry.require_model(v2))
+    finally:
+        await d.manager.close()
+    assert record.state == "rejected", [x.reason for x in record.decisions]
+    if new_live_validated:  # compared with v1's recorded validation, no second run
+        assert calls == [(v2, e.base)]
+        assert f"validation failed against {v1}, live since" in record.decisions[-1].reason
+        assert "benchmark mean -0.500 vs live" in record.decisions[-1].reason
+    else:  # v1 has no recorded benchmark: v2 is validated again, against v1
+        assert calls == [(v2, e.base), (v2, v1)]
+        assert record.decisions[-1].reason == "validation failed: benchmark mean -0.500"
+    split, _ = await e.registry.get_split(e.public)
+    assert split is not None and split.live == v1 and v2 not in split.weights
+
+
 # ---- 3. refusals expire; the last good version stands in for a live one that cannot serve ----
 
 

@@ -122,44 +122,69 @@ class Controller:
             )
         return await self.validate_and_deploy(record)
 
+    async def _live(self) -> ModelRecord | None:
+        split, _ = await self.registry.get_split(self.deployer.public)
+        return await self.registry.get_model(split.live) if split and split.live else None
+
     async def validate_and_deploy(self, record: ModelRecord) -> ModelRecord:
         if self.validate is not None and self.settings.validate_models:
-            split, _ = await self.registry.get_split(self.deployer.public)
-            live = await self.registry.get_model(split.live) if split and split.live else None
-            try:
-                results, details = await self.validate(record, live)
-            except Exception as exc:
-                return await self.registry.transition(
-                    record.model_id,
-                    "rejected",
-                    by=BY,
-                    action="reject",
-                    reason=f"validation could not run: {type(exc).__name__}: {exc}",
-                )
+            live = await self._live()
+            for _ in range(3):
+                try:
+                    results, details = await self.validate(record, live)
+                except Exception as exc:
+                    return await self.registry.transition(
+                        record.model_id,
+                        "rejected",
+                        by=BY,
+                        action="reject",
+                        reason=f"validation could not run: {type(exc).__name__}: {exc}",
+                    )
 
-            def store(r: ModelRecord) -> None:
-                r.validation_results, r.validation_details = results, details
+                def store(r: ModelRecord, res: Any = results, det: Any = details) -> None:
+                    r.validation_results, r.validation_details = res, det
 
-            record = await self.registry.update_model(record.model_id, store)
-            failed = [
-                k
-                for k, bad in (
-                    ("benchmark", not results["benchmark_passed"]),
-                    ("safety", not results["safety_checks_passed"]),
-                    ("regression", results["performance_regression"]),
-                )
-                if bad
-            ]
-            if failed:
-                reasons = "; ".join(details.get("reasons", [])) or ", ".join(failed)
-                return await self.registry.transition(
-                    record.model_id,
-                    "rejected",
-                    by=BY,
-                    action="reject",
-                    reason=f"validation failed: {reasons}",
-                    evidence={"validation_results": results},
-                )
+                record = await self.registry.update_model(record.model_id, store)
+                failed = [
+                    k
+                    for k, bad in (
+                        ("benchmark", not results["benchmark_passed"]),
+                        ("safety", not results["safety_checks_passed"]),
+                        ("regression", results["performance_regression"]),
+                    )
+                    if bad
+                ]
+                if failed:
+                    reasons = "; ".join(details.get("reasons", [])) or ", ".join(failed)
+                    return await self.registry.transition(
+                        record.model_id,
+                        "rejected",
+                        by=BY,
+                        action="reject",
+                        reason=f"validation failed: {reasons}",
+                        evidence={"validation_results": results},
+                    )
+                # A canary promoted while this one validated: the live model it was compared
+                # with is not live any more (the loop's v5, validated against a 0.00 live
+                # version, replaced v3 at 0.82). The regression rule again, against the new
+                # live model's recorded validation; validated again when it has none.
+                now = await self._live()
+                if now is None or (live is not None and now.model_id == live.model_id):
+                    break
+                if now.validation_details.get("benchmark"):
+                    why = regression_vs_live(details, now.validation_details, self.settings)
+                    if why is None:
+                        break
+                    return await self.registry.transition(
+                        record.model_id,
+                        "rejected",
+                        by=BY,
+                        action="reject",
+                        reason=f"validation failed against {now.model_id}, live since this "
+                        f"candidate's validation began: {why}",
+                        evidence={"validation_results": results},
+                    )
+                live = now
             await self.registry.record(
                 record.model_id,
                 by=BY,
@@ -430,8 +455,7 @@ class Controller:
             return None
         # The live model may have changed since they were validated: the seed's regression
         # rule is applied again against it (both validations are recorded: no new run).
-        split, _ = await self.registry.get_split(self.deployer.public)
-        live = await self.registry.get_model(split.live) if split and split.live else None
+        live = await self._live()
         newest = None
         for r in sorted(waiting, key=lambda r: r.version, reverse=True):
             why = None
