@@ -60,3 +60,28 @@ def test_the_warm_start_is_not_one_of_the_generations() -> None:
     got = trained_and_decided(records, {"p-v1", "p-v3"})  # v3: injected by hand
     assert [r.model_id for r in got] == ["p-v2"]
     assert [r.model_id for r in trained_and_decided(records, {None})] == ["p-v1", "p-v2", "p-v3"]
+
+
+def test_a_warm_started_runs_summary_counts_only_what_it_trained() -> None:
+    """The one-line result of a warm-started run whose trained version was rejected: nothing
+    promoted by the loop, no trained figure, the held-out size of the evaluated rows (the
+    base is not evaluated there), no promotion time (it was 0 promoted and -43 s)."""
+    from agentrl.app.loop import LoopResult, VersionRow
+
+    start = VersionRow("p-v1", "live", 0.7, 0.57, 0.80, heldout_n=60, decision="promote")
+    result = LoopResult(
+        versions=[
+            VersionRow("p-base", "retired", decision="bootstrap"),
+            start,
+            VersionRow("p-v2", "rejected", decision="reject"),
+        ],
+        start_model="p-v1",
+    )
+    got = result.summary()
+    assert got["promoted"] == 0
+    assert got["heldout_seeds"] == 60
+    assert got["base_heldout_success"] is None
+    assert got["start_heldout_success"] == got["live_heldout_success"] == 0.7
+    assert got["trained_heldout_success"] is None  # no trained version was served
+    assert got["best_heldout_success"] == 0.7
+    assert got["loop_wall_s"] is None

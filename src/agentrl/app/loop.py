@@ -302,9 +302,13 @@ class LoopResult:
         base = next((v for v in self.versions if v.model_id.endswith("-base")), None)
         served = [v for v in self.versions if v.heldout_success is not None]
         best = max(served, key=lambda v: v.heldout_success or 0.0, default=None)
-        promoted = [v for v in self.versions if v.decision == "promote"]
+        # promoted by the loop's own generations (a warm start is promoted by hand)
+        promoted = [
+            v for v in self.versions if v.decision == "promote" and v.model_id != self.start_model
+        ]
         trained = max(promoted, key=lambda v: v.heldout_success or 0.0, default=None)
-        chosen = trained or best
+        # none promoted: the best evaluated version, unless that is the warm start itself
+        chosen = trained or (best if best and best.model_id != self.start_model else None)
         live = next((v for v in self.versions if v.state == "live"), None)
         return {
             "versions": len(self.versions),
@@ -314,7 +318,7 @@ class LoopResult:
             "best_heldout_success": best.heldout_success if best else None,
             "trained_heldout_success": chosen.heldout_success if chosen else None,
             "live_heldout_success": live.heldout_success if live else None,
-            "heldout_seeds": base.heldout_n if base else 0,
+            "heldout_seeds": max((v.heldout_n for v in served), default=0),
             "trajectories": self.trajectories,
             "rewards": self.rewards,
             "lost": self.lost,
@@ -884,7 +888,11 @@ async def run_loop(
             records = await registry.list_models(public)
             _deploy_stages(records, stages)
             promoted_at = [
-                d.at.timestamp() for r in records for d in r.decisions if d.action == "promote"
+                d.at.timestamp()
+                for r in records
+                if r.model_id != start_model  # the warm start's promotion precedes acting
+                for d in r.decisions
+                if d.action == "promote"
             ]
             if agents.first_published is not None and promoted_at:
                 result.loop_wall_s = max(promoted_at) - agents.first_published
