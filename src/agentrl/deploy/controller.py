@@ -113,14 +113,18 @@ class Controller:
         if record.state != "candidate" or len(record.decisions) > 1:
             return record  # seen before (redelivery): already handled
         if not sha:
-            return await self.registry.transition(
+            return await self._reject(
                 record.model_id,
-                "rejected",
-                by=BY,
-                action="reject",
-                reason=f"{ckpt} is not a complete checkpoint (no manifest.json)",
+                f"{ckpt} is not a complete checkpoint (no manifest.json)",
             )
         return await self.validate_and_deploy(record)
+
+    async def _reject(
+        self, model_id: str, reason: str, evidence: dict[str, Any] | None = None
+    ) -> ModelRecord:
+        return await self.registry.transition(
+            model_id, "rejected", by=BY, action="reject", reason=reason, evidence=evidence
+        )
 
     async def _live(self) -> ModelRecord | None:
         split, _ = await self.registry.get_split(self.deployer.public)
@@ -133,12 +137,9 @@ class Controller:
                 try:
                     results, details = await self.validate(record, live)
                 except Exception as exc:
-                    return await self.registry.transition(
+                    return await self._reject(
                         record.model_id,
-                        "rejected",
-                        by=BY,
-                        action="reject",
-                        reason=f"validation could not run: {type(exc).__name__}: {exc}",
+                        f"validation could not run: {type(exc).__name__}: {exc}",
                     )
 
                 def store(r: ModelRecord, res: Any = results, det: Any = details) -> None:
@@ -156,13 +157,10 @@ class Controller:
                 ]
                 if failed:
                     reasons = "; ".join(details.get("reasons", [])) or ", ".join(failed)
-                    return await self.registry.transition(
+                    return await self._reject(
                         record.model_id,
-                        "rejected",
-                        by=BY,
-                        action="reject",
-                        reason=f"validation failed: {reasons}",
-                        evidence={"validation_results": results},
+                        f"validation failed: {reasons}",
+                        {"validation_results": results},
                     )
                 # A canary promoted while this one validated: the live model it was compared
                 # with is not live any more (the loop's v5, validated against a 0.00 live
@@ -175,14 +173,11 @@ class Controller:
                     why = regression_vs_live(details, now.validation_details, self.settings)
                     if why is None:
                         break
-                    return await self.registry.transition(
+                    return await self._reject(
                         record.model_id,
-                        "rejected",
-                        by=BY,
-                        action="reject",
-                        reason=f"validation failed against {now.model_id}, live since this "
+                        f"validation failed against {now.model_id}, live since this "
                         f"candidate's validation began: {why}",
-                        evidence={"validation_results": results},
+                        {"validation_results": results},
                     )
                 live = now
             await self.registry.record(
