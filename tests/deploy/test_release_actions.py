@@ -566,7 +566,7 @@ async def test_a_served_version_without_evidence_is_rolled_back_after_the_deadli
     assert evidence["served_s"] < 1.2 <= evidence["step_elapsed_s"], evidence
 
 
-@pytest.mark.plan(plan(pause=0.0, inconclusive_deadline_s=0.3, unserved_deadline_s=1.0))
+@pytest.mark.plan(plan(pause=0.0, inconclusive_deadline_s=0.3, unserved_deadline_s=2.0))
 async def test_a_version_no_gateway_ever_serves_is_rolled_back_after_its_own_deadline(
     env: Env, live: Live
 ) -> None:
@@ -574,12 +574,17 @@ async def test_a_version_no_gateway_ever_serves_is_rolled_back_after_its_own_dea
     version that no gateway ever serves (a gateway that never loads it and never refuses)
     is not held forever: past `unserved_deadline_s` it is rolled back, saying why."""
     e, v1, d = env, env.candidate, live.d
+    t0 = time.monotonic()
     await e.deployer.start(v1, d.controller.plan, by="test")  # the manager never syncs
-    assert await d.controller.tick() == "hold"
     await asyncio.sleep(0.5)  # past the inconclusive deadline, which has not started
-    assert await d.controller.tick() == "hold"
-    await asyncio.sleep(0.6)
-    assert await d.controller.tick() == "rollback"
+    action = await d.controller.tick()
+    if time.monotonic() - t0 < 2.0:  # the step is younger than the unserved deadline
+        assert action == "hold"
+    while action != "rollback":
+        assert time.monotonic() - t0 < 30, action
+        await asyncio.sleep(0.2)
+        action = await d.controller.tick()
+    assert time.monotonic() - t0 >= 2.0
     record = await e.registry.require_model(v1)
     assert record.state == "rolled_back"
     reason = record.decisions[-1].reason
