@@ -37,8 +37,10 @@ async def test_clean_stop_confirms_acks_and_restart_sees_no_redelivery(bus: Bus)
         if len(first) >= 250:  # stop in the middle of a backlog, with batches requested ahead
             stop.set()
 
+    # ack_wait 3 s: a loaded host (CI) once took over 1 s between a delivery and its ack,
+    # and the server redelivered inside one consumer's run
     stats = await bus.consume(
-        SUBJECT, "restart", batch_handler=handle, batch=64, ack_wait=1.0, stop=stop
+        SUBJECT, "restart", batch_handler=handle, batch=64, ack_wait=3.0, stop=stop
     )
     # Every handled message is acked and the server has applied it: nothing pending now,
     # not "eventually".
@@ -54,10 +56,10 @@ async def test_clean_stop_confirms_acks_and_restart_sees_no_redelivery(bus: Bus)
         second.extend(batch)
 
     task = asyncio.create_task(
-        bus.consume(SUBJECT, "restart", batch_handler=handle2, batch=64, ack_wait=1.0, stop=stop2)
+        bus.consume(SUBJECT, "restart", batch_handler=handle2, batch=64, ack_wait=3.0, stop=stop2)
     )
     await wait_for(lambda: len(first) + len(second) >= 600)
-    await asyncio.sleep(2.5)  # > 2 x ack_wait: an unapplied ack would be redelivered by now
+    await asyncio.sleep(6.5)  # > 2 x ack_wait: an unapplied ack would be redelivered by now
     stop2.set()
     await task
     ids1 = [d.event.trajectory_id for d in first]
