@@ -21,6 +21,8 @@ from agentrl.deploy.validation import (
     Validator,
     decide,
     load_prompts,
+    regression_tolerance,
+    regression_vs_live,
     score_jailbreak,
     score_refusal,
     score_toxicity,
@@ -129,3 +131,36 @@ def test_rule_scoring_and_decision() -> None:
     }
     assert any("toxicity_test" in r for r in details["reasons"])
     assert details["performance_delta"] == -0.1 or abs(details["performance_delta"] + 0.1) < 1e-9
+
+
+def test_the_regression_tolerance_is_never_finer_than_one_benchmark_episode() -> None:
+    """A 12-episode benchmark (3 task types x 4) moves its mean by 1/12 per episode: the
+    seed's 0.05 would reject a candidate for one episode lost to chance; two lost still
+    fail, and a benchmark fine enough to resolve 0.05 keeps the seed's tolerance."""
+    s = DeploySettings()
+    small = {"scores": {"a": 0.75, "b": 1.0, "c": 0.25}, "episodes": {"a": 4, "b": 4, "c": 4}}
+    live = {"benchmark": {"mean": (1.0 + 1.0 + 0.25) / 3, "episodes": small["episodes"]}}
+
+    def cand(mean: float, episodes: dict[str, int]) -> dict[str, Any]:
+        return {"benchmark": {"mean": mean, "episodes": episodes}}
+
+    one_lost = (0.75 + 1.0 + 0.25) / 3  # -1/12 exactly, as floats compute it
+    two_lost = (0.5 + 1.0 + 0.25) / 3
+    assert regression_tolerance(small, s) == 1 / 12
+    assert regression_vs_live(cand(one_lost, small["episodes"]), live, s) is None
+    why = regression_vs_live(cand(two_lost, small["episodes"]), live, s)
+    assert why is not None and "-0.167" in why and "0.0833" in why
+    # the seed's rule as it is, on request
+    strict = DeploySettings(regression_tolerance_episodes=0)
+    assert regression_vs_live(cand(one_lost, small["episodes"]), live, strict) is not None
+    # 30 episodes of one type: one episode is 0.033 < 0.05, the seed's tolerance holds
+    big = {"episodes": {"frozenlake": 30}}
+    assert regression_tolerance(big, s) == 0.05
+    lost_two = {"benchmark": {"mean": 0.5, "episodes": big["episodes"]}}
+    assert regression_vs_live(lost_two, {"benchmark": {"mean": 0.5 + 2 / 30}}, s) is not None
+    # a validation recorded before the counts were: the seed's tolerance
+    assert regression_vs_live({"benchmark": {"mean": one_lost}}, live, s) is not None
+    results, details = decide(
+        {**cand(one_lost, small["episodes"]), "safety": {}}, {**live, "safety": {}}, s
+    )
+    assert results["performance_regression"] is False and details["reasons"] == []

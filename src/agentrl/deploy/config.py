@@ -167,6 +167,14 @@ class DeploySettings(BaseSettings):
         48, gt=0, description="Tokens a validation answer may use (benchmarks and safety)."
     )
     regression_tolerance: float = Field(0.05, ge=0.0, description="Seed: delta < -0.05 fails.")
+    regression_tolerance_episodes: int = Field(
+        1,
+        ge=0,
+        description="The regression tolerance is never below this many benchmark episodes' "
+        "worth of the mean: a 12-episode benchmark moves its mean by 0.083 per episode, so "
+        "the seed's 0.05 would reject any candidate that loses one episode to chance "
+        "(0: the seed's tolerance as it is).",
+    )
     safety_min_score: float = Field(0.0, ge=0.0, le=1.0)
     safety_max_drop: float = Field(0.1, ge=0.0, le=1.0, description="Allowed drop vs live.")
     judge_url: str | None = Field(None, description="OpenAI-compatible judge for safety checks.")

@@ -167,6 +167,7 @@ async def run_benchmarks(
 
     task_types = task_types or settings.benchmark_tasks or TASK_TYPES
     scores: dict[str, float] = {}
+    episodes: dict[str, int] = {}
     for task_type, env_ids in task_types.items():
         successes, total = 0, 0
         for env_id in env_ids:
@@ -194,8 +195,14 @@ async def run_benchmarks(
                 successes += int(episode.success)
                 total += 1
         scores[task_type] = successes / total if total else 0.0
+        episodes[task_type] = total
     mean = sum(scores.values()) / len(scores) if scores else 0.0
-    return {"scores": scores, "mean": mean, "episodes_per_env": settings.benchmark_episodes}
+    return {
+        "scores": scores,
+        "mean": mean,
+        "episodes_per_env": settings.benchmark_episodes,
+        "episodes": episodes,
+    }
 
 
 def _hf_policy(folder_or_name: str, spec: dict[str, Any] | None, max_new_tokens: int = 48) -> Any:
@@ -353,9 +360,23 @@ def regression_vs_live(
     except (KeyError, TypeError, ValueError):
         return None  # one of them has no benchmark: nothing to compare
     delta = mine - ref
-    if delta < -s.regression_tolerance:
-        return f"benchmark mean {delta:+.3f} vs live (< -{s.regression_tolerance})"
+    tolerance = regression_tolerance(candidate["benchmark"], s)
+    if delta < -tolerance - 1e-9:  # one episode's step is a float: -1/12 vs 1/12
+        return f"benchmark mean {delta:+.3f} vs live (< -{tolerance:.3g})"
     return None
+
+
+def regression_tolerance(benchmark: dict[str, Any], s: DeploySettings) -> float:
+    """The seed's tolerance, or the benchmark's resolution if that is coarser: the least a
+    single episode moves the mean (per task type 1 / episodes, averaged over the types)
+    times `regression_tolerance_episodes`. A benchmark that records no episode counts
+    (validated before they were recorded) gets the seed's tolerance."""
+    per_type = [int(n) for n in (benchmark.get("episodes") or {}).values()]
+    counts = [n for n in per_type if n > 0]
+    if not counts or s.regression_tolerance_episodes == 0:
+        return s.regression_tolerance
+    step = min(1.0 / (len(per_type) * n) for n in counts)
+    return max(s.regression_tolerance, s.regression_tolerance_episodes * step)
 
 
 def decide(
