@@ -85,3 +85,40 @@ def test_a_warm_started_runs_summary_counts_only_what_it_trained() -> None:
     assert got["trained_heldout_success"] is None  # no trained version was served
     assert got["best_heldout_success"] == 0.7
     assert got["loop_wall_s"] is None
+
+
+def test_the_run_finishes_the_versions_already_through_validation() -> None:
+    """The fresh-clone run of 2026-11-27 that reported 0.16: its sixth decided version came
+    while v9 (0.54 held-out) had passed validation and was starting its canary, and the run
+    ended there. The versions past validation at that moment are finished first; a
+    candidate registered later (still unvalidated) is not waited for."""
+    from agentrl.app.loop import passed_validation, undecided
+    from agentrl.deploy.registry import Decision, ModelRecord
+
+    def rec(v: int, state: str, *actions: str) -> ModelRecord:
+        r = ModelRecord(
+            model_id=f"p-v{v}",
+            version=v,
+            public_name="p",
+            base_model="smollm2",
+            checkpoint_path="/ckpt",
+            state=state,  # type: ignore[arg-type]
+        )
+        r.decisions = [Decision(by="c", action=a, reason="") for a in ("register", *actions)]
+        return r
+
+    records = [
+        rec(7, "live", "validate", "promote"),
+        rec(8, "retired", "validate", "supersede"),
+        rec(9, "canary", "validate", "wait", "set_weight"),
+        rec(10, "candidate", "validate", "wait"),
+        rec(11, "candidate"),  # registered, not validated yet
+        rec(12, "rejected", "validate", "reject"),
+    ]
+    assert passed_validation(records, {None}) == {"p-v9", "p-v10"}
+    assert passed_validation(records, {"p-v9"}) == {"p-v10"}  # e.g. an injected version
+    finishing = passed_validation(records, {None})
+    records[2].state = "live"
+    assert undecided(records, finishing) == {"p-v10"}
+    records[3].state = "retired"  # superseded, or promoted and replaced
+    assert undecided(records, finishing) == set()

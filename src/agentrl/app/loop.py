@@ -786,6 +786,7 @@ async def run_loop(
             grace_until = deadline + cfg.grace_s
             last_note = 0.0
             pending = False  # a version in validation or canary when the budget ran out
+            finishing: set[str] | None = None  # validated when `generations` were reached
             while time.monotonic() < deadline or (pending and time.monotonic() < grace_until):
                 await asyncio.sleep(0.5)
                 if interrupted.is_set():
@@ -854,6 +855,15 @@ async def run_loop(
                             f"time budget of {cfg.time_budget_s:.0f}s reached: waiting up to "
                             f"{cfg.grace_s:.0f}s for the version in validation or canary"
                         )
+                if len(decided) >= cfg.generations and finishing is None:
+                    # the versions already through validation (in canary or waiting their
+                    # turn) are decided before the run ends: cutting one mid-canary left the
+                    # previous version live (0.16 reported with 0.54 in its canary)
+                    finishing = passed_validation(records, {injected, start_model})
+                    if finishing:
+                        say(f"{cfg.generations} versions decided: finishing {sorted(finishing)}")
+                if finishing and undecided(records, finishing):
+                    continue
                 if len(decided) >= cfg.generations and not busy:
                     if cfg.bad_candidate and injected is None:
                         injected = await inject_bad_candidate(bus, public, data_dir, say)
@@ -1017,6 +1027,25 @@ def trained_and_decided(records: list[Any], not_trained: set[str | None]) -> lis
         and r.checkpoint_path
         and r.model_id not in not_trained
     ]
+
+
+def passed_validation(records: list[Any], not_trained: set[str | None]) -> set[str]:
+    """Trained versions past validation and not yet decided: in canary, or candidates whose
+    validation passed and that wait for the rollout before them."""
+    return {
+        r.model_id
+        for r in records
+        if r.model_id not in not_trained
+        and (
+            r.state == "canary"
+            or (r.state == "candidate" and any(d.action == "validate" for d in r.decisions))
+        )
+    }
+
+
+def undecided(records: list[Any], ids: set[str]) -> set[str]:
+    """Those of `ids` still in canary or waiting as candidates."""
+    return {r.model_id for r in records if r.model_id in ids and r.state in ("canary", "candidate")}
 
 
 def _model_of(watch: Watch, tid: str) -> str | None:
