@@ -117,6 +117,11 @@ class LoopConfig:
             max_tokens=256,
             benchmark_episodes=4,
             min_samples=8,
+            # a session is a group of 4 episodes and the agents finish 4-6 episodes a minute
+            # on 2 cores: a 50 % step sees well under one session per side a minute. With the
+            # loop's 240 s, v2 (past the gate) was rolled back as undecided with 6 and 2
+            # sessions of the 8 needed (2026-11-27)
+            inconclusive_deadline_s=1200.0,
         )
         if quick:
             base.update(
