@@ -61,6 +61,17 @@ def test_a_left_vllm_group_is_ended_and_anything_else_left_alone(tmp_path: Path)
         pgid_file.write_text(str(other.pid))  # a recycled number: not vLLM
         assert reap_stale_group(pgid_file) == {}
         assert len(group_members(other.pid)) == 2 and not pgid_file.exists()
+
+        live_owned = group("vllm-of-a-running-supervisor")
+        try:  # its owner (here: `other`'s leader, alive) still runs: not stale
+            pgid_file.write_text(f"{live_owned.pid} {other.pid}")
+            assert reap_stale_group(pgid_file) == {}
+            assert len(group_members(live_owned.pid)) == 2
+            pgid_file.write_text(f"{live_owned.pid} {leader_gone}")  # owner gone: stale
+            assert len(reap_stale_group(pgid_file, wait_s=5)) == 2
+            assert group_members(live_owned.pid) == {}
+        finally:
+            end(live_owned)
         pgid_file.write_text("not a number")
         assert reap_stale_group(pgid_file) == {}
     finally:

@@ -184,7 +184,9 @@ class VllmServer:
                 logfile.close()
             return False
         if self.pgid_path is not None:
-            self.pgid_path.write_text(str(self.proc.pid))
+            # the group and its owner: a group whose owner still runs is not stale (two
+            # supervisors must not share a data dir, but if they do, neither ends the other's)
+            self.pgid_path.write_text(f"{self.proc.pid} {os.getpid()}")
         reader = asyncio.create_task(self._pump(self.proc, logfile))
         became_ready = False
         try:
@@ -301,6 +303,16 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def group_members(pgid: int, proc_root: Path = Path("/proc")) -> dict[int, str]:
     """pid -> name (command line, else comm) of the live processes in process group
     `pgid`; empty where there is no /proc (not Linux)."""
@@ -320,13 +332,16 @@ def group_members(pgid: int, proc_root: Path = Path("/proc")) -> dict[int, str]:
 
 
 def reap_stale_group(pgid_path: Path, wait_s: float = 10.0) -> dict[int, str]:
-    """End the process group a previous supervisor recorded in `pgid_path` if it still
-    runs vLLM (a name with "vllm" in it: a recycled pgid of anything else is left alone).
-    Returns the processes it ended."""
+    """End the process group a previous supervisor recorded in `pgid_path` ("pgid owner")
+    if that supervisor is gone (or is this process) and the group still runs vLLM (a name
+    with "vllm" in it: a recycled pgid of anything else is left alone). Returns the
+    processes it ended."""
     try:
-        pgid = int(pgid_path.read_text().strip())
+        pgid, *owner = (int(x) for x in pgid_path.read_text().split())
     except (OSError, ValueError):
         return {}
+    if owner and owner[0] != os.getpid() and _alive(owner[0]):
+        return {}  # its supervisor still runs: not stale
     members = group_members(pgid)
     if not members or not any("vllm" in name.lower() for name in members.values()):
         pgid_path.unlink(missing_ok=True)
