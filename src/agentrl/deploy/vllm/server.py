@@ -293,24 +293,19 @@ class VllmServer:
             self._task = None
 
 
+def _alive(pid: int, group: bool = False) -> bool:
+    """Whether process `pid` (or process group `pid`) exists: signal 0 delivers nothing."""
+    try:
+        (os.killpg if group else os.kill)(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return _alive(pgid, group=True)
 
 
 def group_members(pgid: int, proc_root: Path = Path("/proc")) -> dict[int, str]:
