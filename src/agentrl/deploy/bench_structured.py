@@ -92,6 +92,10 @@ def _pct(values: list[float], q: float) -> float:
 
 
 async def _decode(engine: Any, requests: list[Any]) -> tuple[list[Any], float]:
+    # each side prefills its prompts: the engine keeps a finished row's K/V for the next
+    # turn, so the free run of the same prompts skipped their prefill and the constrained
+    # run, decoded first, paid it alone (measured: "overhead" 0.354 with the grammar at 0.6 %)
+    engine.prefixes.clear()
     started = time.perf_counter()
     gens = await asyncio.gather(*[engine.generate(None, r) for r in requests])
     return list(gens), time.perf_counter() - started
