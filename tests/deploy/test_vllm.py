@@ -105,6 +105,28 @@ def test_loop_on_vllm_refuses_what_vllm_cannot_run() -> None:
         assert done.returncode == 2 and why in done.stderr, done.stderr[-500:]
 
 
+def test_loop_on_vllm_is_sized_to_one_cpu_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--backend vllm` (not quick) sizes the loop to vLLM's CPU build: 8 requests in flight,
+    rank-8 adapters in both the jobs and vLLM's LoRA slots, a 300 s backend wait; what the
+    user passes still wins."""
+    from agentrl.app.loop import LoopConfig, loop_environment
+
+    for key in ("AGENTRL_VLLM_MAX_LORA_RANK", "AGENTRL_VLLM_MAX_LORAS",
+                "AGENTRL_DEPLOY_BACKEND_TIMEOUT_S", "AGENTRL_TRAINING_HYPERPARAMETERS"):  # fmt: skip
+        monkeypatch.delenv(key, raising=False)
+    cfg = LoopConfig.on_vllm(threshold=64)
+    assert (cfg.backend, cfg.agents * cfg.group_size, cfg.threshold) == ("vllm", 8, 64)
+    assert cfg.temperature <= 2.0
+    env = loop_environment(cfg)
+    hyper = json.loads(env["AGENTRL_TRAINING_HYPERPARAMETERS"])
+    assert (hyper["lora_r"], hyper["lora_alpha"]) == (8, 16)
+    assert env["AGENTRL_VLLM_MAX_LORA_RANK"] == "8" and env["AGENTRL_VLLM_MAX_LORAS"] == "2"
+    assert float(env["AGENTRL_DEPLOY_BACKEND_TIMEOUT_S"]) == 300.0
+    local = loop_environment(LoopConfig())  # the embedded loop keeps its sizes
+    assert json.loads(local["AGENTRL_TRAINING_HYPERPARAMETERS"])["lora_r"] == 16
+    assert "AGENTRL_VLLM_MAX_LORA_RANK" not in local
+
+
 async def test_serving_manager_without_vllm_names_the_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -120,7 +120,9 @@ def _register_loop(app: typer.Typer) -> None:
         backend: str = typer.Option(
             "local",
             help="The gateway's serving backend: local (embedded) or vllm (a supervised "
-            "`vllm serve`, every version a LoRA loaded at run time; `agentrl vllm setup`).",
+            "`vllm serve`, every version a LoRA loaded at run time; `agentrl vllm setup`). "
+            "With vllm the FrozenLake loop is sized to a CPU core (LoopConfig.on_vllm: 1 agent "
+            "x groups of 8, rank-8 adapters, one generation; about half an hour on 2 cores).",
         ),
         env: str = typer.Option(
             "frozenlake",
@@ -178,6 +180,8 @@ def _register_loop(app: typer.Typer) -> None:
             overrides["structured"] = False
         if env == "tooluse":
             cfg = LoopConfig.tooluse(quick=quick, **overrides)
+        elif env == "frozenlake" and backend == "vllm" and not quick:
+            cfg = LoopConfig.on_vllm(**overrides)  # sized to what vLLM's CPU build answers
         elif env == "frozenlake":
             cfg = LoopConfig.quick(**overrides) if quick else LoopConfig(**overrides)  # type: ignore[arg-type]
         else:

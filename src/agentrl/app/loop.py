@@ -94,6 +94,8 @@ class LoopConfig:
     min_reward: float = 1.0  # rejection sampling (objective rs): the trajectories kept
     init_checkpoint: str | None = None  # act first with this version (a warm start)
     structured: bool = True  # tool use: replies under the schema (False: the ablation)
+    lora_r: int = 16  # the jobs' LoRA rank (alpha = 2 r)
+    backend_timeout_s: float = 60.0  # the gateway's wait for one answer of its backend
 
     @classmethod
     def tooluse(cls, quick: bool = False, **kw: Any) -> LoopConfig:
@@ -148,6 +150,35 @@ class LoopConfig:
         return cls(**base)
 
     @classmethod
+    def on_vllm(cls, **kw: Any) -> LoopConfig:
+        """The FrozenLake loop served by vLLM's CPU build (`--backend vllm`), sized to what one
+        core answers. Measured on a 2-core AVX2 host (SmolLM2, guided_choice over the moves,
+        ~150-token prompts): the base 2.3-2.5 requests/s at 8-32 in flight; a LoRA version
+        0.53 at max rank 16, 1.07 at rank 8 (vLLM's CPU LoRA ops gather per-token weights,
+        so their cost follows the rank). At the local loop's 64 in flight a LoRA request
+        waited past the gateway's 60 s, and no episode of a trained version ever finished.
+        So: one agent x groups of 8 (8 in flight), rank-8 adapters, a 300 s backend wait,
+        one generation on 128 trajectories, 10 benchmark maps, temperature 2 (vLLM's
+        maximum). About half an hour on 2 cores, most of it the canary and held-out play of
+        the trained version."""
+        base: dict[str, Any] = dict(
+            backend="vllm",
+            generations=1,
+            agents=1,
+            group_size=8,
+            threshold=128,
+            temperature=2.0,
+            lora_r=8,
+            backend_timeout_s=300.0,
+            benchmark_episodes=10,
+            min_samples=4,
+            inconclusive_deadline_s=1500.0,
+            time_budget_s=3600.0,
+        )
+        base.update(kw)
+        return cls(**base)
+
+    @classmethod
     def quick(cls, **kw: Any) -> LoopConfig:
         base: dict[str, Any] = dict(
             model="tiny",
@@ -189,6 +220,8 @@ def loop_environment(cfg: LoopConfig) -> dict[str, str]:
         "minibatches": 4,
         "policy_temperature": 2.0,
         "lora_layers": 2,
+        "lora_r": cfg.lora_r,
+        "lora_alpha": 2 * cfg.lora_r,
         "entropy_coef": 0.02,
     }
     env = {
@@ -212,6 +245,7 @@ def loop_environment(cfg: LoopConfig) -> dict[str, str]:
         "AGENTRL_TRAINING_MIXED_PRECISION": "bf16" if cfg.model != "tiny" and bf16_pays() else "no",
         "AGENTRL_DEPLOY_BASE_MODEL": cfg.model,
         "AGENTRL_DEPLOY_BACKEND": cfg.backend,
+        "AGENTRL_DEPLOY_BACKEND_TIMEOUT_S": str(cfg.backend_timeout_s),
         "AGENTRL_DEPLOY_RAMP": json.dumps(list(cfg.ramp)),
         "AGENTRL_DEPLOY_STEP_DELAY_S": str(cfg.step_delay_s),
         "AGENTRL_DEPLOY_MONITOR_PERIOD_S": "0.5",
@@ -237,6 +271,9 @@ def loop_environment(cfg: LoopConfig) -> dict[str, str]:
         from agentrl.app import loop_tooluse
 
         env.update(loop_tooluse.environment(cfg))
+    if cfg.backend == "vllm":  # vLLM's LoRA slots sized to the jobs' adapters (see on_vllm)
+        env["AGENTRL_VLLM_MAX_LORA_RANK"] = str(cfg.lora_r)
+        env["AGENTRL_VLLM_MAX_LORAS"] = "2"  # live and canary in one batch
     if cfg.model == "tiny":  # a random tiny model's safety scores are noise: no drop check
         env["AGENTRL_DEPLOY_SAFETY_MAX_DROP"] = "1.0"
     return {k: v for k, v in env.items() if k not in os.environ}
