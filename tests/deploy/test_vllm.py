@@ -116,7 +116,7 @@ def test_loop_on_vllm_is_sized_to_one_cpu_core(monkeypatch: pytest.MonkeyPatch) 
         monkeypatch.delenv(key, raising=False)
     cfg = LoopConfig.on_vllm(threshold=64)
     assert (cfg.backend, cfg.agents * cfg.group_size, cfg.threshold) == ("vllm", 8, 64)
-    assert cfg.temperature <= 2.0
+    assert cfg.temperature <= 2.0 and cfg.max_reward_drop == 1.0
     env = loop_environment(cfg)
     hyper = json.loads(env["AGENTRL_TRAINING_HYPERPARAMETERS"])
     assert (hyper["lora_r"], hyper["lora_alpha"]) == (8, 16)

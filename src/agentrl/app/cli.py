@@ -121,8 +121,8 @@ def _register_loop(app: typer.Typer) -> None:
             "local",
             help="The gateway's serving backend: local (embedded) or vllm (a supervised "
             "`vllm serve`, every version a LoRA loaded at run time; `agentrl vllm setup`). "
-            "With vllm the FrozenLake loop is sized to a CPU core (LoopConfig.on_vllm: 1 agent "
-            "x groups of 8, rank-8 adapters, one generation; about half an hour on 2 cores).",
+            "With vllm the FrozenLake loop is sized to a CPU core (LoopConfig.on_vllm: 2 agents "
+            "x groups of 4, rank-8 adapters, one generation; about 40 minutes on 2 cores).",
         ),
         env: str = typer.Option(
             "frozenlake",

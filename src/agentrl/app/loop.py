@@ -157,21 +157,27 @@ class LoopConfig:
         0.53 at max rank 16, 1.07 at rank 8 (vLLM's CPU LoRA ops gather per-token weights,
         so their cost follows the rank). At the local loop's 64 in flight a LoRA request
         waited past the gateway's 60 s, and no episode of a trained version ever finished.
-        So: one agent x groups of 8 (8 in flight), rank-8 adapters, a 300 s backend wait,
+        So: two agents x groups of 4 (8 in flight), rank-8 adapters, a 300 s backend wait,
         one generation on 128 trajectories, 10 benchmark maps, temperature 2 (vLLM's
-        maximum). About half an hour on 2 cores, most of it the canary and held-out play of
-        the trained version."""
+        maximum). Sessions are what the canary counts and they come slowly here (a trained
+        version's group of 8 took ~2.5 minutes at 50 %), so groups are 4 episodes and the
+        canary's reward margin is the whole drop from a good to a failing episode (1.0: with
+        min_samples 4 it decides after ~6 sessions a side; at 0.5 it needed ~12, past its
+        deadline, measured 2026-11-27): here the canary guards against a broken version,
+        held-out quality is the validation gate's, as in the embedded loop. About 40
+        minutes on 2 cores, most of it the canary and held-out play of the trained version."""
         base: dict[str, Any] = dict(
             backend="vllm",
             generations=1,
-            agents=1,
-            group_size=8,
+            agents=2,
+            group_size=4,
             threshold=128,
             temperature=2.0,
             lora_r=8,
             backend_timeout_s=300.0,
             benchmark_episodes=10,
             min_samples=4,
+            max_reward_drop=1.0,
             inconclusive_deadline_s=1500.0,
             time_budget_s=3600.0,
         )
