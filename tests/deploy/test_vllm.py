@@ -7,7 +7,8 @@ One vLLM serves the whole module (it takes a minute or two to start on 2 busy co
 tests run in file order over one registry and gateway: adapter by name with exact tokens,
 streaming, guided_choice, the canary split, a refused adapter, rollback unloading, SIGKILL
 mid-canary. The environment is found at AGENTRL_VLLM_PYTHON, else ~/.cache/agentrl/vllm-env
-(where scripts/setup.sh builds it); without one these tests are skipped, naming the command.
+(where `agentrl vllm setup --path ~/.cache/agentrl/vllm-env` builds it; scripts/setup.sh does
+not: it takes minutes); without one these tests are skipped, naming the command.
 """
 
 from __future__ import annotations
