@@ -122,7 +122,7 @@ def _register_loop(app: typer.Typer) -> None:
             help="The gateway's serving backend: local (embedded) or vllm (a supervised "
             "`vllm serve`, every version a LoRA loaded at run time; `agentrl vllm setup`). "
             "With vllm the FrozenLake loop is sized to a CPU core (LoopConfig.on_vllm: 2 agents "
-            "x groups of 4, rank-8 adapters, one generation; about 40 minutes on 2 cores).",
+            "x groups of 4, rank-8 adapters, one generation; about 35 minutes on 2 cores).",
         ),
         env: str = typer.Option(
             "frozenlake",

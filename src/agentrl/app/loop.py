@@ -164,8 +164,8 @@ class LoopConfig:
         canary's reward margin is the whole drop from a good to a failing episode (1.0: with
         min_samples 4 it decides after ~6 sessions a side; at 0.5 it needed ~12, past its
         deadline, measured 2026-11-27): here the canary guards against a broken version,
-        held-out quality is the validation gate's, as in the embedded loop. About 40
-        minutes on 2 cores, most of it the canary and held-out play of the trained version."""
+        held-out quality is the validation gate's, as in the embedded loop. About 35
+        minutes on 2 cores (2,133 s measured), most of it the trained version's held-out play."""
         base: dict[str, Any] = dict(
             backend="vllm",
             generations=1,
