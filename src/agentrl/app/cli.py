@@ -198,13 +198,11 @@ def _register_loop(app: typer.Typer) -> None:
             )
             raise typer.Exit(2)
         if cfg.backend == "vllm" and cfg.temperature > 2.0:
-            # vLLM samples a guided_choice token by token and refuses temperature > 2; the
-            # local backend scores the choices, where 6 is near-uniform exploration
-            if temperature:
-                typer.echo("error: vLLM takes temperature <= 2 (--temperature)", err=True)
-                raise typer.Exit(2)
-            cfg.temperature = 2.0
-            print("vllm: agents explore at temperature 2 (vLLM's maximum; local: 6)", flush=True)
+            # vLLM samples a guided_choice token by token and refuses temperature > 2 (the
+            # local backend scores the choices, where 6 is near-uniform exploration); every
+            # vLLM profile explores at 2 or less, so only --temperature gets here
+            typer.echo("error: vLLM takes temperature <= 2 (--temperature)", err=True)
+            raise typer.Exit(2)
 
         def say(line: str) -> None:
             print(line, flush=True)
