@@ -436,6 +436,46 @@ async def test_waiting_candidates_deploy_after_the_rollout_newest_first(
 
 
 @pytest.mark.plan(plan(0.2, period=0.2, min_samples=1000))
+async def test_an_older_waiting_candidate_that_scored_better_is_deployed_over_the_newest(
+    harness: Harness, checkpoints: list[str]
+) -> None:
+    """Two candidates wait for a rollout; the older scored 0.47 on the benchmark, the newer
+    0.30 (a job that over-fitted its batch). The older one is deployed; the newer one is
+    superseded with both scores in its reason, never served."""
+    h = harness
+
+    def bench(mean: float):
+        def store(r: Any) -> None:
+            r.validation_details = {"benchmark": {"mean": mean, "episodes": {"fl": 30}}}
+
+        return store
+
+    first = await register(h, checkpoints[0])
+    await h.d.registry.update_model(first, bench(0.1))
+    await h.d.deployer.start(first, h.d.controller.plan, by="test")
+    older = await register(h, checkpoints[1])
+    newer = await register(h, checkpoints[2])
+    for v, mean in ((older, 0.47), (newer, 0.3)):
+        record = await h.d.controller.validate_and_deploy(await h.d.registry.require_model(v))
+        assert record.decisions[-1].action == "wait"
+        await h.d.registry.update_model(v, bench(mean))
+
+    await h.d.deployer.promote(by="alice", reason="enough seen")  # min_samples=1000: it holds
+
+    async def older_canary() -> bool:
+        return (await h.d.registry.require_model(older)).state == "canary"
+
+    await h.wait_for(older_canary, 30)
+    older_rec = await h.d.registry.require_model(older)
+    assert "benchmark 0.470, chosen among 2 waiting" in older_rec.decisions[-1].reason
+    newer_rec = await h.d.registry.require_model(newer)
+    assert newer_rec.state == "retired" and newer_rec.decisions[-1].action == "supersede"
+    reason = newer_rec.decisions[-1].reason
+    assert older in reason and "benchmark 0.470" in reason and "benchmark 0.300" in reason
+    assert all(d.action != "set_weight" for d in newer_rec.decisions)  # never served
+
+
+@pytest.mark.plan(plan(0.2, period=0.2, min_samples=1000))
 async def test_waiting_candidate_worse_than_the_new_live_model_is_rejected(
     harness: Harness, checkpoints: list[str]
 ) -> None:

@@ -16,9 +16,11 @@ from agentrl.bus import Bus
 from agentrl.contracts.base import utcnow
 from agentrl.contracts.training import TrainingStatus
 from agentrl.deploy.config import DeploySettings
+from agentrl.deploy.registry import ModelRecord
 from agentrl.deploy.service import build
 from agentrl.deploy.validation import (
     Validator,
+    best_waiting,
     decide,
     load_prompts,
     regression_tolerance,
@@ -164,3 +166,37 @@ def test_the_regression_tolerance_is_never_finer_than_one_benchmark_episode() ->
         {**cand(one_lost, small["episodes"]), "safety": {}}, {**live, "safety": {}}, s
     )
     assert results["performance_regression"] is False and details["reasons"] == []
+
+
+def test_the_waiting_candidate_deployed_is_the_newest_within_resolution_of_the_best() -> None:
+    """Candidates that waited for a rollout: an older one that scored better on the same
+    benchmark by more than its resolution is deployed (v5 0.47 over v6 0.30 on 30 maps);
+    within the resolution the newer one, trained on more, wins; without benchmarks, the
+    newest."""
+    s = DeploySettings()
+    thirty = {"frozenlake": 30}
+
+    def rec(version: int, mean: float | None) -> ModelRecord:
+        details = {} if mean is None else {"benchmark": {"mean": mean, "episodes": thirty}}
+        return ModelRecord(
+            model_id=f"p-v{version}",
+            version=version,
+            public_name="p",
+            base_model="tiny",
+            checkpoint_path=f"/ckpt/{version}",
+            validation_details=details,
+        )
+
+    assert best_waiting([rec(5, 0.47), rec(6, 0.30)], s).version == 5
+    assert best_waiting([rec(6, 0.30), rec(5, 0.47), rec(4, 0.07)], s).version == 5
+    assert best_waiting([rec(5, 0.47), rec(6, 0.43)], s).version == 6  # 0.04 <= 0.05
+    assert best_waiting([rec(5, 0.50), rec(6, 0.50), rec(3, 0.50)], s).version == 6
+    assert best_waiting([rec(5, None), rec(6, None)], s).version == 6
+    assert best_waiting([rec(5, 0.2), rec(6, None)], s).version == 5  # only one was measured
+    # a 12-episode benchmark resolves 1/12: one episode better is not enough to go back
+    twelve = {"a": 4, "b": 4, "c": 4}
+    old = rec(5, 0.5)
+    old.validation_details["benchmark"]["episodes"] = twelve
+    new = rec(6, 0.5 - 1 / 12)
+    new.validation_details["benchmark"]["episodes"] = twelve
+    assert best_waiting([old, new], s).version == 6

@@ -27,7 +27,7 @@ from agentrl.deploy.errors import DeployError
 from agentrl.deploy.monitor import RewardTracker, Summary, analyse
 from agentrl.deploy.registry import ModelRecord, Rollout
 from agentrl.deploy.sequential import CheckResult
-from agentrl.deploy.validation import regression_vs_live
+from agentrl.deploy.validation import benchmark_mean, best_waiting, regression_vs_live
 from agentrl.observability import instrument as obs
 
 log = logging.getLogger(__name__)
@@ -435,9 +435,11 @@ class Controller:
         return [r.gateway for r in reports if model_id in r.loaded]
 
     async def deploy_waiting(self) -> str | None:
-        """No rollout running: deploy the newest validated candidate that had to wait for
-        the previous rollout; older waiting ones are superseded (a newer job built on them,
-        or on the same live model, has passed validation since)."""
+        """No rollout running: deploy the best validated candidate that had to wait for the
+        previous rollout (`best_waiting`: the newest unless an older one scored better on
+        the benchmark by more than its resolution); the other waiting ones are superseded,
+        and any that regresses against a model that went live since it was validated is
+        rejected."""
         if not self.settings.auto_deploy:
             return None
         records = await self.registry.list_models(self.deployer.public)
@@ -451,36 +453,42 @@ class Controller:
         # The live model may have changed since they were validated: the seed's regression
         # rule is applied again against it (both validations are recorded: no new run).
         live = await self._live()
-        newest = None
+        why = {
+            r.model_id: regression_vs_live(
+                r.validation_details, live.validation_details, self.settings
+            )
+            if live is not None
+            else None
+            for r in waiting
+        }
+        fit = [r for r in waiting if why[r.model_id] is None]
+        chosen = best_waiting(fit, self.settings) if fit else None
         for r in sorted(waiting, key=lambda r: r.version, reverse=True):
-            why = None
-            if newest is None and live is not None:
-                why = regression_vs_live(
-                    r.validation_details, live.validation_details, self.settings
-                )
-            if newest is None and why is None:
-                newest = r
+            if r is chosen:
                 continue
+            reason = why[r.model_id]
             await self.registry.transition(
                 r.model_id,
-                "rejected" if why else "retired",
+                "rejected" if reason else "retired",
                 by=BY,
-                action="reject" if why else "supersede",
+                action="reject" if reason else "supersede",
                 reason=(
                     f"validation failed against {live.model_id if live else 'live'}, live since "
-                    f"this candidate was validated: {why}"
-                    if why
-                    else f"superseded by {newest.model_id if newest else '?'} before it was deployed"
+                    f"this candidate was validated: {reason}"
+                    if reason
+                    else f"superseded by {_scored(chosen)} (this one "
+                    f"{_scored(r, name=False)}) before it was deployed"
                 ),
             )
-        if newest is None:
+        if chosen is None:
             return self._did("reject_waiting")
+        reason = "validated earlier; waited its turn"
+        if len(fit) > 1:
+            reason += f" ({_scored(chosen, name=False)}, chosen among {len(fit)} waiting)"
         try:
-            await self.deployer.start(
-                newest.model_id, self.plan, by=BY, reason="validated earlier; waited its turn"
-            )
+            await self.deployer.start(chosen.model_id, self.plan, by=BY, reason=reason)
         except DeployError as exc:
-            log.info("waiting candidate %s not deployed: %s", newest.model_id, exc)
+            log.info("waiting candidate %s not deployed: %s", chosen.model_id, exc)
             return None
         return self._did("deploy_waiting")
 
@@ -497,6 +505,15 @@ class Controller:
                 log.exception("monitor tick failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), period)
+
+
+def _scored(r: ModelRecord | None, name: bool = True) -> str:
+    """A candidate and its benchmark mean, for a decision's reason."""
+    if r is None:
+        return "?"
+    mean = benchmark_mean(r.validation_details)
+    score = "no benchmark" if mean is None else f"benchmark {mean:.3f}"
+    return f"{r.model_id}, {score}" if name else score
 
 
 def _verdict_text(verdict: str, checks: list[CheckResult]) -> str:

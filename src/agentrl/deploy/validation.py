@@ -354,16 +354,42 @@ def regression_vs_live(
     """The seed's regression rule between two recorded validations (`validation_details`):
     why the candidate regresses against the live model, or None. Used again when a
     candidate validated against an older live model is about to be deployed."""
-    try:
-        mine = float(candidate["benchmark"]["mean"])
-        ref = float((live or {})["benchmark"]["mean"])
-    except (KeyError, TypeError, ValueError):
+    mine, ref = benchmark_mean(candidate), benchmark_mean(live)
+    if mine is None or ref is None:
         return None  # one of them has no benchmark: nothing to compare
     delta = mine - ref
     tolerance = regression_tolerance(candidate["benchmark"], s)
     if delta < -tolerance - 1e-9:  # one episode's step is a float: -1/12 vs 1/12
         return f"benchmark mean {delta:+.3f} vs live (< -{tolerance:.3g})"
     return None
+
+
+def benchmark_mean(details: dict[str, Any] | None) -> float | None:
+    """The recorded validation's benchmark mean, or None if it has none."""
+    try:
+        return float((details or {})["benchmark"]["mean"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def best_waiting(candidates: list[ModelRecord], s: DeploySettings) -> ModelRecord:
+    """Which of several validated candidates that waited for a rollout to deploy: the newest
+    of those whose benchmark mean is within the regression tolerance of the best one. The
+    newest alone could be a worse one: a job that over-fitted its batch (v6 at 0.30 was
+    deployed over v5 at 0.47 on the same 30 maps, 2026-11-27). Within the benchmark's
+    resolution the newer one, trained on more, wins; without benchmarks, the newest."""
+    scored = [(benchmark_mean(r.validation_details), r) for r in candidates]
+    means = [m for m, _ in scored if m is not None]
+    if not means:
+        return max(candidates, key=lambda r: r.version)
+    best = max(means)
+    near = [
+        r
+        for m, r in scored
+        if m is not None
+        and m >= best - regression_tolerance(r.validation_details["benchmark"], s) - 1e-9
+    ]
+    return max(near, key=lambda r: r.version)
 
 
 def regression_tolerance(benchmark: dict[str, Any], s: DeploySettings) -> float:
