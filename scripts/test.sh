@@ -15,11 +15,13 @@ mypy_pid=$!
 echo "[test] pytest (mypy src beside it)"
 set +e
 # two workers, a test file to each at a time (a file's tests share its fixtures): most tests
-# wait on processes and I/O, so the suite takes ~14 instead of ~21 minutes on 2 cores; the
-# slowest files go first (tests/conftest.py; three workers were no faster: 890 s).
+# wait on processes and I/O, so the suite takes ~14 instead of ~21 minutes on 2 cores.
+# Measured worse (2026-11-27): three workers (890 s, Ray's start timed out), and the slowest
+# files first (1,156 s: the two quick loops ran side by side at 2-3x their time). xdist's own
+# order (files with the most tests first) keeps the heavy one-test files beside light ones.
 # AGENTRL_TEST_WORKERS=0 runs it in one process.
 .venv/bin/pytest -q -p no:cacheprovider --durations=30 \
-  -n "${AGENTRL_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
+  -n "${AGENTRL_TEST_WORKERS:-2}" --dist loadfile "$@"
 status=$?
 if [ "$status" -eq 5 ]; then echo "[test] pytest collected no tests"; fi
 echo "[test] mypy src"

@@ -118,12 +118,14 @@ def test_ttl_archives_then_deletes(chdb_path: Path) -> None:
     codec = {p["partition"]: p["codec"] for p in got}
     assert codec == {two_days: "ZSTD(17)", today: "LZ4"}  # archived vs hot
     assert Analytics(backend, ws.database).counts()["trajectories"] == 2
-    # and in real time: rows that age past a 1-second hot TTL get archived
-    quick = ws.model_copy(update={"database": f"ttlq_{uuid.uuid4().hex[:8]}", "hot_ttl_s": 1})
+    # and in real time: rows that age past a 3-second hot TTL get archived (1 s was too short
+    # under load: a part written more than a second after its rows' start is archived at once)
+    quick = ws.model_copy(update={"database": f"ttlq_{uuid.uuid4().hex[:8]}", "hot_ttl_s": 3})
     schema.apply(backend, quick)
+    start = time.monotonic()
     store(backend, quick.database, [S.trajectory(i, start=datetime.now(UTC)) for i in range(3)])
     assert [p["codec"] for p in parts(backend, quick.database)] == ["LZ4"]
-    time.sleep(2.1)
+    time.sleep(max(0.0, 3.1 - (time.monotonic() - start)))
     backend.command(f"OPTIMIZE TABLE {quick.database}.trajectories FINAL")
     assert [(p["rows"], p["codec"]) for p in parts(backend, quick.database)] == [(3, "ZSTD(17)")]
     for db in (ws.database, quick.database):
