@@ -74,7 +74,7 @@ class LoopConfig:
     # session is a group of 16 episodes: at 50 % each side sees about 4 a minute, and the
     # anytime-valid interval of the per-session mean difference is about +-0.36 at 30 a side
     # (measured), so a 0.1 margin never decides and every version was rolled back. At 0.5
-    # and 8 sessions a side a canary held 133-146 s while a job takes ~80 s: validated
+    # and 8 sessions a side a canary's first step held 106-134 s while a job takes ~80 s: validated
     # versions queued and the live one trailed the training chain by 2-3 versions
     # (2026-11-27). At temperature 6 the episodes are near-random, so the per-episode mean
     # reward of a good and a poor version differs by ~0.02 (+0.157 vs +0.172): the reward
