@@ -435,27 +435,26 @@ async def test_waiting_candidates_deploy_after_the_rollout_newest_first(
     assert all(d.action != "set_weight" for d in older_rec.decisions)  # never served
 
 
-@pytest.mark.plan(plan(0.2, period=0.2, min_samples=1000))
-async def test_an_older_waiting_candidate_that_scored_better_is_deployed_over_the_newest(
-    harness: Harness, checkpoints: list[str]
-) -> None:
-    """Two candidates wait for a rollout; the older scored 0.47 on the benchmark, the newer
-    0.30 (a job that over-fitted its batch). The older one is deployed; the newer one is
-    superseded with both scores in its reason, never served."""
-    h = harness
+async def two_wait_then_older_deploys(
+    h: Harness, checkpoints: list[str], live: float, older_mean: float, newer_mean: float
+) -> tuple[str, str, str]:
+    """A live version at benchmark `live` in a rollout; two candidates validated meanwhile
+    wait, then record their benchmark means; the rollout is promoted by hand and the
+    controller deploys a waiting one: returns (first, older, newer) once the older one is in
+    its canary."""
 
-    def bench(mean: float):
+    def bench(mean: float) -> Any:
         def store(r: Any) -> None:
             r.validation_details = {"benchmark": {"mean": mean, "episodes": {"fl": 30}}}
 
         return store
 
     first = await register(h, checkpoints[0])
-    await h.d.registry.update_model(first, bench(0.1))
+    await h.d.registry.update_model(first, bench(live))
     await h.d.deployer.start(first, h.d.controller.plan, by="test")
     older = await register(h, checkpoints[1])
     newer = await register(h, checkpoints[2])
-    for v, mean in ((older, 0.47), (newer, 0.3)):
+    for v, mean in ((older, older_mean), (newer, newer_mean)):
         record = await h.d.controller.validate_and_deploy(await h.d.registry.require_model(v))
         assert record.decisions[-1].action == "wait"
         await h.d.registry.update_model(v, bench(mean))
@@ -466,6 +465,18 @@ async def test_an_older_waiting_candidate_that_scored_better_is_deployed_over_th
         return (await h.d.registry.require_model(older)).state == "canary"
 
     await h.wait_for(older_canary, 30)
+    return first, older, newer
+
+
+@pytest.mark.plan(plan(0.2, period=0.2, min_samples=1000))
+async def test_an_older_waiting_candidate_that_scored_better_is_deployed_over_the_newest(
+    harness: Harness, checkpoints: list[str]
+) -> None:
+    """Two candidates wait for a rollout; the older scored 0.47 on the benchmark, the newer
+    0.30 (a job that over-fitted its batch). The older one is deployed; the newer one is
+    superseded with both scores in its reason, never served."""
+    h = harness
+    _, older, newer = await two_wait_then_older_deploys(h, checkpoints, 0.1, 0.47, 0.3)
     older_rec = await h.d.registry.require_model(older)
     assert "benchmark 0.470, chosen among 2 waiting" in older_rec.decisions[-1].reason
     newer_rec = await h.d.registry.require_model(newer)
@@ -484,29 +495,7 @@ async def test_waiting_candidate_worse_than_the_new_live_model_is_rejected(
     newest waiting candidate regresses and is rejected, the next one within tolerance is
     deployed."""
     h = harness
-
-    def bench(mean: float):
-        def store(r: Any) -> None:
-            r.validation_details = {"benchmark": {"mean": mean}}
-
-        return store
-
-    first = await register(h, checkpoints[0])
-    await h.d.registry.update_model(first, bench(0.8))
-    await h.d.deployer.start(first, h.d.controller.plan, by="test")
-    older = await register(h, checkpoints[1])
-    newer = await register(h, checkpoints[2])
-    for v, mean in ((older, 0.77), (newer, 0.3)):
-        record = await h.d.controller.validate_and_deploy(await h.d.registry.require_model(v))
-        assert record.decisions[-1].action == "wait"
-        await h.d.registry.update_model(v, bench(mean))
-
-    await h.d.deployer.promote(by="alice", reason="enough seen")  # min_samples=1000: it holds
-
-    async def older_canary() -> bool:
-        return (await h.d.registry.require_model(older)).state == "canary"
-
-    await h.wait_for(older_canary, 30)
+    first, _, newer = await two_wait_then_older_deploys(h, checkpoints, 0.8, 0.77, 0.3)
     newer_rec = await h.d.registry.require_model(newer)
     assert newer_rec.state == "rejected"
     assert newer_rec.decisions[-1].action == "reject"
