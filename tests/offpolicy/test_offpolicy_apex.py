@@ -30,7 +30,9 @@ def test_actor_epsilons_follow_apex_schedule() -> None:
 def local_ray() -> Iterator[None]:
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from agentrl.offpolicy.apex import ensure_ray
+
+    ensure_ray(None, num_cpus=2)  # retried where a busy machine misses Ray's 30 s start
     try:
         yield
     finally:
@@ -90,3 +92,42 @@ def test_apex_refuses_more_actors_than_the_cluster_can_place(local_ray: None) ->
     cfg = load_config(CARTPOLE, **{"distributed.actor_num_cpus": 1.0})
     with pytest.raises(ConfigError, match="actor_num_cpus"):
         ApexTrainer(cfg, num_actors=3).train()  # 3 + 4 x 0.25 CPUs > the fixture's 2
+
+
+def test_a_local_ray_that_misses_its_start_window_is_started_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ray waits a fixed 30 s for its raylet; a busy machine can miss it. `ensure_ray` ends
+    what the failed start left behind (a real child process here) and starts again; any
+    other error is raised at once."""
+    import subprocess
+    import sys
+
+    import ray
+
+    from agentrl.offpolicy import apex
+
+    leftovers: list[subprocess.Popen[bytes]] = []
+    calls: list[dict[str, object]] = []
+
+    def init(**kw: object) -> None:
+        calls.append(kw)
+        if len(calls) == 1:  # what a timed-out start leaves: a process of Ray's, still running
+            leftovers.append(
+                subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "raylet"])
+            )
+            raise Exception("The current node timed out during startup. This could happen ...")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    assert apex.ensure_ray(None, num_cpus=2) is True
+    assert len(calls) == 2 and calls[1]["num_cpus"] == 2
+    leftovers[0].wait(timeout=10)  # it sleeps 60 s: ended, not left to run (else it times out)
+
+    def broken(**kw: object) -> None:
+        raise RuntimeError("some other failure")
+
+    monkeypatch.setattr(ray, "init", broken)
+    with pytest.raises(RuntimeError, match="some other failure"):
+        apex.ensure_ray(None)
