@@ -229,8 +229,18 @@ def test_server_log_and_config(tmp_path: Path) -> None:
         assert server.running
         conf = json.loads((tmp_path / "nats-server.conf").read_text())
         assert conf["jetstream"]["store_dir"].endswith("nats")
+        # the file-store limit is set from the streams' reservations, not left to the disk
+        # free at start (below ~24 GiB free every stream create failed)
+        from agentrl.bus.server import file_store_bytes
+        from agentrl.contracts.streams import STREAMS
+
+        assert conf["jetstream"]["max_file_store"] == file_store_bytes()
+        assert file_store_bytes() >= 2 * sum(spec.max_bytes for spec in STREAMS)
+        gb = file_store_bytes() / 2**30
     assert not server.running
-    assert "Server is ready" in server.log_file.read_text()
+    text = server.log_file.read_text()
+    assert "Server is ready" in text
+    assert f"Max Storage:     {gb:.2f} GB" in text  # what the server took
 
 
 async def test_replicas_on_a_single_server_is_a_clear_error(nats_url: str) -> None:

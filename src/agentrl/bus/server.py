@@ -44,6 +44,18 @@ def find_binary() -> str:
     )
 
 
+def file_store_bytes() -> int:
+    """JetStream's file-store limit: twice what agentrl's streams reserve (their `max_bytes`).
+    Left unset, nats-server takes a share of the disk free at its start, and below ~24 GiB
+    free the streams' own reservations (17.75 GiB) no longer fit: every stream create failed
+    with "insufficient storage resources" (a test run on a disk with 25 GiB free,
+    2026-11-27). The streams' caps bound what is stored; a disk that truly fills still fails
+    the writes, as it would anyway."""
+    from agentrl.contracts.streams import STREAMS
+
+    return 2 * sum(spec.max_bytes for spec in STREAMS)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -108,7 +120,7 @@ class EmbeddedNats:
         conf: dict[str, object] = {
             "listen": f"127.0.0.1:{self.port}",
             "max_payload": self.max_payload,
-            "jetstream": {"store_dir": str(self.store_dir)},
+            "jetstream": {"store_dir": str(self.store_dir), "max_file_store": file_store_bytes()},
         }
         if self.server_name:
             conf["server_name"] = self.server_name
