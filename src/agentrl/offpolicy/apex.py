@@ -255,11 +255,11 @@ def _end_ray_processes_since(began: float) -> None:
     `ray.shutdown` does not know a node that never finished starting)."""
     import psutil
 
-    mine = [
-        p
-        for p in psutil.Process().children(recursive=True)
-        if p.create_time() >= began - 1 and "ray" in " ".join(p.cmdline()).lower()
-    ]
+    mine = []
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # one that ended meanwhile is not ours to end
+            if p.create_time() >= began - 1 and "ray" in " ".join(p.cmdline()).lower():
+                mine.append(p)
     for p in mine:
         with contextlib.suppress(psutil.Error):
             p.kill()
