@@ -1,0 +1,101 @@
+"""The main job's training chain without the stack: is its late jump the loop's or the chain's?
+
+`agentrl loop` continues one version per job: 256 episodes acted at temperature 6 by the
+version before, then `training.choice_job.train_choices` (AWR, 20 epochs x 4 minibatches,
+lr 2e-3, a fresh optimiser per job, the policy softmax(z / 2) over the moves). This runs the
+same chain in one process (16 maps x 16 episodes per job, the job's own training function)
+and prints greedy success on the 50 held-out maps after every job, as JSON lines:
+
+    .venv/bin/python scripts/probe_loop_chain.py --seed 1
+    .venv/bin/python scripts/probe_loop_chain.py --epochs 40 --window 2
+
+About 30 s a job on one quiet AVX2 core (2026-11-27); results in docs/bench/2026-11.md,
+"the chain without the stack".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from agentrl.learners.valid_action import (
+    SYSTEM_PROMPT,
+    Batch,
+    Learner,
+    PromptCache,
+    ValidActionConfig,
+    evaluate_heldout,
+    rollout,
+)
+from agentrl.training.choice_job import train_choices
+
+
+def merged(batches: list[Batch], maps: int) -> Batch:
+    """One batch of several: episode and group numbers made distinct."""
+    steps, ret, succ, groups, length = [], [], [], [], []
+    for k, b in enumerate(batches):
+        off, goff = len(ret), k * maps
+        steps += [replace(s, episode=s.episode + off, group=s.group + goff) for s in b.steps]
+        ret += b.episode_return
+        succ += b.episode_success
+        groups += [g + goff for g in b.episode_group]
+        length += b.episode_len
+    return Batch(steps, ret, succ, groups, length)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--jobs", type=int, default=7)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--acting-temperature", type=float, default=6.0, help="the loop's: 6")
+    p.add_argument("--learning-rate", type=float, default=2e-3)
+    p.add_argument("--epochs", type=int, default=20, help="x 4 minibatches = steps per job")
+    p.add_argument("--beta", type=float, default=0.5, help="AWR temperature")
+    p.add_argument("--window", type=int, default=1, help="a job trains on the newest N batches")
+    p.add_argument("--maps", type=int, default=16)
+    p.add_argument("--episodes", type=int, default=16, help="per map")
+    a = p.parse_args()
+    cfg = ValidActionConfig(
+        model="smollm2", lora_layers=2, dtype="fp32", algorithm="gigpo", gamma=0.99,
+        temperature=2.0, learning_rate=a.learning_rate, entropy_coef=0.02, epochs=a.epochs,
+        minibatches=4, seed=a.seed, maps_per_iteration=a.maps, episodes_per_map=a.episodes,
+        threads=0,
+    )  # fmt: skip
+    learner = Learner(cfg)
+    policy = learner.logprob_fn()
+
+    def acting(texts: list[str]) -> torch.Tensor:  # softmax(z / T_acting) from softmax(z / 2)
+        return torch.log_softmax(policy(texts) * (cfg.temperature / a.acting_temperature), -1)
+
+    generator = torch.Generator().manual_seed(a.seed)
+    batches: list[Batch] = []
+    t0 = time.monotonic()
+    curve = []
+    for job in range(a.jobs):
+        cache = PromptCache(learner.tokenizer, SYSTEM_PROMPT)
+        batch = rollout(cfg, acting, cache, cfg.train_seeds(job), a.episodes, generator=generator)
+        batches.append(batch)
+        learner.optimizer = torch.optim.AdamW(learner.params, lr=a.learning_rate, weight_decay=0)
+        history = train_choices(
+            learner, merged(batches[-a.window :], a.maps), objective="awr", beta=a.beta
+        )
+        held = evaluate_heldout(policy, cfg, cfg.heldout(), learner.cache)
+        curve.append(held.success)
+        row = {
+            "job": job + 1,
+            "acting_success": float(np.mean(batch.episode_success)),
+            "heldout_success": held.success,
+            "policy_entropy": round(history[-1]["policy_entropy"], 3),
+            "wall_s": round(time.monotonic() - t0, 1),
+        }
+        print(json.dumps(row), flush=True)
+    print(json.dumps({"settings": vars(a), "heldout_by_job": curve}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
