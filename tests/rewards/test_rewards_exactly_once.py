@@ -103,8 +103,16 @@ class Service:
 async def started(bus: Bus, tmp_path: Path, durable: str) -> Service:
     svc = Service(bus, tmp_path, durable)
     await until(lambda: consumer_exists(bus, durable), "the consumer")
+    # a second replica finds the consumer already there: wait for its own ensure_streams()
+    # (the claims open right after it), which would put the default window back (under
+    # load the feedback test then saw version 1's republish dropped as a duplicate)
+    await until(lambda: _true(svc.service.claims is not None), "the service's streams")
     await shrink_duplicate_windows(bus)  # after the service's ensure_streams()
     return svc
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 async def test_trajectory_redelivered_after_the_duplicate_window_is_not_rewarded_twice(
