@@ -32,6 +32,7 @@ from agentrl.learners.valid_action import (
     evaluate_heldout,
     rollout,
 )
+from agentrl.training import choice_job
 from agentrl.training.choice_job import train_choices
 
 
@@ -57,9 +58,16 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=20, help="x 4 minibatches = steps per job")
     p.add_argument("--beta", type=float, default=0.5, help="AWR temperature")
     p.add_argument("--window", type=int, default=1, help="a job trains on the newest N batches")
+    p.add_argument("--importance", action="store_true", help="AWR weights x pi_start / pi_acting")
+    p.add_argument("--max-weight", type=float, default=20.0)
+    p.add_argument(
+        "--lag", type=int, default=0,
+        help="act with the version L jobs older than the newest (the loop's live one trails)",
+    )  # fmt: skip
     p.add_argument("--maps", type=int, default=16)
     p.add_argument("--episodes", type=int, default=16, help="per map")
     a = p.parse_args()
+    choice_job.AWR_MAX_WEIGHT = a.max_weight
     cfg = ValidActionConfig(
         model="smollm2", lora_layers=2, dtype="fp32", algorithm="gigpo", gamma=0.99,
         temperature=2.0, learning_rate=a.learning_rate, entropy_coef=0.02, epochs=a.epochs,
@@ -76,14 +84,27 @@ def main() -> None:
     batches: list[Batch] = []
     t0 = time.monotonic()
     curve = []
+    versions = [[q.detach().clone() for q in learner.params]]  # the base, then each job's
+
+    def use(weights: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for q, w in zip(learner.params, weights, strict=True):
+                q.copy_(w)
+        learner.cache.new_version()
+
     for job in range(a.jobs):
+        use(versions[max(0, len(versions) - 1 - a.lag)])
         cache = PromptCache(learner.tokenizer, SYSTEM_PROMPT)
         batch = rollout(cfg, acting, cache, cfg.train_seeds(job), a.episodes, generator=generator)
+        use(versions[-1])
         batches.append(batch)
         learner.optimizer = torch.optim.AdamW(learner.params, lr=a.learning_rate, weight_decay=0)
+        data = merged(batches[-a.window :], a.maps)
         history = train_choices(
-            learner, merged(batches[-a.window :], a.maps), objective="awr", beta=a.beta
-        )
+            learner, data, objective="awr", beta=a.beta,
+            behaviour=[s.logp for s in data.steps] if a.importance else None,
+        )  # fmt: skip
+        versions.append([q.detach().clone() for q in learner.params])
         held = evaluate_heldout(policy, cfg, cfg.heldout(), learner.cache)
         curve.append(held.success)
         row = {

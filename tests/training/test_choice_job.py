@@ -6,6 +6,7 @@ nats-server."""
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from pathlib import Path
 from typing import Any
@@ -173,3 +174,30 @@ def test_settings_reach_the_generated_request(monkeypatch: pytest.MonkeyPatch) -
     assert (tc.hyperparameters.model_extra or {}).get("objective") == "awr"
     assert (tc.model_extra or {}).get("init_from") == "latest"
     assert tc.compute.mixed_precision == "bf16"
+
+
+def test_awr_with_behaviour_log_probs_fits_the_start_policy_not_the_sampling() -> None:
+    """Equal rewards, one move sampled 13 times in 16: plain AWR clones the sampling and
+    raises that move; with the behaviour's log-probs (pi_start / pi_behaviour) the weighted
+    data is the start policy again and the move's probability stays where it was."""
+    config = ValidActionConfig(
+        model="tiny", lora_layers=2, algorithm="grpo", credit="episode", learning_rate=1e-2,
+        epochs=8, minibatches=1, entropy_coef=0.0, save_adapter=False,
+    )  # fmt: skip
+    moved = {}
+    for corrected in (False, True):
+        learner = Learner(config)
+        text = learner.cache.prompt("Pick a move.")
+        actions = [0] * 13 + [1, 2, 3]
+        steps = [Step(e, 0, text, "s", a, 0.0, 0.5, True) for e, a in enumerate(actions)]
+        batch = Batch(steps, [0.5] * 16, [False] * 16, [0] * 16, [1] * 16)
+        sampled = [math.log(13 / 16) if a == 0 else math.log(1 / 16) for a in actions]
+        with torch.no_grad():
+            before = learner.scorer.logprobs([text])[0].exp()[0].item()
+        train_choices(
+            learner, batch, objective="awr", beta=0.5, behaviour=sampled if corrected else None
+        )
+        with torch.no_grad():
+            moved[corrected] = learner.scorer.logprobs([text])[0].exp()[0].item() - before
+    assert moved[False] > 0.2, moved
+    assert abs(moved[True]) < 0.05, moved

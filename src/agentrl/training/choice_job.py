@@ -311,8 +311,14 @@ def train_choices(
     beta: float,
     on_step: Any = None,
     check: Any = None,
+    behaviour: Any = None,
 ) -> list[dict[str, float]]:
-    """epochs x minibatches optimiser steps over the batch's distinct prompts."""
+    """epochs x minibatches optimiser steps over the batch's distinct prompts.
+
+    `behaviour` (per step, the log-prob of its action under the policy that acted): AWR's
+    weights get the ratio pi_start / pi_behaviour, so the fit is pi_start x exp(A / beta)
+    rather than pi_behaviour x exp(A / beta) -- each job sharpens the policy it starts from
+    instead of refitting a flattened copy of it."""
     import torch
 
     from agentrl.learners.valid_action import advantages
@@ -327,7 +333,10 @@ def train_choices(
     with torch.no_grad():  # the starting policy: PPO's old log-probs, in the same precision
         start = learner.scorer.logprobs(texts)
     old = start[row].gather(1, act[:, None]).squeeze(1)
-    weight = torch.clamp(torch.exp(adv / beta), max=AWR_MAX_WEIGHT)
+    log_w = adv / beta
+    if behaviour is not None:
+        log_w = log_w + (old - torch.as_tensor(behaviour, dtype=torch.float32))
+    weight = torch.clamp(torch.exp(log_w), max=AWR_MAX_WEIGHT)
     history: list[dict[str, float]] = []
     rng = np.random.default_rng(cfg.seed + len(steps))
     order = np.arange(len(texts))
