@@ -64,13 +64,17 @@ def main() -> None:
         "--lag", type=int, default=0,
         help="act with the version L jobs older than the newest (the loop's live one trails)",
     )  # fmt: skip
+    p.add_argument("--gamma", type=float, default=0.99, help="the loop's: 0.99")
+    p.add_argument("--omega", type=float, default=1.0, help="GiGPO: A_episode + omega A_step")
+    p.add_argument("--entropy", type=float, default=0.02, help="entropy bonus")
     p.add_argument("--maps", type=int, default=16)
     p.add_argument("--episodes", type=int, default=16, help="per map")
     a = p.parse_args()
     choice_job.AWR_MAX_WEIGHT = a.max_weight
     cfg = ValidActionConfig(
-        model="smollm2", lora_layers=2, dtype="fp32", algorithm="gigpo", gamma=0.99,
-        temperature=2.0, learning_rate=a.learning_rate, entropy_coef=0.02, epochs=a.epochs,
+        model="smollm2", lora_layers=2, dtype="fp32", algorithm="gigpo",
+        gamma=a.gamma, gigpo_omega=a.omega,
+        temperature=2.0, learning_rate=a.learning_rate, entropy_coef=a.entropy, epochs=a.epochs,
         minibatches=4, seed=a.seed, maps_per_iteration=a.maps, episodes_per_map=a.episodes,
         threads=0,
     )  # fmt: skip

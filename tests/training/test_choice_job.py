@@ -160,10 +160,14 @@ async def test_warm_start_reads_the_registry(nats: Any, tmp_path: Path) -> None:
 
 
 def test_settings_reach_the_generated_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentrl.app.loop import LoopConfig, loop_environment
+    from agentrl.training.choice_job import learner_config
     from agentrl.training.requests import fill_request
     from agentrl.training.settings import TrainingSettings
 
-    monkeypatch.setenv("AGENTRL_TRAINING_HYPERPARAMETERS", json.dumps({"objective": "awr"}))
+    hyper = loop_environment(LoopConfig())["AGENTRL_TRAINING_HYPERPARAMETERS"]
+    assert json.loads(hyper)["gamma"] == 0.8  # the loop's discount (near-random acting)
+    monkeypatch.setenv("AGENTRL_TRAINING_HYPERPARAMETERS", hyper)
     monkeypatch.setenv("AGENTRL_TRAINING_INIT_FROM", "latest")
     monkeypatch.setenv("AGENTRL_TRAINING_MIXED_PRECISION", "bf16")
     monkeypatch.setenv("AGENTRL_TRAINING_DATASET_WINDOW_S", "300")
@@ -172,6 +176,8 @@ def test_settings_reach_the_generated_request(monkeypatch: pytest.MonkeyPatch) -
     window = tc.dataset.filter.date_range
     assert window is not None and (window.end - window.start).total_seconds() == 300
     assert (tc.hyperparameters.model_extra or {}).get("objective") == "awr"
+    assert tc.hyperparameters.gamma == 0.8
+    assert learner_config({}, req, "gigpo").gamma == 0.8
     assert (tc.model_extra or {}).get("init_from") == "latest"
     assert tc.compute.mixed_precision == "bf16"
 

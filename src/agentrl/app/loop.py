@@ -83,6 +83,11 @@ class LoopConfig:
     max_reward_drop: float = 1.0
     inconclusive_deadline_s: float = 240.0
     learning_rate: float = 2e-3  # 5e-4: 4-6 generations to learn; 2e-3: 2 (BENCHMARKS.md)
+    # the discount of the step returns GiGPO compares within a state's group. The agents act
+    # near-randomly (temperature 6), so a return's far future is noise: at 0.99 the chain
+    # first reached >= 0.6 held-out at its 4th-6th job, at 0.8 at its 2nd-4th and stayed
+    # there (scripts/probe_loop_chain.py, 3 seeds, docs/bench/2026-11.md, eighth session)
+    gamma: float = 0.8
     epochs: int = 20
     objective: str = "awr"
     progress_reward: float = 0.3
@@ -227,6 +232,7 @@ def loop_environment(cfg: LoopConfig) -> dict[str, str]:
 
     hyper = {
         "objective": cfg.objective,
+        "gamma": cfg.gamma,
         "awr_beta": 0.5,
         "minibatches": 4,
         "policy_temperature": 2.0,
