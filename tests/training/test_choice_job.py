@@ -166,7 +166,7 @@ def test_settings_reach_the_generated_request(monkeypatch: pytest.MonkeyPatch) -
     from agentrl.training.settings import TrainingSettings
 
     hyper = loop_environment(LoopConfig())["AGENTRL_TRAINING_HYPERPARAMETERS"]
-    assert json.loads(hyper)["gamma"] == 0.8  # the loop's discount (near-random acting)
+    assert json.loads(hyper)["gamma"] == 0.5  # the loop's discount (near-random acting)
     monkeypatch.setenv("AGENTRL_TRAINING_HYPERPARAMETERS", hyper)
     monkeypatch.setenv("AGENTRL_TRAINING_INIT_FROM", "latest")
     monkeypatch.setenv("AGENTRL_TRAINING_MIXED_PRECISION", "bf16")
@@ -176,8 +176,8 @@ def test_settings_reach_the_generated_request(monkeypatch: pytest.MonkeyPatch) -
     window = tc.dataset.filter.date_range
     assert window is not None and (window.end - window.start).total_seconds() == 300
     assert (tc.hyperparameters.model_extra or {}).get("objective") == "awr"
-    assert tc.hyperparameters.gamma == 0.8
-    assert learner_config({}, req, "gigpo").gamma == 0.8
+    assert tc.hyperparameters.gamma == 0.5
+    assert learner_config({}, req, "gigpo").gamma == 0.5
     assert (tc.model_extra or {}).get("init_from") == "latest"
     assert tc.compute.mixed_precision == "bf16"
 

@@ -117,6 +117,14 @@ def _register_loop(app: typer.Typer) -> None:
             help="Each job's learning rate (0: default, 2e-3 — measured: 5e-4 needed 4-6 "
             "generations to leave 0 % held-out success, 2e-3 two).",
         ),
+        gamma: float = typer.Option(
+            None,
+            min=0.0,
+            max=1.0,
+            help="The jobs' discount of step returns (default 0.5 — the agents explore "
+            "near-randomly, so a return's far future is noise; at 0.99 learning came 2-3 "
+            "jobs later).",
+        ),
         backend: str = typer.Option(
             "local",
             help="The gateway's serving backend: local (embedded) or vllm (a supervised "
@@ -162,6 +170,8 @@ def _register_loop(app: typer.Typer) -> None:
             overrides["temperature"] = temperature
         if learning_rate:
             overrides["learning_rate"] = learning_rate
+        if gamma is not None:
+            overrides["gamma"] = gamma
         if data_dir is not None:
             overrides["data_dir"] = data_dir
         if generations:
