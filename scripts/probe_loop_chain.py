@@ -2,15 +2,17 @@
 
 `agentrl loop` continues one version per job: 256 episodes acted at temperature 6 by the
 version before, then `training.choice_job.train_choices` (AWR, 20 epochs x 4 minibatches,
-lr 2e-3, a fresh optimiser per job, the policy softmax(z / 2) over the moves). This runs the
+lr 2e-3, a fresh optimiser per job, GiGPO step returns discounted at 0.5, the policy
+softmax(z / 2) over the moves). This runs the
 same chain in one process (16 maps x 16 episodes per job, the job's own training function)
 and prints greedy success on the 50 held-out maps after every job, as JSON lines:
 
     .venv/bin/python scripts/probe_loop_chain.py --seed 1
     .venv/bin/python scripts/probe_loop_chain.py --epochs 40 --window 2
+    .venv/bin/python scripts/probe_loop_chain.py --lag 2 --acting-temperature 3 --gamma 0.99
 
 About 30 s a job on one quiet AVX2 core (2026-11-27); results in docs/bench/2026-11.md,
-"the chain without the stack".
+"the chain without the stack" (seventh and eighth sessions).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def main() -> None:
         "--lag", type=int, default=0,
         help="act with the version L jobs older than the newest (the loop's live one trails)",
     )  # fmt: skip
-    p.add_argument("--gamma", type=float, default=0.99, help="the loop's: 0.99")
+    p.add_argument("--gamma", type=float, default=0.5, help="the loop's: 0.5 (0.99 until 11-28)")
     p.add_argument("--omega", type=float, default=1.0, help="GiGPO: A_episode + omega A_step")
     p.add_argument("--entropy", type=float, default=0.02, help="entropy bonus")
     p.add_argument("--maps", type=int, default=16)

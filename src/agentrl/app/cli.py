@@ -121,7 +121,7 @@ def _register_loop(app: typer.Typer) -> None:
             None,
             min=0.0,
             max=1.0,
-            help="The jobs' discount of step returns (default 0.5 — the agents explore "
+            help="FrozenLake: the jobs' discount of step returns (default 0.5 — the agents explore "
             "near-randomly, so a return's far future is noise; at 0.99 learning came 2-3 "
             "jobs later).",
         ),
