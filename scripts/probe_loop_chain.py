@@ -34,7 +34,6 @@ from agentrl.learners.valid_action import (
     evaluate_heldout,
     rollout,
 )
-from agentrl.training import choice_job
 from agentrl.training.choice_job import train_choices
 
 
@@ -61,7 +60,6 @@ def main() -> None:
     p.add_argument("--beta", type=float, default=0.5, help="AWR temperature")
     p.add_argument("--window", type=int, default=1, help="a job trains on the newest N batches")
     p.add_argument("--importance", action="store_true", help="AWR weights x pi_start / pi_acting")
-    p.add_argument("--max-weight", type=float, default=20.0)
     p.add_argument(
         "--lag", type=int, default=0,
         help="act with the version L jobs older than the newest (the loop's live one trails)",
@@ -72,7 +70,6 @@ def main() -> None:
     p.add_argument("--maps", type=int, default=16)
     p.add_argument("--episodes", type=int, default=16, help="per map")
     a = p.parse_args()
-    choice_job.AWR_MAX_WEIGHT = a.max_weight
     cfg = ValidActionConfig(
         model="smollm2", lora_layers=2, dtype="fp32", algorithm="gigpo",
         gamma=a.gamma, gigpo_omega=a.omega,
