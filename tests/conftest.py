@@ -12,6 +12,25 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# The file whose one test is the longest (the tool-use quick loop, 2-2.5 minutes): handed out
+# first, beside the other worker's largest file, instead of last (xdist gives out files by
+# their number of tests, most first, and a one-test file at the end kept the other worker idle)
+FIRST = ("tests/loop/test_loop_tooluse.py",)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files in xdist's own order (most tests first, `scripts/test.sh` passes
+    `--no-loadscope-reorder`), except `FIRST` at the front."""
+    count: dict[str, int] = {}
+    for item in items:
+        count[item.nodeid.split("::")[0]] = count.get(item.nodeid.split("::")[0], 0) + 1
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        file = item.nodeid.split("::")[0]
+        return (0 if file in FIRST else 1, -count[file])
+
+    items.sort(key=rank)  # stable: the tests of a file keep their order
+
 
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:

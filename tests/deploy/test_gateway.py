@@ -346,14 +346,14 @@ def test_concurrent_requests_for_a_new_prompt_share_one_scoring(
     """Agents of one group reach the same state together: one forward pass serves them all."""
     from agentrl.deploy.openai_types import ChatRequest
 
-    calls = []
-    real = engine._score_choices
+    scored: list[Any] = []
+    real = engine._score_many
 
-    def counted(key: Any, prompt: Any) -> Any:
-        calls.append(key)
-        return real(key, prompt)
+    def counted(items: Any) -> Any:
+        scored.extend(key for key, *_ in items)
+        return real(items)
 
-    monkeypatch.setattr(engine, "_score_choices", counted)
+    monkeypatch.setattr(engine, "_score_many", counted)
     req = ChatRequest(
         model="x",
         messages=[{"role": "user", "content": "A state all eight agents reach at once."}],
@@ -366,6 +366,71 @@ def test_concurrent_requests_for_a_new_prompt_share_one_scoring(
         return await asyncio.gather(*(engine.generate(None, req) for _ in range(8)))
 
     outs = asyncio.run(burst())
-    assert len(calls) == 1
+    assert len(scored) == 1
     assert {o.content for o in outs} <= {"up", "down", "left", "right"}
     assert not engine._inflight
+
+
+async def test_choice_prompts_waiting_together_share_a_pass_each_under_its_version(
+    gateway: Any, engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Episodes in different states (and versions, in a canary) wait together: their prompts
+    are scored in one padded pass, each row exactly what it scores alone under its adapter."""
+    from agentrl.deploy.openai_types import ChatRequest
+
+    moves = ["up", "down", "left", "right"]
+    passes: list[list[str]] = []
+    real = engine._next_logits
+
+    def counted(rows: list[Any]) -> Any:
+        passes.append([r.adapter for r in rows])
+        return real(rows)
+
+    monkeypatch.setattr(engine, "_next_logits", counted)
+    engine._choice_cache.clear()
+    engine.prefixes.clear()
+    # the system prompt every agent sends: prefilled once per version (the prefix cache)
+    system = "Frozen lake: walk to the goal; a hole ends the game. Reply with one move."
+    asks = [
+        (model, ChatRequest(
+            model="x",
+            messages=[
+                {"role": "system", "content": system},
+                {"role": "user", "content": f"State {k}: " + "far " * (3 * k) + "Move?"},
+            ],
+            guided_choice=moves,
+            temperature=0.0,
+        ))
+        for k, model in enumerate([None, "p-v1", "p-v2"] * 3)
+    ]  # fmt: skip
+    outs = await asyncio.gather(*(engine.generate(m, r) for m, r in asks))
+    assert [len(p) for p in passes] == [9]  # one pass (score_batch_size 32)
+    assert len(set(passes[0])) == 3  # the base and both adapters in one pass
+    ids = [engine.tokenizer(m, add_special_tokens=False)["input_ids"] for m in moves]
+    for (model, _), out in zip(asks, outs, strict=True):
+        alone = [s[0] for s in engine.score(model, out.prompt_token_ids, ids)]
+        assert out.content == moves[max(range(4), key=alone.__getitem__)]
+        assert out.token_logprobs == pytest.approx([max(alone)], abs=1e-4)
+    assert not engine._inflight and not engine._to_score
+    assert len(engine.prefixes) == 3  # the system prompt's K/V, once per version
+
+
+def test_a_bad_choice_request_fails_alone(engine: Any) -> None:
+    """Duplicate choices are the request's own 400; requests scored beside it are answered."""
+    from agentrl.deploy.errors import DeployError
+    from agentrl.deploy.openai_types import ChatRequest
+
+    def ask(choices: list[str]) -> ChatRequest:
+        msgs = [{"role": "user", "content": f"Pick one of {choices}."}]
+        return ChatRequest(model="x", messages=msgs, guided_choice=choices, temperature=0.0)
+
+    async def both() -> list[Any]:
+        return await asyncio.gather(
+            engine.generate(None, ask(["up", "up"])),
+            engine.generate(None, ask(["up", "down"])),
+            return_exceptions=True,
+        )
+
+    bad, good = asyncio.run(both())
+    assert isinstance(bad, DeployError) and "duplicate" in str(bad)
+    assert good.content in ("up", "down")

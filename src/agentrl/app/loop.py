@@ -549,8 +549,10 @@ class Agents:
         from agentrl.rollout.worker import RLRolloutWorker
 
         policy = self.policy(model_id, 0.0)
-        sem = asyncio.Semaphore(8)
         tools = self.cfg.env == "tooluse"
+        # every map at once: the gateway scores the moves of the episodes waiting together in
+        # one pass (`LocalEngine.score_batch_size`); tool-use replies decode in batches of 8
+        sem = asyncio.Semaphore(8 if tools else 64)
 
         async def one(family: str, seed: int) -> Any:
             task = loop_task(self.cfg, seed, family)

@@ -190,6 +190,9 @@ class DeploySettings(BaseSettings):
     upstream_load_lora: bool = Field(False, description="Load adapters into vLLM at run time.")
     backend_timeout_s: float = 60.0
     max_batch_size: int = 8
+    score_batch_size: int = Field(
+        32, ge=1, description="guided_choice prompts the local backend scores in one pass."
+    )
     torch_threads: int = Field(
         0,
         ge=0,

@@ -214,6 +214,27 @@ class BatchDecoder:
     def admit(self, rows: Sequence[DecodeRow]) -> None:
         """Prefill `rows` (those sharing an adapter and a cached prefix together) and add them
         to the batch; they take part in the next `step`."""
+        for members, prefix, cached in self._groups(rows):
+            p = len(prefix) if prefix is not None else 0
+            self._join(members, *self._prefill(members, prefix, p, cached))
+
+    def next_logits(self, rows: Sequence[DecodeRow]) -> torch.Tensor:
+        """Each row's next-token logits after its prompt, [rows, vocab], prefilled as `admit`
+        does (shared prefixes from the cache); the rows do not join the batch. This is
+        `guided_choice` scoring: one pass per group instead of one per prompt."""
+        out: dict[int, torch.Tensor] = {}
+        for members, prefix, cached in self._groups(rows):
+            p = len(prefix) if prefix is not None else 0
+            logits = self._prefill(members, prefix, p, cached)[3]
+            for r, row_logits in zip(members, logits, strict=True):
+                out[id(r)] = row_logits
+        return torch.stack([out[id(r)] for r in rows])
+
+    def _groups(
+        self, rows: Sequence[DecodeRow]
+    ) -> list[tuple[list[DecodeRow], tuple[int, ...] | None, KV | None]]:
+        """Rows by (adapter, shared prefix), with the prefix's cached K/V where a
+        conversation's is found; rows with no prefix form one group (adapters mixed)."""
         groups: dict[Any, list[DecodeRow]] = {}
         found: dict[Any, KV] = {}
         for r in rows:
@@ -227,11 +248,10 @@ class BatchDecoder:
                 p = self._prefix_len(r)
                 key = (r.adapter, tuple(r.prompt_ids[:p])) if p else None
             groups.setdefault(key, []).append(r)
-        for key, members in groups.items():
-            if key is None:
-                self._join(members, *self._prefill(members, None, 0))
-            else:
-                self._join(members, *self._prefill(members, key[1], len(key[1]), found.get(key)))
+        return [
+            (members, None if key is None else key[1], None if key is None else found.get(key))
+            for key, members in groups.items()
+        ]
 
     def _prefix_len(self, r: DecodeRow) -> int:
         p = min(r.prefix_len, len(r.prompt_ids) - 1)  # a row keeps one token of its own

@@ -78,6 +78,7 @@ class ServingManager:
                     seed=int(spec.get("seed") or 0),
                     tiny_kwargs=spec.get("tiny_kwargs"),
                     max_batch_size=self.settings.max_batch_size,
+                    score_batch_size=self.settings.score_batch_size,
                     max_wait_ms=self.settings.batch_wait_ms,
                     prompt_cache_mb=self.settings.prompt_cache_mb,
                     threads=self.settings.torch_threads,

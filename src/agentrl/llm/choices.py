@@ -147,9 +147,16 @@ def _last_logits(
     for r, e in enumerate(enc):
         ids[r, : len(e)] = torch.tensor(e)
         mask[r, : len(e)] = 1
-    last = torch.tensor([len(e) - 1 for e in enc])
-    out = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
-    logits: torch.Tensor = out.logits[torch.arange(len(enc)), last.to(device)]
+    # the vocabulary projection at each row's last position only (over every position it
+    # was a [rows, width, vocab] tensor: ~0.9 GB for 30 FrozenLake prompts)
+    last = torch.tensor([[len(e) - 1] for e in enc], device=device)
+    out = model(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        use_cache=False,
+        logits_to_keep=last,
+    )
+    logits: torch.Tensor = out.logits[:, 0]
     return logits
 
 
