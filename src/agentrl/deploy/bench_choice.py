@@ -3,7 +3,7 @@
 The main job's agents, validation and held-out evaluation all ask the gateway one thing per
 move: the four moves' probabilities after a FrozenLake prompt (`guided_choice`). The prompts
 here are the loop's own (its system prompt, egocentric observations of random episodes on
-the loop's training maps), all distinct, scored by `LocalEngine.generate` under the base
+the loop's training maps), distinct, each peer scoring all of them anew, by `LocalEngine.generate` under the base
 model on one torch thread (what the gateway uses on 2 cores). Peers, in the same run:
 
 - `before`: the path until 2026-11-28, one full-prompt forward pass per prompt;
@@ -38,6 +38,8 @@ def loop_prompts(n: int, seed: int = 0) -> list[list[dict[str, Any]]]:
     out: list[list[dict[str, Any]]] = []
     map_seed = seed
     while len(out) < n:
+        if map_seed - seed > 50 * n:  # egocentric views repeat: only so many distinct ones
+            raise ValueError(f"only {len(out)} distinct prompts in {50 * n} maps")
         task = loop_task(cfg, map_seed)
         map_seed += 1
         system = [{"role": m.role, "content": m.content} for m in task.initial_messages or []]
@@ -61,11 +63,10 @@ def run_choice_bench(model: str = "smollm2", prompts: int = 64, seed: int = 0) -
     from agentrl.deploy.openai_types import ChatRequest
 
     engine = LocalEngine(model, seed=seed, max_batch_size=8, threads=1, score_batch_size=32)
-    chats = loop_prompts(prompts * 4 + 4, seed)
+    chats = loop_prompts(prompts, seed)
     requests = [
         ChatRequest(model="x", messages=c, guided_choice=MOVES, temperature=1.0) for c in chats
     ]
-    sets = [requests[4 + k * prompts : 4 + (k + 1) * prompts] for k in range(4)]
     tokens = [len(engine._prompt(r)[1]) for r in requests]
 
     async def one_by_one(rs: list[ChatRequest]) -> None:
@@ -89,15 +90,16 @@ def run_choice_bench(model: str = "smollm2", prompts: int = 64, seed: int = 0) -
 
     asyncio.run(one_by_one(requests[:4]))  # warm-up (and the system prompt's K/V)
     rates: dict[str, float] = {}
-    for name, rs, call in (
-        ("before", sets[0], lambda rs: before(rs)),
-        ("one_by_one", sets[1], lambda rs: asyncio.run(one_by_one(rs))),
-        ("batched_8", sets[2], lambda rs: asyncio.run(together(rs, 8))),
-        ("batched_32", sets[3], lambda rs: asyncio.run(together(rs, 32))),
+    for name, call in (
+        ("before", before),
+        ("one_by_one", lambda rs: asyncio.run(one_by_one(rs))),
+        ("batched_8", lambda rs: asyncio.run(together(rs, 8))),
+        ("batched_32", lambda rs: asyncio.run(together(rs, 32))),
     ):
+        engine._choice_cache.clear()  # every peer scores every prompt anew
         started = time.perf_counter()
-        call(rs)
-        rates[name] = len(rs) / (time.perf_counter() - started)
+        call(requests)
+        rates[name] = len(requests) / (time.perf_counter() - started)
     return {
         "model": model,
         "prompts": prompts,
