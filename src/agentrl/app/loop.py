@@ -51,8 +51,9 @@ class LoopConfig:
 
     data_dir: Path = Path(".agentrl/loop")
     model: str = "smollm2"
-    # measured: the first version at >= 0.5 held-out came at v4, v4, v5, v5 in four runs;
-    # five generations ended one run at v5 0.36 (BENCHMARKS.md)
+    # six decided versions (promoted, rejected or rolled back): five fresh-clone runs ended
+    # at 0.78-0.90 live in 423-499 s, 2-4 of the six rejected by validation's regression
+    # rule (2026-11-28, BENCHMARKS.md); with gamma 0.99 the jump had come at v4-v7
     generations: int = 6
     agents: int = 4
     group_size: int = 16
@@ -62,7 +63,7 @@ class LoopConfig:
     job_kind: str = "dataset"
     bad_candidate: bool = False
     # a cap, not the usual end: the loop ends once `generations` versions are decided
-    # (9-13 minutes on 2 AVX2-only cores, BENCHMARKS.md); a slow or busy machine reaches the
+    # (6-7.5 minutes on 2 AVX2-only cores, BENCHMARKS.md); a slow or busy machine reaches the
     # generations that learn inside it
     time_budget_s: float = 1800.0
     temperature: float = 6.0
