@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,13 +22,14 @@ FIRST = ("tests/loop/test_loop_tooluse.py",)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Files in xdist's own order (most tests first, `scripts/test.sh` passes
     `--no-loadscope-reorder`), except `FIRST` at the front."""
-    count: dict[str, int] = {}
-    for item in items:
-        count[item.nodeid.split("::")[0]] = count.get(item.nodeid.split("::")[0], 0) + 1
+
+    def file_of(item: pytest.Item) -> str:
+        return item.nodeid.split("::")[0]
+
+    count = Counter(file_of(item) for item in items)
 
     def rank(item: pytest.Item) -> tuple[int, int]:
-        file = item.nodeid.split("::")[0]
-        return (0 if file in FIRST else 1, -count[file])
+        return (0 if file_of(item) in FIRST else 1, -count[file_of(item)])
 
     items.sort(key=rank)  # stable: the tests of a file keep their order
 
