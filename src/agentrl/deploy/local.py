@@ -116,7 +116,7 @@ class LocalEngine:
         # larger batches pay; `agentrl bench choice`, SmolLM2 on one thread, 103-token
         # FrozenLake prompts: 3.7 prompts/s one by one, 6.0 at 8 in flight, 6.4 at 32; the
         # path before, a full pass per prompt: 2.7)
-        self.score_batch_size = max(score_batch_size, max_batch_size)
+        self.score_batch_size = score_batch_size
         self.max_wait_ms = max_wait_ms
         self.default_max_tokens = default_max_tokens
         self.stats = EngineStats()
@@ -147,7 +147,7 @@ class LocalEngine:
         budget = int(prompt_cache_mb * 2**20)
         self._choice_cache = ByteLRU(budget // 4, tag_of=lambda key: key[0])
         self._prompts = ByteLRU(budget - budget // 4)
-        self._inflight: dict[tuple[str, str, tuple[str, ...]], asyncio.Future[ChoiceScores]] = {}
+        self._inflight: dict[ChoiceKey, asyncio.Future[ChoiceScores]] = {}
         # choice prompts waiting to be scored, and the task scoring them in batches
         self._to_score: deque[ScoreWait] = deque()
         self._scorer: asyncio.Task[None] | None = None
@@ -533,7 +533,7 @@ class LocalEngine:
         return out
 
     async def _score_once(
-        self, key: tuple[str, str, tuple[str, ...]], prompt: list[int], system_len: int = 0
+        self, key: ChoiceKey, prompt: list[int], system_len: int = 0
     ) -> ChoiceScores:
         """Concurrent requests for the same new prompt (agents of one group reach the same
         state together) share one computation; different prompts waiting together are
@@ -559,9 +559,7 @@ class LocalEngine:
             while self._to_score and len(batch) < self.score_batch_size:
                 batch.append(self._to_score.popleft())
             try:
-                results = await asyncio.to_thread(
-                    self._score_many, [(key, prompt, sys_len) for key, prompt, sys_len, _ in batch]
-                )
+                results = await asyncio.to_thread(self._score_many, batch)
             except Exception as exc:  # the pass itself failed: every request of it hears so
                 log.exception("guided_choice scoring failed")
                 failed = BackendError(f"guided_choice scoring failed: {type(exc).__name__}: {exc}")
@@ -575,9 +573,7 @@ class LocalEngine:
                     fut.set_result(got)
 
     @torch.no_grad()
-    def _score_many(
-        self, items: list[tuple[tuple[str, str, tuple[str, ...]], list[int], int]]
-    ) -> list[ChoiceScores | BaseException]:
+    def _score_many(self, items: list[ScoreWait]) -> list[ChoiceScores | BaseException]:
         """log p(choice | prompt) renormalised over the choices (GLAM's valid-action policy,
         `agentrl.llm.choices`), with each choice's token ids and per-token log-probs, under
         the adapter named in each key; cached. Prompts whose choices are each one distinct
@@ -589,7 +585,7 @@ class LocalEngine:
 
         out: list[ChoiceScores | BaseException | None] = [None] * len(items)
         singles: list[tuple[int, list[list[int]], list[int]]] = []
-        for i, (key, prompt, _) in enumerate(items):
+        for i, (key, prompt, _, _) in enumerate(items):
             try:
                 encoded = candidate_ids(self.tokenizer, key[2])
             except ValueError as exc:  # empty or duplicate choices
@@ -632,7 +628,7 @@ class LocalEngine:
         return decoder.next_logits(rows)
 
     def _score_choices(
-        self, key: tuple[str, str, tuple[str, ...]], prompt: list[int], encoded: list[list[int]]
+        self, key: ChoiceKey, prompt: list[int], encoded: list[list[int]]
     ) -> ChoiceScores:
         """Choices of several tokens: the prompt's KV cache is shared by its choices
         (`agentrl.llm.choices.score_choices`), under the key's adapter."""
