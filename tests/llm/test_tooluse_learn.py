@@ -19,6 +19,7 @@ from agentrl.learners.tooluse import (
     ToolUseLearner,
     demonstrations,
     group_advantages,
+    resolve_device,
     rl_iteration,
 )
 from agentrl.learners.tooluse_decode import generate
@@ -81,6 +82,17 @@ def test_seeds_of_training_and_heldout_never_meet(tmp_path: Path) -> None:
     assert len(cfg.heldout()) == 120
     fams = [f for f, _ in cfg.warm_tasks()]
     assert {fams.count(f) for f in set(fams)} == {50}  # balanced
+
+
+def test_device_auto_is_the_gpu_when_there_is_one_and_a_missing_gpu_is_named() -> None:
+    gpu = torch.cuda.is_available()
+    assert resolve_device("auto") == ("cuda" if gpu else "cpu")
+    assert resolve_device("cpu") == "cpu"
+    if not gpu:
+        with pytest.raises(ValueError, match="sees no GPU"):
+            resolve_device("cuda:0")
+    for path in Path("configs").glob("tooluse-*.yaml"):  # every shipped config loads
+        ToolUseConfig.from_file(path)
 
 
 def test_warm_start_samples_are_the_solvers_replies(tmp_path: Path) -> None:

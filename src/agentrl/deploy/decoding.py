@@ -190,10 +190,14 @@ class BatchDecoder:
         prefix_cache: PrefixCache | None = None,
         stats: DecodeStats | None = None,
         conversations: bool = False,
+        device: torch.device | str = "cpu",
     ) -> None:
         """`conversations`: keep each finished row's K/V (prompt and reply) in the prefix
-        cache, and start each row from the longest cached run of its prompt."""
+        cache, and start each row from the longest cached run of its prompt. `device`: the
+        model's; the K/V cache and the inputs live there, the logits come back to the CPU
+        (the grammar masks and the sampling run there)."""
         self.forward = forward
+        self.device = torch.device(device)
         self.conversations = conversations and prefix_cache is not None
         self.eos_ids = eos_ids
         self.pad_id = int(pad_id if pad_id is not None else 0)
@@ -263,7 +267,7 @@ class BatchDecoder:
             self.stats.cached_tokens += len(prefix)
             return kv
         started = time.perf_counter()
-        ids = torch.tensor([list(prefix)], dtype=torch.long)
+        ids = torch.tensor([list(prefix)], dtype=torch.long, device=self.device)
         out = self.forward([adapter], input_ids=ids, use_cache=True, logits_to_keep=1)
         kv = _kv_of(out.past_key_values)
         self.stats.prefill_s += time.perf_counter() - started
@@ -297,6 +301,7 @@ class BatchDecoder:
         for i, x in enumerate(rest):
             ids[i, width - len(x) :] = torch.tensor(x, dtype=torch.long)
             rest_mask[i, width - len(x) :] = 1
+        ids, rest_mask = ids.to(self.device), rest_mask.to(self.device)
         mask = torch.cat([rest_mask.new_ones((n, p)), rest_mask], dim=1) if p else rest_mask
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, p:]
         out = self.forward(
@@ -310,7 +315,7 @@ class BatchDecoder:
         )
         self.stats.prefill_s += time.perf_counter() - started
         self.stats.prefill_tokens += int(rest_mask.sum())
-        logits = out.logits[:, -1, :].float()
+        logits = out.logits[:, -1, :].float().cpu()
         return _kv_of(out.past_key_values), mask, mask.sum(-1, keepdim=True), logits
 
     def _join(
@@ -444,7 +449,7 @@ class BatchDecoder:
     def _select(self, keep: list[int]) -> None:
         """Keep the batch rows `keep`; cut the columns that are padding for all of them."""
         assert self._mask is not None and self._next_pos is not None
-        index = torch.tensor(keep)
+        index = torch.tensor(keep, device=self.device)
         mask = self._mask[index]
         real = mask.any(0).nonzero()
         start = int(real[0]) if len(real) else 0
@@ -460,14 +465,14 @@ class BatchDecoder:
         self._mask = torch.cat([self._mask, self._mask.new_ones((n, 1))], dim=1)
         out = self.forward(
             [r.adapter for r in self.rows],
-            input_ids=choice[:, None],
+            input_ids=choice[:, None].to(self.device),
             attention_mask=self._mask,
             position_ids=self._next_pos,
             past_key_values=self._cache,
             use_cache=True,
         )
         self._next_pos = self._next_pos + 1
-        self._cache, self._logits = out.past_key_values, out.logits[:, -1, :].float()
+        self._cache, self._logits = out.past_key_values, out.logits[:, -1, :].float().cpu()
         self.stats.decode_s += time.perf_counter() - started
         self.stats.decode_steps += 1
         self.stats.decode_rows += n

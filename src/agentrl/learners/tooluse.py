@@ -57,6 +57,9 @@ class ToolUseConfig(BaseModel):
     max_new_tokens: int = Field(256, ge=8)
     structured: bool = True
     threads: int = Field(1, ge=0, description="torch threads; 0 leaves torch's default")
+    device: str = Field(
+        "cpu", description="cpu, cuda, cuda:N, or auto (cuda when there is one): the policy's"
+    )
     lora_r: int = Field(16, gt=0)
     lora_alpha: int = Field(32, gt=0)
     lora_layers: int | None = Field(None, ge=1, description="adapters on the top N layers")
@@ -142,7 +145,10 @@ class ToolUseLearner:
         self.config = config
         if config.threads:
             torch.set_num_threads(config.threads)
-        policy = load_policy(config.model, seed=0)
+        device = resolve_device(config.device)
+        if device.startswith("cuda"):
+            torch.backends.cuda.matmul.allow_tf32 = True
+        policy = load_policy(config.model, seed=0, device=device)
         layers = int(policy.model.config.num_hidden_layers)
         top = (
             None
@@ -171,6 +177,7 @@ class ToolUseLearner:
             seed=config.seed,
             recompute_old_logprobs=True,
             storage_path=str(out / "checkpoints"),
+            device=device,
         )
         self.trainer = PolicyTrainer(policy, tc)
         self.tokenizer = policy.tokenizer
@@ -226,6 +233,16 @@ class ToolUseLearner:
             },
         )
         return ckpt.save(self.trainer, metrics, name=name)
+
+
+def resolve_device(name: str) -> str:
+    """`auto` is cuda when torch sees a GPU, else cpu; a cuda device that is not there is a
+    clear error, not a crash deep in the first forward pass."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r}: torch sees no GPU here (use cpu or auto)")
+    return name
 
 
 def solved_episodes(max_steps: int, tasks: Sequence[tuple[str, int]]) -> list[Any]:
@@ -381,6 +398,8 @@ def run_tooluse(
         res.summaries[name] = summarise(eps)
         with (out / f"heldout_{name}.jsonl").open("w") as fh:
             fh.writelines(episode_json(e) + "\n" for e in eps)
+        # what is measured so far, kept if the run is stopped before its last line
+        (out / "summaries.json").write_text(json.dumps(res.summaries, indent=1))
         s = res.summaries[name]["all"]
         say(
             f"{name}: held-out success {s['success']:.2f} {s['ci']} "

@@ -81,6 +81,7 @@ def generate(
         pad_id=pad_id,
         generator=generator,
         prefix_cache=PrefixCache(2**40) if shared else None,
+        device=next(model.parameters()).device,
     )
     with autocast if autocast is not None else nullcontext():
         decode_all(decoder, rows)

@@ -96,6 +96,7 @@ class FastSFT:
         if any(p.requires_grad for p in frozen):
             raise ValueError("the layers below the first adapted one must be frozen")
         self.bottom, self.top = layers[:first_adapted], layers[first_adapted:]
+        self.device = self.head.weight.device
         self.sequences = list(sequences)
         self.prefix = shared_prefix([s.ids for s in self.sequences])
         if self.sequences and any(min(s.targets) < self.prefix + 1 for s in self.sequences):
@@ -112,19 +113,19 @@ class FastSFT:
             with _only_layers(self.body, self.bottom, norm=False):
                 prefix_h, cache = None, None
                 if self.prefix:
-                    ids = torch.tensor([self.sequences[0].ids[: self.prefix]])
+                    ids = torch.tensor([self.sequences[0].ids[: self.prefix]], device=self.device)
                     out = self.body(input_ids=ids, past_key_values=self._cache_cls(),
                                     use_cache=True)  # fmt: skip
                     prefix_h, cache = out.last_hidden_state, out.past_key_values
                 rest = []
                 for s in self.sequences:
-                    ids = torch.tensor([s.ids[self.prefix :]])
+                    ids = torch.tensor([s.ids[self.prefix :]], device=self.device)
                     kv = None
                     if cache is not None:
                         kv = self._cache_cls()
                         for i, layer in enumerate(cache.layers):
                             kv.update(layer.keys, layer.values, i)
-                    pos = torch.arange(self.prefix, len(s.ids))[None]
+                    pos = torch.arange(self.prefix, len(s.ids), device=self.device)[None]
                     out = self.body(input_ids=ids, past_key_values=kv, position_ids=pos,
                                     use_cache=kv is not None)  # fmt: skip
                     rest.append(out.last_hidden_state[0])
@@ -138,12 +139,12 @@ class FastSFT:
         lengths = [len(self.sequences[r].ids) - self.prefix for r in rows]
         width = max(lengths)
         hidden = self.rest_h[rows[0]].new_zeros((n, width, self.rest_h[rows[0]].shape[-1]))
-        mask = torch.zeros((n, self.prefix + width), dtype=torch.long)
+        mask = torch.zeros((n, self.prefix + width), dtype=torch.long, device=self.device)
         mask[:, : self.prefix] = 1
         for b, (r, length) in enumerate(zip(rows, lengths, strict=True)):
             hidden[b, :length] = self.rest_h[r]
             mask[b, self.prefix : self.prefix + length] = 1
-        pos = torch.arange(self.prefix, self.prefix + width)[None].expand(n, -1)
+        pos = torch.arange(self.prefix, self.prefix + width, device=self.device)[None].expand(n, -1)
         with _only_layers(self.body, self.top, norm=True):
             cache = None
             if self.prefix_h is not None:
@@ -165,8 +166,10 @@ class FastSFT:
             pred_b += [b] * len(s.targets)
             pred_t += [t - 1 - self.prefix for t in s.targets]
             targets += [s.ids[t] for t in s.targets]
-        logits = self.head(h[torch.tensor(pred_b), torch.tensor(pred_t)]).float()
-        return torch.log_softmax(logits, -1).gather(-1, torch.tensor(targets)[:, None])[:, 0]
+        at = (torch.tensor(pred_b, device=self.device), torch.tensor(pred_t, device=self.device))
+        logits = self.head(h[at]).float()
+        picked = torch.tensor(targets, device=self.device)[:, None]
+        return torch.log_softmax(logits, -1).gather(-1, picked)[:, 0]
 
     def epoch(self, trainer: Any, batch_size: int) -> float:
         """One shuffled pass (`batch_size` sequences a step); the mean loss per target token

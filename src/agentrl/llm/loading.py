@@ -113,6 +113,25 @@ def _atomic_save(target: Path, save: Any) -> Path:
     return target
 
 
+def _check_converted(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """Some transformers releases (5.17 among them) convert SmolLM2's GGUF tokenizer wrongly:
+    `<|im_start|>` as EOS and a byte-fallback decoder that turns `": "` into `"::"` in
+    llguidance's view of the vocabulary, so structured outputs fail on the second token.
+    Refuse such a conversion by name instead of caching it."""
+    probe = '{"thoughts": ["a b"], "tool_name": "response"}'
+    eos, text = tokenizer.eos_token, tokenizer.decode(tokenizer.encode(probe))
+    if eos != "<|im_end|>" or text != probe:
+        import transformers
+
+        raise TrainingError(
+            f"transformers {transformers.__version__} converted the SmolLM2 GGUF tokenizer "
+            f"wrongly (EOS {eos!r}, {probe!r} decodes as {text!r}); install "
+            "transformers>=5.24 (pip install -e .) and convert again",
+            "INFRA",
+        )
+    return tokenizer
+
+
 def _tokenizer_ready(path: Path) -> bool:
     return (path / "tokenizer_config.json").exists()
 
@@ -127,7 +146,7 @@ def load_smollm2_tokenizer(data_dir: Path | None = None) -> PreTrainedTokenizerB
     if not _tokenizer_ready(tok_dir):
         gguf = smollm2_gguf_path()
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        _atomic_save(tok_dir, tokenizer.save_pretrained)
+        _atomic_save(tok_dir, _check_converted(tokenizer).save_pretrained)
     tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
     _fix_padding(tokenizer)
     return tokenizer
@@ -140,7 +159,7 @@ def convert_smollm2(data_dir: Path | None = None) -> Path:
         return target
     gguf = smollm2_gguf_path()
     log.info("converting %s to a transformers model in %s (once)", gguf.name, target)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer = load_smollm2_tokenizer(data_dir)  # converted (and checked) once, or cached
     loaded = AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
     )
