@@ -4,6 +4,8 @@
    backend, completion log on, both in their own processes) are called side by side in one
    run: an open-loop client alternates direct and gateway requests at the target rate for
    each path, so both see the same machine load. Added = gateway percentile - direct one.
+   The gateway's server is uvicorn (httptools); `BENCH_GATEWAY_SERVER=granian` puts the
+   same app behind granian's Rust HTTP server instead (`pip install granian` first).
 2. Rollback time: a canary on a backend that always answers 500, with the gateway under
    traffic; from the first error a client sees to the moment every answer comes from the
    live version again (the monitor period is printed beside it).
@@ -96,18 +98,30 @@ def _serve_gateway(port: int, upstream: str, nats_url: str) -> None:
             from agentrl.deploy import gctune
 
             gctune.settle()
-        server = uvicorn.Server(
-            uvicorn.Config(
+        if os.environ.get("BENCH_GATEWAY_SERVER") == "granian":  # Rust HTTP, Python app
+            from granian.constants import Interfaces
+            from granian.server.embed import Server as Granian
+
+            await Granian(
                 create_gateway_app(state),
-                host="127.0.0.1",
+                address="127.0.0.1",
                 port=port,
-                log_level="warning",
-                access_log=False,
-                lifespan="off",
-                http=os.environ.get("BENCH_GATEWAY_HTTP", "auto"),  # auto: httptools if there
+                interface=Interfaces.ASGI,
+                log_enabled=False,
+            ).serve()
+        else:
+            server = uvicorn.Server(
+                uvicorn.Config(
+                    create_gateway_app(state),
+                    host="127.0.0.1",
+                    port=port,
+                    log_level="warning",
+                    access_log=False,
+                    lifespan="off",
+                    http=os.environ.get("BENCH_GATEWAY_HTTP", "auto"),  # httptools if there
+                )
             )
-        )
-        await server.serve()
+            await server.serve()
         stop.set()
         await log_task
 
