@@ -16,6 +16,11 @@ from typing import Any
 import uvicorn
 
 GRACE_S = 3.0  # open requests get this long to finish when the stack stops
+# How long an idle keep-alive connection stays open. uvicorn's default (5 s) equals the
+# idle expiry of httpx's pool (the openai SDK's): a client reusing a connection at ~5 s
+# raced the server's close and got "Server disconnected" (an APIConnectionError, a retry).
+# Well above the common clients' expiries, so the client is the one that closes (nginx: 75).
+KEEP_ALIVE_S = 75
 
 
 class _Server(uvicorn.Server):
@@ -45,7 +50,7 @@ async def serve_http(
             timeout_graceful_shutdown=int(GRACE_S),
             # no logging set-up of uvicorn's own (a dictConfig at each start, stderr handlers):
             # its records go where agentrl's go (the console, or a main job's log file)
-            **{"log_config": None, **config},
+            **{"log_config": None, "timeout_keep_alive": KEEP_ALIVE_S, **config},
         )
     )
 
