@@ -52,8 +52,8 @@ class LoopConfig:
     data_dir: Path = Path(".agentrl/loop")
     model: str = "smollm2"
     # six decided versions (promoted, rejected or rolled back): five fresh-clone runs ended
-    # at 0.78-0.90 live in 423-499 s (four later ones: 0.84, 0.64, 0.36, 0.86; two of them
-    # past 10 minutes on a slower host), 2-4 of the six rejected by validation's regression
+    # at 0.78-0.90 live in 423-499 s (five later ones: 0.84, 0.64, 0.36, 0.86, 0.84; two of
+    # them past 10 minutes on a slower host), 2-4 of the six rejected by validation's regression
     # rule (2026-11-28, BENCHMARKS.md); with gamma 0.99 the jump had come at v4-v7
     generations: int = 6
     agents: int = 4
