@@ -5,7 +5,8 @@
    run: an open-loop client alternates direct and gateway requests at the target rate for
    each path, so both see the same machine load. Added = gateway percentile - direct one.
    The gateway's server is uvicorn (httptools); `BENCH_GATEWAY_SERVER=granian` puts the
-   same app behind granian's Rust HTTP server instead (`pip install granian` first).
+   same app behind granian's Rust HTTP server instead (`pip install granian` first), and
+   `BENCH_GATEWAY_LOG=off` runs it without its completion log (what the log costs).
 2. Rollback time: a canary on a backend that always answers 500, with the gateway under
    traffic; from the first error a client sees to the moment every answer comes from the
    live version again (the monitor period is printed beside it).
@@ -89,11 +90,16 @@ def _serve_gateway(port: int, upstream: str, nats_url: str) -> None:
 
         bus = await Bus.connect(nats_url)
         await bus.ensure_streams()
-        state = GatewayState("agentrl-policy", completion_log=CompletionLog(bus))
+        log_on = os.environ.get("BENCH_GATEWAY_LOG") != "off"  # off: what the log costs
+        state = GatewayState(
+            "agentrl-policy", completion_log=CompletionLog(bus) if log_on else None
+        )
         state.backends["v1"] = UpstreamBackend(upstream, timeout_s=30)
         state.set_split({"v1": 100.0}, ["v1"])
         stop = asyncio.Event()
-        log_task = asyncio.create_task(state.completion_log.run(stop))  # type: ignore[union-attr]
+        log_task = asyncio.create_task(
+            state.completion_log.run(stop) if state.completion_log else stop.wait()
+        )
         if os.environ.get("BENCH_GATEWAY_GC") != "default":  # as `agentrl up` does
             from agentrl.deploy import gctune
 
