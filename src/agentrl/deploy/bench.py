@@ -90,16 +90,12 @@ def _serve_gateway(port: int, upstream: str, nats_url: str) -> None:
 
         bus = await Bus.connect(nats_url)
         await bus.ensure_streams()
-        log_on = os.environ.get("BENCH_GATEWAY_LOG") != "off"  # off: what the log costs
-        state = GatewayState(
-            "agentrl-policy", completion_log=CompletionLog(bus) if log_on else None
-        )
+        log = CompletionLog(bus) if os.environ.get("BENCH_GATEWAY_LOG") != "off" else None
+        state = GatewayState("agentrl-policy", completion_log=log)  # None: what the log costs
         state.backends["v1"] = UpstreamBackend(upstream, timeout_s=30)
         state.set_split({"v1": 100.0}, ["v1"])
         stop = asyncio.Event()
-        log_task = asyncio.create_task(
-            state.completion_log.run(stop) if state.completion_log else stop.wait()
-        )
+        log_task = asyncio.create_task(log.run(stop)) if log is not None else None
         if os.environ.get("BENCH_GATEWAY_GC") != "default":  # as `agentrl up` does
             from agentrl.deploy import gctune
 
@@ -129,7 +125,8 @@ def _serve_gateway(port: int, upstream: str, nats_url: str) -> None:
             )
             await server.serve()
         stop.set()
-        await log_task
+        if log_task is not None:
+            await log_task
 
     if os.environ.get("BENCH_GATEWAY_LOOP") == "uvloop":  # what a uvloop stack would see
         import uvloop

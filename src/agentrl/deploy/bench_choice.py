@@ -3,8 +3,9 @@
 The main job's agents, validation and held-out evaluation all ask the gateway one thing per
 move: the four moves' probabilities after a FrozenLake prompt (`guided_choice`). The prompts
 here are the loop's own (its system prompt, egocentric observations of random episodes on
-the loop's training maps), distinct, each peer scoring all of them anew, by `LocalEngine.generate` under the base
-model on one torch thread (what the gateway uses on 2 cores). Peers, in the same run:
+the loop's training maps), distinct; each peer scores all of them anew, by
+`LocalEngine.generate` under the base model on one torch thread (what the gateway uses on 2
+cores). Peers, in the same run:
 
 - `before`: the path until 2026-11-28, one full-prompt forward pass per prompt;
 - `one_by_one`: today's path with one request at a time (the system prompt's K/V from the
