@@ -21,6 +21,7 @@ import argparse
 import json
 import time
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,10 +32,11 @@ from agentrl.learners.valid_action import (
     Learner,
     PromptCache,
     ValidActionConfig,
+    advantages,
     evaluate_heldout,
     rollout,
 )
-from agentrl.training.choice_job import train_choices
+from agentrl.training.choice_job import AWR_MAX_WEIGHT, train_choices
 
 
 def merged(batches: list[Batch], maps: int) -> Batch:
@@ -48,6 +50,35 @@ def merged(batches: list[Batch], maps: int) -> Batch:
         groups += [g + goff for g in b.episode_group]
         length += b.episode_len
     return Batch(steps, ret, succ, groups, length)
+
+
+MOVES = ("up", "down", "left", "right")
+
+
+def diagnose(
+    cfg: ValidActionConfig, policy: Any, learner: Learner, data: Batch, beta: float
+) -> dict:
+    """Where a job's greedy policy stands: its moves on the held-out maps, and what the
+    batch it learned from said about each move."""
+    greedy = rollout(cfg, policy, PromptCache(learner.tokenizer, SYSTEM_PROMPT), cfg.heldout(), 1,
+                     greedy=True)  # fmt: skip
+    texts = sorted({s.text for s in greedy.steps})
+    with torch.no_grad():
+        p = policy(texts).exp()
+    adv = np.asarray(advantages(cfg, data))
+    act = np.array([s.action for s in data.steps])
+    w = np.minimum(np.exp(adv / beta), AWR_MAX_WEIGHT)
+    played = np.bincount([s.action for s in greedy.steps], minlength=4)
+    return {
+        "greedy_moves": dict(zip(MOVES, played.tolist(), strict=True)),
+        "argmax_states": dict(zip(MOVES, torch.bincount(p.argmax(-1), minlength=4).tolist(), strict=True)),
+        "mean_p": dict(zip(MOVES, [round(float(x), 3) for x in p.mean(0)], strict=True)),
+        "batch": {
+            m: {"n": int((act == k).sum()), "adv": round(float(adv[act == k].mean()), 3),
+                "weight_share": round(float(w[act == k].sum() / w.sum()), 3)}
+            for k, m in enumerate(MOVES) if (act == k).any()
+        },
+    }  # fmt: skip
 
 
 def main() -> None:
@@ -69,6 +100,12 @@ def main() -> None:
     p.add_argument("--entropy", type=float, default=0.02, help="entropy bonus")
     p.add_argument("--maps", type=int, default=16)
     p.add_argument("--episodes", type=int, default=16, help="per map")
+    p.add_argument(
+        "--diagnose", action="store_true",
+        help="per job also: the greedy moves on the held-out maps, the argmax and mean\n"
+        "probability of each move over their distinct states, and per move of the acting\n"
+        "batch its count, mean advantage and share of the AWR weight",
+    )  # fmt: skip
     a = p.parse_args()
     cfg = ValidActionConfig(
         model="smollm2", lora_layers=2, dtype="fp32", algorithm="gigpo",
@@ -117,6 +154,8 @@ def main() -> None:
             "policy_entropy": round(history[-1]["policy_entropy"], 3),
             "wall_s": round(time.monotonic() - t0, 1),
         }
+        if a.diagnose:
+            row.update(diagnose(cfg, policy, learner, data, a.beta))
         print(json.dumps(row), flush=True)
     print(json.dumps({"settings": vars(a), "heldout_by_job": curve}), flush=True)
 

@@ -95,6 +95,14 @@ def _register_loop(app: typer.Typer) -> None:
             "wiped at the start of each run, refused if it holds other data.",
         ),
         generations: int = typer.Option(0, help="Training generations (0: the mode's default)."),
+        until_benchmark: float = typer.Option(
+            None,
+            min=0.0,
+            max=1.0,
+            help="FrozenLake: after the generations, go on (up to 9) while the live version's "
+            "own validation benchmark (greedy success on its 30 validation maps, never the "
+            "held-out ones) is below this (default 0.6; 0: stop after the generations).",
+        ),
         threshold: int = typer.Option(
             0, help="Rewarded trajectories per training job (0: default)."
         ),
@@ -176,6 +184,8 @@ def _register_loop(app: typer.Typer) -> None:
             overrides["data_dir"] = data_dir
         if generations:
             overrides["generations"] = generations
+        if until_benchmark is not None:
+            overrides["until_benchmark"] = until_benchmark
         if threshold:
             overrides["threshold"] = threshold
         if heldout_seeds:

@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from agentrl.stats import wilson
 
@@ -56,6 +56,12 @@ class LoopConfig:
     # them past 10 minutes on a slower host), 2-4 of the six rejected by validation's regression
     # rule (2026-11-28, BENCHMARKS.md); with gamma 0.99 the jump had come at v4-v7
     generations: int = 6
+    # ...and more, up to `max_generations`, while the live version fails its own validation
+    # benchmark (greedy success on the validation maps, never the held-out ones) below
+    # `until_benchmark` (0: off). The chain's first job learns in about 1 seed of 6: the
+    # jump came at v3-v5, and one run of five ended at 0.36 with six (2026-11-28)
+    until_benchmark: float = 0.6
+    max_generations: int = 9
     agents: int = 4
     group_size: int = 16
     threshold: int = 256
@@ -117,6 +123,7 @@ class LoopConfig:
             env="tooluse",
             model="smollm2",
             generations=3,
+            until_benchmark=0.0,
             agents=2,
             group_size=4,
             threshold=64,
@@ -181,6 +188,7 @@ class LoopConfig:
         base: dict[str, Any] = dict(
             backend="vllm",
             generations=1,
+            until_benchmark=0.0,
             agents=2,
             group_size=4,
             threshold=128,
@@ -201,6 +209,7 @@ class LoopConfig:
         base: dict[str, Any] = dict(
             model="tiny",
             generations=1,
+            until_benchmark=0.0,  # a random model's benchmark is 0: no extension
             agents=2,
             group_size=4,
             threshold=8,
@@ -850,6 +859,7 @@ async def run_loop(
             last_note = 0.0
             pending = False  # a version in validation or canary when the budget ran out
             finishing: set[str] | None = None  # validated when `generations` were reached
+            extended = 0  # decided versions when the run last said it goes on
             while time.monotonic() < deadline or (pending and time.monotonic() < grace_until):
                 await asyncio.sleep(0.5)
                 if interrupted.is_set():
@@ -918,16 +928,25 @@ async def run_loop(
                             f"time budget of {cfg.time_budget_s:.0f}s reached: waiting up to "
                             f"{cfg.grace_s:.0f}s for the version in validation or canary"
                         )
-                if len(decided) >= cfg.generations and finishing is None:
+                bench = live_benchmark(records)
+                stage = end_rule(cfg, len(decided), bench)
+                if stage == "extend" and len(decided) > extended:
+                    extended = len(decided)
+                    say(
+                        f"{len(decided)} versions decided; the live version's benchmark "
+                        f"{bench or 0.0:.2f} < {cfg.until_benchmark:g}: going on, up to "
+                        f"{max(cfg.generations, cfg.max_generations)}"
+                    )
+                if stage == "end" and finishing is None:
                     # the versions already through validation (in canary or waiting their
                     # turn) are decided before the run ends: cutting one mid-canary left the
                     # previous version live (0.16 reported with 0.54 in its canary)
                     finishing = passed_validation(records, {injected, start_model})
                     if finishing:
-                        say(f"{cfg.generations} versions decided: finishing {sorted(finishing)}")
+                        say(f"{len(decided)} versions decided: finishing {sorted(finishing)}")
                 if finishing and undecided(records, finishing):
                     continue
-                if len(decided) >= cfg.generations and not busy:
+                if stage == "end" and not busy:
                     if cfg.bad_candidate and injected is None:
                         injected = await inject_bad_candidate(bus, public, data_dir, say)
                         if injected is None:
@@ -1090,6 +1109,33 @@ def trained_and_decided(records: list[Any], not_trained: set[str | None]) -> lis
         and r.checkpoint_path
         and r.model_id not in not_trained
     ]
+
+
+def live_benchmark(records: list[Any]) -> float | None:
+    """The live version's own validation benchmark mean (None: no live version, or one
+    never validated, such as the base)."""
+    for r in records:
+        if r.state == "live":
+            bench = (r.validation_details or {}).get("benchmark") or {}
+            return float(bench["mean"]) if "mean" in bench else None
+    return None
+
+
+def end_rule(
+    cfg: LoopConfig, decided: int, benchmark: float | None
+) -> Literal["train", "extend", "end"]:
+    """Pure: "train" until `generations` versions are decided; then "end" if the live
+    version reaches `until_benchmark` on its validation maps (or `max_generations` are
+    decided, or the bar is off), else "extend" (more generations)."""
+    if decided < cfg.generations:
+        return "train"
+    if (
+        cfg.until_benchmark <= 0
+        or decided >= max(cfg.generations, cfg.max_generations)
+        or (benchmark is not None and benchmark >= cfg.until_benchmark)
+    ):
+        return "end"
+    return "extend"
 
 
 def passed_validation(records: list[Any], not_trained: set[str | None]) -> set[str]:
