@@ -6,13 +6,14 @@
 # episode is published, rewarded, and the threshold trigger starts training jobs on the
 # logged trajectories; each new version is validated, ramped by canary and promoted or rolled
 # back, for six generations (up to nine while the live version scores below 0.6 on its own
-# validation maps). At the end every version is played greedily on 50 held-out maps (never trained on):
-# a table (success with a 95 % interval, mean reward, traffic, decision), the HTML report,
-# and as the last line one JSON object with base_heldout_success, trained_heldout_success,
-# heldout_seeds, wall_s (and versions, promoted, rolled_back, best_heldout_success,
-# trajectories, rewards, lost). 7-9 minutes on 2 cores; measured in ten runs on an
-# AVX2-only CPU (2026-11-28): the live version at 0.64-0.90 held-out success vs the base at
-# 0.00 in nine, 0.36 in one; 423-499 s in seven, up to 739 s on a slower host (BENCHMARKS.md).
+# validation maps). At the end every version is played greedily on 50 held-out maps (never
+# trained on): a table (success with a 95 % interval, mean reward, traffic, decision), the
+# HTML report, and as the last line one JSON object with base_heldout_success,
+# trained_heldout_success, heldout_seeds, wall_s (and versions, promoted, rolled_back,
+# best_heldout_success, trajectories, rewards, lost). 7-9 minutes on 2 cores; measured in
+# thirteen runs on an AVX2-only CPU (2026-11-28): the live version at 0.64-0.90 held-out
+# success vs the base at 0.00 in twelve, 0.36 in one; 423-499 s in eight, up to 831 s at
+# slower hours (BENCHMARKS.md).
 # Extra arguments go to `agentrl loop` (e.g. --quick, --bad-candidate). The stand-alone
 # learning run (no services, ~2 minutes) is `.venv/bin/agentrl learn`.
 set -euo pipefail
