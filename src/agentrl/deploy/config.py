@@ -123,7 +123,11 @@ class DeploySettings(BaseSettings):
     public_model: str = Field("agentrl-policy", description="The name agents ask the gateway for.")
     bucket: str = Field("agentrl_models", description="NATS KV bucket of the registry.")
     strategy: Strategy = "canary"
-    ramp: tuple[float, ...] = (10.0, 25.0, 50.0, 100.0)
+    ramp: tuple[float, ...] = Field(
+        (10.0, 25.0, 50.0, 100.0),
+        description="Canary traffic percentages, one analysed pause each; a ramp that does not "
+        "end at 100 gets a last 100 % step (the new version alone, watched for one pause).",
+    )
     step_delay_s: float = Field(3600.0, ge=0.0)
     monitor_period_s: float = Field(300.0, gt=0.0)
     alpha: float = 0.05
