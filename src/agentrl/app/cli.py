@@ -100,7 +100,7 @@ def _register_loop(app: typer.Typer) -> None:
             min=0.0,
             max=1.0,
             help="FrozenLake: after the generations, go on (up to 9) while the live version's "
-            "own validation benchmark (greedy success on its 30 validation maps, never the "
+            "own validation benchmark (greedy success on its 60 validation maps, never the "
             "held-out ones) is below this (default 0.6; 0: stop after the generations).",
         ),
         threshold: int = typer.Option(
