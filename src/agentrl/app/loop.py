@@ -1118,11 +1118,10 @@ def trained_and_decided(records: list[Any], not_trained: set[str | None]) -> lis
 def live_benchmark(records: list[Any]) -> float | None:
     """The live version's own validation benchmark mean (None: no live version, or one
     never validated, such as the base)."""
-    for r in records:
-        if r.state == "live":
-            bench = (r.validation_details or {}).get("benchmark") or {}
-            return float(bench["mean"]) if "mean" in bench else None
-    return None
+    from agentrl.deploy.validation import benchmark_mean
+
+    live = next((r for r in records if r.state == "live"), None)
+    return None if live is None else benchmark_mean(live.validation_details)
 
 
 def end_rule(
