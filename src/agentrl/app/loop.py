@@ -106,6 +106,10 @@ class LoopConfig:
     # version, as runs with 30 did (55-66 s; 2026-11-28)
     benchmark_episodes: int = 60
     grace_s: float = 120.0  # after the budget: wait this long for a version being decided
+    # at the end, decide the versions already past validation (in canary or waiting their
+    # turn) before evaluating; the quick loops end at their first decided version instead
+    # (the tool-use one spent 15 of its 130 s finishing three more, 2026-11-28)
+    finish_in_flight: bool = True
     pace: bool = True  # a trickle of acting while a job trains or a version validates (2 cores),
     # full speed while a canary runs (its analysis needs sessions)
     fresh: bool = True
@@ -165,6 +169,7 @@ class LoopConfig:
                 epochs=1,
                 max_tokens=48,
                 benchmark_episodes=1,
+                finish_in_flight=False,
                 # the tiny random model never answers right: rejection sampling would keep
                 # nothing; awr trains on every turn (weights from the group advantages)
                 objective="awr",
@@ -230,6 +235,7 @@ class LoopConfig:
             epochs=1,
             temperature=1.0,
             benchmark_episodes=4,
+            finish_in_flight=False,
         )
         base.update(kw)
         return cls(**base)
@@ -941,7 +947,7 @@ async def run_loop(
                         f"{bench or 0.0:.2f} < {cfg.until_benchmark:g}: going on, up to "
                         f"{max(cfg.generations, cfg.max_generations)}"
                     )
-                if stage == "end" and finishing is None:
+                if stage == "end" and finishing is None and cfg.finish_in_flight:
                     # the versions already through validation (in canary or waiting their
                     # turn) are decided before the run ends: cutting one mid-canary left the
                     # previous version live (0.16 reported with 0.54 in its canary)
