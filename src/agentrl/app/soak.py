@@ -1096,13 +1096,19 @@ async def _running_job(
             ]
             if not jobs:
                 continue
-            # the job process is a direct child (a helper it forked carries the same cmdline)
+            # the job process is a direct child (a helper it forked carries the same cmdline);
+            # one started ahead (`--spare`) names its job in the files it holds open only
             for child in psutil.Process(training.pid).children(recursive=False):
                 cmd = " ".join(child.cmdline())
                 if "agentrl.training.worker" in cmd and time.time() - child.create_time() > 1.0:
                     for j in jobs:
-                        if str(j.get("training_job_id")) in cmd or len(jobs) == 1:
-                            return child, str(j["training_job_id"])
+                        job_id = str(j.get("training_job_id"))
+                        if (
+                            job_id in cmd
+                            or (len(jobs) == 1 and "--spare" not in cmd)
+                            or any(job_id in f.path for f in child.open_files())
+                        ):
+                            return child, job_id
     return None, None
 
 

@@ -64,6 +64,7 @@ from agentrl.training.paths import UnsafePath, checkpoint_base, job_dir
 from agentrl.training.queue import FINAL, JobQueue, QueueEntry, status_of
 from agentrl.training.requests import defaults, job_kind, merge
 from agentrl.training.settings import TrainingSettings
+from agentrl.training.spare import SpareWorker
 from agentrl.training.store import PRIORITY_RANK, JobRow, Store
 from agentrl.training.triggers import (
     Clock,
@@ -200,7 +201,13 @@ class TrainingService:
             "progress_dropped": 0,
             "adopted": 0,
             "leases_lost": 0,
+            "spare_jobs": 0,
         }
+        self.spare = (
+            SpareWorker(self.root / "spare.log", self._job_env(), _die_with_parent)
+            if self.ts.warm_worker
+            else None
+        )
         self._flush_lock = asyncio.Lock()
         self._flush_error: Exception | None = None
         self.schedule = CronSchedule(self.ts.schedule, clock) if self.ts.schedule else None
@@ -218,6 +225,8 @@ class TrainingService:
         )
         await self._flush_outbox()
         await self.recover()
+        if self.spare is not None:
+            await self.spare.start()
         triggers = Lease(
             self.lease_kv, f"training.{_slug(self.durable)}.triggers", self.owner, self.lease_ttl_s
         )
@@ -263,6 +272,8 @@ class TrainingService:
         """On shutdown, stop job processes; their rows stay 'running' so the next start
         resumes them from their checkpoints (or fails them). Their leases are kept: this
         runner takes them back when it starts again, another one when they expire."""
+        if self.spare is not None:
+            await self.spare.stop()
         for job in list(self.running.values()):
             with contextlib.suppress(ProcessLookupError):
                 job.proc.kill()
@@ -691,49 +702,41 @@ class TrainingService:
         (folder / "spec.json").write_text(json.dumps(spec, indent=2))
         events = folder / "events.jsonl"
         offset = events.stat().st_size if events.exists() else 0
-        log_fh = open(folder / "process.log", "ab")  # noqa: SIM115 - handed to the child
-        env = {**os.environ, "AGENTRL_DATA_DIR": str(self.settings.data_dir)}
-        for name in (
-            "nats_user",
-            "nats_password",
-            "nats_token",
-            "nats_tls_ca",
-            "api_host",
-            "api_port",
-        ):
-            value = getattr(self.settings, name, None)
-            if value is not None:  # the job connects with the service's credentials
-                env[f"AGENTRL_{name.upper()}"] = str(value)
-        if self.settings.api_tokens:
-            env["AGENTRL_API_TOKENS"] = json.dumps(self.settings.api_tokens)
+        env = self._job_env()
         if device.startswith("cuda:"):
             env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
             spec["device"] = "cuda"
             (folder / "spec.json").write_text(json.dumps(spec, indent=2))
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "agentrl.training.worker",
-                str(folder),
-                stdout=log_fh,
-                stderr=log_fh,
-                stdin=asyncio.subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
-        except OSError as exc:
-            log_fh.close()
-            await self._finish(
-                row,
-                "failed",
-                error={"code": "INFRA", "message": f"cannot start the job process: {exc}"},
-            )
-            return
-        finally:
-            with contextlib.suppress(Exception):
-                log_fh.close()
+        proc = await self.spare.take(folder, env) if self.spare is not None else None
+        if proc is not None:
+            self.counters["spare_jobs"] += 1
+        else:
+            log_fh = open(folder / "process.log", "ab")  # noqa: SIM115 - handed to the child
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "agentrl.training.worker",
+                    str(folder),
+                    stdout=log_fh,
+                    stderr=log_fh,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )
+            except OSError as exc:
+                await self._finish(
+                    row,
+                    "failed",
+                    error={"code": "INFRA", "message": f"cannot start the job process: {exc}"},
+                )
+                return
+            finally:
+                with contextlib.suppress(Exception):
+                    log_fh.close()
+        if self.spare is not None:  # the next job's process, started ahead
+            await self.spare.start()
         row.status, row.device = "running", device
         job = RunningJob(row, proc, folder)
         job.offset = offset
@@ -753,6 +756,24 @@ class TrainingService:
             )
         finally:
             self.running[row.job_id] = job
+
+    def _job_env(self) -> dict[str, str]:
+        """A job process's environment: the service's, its data dir and credentials."""
+        env = {**os.environ, "AGENTRL_DATA_DIR": str(self.settings.data_dir)}
+        for name in (
+            "nats_user",
+            "nats_password",
+            "nats_token",
+            "nats_tls_ca",
+            "api_host",
+            "api_port",
+        ):
+            value = getattr(self.settings, name, None)
+            if value is not None:  # the job connects with the service's credentials
+                env[f"AGENTRL_{name.upper()}"] = str(value)
+        if self.settings.api_tokens:
+            env["AGENTRL_API_TOKENS"] = json.dumps(self.settings.api_tokens)
+        return env
 
     async def _poll(self, job: RunningJob) -> None:
         """Read new events of a job; publish progress; finish it when its process ended."""

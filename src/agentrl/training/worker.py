@@ -1,4 +1,5 @@
-"""The job process: `python -m agentrl.training.worker JOB_DIR` runs one training job.
+"""The job process: `python -m agentrl.training.worker JOB_DIR` runs one training job
+(`... worker --spare`: started ahead, it takes its job from stdin, see agentrl.training.spare).
 
 The service starts it as a child process, so a crash, an OOM kill or a hang ends this
 process and never the service. It reads `JOB_DIR/spec.json` (the request and where to find
@@ -26,6 +27,7 @@ from pathlib import Path
 from agentrl.errors import TrainingError
 from agentrl.logs import bind, configure_handler
 from agentrl.training.progress import Cancelled, Emitter
+from agentrl.training.spare import SPARE_FLAG, wait_for_job
 
 log = logging.getLogger("agentrl.training.worker")
 
@@ -85,6 +87,11 @@ def run(job_dir: Path) -> int:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     _die_with_parent()
+    if argv and argv[0] == SPARE_FLAG:  # started ahead: the job comes on stdin
+        spare_job = wait_for_job()
+        if spare_job is None:
+            sys.exit(0)
+        argv = [str(spare_job)]
     job_dir = Path(argv[0])
     logging.basicConfig(
         level=logging.INFO,
