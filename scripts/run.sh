@@ -21,4 +21,5 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/setup.sh
+.venv/bin/python -m compileall -q -j 0 src >/dev/null 2>&1 || true  # as scripts/test.sh does
 exec .venv/bin/agentrl loop "$@"

