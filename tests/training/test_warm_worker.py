@@ -56,10 +56,10 @@ async def test_jobs_run_in_the_spare_started_ahead_and_a_dead_spare_is_replaced(
     await bus.ensure_streams()
     statuses = await Statuses().start(bus)
     ts = tsettings(
-        warm_worker=True, batch_size=2, save_interval=1, sample_size=24, holdout_size=0.0
+        warm_worker=True, batch_size=4, save_interval=1000, sample_size=8, holdout_size=0.0
     )
     await publish_data(
-        bus, [trajectory(i, task=f"t{i // 4}") for i in range(24)], [(i % 4) / 3 for i in range(24)]
+        bus, [trajectory(i, task=f"t{i // 4}") for i in range(8)], [(i % 4) / 3 for i in range(8)]
     )
     try:
         async with running_service(bus, settings_for(data_dir, nats.url), ts) as svc:
