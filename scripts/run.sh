@@ -5,7 +5,7 @@
 # play text FrozenLake through the gateway with SmolLM2-135M as a valid-action policy; every
 # episode is published, rewarded, and the threshold trigger starts training jobs on the
 # logged trajectories; each new version is validated, ramped by canary and promoted or rolled
-# back, for six generations (up to nine while the live version scores below 0.6 on its own
+# back, for five generations (up to nine while the live version scores below 0.6 on its own
 # validation maps). At the end every version is played greedily on 50 held-out maps (never
 # trained on): a table (success with a 95 % interval, mean reward, traffic, decision), the
 # HTML report, and as the last line one JSON object with base_heldout_success,
@@ -13,8 +13,8 @@
 # best_heldout_success, trajectories, rewards, lost). 7-9 minutes on 2 cores; measured in
 # sixteen runs on an AVX2-only CPU (2026-11-28): the live version at 0.58-0.90 held-out
 # success vs the base at 0.00 in fifteen, 0.36 in one; eight of those fifteen within 10
-# minutes (423-563 s), the others up to 1,029 s at slower hours or with more than six
-# versions (BENCHMARKS.md).
+# minutes (423-563 s), the others up to 1,029 s at slower hours or with more versions
+# (BENCHMARKS.md).
 # Extra arguments go to `agentrl loop` (e.g. --quick, --bad-candidate). The stand-alone
 # learning run (no services, ~2 minutes) is `.venv/bin/agentrl learn`.
 set -euo pipefail

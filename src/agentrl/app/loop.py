@@ -51,11 +51,12 @@ class LoopConfig:
 
     data_dir: Path = Path(".agentrl/loop")
     model: str = "smollm2"
-    # six decided versions (promoted, rejected or rolled back): five fresh-clone runs ended
-    # at 0.78-0.90 live in 423-499 s (five later ones: 0.84, 0.64, 0.36, 0.86, 0.84; two of
-    # them past 10 minutes on a slower host), 2-4 of the six rejected by validation's regression
-    # rule (2026-11-28, BENCHMARKS.md); with gamma 0.99 the jump had come at v4-v7
-    generations: int = 6
+    # five decided versions (promoted, rejected or rolled back), then the end rule below. A
+    # version is decided every ~75 s (the canaries run one after another), so the sixth cost
+    # a minute in runs whose fifth was already good (0.76 and 0.80 at v5; 2026-11-28 twelfth
+    # session); a chain that has not jumped by then goes on. Six before the end rule existed:
+    # one run of five had ended at 0.36 with five, its jump not come (tenth session)
+    generations: int = 5
     # ...and more, up to `max_generations`, while the live version fails its own validation
     # benchmark (greedy success on the validation maps, never the held-out ones) below
     # `until_benchmark` (0: off). The chain's first job learns in about 1 seed of 6: the
