@@ -701,34 +701,54 @@ async def inject_bad_candidate(bus: Any, public: str, data_dir: Path, say: Any) 
     if live is None or not live.checkpoint_path:
         say("bad candidate: no trained live version to break; skipped")
         return None
+    from agentrl.deploy.errors import DeployError
     from agentrl.deploy.registry import ACTIVE
 
     current = await registry.get_rollout(public)
     if current is not None and current.status in ACTIVE:
         return ""  # the controller started another version's canary meanwhile: after it
-    src = Path(live.checkpoint_path)
-    bad = data_dir / "bad-candidate" / src.name
-    shutil.rmtree(bad, ignore_errors=True)
-    shutil.copytree(src, bad)
-    for f in bad.glob("*.safetensors"):
-        raw = bytearray(f.read_bytes())
-        raw[-64:] = bytes(64)  # torn weights: the manifest's sha256 no longer matches
-        f.write_bytes(bytes(raw))
     deployer = Deployer(registry, bus, public, "")
-    record = await deployer.register(
-        checkpoint_path=str(bad),
-        base_model=live.base_model,
-        sha256=live.sha256 or "",
-        serving=dict(live.serving),
-        by="agentrl-loop (--bad-candidate)",
-    )
-    await deployer.start(
-        record.model_id,
-        ds.plan(),
-        by="agentrl-loop (--bad-candidate)",
-        approval="manual_approved",
-        reason="deliberately broken version injected by --bad-candidate",
-    )
+    by = "agentrl-loop (--bad-candidate)"
+    # registered once: a start refused below is tried again later with the same version
+    # (unless the controller's validation took it meanwhile: then a new one)
+    earlier = [
+        r
+        for r in await registry.list_models(public)
+        if r.state == "candidate"
+        and r.checkpoint_path
+        and Path(r.checkpoint_path).parent == data_dir / "bad-candidate"
+    ]
+    if earlier:
+        record = earlier[0]
+    else:
+        src = Path(live.checkpoint_path)
+        bad = data_dir / "bad-candidate" / src.name
+        shutil.rmtree(bad, ignore_errors=True)
+        shutil.copytree(src, bad)
+        for f in bad.glob("*.safetensors"):
+            raw = bytearray(f.read_bytes())
+            raw[-64:] = bytes(64)  # torn weights: the manifest's sha256 no longer matches
+            f.write_bytes(bytes(raw))
+        record = await deployer.register(
+            checkpoint_path=str(bad),
+            base_model=live.base_model,
+            sha256=live.sha256 or "",
+            serving=dict(live.serving),
+            by=by,
+        )
+    try:
+        await deployer.start(
+            record.model_id,
+            ds.plan(),
+            by=by,
+            approval="manual_approved",
+            reason="deliberately broken version injected by --bad-candidate",
+        )
+    except DeployError:
+        current = await registry.get_rollout(public)
+        if current is not None and current.status in ACTIVE:
+            return ""  # a canary began between the look above and this start: after it
+        raise
     say(f"bad candidate: {record.model_id} (torn weights) deployed by hand past validation")
     return record.model_id
 
