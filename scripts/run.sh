@@ -11,9 +11,9 @@
 # HTML report, and as the last line one JSON object with base_heldout_success,
 # trained_heldout_success, heldout_seeds, wall_s (and versions, promoted, rolled_back,
 # best_heldout_success, trajectories, rewards, lost). 7-9 minutes on 2 cores; measured in
-# sixteen runs on an AVX2-only CPU (2026-11-28): the live version at 0.58-0.90 held-out
-# success vs the base at 0.00 in fifteen, 0.36 in one; eight of those fifteen within 10
-# minutes (423-563 s), the others up to 1,029 s at slower hours or with more versions
+# twenty runs on an AVX2-only CPU (2026-11-28): the live version at 0.58-0.90 held-out
+# success vs the base at 0.00 in nineteen, 0.36 in one; ten of those nineteen within 10
+# minutes (423-588 s), the others up to 1,029 s at slower hours or with more versions
 # (BENCHMARKS.md).
 # Extra arguments go to `agentrl loop` (e.g. --quick, --bad-candidate). The stand-alone
 # learning run (no services, ~2 minutes) is `.venv/bin/agentrl learn`.
