@@ -21,7 +21,6 @@ bandit findings of HIGH severity (any confidence).
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import hashlib
 import json
@@ -38,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentrl import pyparse
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.rewards.components import CodeEvidence
 from agentrl.rewards.isolation import ForkedWorker, WorkerCrashed, WorkerTimeout
@@ -134,7 +134,7 @@ def parse_pytest_summary(text: str) -> tuple[int, int] | None:
 
 def _parses(code: str) -> bool:
     try:
-        ast.parse(code)
+        pyparse.parse(code)
     except (SyntaxError, ValueError):
         return False
     return True

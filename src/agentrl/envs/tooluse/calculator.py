@@ -14,6 +14,8 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+from agentrl import pyparse
+
 MAX_EXPONENT = 1000
 MAX_FACTORIAL = 500
 MAX_INT_DIGITS = 400
@@ -73,7 +75,7 @@ def evaluate(expression: str) -> int | float:
         raise CalculatorError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
     text = expression.strip().replace("^", "**").replace("×", "*").replace("÷", "/")
     try:
-        tree = ast.parse(text, mode="eval")
+        tree = pyparse.parse(text, mode="eval")
     except SyntaxError as exc:
         raise CalculatorError(f"not a valid expression: {exc.msg}") from None
     try:
