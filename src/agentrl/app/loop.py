@@ -704,8 +704,11 @@ async def inject_bad_candidate(bus: Any, public: str, data_dir: Path, say: Any) 
     from agentrl.deploy.errors import DeployError
     from agentrl.deploy.registry import ACTIVE
 
-    current = await registry.get_rollout(public)
-    if current is not None and current.status in ACTIVE:
+    async def rollout_on() -> bool:
+        current = await registry.get_rollout(public)
+        return current is not None and current.status in ACTIVE
+
+    if await rollout_on():
         return ""  # the controller started another version's canary meanwhile: after it
     deployer = Deployer(registry, bus, public, "")
     by = "agentrl-loop (--bad-candidate)"
@@ -745,8 +748,7 @@ async def inject_bad_candidate(bus: Any, public: str, data_dir: Path, say: Any) 
             reason="deliberately broken version injected by --bad-candidate",
         )
     except DeployError:
-        current = await registry.get_rollout(public)
-        if current is not None and current.status in ACTIVE:
+        if await rollout_on():
             return ""  # a canary began between the look above and this start: after it
         raise
     say(f"bad candidate: {record.model_id} (torn weights) deployed by hand past validation")

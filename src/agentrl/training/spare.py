@@ -34,7 +34,6 @@ class SpareWorker:
         self.env = env
         self.preexec_fn = preexec_fn
         self.proc: asyncio.subprocess.Process | None = None
-        self.started = 0
 
     async def start(self) -> None:
         """Start a spare unless one is waiting (a failure to start is logged: jobs then
@@ -59,8 +58,6 @@ class SpareWorker:
         except OSError as exc:
             log.warning("cannot start a spare job process: %s", exc)
             self.proc = None
-            return
-        self.started += 1
 
     async def take(self, job_dir: Path, env: dict[str, str]) -> asyncio.subprocess.Process | None:
         """The spare, now running the job in `job_dir` with `env`; None when there is no live
