@@ -38,7 +38,14 @@ DEPENDENCIES = (
 )
 # relative to the agentrl package: whole folders, and single files
 PACKAGES = ("contracts", "bus", "observability", "rewards", "integrations/agent_zero")
-MODULES = ("__init__.py", "py.typed", "errors.py", "settings.py", "integrations/__init__.py")
+MODULES = (
+    "__init__.py",
+    "py.typed",
+    "errors.py",
+    "settings.py",
+    "pyparse.py",
+    "integrations/__init__.py",
+)
 # files shipped under another name: the structured-outputs setting's schema (deploy/ is not
 # the client's; integrations/agent_zero/structured.py reads it beside itself in the client)
 RENAMED = (
