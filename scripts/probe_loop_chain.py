@@ -98,6 +98,11 @@ def main() -> None:
     p.add_argument("--gamma", type=float, default=0.5, help="the loop's: 0.5 (0.99 until 11-28)")
     p.add_argument("--omega", type=float, default=1.0, help="GiGPO: A_episode + omega A_step")
     p.add_argument("--entropy", type=float, default=0.02, help="entropy bonus")
+    p.add_argument(
+        "--policy-temperature", type=float, default=2.0,
+        help="the policy softmax(z / T) the jobs fit (the loop's: 2)",
+    )  # fmt: skip
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: by the load)")
     p.add_argument("--maps", type=int, default=16)
     p.add_argument("--episodes", type=int, default=16, help="per map")
     p.add_argument(
@@ -107,12 +112,14 @@ def main() -> None:
         "batch its count, mean advantage and share of the AWR weight",
     )  # fmt: skip
     a = p.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     cfg = ValidActionConfig(
         model="smollm2", lora_layers=2, dtype="fp32", algorithm="gigpo",
         gamma=a.gamma, gigpo_omega=a.omega,
-        temperature=2.0, learning_rate=a.learning_rate, entropy_coef=a.entropy, epochs=a.epochs,
+        temperature=a.policy_temperature, learning_rate=a.learning_rate, entropy_coef=a.entropy, epochs=a.epochs,
         minibatches=4, seed=a.seed, maps_per_iteration=a.maps, episodes_per_map=a.episodes,
-        threads=0,
+        threads=a.threads,
     )  # fmt: skip
     learner = Learner(cfg)
     policy = learner.logprob_fn()

@@ -16,6 +16,11 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AGENTRL_", env_file=".env", extra="ignore")
 
     data_dir: Path = Field(Path("./.agentrl"), description="Where streams, models and state live.")
+    models_dir: Path | None = Field(
+        None,
+        description="Where the converted base model is cached (default: <data_dir>/models). "
+        "`agentrl loop` points its training jobs at its own, so a run converts it once.",
+    )
     nats_url: str | None = Field(
         None,
         validation_alias=AliasChoices("AGENTRL_NATS_URL", "NATS_URL"),

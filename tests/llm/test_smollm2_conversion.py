@@ -20,3 +20,29 @@ def test_a_wrong_eos_is_refused_by_name(smol_tokenizer) -> None:
     broken.eos_token = "<|im_start|>"
     with pytest.raises(TrainingError, match=r"converted the SmolLM2 GGUF tokenizer wrongly"):
         _check_converted(broken)
+
+
+def test_a_loops_jobs_load_the_base_its_gateway_converted(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    """`agentrl loop` hands its jobs the folder its own process converts SmolLM2 into (a
+    fresh clone's first job converted a second copy into the loop's data dir: 28 s); a
+    process with `AGENTRL_MODELS_DIR` looks there, an explicit data dir still wins."""
+    from agentrl.app.loop import LoopConfig, loop_environment
+    from agentrl.llm.loading import SMOLLM2_DIRNAME, smollm2_dir
+    from agentrl.settings import get_settings
+
+    monkeypatch.delenv("AGENTRL_MODELS_DIR", raising=False)
+    monkeypatch.setenv("AGENTRL_DATA_DIR", str(tmp_path / "process"))
+    get_settings.cache_clear()
+    try:
+        env = loop_environment(LoopConfig())
+        assert env["AGENTRL_MODELS_DIR"] == str((tmp_path / "process" / "models").resolve())
+        assert "AGENTRL_MODELS_DIR" not in loop_environment(LoopConfig.quick())  # tiny model
+        monkeypatch.setenv("AGENTRL_DATA_DIR", str(tmp_path / "job"))
+        monkeypatch.setenv("AGENTRL_MODELS_DIR", env["AGENTRL_MODELS_DIR"])
+        get_settings.cache_clear()
+        assert smollm2_dir() == tmp_path / "process" / "models" / SMOLLM2_DIRNAME
+        assert smollm2_dir(tmp_path / "x") == tmp_path / "x" / "models" / SMOLLM2_DIRNAME
+    finally:
+        get_settings.cache_clear()

@@ -308,6 +308,10 @@ def loop_environment(cfg: LoopConfig) -> dict[str, str]:
         # the moves are one word; safety refusals show in the first dozen tokens
         "AGENTRL_DEPLOY_VALIDATION_MAX_NEW_TOKENS": "12" if cfg.model == "tiny" else "24",
     }
+    if cfg.model == "smollm2":  # the jobs load the base the gateway converted, not their own
+        from agentrl.llm.loading import smollm2_dir  # (a fresh clone's first job: 28 s)
+
+        env["AGENTRL_MODELS_DIR"] = str(smollm2_dir().parent.resolve())
     if cfg.env == "tooluse":
         from agentrl.app import loop_tooluse
 

@@ -92,7 +92,11 @@ def smollm2_gguf_path() -> Path:
 
 
 def smollm2_dir(data_dir: Path | None = None) -> Path:
-    """Where the converted SmolLM2 (model + tokenizer) is cached."""
+    """Where the converted SmolLM2 (model + tokenizer) is cached: `data_dir`/models when
+    given, else the `models_dir` setting, else the data dir's `models`."""
+    models = get_settings().models_dir
+    if data_dir is None and models is not None:
+        return Path(models) / SMOLLM2_DIRNAME
     return Path(data_dir or get_settings().data_dir) / "models" / SMOLLM2_DIRNAME
 
 
