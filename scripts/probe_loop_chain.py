@@ -53,6 +53,26 @@ def merged(batches: list[Batch], maps: int) -> Batch:
 
 
 MOVES = ("up", "down", "left", "right")
+FAILURE_SCORE, SUCCESS_SCORE = 0.147, 0.72  # the loop's reward service (its warehouse, 11-28)
+
+
+def with_terminal(batch: Batch, mode: str) -> Batch:
+    """The loop's terminal reward: the reward service's score on each episode's last step,
+    as it is (`service`) or minus the mean score of its group (`centred`)."""
+    if mode == "none":
+        return batch
+    score = np.where(np.asarray(batch.episode_success), SUCCESS_SCORE, FAILURE_SCORE)
+    if mode == "centred":
+        groups = np.asarray(batch.episode_group)
+        for g in np.unique(groups):
+            score[groups == g] -= score[groups == g].mean()
+    last = {s.episode: k for k, s in enumerate(batch.steps)}
+    steps = [
+        replace(s, reward=s.reward + float(score[s.episode])) if last[s.episode] == k else s
+        for k, s in enumerate(batch.steps)
+    ]
+    returns = [r + float(x) for r, x in zip(batch.episode_return, score, strict=True)]
+    return Batch(steps, returns, batch.episode_success, batch.episode_group, batch.episode_len)
 
 
 def diagnose(
@@ -102,6 +122,16 @@ def main() -> None:
         "--policy-temperature", type=float, default=2.0,
         help="the policy softmax(z / T) the jobs fit (the loop's: 2)",
     )  # fmt: skip
+    p.add_argument(
+        "--terminal", choices=("none", "service", "centred"), default="none",
+        help="the loop's jobs add the reward service's score to an episode's last step:\n"
+        "'service' as the loop does (0.147 for a failure: the neutral user_feedback;\n"
+        "0.72 for a success), 'centred' minus its group's mean",
+    )  # fmt: skip
+    p.add_argument(
+        "--objective", choices=("awr", "state_awr"), default="awr",
+        help="the job's: awr (sample AWR) or state_awr (per-state targets from pi_start)",
+    )  # fmt: skip
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: by the load)")
     p.add_argument("--maps", type=int, default=16)
     p.add_argument("--episodes", type=int, default=16, help="per map")
@@ -144,11 +174,11 @@ def main() -> None:
         cache = PromptCache(learner.tokenizer, SYSTEM_PROMPT)
         batch = rollout(cfg, acting, cache, cfg.train_seeds(job), a.episodes, generator=generator)
         use(versions[-1])
-        batches.append(batch)
+        batches.append(with_terminal(batch, a.terminal))
         learner.optimizer = torch.optim.AdamW(learner.params, lr=a.learning_rate, weight_decay=0)
         data = merged(batches[-a.window :], a.maps)
         history = train_choices(
-            learner, data, objective="awr", beta=a.beta,
+            learner, data, objective=a.objective, beta=a.beta,
             behaviour=[s.logp for s in data.steps] if a.importance else None,
         )  # fmt: skip
         versions.append([q.detach().clone() for q in learner.params])

@@ -27,11 +27,11 @@ def test_the_live_versions_own_benchmark_is_read() -> None:
 
 
 def test_more_generations_only_while_the_live_version_is_below_the_bar() -> None:
-    cfg = LoopConfig()  # 5 generations, 0.6, up to 9
-    assert (cfg.generations, cfg.until_benchmark, cfg.max_generations) == (5, 0.6, 9)
-    assert end_rule(cfg, 4, 0.9) == "train"  # the generations come first, whatever the bar
-    assert end_rule(cfg, 5, 0.6) == "end"
-    assert end_rule(cfg, 5, 0.4) == "extend"
+    cfg = LoopConfig()  # 4 generations, 0.6, up to 9
+    assert (cfg.generations, cfg.until_benchmark, cfg.max_generations) == (4, 0.6, 9)
+    assert end_rule(cfg, 3, 0.9) == "train"  # the generations come first, whatever the bar
+    assert end_rule(cfg, 4, 0.6) == "end"
+    assert end_rule(cfg, 4, 0.4) == "extend"
     assert end_rule(cfg, 6, None) == "extend"  # the base still live: every version rejected
     assert end_rule(cfg, 8, 0.57) == "extend"
     assert end_rule(cfg, 9, 0.1) == "end"  # the cap

@@ -207,3 +207,52 @@ def test_awr_with_behaviour_log_probs_fits_the_start_policy_not_the_sampling() -
             moved[corrected] = learner.scorer.logprobs([text])[0].exp()[0].item() - before
     assert moved[False] > 0.2, moved
     assert abs(moved[True]) < 0.05, moved
+
+
+def test_state_targets_move_the_start_policy_by_each_moves_mean_advantage() -> None:
+    """q(.|s) = softmax(log pi_start + mean A(s, .) / beta): how often a move was sampled
+    does not enter, a move never taken keeps its start mass, states weigh by their visits."""
+    from agentrl.training.choice_job import state_targets
+
+    start = torch.log(torch.tensor([[0.7, 0.1, 0.1, 0.1], [0.25, 0.25, 0.25, 0.25]]))
+    # state 0: "up" sampled 9 times at -0.5, "right" once at +1; state 1: "down" twice at +0.5
+    row = torch.tensor([0] * 10 + [1, 1])
+    act = torch.tensor([0] * 9 + [3, 1, 1])
+    adv = torch.tensor([-0.5] * 9 + [1.0, 0.5, 0.5])
+    target, visits = state_targets(start, row, act, adv, beta=0.5)
+    expect0 = torch.softmax(start[0] + torch.tensor([-1.0, 0.0, 0.0, 2.0]), -1)
+    assert torch.allclose(target[0], expect0)
+    assert int(target[0].argmax()) == 3  # "right" wins, though "up" was sampled 9 times
+    assert torch.allclose(target[1], torch.softmax(torch.tensor([0.0, 1.0, 0.0, 0.0]), -1))
+    assert visits.tolist() == [10.0, 2.0]
+    assert torch.allclose(target.sum(-1), torch.ones(2))
+
+
+def test_state_awr_ignores_how_often_the_acting_version_sampled_a_move() -> None:
+    """The same data as above: sample AWR clones a lagging acting version's favourite move;
+    the per-state target leaves it where the start policy had it (equal advantages), and
+    raises the move whose advantage is higher."""
+    config = ValidActionConfig(
+        model="tiny", lora_layers=2, algorithm="grpo", credit="episode", learning_rate=1e-2,
+        epochs=8, minibatches=1, entropy_coef=0.0, save_adapter=False,
+    )  # fmt: skip
+    learner = Learner(config)
+    text = learner.cache.prompt("Pick a move.")
+    actions = [0] * 13 + [1, 2, 3]
+    steps = [Step(e, 0, text, "s", a, 0.0, 0.5, True) for e, a in enumerate(actions)]
+    batch = Batch(steps, [0.5] * 16, [False] * 16, [0] * 16, [1] * 16)
+    with torch.no_grad():
+        before = learner.scorer.logprobs([text])[0].exp()
+    train_choices(learner, batch, objective="state_awr", beta=0.5)
+    with torch.no_grad():
+        after = learner.scorer.logprobs([text])[0].exp()
+    assert torch.allclose(after, before, atol=0.03), (before, after)
+    rewards = [1.0 if a == 3 else 0.0 for a in actions]  # "right" pays, sampled once
+    learner = Learner(config)
+    paid = zip(actions, rewards, strict=True)
+    steps = [Step(e, 0, text, "s", a, 0.0, r, True) for e, (a, r) in enumerate(paid)]
+    batch = Batch(steps, rewards, [r > 0 for r in rewards], [0] * 16, [1] * 16)
+    train_choices(learner, batch, objective="state_awr", beta=0.5)
+    with torch.no_grad():
+        raised = learner.scorer.logprobs([text])[0].exp()
+    assert raised[3] > before[3] + 0.2 and raised[0] < before[0], (before, raised)

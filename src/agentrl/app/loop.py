@@ -45,18 +45,18 @@ class LoopConfig:
     BENCHMARKS.md, "agentrl loop"): agents explore at `temperature` (6: near-uniform over the
     moves, so the logged data covers the states), every turn carries the environment's shaped
     reward, and each training job continues the newest version (`init_from: latest`) with
-    `epochs` x 4 advantage-weighted steps (LoRA on the top 2 layers) on the newest
-    `threshold` trajectories.
+    `epochs` x 4 steps toward per-state advantage-weighted targets (`objective`; LoRA on the
+    top 2 layers) on the newest `threshold` trajectories.
     """
 
     data_dir: Path = Path(".agentrl/loop")
     model: str = "smollm2"
-    # five decided versions (promoted, rejected or rolled back), then the end rule below. A
-    # version is decided every ~75 s (the canaries run one after another), so the sixth cost
-    # a minute in runs whose fifth was already good (0.76 and 0.80 at v5; 2026-11-28 twelfth
-    # session); a chain that has not jumped by then goes on. Six before the end rule existed:
-    # one run of five had ended at 0.36 with five, its jump not come (tenth session)
-    generations: int = 5
+    # four decided versions (promoted, rejected or rolled back), then the end rule below. A
+    # version is decided every ~65 s (the canaries run one after another). With per-state
+    # AWR (`objective`) the chain is at 0.78-0.84 held-out from v2-v3 (2026-11-28 thirteenth
+    # session; with sample AWR the jump came at v4-v5 and five, before that six, were run);
+    # a chain that has not jumped by the fourth goes on under the end rule
+    generations: int = 4
     # ...and more, up to `max_generations`, while the live version fails its own validation
     # benchmark (greedy success on the validation maps, never the held-out ones) below
     # `until_benchmark` (0: off). The chain's first job learns in about 1 seed of 6: the
@@ -98,7 +98,11 @@ class LoopConfig:
     # (scripts/probe_loop_chain.py, 3 seeds each, docs/bench/2026-11.md, eighth session)
     gamma: float = 0.5
     epochs: int = 20
-    objective: str = "awr"
+    # per-state targets pi_start x exp(A / beta) (`training.choice_job.state_targets`): the
+    # agents act with the live version, two or three jobs behind the chain, and sample AWR
+    # fitted that lagging version's moves x exp(A / beta) -- the chain's jump came at v4-v5.
+    # Probe at lag 2, seeds 3-6, 4th job: 0.56/0.08/0.20/0.00 (awr) -> 0.80/0.82/0.78/0.82
+    objective: str = "state_awr"
     progress_reward: float = 0.3
     hole_penalty: float = 0.3
     # validation's benchmark maps (greedy; the regression rule compares them with the live

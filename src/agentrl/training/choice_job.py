@@ -22,6 +22,13 @@ Objective (`hyperparameters.objective`):
   the policy as far as its advantages say. Measured (FrozenLake 4x4, SmolLM2, behaviour at
   temperature 6): greedy held-out success 0.0 -> 0.8 after 160 AWR steps, where PPO-clip on
   the same kind of batches stayed at 0.0 after 128 steps (the clip bounds each batch's move).
+- `state_awr` (`agentrl loop`'s): per distinct prompt, cross-entropy to the target
+  softmax(log pi_start + A(s, .) / beta), A(s, a) the mean advantage of the move there
+  (`state_targets`, MPO's E-step). Sample AWR's target carries the acting version's move
+  frequencies; the loop's agents act with the live version, two or three jobs behind the
+  training chain, and that pulled every job back toward the base's moves. Measured
+  (`scripts/probe_loop_chain.py --lag 2`, seeds 3-6, held-out success after the 4th job):
+  awr 0.56 / 0.08 / 0.20 / 0.00, state_awr 0.80 / 0.82 / 0.78 / 0.82.
 - `ppo`: PPO-clip against the starting policy's log-probs (recomputed here, in the same
   precision, so ratios are exact for data of the starting version).
 
@@ -303,6 +310,26 @@ def build_batch(data: ChoiceData, texts: dict[int, str]) -> Any:
     )
 
 
+def state_targets(start: Any, row: Any, act: Any, adv: Any, beta: float) -> tuple[Any, Any]:
+    """Per distinct prompt s: the target q(.|s) = softmax(log pi_start(.|s) + A(s, .) / beta)
+    and the visit count of s. A(s, a) is the mean advantage of the logged steps that took a
+    in s (0 for a move never taken there: advantages are relative to the state's mean).
+
+    This is the non-parametric E-step of MPO (Abdolmaleki et al. 2018): each state's policy
+    moves from where the job started by its own estimated advantages, whoever acted. Sample
+    AWR fits pi_acting x exp(A / beta) instead, and in `agentrl loop` the acting version
+    trails the chain by two or three jobs (validation and canary come first): every job was
+    pulled back toward the base's moves (`scripts/probe_loop_chain.py --lag 2`)."""
+    import torch
+
+    n, k = start.shape
+    sums = torch.zeros(n, k).index_put_((row, act), adv.float(), accumulate=True)
+    counts = torch.zeros(n, k).index_put_((row, act), torch.ones(len(act)), accumulate=True)
+    mean = torch.where(counts > 0, sums / counts.clamp(min=1.0), torch.zeros(()))
+    target = torch.softmax(start.float() + mean / beta, -1)
+    return target, counts.sum(-1)
+
+
 def train_choices(
     learner: Any,
     batch: Any,
@@ -337,6 +364,8 @@ def train_choices(
     if behaviour is not None:
         log_w = log_w + (old - torch.as_tensor(behaviour, dtype=torch.float32))
     weight = torch.clamp(torch.exp(log_w), max=AWR_MAX_WEIGHT)
+    if objective == "state_awr":
+        target, visits = state_targets(start, row, act, adv, beta)
     history: list[dict[str, float]] = []
     rng = np.random.default_rng(cfg.seed + len(steps))
     order = np.arange(len(texts))
@@ -352,10 +381,15 @@ def train_choices(
             if not bool(mask.any()):
                 continue
             rows = torch.tensor([local[int(r)] for r in row[mask].tolist()])
-            lp_all = learner.scorer.logprobs([texts[k] for k in part])[rows]
+            lp_part = learner.scorer.logprobs([texts[k] for k in part])
+            lp_all = lp_part[rows]
             logp = lp_all.gather(1, act[mask].unsqueeze(1)).squeeze(1)
             entropy = -(lp_all.exp() * lp_all).sum(-1).mean()
-            if objective == "awr":
+            if objective == "state_awr":  # cross-entropy to each state's target
+                idx = torch.as_tensor(part)
+                v = visits[idx]
+                pg = -(v * (target[idx] * lp_part).sum(-1)).sum() / v.sum()
+            elif objective == "awr":
                 w = weight[mask]
                 pg = -(w * logp).sum() / w.sum()
             else:
@@ -417,8 +451,8 @@ def run_choice_job(
     tc = req.training_config
     extra = dict(tc.hyperparameters.model_extra or {})
     objective = str(extra.get("objective", "awr"))
-    if objective not in ("awr", "ppo"):
-        raise TrainingError(f"objective {objective!r}: use 'awr' or 'ppo'", "CONFIG")
+    if objective not in ("awr", "state_awr", "ppo"):
+        raise TrainingError(f"objective {objective!r}: use 'awr', 'state_awr' or 'ppo'", "CONFIG")
     beta = float(extra.get("awr_beta", 0.5))
     cd = choice_data(train, data["completions"])
     if not cd.episodes:

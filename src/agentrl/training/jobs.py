@@ -407,10 +407,10 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
     config = trainer_config(spec, algorithm)
     extra = dict(tc.hyperparameters.model_extra or {})
     objective = objective_of(extra)
-    if objective not in OBJECTIVES:
+    if objective not in (*OBJECTIVES, "state_awr"):  # state_awr: valid-action data only
         raise TrainingError(
-            f"objective {objective!r}: use one "
-            f"of {', '.join(OBJECTIVES)} (the valid-action path also takes 'awr', 'ppo')",
+            f"objective {objective!r}: use one of {', '.join(OBJECTIVES)} (the valid-action "
+            "path also takes 'ppo' and 'state_awr')",
             "CONFIG",
         )
     check_store(spec["storage_path"])
