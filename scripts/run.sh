@@ -5,7 +5,7 @@
 # play text FrozenLake through the gateway with SmolLM2-135M as a valid-action policy; every
 # episode is published, rewarded, and the threshold trigger starts training jobs on the
 # logged trajectories; each new version is validated, ramped by canary and promoted or rolled
-# back, for five generations (up to nine while the live version scores below 0.6 on its own
+# back, for four generations (up to nine while the live version scores below 0.6 on its own
 # validation maps). At the end every version is played greedily on 50 held-out maps (never
 # trained on): a table (success with a 95 % interval, mean reward, traffic, decision), the
 # HTML report, and as the last line one JSON object with base_heldout_success,
