@@ -175,7 +175,7 @@ def test_settings_reach_the_generated_request(monkeypatch: pytest.MonkeyPatch) -
     tc = req.training_config
     window = tc.dataset.filter.date_range
     assert window is not None and (window.end - window.start).total_seconds() == 300
-    assert (tc.hyperparameters.model_extra or {}).get("objective") == "awr"
+    assert (tc.hyperparameters.model_extra or {}).get("objective") == "state_awr"
     assert tc.hyperparameters.gamma == 0.5
     assert learner_config({}, req, "gigpo").gamma == 0.5
     assert (tc.model_extra or {}).get("init_from") == "latest"
