@@ -10,10 +10,9 @@
 # trained on): a table (success with a 95 % interval, mean reward, traffic, decision), the
 # HTML report, and as the last line one JSON object with base_heldout_success,
 # trained_heldout_success, heldout_seeds, wall_s (and versions, promoted, rolled_back,
-# best_heldout_success, trajectories, rewards, lost). 7-9 minutes on 2 cores; measured in
-# twenty runs on an AVX2-only CPU (2026-11-28): the live version at 0.58-0.90 held-out
-# success vs the base at 0.00 in nineteen, 0.36 in one; ten of those nineteen within 10
-# minutes (423-588 s), the others up to 1,029 s at slower hours or with more versions
+# best_heldout_success, trajectories, rewards, lost). 7.5-9 minutes on 2 cores; measured in
+# five fresh-clone runs in a row on an AVX2-only CPU (2026-11-28, thirteenth session): the
+# live version at 0.74-0.86 held-out success vs the base at 0.00 in all five, in 456-548 s
 # (BENCHMARKS.md).
 # Extra arguments go to `agentrl loop` (e.g. --quick, --bad-candidate). The stand-alone
 # learning run (no services, ~2 minutes) is `.venv/bin/agentrl learn`.
