@@ -168,3 +168,18 @@ async def test_reward_service_through_a_leader_sigkill_20000(tmp_path: Path) -> 
     res = await _reward_drill(tmp_path, n)
     print(res)
     _check_rewards(res, n)
+
+
+def test_a_cluster_whose_port_was_taken_meanwhile_starts_on_new_ports(tmp_path) -> None:
+    """Ports are chosen free before the servers bind them; one taken in between (another
+    process of the suite did it once) starts the cluster again on new ports."""
+    import socket
+
+    cluster = NatsCluster(tmp_path / "c", size=3)
+    taken = cluster.nodes[2].port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        with cluster:
+            assert taken not in [n.port for n in cluster.nodes]
+            assert all(n.running for n in cluster.nodes)

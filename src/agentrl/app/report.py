@@ -581,7 +581,9 @@ def plot_reward_over_time(rows: list[dict], path: Path, t0: float) -> None:
     if not rows:
         _empty(ax, "rewards")
     for model in sorted({r["model"] for r in rows}):
-        pts = [r for r in rows if r["model"] == model]
+        # in time order: a stream can hold a version's rewards out of it (a trajectory
+        # rewarded again later), and the line would run back across the plot
+        pts = sorted((r for r in rows if r["model"] == model), key=lambda r: r["ts"])
         window = max(1, len(pts) // 20)
         vals = [r["reward"] for r in pts]
         smooth = [

@@ -273,10 +273,16 @@ class NatsCluster:
         if size < 1:
             raise ServerError("a cluster needs at least one node")
         self.data_dir = Path(data_dir).resolve()
+        self._plan = (size, settings, max_payload, name)
+        self.nodes = self._nodes()
+
+    def _nodes(self) -> list[EmbeddedNats]:
+        """The nodes on free ports, each routed to the others."""
+        size, settings, max_payload, name = self._plan
         ports = [free_port() for _ in range(size)]
         cluster_ports = [free_port() for _ in range(size)]
         routes = [f"nats-route://127.0.0.1:{p}" for p in cluster_ports]
-        self.nodes = [
+        return [
             EmbeddedNats(
                 data_dir=self.data_dir / f"node-{i}",
                 port=ports[i],
@@ -294,17 +300,32 @@ class NatsCluster:
     def url(self) -> str:
         return ",".join(node.url for node in self.nodes)
 
-    def start(self, timeout: float = 30.0) -> NatsCluster:
-        for node in self.nodes:
-            node.data_dir.mkdir(parents=True, exist_ok=True)
-            node.launch()
-        try:
+    def start(self, timeout: float = 30.0, attempts: int = 3) -> NatsCluster:
+        """Start every node and wait for JetStream's meta leader. The ports are chosen free
+        before the servers bind them, so another process can take one in between ("address
+        already in use", seen once under the test suite's two workers): then the whole
+        cluster starts again from empty folders on new ports, up to `attempts` times."""
+        for attempt in range(1, attempts + 1):
             for node in self.nodes:
-                node.wait_ready(timeout)
-            self._wait_jetstream(timeout)
-        except Exception:
-            self.stop()
-            raise
+                node.data_dir.mkdir(parents=True, exist_ok=True)
+                node.launch()
+            try:
+                for node in self.nodes:
+                    node.wait_ready(timeout)
+                self._wait_jetstream(timeout)
+            except ServerError as exc:
+                self.stop()
+                if "address already in use" not in str(exc) or attempt == attempts:
+                    raise
+                log.warning("nats cluster: a port was taken meanwhile; new ports (%s)", exc)
+                for node in self.nodes:
+                    shutil.rmtree(node.data_dir, ignore_errors=True)
+                self.nodes = self._nodes()
+                continue
+            except Exception:
+                self.stop()
+                raise
+            break
         log.info("nats cluster of %d nodes listening on %s", len(self.nodes), self.url)
         return self
 
