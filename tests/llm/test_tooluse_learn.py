@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from agentrl.envs.tooluse.agent_prompt import messages_for, response_schema
+from agentrl.envs.tooluse.tasks import FAMILIES
 from agentrl.learners.tooluse import (
     HELDOUT_OFFSET,
     ToolUseConfig,
@@ -82,6 +83,25 @@ def test_seeds_of_training_and_heldout_never_meet(tmp_path: Path) -> None:
     assert len(cfg.heldout()) == 120
     fams = [f for f, _ in cfg.warm_tasks()]
     assert {fams.count(f) for f in set(fams)} == {50}  # balanced
+
+
+def test_the_warm_start_covers_every_question_kind_of_each_family_evenly() -> None:
+    # balanced across families alone, the first 24 data seeds held no "how many" question
+    from collections import Counter
+
+    from agentrl.envs.tooluse.tasks import generate_task, question_kind
+
+    tasks = ToolUseConfig(warm_tasks_per_family=24).warm_tasks()
+    assert len(tasks) == 72 and len(set(tasks)) == 72
+    kinds = Counter(question_kind(generate_task(s, f)) for f, s in tasks)
+    per_family = {f: [n for k, n in kinds.items() if k.startswith(f)] for f in FAMILIES}
+    assert {f: len(v) for f, v in per_family.items()} == {
+        "arithmetic": 4,
+        "data": 6,
+        "numbers": 4,
+    }
+    assert all(max(v) - min(v) <= 1 for v in per_family.values()), kinds
+    assert ToolUseConfig(warm_tasks_per_family=0).warm_tasks() == []
 
 
 def test_device_auto_is_the_gpu_when_there_is_one_and_a_missing_gpu_is_named() -> None:

@@ -115,8 +115,15 @@ class ToolUseConfig(BaseModel):
         ]
 
     def warm_tasks(self) -> list[tuple[str, int]]:
+        """The warm start's training tasks: `warm_tasks_per_family` of each family, its
+        question kinds in turn (`tasks.seeds_by_kind`)."""
+        from agentrl.envs.tooluse.tasks import seeds_by_kind
+
         n = self.warm_tasks_per_family
-        return [(f, WARM_SEED_BASE + k) for k in range(n) for f in self.families]
+        if n == 0:
+            return []
+        per = {f: seeds_by_kind(f, n, WARM_SEED_BASE) for f in self.families}
+        return [(f, per[f][k]) for k in range(n) for f in self.families]
 
     def rl_tasks(self, iteration: int) -> list[tuple[str, int]]:
         n = self.tasks_per_iteration

@@ -129,6 +129,35 @@ def _numbers(rng: random.Random, task_id: str) -> ToolTask:
     return ToolTask(task_id, "numbers", f"What is the sum of the decimal digits of 2**{k}?", value)
 
 
+def question_kind(task: ToolTask) -> str:
+    """The task's kind within its family: the question's first line with every number
+    replaced by N ("How many items have a quantity greater than N?"). Demonstrations
+    balanced across families alone were not balanced across kinds: the first 24 data seeds
+    hold no "how many" question, and the warm start answered every such question with the
+    program of another kind (2026-11-28)."""
+    head = task.question.partition("\n\n")[0]
+    return f"{task.family}: " + re.sub(r"\d+", "N", head)
+
+
+def seeds_by_kind(family: str, n: int, start: int = 0, limit: int = 100_000) -> list[int]:
+    """`n` seeds of `family` from `start` up, taking the kinds in turn, so each kind is
+    covered as evenly as `n` allows (the smallest seed of each kind first)."""
+    pools: dict[str, list[int]] = {}
+    seed = start
+    while sum(len(p) for p in pools.values()) < 8 * n + 64 and seed < start + limit:
+        pools.setdefault(question_kind(generate_task(seed, family)), []).append(seed)
+        seed += 1
+    queues = [pools[k] for k in sorted(pools)]
+    out: list[int] = []
+    while len(out) < n and any(queues):
+        for q in queues:
+            if q and len(out) < n:
+                out.append(q.pop(0))
+    if len(out) < n:
+        raise ValueError(f"fewer than {n} {family} seeds in [{start}, {start + limit})")
+    return sorted(out)
+
+
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|-?\.\d+")
 
 
