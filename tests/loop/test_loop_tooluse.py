@@ -28,3 +28,13 @@ def test_tooluse_quick_loop_walks_the_chain(tmp_path: Path) -> None:
                   "promote -> live", "per family:"):  # fmt: skip
         assert stage in out, f"no {stage!r} in the progress:\n{out[-3000:]}"
     assert "validation could not run" not in out
+
+
+def test_a_tooluse_job_reads_every_trajectory_of_the_run() -> None:
+    # at 4-7 episodes a minute, the FrozenLake loop's 5-minute window held 11 of a job's 32
+    from agentrl.app.loop import LoopConfig, loop_environment
+
+    for cfg in (LoopConfig.tooluse(), LoopConfig.tooluse(time_budget_s=3600.0)):
+        window = float(loop_environment(cfg)["AGENTRL_TRAINING_DATASET_WINDOW_S"])
+        assert window >= cfg.time_budget_s + cfg.grace_s
+    assert loop_environment(LoopConfig())["AGENTRL_TRAINING_DATASET_WINDOW_S"] == "300"

@@ -74,6 +74,11 @@ def environment(cfg: Any) -> dict[str, str]:
     env = {
         "AGENTRL_TRAINING_HYPERPARAMETERS": json.dumps(hyper),
         "AGENTRL_TRAINING_MAX_LENGTH": "1024",
+        # a job reads the whole run, not the FrozenLake loop's last 5 minutes: at 4-7
+        # episodes a minute a threshold's trajectories span more than that, and the window
+        # left the ablation's first job 11 of its 32 (none rewarded: the job failed,
+        # 2026-11-28); the tool-use streams hold hundreds of trajectories, not thousands
+        "AGENTRL_TRAINING_DATASET_WINDOW_S": str(int(cfg.time_budget_s + cfg.grace_s + 600)),
         "AGENTRL_TRAINING_BATCH_SIZE": "8",
         "AGENTRL_DEPLOY_BENCHMARK_TASKS": json.dumps(families),
         "AGENTRL_DEPLOY_BENCHMARK_ENV_KWARGS": json.dumps(
