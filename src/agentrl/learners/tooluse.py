@@ -120,8 +120,6 @@ class ToolUseConfig(BaseModel):
         from agentrl.envs.tooluse.tasks import seeds_by_kind
 
         n = self.warm_tasks_per_family
-        if n == 0:
-            return []
         per = {f: seeds_by_kind(f, n, WARM_SEED_BASE) for f in self.families}
         return [(f, per[f][k]) for k in range(n) for f in self.families]
 
