@@ -91,7 +91,7 @@ class Lease:
             return await self.renew()
         started = time.monotonic()
         try:
-            self.revision = await self.kv.create(self.key, self._payload())
+            self.revision = await self._create()
         except KeyWrongLastSequenceError:
             try:
                 entry = await self.kv.get(self.key)
@@ -108,6 +108,17 @@ class Lease:
         self._until = started + self.ttl_s
         self.acquired_at = time.time()
         return True
+
+    async def _create(self) -> int:
+        """A create-only write. nats-py's `create` reads the key back after a conflict (to
+        write over a delete marker); when the key expires between the two, that read raises
+        KeyNotFoundError: the key is free now, so write again."""
+        from nats.js.errors import KeyNotFoundError
+
+        try:
+            return int(await self.kv.create(self.key, self._payload()))
+        except KeyNotFoundError:
+            return int(await self.kv.create(self.key, self._payload()))
 
     async def renew(self) -> bool:
         """Extend the lease; False (and not held any more) when someone else has it. A lease
