@@ -174,3 +174,21 @@ def test_every_stage_runs_and_the_checkpoint_loads_in_the_gateway(tmp_path: Path
     assert set(engine.adapters) == {"tooluse-v1", "tooluse-v0"}
     lines = (run / "heldout_trained.jsonl").read_text().splitlines()
     assert len(lines) == 6
+
+
+def test_a_saved_version_is_measured_and_trained_with_its_own_adapters(tmp_path: Path) -> None:
+    """`model: <checkpoint folder>` (a loop job's version or a warm start) keeps the saved
+    adapters rather than wrapping fresh ones around them: what is measured is that version."""
+    from peft import get_peft_model_state_dict
+
+    first = ToolUseLearner(tiny_config(tmp_path / "a"))
+    with torch.no_grad():
+        for name, p in first.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.02, generator=torch.Generator().manual_seed(1))
+    folder = first.save("warmstart", {})
+    again = ToolUseLearner(tiny_config(tmp_path / "b", model=folder, warm_start=False))
+    saved, loaded = get_peft_model_state_dict(first.model), get_peft_model_state_dict(again.model)
+    assert saved.keys() == loaded.keys() and saved
+    assert all(torch.equal(saved[k], loaded[k]) for k in saved)
+    assert any(p.requires_grad for p in again.model.parameters())  # RL can go on from it

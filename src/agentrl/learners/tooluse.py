@@ -51,7 +51,11 @@ class ToolUseConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = "smollm2"
+    model: str = Field(
+        "smollm2",
+        description="smollm2, tiny, or a saved version's checkpoint folder (a loop job's or "
+        "a warm start's): its adapters are measured as the start and trained further",
+    )
     families: list[str] = Field(default_factory=lambda: list(FAMILIES))
     max_steps: int = Field(4, ge=2)
     max_new_tokens: int = Field(256, ge=8)
@@ -154,19 +158,20 @@ class ToolUseLearner:
         if device.startswith("cuda"):
             torch.backends.cuda.matmul.allow_tf32 = True
         policy = load_policy(config.model, seed=0, device=device)
-        layers = int(policy.model.config.num_hidden_layers)
-        top = (
-            None
-            if config.lora_layers is None
-            else tuple(range(max(0, layers - config.lora_layers), layers))
-        )
-        policy.lora = LoraSettings(
-            r=config.lora_r,
-            alpha=config.lora_alpha,
-            target_modules=tuple(config.lora_targets),
-            layers=top,
-        )
-        policy.model = apply_lora(policy.model, policy.lora)
+        if not policy.is_lora:  # a saved version (a checkpoint folder) keeps its adapters
+            layers = int(policy.model.config.num_hidden_layers)
+            top = (
+                None
+                if config.lora_layers is None
+                else tuple(range(max(0, layers - config.lora_layers), layers))
+            )
+            policy.lora = LoraSettings(
+                r=config.lora_r,
+                alpha=config.lora_alpha,
+                target_modules=tuple(config.lora_targets),
+                layers=top,
+            )
+            policy.model = apply_lora(policy.model, policy.lora)
         out = Path(config.out_dir)
         tc = TrainerConfig(
             algorithm="grpo",
@@ -514,12 +519,20 @@ def run_main(config_path: Path, overrides: dict[str, Any], console: Any) -> dict
     from rich.table import Table
 
     config = ToolUseConfig.from_file(config_path, **overrides)
+    warm = (
+        f"warm start {config.warm_tasks_per_family} tasks/family x {config.warm_epochs} epochs"
+        if config.warm_start
+        else "no warm start"
+    )
+    rl = (
+        f"RL {config.rl_method} {config.iterations} x {config.tasks_per_iteration} tasks x "
+        f"{config.group_size}"
+        if config.rl_method != "none"
+        else "no RL"
+    )
     console.print(
         f"[bold]tool-use learning[/]: {config.model}, Agent Zero JSON, structured outputs "
-        f"{'on' if config.structured else 'off'}, warm start {config.warm_tasks_per_family} "
-        f"tasks/family x {config.warm_epochs} epochs, RL {config.rl_method} "
-        f"{config.iterations} x {config.tasks_per_iteration} tasks x {config.group_size}; "
-        f"load {_load()}"
+        f"{'on' if config.structured else 'off'}, {warm}, {rl}; load {_load()}"
     )
     res, record = run_tooluse(config, say=lambda m: console.print(m))
     table = Table(
