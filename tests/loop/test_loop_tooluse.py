@@ -38,3 +38,30 @@ def test_a_tooluse_job_reads_every_trajectory_of_the_run() -> None:
         window = float(loop_environment(cfg)["AGENTRL_TRAINING_DATASET_WINDOW_S"])
         assert window >= cfg.time_budget_s + cfg.grace_s
     assert loop_environment(LoopConfig())["AGENTRL_TRAINING_DATASET_WINDOW_S"] == "300"
+
+
+def test_the_tooluse_canary_judges_rewards_on_their_own_scale(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Task-completion rewards are 0 or 1: analysed on the deploy default's [-1, 1], a
+    version that never succeeds against a live one at 0.85 was still undecided after 12
+    sessions a side; on [0, 1] it fails, and two alike versions do not."""
+    from agentrl.app.loop import LoopConfig, loop_environment
+    from agentrl.deploy.config import DeploySettings
+    from agentrl.deploy.monitor import Summary, analyse
+
+    for key, value in loop_environment(LoopConfig.tooluse()).items():
+        monkeypatch.setenv(key, value)
+    analysis = DeploySettings().plan().analysis
+    assert analysis.reward_range == (0.0, 1.0)
+
+    def sessions(means: list[float]) -> Summary:  # each the mean of a group of 4 episodes
+        return Summary(
+            requests=200,
+            sessions=len(means),
+            session_sum=sum(means),
+            session_sumsq=sum(m * m for m in means),
+        )
+
+    live = sessions([1.0, 0.75, 1.0, 0.5, 1.0, 0.75, 1.0, 1.0, 0.75, 1.0, 0.5, 1.0])
+    assert analyse(sessions([0.0] * 12), live, analysis)[0] == "fail"
+    alike = sessions([0.25, 0.5, 0.0, 0.75, 0.25, 0.5, 0.25, 0.0, 0.5, 0.25, 0.75, 0.25])
+    assert analyse(alike, alike, analysis)[0] != "fail"

@@ -89,6 +89,12 @@ def environment(cfg: Any) -> dict[str, str]:
         "AGENTRL_DEPLOY_BENCHMARK_RESPONSE_FORMAT": json.dumps(response_format()),
         "AGENTRL_DEPLOY_BENCHMARK_MAX_TOKENS": str(cfg.max_tokens),
         "AGENTRL_DEPLOY_BENCHMARK_SEED": str(BENCHMARK_SEED),
+        # the canary's reward check on the scale these rewards have (task completion: 0 or
+        # 1), not the deploy default's [-1, 1], which doubled its worst-case spread. In 200
+        # simulated canaries (sessions of 4 episodes), two equal versions at the loop's 0.35
+        # passed 3 times at 8 sessions a side and 110 at 16 (on [0, 1]: 36 and 148); a
+        # broken version (0 against 0.85) failed 0 and 159 times (on [0, 1]: 65 and 196)
+        "AGENTRL_DEPLOY_REWARD_RANGE": "[0.0, 1.0]",
         "AGENTRL_DEPLOY_MAX_BATCH_SIZE": "8",  # 8 agents act at once (2 x groups of 4)
         # a batch of 256-token replies of SmolLM2 takes about a minute on 2 busy cores: the
         # default 60 s made every queued request time out and be retried (measured)

@@ -113,6 +113,7 @@ def _sb3(
     import torch
     from stable_baselines3 import DQN
     from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.logger import Logger
 
     from agentrl.offpolicy.collect import Evaluator
 
@@ -159,6 +160,8 @@ def _sb3(
 
     env = gym.make("CartPole-v1")
     model = DQN(env=env, seed=seed, verbose=0, **hp)
+    # its default logger makes an empty /tmp/SB3-<date> folder on every run: log nowhere
+    model.set_logger(Logger(folder=None, output_formats=[]))
     probe = Probe()
     t0 = time.perf_counter()
     model.learn(budget, callback=probe)
