@@ -65,3 +65,40 @@ def test_the_tooluse_canary_judges_rewards_on_their_own_scale(monkeypatch) -> No
     assert analyse(sessions([0.0] * 12), live, analysis)[0] == "fail"
     alike = sessions([0.25, 0.5, 0.0, 0.75, 0.25, 0.5, 0.25, 0.0, 0.5, 0.25, 0.75, 0.25])
     assert analyse(alike, alike, analysis)[0] != "fail"
+
+
+def test_the_tooluse_canary_decides_two_equal_versions_within_the_run(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A session is what the canary counts. Sessions of 4 episodes of one task have a mean
+    of 0 or 1 by the task's family, so two equal versions stayed undecided; the loop's own
+    sessions, at the families' measured success (arithmetic 0.85, data 0.03, numbers 0.12),
+    pass within the 64 episodes a side a 20-minute run gives a canary."""
+    import random
+
+    from agentrl.app.loop import LoopConfig, loop_environment
+    from agentrl.deploy.config import DeploySettings
+    from agentrl.deploy.monitor import Summary, analyse
+
+    cfg = LoopConfig.tooluse()
+    for key, value in loop_environment(cfg).items():
+        monkeypatch.setenv(key, value)
+    analysis = DeploySettings().plan().analysis
+    rates = (0.85, 0.03, 0.12)
+
+    def version(rng: random.Random, episodes: int) -> Summary:
+        means = []
+        for _ in range(episodes // cfg.group_size):
+            p = rng.choice(rates)  # one task per session
+            means.append(sum(rng.random() < p for _ in range(cfg.group_size)) / cfg.group_size)
+        return Summary(
+            requests=3 * episodes,
+            sessions=len(means),
+            session_sum=sum(means),
+            session_sumsq=sum(m * m for m in means),
+        )
+
+    verdicts = []
+    for seed in range(100):
+        rng = random.Random(seed)
+        verdicts.append(analyse(version(rng, 64), version(rng, 64), analysis)[0])
+    assert verdicts.count("fail") == 0
+    assert verdicts.count("pass") >= 80, verdicts.count("pass")

@@ -137,8 +137,14 @@ class LoopConfig:
             model="smollm2",
             generations=3,
             until_benchmark=0.0,
-            agents=2,
-            group_size=4,
+            # 8 agents of one episode each (8 in flight, as 2 x groups of 4 were): the jobs
+            # use no group advantage (rejection sampling), and a session is what the canary
+            # counts. Four episodes of one task make a session's mean 0 or 1 by the task's
+            # family (arithmetic ~0.85, data ~0.03): in 300 simulated canaries of two equal
+            # versions at 48 episodes a side, sessions of 4 passed 20 times, of 1 194
+            # (tolerance 0.5 on [0, 1]); 64 a side: 28 and 275
+            agents=8,
+            group_size=1,
             threshold=64,
             max_steps=4,
             heldout_seeds=120,
@@ -151,10 +157,9 @@ class LoopConfig:
             benchmark_episodes=4,
             min_samples=8,
             max_reward_drop=0.5,
-            # a session is a group of 4 episodes and the agents finish 4-6 episodes a minute
-            # on 2 cores: a 50 % step sees well under one session per side a minute. With the
-            # loop's 240 s, v2 (past the gate) was rolled back as undecided with 6 and 2
-            # sessions of the 8 needed (2026-11-27)
+            # the agents finish 4-7 episodes a minute on 2 cores: a 50 % step sees about 3 a
+            # side a minute. With the loop's 240 s (and groups of 4), v2 (past the gate) was
+            # rolled back as undecided with 6 and 2 sessions of the 8 needed (2026-11-27)
             inconclusive_deadline_s=1200.0,
         )
         if quick:

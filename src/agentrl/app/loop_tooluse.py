@@ -95,7 +95,7 @@ def environment(cfg: Any) -> dict[str, str]:
         # passed 3 times at 8 sessions a side and 110 at 16 (on [0, 1]: 36 and 148); a
         # broken version (0 against 0.85) failed 0 and 159 times (on [0, 1]: 65 and 196)
         "AGENTRL_DEPLOY_REWARD_RANGE": "[0.0, 1.0]",
-        "AGENTRL_DEPLOY_MAX_BATCH_SIZE": "8",  # 8 agents act at once (2 x groups of 4)
+        "AGENTRL_DEPLOY_MAX_BATCH_SIZE": "8",  # 8 agents act at once
         # a batch of 256-token replies of SmolLM2 takes about a minute on 2 busy cores: the
         # default 60 s made every queued request time out and be retried (measured)
         "AGENTRL_DEPLOY_BACKEND_TIMEOUT_S": "600",
