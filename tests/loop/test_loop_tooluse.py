@@ -40,30 +40,40 @@ def test_a_tooluse_job_reads_every_trajectory_of_the_run() -> None:
     assert loop_environment(LoopConfig())["AGENTRL_TRAINING_DATASET_WINDOW_S"] == "300"
 
 
+def tooluse_analysis(monkeypatch, cfg=None):  # type: ignore[no-untyped-def]
+    """The canary analysis the tool-use loop's deployment service runs (its environment)."""
+    from agentrl.app.loop import LoopConfig, loop_environment
+    from agentrl.deploy.config import DeploySettings
+
+    for key, value in loop_environment(cfg or LoopConfig.tooluse()).items():
+        monkeypatch.setenv(key, value)
+    return DeploySettings().plan().analysis
+
+
+def summary(means: list[float], requests: int = 200):  # type: ignore[no-untyped-def]
+    """One version's canary evidence: the per-session mean rewards."""
+    from agentrl.deploy.monitor import Summary
+
+    return Summary(
+        requests=requests,
+        sessions=len(means),
+        session_sum=sum(means),
+        session_sumsq=sum(m * m for m in means),
+    )
+
+
 def test_the_tooluse_canary_judges_rewards_on_their_own_scale(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Task-completion rewards are 0 or 1: analysed on the deploy default's [-1, 1], a
     version that never succeeds against a live one at 0.85 was still undecided after 12
     sessions a side; on [0, 1] it fails, and two alike versions do not."""
-    from agentrl.app.loop import LoopConfig, loop_environment
-    from agentrl.deploy.config import DeploySettings
-    from agentrl.deploy.monitor import Summary, analyse
+    from agentrl.deploy.monitor import analyse
 
-    for key, value in loop_environment(LoopConfig.tooluse()).items():
-        monkeypatch.setenv(key, value)
-    analysis = DeploySettings().plan().analysis
+    analysis = tooluse_analysis(monkeypatch)
     assert analysis.reward_range == (0.0, 1.0)
-
-    def sessions(means: list[float]) -> Summary:  # each the mean of a group of 4 episodes
-        return Summary(
-            requests=200,
-            sessions=len(means),
-            session_sum=sum(means),
-            session_sumsq=sum(m * m for m in means),
-        )
-
-    live = sessions([1.0, 0.75, 1.0, 0.5, 1.0, 0.75, 1.0, 1.0, 0.75, 1.0, 0.5, 1.0])
-    assert analyse(sessions([0.0] * 12), live, analysis)[0] == "fail"
-    alike = sessions([0.25, 0.5, 0.0, 0.75, 0.25, 0.5, 0.25, 0.0, 0.5, 0.25, 0.75, 0.25])
+    # sessions of 4 episodes
+    live = summary([1.0, 0.75, 1.0, 0.5, 1.0, 0.75, 1.0, 1.0, 0.75, 1.0, 0.5, 1.0])
+    assert analyse(summary([0.0] * 12), live, analysis)[0] == "fail"
+    alike = summary([0.25, 0.5, 0.0, 0.75, 0.25, 0.5, 0.25, 0.0, 0.5, 0.25, 0.75, 0.25])
     assert analyse(alike, alike, analysis)[0] != "fail"
 
 
@@ -74,27 +84,19 @@ def test_the_tooluse_canary_decides_two_equal_versions_within_the_run(monkeypatc
     pass within the 64 episodes a side a 20-minute run gives a canary."""
     import random
 
-    from agentrl.app.loop import LoopConfig, loop_environment
-    from agentrl.deploy.config import DeploySettings
-    from agentrl.deploy.monitor import Summary, analyse
+    from agentrl.app.loop import LoopConfig
+    from agentrl.deploy.monitor import analyse
 
     cfg = LoopConfig.tooluse()
-    for key, value in loop_environment(cfg).items():
-        monkeypatch.setenv(key, value)
-    analysis = DeploySettings().plan().analysis
-    rates = (0.85, 0.03, 0.12)
+    analysis = tooluse_analysis(monkeypatch, cfg)
+    rates, size = (0.85, 0.03, 0.12), cfg.group_size
 
-    def version(rng: random.Random, episodes: int) -> Summary:
+    def version(rng: random.Random, episodes: int):  # type: ignore[no-untyped-def]
         means = []
-        for _ in range(episodes // cfg.group_size):
+        for _ in range(episodes // size):
             p = rng.choice(rates)  # one task per session
-            means.append(sum(rng.random() < p for _ in range(cfg.group_size)) / cfg.group_size)
-        return Summary(
-            requests=3 * episodes,
-            sessions=len(means),
-            session_sum=sum(means),
-            session_sumsq=sum(m * m for m in means),
-        )
+            means.append(sum(rng.random() < p for _ in range(size)) / size)
+        return summary(means, requests=3 * episodes)
 
     verdicts = []
     for seed in range(100):

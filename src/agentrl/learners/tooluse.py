@@ -148,7 +148,7 @@ class ToolUseLearner:
 
     def __init__(self, config: ToolUseConfig) -> None:
         from agentrl.llm.config import TrainerConfig
-        from agentrl.llm.loading import LoraSettings, apply_lora, load_policy
+        from agentrl.llm.loading import apply_lora, load_policy
         from agentrl.llm.trainer import PolicyTrainer
 
         self.config = config
@@ -159,18 +159,7 @@ class ToolUseLearner:
             torch.backends.cuda.matmul.allow_tf32 = True
         policy = load_policy(config.model, seed=0, device=device)
         if not policy.is_lora:  # a saved version (a checkpoint folder) keeps its adapters
-            layers = int(policy.model.config.num_hidden_layers)
-            top = (
-                None
-                if config.lora_layers is None
-                else tuple(range(max(0, layers - config.lora_layers), layers))
-            )
-            policy.lora = LoraSettings(
-                r=config.lora_r,
-                alpha=config.lora_alpha,
-                target_modules=tuple(config.lora_targets),
-                layers=top,
-            )
+            policy.lora = lora_settings(config, int(policy.model.config.num_hidden_layers))
             policy.model = apply_lora(policy.model, policy.lora)
         out = Path(config.out_dir)
         tc = TrainerConfig(
@@ -243,6 +232,19 @@ class ToolUseLearner:
             },
         )
         return ckpt.save(self.trainer, metrics, name=name)
+
+
+def lora_settings(config: ToolUseConfig, layers: int) -> Any:
+    """Fresh adapters as the config asks: on the top `lora_layers` of `layers` (or all)."""
+    from agentrl.llm.loading import LoraSettings
+
+    top = None if config.lora_layers is None else range(max(0, layers - config.lora_layers), layers)
+    return LoraSettings(
+        r=config.lora_r,
+        alpha=config.lora_alpha,
+        target_modules=tuple(config.lora_targets),
+        layers=None if top is None else tuple(top),
+    )
 
 
 def resolve_device(name: str) -> str:
