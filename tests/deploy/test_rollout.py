@@ -403,6 +403,25 @@ async def test_gateway_restart_keeps_the_split(
     assert fresh.weights == {v: 30.0, f"{h.public}-base": 70.0}
 
 
+async def test_a_restarted_gateway_holds_the_live_version_during_a_full_canary_step(
+    harness: Harness, checkpoints: list[str], engine: Any
+) -> None:
+    """At a canary's 100 % step the live version has no traffic, but a rollback restores
+    it: a gateway restarted then loads it too, as the one before the restart kept it."""
+    from agentrl.deploy.gateway import GatewayState
+    from agentrl.deploy.serving import ServingManager
+
+    h = harness
+    v = await register(h, checkpoints[0])
+    await h.d.deployer.start(v, RolloutPlan(steps=[Step(weight=100, pause_s=600)]), by="test")
+    fresh = GatewayState(h.public)
+    await ServingManager(
+        h.d.registry, fresh, h.d.settings, h.d.manager.cache_dir, engine=engine
+    ).sync()
+    assert fresh.weights == {v: 100.0}
+    assert f"{h.public}-base" in fresh.backends
+
+
 @pytest.mark.plan(plan(0.2, period=0.2, min_samples=1000))
 async def test_waiting_candidates_deploy_after_the_rollout_newest_first(
     harness: Harness, checkpoints: list[str]

@@ -138,8 +138,12 @@ class ServingManager:
         for model_id in list(self.refused):
             if split.weights.get(model_id, 0.0) <= 0 and model_id != split.live:
                 self._forget(model_id)
-        for model_id, weight in split.weights.items():
-            if weight <= 0 or model_id in self.state.backends:
+        # the split's weighted versions, and the live one even at 0 % (a canary's 100 % step):
+        # it is what a rollback restores, so a restarted gateway holds it as the old one did
+        for model_id in dict.fromkeys([*split.weights, *([split.live] if split.live else [])]):
+            if model_id in self.state.backends:
+                continue
+            if split.weights.get(model_id, 0.0) <= 0 and model_id != split.live:
                 continue
             if model_id in self.refused and now < self._retry[model_id][1]:
                 continue  # refused recently: retried with backoff
