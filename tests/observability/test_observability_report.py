@@ -364,3 +364,19 @@ def training_events(jobs: list[str], now: datetime, model: str) -> list:
             )
         )
     return out
+
+
+def test_rewards_of_several_versions_draw_no_version(tmp_path: Path) -> None:
+    """A trajectory played by two versions names none: it is left out of the per-version
+    curves (it drew a version called "unknown") and counted instead."""
+    now = datetime.now(UTC)
+    sent = [
+        {"trajectory_id": f"t{i}", "timestamp": now.isoformat(), "total_reward": 1.0,
+         "metadata": {"model": "v1"} if i % 2 else {}}
+        for i in range(6)
+    ]  # fmt: skip
+    rows = report.reward_rows(sent)
+    mine, left_out = report.per_version(rows)
+    assert {r["model"] for r in mine} == {"v1"} and left_out == 3
+    page = report.write_report(report.ReportData(rewards=sent), tmp_path / "r").read_text()
+    assert "unknown" not in page and "several versions played</th><td>3<" in page
