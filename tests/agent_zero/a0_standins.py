@@ -25,6 +25,12 @@ for the tests from its source, read at agent0ai/agent-zero 2d95cd9 (2026-04-03):
   {"system_warning": ...}: fw.msg_misformat, fw.msg_repeat when the answer repeats the last
   one, a repairable error's text); process_tools parses the answer with a dirty-JSON parser
   (a trailing comma is fine);
+- helpers/plugins.py `get_plugin_config(plugin, agent=...)`: the project from the chat's data
+  ("project"), the profile from `agent.config.profile` (always set), the first config.json
+  of find_plugin_assets' order, which looks at a project's own plugin folder only when no
+  profile is given; else default_config.yaml with A0_SET_<plugin>__<key>;
+- helpers/secrets.py `get_secrets_manager(context)`: usr/secrets.env plus the project's
+  .a0proj/secrets.env, `load_secrets()`, `mask_values()`, `replace_placeholders()`;
 - `@extensible` functions emit `_functions/<module>/<qualname>/start|end` with
   data={"args", "kwargs", "result", "exception"} (AgentContext.kill_process and reset are
   sync, so are their extension calls); a killed task skips message_loop_end/monologue_end.

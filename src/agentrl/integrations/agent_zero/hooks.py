@@ -21,6 +21,11 @@ logic lives here, in the installed agentrl package. Read from Agent Zero's sourc
                                        reset or removed mid-monologue: Agent Zero skips the
                                        end hooks, so the monologue is published as abandoned
 
+What is published is masked against Agent Zero's secrets store last (`masking`), whatever
+order the extensions ran in; a monologue's turns get their token usage from the gateway's
+completion log when LiteLLM did not report it (`usage`); a killed chat's events are
+published on the plugin's own loop (`background`).
+
 `Agent` gives `number`, `config.profile`, `context.id` (the session), `data` (the superior
 under "_superior", the subordinate under "_subordinate"); `LoopData` gives `user_message`
 (a history message) and `last_response`. Every function here catches its own errors and

@@ -48,16 +48,17 @@ async def lookup(
     wanted = {str(i) for i in completion_ids if i}
     if not wanted or wait_s <= 0:
         return {}
-    found: dict[str, dict[str, int]] = {}
+    seen: dict[str, dict[str, int] | None] = {}  # a record without token ids: None
     with contextlib.suppress(Exception):  # NATS away, no stream yet: the turns go without
-        await asyncio.wait_for(_read(config, wanted, since, found), wait_s)
+        await asyncio.wait_for(_read(config, wanted, since, seen), wait_s)
+    found = {k: v for k, v in seen.items() if v is not None}
     if wanted - set(found):
         log.debug("agentrl: no completion-log usage for %d turn(s)", len(wanted - set(found)))
     return found
 
 
 async def _read(
-    config: Any, wanted: set[str], since: datetime, found: dict[str, dict[str, int]]
+    config: Any, wanted: set[str], since: datetime, seen: dict[str, dict[str, int] | None]
 ) -> None:
     import nats
     from nats.js.api import ConsumerConfig, DeliverPolicy
@@ -89,7 +90,7 @@ async def _read(
             config=ConsumerConfig(opt_start_time=since - SKEW),
         )
         try:
-            while wanted - set(found):
+            while wanted - set(seen):
                 try:
                     msg = await sub.next_msg(timeout=1.0)
                 except nats.errors.TimeoutError:
@@ -100,9 +101,8 @@ async def _read(
                 with contextlib.suppress(ValueError):
                     record = json.loads(msg.data)
                     cid = str(record.get("completion_id", ""))
-                    usage = usage_of(record) if cid in wanted else None
-                    if usage is not None:
-                        found[cid] = usage
+                    if cid in wanted:
+                        seen[cid] = usage_of(record)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
