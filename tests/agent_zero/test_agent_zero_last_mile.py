@@ -424,3 +424,32 @@ async def test_a_thumbs_down_sends_the_users_correction(
     ]
     assert event["type"] == "thumbs_down"
     assert event["correction"] == f"{correction} (the key is §§secret(DB_PASS))"
+
+
+async def test_a_secret_across_the_cut_of_a_long_answer_leaves_no_half(
+    checkout: Checkout, a0_nats: Any
+) -> None:
+    """A tool's answer over `max_text_bytes` keeps its head and tail: a value straddling the
+    cut must be masked before the cut, or its first half would escape the final masking."""
+    with_a0_secret_extensions(checkout)
+    checkout.write_config(max_text_bytes=4096)
+    pw = SECRETS["DB_PASS"]
+    keep = (4096 - 80) // 2  # the head the recorder keeps (recorder.truncate)
+    filler = "".join(f"row {i:04d} is fine\n" for i in range(1000))  # plain text lines
+    output = filler[: keep - 10] + pw + "\n" + filler
+    ask = {
+        "thoughts": ["Dump it."],
+        "headline": "Dumping",
+        "tool_name": "code_execution_tool",
+        "tool_args": {"runtime": "terminal", "code": "cat dump.txt"},
+    }
+    # the tool's answer ends the monologue: kept (cut) as the last turn's result, recorded
+    # at the plugin's tool_execute_after, before Agent Zero's own mask (ordered after it)
+    rec = monologue("a0-secret-cut", "Dump the file.", [step(ask, output, True)])
+    agent, _ = await checkout.run(rec)
+    (payload,) = await trajectories_of(a0_nats.url, agent.context.id)
+    wire = json.dumps(payload)
+    assert pw[:10] not in wire and leaks(wire) == []
+    kept = payload["turns"][0]["result"]["output"]
+    assert "bytes cut]" in kept and "row 0000 is fine" in kept  # the cut kept the head
+    assert "§§secr" in kept  # the head ends inside the placeholder, not inside the value

@@ -153,6 +153,13 @@ def opted_out(config: AgentZeroConfig, agent: Any) -> bool:
         return False
 
 
+def _masked(agent: Any, text: str) -> str:
+    """`text` masked against the chat's secrets before the recorder may cut it (a value cut
+    in half would escape the final masking of the event)."""
+    secrets = masking.secrets_of(getattr(agent, "context", None))
+    return masking.Masker(secrets).text(text) if secrets else text
+
+
 def recorder(agent: Any) -> TrajectoryRecorder | None:
     rec = _data(agent).get(RECORDER_KEY)
     return rec if isinstance(rec, TrajectoryRecorder) else None
@@ -171,7 +178,7 @@ async def monologue_start(agent: Any, loop_data: Any, plugin_file: str | Path) -
         await _retry_signal(agent, message_text(message), config)
     _data(agent)[RECORDER_KEY] = TrajectoryRecorder(
         identity(agent),
-        message_text(message),
+        _masked(agent, message_text(message)),
         task_id=str(getattr(message, "id", "") or "") or None,
         model=config.model_name,
         domain=config.domain,
@@ -287,7 +294,7 @@ def hist_add_before(agent: Any, content_data: Any, ai: Any, plugin_file: str | P
     if rec is None or ai or not isinstance(content_data, dict):
         return
     kind, text = _shown(content_data.get("content"))
-    rec.observed(kind, text)
+    rec.observed(kind, _masked(agent, text))  # before any cut: no half secret survives it
 
 
 @guarded
@@ -303,9 +310,10 @@ async def tool_execute_after(
         if sub is not None:
             extras["subordinate_trajectory_id"] = _data(sub).get(LAST_TRAJECTORY_KEY)
             extras["subordinate_agent_id"] = identity(sub).agent_id
+    answer = getattr(response, "message", response)
     rec.tool_finished(
         str(tool_name),
-        getattr(response, "message", response),
+        _masked(agent, answer) if isinstance(answer, str) else answer,
         bool(getattr(response, "break_loop", False)),
         **extras,
     )
