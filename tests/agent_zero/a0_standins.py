@@ -25,6 +25,12 @@ for the tests from its source, read at agent0ai/agent-zero 2d95cd9 (2026-04-03):
   {"system_warning": ...}: fw.msg_misformat, fw.msg_repeat when the answer repeats the last
   one, a repairable error's text); process_tools parses the answer with a dirty-JSON parser
   (a trailing comma is fine);
+- helpers/plugins.py `get_plugin_config(plugin, agent=...)`: the project from the chat's data
+  ("project"), the profile from `agent.config.profile` (always set), the first config.json
+  of find_plugin_assets' order, which looks at a project's own plugin folder only when no
+  profile is given; else default_config.yaml with A0_SET_<plugin>__<key>;
+- helpers/secrets.py `get_secrets_manager(context)`: usr/secrets.env plus the project's
+  .a0proj/secrets.env, `load_secrets()`, `mask_values()`, `replace_placeholders()`;
 - `@extensible` functions emit `_functions/<module>/<qualname>/start|end` with
   data={"args", "kwargs", "result", "exception"} (AgentContext.kill_process and reset are
   sync, so are their extension calls); a killed task skips message_loop_end/monologue_end.
@@ -116,19 +122,46 @@ HELPERS = {
         ROOT = Path(__file__).resolve().parent.parent
 
 
-        def get_plugin_config(plugin_name, agent=None, project_name=None, agent_profile=None):
-            # the project's config.json, else the global one, else the defaults with
-            # A0_SET_<plugin>__<key> applied (helpers/plugins.py, _apply_defaults_from_env)
-            if project_name is None and agent is not None:
-                project_name = agent.context.get_data("project")
+        def find_plugin_asset(plugin_name, *subpaths, project_name="", agent_profile=""):
+            # find_plugin_assets(only_first=True), in its order: a project's profile folder;
+            # the project-wide folder ONLY when no profile is given; usr/agents/<profile>;
+            # usr/plugins; plugins
             candidates = []
             if project_name:
                 meta = ROOT / "usr" / "projects" / project_name / ".a0proj"
-                candidates.append(meta / "plugins" / plugin_name / "config.json")
-            candidates.append(ROOT / "usr" / "plugins" / plugin_name / "config.json")
-            for path in candidates:
-                if path.is_file():
-                    return json.loads(path.read_text())
+                if agent_profile:
+                    candidates.append(
+                        meta / "agents" / agent_profile / "plugins" / plugin_name
+                    )
+                if not agent_profile or agent_profile == "*":
+                    candidates.append(meta / "plugins" / plugin_name)
+            if agent_profile:
+                candidates.append(ROOT / "usr" / "agents" / agent_profile / "plugins" / plugin_name)
+            candidates.append(ROOT / "usr" / "plugins" / plugin_name)
+            candidates.append(ROOT / "plugins" / plugin_name)
+            for base in candidates:
+                path = base.joinpath(*subpaths)
+                if path.exists():
+                    return {"path": str(path)}
+            return None
+
+
+        def get_plugin_config(plugin_name, agent=None, project_name=None, agent_profile=None):
+            # helpers/plugins.py: the project from the chat, the profile from the agent
+            # (always set: "agent0" for the main agent), the first config.json found, else
+            # the defaults with A0_SET_<plugin>__<key> applied (_apply_defaults_from_env)
+            if project_name is None and agent is not None:
+                project_name = agent.context.get_data("project")
+            if agent_profile is None and agent is not None:
+                agent_profile = agent.config.profile
+            found = find_plugin_asset(
+                plugin_name,
+                "config.json",
+                project_name=project_name or "",
+                agent_profile=agent_profile or "",
+            )
+            if found:
+                return json.loads(Path(found["path"]).read_text())
             default = ROOT / "usr" / "plugins" / plugin_name / "default_config.yaml"
             if not default.is_file():
                 return None
@@ -138,6 +171,53 @@ HELPERS = {
                 if env is not None:
                     config[key] = env
             return config
+    """,
+    "helpers/secrets.py": """
+        from pathlib import Path
+
+        ROOT = Path(__file__).resolve().parent.parent
+        PLACEHOLDER = "\u00a7\u00a7secret({key})"
+
+
+        class SecretsManager:
+            # helpers/secrets.py: KEY=VALUE lines of usr/secrets.env (and the project's
+            # .a0proj/secrets.env), keys upper-case; mask_values replaces values of 4 or
+            # more characters by their placeholder, replace_placeholders the reverse
+            def __init__(self, *files):
+                self.files = files
+
+            def load_secrets(self):
+                out = {}
+                for path in self.files:
+                    if not path.is_file():
+                        continue
+                    for line in path.read_text().splitlines():
+                        key, sep, value = line.partition("=")
+                        if sep and key.strip() and not key.startswith("#"):
+                            out[key.strip().upper()] = value.strip()
+                return out
+
+            def mask_values(self, text):
+                if not text:
+                    return text
+                items = sorted(self.load_secrets().items(), key=lambda kv: -len(kv[1]))
+                for key, value in items:
+                    if value and len(value.strip()) >= 4:
+                        text = text.replace(value, PLACEHOLDER.format(key=key))
+                return text
+
+            def replace_placeholders(self, text):
+                for key, value in self.load_secrets().items():
+                    text = text.replace(PLACEHOLDER.format(key=key), value)
+                return text
+
+
+        def get_secrets_manager(context=None):
+            files = [ROOT / "usr" / "secrets.env"]
+            project = context.get_data("project") if context is not None else None
+            if project:
+                files.append(ROOT / "usr" / "projects" / project / ".a0proj" / "secrets.env")
+            return SecretsManager(*files)
     """,
     "helpers/subagents.py": """
         from pathlib import Path
@@ -335,10 +415,14 @@ class ChatModel:
     passes extra kwargs (here: `metadata`) to LiteLLM, which reports the finished call to
     its callbacks; the reply is the recorded response text."""
 
-    def __init__(self, iteration: dict[str, Any], api_base: str = "") -> None:
+    def __init__(
+        self, iteration: dict[str, Any], api_base: str = "", model: str = "", provider: str = ""
+    ) -> None:
         self.iteration = iteration
         self.kwargs = {"api_base": api_base} if api_base else {}  # as LiteLLMChatWrapper
         self.kwargs_seen: dict[str, Any] = {}
+        if model:  # LiteLLMChatWrapper(model, provider): model_name "<provider>/<model>"
+            self.model_name, self.provider = f"{provider}/{model}", provider
 
     async def unified_call(self, messages: Any = None, **kwargs: Any) -> tuple[str, str]:
         self.kwargs_seen = kwargs

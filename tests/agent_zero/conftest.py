@@ -99,11 +99,15 @@ def checkout(tmp_path: Path, a0_nats: EmbeddedNats) -> Iterator[Checkout]:
 async def stream_payloads(url: str, subject: str, idle: float = 0.5) -> list[dict[str, Any]]:
     """Every payload stored on `subject`, in stream order."""
     import nats
+    import nats.js.errors
 
     nc = await nats.connect(url)
     try:
         js = nc.jetstream()
-        sub = await js.subscribe(subject, ordered_consumer=True)
+        try:
+            sub = await js.subscribe(subject, ordered_consumer=True)
+        except nats.js.errors.NotFoundError:  # no stream yet: nothing was published
+            return []
         out = []
         while True:
             try:

@@ -193,6 +193,16 @@ async def _started(checkout: Checkout, rec: dict[str, Any]) -> tuple[Any, asynci
     return agent, task
 
 
+async def _published(url: str, session: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """The session's trajectories, once the plugin's background loop published them."""
+    end = asyncio.get_running_loop().time() + timeout
+    while not (found := await trajectories_of(url, session)):
+        if asyncio.get_running_loop().time() > end:
+            break
+        await asyncio.sleep(0.1)
+    return found
+
+
 async def _kill(task: asyncio.Task[Any]) -> None:
     task.cancel()  # DeferredTask.kill: the end hooks never run
     with contextlib.suppress(asyncio.CancelledError):
@@ -216,8 +226,7 @@ async def test_a_killed_or_removed_chat_is_recorded_as_abandoned(
     data = {"args": (agent.context,), "kwargs": {}, "result": None, "exception": None}
     checkout.extensions.call_sync(point, None, data=data)  # a sync @extensible method
     await _kill(task)
-    await asyncio.sleep(0.5)  # the background flush
-    (payload,) = await trajectories_of(a0_nats.url, agent.context.id)
+    (payload,) = await _published(a0_nats.url, agent.context.id)  # the background flush
     TrajectoryEvent.model_validate(payload)
     assert payload["metadata"]["outcome"]["task_abandoned"] is True
     assert payload["metadata"]["outcome"]["task_status"] == "failed"
@@ -239,8 +248,7 @@ async def test_a_killed_or_removed_chat_is_recorded_as_abandoned(
     data = {"args": (agent.context.id,), "kwargs": {}, "result": None, "exception": None}
     checkout.extensions.call_sync(point, None, data=data)
     await _kill(task)
-    await asyncio.sleep(0.5)
-    (payload,) = await trajectories_of(a0_nats.url, agent.context.id)
+    (payload,) = await _published(a0_nats.url, agent.context.id)
     assert payload["metadata"]["abandoned"] == "removed"
     # a second kill (reset after stop) finds nothing left to record
     checkout.extensions.call_sync(point, None, data=data)

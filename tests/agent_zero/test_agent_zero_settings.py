@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from agentrl.cli import app
 from agentrl.integrations.agent_zero import hooks, state
 from agentrl.integrations.agent_zero.config import AgentZeroConfig
-from conftest import Checkout, recording, trajectories_of
+from conftest import Checkout, recording, stream_payloads, trajectories_of
 
 
 async def test_a_projects_opt_out_is_honoured(checkout: Checkout, a0_nats: Any) -> None:
@@ -62,33 +62,88 @@ def test_the_settings_screen_edits_every_setting(checkout: Checkout) -> None:
         assert re.search(rf'type="password"[^>]*x-model="config\.{token}"', html), token
 
 
-async def test_install_prints_the_served_ctx_length_and_no_extra_steps(
-    checkout: Checkout, tmp_path: Path
+async def test_install_saves_the_urls_it_is_given_and_asks_that_gateway(
+    checkout: Checkout, tmp_path: Path, a0_nats: Any, monkeypatch: Any
 ) -> None:
-    """The ctx_length printed is the context window of the model agentrl's gateway serves
-    (GET /v1/models `max_model_len`); no "enable it in Settings > Plugins" step."""
+    """Issue 51.6: the stack on other ports. `install --nats-url --gateway-url --api-url`
+    saves them where the plugin reads them (its config.json), prints them (not the
+    defaults) and the ctx_length of the model the gateway at that URL serves (GET /v1/models
+    `max_model_len`); no "enable it in Settings > Plugins" step."""
     from test_agent_zero_gateway import serve
 
+    from agentrl.bus.server import free_port
     from agentrl.deploy.backends import LocalBackend
     from agentrl.deploy.gateway import GatewayState, create_gateway_app
     from agentrl.deploy.local import LocalEngine
 
+    for name in ("NATS_URL", "AGENTRL_GATEWAY_PORT", "AGENTRL_GATEWAY_HOST", "AGENTRL_API_PORT"):
+        monkeypatch.delenv(name, raising=False)
     engine = LocalEngine(
         "tiny", seed=0, tiny_kwargs={"hidden_size": 32, "intermediate_size": 64, "num_layers": 2}
     )
-    state = GatewayState("agentrl-policy")
-    state.backends["agentrl-policy-base"] = LocalBackend(engine, tmp_path)
-    state.set_split({"agentrl-policy-base": 100.0}, ["agentrl-policy-base"])
-    server, task, port = await serve(create_gateway_app(state))
+    gw_state = GatewayState("agentrl-policy")
+    gw_state.backends["agentrl-policy-base"] = LocalBackend(engine, tmp_path)
+    gw_state.set_split({"agentrl-policy-base": 100.0}, ["agentrl-policy-base"])
+    server, task, port = await serve(create_gateway_app(gw_state))
+    (checkout.plugin_dir / "config.json").unlink()  # a first install
+    state.reset_caches()
+    gateway, api = f"http://127.0.0.1:{port}/v1", f"http://127.0.0.1:{free_port()}"
     try:
-        checkout.write_config(gateway_url=f"http://127.0.0.1:{port}/v1")
         args = ["agent-zero", "install", str(checkout.root), "--no-client"]
+        args += ["--nats-url", a0_nats.url, "--gateway-url", gateway, "--api-url", api]
         out = await asyncio.to_thread(CliRunner().invoke, app, args)
     finally:
         server.should_exit = True
         await task
     assert out.exit_code == 0, out.output
     assert "Settings > Plugins" not in out.output and "pip install agentrl" not in out.output
+    assert ":8700" not in out.output and ":4222" not in out.output and ":8600" not in out.output
+    assert a0_nats.url in out.output and api in out.output
+    assert f"api_base: {gateway}" in out.output
     found = re.search(r"ctx_length:\s+(\d+)", out.output)
     assert found is not None, out.output
     assert int(found.group(1)) == engine.context
+    saved = json.loads((checkout.plugin_dir / "config.json").read_text())
+    assert saved == {"nats_url": a0_nats.url, "gateway_url": gateway, "api_url": api}
+    cfg = hooks.config_for(checkout.plugin_dir / "plugin.yaml")  # what the plugin reads
+    assert (cfg.nats_url, cfg.gateway_url, cfg.api_url) == (a0_nats.url, gateway, api)
+    # installing again keeps what was saved and adds what is given
+    again = ["agent-zero", "install", str(checkout.root), "--no-client", "--api-token", "t"]
+    out = await asyncio.to_thread(CliRunner().invoke, app, again)
+    assert out.exit_code == 0, out.output
+    saved = json.loads((checkout.plugin_dir / "config.json").read_text())
+    assert saved["nats_url"] == a0_nats.url and saved["api_token"] == "t"
+
+
+def test_flush_and_feedback_read_agent_zeros_settings(
+    checkout: Checkout, a0_nats: Any, monkeypatch: Any
+) -> None:
+    """`agent-zero feedback` and `flush` read the plugin's settings where Agent Zero keeps
+    them (its config.json, and A0_SET_agentrl__* in its usr/.env), not this shell's."""
+    from agentrl.bus.server import free_port
+    from agentrl.contracts.base import new_id
+
+    for name in ("NATS_URL", "AGENTRL_A0_NATS_URL"):
+        monkeypatch.delenv(name, raising=False)
+    trajectory = new_id()
+    dead = f"nats://127.0.0.1:{free_port()}"
+    checkout.write_config(nats_url=dead, publish_timeout_s=0.5, connect_timeout_s=0.2)
+    cmd = ["agent-zero", "feedback", str(checkout.root), trajectory, "thumbs_down"]
+    out = CliRunner().invoke(app, [*cmd, "--correction", "read the CSV first"])
+    assert out.exit_code == 0, out.output
+    assert "spooled" in out.output  # config.json's NATS (down), not a default
+    # the saved file without a NATS URL: Agent Zero's usr/.env gives it
+    saved = json.loads((checkout.plugin_dir / "config.json").read_text())
+    saved.pop("nats_url")
+    (checkout.plugin_dir / "config.json").write_text(json.dumps(saved))
+    (checkout.root / "usr" / ".env").write_text(f"A0_SET_agentrl__nats_url={a0_nats.url}\n")
+    state.reset_caches()
+    out = CliRunner().invoke(app, ["agent-zero", "flush", str(checkout.root)])
+    assert out.exit_code == 0, out.output
+    assert "published 1 of 1" in out.output
+    got = [
+        f
+        for f in asyncio.run(stream_payloads(a0_nats.url, "agent.rl.feedback.v1"))
+        if f["trajectory_id"] == trajectory
+    ]
+    assert [(f["type"], f["correction"]) for f in got] == [("thumbs_down", "read the CSV first")]

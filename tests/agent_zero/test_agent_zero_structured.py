@@ -158,3 +158,29 @@ def test_tool_names_stay_free_when_they_cannot_be_known() -> None:
 
 def _answer() -> dict[str, Any]:
     return {"thoughts": ["t"], "headline": "h", "tool_args": {}}
+
+
+async def test_every_turn_records_its_token_usage_from_the_completion_log(
+    checkout: Checkout, gateway: str, a0_nats: Any
+) -> None:
+    """Issue 51.4: Agent Zero closes the stream at the first complete JSON tool request, so
+    the usage chunk never comes and LiteLLM reports nothing; the turn's prompt and completion
+    tokens come from the gateway's completion log, by the turn's completion id."""
+    agent, model = await one_turn(checkout, gateway, 300, structured_outputs=True)
+    assert model.closed_early  # the normal turn: no usage chunk was read
+    (payload,) = await trajectories_of(a0_nats.url, agent.context.id)
+    (turn,) = payload["turns"]
+    (row,) = [
+        r
+        for r in await stream_payloads(a0_nats.url, "agent.rl.completion.v1")
+        if r["completion_id"] == turn["action"]["completion_id"]
+    ]
+    prompt, done = len(row["prompt_token_ids"]), len(row.get("completion_token_ids", []))
+    assert prompt > 0
+    assert turn["action"]["usage"] == {
+        "prompt_tokens": prompt,
+        "completion_tokens": done,
+        "total_tokens": prompt + done,
+    }
+    assert payload["metadata"]["total_tokens"] == prompt + done
+    assert payload["metadata"]["usage"] == turn["action"]["usage"]

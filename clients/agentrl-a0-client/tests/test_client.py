@@ -100,3 +100,46 @@ def test_the_structured_outputs_schema_ships_with_the_client() -> None:
         "code_execution_tool",
         "response",
     ]
+
+
+def test_secret_values_are_masked_in_every_text_field() -> None:
+    from agentrl.integrations.agent_zero.masking import mask_event
+
+    value = "correct-horse-battery-staple-42"
+    rec = TrajectoryRecorder(Identity("s-3"), f"log in with {value}")
+    rec.begin_turn()
+    rec.response_text(f'{{"thoughts": ["use {value}",], "tool_name": "response",}}')
+    rec.tool_started("response", {"text": value})
+    rec.tool_finished("response", f"done with {value}", break_loop=True)
+    event = rec.finish()
+    assert event is not None and value in event.to_json().decode()
+    masked = mask_event(event, {"db_pass": value, "short": "abc"})
+    wire = masked.to_json().decode()
+    assert value not in wire and wire.count("§§secret(DB_PASS)") >= 4
+    assert masked.turns[0].thought_process == ["use §§secret(DB_PASS)"]
+
+
+async def test_the_background_loop_publishes_without_an_event_loop_of_ours(
+    tmp_path: Path,
+) -> None:
+    """A chat reset from a sync call: spooled, then published by the plugin's own loop."""
+    import asyncio
+
+    from agentrl.integrations.agent_zero import background
+
+    try:
+        server = EmbeddedNats(data_dir=tmp_path / "nats")
+    except Exception as exc:  # pragma: no cover - no nats-server binary here
+        pytest.skip(f"no nats-server: {exc}")
+    server.start()
+    try:
+        config = AgentZeroConfig(nats_url=server.url, spool_dir=str(tmp_path / "spool"))
+        outbox = Outbox(config)
+        event = monologue("s-4").finish()
+        assert event is not None
+        outbox.spool_events([event, feedback_event(event.trajectory_id, "abandoned")])
+        future = background.kick(outbox)
+        assert await asyncio.wrap_future(future) == 2
+        assert len(outbox.spool) == 0
+    finally:
+        server.stop()

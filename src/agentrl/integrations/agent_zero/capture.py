@@ -208,6 +208,18 @@ def points_at(model: Any, base_url: str) -> bool:
     return bool(api_base) and str(api_base).rstrip("/") == base_url.rstrip("/")
 
 
+def model_name_of(model: Any) -> str | None:
+    """The model Agent Zero's chat model calls, as the endpoint knows it: LiteLLM's
+    `<provider>/<name>` (LiteLLMChatWrapper.model_name) without the provider."""
+    name = getattr(model, "model_name", None)
+    if not isinstance(name, str) or not name:
+        return None
+    provider = getattr(model, "provider", None)
+    if isinstance(provider, str) and provider and name.startswith(provider + "/"):
+        name = name[len(provider) + 1 :]
+    return name or None
+
+
 def api_key_of(model: Any) -> str | None:
     kwargs = getattr(model, "kwargs", None)
     key = kwargs.get("api_key") if isinstance(kwargs, dict) else None

@@ -42,17 +42,32 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         client: bool = typer.Option(
             True, help="Install agentrl's client (agentrl-a0-client) into Agent Zero's Python."
         ),
+        nats_url: str = typer.Option(
+            None, "--nats-url", help="agentrl's NATS (`agentrl up` prints it; default: NATS_URL)."
+        ),
+        gateway_url: str = typer.Option(
+            None,
+            "--gateway-url",
+            help="agentrl's gateway, .../v1 (default: AGENTRL_GATEWAY_PORT on loopback).",
+        ),
+        api_url: str = typer.Option(
+            None, "--api-url", help="agentrl's control API (default: AGENTRL_API_PORT)."
+        ),
+        nats_token: str = typer.Option(None, "--nats-token", help="NATS token, if it asks."),
+        api_token: str = typer.Option(None, "--api-token", help="A control API token."),
     ) -> None:
-        """Copy the plugin into PATH, install agentrl's client into Agent Zero's Python and
-        print the chat model settings to use."""
+        """Copy the plugin into PATH, save where agentrl runs in the plugin's settings (its
+        config.json, what the plugin and `agent-zero flush`/`feedback` read), install
+        agentrl's client into Agent Zero's Python and print the chat model settings."""
         import tempfile
 
         from agentrl.integrations.agent_zero import client as a0client
-        from agentrl.integrations.agent_zero.config import load_config
+        from agentrl.integrations.agent_zero.config import load_config, save_settings
         from agentrl.integrations.agent_zero.install import (
             install,
             model_settings,
             served_context,
+            urls_from_environment,
         )
 
         if layout not in ("auto", "plugin", "legacy"):
@@ -65,10 +80,24 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         typer.echo(f"installed the agentrl plugin ({done.layout} layout) into {done.root}:")
         for f in done.files:
             typer.echo(f"  {f.relative_to(done.root)}")
+        given = {
+            "nats_url": nats_url,
+            "gateway_url": gateway_url,
+            "api_url": api_url,
+            "nats_token": nats_token,
+            "api_token": api_token,
+        }
+        chosen = {**urls_from_environment(), **{k: v for k, v in given.items() if v is not None}}
+        if chosen:
+            try:
+                saved = save_settings(done.plugin_dir, chosen)
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc)) from exc
+            typer.echo(f"\nsaved {', '.join(sorted(chosen))} in {saved}")
         cfg = load_config(done.plugin_dir)
         typer.echo(
-            f"\nsettings: {done.plugin_dir / 'default_config.yaml'} (NATS {cfg.nats_url}, "
-            f"spool {cfg.spool_path()})"
+            f"\nthe plugin publishes to NATS {cfg.nats_url} (spool {cfg.spool_path()}); "
+            f"gateway {cfg.gateway_url}; control API {cfg.api_url}"
         )
         if client:
             try:

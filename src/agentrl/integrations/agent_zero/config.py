@@ -1,12 +1,15 @@
 """The plugin's settings, in layers (later wins):
 
 1. `default_config.yaml` of the plugin;
-2. Agent Zero's override convention, `A0_SET_agentrl__<key>` (environment or its .env);
-3. the `config.json` Agent Zero's settings screen (`webui/config.html`) saves: read through
-   Agent Zero's own plugin-config path (`helpers.plugins.get_plugin_config`) when the
-   plugin runs inside Agent Zero, so a chat in a project gets the project's settings
-   (`usr/projects/<p>/.a0proj/plugins/agentrl/config.json`, e.g. a per-project opt_out);
-   else the global one next to `plugin.yaml`;
+2. Agent Zero's override convention, `A0_SET_agentrl__<key>` (its environment, or its
+   `usr/.env`, which Agent Zero loads at start and the CLI commands read too);
+3. the `config.json` Agent Zero's settings screen (`webui/config.html`) saves. A chat in a
+   project gets the project's own (`usr/projects/<p>/.a0proj/agents/<profile>/plugins/
+   agentrl/config.json`, then `.../.a0proj/plugins/agentrl/config.json`), read here: Agent
+   Zero's `get_plugin_config` looks at the project-wide file only when no agent profile is
+   given, and it always gives one, so a project's `opt_out` was ignored. Otherwise what
+   Agent Zero's plugin-config path finds (a profile's, then the global one next to
+   `plugin.yaml`);
 4. AGENTRL_A0_<KEY> variables.
 
 The same files are read in every layout (upstream `usr/plugins/agentrl/`, or the older
@@ -49,6 +52,12 @@ class AgentZeroConfig(BaseModel):
     model_name: str = Field("agentrl-policy", description="The gateway's public model name.")
     capture_wait_s: float = Field(
         0.5, ge=0, description="The most a turn waits for LiteLLM's report of the call."
+    )
+    usage_wait_s: float = Field(
+        1.0,
+        ge=0,
+        description="The most a monologue's end waits for its turns' token usage from the "
+        "gateway's completion log (0: do not look).",
     )
     domain: str = "general"
     structured_outputs: bool = Field(
@@ -93,11 +102,11 @@ def load_config(
     values: dict[str, Any] = {}
     environ: Mapping[str, str] = os.environ if env is None else env
     if plugin_dir is not None:
-        default = plugin_dir / "default_config.yaml"
-        if default.is_file():
-            values.update(yaml.safe_load(default.read_text()) or {})
+        values.update(_defaults(plugin_dir))
+    if env is None and plugin_dir is not None:  # Agent Zero's usr/.env wins, as it loads it
+        environ = {**environ, **a0_dotenv(_root_of(plugin_dir))}
     for name in AgentZeroConfig.model_fields:
-        for key in (A0_ENV_PREFIX + name, A0_ENV_PREFIX + name.upper()):
+        for key in a0_env_names(name):
             if key in environ:
                 values[name] = environ[key]
     if saved is not None:
@@ -111,6 +120,73 @@ def load_config(
     if not values.get("agent_zero_root") and plugin_dir is not None:
         values["agent_zero_root"] = str(_root_of(plugin_dir))
     return AgentZeroConfig.model_validate(values)
+
+
+def a0_env_names(name: str) -> tuple[str, ...]:
+    """The names Agent Zero reads a plugin default from (helpers/settings.get_default_value:
+    A0_SET_<plugin>__<key>, then its upper-case form)."""
+    return (A0_ENV_PREFIX + name, A0_ENV_PREFIX + name.upper(), f"{A0_ENV_PREFIX}{name}".upper())
+
+
+def a0_dotenv(root: Path) -> dict[str, str]:
+    """The `A0_SET_agentrl__*` lines of Agent Zero's `usr/.env` (KEY=VALUE, quotes off)."""
+    path = root / "usr" / ".env"
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {}
+    out: dict[str, str] = {}
+    for line in lines:
+        line = line.strip()
+        if line.startswith("export "):
+            line = line[len("export ") :].strip()
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if not sep or not key.upper().startswith(A0_ENV_PREFIX.upper()):
+            continue
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        out[key] = value
+    return out
+
+
+def project_config(root: Path, project: str, profile: str = "") -> dict[str, Any] | None:
+    """A project's saved settings for this plugin: the profile's within the project, then
+    the project-wide file (`usr/projects/<p>/.a0proj/...`); None when the project has none."""
+    if not project or "/" in project or project in (".", ".."):
+        return None
+    meta = root / "usr" / "projects" / project / ".a0proj"
+    candidates = []
+    if profile and "/" not in profile:
+        candidates.append(meta / "agents" / profile / "plugins" / PLUGIN_NAME / "config.json")
+    candidates.append(meta / "plugins" / PLUGIN_NAME / "config.json")
+    for path in candidates:
+        if path.is_file():
+            data = json.loads(path.read_text() or "{}")
+            return dict(data) if isinstance(data, dict) else {}
+    return None
+
+
+def save_settings(plugin_dir: Path, values: Mapping[str, Any]) -> Path:
+    """Merge `values` into the plugin's saved settings (`config.json`, what Agent Zero's
+    settings screen edits and the plugin reads); returns the file."""
+    path = plugin_dir / "config.json"
+    current: dict[str, Any] = {}
+    if path.is_file():
+        loaded = json.loads(path.read_text() or "{}")
+        current = dict(loaded) if isinstance(loaded, dict) else {}
+    current.update(values)
+    AgentZeroConfig.model_validate({**_defaults(plugin_dir), **current})  # a typo fails here
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(current, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _defaults(plugin_dir: Path) -> dict[str, Any]:
+    default = plugin_dir / "default_config.yaml"
+    return dict(yaml.safe_load(default.read_text()) or {}) if default.is_file() else {}
 
 
 def _root_of(plugin_dir: Path) -> Path:

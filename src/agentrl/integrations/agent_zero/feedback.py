@@ -8,7 +8,9 @@ In the web UI every message gets thumbs up/down (the plugin's
 `extensions/webui/set_messages_after_loop/agentrl-thumbs.js`), which call the plugin's API
 `/plugins/agentrl/feedback` (`api/feedback.py` -> `feedback_from_ui`): the message's log
 number finds the main monologue that wrote it (the chat's spans, kept by `hooks`), so the
-thumb lands on that trajectory. Implicit signals come from `hooks`: a retry (the same
+thumb lands on that trajectory. A thumbs-down first offers a one-line "what should it have
+done?" box; its text goes with the thumb as the event's `correction` (masked against Agent
+Zero's secrets and redacted like all feedback). Implicit signals come from `hooks`: a retry (the same
 question again) is a `correction`, a stopped or reset chat `abandoned`.
 """
 
@@ -18,6 +20,7 @@ from typing import Any
 
 from agentrl.contracts.base import utcnow
 from agentrl.contracts.feedback import FeedbackEvent, FeedbackType
+from agentrl.integrations.agent_zero import masking
 from agentrl.integrations.agent_zero.config import AgentZeroConfig
 from agentrl.integrations.agent_zero.state import (
     LAST_TRAJECTORY_KEY,
@@ -83,15 +86,20 @@ def trajectory_for(context: Any, log_no: Any = None) -> str | None:
     return last_trajectory_id(context)
 
 
+MAX_CORRECTION_CHARS = 4000
+
+
 async def feedback_from_ui(
     context: Any,
     kind: Any,
     log_no: Any,
     comment: Any,
     plugin_file: str,
+    correction: Any = None,
 ) -> dict[str, Any]:
     """A thumb from the web UI: `{"ok", "trajectory_id", "published"}` or `{"ok": False,
-    "message"}` (no trajectory yet, opted out, an unknown kind)."""
+    "message"}` (no trajectory yet, opted out, an unknown kind). A thumbs-down may carry the
+    user's one-line `correction` ("what should it have done?"), sent in the same event."""
     if kind not in UI_KINDS:
         return {"ok": False, "message": f"kind must be one of {', '.join(UI_KINDS)}"}
     agent0 = getattr(context, "agent0", None)
@@ -102,11 +110,14 @@ async def feedback_from_ui(
     trajectory_id = trajectory_for(context, number)
     if trajectory_id is None:
         return {"ok": False, "message": "no recorded answer in this chat yet"}
+    fixed = str(correction).strip()[:MAX_CORRECTION_CHARS] if correction else ""
     event = feedback_event(
         trajectory_id,
         kind,
         comment=str(comment) if comment else None,
+        correction=fixed or None,
         session_id=str(getattr(context, "id", "") or "") or None,
     )
+    event = masking.mask_event(event, masking.secrets_of(context))
     published = await send_feedback(config, event)
     return {"ok": True, "trajectory_id": trajectory_id, "published": published}

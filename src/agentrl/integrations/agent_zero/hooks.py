@@ -21,6 +21,11 @@ logic lives here, in the installed agentrl package. Read from Agent Zero's sourc
                                        reset or removed mid-monologue: Agent Zero skips the
                                        end hooks, so the monologue is published as abandoned
 
+What is published is masked against Agent Zero's secrets store last (`masking`), whatever
+order the extensions ran in; a monologue's turns get their token usage from the gateway's
+completion log when LiteLLM did not report it (`usage`); a killed chat's events are
+published on the plugin's own loop (`background`).
+
 `Agent` gives `number`, `config.profile`, `context.id` (the session), `data` (the superior
 under "_superior", the subordinate under "_subordinate"); `LoopData` gives `user_message`
 (a history message) and `last_response`. Every function here catches its own errors and
@@ -29,7 +34,6 @@ logs them: an extension error must never break Agent Zero's loop.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import functools
 import importlib
@@ -40,7 +44,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from agentrl.contracts.base import new_id
-from agentrl.integrations.agent_zero import capture, structured
+from agentrl.integrations.agent_zero import background, capture, masking, structured, usage
 from agentrl.integrations.agent_zero.config import (
     AgentZeroConfig,
 )
@@ -149,6 +153,13 @@ def opted_out(config: AgentZeroConfig, agent: Any) -> bool:
         return False
 
 
+def _masked(agent: Any, text: str) -> str:
+    """`text` masked against the chat's secrets before the recorder may cut it (a value cut
+    in half would escape the final masking of the event)."""
+    secrets = masking.secrets_of(getattr(agent, "context", None))
+    return masking.Masker(secrets).text(text) if secrets else text
+
+
 def recorder(agent: Any) -> TrajectoryRecorder | None:
     rec = _data(agent).get(RECORDER_KEY)
     return rec if isinstance(rec, TrajectoryRecorder) else None
@@ -167,7 +178,7 @@ async def monologue_start(agent: Any, loop_data: Any, plugin_file: str | Path) -
         await _retry_signal(agent, message_text(message), config)
     _data(agent)[RECORDER_KEY] = TrajectoryRecorder(
         identity(agent),
-        message_text(message),
+        _masked(agent, message_text(message)),
         task_id=str(getattr(message, "id", "") or "") or None,
         model=config.model_name,
         domain=config.domain,
@@ -199,14 +210,17 @@ async def chat_model_call_before(agent: Any, call_data: Any, plugin_file: str | 
     if not isinstance(call_data, dict) or call_data.get("background"):
         return
     model = call_data.get("model")
-    if not capture.takes_extra_kwargs(model):
-        return
     config = config_for(plugin_file, agent)
     ours = capture.points_at(model, config.gateway_url)
+    rec = recorder(agent)
+    if _main_call(rec, call_data) and rec is not None and rec.current is not None:
+        rec.llm_asked(capture.model_name_of(model))  # what answers unless the endpoint says
+        rec.current.via_gateway = ours
+    if not capture.takes_extra_kwargs(model):
+        return
     fmt = None  # structured outputs: asked of agentrl's gateway only (it enforces them)
     if ours and config.structured_outputs:
         fmt = structured.response_format(structured.tool_names_of(agent))
-    rec = recorder(agent)
     if not _main_call(rec, call_data) or rec is None or rec.current is None:
         if fmt is not None:  # not recorded (opted out): the answers are still well-formed
             call_data["model"] = capture.TaggedModel(model, None, response_format=fmt)
@@ -280,7 +294,7 @@ def hist_add_before(agent: Any, content_data: Any, ai: Any, plugin_file: str | P
     if rec is None or ai or not isinstance(content_data, dict):
         return
     kind, text = _shown(content_data.get("content"))
-    rec.observed(kind, text)
+    rec.observed(kind, _masked(agent, text))  # before any cut: no half secret survives it
 
 
 @guarded
@@ -296,9 +310,10 @@ async def tool_execute_after(
         if sub is not None:
             extras["subordinate_trajectory_id"] = _data(sub).get(LAST_TRAJECTORY_KEY)
             extras["subordinate_agent_id"] = identity(sub).agent_id
+    answer = getattr(response, "message", response)
     rec.tool_finished(
         str(tool_name),
-        getattr(response, "message", response),
+        _masked(agent, answer) if isinstance(answer, str) else answer,
         bool(getattr(response, "break_loop", False)),
         **extras,
     )
@@ -317,9 +332,14 @@ async def monologue_end(agent: Any, loop_data: Any, plugin_file: str | Path) -> 
     rec = _data(agent).pop(RECORDER_KEY, None)
     if not isinstance(rec, TrajectoryRecorder):
         return
+    config = config_for(plugin_file)
+    missing = rec.completion_ids_without_usage()
+    if missing:  # the turns' token usage, from the gateway's completion log
+        rec.usage_found(await usage.lookup(config, missing, rec.started_at, config.usage_wait_s))
     event = rec.finish()
     if event is None:
         return
+    event = masking.mask_event(event, masking.secrets_of(getattr(agent, "context", None)))
     _data(agent)[LAST_TRAJECTORY_KEY] = event.trajectory_id
     context = getattr(agent, "context", None)
     setter = getattr(context, "set_data", None)
@@ -330,7 +350,7 @@ async def monologue_end(agent: Any, loop_data: Any, plugin_file: str | Path) -> 
         spans.append([start, max(start, _log_length(agent) - 1), event.trajectory_id])
         setter(SPANS_KEY, spans[-KEEP_SPANS:])
         setter(LAST_ASK_KEY, [rec.instructions, event.trajectory_id])
-    await outbox_for(config_for(plugin_file)).send([event])
+    await outbox_for(config).send([event])
 
 
 LOG_START_KEY = "_agentrl_log_start"
@@ -365,7 +385,7 @@ async def _retry_signal(agent: Any, text: str, config: AgentZeroConfig) -> None:
         correction=text,
         session_id=str(getattr(context, "id", "") or "") or None,
     )
-    outbox_for(config).spool_events([event])
+    outbox_for(config).spool_events([masking.mask_event(event, masking.secrets_of(context))])
 
 
 # ---- a chat stopped, reset or removed mid-monologue ---------------------------------------
@@ -402,14 +422,16 @@ def _agents_of(context: Any) -> list[Any]:
 @guarded_sync
 def context_killed(data: Any, why: str, plugin_file: str | Path) -> int:
     """Publish every monologue still running in the chat as abandoned (the trajectory with
-    `outcome.task_abandoned`, and an `abandoned` feedback event); spooled now, flushed in
-    the background when an event loop runs (else by the next monologue). Returns how many."""
+    `outcome.task_abandoned`, and an `abandoned` feedback event); spooled now and published
+    on the plugin's own background loop within seconds (whatever loop, if any, this runs
+    on). Returns how many."""
     from agentrl.integrations.agent_zero.feedback import feedback_event
 
     context = _context_of(data)
     if context is None:
         return 0
     config = config_for(plugin_file)
+    secrets = masking.secrets_of(context)
     events: list[Any] = []
     # subordinates first: their trajectories are the parents' children
     for agent in sorted(_agents_of(context), key=lambda a: -int(getattr(a, "number", 0) or 0)):
@@ -420,7 +442,7 @@ def context_killed(data: Any, why: str, plugin_file: str | Path) -> int:
         if event is None:
             continue
         _data(agent)[LAST_TRAJECTORY_KEY] = event.trajectory_id
-        events.append(event)
+        events.append(masking.mask_event(event, secrets))
         events.append(
             feedback_event(
                 event.trajectory_id,
@@ -433,14 +455,5 @@ def context_killed(data: Any, why: str, plugin_file: str | Path) -> int:
         return 0
     box = outbox_for(config)
     box.spool_events(events)
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return len(events) // 2
-    task = loop.create_task(box.flush())
-    _background.add(task)
-    task.add_done_callback(_background.discard)
+    background.kick(box)
     return len(events) // 2
-
-
-_background: set[asyncio.Task[Any]] = set()

@@ -95,6 +95,23 @@ def install(root: Path, layout: Layout | None = None) -> Installed:
     return out
 
 
+def urls_from_environment() -> dict[str, str]:
+    """Where agentrl runs, as this shell's agentrl settings say (the variables `agentrl up`
+    reads: NATS_URL, AGENTRL_GATEWAY_PORT / _HOST, AGENTRL_API_PORT); only those set."""
+    import os
+
+    out: dict[str, str] = {}
+    if os.environ.get("NATS_URL"):
+        out["nats_url"] = os.environ["NATS_URL"]
+    if os.environ.get("AGENTRL_GATEWAY_PORT") or os.environ.get("AGENTRL_GATEWAY_HOST"):
+        host = os.environ.get("AGENTRL_GATEWAY_HOST") or "127.0.0.1"
+        host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        out["gateway_url"] = f"http://{host}:{os.environ.get('AGENTRL_GATEWAY_PORT') or 8700}/v1"
+    if os.environ.get("AGENTRL_API_PORT"):
+        out["api_url"] = f"http://127.0.0.1:{os.environ['AGENTRL_API_PORT']}"
+    return out
+
+
 def served_context(gateway_url: str, model_name: str, token: str = "") -> int | None:
     """The served model's context window (`max_model_len` of GET /models, as agentrl's
     gateway and vLLM answer it); None when the gateway cannot say."""
@@ -120,8 +137,9 @@ def model_settings(gateway_url: str, model_name: str, ctx_length: int | None = N
         ctx = f"  ctx_length: {ctx_length}   # the served model's context window\n"
     else:
         ctx = (
-            "  ctx_length: the served model's context window (agentrl's gateway at "
-            f"{gateway_url} did not say; run this again while `agentrl up` runs)\n"
+            "  ctx_length: the served model's context window (no answer from agentrl's "
+            f"gateway at {gateway_url}: run this again while `agentrl up` runs, with "
+            "--gateway-url if it serves elsewhere)\n"
         )
     return (
         "Chat model settings for Agent Zero (Settings > Agent > Chat Model, or "

@@ -51,6 +51,24 @@ def permanent(exc: BaseException) -> bool:
     return isinstance(exc, nats.js.errors.APIError) and exc.code in (400, 413)
 
 
+async def probe(servers: list[str], timeout: float) -> None:
+    """Fail fast when no server accepts a TCP connection (nats-py's own first connect
+    keeps retrying)."""
+    errors = []
+    for server in servers:
+        url = urlparse(server if "://" in server else f"nats://{server}")
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(url.hostname or "127.0.0.1", url.port or 4222), timeout
+            )
+        except OSError as exc:
+            errors.append(f"{server}: {exc.strerror or exc}")
+            continue
+        writer.close()
+        return
+    raise ConnectionRefusedError("NATS unreachable (" + "; ".join(errors) + ")")
+
+
 class Outbox:
     def __init__(self, config: AgentZeroConfig) -> None:
         self.config = config
@@ -100,21 +118,7 @@ class Outbox:
         return sent[0]
 
     async def _probe(self, servers: list[str]) -> None:
-        """Fail fast when no server accepts a TCP connection."""
-        errors = []
-        for server in servers:
-            url = urlparse(server if "://" in server else f"nats://{server}")
-            try:
-                _, writer = await asyncio.wait_for(
-                    asyncio.open_connection(url.hostname or "127.0.0.1", url.port or 4222),
-                    self.config.connect_timeout_s,
-                )
-            except OSError as exc:
-                errors.append(f"{server}: {exc.strerror or exc}")
-                continue
-            writer.close()
-            return
-        raise ConnectionRefusedError("NATS unreachable (" + "; ".join(errors) + ")")
+        await probe(servers, self.config.connect_timeout_s)
 
     async def _flush(self, sent: list[int]) -> None:
         with self.spool.locked() as mine:

@@ -148,6 +148,8 @@ class TurnRecord:
     llm: dict[str, Any] = field(default_factory=dict)  # completion id, model, usage
     started: float = field(default_factory=time.perf_counter)
     call_id: str | None = None  # the tag of this turn's chat-model call (capture)
+    asked_model: str | None = None  # the model Agent Zero's chat model is set to call
+    via_gateway: bool = False  # the call went to agentrl's gateway (its completion log)
 
 
 @dataclass
@@ -191,8 +193,6 @@ class TrajectoryRecorder:
         self.started_at = now or datetime.now(UTC)
         self.turns: list[TurnRecord] = []
         self.current: TurnRecord | None = None
-        self.models_seen: list[str] = []
-        self.total_tokens = 0
         self.pending: list[tuple[str, str]] = []  # what the history got for the next turn
         self.hooked_history = False  # `observed` is called: observations come from it
 
@@ -209,21 +209,49 @@ class TrajectoryRecorder:
         obs_type, obs = self._next_observation()
         self.current = TurnRecord(len(self.turns) + 1, now or datetime.now(UTC), obs_type, obs)
 
+    def llm_asked(self, model: str | None) -> None:
+        """The model this turn's call was sent to (Agent Zero's chat model setting): what
+        the turn records when the endpoint does not name the model that answered."""
+        if model:
+            self._turn().asked_model = model
+
     def llm_answered(
         self, completion_id: str | None, model: str | None, usage: dict[str, Any] | None
     ) -> None:
-        """What the gateway said about the completion (the serving version, token usage)."""
+        """What the endpoint said about the completion (the serving version, token usage)."""
         turn = self._turn()
         if completion_id:
             turn.llm["completion_id"] = completion_id
         if model:
             turn.llm["model"] = model
-            self.models_seen.append(model)
         if usage:
-            turn.llm["usage"] = usage
-            total = usage.get("total_tokens")
-            if isinstance(total, int) and total >= 0:
-                self.total_tokens += total
+            self.set_usage(turn, usage)
+
+    def set_usage(self, turn: TurnRecord, usage: dict[str, Any]) -> None:
+        """A turn's token usage (prompt, completion, total), from the call's report or the
+        gateway's completion log."""
+        clean = {k: v for k, v in usage.items() if isinstance(v, int) and v >= 0}
+        if "total_tokens" not in clean and {"prompt_tokens", "completion_tokens"} <= set(clean):
+            clean["total_tokens"] = clean["prompt_tokens"] + clean["completion_tokens"]
+        if clean:
+            turn.llm["usage"] = clean
+
+    def completion_ids_without_usage(self) -> list[str]:
+        """The completion ids of the turns whose token usage is not known yet."""
+        turns = [*self.turns, *([self.current] if self.current is not None else [])]
+        return [
+            str(t.llm["completion_id"])
+            for t in turns
+            if t.via_gateway and t.llm.get("completion_id") and "usage" not in t.llm
+        ]
+
+    def usage_found(self, usage_by_id: dict[str, dict[str, Any]]) -> None:
+        """Token usage looked up by completion id (the gateway's completion log)."""
+        turns = [*self.turns, *([self.current] if self.current is not None else [])]
+        for turn in turns:
+            got = usage_by_id.get(str(turn.llm.get("completion_id") or ""))
+            if got and "usage" not in turn.llm:
+                self.set_usage(turn, got)
 
     def tool_started(self, name: str, args: dict[str, Any] | None) -> None:
         self._turn().tool = ToolRun(name, dict(args or {}), time.perf_counter())
@@ -269,6 +297,8 @@ class TrajectoryRecorder:
         turns = [self._turn_payload(t) for t in self.turns]
         for turn, nxt in itertools.pairwise(turns):
             _store_once(turn["result"], nxt["observation"])
+        models = [m for t in self.turns if (m := t.llm.get("model") or t.asked_model)]
+        usage = _usage_sum(t.llm.get("usage") for t in self.turns)
         last = self.turns[-1].tool
         done = not abandoned and last is not None and last.answer is not None and last.break_loop
         ident = self.identity
@@ -279,17 +309,18 @@ class TrajectoryRecorder:
         if abandoned:
             outcome["task_abandoned"] = True
         metadata: dict[str, Any] = {
-            "model": self.models_seen[-1] if self.models_seen else self.model,
+            "model": models[-1] if models else self.model,
             "agent_number": ident.number,
             "source": "agent-zero",
             "outcome": outcome,
         }
         if abandoned:
             metadata["abandoned"] = abandoned
-        if self.total_tokens:
-            metadata["total_tokens"] = self.total_tokens
-        if len(set(self.models_seen)) > 1:
-            metadata["models"] = sorted(set(self.models_seen))
+        if usage.get("total_tokens"):
+            metadata["total_tokens"] = usage["total_tokens"]
+            metadata["usage"] = usage
+        if len(set(models)) > 1:
+            metadata["models"] = sorted(set(models))
         if ident.profile:
             metadata["agent_profile"] = ident.profile
         if ident.parent_agent_id:
@@ -373,6 +404,8 @@ class TrajectoryRecorder:
         if parse_error is not None:
             action["parse_error"] = parse_error
         action.update(turn.llm)
+        if "model" not in action and turn.asked_model:
+            action["model"] = turn.asked_model
         result: dict[str, Any]
         if run is None:
             result = {"success": False, "error": parse_error or "no tool ran"}
@@ -401,6 +434,15 @@ class TrajectoryRecorder:
             "action": action,
             "result": result,
         }
+
+
+def _usage_sum(usages: Any) -> dict[str, int]:
+    """The monologue's token usage: the sum over its turns that know theirs."""
+    out: dict[str, int] = {}
+    for usage in usages:
+        for key, value in (usage or {}).items():
+            out[key] = out.get(key, 0) + int(value)
+    return out
 
 
 def _store_once(result: dict[str, Any], next_observation: dict[str, Any]) -> None:

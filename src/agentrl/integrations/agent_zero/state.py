@@ -14,6 +14,7 @@ from agentrl.integrations.agent_zero.config import (
     AgentZeroConfig,
     load_config,
     plugin_dir_for,
+    project_config,
 )
 from agentrl.integrations.agent_zero.publisher import Outbox
 
@@ -49,8 +50,9 @@ def _stamp(plugin_dir: str) -> tuple[float, ...]:
 
 
 def config_for(plugin_file: str | Path, agent: Any = None) -> AgentZeroConfig:
-    """The plugin's settings, re-read when a settings file changed; with `agent`, what Agent
-    Zero's plugin-config path gives its chat (the project's settings first)."""
+    """The plugin's settings, re-read when a settings file changed; with `agent`, its
+    chat's: the chat's project's own settings when it has them (whatever the agent's
+    profile), else what Agent Zero's plugin-config path gives it."""
     key = str(plugin_dir_for(plugin_file) or "")
     stamp = _stamp(key)
     cached = _configs.get(key)
@@ -59,11 +61,34 @@ def config_for(plugin_file: str | Path, agent: Any = None) -> AgentZeroConfig:
         _stamps[key] = stamp
     if agent is None:
         return cached
-    saved = _a0_plugin_config(agent)
+    saved = _project_settings(agent, cached)
+    if saved is None:
+        saved = _a0_plugin_config(agent)
     if saved is None:
         return cached
     fresh = load_config(Path(key) if key else None, saved=saved)
     return cached if fresh == cached else fresh
+
+
+PROJECT_KEY = "project"  # helpers/projects.py CONTEXT_DATA_KEY_PROJECT
+
+
+def project_of(agent: Any) -> str | None:
+    """The project the agent's chat is in (Agent Zero keeps its name in the context data)."""
+    get = getattr(getattr(agent, "context", None), "get_data", None)
+    try:
+        name = get(PROJECT_KEY) if callable(get) else None
+    except Exception:
+        return None
+    return str(name) if isinstance(name, str) and name else None
+
+
+def _project_settings(agent: Any, config: AgentZeroConfig) -> dict[str, Any] | None:
+    project = project_of(agent)
+    if project is None:
+        return None
+    profile = str(getattr(getattr(agent, "config", None), "profile", "") or "")
+    return project_config(config.root(), project, profile)
 
 
 def _a0_plugin_config(agent: Any) -> dict[str, Any] | None:

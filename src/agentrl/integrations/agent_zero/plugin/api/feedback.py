@@ -1,5 +1,5 @@
 """agentrl: POST /plugins/agentrl/feedback {context, log_no, kind: thumbs_up|thumbs_down,
-comment?}: a thumb on a message of the web UI, sent as agent.rl.feedback.v1 for the
+comment?, correction?}: a thumb on a message of the web UI, sent as agent.rl.feedback.v1 for the
 trajectory of the monologue that wrote it (spooled while NATS is away).
 
 Part of the agentrl plugin for Agent Zero; the logic is in agentrl's client
@@ -28,5 +28,10 @@ class Feedback(ApiHandler):
         if context is None:
             return Response("Context not found", 404)
         return await rl_feedback.feedback_from_ui(
-            context, input.get("kind"), input.get("log_no"), input.get("comment"), __file__
+            context,
+            input.get("kind"),
+            input.get("log_no"),
+            input.get("comment"),
+            __file__,
+            correction=input.get("correction"),
         )
