@@ -141,7 +141,12 @@ def score_batch(
     """
     stamp = (now or utcnow()).isoformat().replace("+00:00", "Z")
     weights = config.component_weights()
+    pcc = config.partial_credit
+    if pcc is not None:
+        weights.update(pcc.weights)
     names = list(weights)
+    is_partial = np.array([pcc is not None and name in C.PARTIAL for name in names], dtype=bool)
+    credits: list[C.PartialCredit | None] = [None] * len(items)
     k_of = {name: j for j, name in enumerate(names)}
     n, k = len(items), len(names)
     got: list[list[C.ComponentScore | None]] = [[None] * k for _ in range(n)]
@@ -164,6 +169,10 @@ def score_batch(
         row[j_tc] = C.task_completion(traj.outcome)
         row[j_cq] = C.code_quality(item.code)
         row[j_uf] = C.user_feedback(fb)
+        if pcc is not None:
+            pc = credits[i] = C.partial_credit(traj)
+            for name, cs in pc.components.items():
+                row[k_of[name]] = cs
         for spec in config.custom_functions:
             res = item.custom.get(spec.name)
             if res is None or res.error:
@@ -222,12 +231,37 @@ def score_batch(
         win_std[rows, j] = std
         new_values[name] = vals.tolist()
 
-    w = np.array([weights[name] for name in names], dtype=np.float64)
+    w_all = np.array([weights[name] for name in names], dtype=np.float64)
+    w = np.where(is_partial, 0.0, w_all)  # the base total: without the partial credit
     avail_w = present @ w
     raw_total = np.where(
         avail_w > 0, (raw * w).sum(axis=1) / np.where(avail_w > 0, avail_w, 1.0), 0.0
     )
     norm_total = (z * w).sum(axis=1)
+    partial: list[dict[str, Any]] = []
+    if pcc is not None:
+        # P = the weighted fraction of the checklist; a failure adds cap x P, a success 0
+        w_p = np.where(is_partial, w_all, 0.0)
+        avail_p = present @ w_p
+        safe_p = np.where(avail_p > 0, avail_p, 1.0)
+        p_raw = np.where(avail_p > 0, (raw * w_p).sum(axis=1) / safe_p, 0.0)
+        p_norm = np.where(avail_p > 0, (z * w_p).sum(axis=1) / safe_p, 0.0)
+        won = np.array([c is not None and c.success is True for c in credits], dtype=bool)
+        bonus = np.where(won, 0.0, pcc.cap * p_raw)
+        bonus_norm = np.where(won, 0.0, pcc.cap * p_norm)
+        raw_total = raw_total + bonus
+        norm_total = norm_total + bonus_norm
+        for i, c in enumerate(credits):
+            assert c is not None
+            partial.append(
+                _turn_credit(c, w_p, names, present[i], float(avail_p[i]), pcc.cap)
+                | {
+                    "score": _f(float(p_raw[i])),
+                    "bonus": _f(float(bonus[i])),
+                    "normalized_bonus": _f(float(bonus_norm[i])),
+                    "success": bool(won[i]),
+                }
+            )
     _, tot_mean, tot_std = state.component(TOTAL).batch_stats(raw_total, include_self=True)
     new_values[TOTAL] = raw_total.tolist()
 
@@ -257,9 +291,10 @@ def score_batch(
                 else:
                     not_applicable.append(name)
                 continue
-            applicable_w += wj
-            if cs.informative:
-                informative_w += wj
+            if not is_partial[j]:  # confidence is the base total's
+                applicable_w += wj
+                if cs.informative:
+                    informative_w += wj
             # Built without nulls (the wire form has none): only user-supplied parts (a
             # custom function's metrics) go through the generic stripping.
             comp: dict[str, Any] = {"score": cs.score, "weight": wj, **_source(cs.source)}
@@ -290,6 +325,14 @@ def score_batch(
         if traj.metadata.model is not None:
             # the serving version (gateway's `model`): rewards are attributed per version
             meta["model"] = traj.metadata.model
+        if partial:
+            pc_meta = partial[i]
+            per_turn = pc_meta.pop("per_turn")
+            for name, rows in pc_meta.pop("step_rewards").items():
+                steps[i][name] = rows
+            meta["partial_credit"] = pc_meta
+            total = raw_l[i] if kind == "raw" else norm_l[i]
+            meta["turn_rewards"] = turn_rewards_for(per_turn, total)
         payload = _payload(
             traj.trajectory_id,
             traj.session_id,
@@ -346,12 +389,25 @@ def rescore_with_feedback(
         "window_mean": _f(mean),
         "window_std": _f(std),
     }
+    meta = dict(previous.get("metadata") or {})
+    found = meta.get("partial_credit")
+    pc: dict[str, Any] = found if isinstance(found, dict) else {}
+    skip = set(pc.get("components") or ())  # partial credit enters as its stored bonus
     num = den = normed = 0.0
-    for comp in comps.values():
+    for name, comp in comps.items():
+        if name in skip:
+            continue
         num += comp["weight"] * comp["score"]
         den += comp["weight"]
         normed += comp["weight"] * float(comp.get("normalized_score") or 0.0)
-    meta = dict(previous.get("metadata") or {})
+    raw_total = (num / den if den > 0 else 0.0) + float(pc.get("bonus") or 0.0)
+    normed += float(pc.get("normalized_bonus") or 0.0)
+    kind = _moved(previous, "normalization", "total_reward_kind") or config.total_reward
+    old_turns = meta.get("turn_rewards")
+    if isinstance(old_turns, list) and old_turns:
+        meta["turn_rewards"] = turn_rewards_for(
+            [float(x) for x in old_turns[:-1]] + [0.0], raw_total if kind == "raw" else normed
+        )
     meta["feedback"] = feedback.to_dict()
     if cs.source in ("human", "implicit"):
         meta["evaluation_method"] = "hybrid"
@@ -362,9 +418,9 @@ def rescore_with_feedback(
             previous["session_id"],
             stamp,
             comps,
-            num / den if den > 0 else 0.0,
+            raw_total,
             normed,
-            _moved(previous, "normalization", "total_reward_kind") or config.total_reward,
+            kind,
             version=version,
             calculator_version=_moved(previous, "metadata", "calculator_version")
             or config.calculator_version,
@@ -374,6 +430,51 @@ def rescore_with_feedback(
             supersedes=previous["reward_id"],
         )
     )
+
+
+def _turn_credit(
+    credit: C.PartialCredit,
+    w_p: np.ndarray,
+    names: Sequence[str],
+    present: np.ndarray,
+    avail: float,
+    cap: float,
+) -> dict[str, Any]:
+    """Where a trajectory's partial credit was earned: per turn, cap x sum(w_c x share) /
+    sum(w_c) (summing to cap x P), and per component its per-turn shares (`step_rewards`)."""
+    n = len(credit.turn_ids)
+    per_turn = [0.0] * n
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for j, name in enumerate(names):
+        share = credit.shares.get(name)
+        if share is None or not present[j]:
+            continue
+        rows[name] = [
+            {"step_index": tid, "base_reward": _f(v)}
+            for tid, v in zip(credit.turn_ids, share, strict=True)
+        ]
+        if avail > 0 and w_p[j] > 0:
+            for k in range(n):
+                per_turn[k] += cap * w_p[j] * share[k] / avail
+    rows["partial_credit"] = [
+        {"step_index": tid, "base_reward": _f(v)}
+        for tid, v in zip(credit.turn_ids, per_turn, strict=True)
+    ]
+    return {
+        "cap": cap,
+        "components": list(C.PARTIAL),
+        "per_turn": per_turn,
+        "step_rewards": rows,
+    }
+
+
+def turn_rewards_for(per_turn: Sequence[float], total: float) -> list[float]:
+    """Per-turn rewards that sum to `total`: each turn's partial credit, and on the last turn
+    what the total holds beyond the earlier turns' credit (the outcome's reward)."""
+    if not per_turn:
+        return []
+    head = [_f(float(x)) for x in per_turn[:-1]]
+    return [*head, _f(float(total) - sum(head))]
 
 
 def _payload(

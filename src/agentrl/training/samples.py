@@ -196,7 +196,11 @@ def running_baseline(records: Sequence[Record], scores: np.ndarray) -> np.ndarra
 def gigpo_step_advantages(
     records: Sequence[Record], turns: Sequence[Sequence[Turn | Step]]
 ) -> list[list[float]]:
-    """GiGPO per turn for grouped records (anchor = identical observation text)."""
+    """GiGPO per turn for grouped records (anchor = identical observation text). A turn's
+    reward is its share of the reward (`Record.turn_rewards`: the partial credit it earned,
+    the outcome on the last turn) where the reward service gave one, else the total on the
+    last turn: so the step groups compare what each turn earned, and a group where no
+    attempt succeeded still has different returns to learn from (MT-GRPO's turn credit)."""
     from agentrl.advantages import gigpo_advantages
 
     gids: list[str] = []
@@ -205,11 +209,17 @@ def gigpo_step_advantages(
     rewards: list[float] = []
     ep_scores: list[float] = []
     for r, ts in zip(records, turns, strict=True):
+        per_turn = r.turn_rewards
+        if per_turn is not None and len(per_turn) != len(ts):
+            per_turn = None
         for k, t in enumerate(ts):
             gids.append(r.task_id)
             eids.append(r.trajectory_id)
             anchors.append(t.anchor)
-            rewards.append(r.score if k == len(ts) - 1 else 0.0)
+            if per_turn is not None:
+                rewards.append(per_turn[k])
+            else:
+                rewards.append(r.score if k == len(ts) - 1 else 0.0)
             ep_scores.append(r.score)
     res = gigpo_advantages(
         gids, eids, anchors, rewards, ep_scores, gamma=0.95, omega=1.0, combine="additive"
