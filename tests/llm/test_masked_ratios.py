@@ -163,3 +163,40 @@ def test_build_samples_keeps_the_logged_logprobs_only_with_the_rebuilt_mask(
     assert torch.allclose(lp, with_mask.old_logprobs, atol=1e-4)
     (without,), _ = build_samples([rec], tok, completions={"c-1": row})
     assert without.old_logprobs is None and BITMASK_KEY not in without.meta
+
+
+def test_ppo_clip_steps_see_no_policy_change_on_masked_behaviour_tokens(
+    engine: Any, generations: list[Any]
+) -> None:
+    """The trainer's PPO-clip step on the logged constrained completions (same weights as
+    the engine that sampled them): under the rebuilt mask the first step's ratios are 1
+    (approx_kl 0, nothing clipped); with the same logged log-probs and no mask they are far
+    below 1, and a negative advantage's ratio is clipped: the step saw a change that was not."""
+    from agentrl.llm.config import TrainerConfig
+    from agentrl.llm.trainer import PolicyTrainer
+
+    book = book_for(engine)
+
+    def samples(masked: bool) -> list[PolicySample]:
+        out = []
+        for gen in generations:
+            ids = list(gen.completion_token_ids)
+            meta = {BITMASK_KEY: book.bitmask(gen.schema_hash, ids)} if masked else {}
+            logged = torch.tensor(gen.token_logprobs, dtype=torch.float32)
+            out.append(
+                PolicySample(list(gen.prompt_token_ids), ids, -1.0, old_logprobs=logged, meta=meta)
+            )
+        return out
+
+    def first_step(masked: bool) -> dict[str, float]:
+        cfg = TrainerConfig(
+            model="tiny", lora_r=0, seed=3, batch_size=8, epochs=1, learning_rate=1e-6
+        )
+        trainer = PolicyTrainer.from_config(cfg, tiny_kwargs=TINY)
+        (metrics,) = trainer.train_on_samples(samples(masked))
+        return metrics
+
+    on = first_step(True)
+    assert on["approx_kl"] == pytest.approx(0.0, abs=1e-6) and on["clip_fraction"] == 0.0
+    off = first_step(False)
+    assert off["approx_kl"] > 1e-3 and off["clip_fraction"] > 0.0
