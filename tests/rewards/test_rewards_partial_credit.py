@@ -300,3 +300,41 @@ def test_turn_rewards_reach_gigpo_step_groups_where_no_attempt_succeeded() -> No
     first = [ep[0].advantage or 0.0 for ep in episodes]
     assert first[0] > 0 > first[1]  # the valid call beat the garbled reply at the start
     assert not set_turn_rewards(episodes[0], {"metadata": {"turn_rewards": [1.0]}})
+
+
+# ---- real tool-use episodes -----------------------------------------------------------------
+@pytest.mark.parametrize("view", ["plain", "agent_zero"])
+async def test_components_on_real_tool_use_episodes(view: str) -> None:
+    """The tool-use environment played by scripted Agent Zero replies, converted as the loop
+    publishes them (rollout.convert): the components read its real fields."""
+    import json
+
+    from agentrl.envs import make_env, task_for
+    from agentrl.envs.tooluse.tasks import generate_task
+    from agentrl.rollout import run_group
+    from agentrl.rollout.convert import episode_to_trajectory
+    from agentrl.rollout.policies import ScriptedPolicy
+
+    seed = 11
+    t = generate_task(seed, "arithmetic")
+    expr = t.question.removeprefix("What is ").split("?")[0]
+
+    def reply(tool: str, **args: str) -> str:
+        return json.dumps({"thoughts": ["go"], "tool_name": tool, "tool_args": args})
+
+    scripts = [
+        [reply("calculator", expression=expr), reply("response", text=str(t.answer))],
+        ["I think so.", reply("calculator", expression="1/0"), reply("response", text="7")],
+    ]
+    task = task_for("tooluse-arithmetic", seed=seed, view=view)
+    episodes = await run_group(
+        task, 2, ScriptedPolicy(per_episode=scripts), env_factory=make_env, max_episode_steps=4
+    )
+    win, lose = (episode_to_trajectory(e, model="tiny") for e in episodes)
+    c = C.partial_credit(win)
+    assert {n: score(c, n) for n in C.PARTIAL} == dict.fromkeys(C.PARTIAL, 1.0)
+    c = C.partial_credit(lose)
+    assert score(c, C.TOOL_CALL_VALID) == pytest.approx(0.5)  # the prose reply is no call
+    assert score(c, C.TOOL_CALL_RAN) == 0.0  # the calculator's division error
+    assert score(c, C.NEEDED_VALUE) == 0.0
+    assert score(c, C.ANSWER_GIVEN) == 1.0 and score(c, C.ANSWER_RIGHT) == 0.0
