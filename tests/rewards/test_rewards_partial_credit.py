@@ -338,3 +338,22 @@ async def test_components_on_real_tool_use_episodes(view: str) -> None:
     assert score(c, C.TOOL_CALL_RAN) == 0.0  # the calculator's division error
     assert score(c, C.NEEDED_VALUE) == 0.0
     assert score(c, C.ANSWER_GIVEN) == 1.0 and score(c, C.ANSWER_RIGHT) == 0.0
+
+
+def test_a_correction_the_trajectory_carries_is_in_its_first_reward() -> None:
+    """Given when the episode ended (the capture block), the correction needs no feedback
+    event: version 1 carries it; a later feedback correction replaces it."""
+    t = perfect_failure("carry")
+    doc = t.model_dump(mode="json")
+    doc["metadata"]["capture"] = {"source": "gateway", "correction": "  use the calculator  "}
+    t = TrajectoryEvent.model_validate(doc)
+    cfg = RewardConfig(weights=TC_ONLY)
+    out, state = score_batch([ScoringInput(t)], WindowState(10, 10), cfg)
+    v1 = out[0].payload
+    assert v1["metadata"]["feedback"]["correction"] == "use the calculator"
+    fb = C.FeedbackState.from_trajectory(t)
+    fb.apply("thumbs_down", feedback_id="f", correction="read the table first")
+    v2 = rescore_with_feedback(v1, fb, state, cfg).payload
+    assert v2["metadata"]["feedback"]["correction"] == "read the table first"
+    plain, _ = score_batch([ScoringInput(perfect_failure("p"))], WindowState(10, 10), cfg)
+    assert "correction" not in plain[0].payload["metadata"]["feedback"]

@@ -163,7 +163,7 @@ def score_batch(
     # Components that need no history.
     for i, item in enumerate(items):
         traj = item.trajectory
-        fb = item.feedback or C.FeedbackState.from_outcome(traj.outcome)
+        fb = item.feedback or C.FeedbackState.from_trajectory(traj)
         feedback.append(fb)
         row = got[i]
         row[j_tc] = C.task_completion(traj.outcome)

@@ -270,6 +270,20 @@ class FeedbackState:
             task_abandoned=outcome.task_abandoned,
         )
 
+    @classmethod
+    def from_trajectory(cls, trajectory: TrajectoryEvent) -> FeedbackState:
+        """`from_outcome`, plus a correction the trajectory itself carries: the user's words
+        given when the episode ended (`metadata.capture.correction`, or `metadata.correction`)."""
+        state = cls.from_outcome(trajectory.outcome)
+        extra = trajectory.metadata.model_extra or {}
+        capture = extra.get("capture")
+        for text in (capture.get("correction") if isinstance(capture, dict) else None,
+                     extra.get("correction")):  # fmt: skip
+            if isinstance(text, str) and text.strip():
+                state.correction = text.strip()
+                break
+        return state
+
     def apply(
         self,
         kind: str,

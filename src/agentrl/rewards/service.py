@@ -538,7 +538,7 @@ class RewardService:
         pending = self.store.pending_feedback(ids) if self._have_pending else {}
         for i in order:
             traj = inputs[i].trajectory
-            fb = FeedbackState.from_outcome(traj.outcome)
+            fb = FeedbackState.from_trajectory(traj)
             for payload in pending.get(traj.trajectory_id, []):
                 fb.apply(
                     payload["type"],
