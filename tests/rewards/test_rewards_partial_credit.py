@@ -357,3 +357,11 @@ def test_a_correction_the_trajectory_carries_is_in_its_first_reward() -> None:
     assert v2["metadata"]["feedback"]["correction"] == "read the table first"
     plain, _ = score_batch([ScoringInput(perfect_failure("p"))], WindowState(10, 10), cfg)
     assert "correction" not in plain[0].payload["metadata"]["feedback"]
+
+
+def test_the_environments_own_notes_are_not_tool_output() -> None:
+    """A count of 3 is not "found" in the step budget or the sandbox's exit code."""
+    out = "code_exe exit code 0\nstdout:\n7\n\n(Steps left: 3. Finish with the response tool.)"
+    for truth, found in ((3, 0.0), (0, 0.0), (7, 1.0)):
+        t = trajectory([call("code_exe", {"code": "print(7)"}, out)], status="failed", truth=truth)
+        assert score(C.partial_credit(t), C.NEEDED_VALUE) == found, truth

@@ -369,6 +369,10 @@ ANSWER_RIGHT = "answer_right"  # the final answer is right
 PARTIAL = (TOOL_CALL_VALID, TOOL_CALL_RAN, NEEDED_VALUE, ANSWER_GIVEN, ANSWER_RIGHT)
 
 _NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?")
+# What an environment writes around a tool's output, not the output itself (agentrl's
+# tool-use environment: the step budget, the sandbox's exit code): a count of 3 must not be
+# "found" in "(Steps left: 3. ...)".
+ENV_NOTES = re.compile(r"\(Steps left: [^)]*\)|Out of steps[^\n\"]*|exit code -?\d+")
 
 
 @dataclass
@@ -514,7 +518,7 @@ def partial_credit(trajectory: TrajectoryEvent) -> PartialCredit:
                 tool_error = bool(info.get("tool_error")) if isinstance(info, dict) else False
                 ran[k] = bool(r.success) and not r.error and not tool_error
                 if found_at is None and needed and ran[k] is not None:
-                    out = _text(r.output)
+                    out = ENV_NOTES.sub(" ", _text(r.output))
                     if any(mentions(out, v) for v in needed):
                         found_at = k
     comps: dict[str, ComponentScore | None] = {}
