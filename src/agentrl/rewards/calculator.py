@@ -325,11 +325,11 @@ def score_batch(
         if traj.metadata.model is not None:
             # the serving version (gateway's `model`): rewards are attributed per version
             meta["model"] = traj.metadata.model
+        step_rows = _without_nulls(steps[i]) if steps[i] else {}
         if partial:
             pc_meta = partial[i]
             per_turn = pc_meta.pop("per_turn")
-            for name, rows in pc_meta.pop("step_rewards").items():
-                steps[i][name] = rows
+            step_rows["partial_credit"] = pc_meta.pop("rows")
             meta["partial_credit"] = pc_meta
             total = raw_l[i] if kind == "raw" else norm_l[i]
             meta["turn_rewards"] = turn_rewards_for(per_turn, total)
@@ -351,7 +351,7 @@ def score_batch(
                 "scope": NORMALIZATION_SCOPE,
             },
             metadata=meta,
-            step_rewards=_without_nulls(steps[i]) if steps[i] else steps[i],
+            step_rewards=step_rows,
             strip=False,
         )
         out.append(Scored(payload))
@@ -441,31 +441,23 @@ def _turn_credit(
     cap: float,
 ) -> dict[str, Any]:
     """Where a trajectory's partial credit was earned: per turn, cap x sum(w_c x share) /
-    sum(w_c) (summing to cap x P), and per component its per-turn shares (`step_rewards`)."""
+    sum(w_c), summing to cap x P (`step_rewards.partial_credit`, the custom functions' row
+    format; built without nulls, so the payload's null stripping skips it)."""
     n = len(credit.turn_ids)
     per_turn = [0.0] * n
-    rows: dict[str, list[dict[str, Any]]] = {}
-    for j, name in enumerate(names):
-        share = credit.shares.get(name)
-        if share is None or not present[j]:
-            continue
-        rows[name] = [
-            {"step_index": tid, "base_reward": _f(v)}
-            for tid, v in zip(credit.turn_ids, share, strict=True)
-        ]
-        if avail > 0 and w_p[j] > 0:
+    if avail > 0:
+        for j, name in enumerate(names):
+            share = credit.shares.get(name)
+            if share is None or not present[j] or w_p[j] <= 0:
+                continue
+            f = cap * float(w_p[j]) / avail
             for k in range(n):
-                per_turn[k] += cap * w_p[j] * share[k] / avail
-    rows["partial_credit"] = [
+                per_turn[k] += f * share[k]
+    rows = [
         {"step_index": tid, "base_reward": _f(v)}
         for tid, v in zip(credit.turn_ids, per_turn, strict=True)
     ]
-    return {
-        "cap": cap,
-        "components": list(C.PARTIAL),
-        "per_turn": per_turn,
-        "step_rewards": rows,
-    }
+    return {"cap": cap, "components": list(C.PARTIAL), "per_turn": per_turn, "rows": rows}
 
 
 def turn_rewards_for(per_turn: Sequence[float], total: float) -> list[float]:
