@@ -365,3 +365,26 @@ def test_the_environments_own_notes_are_not_tool_output() -> None:
     for truth, found in ((3, 0.0), (0, 0.0), (7, 1.0)):
         t = trajectory([call("code_exe", {"code": "print(7)"}, out)], status="failed", truth=truth)
         assert score(C.partial_credit(t), C.NEEDED_VALUE) == found, truth
+
+
+def test_with_other_components_a_failure_stays_below_the_same_trajectory_succeeded() -> None:
+    """Under the default weights (task completion 0.4 of 1.0) an absolute bonus of cap x P
+    (0.5 x 5/6 = 0.42) would exceed what succeeding adds (0.4): the bonus is scaled by
+    that gain, so the failure ends below the same trajectory succeeded."""
+    steps = [
+        call("calculator", {"expression": "(418 - 37) * 26 + 905"}, "= 10811"),
+        answer("10811"),
+    ]
+    fail = trajectory(steps, status="failed", tid="d-f")
+    win = trajectory(steps, status="completed_successfully", tid="d-w")
+    partial = trajectory(steps, status="partial_completion", tid="d-p")
+    cfg = RewardConfig(partial_credit=PartialCreditConfig(cap=0.9))
+    out, _ = score_batch([ScoringInput(t) for t in (fail, win, partial)], WindowState(10, 10), cfg)
+    f, w, p = (r.payload for r in out)
+    assert f["total_reward"] < w["total_reward"] and p["total_reward"] < w["total_reward"]
+    gain = f["metadata"]["partial_credit"]["gain"]
+    assert 0.0 < gain < 1.0  # task completion's share of the applicable base weights
+    assert f["metadata"]["partial_credit"]["bonus"] == pytest.approx(0.9 * gain * 5 / 6)
+    # a partial completion (task completion 0.5) can gain only half as much
+    assert p["metadata"]["partial_credit"]["gain"] == pytest.approx(gain / 2)
+    assert sum(f["metadata"]["turn_rewards"]) == pytest.approx(f["total_reward"])

@@ -240,22 +240,33 @@ def score_batch(
     norm_total = (z * w).sum(axis=1)
     partial: list[dict[str, Any]] = []
     if pcc is not None:
-        # P = the weighted fraction of the checklist; a failure adds cap x P, a success 0
+        # P = the weighted fraction of the checklist. A trajectory that did not succeed adds
+        # cap x gain x P, gain = what succeeding would add to its base total (task
+        # completion from its score to 1: (1 - s) x w_tc / sum w; 1 where task completion
+        # does not count): so it stays below the same trajectory succeeded. A success adds 0.
         w_p = np.where(is_partial, w_all, 0.0)
         avail_p = present @ w_p
         safe_p = np.where(avail_p > 0, avail_p, 1.0)
         p_raw = np.where(avail_p > 0, (raw * w_p).sum(axis=1) / safe_p, 0.0)
         p_norm = np.where(avail_p > 0, (z * w_p).sum(axis=1) / safe_p, 0.0)
         won = np.array([c is not None and c.success is True for c in credits], dtype=bool)
-        bonus = np.where(won, 0.0, pcc.cap * p_raw)
-        bonus_norm = np.where(won, 0.0, pcc.cap * p_norm)
+        j_tc = k_of[C.TASK_COMPLETION]
+        counts = present[:, j_tc] & (w[j_tc] > 0)
+        share_tc = w[j_tc] / np.where(avail_w > 0, avail_w, 1.0)
+        gain_failed = np.where(counts, share_tc, 1.0)  # a failure's gain (per-turn scale)
+        gain = np.where(counts, (1.0 - raw[:, j_tc]) * share_tc, 1.0)
+        gain = np.where(won, gain_failed, gain)
+        bonus = np.where(won, 0.0, pcc.cap * gain * p_raw)
+        bonus_norm = np.where(won, 0.0, pcc.cap * gain * p_norm)
         raw_total = raw_total + bonus
         norm_total = norm_total + bonus_norm
         for i, c in enumerate(credits):
             assert c is not None
             partial.append(
-                _turn_credit(c, w_p, names, present[i], float(avail_p[i]), pcc.cap)
+                _turn_credit(c, w_p, names, present[i], float(avail_p[i]), pcc.cap * gain[i])
                 | {
+                    "cap": pcc.cap,
+                    "gain": _f(float(gain[i])),
                     "score": _f(float(p_raw[i])),
                     "bonus": _f(float(bonus[i])),
                     "normalized_bonus": _f(float(bonus_norm[i])),
@@ -457,7 +468,7 @@ def _turn_credit(
         {"step_index": tid, "base_reward": _f(v)}
         for tid, v in zip(credit.turn_ids, per_turn, strict=True)
     ]
-    return {"cap": cap, "components": list(C.PARTIAL), "per_turn": per_turn, "rows": rows}
+    return {"components": list(C.PARTIAL), "per_turn": per_turn, "rows": rows}
 
 
 def turn_rewards_for(per_turn: Sequence[float], total: float) -> list[float]:

@@ -68,9 +68,10 @@ class PartialCreditConfig(BaseModel):
     """Partial credit per turn for tool-calling agents (components.partial_credit).
 
     P = sum(w_c x s_c) / sum(w_c) over the components that apply is the fraction of the
-    checklist a trajectory ticked; a trajectory that did not succeed adds `cap` x P to its
-    total, a success adds nothing (its success reward already counts it). So with `cap`
-    below the success reward (1.0) no amount of partial credit equals a success."""
+    checklist a trajectory ticked; a trajectory that did not succeed adds `cap` x gain x P
+    to its total, gain = what succeeding would add to it (task completion's share), a
+    success adds nothing (its success reward already counts it). So with `cap` below 1 no
+    amount of partial credit lifts a failure to the same trajectory succeeded."""
 
     model_config = ConfigDict(extra="forbid")
 
