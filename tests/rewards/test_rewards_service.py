@@ -451,3 +451,81 @@ async def test_agentrl_up_entry_point_reads_rewards_yaml_from_the_data_dir(
     assert {d["normalization"]["total_reward_kind"] for d in got} == {"normalized"}
     assert {d["normalization"]["window"] for d in got} == {50}
     assert (tmp_path / "rewards" / "state.sqlite").exists()
+
+
+# ---- partial credit and corrections ---------------------------------------------------------
+async def test_partial_credit_and_a_users_correction_through_the_service(
+    bus: Bus, tmp_path: Path
+) -> None:
+    """Tool-use trajectories scored by the running service with partial credit on: every
+    component reported, per-turn rewards that sum to the total, a failure below the success;
+    then a thumbs-down with a correction (PII inside) makes version 2, which carries the
+    redacted correction and keeps the partial credit."""
+    from tooluse_helpers import answer, call, garbled, trajectory
+
+    from agentrl.rewards.config import PartialCreditConfig
+
+    cfg = RewardConfig(
+        weights={
+            "task_completion": 1.0,
+            "efficiency": 0.0,
+            "code_quality": 0.0,
+            "user_feedback": 0.0,
+        },
+        partial_credit=PartialCreditConfig(cap=0.5),
+    )
+    win = trajectory(
+        [call("calculator", {"expression": "(418 - 37) * 26 + 905"}, "= 10811"), answer("10811")],
+        status="completed_successfully",
+        tid=str(uuid.uuid4()),
+    )
+    lose = trajectory(
+        [
+            garbled(),
+            call("calculator", {"expression": "(418 - 37) * 26 + 905"}, "= 10811"),
+            answer("10812", "not correct"),
+        ],
+        status="failed",
+        tid=str(uuid.uuid4()),
+    )
+    svc = Running(bus, tmp_path, cfg, durable=durable())
+    await bus.publish_many([win, lose])
+    got = {d["trajectory_id"]: d for d in await wait_rewards(bus, 2)}
+    w, f = got[win.trajectory_id], got[lose.trajectory_id]
+    assert w["total_reward"] == pytest.approx(1.0)
+    for name in (
+        "tool_call_valid",
+        "tool_call_ran",
+        "needed_value",
+        "answer_given",
+        "answer_right",
+    ):
+        assert name in f["reward_components"], name
+    assert f["reward_components"]["tool_call_valid"]["score"] == pytest.approx(0.5)
+    assert 0.0 < f["total_reward"] < w["total_reward"]
+    assert sum(f["metadata"]["turn_rewards"]) == pytest.approx(f["total_reward"])
+    assert f["metadata"]["turn_rewards"][0] == 0.0  # the garbled reply earned nothing
+
+    await bus.publish(
+        FeedbackEvent(
+            trajectory_id=lose.trajectory_id,
+            timestamp="2026-01-01T00:05:00Z",
+            type="thumbs_down",
+            correction="compute it with the calculator, then answer 10811; mail jane.doe@example.com",
+        )  # type: ignore[call-arg]
+    )
+    deadline = time.monotonic() + 30
+    v2: dict[str, Any] | None = None
+    while v2 is None and time.monotonic() < deadline:
+        for d in await rewards(bus):
+            if d["trajectory_id"] == lose.trajectory_id and d["metadata"]["version"] == 2:
+                v2 = d
+        await asyncio.sleep(0.05)
+    await svc.stop()
+    assert v2 is not None
+    fix = v2["metadata"]["feedback"]["correction"]
+    assert fix.startswith("compute it with the calculator, then answer 10811")
+    assert "jane.doe@example.com" not in fix  # redacted like all feedback
+    assert v2["metadata"]["partial_credit"]["bonus"] == f["metadata"]["partial_credit"]["bonus"]
+    assert v2["total_reward"] == pytest.approx(f["total_reward"])  # feedback weight 0
+    assert RewardEvent.model_validate(v2).version == 2

@@ -211,6 +211,41 @@ def test_gigpo_step_advantages_use_anchor_groups(tokenizer):
     assert [s.advantage for s in samples] != [s.advantage for s in grpo]
 
 
+def test_gigpo_steps_use_the_rewards_per_turn_in_a_group_without_a_success(tokenizer):
+    """Equal totals (no attempt succeeded, the same partial credit): without per-turn
+    rewards every step of the group has advantage 0; with the reward service's
+    `turn_rewards` the turn that earned the credit earlier has the larger return."""
+    trajs = [trajectory(i, task="z") for i in range(3)]
+    rewards = [reward(t, 0.2) for t in trajs]
+    flat, _ = apply_filters(trajs, latest_rewards(rewards), DatasetFilter())
+    samples, _ = build_samples(flat, tokenizer, estimator="gigpo")
+    assert all(s.advantage == pytest.approx(0.0, abs=1e-6) for s in samples)
+    for r, per_turn in zip(rewards, ([0.2, 0.0], [0.0, 0.2], [0.1, 0.1]), strict=True):
+        r["metadata"] = {"turn_rewards": per_turn}
+    kept, _ = apply_filters(trajs, latest_rewards(rewards), DatasetFilter())
+    assert kept[0].turn_rewards is not None
+    samples, _ = build_samples(kept, tokenizer, estimator="gigpo")
+    first = {s.episode_id: s.advantage for s in samples if s.step_index == 0}
+    by_traj = [first[t["trajectory_id"]] for t in trajs]
+    # returns at the shared first state: 0.2, 0.95 x 0.2, 0.1 + 0.95 x 0.1
+    assert by_traj[0] > by_traj[2] > by_traj[1]
+    assert any(abs(a) > 1e-3 for a in by_traj)
+
+
+def test_records_expose_the_users_correction_as_the_hint():
+    t = trajectory(5)
+    r = reward(t, 0.0, 2)
+    r["metadata"] = {"feedback": {"explicit": "thumbs_down", "correction": "read the CSV first"}}
+    (rec,), _ = apply_filters([t], latest_rewards([r]), DatasetFilter())
+    assert rec.correction == rec.hint == "read the CSV first"
+    (plain,), _ = apply_filters([t], latest_rewards([reward(t, 0.0)]), DatasetFilter())
+    assert plain.correction is None and plain.hint is None
+    # turn rewards that do not match the turns are not used
+    r["metadata"]["turn_rewards"] = [0.1]
+    (bad,), _ = apply_filters([t], latest_rewards([r]), DatasetFilter())
+    assert bad.turn_rewards is None
+
+
 def test_dpo_pairs_best_vs_worst_and_corrections(tokenizer):
     trajs = [trajectory(i, task="p") for i in range(3)] + [trajectory(9)]
     kept, _ = _join(trajs, [0.1, 0.9, 0.5, 0.4], {})

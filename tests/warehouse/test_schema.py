@@ -47,7 +47,7 @@ def test_schema_applied_twice_without_change(
     assert set(first) == TABLES | {"schema_migrations"}
     assert schema.apply(backend, wsettings) == []
     assert created(backend, wsettings.database) == first
-    assert schema.current_version(backend, wsettings) == schema.LATEST == 7
+    assert schema.current_version(backend, wsettings) == schema.LATEST == 9
     for name, sql in first.items():
         if name in TABLES:
             assert "ReplacingMergeTree" in sql, name
@@ -130,3 +130,62 @@ def test_ttl_archives_then_deletes(chdb_path: Path) -> None:
     assert [(p["rows"], p["codec"]) for p in parts(backend, quick.database)] == [(3, "ZSTD(17)")]
     for db in (ws.database, quick.database):
         backend.command(f"DROP DATABASE {db}")
+
+
+def test_correction_columns_reach_an_older_warehouse_and_the_dataset(
+    chdb_path: Path,
+) -> None:
+    """A warehouse at schema 7 (before corrections) gets the `correction` columns by
+    migrations 8 and 9; a reward version and a feedback event carrying a correction store
+    it, and the dataset query returns it with the trajectory's latest reward."""
+    from agentrl.warehouse.export import rewarded_from_table, select_dataset
+
+    ws = WarehouseSettings(path=chdb_path, database=f"t_{uuid.uuid4().hex[:12]}")
+    b = open_backend(ws, chdb_path)
+    try:
+        db = ws.database
+        b.command(f"CREATE DATABASE IF NOT EXISTS {db}")
+        b.command(
+            f"CREATE TABLE IF NOT EXISTS {db}.schema_migrations (version UInt32, name String, "
+            "checksum String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) "
+            "ENGINE = MergeTree ORDER BY version"
+        )
+        for m in schema.load_migrations()[:7]:  # what an older agentrl left
+            b.command(m.render(ws))
+            b.command(
+                f"INSERT INTO {db}.schema_migrations (version, name, checksum) VALUES "
+                f"({m.version}, '{m.name}', '{m.checksum}')"
+            )
+        old = created(b, db)
+        assert "correction" not in old["rewards"] and "correction" not in old["feedback"]
+        did = schema.apply(b, ws)
+        assert did[-2:] == ["applied 0008_rewards_correction", "applied 0009_feedback_correction"]
+        assert "`correction` String" in created(b, db)["rewards"]
+        assert "`correction` String" in created(b, db)["feedback"]
+
+        fix = "read the CSV first"
+        v1 = S.reward(1, 0.0)
+        v2 = v1.model_copy(
+            update={
+                "reward_id": str(uuid.uuid4()),
+                "metadata": v1.metadata.model_copy(
+                    update={
+                        "version": 2,
+                        "feedback": {"explicit": "thumbs_down", "correction": fix},
+                    }
+                ),
+            }
+        )
+        fb = S.feedback(1, "thumbs_down").model_copy(update={"correction": fix})
+        assert store(b, db, [S.trajectory(1), S.trajectory(2), v1, v2, S.reward(2, 1.0), fb]) == {}
+        rows = b.query(
+            f"SELECT version, correction FROM {db}.rewards ORDER BY trajectory_id, version"
+        ).to_pylist()
+        assert {(r["version"], r["correction"]) for r in rows} == {(1, ""), (2, fix)}
+        (frow,) = b.query(f"SELECT correction FROM {db}.feedback").to_pylist()
+        assert frow["correction"] == fix
+        got = {r.trajectory.trajectory_id: r for r in rewarded_from_table(select_dataset(b, db))}
+        assert got[S.tid(1)].correction == fix and got[S.tid(1)].reward_version == 2
+        assert got[S.tid(2)].correction == ""
+    finally:
+        b.command(f"DROP DATABASE IF EXISTS {ws.database}")

@@ -150,3 +150,31 @@ def system_apply_gigpo_to_batch_steps(
 def _codes(ids: Sequence[Hashable]) -> list[int]:
     table: dict[Hashable, int] = {}
     return [table.setdefault(i, len(table)) for i in ids]
+
+
+def turn_rewards_of(reward: Any, n_steps: int) -> list[float] | None:
+    """The per-turn rewards of a reward payload (`metadata.turn_rewards`, written by the
+    reward service when partial credit is on: each turn's credit, the outcome on the last;
+    they sum to the total), or None when it has none for `n_steps` turns."""
+    meta = reward.get("metadata") if isinstance(reward, dict) else None
+    values = meta.get("turn_rewards") if isinstance(meta, dict) else None
+    if not isinstance(values, list) or len(values) != n_steps:
+        return None
+    try:
+        out = [float(v) for v in values]
+    except (TypeError, ValueError):
+        return None
+    return out if all(np.isfinite(out)) else None
+
+
+def set_turn_rewards(steps: Sequence[StepData], reward: Any) -> bool:
+    """Put a reward's per-turn rewards on an episode's steps as `base_reward` (then call
+    `system_apply_gigpo_to_batch_steps(..., final_score_at_last_step=False)`: the last
+    turn's reward already holds the outcome). False, and nothing changed, when the reward
+    has no per-turn rewards for these steps."""
+    values = turn_rewards_of(reward, len(steps))
+    if values is None:
+        return False
+    for step, value in zip(steps, values, strict=True):
+        step.base_reward = value
+    return True

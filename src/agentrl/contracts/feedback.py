@@ -27,6 +27,11 @@ class FeedbackEvent(Event):
     type: FeedbackType
     rating: int | None = Field(None, ge=1, le=5)
     comment: str | None = None
+    correction: str | None = Field(
+        None,
+        description="Free text beside any type: what the agent should have done or answered "
+        "(redacted like all feedback; stored with the reward; jobs read it as the task's hint).",
+    )
 
     @model_validator(mode="after")
     def _rating_given(self) -> FeedbackEvent:

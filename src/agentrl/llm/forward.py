@@ -13,11 +13,17 @@ from __future__ import annotations
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from agentrl.llm.samples import MicroBatch
+
+# Grammar masks (training.masks builds them): a constrained completion is scored under the
+# same mask it was sampled under, so its importance ratio compares like with like.
+MASKED = -1e30  # a forbidden token's logit: exp() is 0 in float32 and 0 x MASKED is 0 (no NaN)
+BITMASK_KEY = "token_bitmask"  # PolicySample.meta: llguidance's packed allowed tokens
 
 
 def base_of(model: Any) -> Any:
@@ -108,6 +114,7 @@ class PolicyHead(nn.Module):
         value_t: torch.Tensor | None = None,
         with_entropy: bool = False,
         entropy_grad: bool = False,
+        allowed: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         body: Any = self._body
         head: Any = self._head
@@ -117,6 +124,8 @@ class PolicyHead(nn.Module):
         logits = head(picked).float()  # [N, V]  (the only vocab projection)
         if self.temperature != 1.0:
             logits = logits / self.temperature
+        if allowed is not None:  # rows of constrained completions: the grammar's mask
+            logits = logits.masked_fill(~allowed, MASKED)
         if with_entropy:  # exact entropy over the vocabulary, sharing the softmax
             logp, entropy = logprob_and_entropy(logits, targets)
             result = {"logp": logp, "entropy": entropy if entropy_grad else entropy.detach()}
@@ -136,7 +145,9 @@ def run_head(
     with_entropy: bool = False,
     entropy_grad: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """Call `module` (a PolicyHead, possibly DDP-wrapped) on a micro-batch."""
+    """Call `module` (a PolicyHead, possibly DDP-wrapped) on a micro-batch. Samples that
+    carry a grammar mask (`meta[BITMASK_KEY]`) are scored under it."""
+    allowed = allowed_rows(mb.samples, _vocab_of(module))
     return module(
         mb.input_ids.to(device),
         mb.attention_mask.to(device),
@@ -146,7 +157,38 @@ def run_head(
         mb.value_t.to(device),
         with_entropy,
         entropy_grad,
+        None if allowed is None else allowed.to(device),
     )
+
+
+def _vocab_of(module: nn.Module) -> int:
+    head: Any = getattr(getattr(module, "module", module), "_head", None)
+    return int(head.out_features) if head is not None else 0
+
+
+def unpack(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """llguidance's packed int32 bitmask [n, words] as bool [n, vocab] (True: allowed);
+    tokens past the bitmask's width (a padded LM head) are forbidden, as when decoding."""
+    bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")
+    out = np.zeros((bits.shape[0], vocab), dtype=np.bool_)
+    width = min(vocab, bits.shape[1])
+    out[:, :width] = bits[:, :width].astype(np.bool_)
+    return torch.from_numpy(out)
+
+
+def allowed_rows(samples: Any, vocab: int) -> torch.Tensor | None:
+    """The allowed-token mask of a micro-batch's action rows (each sample's action tokens in
+    order), or None when no sample carries a grammar mask (the common case: no cost)."""
+    masks = [(s.meta or {}).get(BITMASK_KEY) for s in samples]
+    if vocab <= 0 or all(m is None for m in masks):
+        return None
+    parts = [
+        unpack(m, vocab)
+        if m is not None
+        else torch.ones((len(s.action_ids), vocab), dtype=torch.bool)
+        for s, m in zip(samples, masks, strict=True)
+    ]
+    return torch.cat(parts)
 
 
 def reference_context(model: Any) -> AbstractContextManager[Any]:

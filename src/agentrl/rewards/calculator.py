@@ -141,7 +141,12 @@ def score_batch(
     """
     stamp = (now or utcnow()).isoformat().replace("+00:00", "Z")
     weights = config.component_weights()
+    pcc = config.partial_credit
+    if pcc is not None:
+        weights.update(pcc.weights)
     names = list(weights)
+    is_partial = np.array([pcc is not None and name in C.PARTIAL for name in names], dtype=bool)
+    credits: list[C.PartialCredit | None] = [None] * len(items)
     k_of = {name: j for j, name in enumerate(names)}
     n, k = len(items), len(names)
     got: list[list[C.ComponentScore | None]] = [[None] * k for _ in range(n)]
@@ -158,12 +163,16 @@ def score_batch(
     # Components that need no history.
     for i, item in enumerate(items):
         traj = item.trajectory
-        fb = item.feedback or C.FeedbackState.from_outcome(traj.outcome)
+        fb = item.feedback or C.FeedbackState.from_trajectory(traj)
         feedback.append(fb)
         row = got[i]
         row[j_tc] = C.task_completion(traj.outcome)
         row[j_cq] = C.code_quality(item.code)
         row[j_uf] = C.user_feedback(fb)
+        if pcc is not None:
+            pc = credits[i] = C.partial_credit(traj)
+            for name, cs in pc.components.items():
+                row[k_of[name]] = cs
         for spec in config.custom_functions:
             res = item.custom.get(spec.name)
             if res is None or res.error:
@@ -222,12 +231,48 @@ def score_batch(
         win_std[rows, j] = std
         new_values[name] = vals.tolist()
 
-    w = np.array([weights[name] for name in names], dtype=np.float64)
+    w_all = np.array([weights[name] for name in names], dtype=np.float64)
+    w = np.where(is_partial, 0.0, w_all)  # the base total: without the partial credit
     avail_w = present @ w
     raw_total = np.where(
         avail_w > 0, (raw * w).sum(axis=1) / np.where(avail_w > 0, avail_w, 1.0), 0.0
     )
     norm_total = (z * w).sum(axis=1)
+    partial: list[dict[str, Any]] = []
+    if pcc is not None:
+        # P = the weighted fraction of the checklist. A trajectory that did not succeed adds
+        # cap x gain x P, gain = what succeeding would add to its base total (task
+        # completion from its score to 1: (1 - s) x w_tc / sum w; 1 where task completion
+        # does not count): so it stays below the same trajectory succeeded. A success adds 0.
+        w_p = np.where(is_partial, w_all, 0.0)
+        avail_p = present @ w_p
+        safe_p = np.where(avail_p > 0, avail_p, 1.0)
+        p_raw = np.where(avail_p > 0, (raw * w_p).sum(axis=1) / safe_p, 0.0)
+        p_norm = np.where(avail_p > 0, (z * w_p).sum(axis=1) / safe_p, 0.0)
+        won = np.array([c is not None and c.success is True for c in credits], dtype=bool)
+        j_tc = k_of[C.TASK_COMPLETION]
+        counts = present[:, j_tc] & (w[j_tc] > 0)
+        share_tc = w[j_tc] / np.where(avail_w > 0, avail_w, 1.0)
+        gain_failed = np.where(counts, share_tc, 1.0)  # a failure's gain (per-turn scale)
+        gain = np.where(counts, (1.0 - raw[:, j_tc]) * share_tc, 1.0)
+        gain = np.where(won, gain_failed, gain)
+        bonus = np.where(won, 0.0, pcc.cap * gain * p_raw)
+        bonus_norm = np.where(won, 0.0, pcc.cap * gain * p_norm)
+        raw_total = raw_total + bonus
+        norm_total = norm_total + bonus_norm
+        for i, c in enumerate(credits):
+            assert c is not None
+            partial.append(
+                _turn_credit(c, w_p, names, present[i], float(avail_p[i]), pcc.cap * gain[i])
+                | {
+                    "cap": pcc.cap,
+                    "gain": _f(float(gain[i])),
+                    "score": _f(float(p_raw[i])),
+                    "bonus": _f(float(bonus[i])),
+                    "normalized_bonus": _f(float(bonus_norm[i])),
+                    "success": bool(won[i]),
+                }
+            )
     _, tot_mean, tot_std = state.component(TOTAL).batch_stats(raw_total, include_self=True)
     new_values[TOTAL] = raw_total.tolist()
 
@@ -257,9 +302,10 @@ def score_batch(
                 else:
                     not_applicable.append(name)
                 continue
-            applicable_w += wj
-            if cs.informative:
-                informative_w += wj
+            if not is_partial[j]:  # confidence is the base total's
+                applicable_w += wj
+                if cs.informative:
+                    informative_w += wj
             # Built without nulls (the wire form has none): only user-supplied parts (a
             # custom function's metrics) go through the generic stripping.
             comp: dict[str, Any] = {"score": cs.score, "weight": wj, **_source(cs.source)}
@@ -290,6 +336,14 @@ def score_batch(
         if traj.metadata.model is not None:
             # the serving version (gateway's `model`): rewards are attributed per version
             meta["model"] = traj.metadata.model
+        step_rows = _without_nulls(steps[i]) if steps[i] else {}
+        if partial:
+            pc_meta = partial[i]
+            per_turn = pc_meta.pop("per_turn")
+            step_rows["partial_credit"] = pc_meta.pop("rows")
+            meta["partial_credit"] = pc_meta
+            total = raw_l[i] if kind == "raw" else norm_l[i]
+            meta["turn_rewards"] = turn_rewards_for(per_turn, total)
         payload = _payload(
             traj.trajectory_id,
             traj.session_id,
@@ -308,7 +362,7 @@ def score_batch(
                 "scope": NORMALIZATION_SCOPE,
             },
             metadata=meta,
-            step_rewards=_without_nulls(steps[i]) if steps[i] else steps[i],
+            step_rewards=step_rows,
             strip=False,
         )
         out.append(Scored(payload))
@@ -346,12 +400,25 @@ def rescore_with_feedback(
         "window_mean": _f(mean),
         "window_std": _f(std),
     }
+    meta = dict(previous.get("metadata") or {})
+    found = meta.get("partial_credit")
+    pc: dict[str, Any] = found if isinstance(found, dict) else {}
+    skip = set(pc.get("components") or ())  # partial credit enters as its stored bonus
     num = den = normed = 0.0
-    for comp in comps.values():
+    for name, comp in comps.items():
+        if name in skip:
+            continue
         num += comp["weight"] * comp["score"]
         den += comp["weight"]
         normed += comp["weight"] * float(comp.get("normalized_score") or 0.0)
-    meta = dict(previous.get("metadata") or {})
+    raw_total = (num / den if den > 0 else 0.0) + float(pc.get("bonus") or 0.0)
+    normed += float(pc.get("normalized_bonus") or 0.0)
+    kind = _moved(previous, "normalization", "total_reward_kind") or config.total_reward
+    old_turns = meta.get("turn_rewards")
+    if isinstance(old_turns, list) and old_turns:
+        meta["turn_rewards"] = turn_rewards_for(
+            [float(x) for x in old_turns[:-1]] + [0.0], raw_total if kind == "raw" else normed
+        )
     meta["feedback"] = feedback.to_dict()
     if cs.source in ("human", "implicit"):
         meta["evaluation_method"] = "hybrid"
@@ -362,9 +429,9 @@ def rescore_with_feedback(
             previous["session_id"],
             stamp,
             comps,
-            num / den if den > 0 else 0.0,
+            raw_total,
             normed,
-            _moved(previous, "normalization", "total_reward_kind") or config.total_reward,
+            kind,
             version=version,
             calculator_version=_moved(previous, "metadata", "calculator_version")
             or config.calculator_version,
@@ -374,6 +441,43 @@ def rescore_with_feedback(
             supersedes=previous["reward_id"],
         )
     )
+
+
+def _turn_credit(
+    credit: C.PartialCredit,
+    w_p: np.ndarray,
+    names: Sequence[str],
+    present: np.ndarray,
+    avail: float,
+    cap: float,
+) -> dict[str, Any]:
+    """Where a trajectory's partial credit was earned: per turn, cap x sum(w_c x share) /
+    sum(w_c), summing to cap x P (`step_rewards.partial_credit`, the custom functions' row
+    format; built without nulls, so the payload's null stripping skips it)."""
+    n = len(credit.turn_ids)
+    per_turn = [0.0] * n
+    if avail > 0:
+        for j, name in enumerate(names):
+            share = credit.shares.get(name)
+            if share is None or not present[j] or w_p[j] <= 0:
+                continue
+            f = cap * float(w_p[j]) / avail
+            for k in range(n):
+                per_turn[k] += f * share[k]
+    rows = [
+        {"step_index": tid, "base_reward": _f(v)}
+        for tid, v in zip(credit.turn_ids, per_turn, strict=True)
+    ]
+    return {"components": list(C.PARTIAL), "per_turn": per_turn, "rows": rows}
+
+
+def turn_rewards_for(per_turn: Sequence[float], total: float) -> list[float]:
+    """Per-turn rewards that sum to `total`: each turn's partial credit, and on the last turn
+    what the total holds beyond the earlier turns' credit (the outcome's reward)."""
+    if not per_turn:
+        return []
+    head = [_f(float(x)) for x in per_turn[:-1]]
+    return [*head, _f(float(total) - sum(head))]
 
 
 def _payload(

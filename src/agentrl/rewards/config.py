@@ -11,6 +11,9 @@ Example `rewards.yaml`:
         weight: 0.1
     opt_out_users: [user-123]
     opt_out_sessions: []
+    partial_credit:              # tool use: credit per turn for what went right (off if absent)
+      weights: {tool_call_valid: 1, tool_call_ran: 1, needed_value: 2, answer_given: 1, answer_right: 1}
+      cap: 0.5                   # the most a failed trajectory earns (< 1, the success reward)
 
 The calculator version (part of every reward id) includes a hash of the settings that change
 scores, so two differently configured services never claim the same reward id.
@@ -28,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from agentrl.errors import ConfigError
 from agentrl.rewards.code import DEFAULT_CODE_TOOLS, DEFAULT_LINT_IGNORE, DEFAULT_LINT_RULES
-from agentrl.rewards.components import BUILTIN
+from agentrl.rewards.components import BUILTIN, PARTIAL
 from agentrl.rewards.redact import KINDS
 
 CALCULATOR = "agentrl-rewards-1"
@@ -50,6 +53,41 @@ class CustomFunctionSpec(BaseModel):
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Passed to the function.")
     timeout_s: float = Field(5.0, gt=0)
+
+
+DEFAULT_PARTIAL_WEIGHTS = {
+    "tool_call_valid": 1.0,
+    "tool_call_ran": 1.0,
+    "needed_value": 2.0,
+    "answer_given": 1.0,
+    "answer_right": 1.0,
+}
+
+
+class PartialCreditConfig(BaseModel):
+    """Partial credit per turn for tool-calling agents (components.partial_credit).
+
+    P = sum(w_c x s_c) / sum(w_c) over the components that apply is the fraction of the
+    checklist a trajectory ticked; a trajectory that did not succeed adds `cap` x gain x P
+    to its total, gain = what succeeding would add to it (task completion's share), a
+    success adds nothing (its success reward already counts it). So with `cap` below 1 no
+    amount of partial credit lifts a failure to the same trajectory succeeded."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weights: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_PARTIAL_WEIGHTS))
+    cap: float = Field(0.5, ge=0.0, lt=1.0, description="The most a failure earns; < 1.")
+
+    @field_validator("weights")
+    @classmethod
+    def _known(cls, v: dict[str, float]) -> dict[str, float]:
+        unknown = set(v) - set(PARTIAL)
+        if unknown:
+            raise ValueError(f"unknown partial-credit components {sorted(unknown)}; use {PARTIAL}")
+        for name, w in v.items():
+            if not w >= 0:
+                raise ValueError(f"weight of {name!r} must be >= 0, got {w}")
+        return {**DEFAULT_PARTIAL_WEIGHTS, **{k: float(w) for k, w in v.items()}}
 
 
 class RewardConfig(BaseModel):
@@ -77,6 +115,9 @@ class RewardConfig(BaseModel):
     code_tools: list[str] = Field(default_factory=lambda: list(DEFAULT_CODE_TOOLS))
     lint_rules: list[str] = Field(default_factory=lambda: list(DEFAULT_LINT_RULES))
     lint_ignore: list[str] = Field(default_factory=lambda: list(DEFAULT_LINT_IGNORE))
+    partial_credit: PartialCreditConfig | None = Field(
+        None, description="Partial credit per turn for tool use (off when not given)."
+    )
     max_turns: int = Field(
         1000, ge=1, description="Longer trajectories are dead-lettered, not scored."
     )
@@ -104,7 +145,8 @@ class RewardConfig(BaseModel):
     @model_validator(mode="after")
     def _names_unique(self) -> RewardConfig:
         names = [f.name for f in self.custom_functions]
-        clash = (set(names) & set(BUILTIN)) | {n for n in names if names.count(n) > 1}
+        reserved = set(BUILTIN) | (set(PARTIAL) if self.partial_credit is not None else set())
+        clash = (set(names) & reserved) | {n for n in names if names.count(n) > 1}
         if clash:
             raise ValueError(
                 f"custom reward function names must be unique and not built-in: {sorted(clash)}"
@@ -149,6 +191,8 @@ class RewardConfig(BaseModel):
                 "lint_ignore",
             }
         )
+        if self.partial_credit is not None:  # only then: other configs keep their ids
+            scoring["partial_credit"] = self.partial_credit.model_dump()
         digest = hashlib.sha256(
             json.dumps(scoring, sort_keys=True, default=str).encode()
         ).hexdigest()[:8]

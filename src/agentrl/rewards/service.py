@@ -47,7 +47,7 @@ from agentrl.observability import instrument as obs
 from agentrl.rewards.calculator import Scored, ScoringInput, rescore_with_feedback, score_batch
 from agentrl.rewards.claims import Claims, Record
 from agentrl.rewards.code import CodeChecker
-from agentrl.rewards.components import FeedbackState
+from agentrl.rewards.components import FeedbackState, correction_of
 from agentrl.rewards.config import RewardConfig
 from agentrl.rewards.pipeline import Preparer, opt_out_reason
 from agentrl.rewards.store import RewardStore, StoredReward
@@ -538,9 +538,14 @@ class RewardService:
         pending = self.store.pending_feedback(ids) if self._have_pending else {}
         for i in order:
             traj = inputs[i].trajectory
-            fb = FeedbackState.from_outcome(traj.outcome)
+            fb = FeedbackState.from_trajectory(traj)
             for payload in pending.get(traj.trajectory_id, []):
-                fb.apply(payload["type"], payload.get("rating"), payload["feedback_id"])
+                fb.apply(
+                    payload["type"],
+                    payload.get("rating"),
+                    payload["feedback_id"],
+                    correction_of(payload),  # the stored payload is the redacted one
+                )
             inputs[i].feedback = fb
         items = [inputs[i] for i in order]
         try:
@@ -670,7 +675,7 @@ class RewardService:
                 states[tid] = FeedbackState.from_dict(stored[tid].feedback)
             else:
                 previous = latest[tid].payload
-            states[tid].apply(ev.type, ev.rating, ev.feedback_id)
+            states[tid].apply(ev.type, ev.rating, ev.feedback_id, correction_of(payload))
             latest[tid] = rescore_with_feedback(previous, states[tid], self.state, self.config)
             new_rows.append((ev.feedback_id, tid, row_payload, latest[tid].version))
             delta["feedback_applied"] += 1
@@ -740,7 +745,7 @@ class RewardService:
             if ev.feedback_id in state.feedback_ids:
                 records[tid] = rec
                 return "already", Scored(rec.data["reward"]), state, rec
-            state.apply(ev.type, ev.rating, ev.feedback_id)
+            state.apply(ev.type, ev.rating, ev.feedback_id, correction_of(payload))
             reward = rescore_with_feedback(rec.data["reward"], state, self.state, self.config)
             value = claims.scored(reward.to_json(), state.to_dict(), reward.version, time.time())
             rev = await claims.update(tid, value, rec.revision)

@@ -60,6 +60,30 @@ class Record:
     def score(self) -> float:
         return float(self.reward["total_reward"])
 
+    @property
+    def correction(self) -> str | None:
+        """The user's correction of this trajectory (latest; redacted), from its reward's
+        `metadata.feedback.correction`: what the agent should have done, the hint a job may
+        build a hinted context from. None when no user corrected it."""
+        meta = self.reward.get("metadata")
+        fb = meta.get("feedback") if isinstance(meta, dict) else None
+        text = fb.get("correction") if isinstance(fb, dict) else None
+        return text if isinstance(text, str) and text.strip() else None
+
+    @property
+    def hint(self) -> str | None:
+        """The hint the user gave for this trajectory's task (its correction), if any."""
+        return self.correction
+
+    @property
+    def turn_rewards(self) -> list[float] | None:
+        """Per-turn rewards summing to the total (the reward's `metadata.turn_rewards`: each
+        turn's partial credit, the outcome on the last), or None when the reward has none or
+        they do not match the trajectory's turns."""
+        from agentrl.advantages.steps import turn_rewards_of
+
+        return turn_rewards_of(self.reward, len(self.trajectory.get("turns") or ()))
+
 
 @dataclass
 class FilterReport:

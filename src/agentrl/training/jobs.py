@@ -508,7 +508,12 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
         units, bstats = build_pairs(train, tok, corrections=data["corrections"])
         hold_samples, _ = build_samples(hold, tok, completions=data["completions"])
     else:
-        units, bstats = build_samples(train, tok, estimator=est, completions=data["completions"])
+        # `constraints` (request specs, e.g. the loop's response_format): constrained
+        # completions under them train with ratios against the masked distribution
+        grammars = extra.get("constraints") or ()
+        units, bstats = build_samples(
+            train, tok, estimator=est, completions=data["completions"], constraints=grammars
+        )
         units = fit(
             shape_samples(
                 units,

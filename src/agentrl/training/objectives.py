@@ -2,7 +2,11 @@
 
 `pg` (default)  the samples' advantages as they are, under PPO's clipped surrogate with the
                 behaviour log-probs as old log-probs (GRPO / RLOO / GiGPO credit, see
-                `training.samples`);
+                `training.samples`; GiGPO's step rewards are the reward service's per-turn
+                partial credit where it gives one). A constrained completion whose grammar
+                the job rebuilds (`hyperparameters.constraints`, `training.masks`) keeps its
+                logged log-probs and is scored under the same mask: the ratio compares the
+                masked distributions;
 `awr`           advantage-weighted regression (Peng et al. 2019): weighted maximum likelihood
                 of the logged tokens with w = exp(A / beta), capped at `max_weight` and
                 normalised to mean 1 over the batch, so good turns are imitated more

@@ -6,9 +6,13 @@ chat template); the action is the agent's JSON response of the turn (`raw_respon
 tool call as JSON when no raw response was logged). Where the gateway logged the completion
 (`action.completion_id` found in the completion log), the exact prompt and completion token
 ids are used and the behaviour log-probs become the old log-probs of the importance ratio.
-A completion decoded under a grammar (`constrained` in the log) keeps its exact tokens, but
-its logged log-probs are those of the masked distribution, not the policy's: they are not
-used as old log-probs (the trainer scores the tokens under the policy instead), so the
+A completion decoded under a grammar (`constrained` in the log) keeps its exact tokens; its
+logged log-probs are those of the masked distribution. Where the job can rebuild the
+grammar from the row's `schema_hash` (`training.masks.GrammarBook`, from the request specs
+the job is given), the sample carries that mask per action token and the trainer scores the
+policy under it, so the logged log-probs are the right old log-probs and the ratio is
+on-policy-correct (1 on the behaviour policy's own tokens). Otherwise they are not used as
+old log-probs (the trainer scores the tokens under the unmasked policy instead), so the
 ratio never mixes the two distributions.
 A cancelled completion (`finish_reason: cancelled`: the client closed the stream early, as
 Agent Zero does at the first complete JSON tool request) is used like any other: the gateway
@@ -37,6 +41,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from agentrl.llm.forward import BITMASK_KEY
 from agentrl.llm.samples import PolicySample
 from agentrl.llm.trainer import PreferencePair
 from agentrl.training.dataset import Record, gc_paused
@@ -196,7 +201,11 @@ def running_baseline(records: Sequence[Record], scores: np.ndarray) -> np.ndarra
 def gigpo_step_advantages(
     records: Sequence[Record], turns: Sequence[Sequence[Turn | Step]]
 ) -> list[list[float]]:
-    """GiGPO per turn for grouped records (anchor = identical observation text)."""
+    """GiGPO per turn for grouped records (anchor = identical observation text). A turn's
+    reward is its share of the reward (`Record.turn_rewards`: the partial credit it earned,
+    the outcome on the last turn) where the reward service gave one, else the total on the
+    last turn: so the step groups compare what each turn earned, and a group where no
+    attempt succeeded still has different returns to learn from (MT-GRPO's turn credit)."""
     from agentrl.advantages import gigpo_advantages
 
     gids: list[str] = []
@@ -205,11 +214,17 @@ def gigpo_step_advantages(
     rewards: list[float] = []
     ep_scores: list[float] = []
     for r, ts in zip(records, turns, strict=True):
+        per_turn = r.turn_rewards
+        if per_turn is not None and len(per_turn) != len(ts):
+            per_turn = None
         for k, t in enumerate(ts):
             gids.append(r.task_id)
             eids.append(r.trajectory_id)
             anchors.append(t.anchor)
-            rewards.append(r.score if k == len(ts) - 1 else 0.0)
+            if per_turn is not None:
+                rewards.append(per_turn[k])
+            else:
+                rewards.append(r.score if k == len(ts) - 1 else 0.0)
             ep_scores.append(r.score)
     res = gigpo_advantages(
         gids, eids, anchors, rewards, ep_scores, gamma=0.95, omega=1.0, combine="additive"
@@ -229,13 +244,23 @@ def build_samples(
     estimator: str = "grpo",
     completions: dict[str, dict[str, Any]] | None = None,
     stats: BuildStats | None = None,
+    grammars: Any = None,
+    constraints: Sequence[dict[str, Any]] = (),
 ) -> tuple[list[PolicySample], BuildStats]:
     """Policy-gradient samples of every turn of every record (see the module doc). Built
     for a job that keeps them to its end: the collector is paused, and what is alive at the
-    end is frozen out of later collections (`gc_paused(freeze=True)`)."""
+    end is frozen out of later collections (`gc_paused(freeze=True)`).
+
+    `grammars` (a `training.masks.GrammarBook`), or `constraints` (request-like dicts such
+    as `{"response_format": ...}`, hashed as the gateway does): the grammars whose
+    constrained completions are trained with masked ratios."""
+    if grammars is None and constraints:
+        from agentrl.training.masks import GrammarBook
+
+        grammars = GrammarBook.from_requests(tokenizer, len(tokenizer), constraints)
     with gc_paused(freeze=True):
         return _build_samples(
-            records, tokenizer, estimator, completions or {}, stats or BuildStats()
+            records, tokenizer, estimator, completions or {}, stats or BuildStats(), grammars
         )
 
 
@@ -245,6 +270,7 @@ def _build_samples(
     estimator: str,
     completions: dict[str, dict[str, Any]],
     stats: BuildStats,
+    grammars: Any = None,
 ) -> tuple[list[PolicySample], BuildStats]:
     stats.trajectories = len(records)
     turns = [trajectory_steps(r.trajectory) for r in records]
@@ -284,13 +310,24 @@ def _build_samples(
     eos = None if tokenizer.eos_token_id is None else int(tokenizer.eos_token_id)
 
     def make(
-        i: int, k: int, prompt: list[int], action: list[int], old: Any, schema: Any = None
+        i: int,
+        k: int,
+        prompt: list[int],
+        action: list[int],
+        old: Any,
+        schema: Any = None,
+        bitmask: Any = None,
     ) -> None:
         a = step_adv[i][k] if step_adv is not None else float(adv[i])
         domain, score, task_id, trajectory_id = facts[i]
-        meta = {"exact_tokens": old is not None or schema is not None, "domain": domain}
+        meta: dict[str, Any] = {
+            "exact_tokens": old is not None or schema is not None,
+            "domain": domain,
+        }
         if schema is not None:
             meta["schema_hash"] = schema
+        if bitmask is not None:  # scored under the grammar it was sampled under
+            meta[BITMASK_KEY] = bitmask
         samples.append(
             PolicySample(
                 prompt_ids=prompt,
@@ -319,13 +356,19 @@ def _build_samples(
         action = [int(x) for x in comp["completion_token_ids"]]
         lps = comp.get("completion_logprobs")
         constrained = bool(comp.get("constrained"))
+        logged = lps is not None and len(lps) == len(action)
+        bitmask = None
+        if constrained and logged and grammars is not None:
+            bitmask = grammars.bitmask(comp.get("schema_hash"), action)
+            key = "masked_samples" if bitmask is not None else "unmasked_constrained_samples"
+            stats.extra[key] = stats.extra.get(key, 0) + 1
         old = (
-            torch.tensor([float(x) for x in lps], dtype=torch.float32)
-            if lps is not None and len(lps) == len(action) and not constrained
+            torch.tensor([float(x) for x in lps or ()], dtype=torch.float32)
+            if logged and (not constrained or bitmask is not None)
             else None
         )
         schema = str(comp.get("schema_hash") or "constrained") if constrained else None
-        make(i, k, [int(x) for x in comp["prompt_token_ids"]], action, old, schema)
+        make(i, k, [int(x) for x in comp["prompt_token_ids"]], action, old, schema, bitmask)
         stats.exact_token_samples += 1
     # Built in record order, turn by turn: already sorted when the records' ids increase
     # (a seeded sample is) and no exact-token sample was appended after the others.

@@ -110,7 +110,8 @@ def dataset_sql(
         where = [*where, f"tkey IN ({picked})"]
         tail = order.format(t="t")
     sql = f"""
-        SELECT {columns}, r.reward AS reward, r.reward_version AS reward_version{raw}
+        SELECT {columns}, r.reward AS reward, r.reward_version AS reward_version,
+               r.correction AS correction{raw}
         FROM (SELECT {inner} FROM {database}.trajectories FINAL
               WHERE {" AND ".join(where)}) AS t
         {join} ({latest}) AS r USING tkey
@@ -195,15 +196,21 @@ class RewardedTrajectory:
     trajectory: TrajectoryEvent
     reward: float
     reward_version: int
+    correction: str = ""  # the user's correction carried by that reward version
 
 
 def rewarded_from_table(table: pa.Table) -> list[RewardedTrajectory]:
     raws = table.column("raw_json").to_pylist()
     rewards = table.column("reward").to_pylist()
     versions = table.column("reward_version").to_pylist()
+    fixes = (
+        table.column("correction").to_pylist()
+        if "correction" in table.column_names
+        else [""] * len(raws)
+    )
     return [
-        RewardedTrajectory(TrajectoryEvent.model_validate_json(raw), float(r), int(v))
-        for raw, r, v in zip(raws, rewards, versions, strict=True)
+        RewardedTrajectory(TrajectoryEvent.model_validate_json(raw), float(r), int(v), c or "")
+        for raw, r, v, c in zip(raws, rewards, versions, fixes, strict=True)
     ]
 
 
@@ -272,6 +279,10 @@ def clickhouse_load_data(
                 "trajectory_id": r.trajectory.trajectory_id,
                 "total_reward": r.reward,
                 "version": r.reward_version,
+                # the user's correction where the reward carries one (Record.correction)
+                **(
+                    {"metadata": {"feedback": {"correction": r.correction}}} if r.correction else {}
+                ),
             }
             for r in rows
         ],

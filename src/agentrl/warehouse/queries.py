@@ -22,7 +22,8 @@ READ_SETTINGS = "\nSETTINGS do_not_merge_across_partitions_select_final = 1"
 def latest_rewards_sql(database: str, having: str = "1") -> str:
     """The latest reward version of each trajectory, keyed by `tkey` (cityHash64 of the id)."""
     return (
-        f"SELECT tkey, argMax(total_reward, version) AS reward, max(version) AS reward_version "
+        f"SELECT tkey, argMax(total_reward, version) AS reward, max(version) AS reward_version, "
+        f"argMax(correction, version) AS correction "
         f"FROM {database}.rewards GROUP BY tkey HAVING {having}"
     )
 

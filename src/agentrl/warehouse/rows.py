@@ -95,6 +95,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("evaluator", STR),
             ("confidence", F64),
             ("ingested_at", TS),
+            ("correction", STR),
         ]
     ),
     "feedback": pa.schema(
@@ -108,6 +109,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("rating", U8),
             ("comment", STR),
             ("ingested_at", TS),
+            ("correction", STR),
         ]
     ),
     "training_jobs": pa.schema(
@@ -357,8 +359,15 @@ def reward_rows(
             str(getattr(meta, "evaluator", "") or ""),
             f64(getattr(meta, "confidence", None)),
             now,
+            _correction(_extra(meta, "feedback")),
         ),
     )
+
+
+def _correction(feedback: Any) -> str:
+    """The user's correction in a reward's `metadata.feedback` ('' when none)."""
+    text = feedback.get("correction") if isinstance(feedback, dict) else None
+    return text if isinstance(text, str) else ""
 
 
 def feedback_rows(
@@ -376,6 +385,7 @@ def feedback_rows(
             int(ev.rating or 0),
             ev.comment or "",
             now,
+            ev.correction or "",
         ),
     )
 
