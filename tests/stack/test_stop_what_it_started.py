@@ -192,3 +192,29 @@ def test_bench_gateway_stops_its_helper_processes(tmp_path: Path, sig: int) -> N
             os.kill(pid, signal.SIGKILL)
     assert not left, f"left running after {signal.Signals(sig).name}: {left}"
     assert took < 30, f"exit took {took:.1f} s"
+
+
+def test_bench_serving_keeps_to_its_budget_and_says_what_it_skipped(tmp_path: Path) -> None:
+    """`bench serving` had not finished after 22 minutes on 2 cores: a budget bounds it, and
+    the prompts that did not fit are named (here: far more prompts than 20 s can serve)."""
+    import json
+
+    python = standin_vllm(tmp_path)
+    env = {
+        **os.environ,
+        "AGENTRL_VLLM_PYTHON": str(python),
+        "AGENTRL_DATA_DIR": str(tmp_path / "data"),
+        "STANDIN_MARKER": str(tmp_path / "vllm.pids"),
+    }
+    cmd = [AGENTRL, "bench", "serving", "--model", "tiny", "--prompts", "5000"]
+    cmd += ["--concurrency", "1", "--budget-s", "20"]
+    t = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    took = time.monotonic() - t
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    line = json.loads(out.stdout.strip().splitlines()[-1])
+    assert line["budget_s"] == 20
+    assert any(s.startswith("local: ") and "of 5000 prompts" in s for s in line["skipped"]), line
+    assert line["local"][0]["skipped"] > 0
+    # the budget covers vLLM's start and the load runs; loading the models comes on top
+    assert took < 150, f"took {took:.0f} s"
