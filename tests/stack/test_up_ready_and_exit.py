@@ -118,3 +118,64 @@ def test_sigint_exits_promptly_with_a_forward_pass_still_running(tmp_path: Path)
     assert proc.returncode == 0, seen + rest
     assert took < 10, f"exited {took:.1f} s after SIGINT:\n{rest}"
     assert "without waiting for 1 worker thread" in rest
+
+
+SLOW_GATEWAY = """
+import asyncio, sys
+import uvicorn
+from agentrl.app import stack
+
+async def ok(scope, receive, send):
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+async def serve(bus, stop, settings):
+    await asyncio.sleep(4)  # converting the model
+    server = uvicorn.Server(uvicorn.Config(ok, host="127.0.0.1", port=settings.gateway_port,
+                                           log_level="warning", lifespan="off"))
+    task = asyncio.create_task(server.serve())
+    await stop.wait()
+    server.should_exit = True
+    await task
+
+sys.modules["slow_gateway"] = sys.modules[__name__]
+stack.SERVICES = (("deployment controller", "slow_gateway:serve"),)
+stack.run_stack(data_dir=sys.argv[1])
+"""
+
+
+def test_up_says_what_it_waits_for_and_is_up_only_when_the_gateway_serves(
+    tmp_path: Path,
+) -> None:
+    """`agentrl is up` came 7 min 40 s before the gateway accepted a connection."""
+    script = tmp_path / "slow_gateway.py"
+    script.write_text(textwrap.dedent(SLOW_GATEWAY))
+    port = free_port()
+    env = {**os.environ, "COLUMNS": "200", "AGENTRL_GATEWAY_PORT": str(port)}
+    env.pop("NATS_URL", None)
+    env.pop("AGENTRL_NATS_URL", None)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "data")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    seen = ""
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 90
+        while "agentrl is up" not in seen and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line and proc.poll() is not None:
+                break
+            seen += line
+        assert "agentrl is up" in seen, seen
+        assert asyncio.run(answers_http("127.0.0.1", port)), "up before the gateway serves"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    waiting = f"waiting for the gateway on http://127.0.0.1:{port}/v1 (deployment controller)"
+    assert waiting in seen and seen.index(waiting) < seen.index("agentrl is up"), seen
+    took = float(seen.split("serving after ")[1].split(" s")[0])
+    assert took >= 3.5, seen

@@ -13,6 +13,7 @@ Targets on 2 cores: warm <= 30 s, cold <= 3 min, exit <= 5 s.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
 
 from agentrl.bus.server import free_port
 

@@ -243,7 +243,8 @@ async def stack_services(
     tasks: list[asyncio.Task[None]] = []
     stack = RunningStack(bus, stop, settings, nats_url, health, tasks)
     for label, serve in load_services(only):
-        health[label] = ServiceHealth(label)
+        probe = probes.get(label)  # "starting, waiting for ..." before its task first runs
+        health[label] = ServiceHealth(label, waiting_for=probe.what if probe else None)
         tasks.append(
             asyncio.create_task(
                 supervise(
@@ -254,7 +255,7 @@ async def stack_services(
                     settings,
                     health[label],
                     max_restarts=max_restarts,
-                    probe=probes.get(label),
+                    probe=probe,
                 ),
                 name=label,
             )
