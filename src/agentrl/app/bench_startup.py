@@ -27,8 +27,6 @@ from typing import Any
 
 import httpx
 
-logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
-
 from agentrl.bus.server import free_port
 
 TARGETS = {"warm_to_first_token_s": 30.0, "cold_to_first_token_s": 180.0, "sigint_to_exit_s": 5.0}
@@ -169,6 +167,7 @@ def _alive(pid: int) -> bool:
 
 
 def run(keep: bool = False) -> dict[str, Any]:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
     work = Path(tempfile.mkdtemp(prefix="agentrl-bench-startup-"))
     cache = work / "model-cache"  # empty: the first start converts
     load = os.getloadavg()
