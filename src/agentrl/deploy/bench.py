@@ -314,6 +314,7 @@ async def latency_run(
     pids: dict[str, int] | None = None,
     target: dict[str, Any] | None = None,
     stream: bool = False,
+    give_up_s: float | None = None,
 ) -> dict[str, Any]:
     """Open-loop arrivals at `rate` per path, alternating direct and gateway; latency is
     send -> last byte on a keep-alive connection. `pids` ({"gateway": pid, "backend": pid})
@@ -322,7 +323,9 @@ async def latency_run(
     somewhat when a busy process handles several requests per wake-up). `target` ({"model":
     ..., "headers": {...}}) is what the gateway path needs (another gateway: its model name
     and headers); `stream` asks both paths for server-sent events. A pid's CPU counts its
-    child processes too."""
+    child processes too. `give_up_s`: a request still waiting for a free connection that
+    long after its time is not sent and counts as unanswered (`late`), so a run against a
+    saturated server ends instead of draining its backlog for minutes."""
     from urllib.parse import urlsplit
 
     def body(model: str) -> bytes:
@@ -349,12 +352,17 @@ async def latency_run(
             )
         pools[name] = q
     lat: dict[str, list[float]] = {"direct": [], "gateway": []}
-    unanswered = 0
+    unanswered = late = 0
 
-    async def one(path: str, record: bool = True) -> None:
-        nonlocal unanswered
+    async def one(path: str, record: bool = True, due: float | None = None) -> None:
+        nonlocal unanswered, late
         conn = await pools[path].get()
         t = time.perf_counter()
+        if give_up_s is not None and due is not None and t - due > give_up_s:
+            late += 1
+            unanswered += 1
+            pools[path].put_nowait(conn)
+            return
         try:
             status = await asyncio.wait_for(conn.call(), 30)
             if status != 200:
@@ -374,10 +382,11 @@ async def latency_run(
     client0 = time.process_time()
     start = time.perf_counter()
     for i in range(n):
-        delay = start + i / (2 * rate) - time.perf_counter()
+        delay = start + i / (2 * rate) - time.perf_counter()  # (the request's due time)
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one("direct" if i % 2 == 0 else "gateway")))
+        due = start + i / (2 * rate)
+        tasks.append(asyncio.create_task(one("direct" if i % 2 == 0 else "gateway", True, due)))
     await asyncio.gather(*tasks)
     wall = time.perf_counter() - start
     per_req = 1000 / max(1, n // 2)  # ms per gateway request (the backend also served direct)
@@ -402,6 +411,7 @@ async def latency_run(
         "added_p50": _pct(g, 0.5) - _pct(d, 0.5),
         "added_p99": _pct(g, 0.99) - _pct(d, 0.99),
         "unanswered": unanswered,
+        "late": late,
         **cpu,
     }
 

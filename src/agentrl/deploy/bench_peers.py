@@ -38,6 +38,7 @@ from agentrl.deploy import bench
 RATES = (200.0, 1000.0)
 RAMP = (200.0, 400.0, 700.0, 1000.0, 1500.0, 2000.0, 3000.0)
 P99_LIMIT_MS = 50.0
+GIVE_UP_S = 10.0  # a request this late for a connection is dropped: the run ends
 INSTALL_TIMEOUT_S = 900
 
 
@@ -333,12 +334,14 @@ async def measure(
                 pids={"gateway": pid},
                 target=peer.target,
                 stream=stream,
+                give_up_s=GIVE_UP_S,
             )
     best, ramp = 0.0, []
     for rate in RAMP:
-        run = await bench.latency_run(direct, peer.url, rate, duration, target=peer.target)
+        args = (direct, peer.url, rate, duration)
+        run = await bench.latency_run(*args, target=peer.target, give_up_s=GIVE_UP_S)
         if not _sustains(run):
-            run = await bench.latency_run(direct, peer.url, rate, duration, target=peer.target)
+            run = await bench.latency_run(*args, target=peer.target, give_up_s=GIVE_UP_S)
         ramp.append(
             {
                 "rate": rate,
@@ -376,6 +379,11 @@ def line(results: dict[str, dict[str, Any]], failed: dict[str, str]) -> dict[str
                 row[f"{pre}p99_ms_{rate}rps{suffix}"] = r(m["gateway_p99"])
         row[f"{pre}max_rps"] = res["max_rps"]
         row[f"{pre}cpu_ms_per_request"] = r(res["plain1000"].get("gateway_cpu_ms_per_req", 0.0))
+        row[f"{pre}late"] = sum(
+            v.get("late", 0)
+            for k, v in res.items()
+            if k.startswith(("plain", "stream")) and k[-1].isdigit()
+        )
         row[f"{pre}errors"] = sum(
             v["unanswered"]
             for k, v in res.items()
