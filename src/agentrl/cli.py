@@ -165,7 +165,21 @@ _register_plugins()
 _arrange_menu()
 
 
+def _sigterm_like_ctrl_c() -> None:
+    """SIGTERM unwinds like Ctrl-C (KeyboardInterrupt), so every command's clean-up runs and
+    stops what it started. By default SIGTERM ended the process on the spot: `agentrl bench
+    serving` left its vLLM server running. (Commands with their own handlers, such as
+    `agentrl up`, replace it while they run.)"""
+    import signal
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def main() -> None:
+    _sigterm_like_ctrl_c()
     app()
 
 

@@ -18,7 +18,8 @@ class Settings(BaseSettings):
     data_dir: Path = Field(Path("./.agentrl"), description="Where streams, models and state live.")
     models_dir: Path | None = Field(
         None,
-        description="Where the converted base model is cached (default: <data_dir>/models). "
+        description="Where the converted base model is cached (default: the user cache, "
+        "$XDG_CACHE_HOME/agentrl/models or ~/.cache/agentrl/models, shared by every data dir). "
         "`agentrl loop` points its training jobs at its own, so a run converts it once.",
     )
     nats_url: str | None = Field(

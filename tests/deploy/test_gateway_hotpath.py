@@ -121,3 +121,26 @@ def test_cpu_seconds_of_a_process_grow_with_work() -> None:
         pytest.skip("no /proc on this platform")
     sum(i * i for i in range(2_000_000))
     assert _cpu_s(os.getpid()) > before
+
+
+async def test_streams_keep_their_upstream_connection() -> None:
+    """Issue 54: a stream read up to [DONE] and left there made httpx close its connection,
+    so every streamed request paid a new TCP connect to the upstream (seen in py-spy: connect
+    and close in the streaming path). Three streams now share one connection, and each still
+    yields its chunks and the finished generation."""
+    upstream, up_task, up_port = await _serve(backend_app)
+    backend = UpstreamBackend(f"http://127.0.0.1:{up_port}/v1", timeout_s=10)
+    from agentrl.deploy.openai_types import ChatRequest
+
+    req = ChatRequest(model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=1)
+    try:
+        for _ in range(3):
+            events = [e async for e in backend.stream("v1", req)]
+            assert events[-1][0] == "done" and events[-1][1].content == "ok"
+            assert sum(kind == "chunk" for kind, _ in events) >= 3
+        pool = backend.client._transport._pool  # type: ignore[attr-defined]
+        assert len(pool.connections) == 1, pool.connections
+    finally:
+        await backend.close()
+        upstream.should_exit = True
+        await up_task

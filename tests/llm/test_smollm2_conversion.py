@@ -27,22 +27,25 @@ def test_a_loops_jobs_load_the_base_its_gateway_converted(
 ) -> None:
     """`agentrl loop` hands its jobs the folder its own process converts SmolLM2 into (a
     fresh clone's first job converted a second copy into the loop's data dir: 28 s); a
-    process with `AGENTRL_MODELS_DIR` looks there, an explicit data dir still wins."""
+    process with `AGENTRL_MODELS_DIR` looks there. The default is the user cache, the same
+    for every data dir (issue 50.8: each new data dir converted again, 6.5 min)."""
     from agentrl.app.loop import LoopConfig, loop_environment
     from agentrl.llm.loading import SMOLLM2_DIRNAME, smollm2_dir
     from agentrl.settings import get_settings
 
     monkeypatch.delenv("AGENTRL_MODELS_DIR", raising=False)
+    monkeypatch.setenv("AGENTRL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("AGENTRL_DATA_DIR", str(tmp_path / "process"))
     get_settings.cache_clear()
     try:
         env = loop_environment(LoopConfig())
-        assert env["AGENTRL_MODELS_DIR"] == str((tmp_path / "process" / "models").resolve())
+        assert env["AGENTRL_MODELS_DIR"] == str((tmp_path / "cache" / "models").resolve())
         assert "AGENTRL_MODELS_DIR" not in loop_environment(LoopConfig.quick())  # tiny model
+        shared = tmp_path / "cache" / "models" / SMOLLM2_DIRNAME
+        assert smollm2_dir() == shared and smollm2_dir(tmp_path / "x") == shared
         monkeypatch.setenv("AGENTRL_DATA_DIR", str(tmp_path / "job"))
-        monkeypatch.setenv("AGENTRL_MODELS_DIR", env["AGENTRL_MODELS_DIR"])
+        monkeypatch.setenv("AGENTRL_MODELS_DIR", str(tmp_path / "elsewhere"))
         get_settings.cache_clear()
-        assert smollm2_dir() == tmp_path / "process" / "models" / SMOLLM2_DIRNAME
-        assert smollm2_dir(tmp_path / "x") == tmp_path / "x" / "models" / SMOLLM2_DIRNAME
+        assert smollm2_dir() == tmp_path / "elsewhere" / SMOLLM2_DIRNAME
     finally:
         get_settings.cache_clear()

@@ -18,7 +18,21 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     _register_soak(app)
     _register_report(app)
     _register_bench_capture(bench)
+    _register_bench_startup(bench)
     _register_retired(app)
+
+
+def _register_bench_startup(bench: typer.Typer) -> None:
+    @bench.command("startup")
+    def bench_startup(
+        keep: bool = typer.Option(False, help="Keep the data dirs and logs of both starts."),
+    ) -> None:
+        """`agentrl up` from an empty model cache and from a warm one to the first token
+        streamed through the gateway, each service's ready time, and SIGINT to exit
+        (targets on 2 cores: warm <= 30 s, cold <= 3 min, exit <= 5 s)."""
+        from agentrl.app.bench_startup import run
+
+        run(keep=keep)
 
 
 def _register_report(app: typer.Typer) -> None:
@@ -276,6 +290,12 @@ def _register_up(app: typer.Typer) -> None:
         \b
         Ports: AGENTRL_API_PORT (8600), AGENTRL_GATEWAY_PORT (8700), loopback.
         --data-dir keeps several stacks apart (give each its own ports).
+
+        \b
+        "agentrl is up" is printed once the gateway serves; until then it says
+        what it waits for (the first start converts the bundled model: minutes).
+        The converted model is cached once for every data dir in
+        ~/.cache/agentrl/models ($XDG_CACHE_HOME; AGENTRL_MODELS_DIR moves it).
 
         \b
         An OpenAI client: one model name, split across the versions; the

@@ -67,17 +67,71 @@ def load_services(only: set[str] | None = None) -> list[tuple[str, Serve]]:
 @dataclass
 class ServiceHealth:
     """What the supervisor knows of one service; `state` is starting, running, restarting,
-    failed (gave up) or stopped."""
+    failed (gave up) or stopped. A service with a readiness probe stays "starting" (with
+    `waiting_for` naming what) until the probe answers: `running` means it serves."""
 
     name: str
     state: str = "starting"
     restarts: int = 0
     last_error: str | None = None
     since: float = field(default_factory=time.time)
+    waiting_for: str | None = None
+    ready_after_s: float | None = None
 
     @property
     def healthy(self) -> bool:
         return self.state == "running"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a service must answer before it counts as running: an HTTP server on
+    `host:port` (a wildcard bind is probed on loopback)."""
+
+    what: str
+    host: str
+    port: int
+
+
+def readiness_probes(settings: Settings) -> dict[str, Probe]:
+    """The services whose start-up takes long enough to lie about, by label: the deployment
+    controller is ready when its gateway answers (it loads the model first: minutes on a
+    cold cache, when "up" used to be printed). The control API is up when it answers, so an
+    answer from its `/health` needs no probe."""
+    host = settings.gateway_host
+    near = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    return {
+        "deployment controller": Probe(
+            f"the gateway on http://{host}:{settings.gateway_port}/v1",
+            near,
+            settings.gateway_port,
+        ),
+    }
+
+
+async def answers_http(host: str, port: int, timeout: float = 2.0) -> bool:
+    """Whether an HTTP server answers `GET /health` on host:port (any status line)."""
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                writer.write(
+                    f"GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
+                )
+                return (await reader.readline()).startswith(b"HTTP/")
+            finally:
+                writer.close()
+    except (OSError, TimeoutError, asyncio.IncompleteReadError):
+        return False
+
+
+async def _until_ready(health: ServiceHealth, probe: Probe, period: float = 0.25) -> None:
+    started = time.monotonic()
+    while not await answers_http(probe.host, probe.port):
+        await asyncio.sleep(period)
+    health.state, health.since, health.waiting_for = "running", time.time(), None
+    health.ready_after_s = round(time.monotonic() - started, 2)
+    log.info("%s ready after %.1f s", health.name, health.ready_after_s)
 
 
 async def supervise(
@@ -89,13 +143,20 @@ async def supervise(
     health: ServiceHealth,
     backoff: tuple[float, ...] = BACKOFF_S,
     max_restarts: int | None = None,
+    probe: Probe | None = None,
 ) -> None:
     """Run `serve` until `stop`; when it raises (or returns early) restart it after a backoff
-    that grows per consecutive failure and resets once it has run for a minute."""
+    that grows per consecutive failure and resets once it has run for a minute. With a
+    `probe` the service is "starting" until the probe answers, after every (re)start."""
     failures = 0
     while not stop.is_set():
-        health.state, health.since = "running", time.time()
         started = time.monotonic()
+        ready: asyncio.Task[None] | None = None
+        if probe is None:
+            health.state, health.since = "running", time.time()
+        else:
+            health.state, health.since, health.waiting_for = "starting", time.time(), probe.what
+            ready = asyncio.create_task(_until_ready(health, probe), name=f"{name} readiness")
         try:
             await serve(bus, stop, settings)
             if stop.is_set():
@@ -106,6 +167,9 @@ async def supervise(
         except (Exception, SystemExit) as exc:  # a service's sys.exit is its failure, not ours
             health.last_error = f"{type(exc).__name__}: {exc}"
             log.exception("%s died; restarting", name, extra={"service": name})
+        finally:
+            if ready is not None:
+                ready.cancel()
         if time.monotonic() - started > 60:
             failures = 0
         failures += 1
@@ -113,11 +177,11 @@ async def supervise(
         if max_restarts is not None and health.restarts > max_restarts:
             health.state = "failed"
             return
-        health.state, health.since = "restarting", time.time()
+        health.state, health.since, health.waiting_for = "restarting", time.time(), None
         delay = backoff[min(failures - 1, len(backoff) - 1)]
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), delay)
-    health.state, health.since = "stopped", time.time()
+    health.state, health.since, health.waiting_for = "stopped", time.time(), None
     log.info("%s stopped", name, extra={"service": name})
 
 
@@ -168,9 +232,10 @@ async def stack_services(
     # workers (6 here) let one service's long calls queue every other service's short ones.
     from concurrent.futures import ThreadPoolExecutor
 
-    asyncio.get_running_loop().set_default_executor(
-        ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="agentrl-stack")
-    )
+    loop = asyncio.get_running_loop()
+    executor = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="agentrl-stack")
+    loop.set_default_executor(executor)
+    probes = readiness_probes(settings)
     bus = await Bus.connect(nats_url, settings=settings, name="agentrl-up")
     await bus.ensure_streams()
     stop = asyncio.Event()
@@ -178,11 +243,19 @@ async def stack_services(
     tasks: list[asyncio.Task[None]] = []
     stack = RunningStack(bus, stop, settings, nats_url, health, tasks)
     for label, serve in load_services(only):
-        health[label] = ServiceHealth(label)
+        probe = probes.get(label)  # "starting, waiting for ..." before its task first runs
+        health[label] = ServiceHealth(label, waiting_for=probe.what if probe else None)
         tasks.append(
             asyncio.create_task(
                 supervise(
-                    label, serve, bus, stop, settings, health[label], max_restarts=max_restarts
+                    label,
+                    serve,
+                    bus,
+                    stop,
+                    settings,
+                    health[label],
+                    max_restarts=max_restarts,
+                    probe=probe,
                 ),
                 name=label,
             )
@@ -198,6 +271,12 @@ async def stack_services(
             task.cancel()
         _RUNNING.pop(bus, None)
         await bus.close()
+        # A forward pass still running in a worker (a held-out evaluation, a validation
+        # episode) has no one waiting for it now; asyncio.run would join it (`agentrl up`
+        # lived ~30 s after "stopped cleanly"). Queued work is dropped, running work is left
+        # to `exit_past_stragglers`; the loop gets an idle pool to shut down.
+        executor.shutdown(wait=False, cancel_futures=True)
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
 
 
 # The control API's `/health` finds the stack that runs it through the bus it was given.
@@ -345,14 +424,92 @@ async def serve_all(
             console.print(f"[green]started[/] {name}")
         for what, where in stack.urls().items():
             console.print(f"  {what:<22} {where}")
-        console.print("[bold]agentrl is up.[/] Ctrl-C stops it.")
-        await run_panel(stack, console)
+        took = await wait_ready(stack, console)
+        if not stack.stop.is_set():
+            console.print(f"[bold]agentrl is up[/] (serving after {took:.1f} s). Ctrl-C stops it.")
+            await run_panel(stack, console)
         failed = [h for h in stack.health.values() if h.last_error]
         for h in failed:
             console.print(
                 f"[yellow]{h.name}[/]: {h.restarts} restart(s), last error: {h.last_error}"
             )
     console.print("stopped cleanly")
+
+
+class _LastLine(logging.Handler):
+    """Keeps the newest INFO+ message of agentrl's loggers: what start-up is doing now."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.line = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(Exception):
+            self.line = record.getMessage()[:160]
+
+
+async def wait_ready(stack: RunningStack, console: Console, every_s: float = 5.0) -> float:
+    """Wait until every service with a probe serves (or the stack stops), saying what it
+    waits for and, every `every_s`, for how long and what start-up last logged. Returns the
+    seconds waited."""
+    started = time.monotonic()
+    last = _LastLine()
+    root = logging.getLogger("agentrl")
+    root.addHandler(last)
+    said: set[str] = set()
+    next_note = started + every_s
+    try:
+        while not stack.stop.is_set():
+            waiting = {
+                h.name: h.waiting_for
+                for h in stack.health.values()
+                if h.state in ("starting", "restarting") and h.waiting_for
+            }
+            if not waiting:
+                break
+            for name, what in waiting.items():
+                if name not in said:
+                    said.add(name)
+                    console.print(f"waiting for {what} ({name})")
+            now = time.monotonic()
+            if now >= next_note:
+                next_note = now + every_s
+                whats = ", ".join(sorted({w for w in waiting.values() if w}))
+                note = f" - last: {last.line}" if last.line else ""
+                console.print(f"  still waiting for {whats}: {now - started:.0f} s{note}")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stack.stop.wait(), 0.25)
+    finally:
+        root.removeHandler(last)
+    return time.monotonic() - started
+
+
+def exit_past_stragglers(code: int = 0, grace_s: float = 2.0) -> None:
+    """End the process now if worker threads still run after everything was stopped: a
+    forward pass nobody waits for must not hold `agentrl up` for half a minute (the
+    interpreter joins every pool thread at exit). Logs which threads, flushes, `os._exit`."""
+    import threading
+
+    deadline = time.monotonic() + grace_s
+    for t in threading.enumerate():
+        if t is threading.main_thread() or t.daemon:
+            continue
+        t.join(max(0.0, deadline - time.monotonic()))
+    left = [
+        t.name
+        for t in threading.enumerate()
+        if t is not threading.main_thread() and not t.daemon and t.is_alive()
+    ]
+    if not left:
+        return
+    log.warning(
+        "exiting without waiting for %d worker thread(s): %s", len(left), ", ".join(left[:8])
+    )
+    logging.shutdown()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 def _run(url: str, settings: Settings, services: bool, console: Console, replicas: int = 1) -> None:
@@ -392,18 +549,23 @@ def run_stack(
     except OpenBindRefused as exc:
         console.print(f"[red]agentrl up: {exc}[/]")
         raise SystemExit(2) from None
-    if settings.nats_url:
-        console.print(f"using NATS at [bold]{settings.nats_url}[/] (NATS_URL)")
-        _run(settings.nats_url, settings, services, console, replicas)
-        return
-    with EmbeddedNats(settings=settings, port=port) as server:
-        console.print(
-            f"nats-server with JetStream listening on [bold]{server.url}[/]\n"
-            f"  store: {server.store_dir}\n  log:   {server.log_file}\n"
-            f"  export NATS_URL={server.url}  # for other shells"
-        )
-        _run(server.url, settings, services, console, replicas)
-    log.info("nats-server stopped")
+    try:
+        if settings.nats_url:
+            console.print(f"using NATS at [bold]{settings.nats_url}[/] (NATS_URL)")
+            _run(settings.nats_url, settings, services, console, replicas)
+        else:
+            with EmbeddedNats(settings=settings, port=port) as server:
+                console.print(
+                    f"nats-server with JetStream listening on [bold]{server.url}[/]\n"
+                    f"  store: {server.store_dir}\n  log:   {server.log_file}\n"
+                    f"  export NATS_URL={server.url}  # for other shells"
+                )
+                _run(server.url, settings, services, console, replicas)
+            log.info("nats-server stopped")
+    except SystemExit as exc:
+        exit_past_stragglers(exc.code if isinstance(exc.code, int) else 1)
+        raise
+    exit_past_stragglers(0)
 
 
 async def _replica_main() -> None:
@@ -424,3 +586,4 @@ if __name__ == "__main__":
 
     setup_logging()
     asyncio.run(_replica_main())
+    exit_past_stragglers(0)

@@ -252,7 +252,9 @@ class UpstreamBackend:
                         continue
                     payload = line[5:].strip()
                     if payload == "[DONE]":
-                        break
+                        # read on to the end of the body: one left unread makes httpx close
+                        # the connection, and every stream paid a new TCP connect
+                        continue
                     chunk = json.loads(payload)
                     _accumulate(gen, chunk)
                     yield "chunk", chunk

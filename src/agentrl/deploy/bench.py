@@ -46,15 +46,66 @@ REPLY = {
 
 
 # ---- processes -------------------------------------------------------------------------
+STREAM_CHUNKS = [
+    {"role": "assistant", "content": ""},
+    {"content": "ok"},
+]
+
+
+def _sse(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    chunk = {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "bench",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+    }
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+# A streamed answer: role, one content token, the finish and usage, [DONE] (as OpenAI sends).
+STREAM_BODY = [
+    *(_sse(d) for d in STREAM_CHUNKS),
+    _sse({}, "stop"),
+    b"data: "
+    + json.dumps(
+        {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "bench",
+            "choices": [],
+            "usage": REPLY["usage"],
+        }
+    ).encode()
+    + b"\n\n",
+    b"data: [DONE]\n\n",
+]
+
+
 async def backend_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """A minimal ASGI chat-completions server: the fastest honest backend we can write."""
+    """A minimal ASGI chat-completions server: the fastest honest backend we can write. A
+    request with `"stream": true` gets server-sent events (chunked), like OpenAI's."""
     if scope["type"] != "http":
         return
-    more = True
+    more, raw = True, b""
     while more:
         msg = await receive()
+        raw += msg.get("body", b"")
         more = msg.get("more_body", False)
     status = int(os.environ.get("BENCH_STATUS", "200"))
+    if status == 200 and b'"stream"' in raw and json.loads(raw).get("stream"):
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
+        for part in STREAM_BODY:
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        return
     body = json.dumps(
         REPLY
         if status == 200
@@ -137,11 +188,14 @@ def _serve_gateway(port: int, upstream: str, nats_url: str) -> None:
 
 
 def _spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    from agentrl.bus.server import _die_with_parent
+
     return subprocess.Popen(
         [sys.executable, "-m", "agentrl.deploy.bench", *args],
         env={**os.environ, **(env or {})},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=_die_with_parent,  # a killed benchmark leaves no helper behind
     )
 
 
@@ -182,17 +236,40 @@ def _cpu_s(pid: int) -> float:
         return float("nan")
 
 
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a process and its live children (a peer gateway may fork workers)."""
+    total = _cpu_s(pid)
+    try:
+        import psutil
+
+        for child in psutil.Process(pid).children(recursive=True):
+            cpu = _cpu_s(child.pid)
+            total += cpu if cpu == cpu else 0.0  # (NaN: it ended meanwhile)
+    except Exception:  # psutil missing or the process gone: its own CPU
+        pass
+    return total
+
+
 # ---- 1. added latency ------------------------------------------------------------------
 class _Conn:
     """One keep-alive HTTP/1.1 connection speaking just enough HTTP for the benchmark (a
     general client such as httpx costs more CPU per request than the gateway itself on this
-    machine, and would measure the client)."""
+    machine, and would measure the client). Reads a Content-Length body or a chunked one (a
+    stream: to its last byte)."""
 
-    def __init__(self, host: str, port: int, path: str, body: bytes) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        path: str,
+        body: bytes,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.host, self.port = host, port
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self.request = (
             f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
+            f"{extra}Content-Length: {len(body)}\r\n\r\n"
         ).encode() + body
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
@@ -204,11 +281,27 @@ class _Conn:
         self.writer.write(self.request)
         head = await self.reader.readuntil(b"\r\n\r\n")
         status = int(head[9:12])
-        length = 0
+        length, chunked, close = 0, False, False
         for line in head.split(b"\r\n"):
-            if line[:15].lower() == b"content-length:":
+            low = line.lower()
+            if low[:15] == b"content-length:":
                 length = int(line[15:])
-        await self.reader.readexactly(length)
+            elif low.startswith(b"transfer-encoding:") and b"chunked" in low:
+                chunked = True
+            elif low.startswith(b"connection:") and b"close" in low:
+                close = True
+        if chunked:
+            while True:
+                size = int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                if size == 0:
+                    await self.reader.readuntil(b"\r\n")  # (no trailers)
+                    break
+                await self.reader.readexactly(size + 2)
+        else:
+            await self.reader.readexactly(length)
+        if close:
+            self.writer.close()
+            self.writer = None
         return status
 
 
@@ -219,35 +312,57 @@ async def latency_run(
     duration: float,
     conns: int = 64,
     pids: dict[str, int] | None = None,
+    target: dict[str, Any] | None = None,
+    stream: bool = False,
+    give_up_s: float | None = None,
 ) -> dict[str, Any]:
     """Open-loop arrivals at `rate` per path, alternating direct and gateway; latency is
     send -> last byte on a keep-alive connection. `pids` ({"gateway": pid, "backend": pid})
     adds each process's CPU milliseconds per gateway request: it bounds the rate one core
     can serve, and load on a shared machine moves it far less than the latencies (it drops
-    somewhat when a busy process handles several requests per wake-up)."""
+    somewhat when a busy process handles several requests per wake-up). `target` ({"model":
+    ..., "headers": {...}}) is what the gateway path needs (another gateway: its model name
+    and headers); `stream` asks both paths for server-sent events. A pid's CPU counts its
+    child processes too. `give_up_s`: a request still waiting for a free connection that
+    long after its time is not sent and counts as unanswered (`late`), so a run against a
+    saturated server ends instead of draining its backlog for minutes."""
     from urllib.parse import urlsplit
 
-    body = json.dumps(
-        {
-            "model": "agentrl-policy",
+    def body(model: str) -> bytes:
+        req: dict[str, Any] = {
+            "model": model,
             "max_tokens": 1,
             "messages": [{"role": "user", "content": "hi"}],
         }
-    ).encode()
+        if stream:
+            req["stream"] = True
+        return json.dumps(req).encode()
+
+    target = target or {}
     pools: dict[str, asyncio.Queue[_Conn]] = {}
-    for name, url in (("direct", direct), ("gateway", gateway)):
+    for name, url, model, headers in (
+        ("direct", direct, "bench", None),
+        ("gateway", gateway, target.get("model", "agentrl-policy"), target.get("headers")),
+    ):
         u = urlsplit(url)
         q: asyncio.Queue[_Conn] = asyncio.Queue()
         for _ in range(conns):
-            q.put_nowait(_Conn(u.hostname or "127.0.0.1", u.port or 80, u.path, body))
+            q.put_nowait(
+                _Conn(u.hostname or "127.0.0.1", u.port or 80, u.path, body(model), headers)
+            )
         pools[name] = q
     lat: dict[str, list[float]] = {"direct": [], "gateway": []}
-    unanswered = 0
+    unanswered = late = 0
 
-    async def one(path: str, record: bool = True) -> None:
-        nonlocal unanswered
+    async def one(path: str, record: bool = True, due: float | None = None) -> None:
+        nonlocal unanswered, late
         conn = await pools[path].get()
         t = time.perf_counter()
+        if give_up_s is not None and due is not None and t - due > give_up_s:
+            late += 1
+            unanswered += 1
+            pools[path].put_nowait(conn)
+            return
         try:
             status = await asyncio.wait_for(conn.call(), 30)
             if status != 200:
@@ -263,18 +378,21 @@ async def latency_run(
     await asyncio.gather(*(one(p, False) for p in ("direct", "gateway") for _ in range(conns)))
     n = int(rate * duration) * 2
     tasks = []
-    cpu0 = {k: _cpu_s(p) for k, p in (pids or {}).items()}
+    cpu0 = {k: _tree_cpu_s(p) for k, p in (pids or {}).items()}
     client0 = time.process_time()
     start = time.perf_counter()
     for i in range(n):
-        delay = start + i / (2 * rate) - time.perf_counter()
+        delay = start + i / (2 * rate) - time.perf_counter()  # (the request's due time)
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one("direct" if i % 2 == 0 else "gateway")))
+        due = start + i / (2 * rate)
+        tasks.append(asyncio.create_task(one("direct" if i % 2 == 0 else "gateway", True, due)))
     await asyncio.gather(*tasks)
     wall = time.perf_counter() - start
     per_req = 1000 / max(1, n // 2)  # ms per gateway request (the backend also served direct)
-    cpu = {f"{k}_cpu_ms_per_req": (_cpu_s(p) - cpu0[k]) * per_req for k, p in (pids or {}).items()}
+    cpu = {
+        f"{k}_cpu_ms_per_req": (_tree_cpu_s(p) - cpu0[k]) * per_req for k, p in (pids or {}).items()
+    }
     cpu["client_cpu_ms_per_req"] = (time.process_time() - client0) * per_req
     for q in pools.values():
         while not q.empty():
@@ -293,6 +411,7 @@ async def latency_run(
         "added_p50": _pct(g, 0.5) - _pct(d, 0.5),
         "added_p99": _pct(g, 0.99) - _pct(d, 0.99),
         "unanswered": unanswered,
+        "late": late,
         **cpu,
     }
 

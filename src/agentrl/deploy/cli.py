@@ -232,8 +232,21 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         period: float = typer.Option(2.0, help="Monitor period for the rollback figure."),
         latency_only: bool = typer.Option(False, help="Only the added-latency figures."),
         repeat: int = typer.Option(1, help="Latency runs per rate (the median is reported)."),
+        peers: bool = typer.Option(
+            False,
+            help="Side by side with LiteLLM's proxy, Portkey's gateway and TensorZero's "
+            "(installed once into ~/.cache/agentrl/bench-peers): added latency, max rate, CPU.",
+        ),
+        only: str = typer.Option(
+            "litellm,portkey,tensorzero", help="With --peers: which peers, comma-separated."
+        ),
     ) -> None:
         """Gateway overhead, rollback time, batching factor, split accuracy."""
+        if peers:
+            from agentrl.deploy.bench_peers import run_peers
+
+            run_peers(duration=duration, only=tuple(x for x in only.split(",") if x))
+            return
         from agentrl.deploy.bench import run_bench
 
         run_bench(

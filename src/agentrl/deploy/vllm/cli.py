@@ -46,6 +46,12 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         prompts: int = typer.Option(256, help="Prompts, the same for both backends."),
         concurrency: str = typer.Option("1,8,32", help="Concurrency levels, comma-separated."),
         max_tokens: int = typer.Option(32, help="Completion tokens per request."),
+        budget_s: float = typer.Option(
+            540.0,
+            help="Seconds for vLLM's start and the load runs together (the whole command "
+            "ends within ~10 minutes on 2 cores); what does not fit is listed under "
+            "`skipped`. 0: no bound.",
+        ),
     ) -> None:
         """The local backend and vLLM, same model, same prompts, through the gateway:
         requests/s, output tokens/s, p50/p99 latency, adapter load seconds; one JSON line."""
@@ -54,5 +60,5 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         from agentrl.deploy.vllm.bench import run_bench
 
         levels = [int(x) for x in concurrency.split(",") if x.strip()]
-        out = asyncio.run(run_bench(model, prompts, levels, max_tokens))
+        out = asyncio.run(run_bench(model, prompts, levels, max_tokens, budget_s or None))
         typer.echo(json.dumps(out))

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from agentrl.bus.server import _die_with_parent
 from agentrl.deploy.errors import BackendError
 
 log = logging.getLogger(__name__)
@@ -177,6 +178,10 @@ class VllmServer:
                 stderr=asyncio.subprocess.STDOUT,
                 env=self._env(),
                 start_new_session=True,
+                # the API server gets SIGTERM (and stops its engine) when the process that
+                # started it dies, whatever killed it; a SIGKILLed supervisor's engine
+                # processes are ended by the next one (reap_stale_group)
+                preexec_fn=_die_with_parent,
             )
         except OSError as exc:
             self.last_error = f"could not start {self.python}: {exc}"

@@ -1,0 +1,481 @@
+"""`agentrl bench gateway --peers`: agentrl's gateway beside the gateways people pick.
+
+Each peer that installs here is put in front of the same scripted OpenAI backend as agentrl's
+gateway and driven by the same open-loop load generator (`bench.latency_run`: direct and
+gateway requests alternate, so both see the same machine), in turn:
+
+- LiteLLM's proxy (Python, `litellm[proxy]`, in its own venv),
+- Portkey's gateway (Node, npm `@portkey-ai/gateway`),
+- TensorZero's gateway (Rust, the HTTP gateway embedded in the `tensorzero` wheel, in its own
+  venv; its OpenAI-compatible route `/openai/v1`).
+
+Peers install into the user cache (`~/.cache/agentrl/bench-peers`), never into agentrl's
+environment, once; a peer that will not install or start is reported with the reason. Per
+peer: added p50/p99 at 200 and 1,000 requests/s, non-streaming and streaming, the highest
+rate with p99 under 50 ms (non-streaming, a ramp), CPU ms per request of the peer's process
+tree, errors. The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentrl.cachedirs import cache_home
+from agentrl.deploy import bench
+
+RATES = (200.0, 1000.0)
+RAMP = (200.0, 400.0, 700.0, 1000.0, 1500.0, 2000.0, 3000.0)
+P99_LIMIT_MS = 50.0
+GIVE_UP_S = 10.0  # a request this late for a connection is dropped: the run ends
+INSTALL_TIMEOUT_S = 900
+
+
+@dataclass
+class Peer:
+    """A gateway under test: how to reach it, and what it runs as."""
+
+    name: str
+    url: str = ""  # its chat-completions URL
+    target: dict[str, Any] = field(default_factory=dict)  # model + headers for latency_run
+    proc: subprocess.Popen[bytes] | None = None
+    version: str | None = None
+    error: str | None = None
+    log: Path | None = None
+
+
+def peers_dir() -> Path:
+    return cache_home() / "bench-peers"
+
+
+def _sh(cmd: list[str], timeout: float = INSTALL_TIMEOUT_S, **kw: Any) -> str:
+    """Run an install step; its failure (with the tail of its output) is the reason."""
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, **kw)
+    if out.returncode != 0:
+        tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"{' '.join(cmd[:4])} failed ({out.returncode}): {' | '.join(tail)}")
+    return out.stdout
+
+
+def _venv(path: Path, requirement: str, probe: str) -> Path:
+    """A throwaway venv holding `requirement`, made once; its python."""
+    python = path / "bin" / "python"
+    if (
+        python.exists()
+        and subprocess.run([python, "-c", probe], capture_output=True).returncode == 0
+    ):
+        return python
+    if not python.exists():
+        _sh([sys.executable, "-m", "venv", str(path)], timeout=120)
+    _sh([str(python), "-m", "pip", "install", "-q", requirement])
+    return python
+
+
+def _version(python: Path, dist: str) -> str:
+    code = f"import importlib.metadata as m; print(m.version({dist!r}))"
+    return _sh([str(python), "-c", code], timeout=60).strip()
+
+
+def _popen(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    from agentrl.bus.server import _die_with_parent
+
+    with open(log, "ab") as fh:
+        return subprocess.Popen(
+            cmd,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+            preexec_fn=_die_with_parent,  # a killed benchmark leaves no peer behind
+        )
+
+
+# ---- peers -------------------------------------------------------------------------------
+def start_litellm(backend: str, tmp: Path) -> Peer:
+    peer = Peer("litellm", log=tmp / "litellm.log")
+    python = _venv(
+        peers_dir() / "litellm-venv", "litellm[proxy]", "import litellm.proxy.proxy_server"
+    )
+    peer.version = _version(python, "litellm")
+    key = "sk-bench-" + secrets.token_hex(16)
+    cfg = tmp / "litellm.yaml"
+    cfg.write_text(
+        json.dumps(  # (YAML is a superset of JSON)
+            {
+                "model_list": [
+                    {
+                        "model_name": "agentrl-policy",
+                        "litellm_params": {
+                            "model": "openai/bench",
+                            "api_base": backend,
+                            "api_key": "bench",
+                        },
+                    }
+                ],
+                "litellm_settings": {"telemetry": False, "drop_params": True},
+                # the proxy refuses to start without a master key; no database
+                "general_settings": {"master_key": key},
+            }
+        )
+    )
+    port = bench._free_port()
+    assert peer.log is not None
+    peer.proc = _popen(
+        [
+            str(python.parent / "litellm"),
+            "--config",
+            str(cfg),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--num_workers",
+            "1",
+        ],
+        peer.log,
+        # no fetch of the model price map at start; no telemetry; quiet
+        env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"},
+    )
+    peer.url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    peer.target = {"model": "agentrl-policy", "headers": {"Authorization": f"Bearer {key}"}}
+    return peer
+
+
+def start_portkey(backend: str, tmp: Path) -> Peer:
+    peer = Peer("portkey", log=tmp / "portkey.log")
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if (node is None or npm is None) and shutil.which("apt-get") and os.geteuid() == 0:
+        _sh(["apt-get", "install", "-y", "-q", "nodejs", "npm"])
+        node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        raise RuntimeError("node and npm are not installed (apt-get install nodejs npm)")
+    where = peers_dir() / "portkey"
+    entry = where / "node_modules" / "@portkey-ai" / "gateway" / "build" / "start-server.js"
+    if not entry.exists():
+        where.mkdir(parents=True, exist_ok=True)
+        (where / "package.json").write_text(
+            json.dumps(
+                {
+                    "private": True,
+                    "dependencies": {"@portkey-ai/gateway": "^1.15.2"},
+                }
+            )
+        )
+        _sh([npm, "install", "--no-audit", "--no-fund"], cwd=where)
+    meta = json.loads((entry.parent.parent / "package.json").read_text())
+    peer.version = f"{meta['version']} (node {_sh([node, '--version'], timeout=30).strip()})"
+    port = bench._free_port()
+    assert peer.log is not None
+    peer.proc = _popen([node, str(entry), f"--port={port}", "--headless"], peer.log)
+    peer.url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    peer.target = {
+        "model": "bench",
+        "headers": {
+            "Authorization": "Bearer bench",
+            "x-portkey-provider": "openai",
+            "x-portkey-custom-host": backend,
+        },
+    }
+    return peer
+
+
+TENSORZERO_MAIN = """
+import signal, sys, threading
+import tensorzero
+gw = tensorzero._start_http_gateway(config_file=sys.argv[1], clickhouse_url=None,
+    postgres_url=None, valkey_url=None, async_setup=False)
+print(gw.base_url, flush=True)
+done = threading.Event()
+for s in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(s, lambda *_: done.set())
+done.wait()
+gw.close()
+"""
+
+
+def start_tensorzero(backend: str, tmp: Path) -> Peer:
+    peer = Peer("tensorzero", log=tmp / "tensorzero.log")
+    python = _venv(peers_dir() / "tz-venv", "tensorzero", "import tensorzero")
+    peer.version = _version(python, "tensorzero")
+    cfg = tmp / "tensorzero.toml"
+    cfg.write_text(
+        "[gateway]\nobservability.enabled = false\n\n"
+        '[models.bench]\nrouting = ["mock"]\n\n'
+        "[models.bench.providers.mock]\n"
+        f'type = "openai"\nmodel_name = "bench"\napi_base = "{backend}/"\n'
+        'api_key_location = "none"\n'
+    )
+    out = tmp / "tensorzero.url"
+    assert peer.log is not None
+    with open(out, "wb") as fh:
+        from agentrl.bus.server import _die_with_parent
+
+        peer.proc = subprocess.Popen(
+            [str(python), "-c", TENSORZERO_MAIN, str(cfg)],
+            stdout=fh,
+            stderr=open(peer.log, "ab"),  # noqa: SIM115 - the child keeps it
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "RUST_LOG": "warn"},
+            preexec_fn=_die_with_parent,
+        )
+    deadline = time.time() + 60
+    while time.time() < deadline and not out.read_text().strip():
+        if peer.proc.poll() is not None:
+            raise RuntimeError(f"exited with {peer.proc.returncode}: {_tail(peer.log)}")
+        time.sleep(0.1)
+    base = out.read_text().strip()
+    if not base:
+        raise RuntimeError("gave no URL within 60 s")
+    peer.url = f"{base.rstrip('/')}/chat/completions"
+    peer.target = {"model": "tensorzero::model_name::bench"}
+    return peer
+
+
+PEERS: dict[str, Callable[[str, Path], Peer]] = {
+    "litellm": start_litellm,
+    "portkey": start_portkey,
+    "tensorzero": start_tensorzero,
+}
+
+
+def _tail(log: Path | None, lines: int = 3) -> str:
+    if log is None or not log.exists():
+        return ""
+    return " | ".join(log.read_text(errors="replace").strip().splitlines()[-lines:])[-600:]
+
+
+def stop(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+# ---- measuring -----------------------------------------------------------------------------
+async def _ready(peer: Peer, timeout: float = 90.0) -> None:
+    """The peer answers one chat completion with 200 (not merely accepts a connection)."""
+    import httpx
+
+    body = {"model": peer.target.get("model"), "messages": [{"role": "user", "content": "hi"}]}
+    start, last = time.time(), "no answer"
+    async with httpx.AsyncClient(timeout=10) as c:
+        while time.time() - start < timeout:
+            if peer.proc is not None and peer.proc.poll() is not None:
+                raise RuntimeError(f"exited with {peer.proc.returncode}: {_tail(peer.log)}")
+            try:
+                r = await c.post(peer.url, json=body, headers=peer.target.get("headers"))
+                if r.status_code == 200:
+                    return
+                last = f"{r.status_code} {r.text[:200]}"
+            except httpx.HTTPError as exc:
+                last = repr(exc)
+            await asyncio.sleep(0.25)
+    raise RuntimeError(f"not serving after {timeout:.0f} s: {last}; {_tail(peer.log)}")
+
+
+def _sustains(run: dict[str, Any]) -> bool:
+    return (
+        run["gateway_p99"] < P99_LIMIT_MS
+        and run["achieved_rate"] >= 0.95 * run["rate"]
+        and run["unanswered"] == 0
+    )
+
+
+async def stream_probe(peer: Peer) -> str | None:
+    """None when one streamed request comes back as server-sent events ending in [DONE],
+    else what came back instead."""
+    import httpx
+
+    body = {
+        "model": peer.target.get("model"),
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+    }
+    async with httpx.AsyncClient(timeout=10) as c:
+        r = await c.post(peer.url, json=body, headers=peer.target.get("headers"))
+    if r.status_code == 200 and "data: [DONE]" in r.text:
+        return None
+    return f"streaming answered {r.status_code}: {r.text[:200]}; {_tail(peer.log, 2)}"
+
+
+async def measure(
+    direct: str, peer: Peer, duration: float, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """One peer's figures: each rate, both modes, then the ramp. A step of the ramp that
+    misses is run once more before it counts (a shared machine has bad seconds)."""
+    pid = peer.proc.pid if peer.proc is not None else os.getpid()
+    out: dict[str, Any] = {"stream_error": await stream_probe(peer)}
+    for stream in (False, True):
+        if stream and out["stream_error"]:
+            say(f"{peer.name}: streaming not measured: {out['stream_error']}")
+            continue
+        for rate in RATES:
+            say(f"{peer.name}: {rate:g} req/s {'streaming' if stream else 'non-streaming'}")
+            out[f"{'stream' if stream else 'plain'}{int(rate)}"] = await bench.latency_run(
+                direct,
+                peer.url,
+                rate,
+                duration,
+                pids={"gateway": pid},
+                target=peer.target,
+                stream=stream,
+                give_up_s=GIVE_UP_S,
+            )
+    best, ramp = 0.0, []
+    for rate in RAMP:
+        args = (direct, peer.url, rate, duration)
+        run = await bench.latency_run(*args, target=peer.target, give_up_s=GIVE_UP_S)
+        if not _sustains(run):
+            run = await bench.latency_run(*args, target=peer.target, give_up_s=GIVE_UP_S)
+        ramp.append(
+            {
+                "rate": rate,
+                "p99": round(run["gateway_p99"], 2),
+                "achieved": round(run["achieved_rate"]),
+            }
+        )
+        say(f"{peer.name}: ramp {rate:g} req/s -> p99 {run['gateway_p99']:.1f} ms")
+        if not _sustains(run):
+            break
+        best = rate
+    out["max_rps"], out["ramp"] = best, ramp
+    return out
+
+
+def line(results: dict[str, dict[str, Any]], failed: dict[str, str]) -> dict[str, Any]:
+    """The one JSON object: agentrl's keys plain, each peer's prefixed, and the ratios."""
+
+    def r(x: float) -> float:
+        return round(x, 3)
+
+    row: dict[str, Any] = {}
+    for name, res in results.items():
+        pre = "" if name == "agentrl" else f"{name}_"
+        for mode in ("plain", "stream"):
+            suffix = "" if mode == "plain" else "_stream"
+            if mode == "stream" and res["stream_error"]:
+                row[f"{pre}stream_error"] = res["stream_error"]
+                continue
+            for rate in (200, 1000):
+                m = res[f"{mode}{rate}"]
+                row[f"{pre}added_p50_ms_{rate}rps{suffix}"] = r(m["added_p50"])
+                row[f"{pre}added_p99_ms_{rate}rps{suffix}"] = r(m["added_p99"])
+                row[f"{pre}achieved_rps_{rate}{suffix}"] = round(m["achieved_rate"], 1)
+                row[f"{pre}p99_ms_{rate}rps{suffix}"] = r(m["gateway_p99"])
+        row[f"{pre}max_rps"] = res["max_rps"]
+        row[f"{pre}cpu_ms_per_request"] = r(res["plain1000"].get("gateway_cpu_ms_per_req", 0.0))
+        row[f"{pre}late"] = sum(
+            v.get("late", 0)
+            for k, v in res.items()
+            if k.startswith(("plain", "stream")) and k[-1].isdigit()
+        )
+        row[f"{pre}errors"] = sum(
+            v["unanswered"]
+            for k, v in res.items()
+            if k.startswith(("plain", "stream")) and k[-1].isdigit()
+        )
+    ours = results.get("agentrl")
+    for name, res in results.items():
+        if name == "agentrl" or ours is None:
+            continue
+        for rate in (200, 1000):
+            theirs, mine = res[f"plain{rate}"], ours[f"plain{rate}"]
+            # a ratio only where both kept up: past saturation both paths queue and the
+            # difference of two percentiles says nothing
+            kept_up = all(m["achieved_rate"] >= 0.95 * rate for m in (theirs, mine))
+            ok = kept_up and theirs["added_p99"] > 0
+            row[f"ratio_p99_vs_{name}_{rate}rps"] = (
+                r(mine["added_p99"] / theirs["added_p99"]) if ok else None
+            )
+        row[f"ratio_p99_vs_{name}"] = row[f"ratio_p99_vs_{name}_1000rps"]
+    for name, why in failed.items():
+        row[f"{name}_error"] = why
+    return row
+
+
+def run_peers(duration: float = 3.0, only: tuple[str, ...] = tuple(PEERS)) -> dict[str, Any]:
+    """Start the backend and agentrl's gateway, then each peer in turn; print and return the
+    line. The backend and agentrl's gateway are `bench`'s own helper processes."""
+    from agentrl.bus.server import EmbeddedNats
+
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    uptime_before = _uptime()
+    tmp = Path(tempfile.mkdtemp(prefix="agentrl-bench-peers-"))
+    results: dict[str, dict[str, Any]] = {}
+    failed: dict[str, str] = {}
+    versions: dict[str, str] = {}
+    procs: list[subprocess.Popen[bytes]] = []
+    with EmbeddedNats(data_dir=tmp) as nats:
+        try:
+            bp, gp = bench._free_port(), bench._free_port()
+            procs.append(bench._spawn("backend", str(bp)))
+            backend = f"http://127.0.0.1:{bp}/v1"
+            procs.append(bench._spawn("gateway", str(gp), backend, nats.url))
+            direct = f"{backend}/chat/completions"
+            ours = Peer(
+                "agentrl",
+                url=f"http://127.0.0.1:{gp}/v1/chat/completions",
+                target={"model": "agentrl-policy"},
+                proc=procs[1],
+            )
+            from importlib.metadata import version
+
+            versions["agentrl"] = version("agentrl")
+
+            async def main() -> None:
+                await bench._wait_http(direct)
+                await _ready(ours)
+                results["agentrl"] = await measure(direct, ours, duration, say)
+                for name in only:
+                    peer: Peer | None = None
+                    try:
+                        say(f"{name}: installing / starting ...")
+                        peer = await asyncio.to_thread(PEERS[name], backend, tmp)
+                        if peer.version:
+                            versions[name] = peer.version
+                        await _ready(peer)
+                        results[name] = await measure(direct, peer, duration, say)
+                    except Exception as exc:  # reported, never dropped
+                        failed[name] = f"{type(exc).__name__}: {exc}"[:800]
+                        say(f"{name}: not measured: {failed[name]}")
+                    finally:
+                        if peer is not None:
+                            stop(peer.proc)
+
+            asyncio.run(main())
+        finally:
+            for p in procs:
+                stop(p)
+    row = line(results, failed)
+    row["versions"] = versions
+    row["duration_s_per_rate"] = duration
+    row["cores"] = os.cpu_count()
+    row["uptime_before"] = uptime_before
+    row["uptime_after"] = _uptime()
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps(row))
+    return row
+
+
+def _uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "load average: " + " ".join(f"{x:.2f}" for x in os.getloadavg())

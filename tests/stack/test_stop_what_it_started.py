@@ -1,0 +1,220 @@
+"""Issue 54: every command that starts vLLM, nats-server or a helper/job process stops it on
+SIGTERM and on SIGINT. Sent SIGTERM, `agentrl bench serving` used to die on the spot and leave
+its vLLM server running (killed by hand).
+
+Real processes throughout. vLLM itself is a stand-in here (the real one takes minutes to
+start and needs its own environment, see tests/deploy/test_vllm.py): a Python that answers
+vLLM's probe and serves `/health`, `/v1/models` and `/v1/load_lora_adapter` from a process
+group with a child, as vLLM's API server and engine core do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+AGENTRL = str(Path(sys.executable).parent / "agentrl")
+
+STANDIN_SERVER = """
+import http.server, json, os, subprocess, sys, time
+port = int(sys.argv[sys.argv.index("--port") + 1])
+marker = os.environ["STANDIN_MARKER"]
+# the engine core: a child in the same process group (start_new_session of the parent)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "vllm-engine-standin"])
+class H(http.server.BaseHTTPRequestHandler):
+    def _ok(self, body):
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+    def do_GET(self):
+        self._ok({"object": "list", "data": [{"id": "base", "object": "model"}]})
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        self._ok({})
+    def log_message(self, *a):
+        pass
+with open(marker, "w") as fh:
+    fh.write(f"{os.getpid()} {child.pid}")
+http.server.ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def standin_vllm(tmp: Path) -> Path:
+    """A 'vLLM environment' whose python answers the import probe and runs the stand-in."""
+    server = tmp / "standin_vllm.py"
+    server.write_text(textwrap.dedent(STANDIN_SERVER))
+    python = tmp / "vllm-env" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "-c" ]; then exit 0; fi\n'  # find_python's `import vllm` probe
+        "shift 2\n"  # -m vllm.entrypoints.openai.api_server
+        f'exec {sys.executable} {server} "$@"\n'
+    )
+    python.chmod(0o755)
+    return python
+
+
+def _alive(pid: int) -> bool:
+    try:
+        p = psutil.Process(pid)
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_file(path: Path, proc: subprocess.Popen[str], timeout: float, log: Path) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return path.read_text()
+        assert proc.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.2)
+    raise AssertionError(f"{path} not written in {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+def _stop(proc: subprocess.Popen[str], sig: int, timeout: float = 60) -> float:
+    t = time.monotonic()
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    return time.monotonic() - t
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_bench_serving_stops_its_vllm(tmp_path: Path, sig: int) -> None:
+    python = standin_vllm(tmp_path)
+    marker = tmp_path / "vllm.pids"
+    env = {
+        **os.environ,
+        "AGENTRL_VLLM_PYTHON": str(python),
+        "AGENTRL_DATA_DIR": str(tmp_path / "data"),
+        "STANDIN_MARKER": str(marker),
+    }
+    log = tmp_path / "bench.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            [AGENTRL, "bench", "serving", "--model", "tiny", "--prompts", "4"],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+    pids: list[int] = []
+    try:
+        pids = [int(x) for x in _wait_file(marker, proc, 240, log).split()]
+        assert all(_alive(p) for p in pids)
+        took = _stop(proc, sig)
+    finally:
+        for p in pids:  # never leave the stand-in behind, whatever happened
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+    left = [p for p in pids if _alive(p)]
+    assert not left, f"vLLM stand-in left running after {signal.Signals(sig).name}: {left}"
+    assert took < 30, f"exit took {took:.1f} s"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_up_stops_its_nats_server(tmp_path: Path, sig: int) -> None:
+    env = {**os.environ, "AGENTRL_DATA_DIR": str(tmp_path), "COLUMNS": "200"}
+    env.pop("NATS_URL", None)
+    env.pop("AGENTRL_NATS_URL", None)
+    proc = subprocess.Popen(
+        [AGENTRL, "up", "--no-services"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    seen = ""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 90
+    while "agentrl is up" not in seen and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        seen += line
+    assert "agentrl is up" in seen, seen
+    servers = [c for c in psutil.Process(proc.pid).children(recursive=True) if "nats" in c.name()]
+    assert servers
+    took = _stop(proc, sig)
+    assert not [c.pid for c in servers if _alive(c.pid)]
+    assert took < 10, f"exit took {took:.1f} s"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_bench_gateway_stops_its_helper_processes(tmp_path: Path, sig: int) -> None:
+    """The gateway bench's backend and gateway processes (and its nats-server)."""
+    env = {**os.environ, "AGENTRL_DATA_DIR": str(tmp_path)}
+    log = tmp_path / "bench.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            [AGENTRL, "bench", "gateway", "--latency-only", "--duration", "60"],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+    deadline = time.monotonic() + 120
+    kids: list[psutil.Process] = []
+    try:
+        while time.monotonic() < deadline and "latency at" not in log.read_text():
+            assert proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+        kids = psutil.Process(proc.pid).children(recursive=True)
+        assert len(kids) >= 3, kids  # nats-server, two backends, the gateway
+        took = _stop(proc, sig)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(0.5)
+    left = [(k.pid, k.name()) for k in kids if _alive(k.pid)]
+    for pid, _ in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"left running after {signal.Signals(sig).name}: {left}"
+    assert took < 30, f"exit took {took:.1f} s"
+
+
+def test_bench_serving_keeps_to_its_budget_and_says_what_it_skipped(tmp_path: Path) -> None:
+    """`bench serving` had not finished after 22 minutes on 2 cores: a budget bounds it, and
+    the prompts that did not fit are named (here: far more prompts than 20 s can serve)."""
+    import json
+
+    python = standin_vllm(tmp_path)
+    env = {
+        **os.environ,
+        "AGENTRL_VLLM_PYTHON": str(python),
+        "AGENTRL_DATA_DIR": str(tmp_path / "data"),
+        "STANDIN_MARKER": str(tmp_path / "vllm.pids"),
+    }
+    cmd = [AGENTRL, "bench", "serving", "--model", "tiny", "--prompts", "5000"]
+    cmd += ["--concurrency", "1", "--budget-s", "20"]
+    t = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    took = time.monotonic() - t
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    line = json.loads(out.stdout.strip().splitlines()[-1])
+    assert line["budget_s"] == 20
+    assert any(s.startswith("local: ") and "of 5000 prompts" in s for s in line["skipped"]), line
+    assert line["local"][0]["skipped"] > 0
+    # the budget covers vLLM's start and the load runs; loading the models comes on top
+    assert took < 150, f"took {took:.0f} s"
