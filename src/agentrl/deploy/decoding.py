@@ -44,6 +44,63 @@ KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), [B, he
 MIN_PREFIX = 16  # shorter shared prefixes are not worth a cache entry
 
 
+class ChoiceMatcher:
+    """A `guided_choice` decoded token by token (a stream): the choices' token ids as a
+    trie; each step allows only the tokens that continue some choice, and an end-of-text
+    token where a choice is complete but a longer one continues it. Quacks like the
+    llguidance matcher the decode loop drives (`consume_token`, `is_stopped`,
+    `get_error`); `allowed()` replaces the grammar's bitmask. A choice of one token each is
+    sampled with the probabilities the scoring path gives (the softmax over the allowed
+    tokens); longer choices are sampled token by token, as vLLM does."""
+
+    def __init__(self, encoded: Sequence[Sequence[int]], eos_ids: set[int]) -> None:
+        self.encoded = [list(ids) for ids in encoded]
+        self.root: dict[int, Any] = {}
+        for index, ids in enumerate(self.encoded):
+            node = self.root
+            for tok in ids:
+                node = node.setdefault(int(tok), {})
+            node[-1] = index  # a choice ends here
+        self.eos_ids = sorted(eos_ids)
+        self.node = self.root
+        self.chosen: int | None = None  # the choice answered, once complete
+        self.error = ""
+
+    def allowed(self) -> list[int]:
+        ids = [t for t in self.node if t >= 0]
+        if -1 in self.node and ids:  # complete, and a longer choice goes on
+            ids.extend(self.eos_ids)
+        return ids
+
+    def consume_token(self, tok: int) -> bool:
+        if -1 in self.node and tok in self.eos_ids:
+            self.chosen = int(self.node[-1])
+            return True
+        nxt = self.node.get(int(tok)) if tok >= 0 else None
+        if nxt is None:
+            self.error = f"token {tok} continues no choice"
+            return False
+        self.node = nxt
+        if -1 in nxt and len(nxt) == 1:  # a choice ended and none continues it
+            self.chosen = int(nxt[-1])
+        return True
+
+    def is_stopped(self) -> bool:
+        return self.chosen is not None
+
+    def get_error(self) -> str:
+        return self.error
+
+
+def _mask_choices(logits: torch.Tensor, rows: list[int], matchers: list[ChoiceMatcher]) -> None:
+    """Keep only the tokens each choice matcher allows in its row of `logits` (in place)."""
+    for b, m in zip(rows, matchers, strict=True):
+        allowed = torch.tensor(m.allowed(), dtype=torch.long)
+        kept = logits[b, allowed].clone()
+        logits[b].fill_(float("-inf"))
+        logits[b, allowed] = kept
+
+
 @dataclass(eq=False)
 class DecodeRow:
     """One request to decode, and (filled in) its answer."""
@@ -371,6 +428,10 @@ class BatchDecoder:
                 r.finish = "cancelled"
                 ended.add(b)
         guided = [b for b, r in enumerate(rows) if r.matcher is not None and b not in ended]
+        picks = [b for b in guided if isinstance(rows[b].matcher, ChoiceMatcher)]
+        if picks:  # a streamed guided_choice: only tokens that continue a choice
+            _mask_choices(logits, picks, [rows[b].matcher for b in picks])
+            guided = [b for b in guided if b not in picks]
         if guided:  # structured outputs: what the grammar forbids gets probability 0
             for b in mask_logits(logits, guided, [rows[b].matcher for b in guided]):
                 rows[b].finish = "grammar_error"
