@@ -24,22 +24,21 @@ batch's when the newcomer is longer); columns that became padding for every row 
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from agentrl.deploy.prefix_cache import KV, PrefixCache
 from agentrl.deploy.structured import advance, mask_logits
 from agentrl.rollout.policies.hf_policy import sample_tokens
 
 TokenCallback = Callable[[int, float, list[tuple[int, float]]], None]
 # forward(adapters, **model_kwargs) -> the model's output (logits, past_key_values)
 Forward = Callable[..., Any]
-KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), [B, heads, T, dim]
+__all__ = ["KV", "BatchDecoder", "ChoiceMatcher", "DecodeRow", "PrefixCache", "decode_all"]
 
 MIN_PREFIX = 16  # shorter shared prefixes are not worth a cache entry
 
@@ -114,12 +113,19 @@ class DecodeRow:
     matcher: Any = None  # llguidance matcher of a structured-output request (its own copy)
     on_token: TokenCallback | None = None
     prefix_len: int = 0  # prompt tokens to take from / put in the prefix cache (0: none)
+    cache_key: str = ""  # the weights' identity in the prefix cache ("": the adapter name)
     cancelled: Callable[[], bool] | None = None  # True once the request went away
     tag: Any = None  # the caller's handle (the engine's request)
     toks: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
     tops: list[list[tuple[int, float]]] = field(default_factory=list)
     finish: str = "length"  # stop | length | grammar_error | cancelled
+
+    @property
+    def weights(self) -> str:
+        """The prefix cache's key of this row's K/V: versions share it only when their
+        weights are identical."""
+        return self.cache_key or self.adapter
 
 
 @dataclass
@@ -130,88 +136,6 @@ class DecodeStats:
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache
     decode_steps: int = 0
     decode_rows: int = 0  # sum of the batch sizes of the decode steps
-
-
-class PrefixCache:
-    """(adapter, prefix token ids) -> the prefix's K/V, per layer [1, heads, P, dim]; least
-    recently used entries go once their bytes pass `budget_bytes`. Thread-safe."""
-
-    def __init__(self, budget_bytes: int) -> None:
-        self.budget_bytes = max(0, int(budget_bytes))
-        self.bytes = 0
-        self.hits = 0
-        self.misses = 0
-        self._data: OrderedDict[tuple[str, tuple[int, ...]], tuple[KV, int]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def get(self, adapter: str, prefix: Sequence[int]) -> KV | None:
-        key = (adapter, tuple(prefix))
-        with self._lock:
-            hit = self._data.get(key)
-            if hit is None:
-                self.misses += 1
-                return None
-            self.hits += 1
-            self._data.move_to_end(key)
-            return hit[0]
-
-    def longest(self, adapter: str, ids: Sequence[int], limit: int) -> tuple[tuple[int, ...], KV]:
-        """The longest run of leading `ids` (at most `limit`) whose K/V an entry of `adapter`
-        holds (the common prefix with a cached conversation: an agent's next turn starts with
-        its last prompt and reply), with that K/V; ((), []) when none reaches MIN_PREFIX."""
-        best, best_kv = 0, None
-        target = tuple(ids[:limit])
-        with self._lock:
-            for a, key in self._data:
-                if a != adapter or len(key) <= best or key[:MIN_PREFIX] != target[:MIN_PREFIX]:
-                    continue
-                n = _common(key, target)
-                if n > best:
-                    best, best_kv = n, (a, key)
-            if best < MIN_PREFIX or best_kv is None:
-                self.misses += 1
-                return (), []
-            self.hits += 1
-            self._data.move_to_end(best_kv)
-            kv = self._data[best_kv][0]
-        return target[:best], [(k[:, :, :best], v[:, :, :best]) for k, v in kv]
-
-    def put(self, adapter: str, prefix: Sequence[int], kv: KV) -> None:
-        size = sum(k.nbytes + v.nbytes for k, v in kv)
-        key = (adapter, tuple(prefix))
-        with self._lock:
-            old = self._data.pop(key, None)
-            if old is not None:
-                self.bytes -= old[1]
-            if size > self.budget_bytes:
-                return
-            self._data[key] = (kv, size)
-            self.bytes += size
-            while self.bytes > self.budget_bytes and self._data:
-                _, (_, gone) = self._data.popitem(last=False)
-                self.bytes -= gone
-
-    def drop_adapter(self, adapter: str) -> None:
-        """Forget every prefix of `adapter` (it was unloaded: its K/V mean nothing now)."""
-        with self._lock:
-            for key in [k for k in self._data if k[0] == adapter]:
-                self.bytes -= self._data.pop(key)[1]
-
-    def clear(self) -> None:
-        with self._lock:
-            self._data.clear()
-            self.bytes = 0
-
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def _kv_of(cache: Any) -> KV:
@@ -294,23 +218,24 @@ class BatchDecoder:
     def _groups(
         self, rows: Sequence[DecodeRow]
     ) -> list[tuple[list[DecodeRow], tuple[int, ...] | None, KV | None]]:
-        """Rows by (adapter, shared prefix), with the prefix's cached K/V where a
-        conversation's is found; rows with no prefix form one group (adapters mixed)."""
+        """Rows by (weights, shared prefix), with the prefix's cached K/V where the cache
+        holds at least the row's system prompt (or, with no system prompt, any run of whole
+        blocks); rows with no prefix form one group (adapters mixed)."""
         groups: dict[Any, list[DecodeRow]] = {}
         found: dict[Any, KV] = {}
         for r in rows:
             key = None
+            p = self._prefix_len(r)
             if self.conversations and self.prefix_cache is not None:
-                run, kv = self.prefix_cache.longest(r.adapter, r.prompt_ids, len(r.prompt_ids) - 1)
-                if run and len(run) >= self._prefix_len(r):
-                    key = (r.adapter, run)
+                run, kv = self.prefix_cache.longest(r.weights, r.prompt_ids, len(r.prompt_ids) - 1)
+                if len(run) >= max(p, MIN_PREFIX):
+                    key = (r.weights, r.adapter, run)
                     found[key] = kv
-            if key is None:
-                p = self._prefix_len(r)
-                key = (r.adapter, tuple(r.prompt_ids[:p])) if p else None
+            if key is None and p:
+                key = (r.weights, r.adapter, tuple(r.prompt_ids[:p]))
             groups.setdefault(key, []).append(r)
         return [
-            (members, None if key is None else key[1], None if key is None else found.get(key))
+            (members, None if key is None else key[2], None if key is None else found.get(key))
             for key, members in groups.items()
         ]
 
@@ -318,19 +243,32 @@ class BatchDecoder:
         p = min(r.prefix_len, len(r.prompt_ids) - 1)  # a row keeps one token of its own
         return p if p >= MIN_PREFIX else 0
 
-    def _prefix_kv(self, adapter: str, prefix: Sequence[int]) -> KV:
-        kv = self.prefix_cache.get(adapter, prefix) if self.prefix_cache is not None else None
-        if kv is not None:
-            self.stats.cached_tokens += len(prefix)
+    def _prefix_kv(self, row: DecodeRow, prefix: Sequence[int]) -> KV:
+        """The K/V of `prefix` under the row's weights: the cached run of whole blocks, and
+        the rest run through the model once (then cached)."""
+        run: tuple[int, ...] = ()
+        kv: KV = []
+        if self.prefix_cache is not None:
+            run, kv = self.prefix_cache.longest(row.weights, prefix, len(prefix))
+            self.stats.cached_tokens += len(run)
+        if len(run) == len(prefix):
             return kv
         started = time.perf_counter()
-        ids = torch.tensor([list(prefix)], dtype=torch.long, device=self.device)
-        out = self.forward([adapter], input_ids=ids, use_cache=True, logits_to_keep=1)
+        ids = torch.tensor([list(prefix[len(run) :])], dtype=torch.long, device=self.device)
+        positions = torch.arange(len(run), len(prefix), device=self.device)[None]
+        out = self.forward(
+            [row.adapter],
+            input_ids=ids,
+            position_ids=positions,
+            past_key_values=_cache_of(kv) if run else None,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         kv = _kv_of(out.past_key_values)
         self.stats.prefill_s += time.perf_counter() - started
-        self.stats.prefill_tokens += len(prefix)
+        self.stats.prefill_tokens += len(prefix) - len(run)
         if self.prefix_cache is not None:
-            self.prefix_cache.put(adapter, prefix, kv)
+            self.prefix_cache.put(row.weights, prefix, kv)
         return kv
 
     def _prefill(
@@ -348,7 +286,7 @@ class BatchDecoder:
                 self.stats.cached_tokens += p * n
                 kv = cached
             else:
-                kv = self._prefix_kv(rows[0].adapter, prefix)
+                kv = self._prefix_kv(rows[0], prefix)
             past = _cache_of([(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in kv])
         started = time.perf_counter()
         rest = [r.prompt_ids[p:] for r in rows]
@@ -501,7 +439,7 @@ class BatchDecoder:
         real = self._mask[b].bool()
         tokens = [*r.prompt_ids, *r.toks][: int(real.sum())]
         kv = [(k[b : b + 1, :, real], v[b : b + 1, :, real]) for k, v in _kv_of(self._cache)]
-        self.prefix_cache.put(r.adapter, tokens, kv)
+        self.prefix_cache.put(r.weights, tokens, kv)
 
     def _stopped(self, r: DecodeRow) -> bool:
         text = self.decode_text(r.toks) if self.decode_text is not None else ""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -61,10 +62,11 @@ log = logging.getLogger(__name__)
 
 BASE_ADAPTER = "__base__"
 PROMPT_CACHE_MB = 256.0  # rendered prompts + guided_choice scores together (LRU by bytes)
-# K/V of shared system prompts and of finished conversations (an agent's next turn starts
-# with its last prompt and reply), per version: SmolLM2-135M holds ~46 KB per token, so a
-# 250-token Agent Zero prompt is ~11 MB and 256 MB keeps ~5,600 tokens (8 agents' turns)
-PREFIX_CACHE_MB = 256.0
+# K/V of prompt prefixes (system prompts, finished conversations: an agent's next turn
+# starts with its last prompt and reply), per weights, in blocks (`prefix_cache`):
+# SmolLM2-135M holds ~46 KB per token, so Agent Zero's 5,408-token system prompt is ~250 MB
+# and 1 GiB keeps it with ~17,000 tokens of conversations
+PREFIX_CACHE_MB = 1024.0
 # the engine's own threads: one decodes, one scores guided_choice prompts, one loads or
 # unloads adapters. Not the loop's default executor: `asyncio.to_thread` work of other
 # services (grammar compiles that run on past their timeout, evaluations) queued ahead of
@@ -89,6 +91,19 @@ class EngineStats:
         self.batch_sizes.append(size)
         if len(self.batch_sizes) > 10_000:  # a long-running gateway: keep the recent ones
             del self.batch_sizes[:5_000]
+
+
+def weights_key(folder: Path) -> str:
+    """The identity of an adapter's weights: a digest of its config and weight files (two
+    versions of identical weights share cached prefixes; any difference separates them)."""
+    h = hashlib.blake2b(digest_size=16)
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and path.name.startswith("adapter_"):
+            h.update(path.name.encode() + b"\0")
+            with path.open("rb") as f:
+                for piece in iter(lambda: f.read(1 << 20), b""):
+                    h.update(piece)
+    return "lora:" + h.hexdigest()
 
 
 def engine_threads(requested: int = 0) -> int:
@@ -128,6 +143,9 @@ class LocalEngine:
         self.tokenizer = policy.tokenizer
         self.is_peft = False
         self.adapters: dict[str, str] = {}  # model_id -> adapter name
+        # adapter name -> the identity of its weights (the prefix cache's key): versions
+        # share cached prefixes only when their weights are identical
+        self.weights: dict[str, str] = {BASE_ADAPTER: BASE_ADAPTER}
         self.max_batch_size = max_batch_size
         # guided_choice prompts scored in one pass (a prefill with no decoding after it:
         # larger batches pay; `agentrl bench choice`, SmolLM2 on one thread, 103-token
@@ -204,6 +222,7 @@ class LocalEngine:
                     f"{mine}; start the gateway with that base model"
                 )
         name = "v_" + "".join(c if c.isalnum() else "_" for c in model_id)
+        identity = weights_key(folder)
         with self._adapter_turn():
             if model_id in self.adapters:
                 return
@@ -216,6 +235,7 @@ class LocalEngine:
                 self.model.load_adapter(str(folder), adapter_name=name)
             self.model.eval()
             self.adapters[model_id] = name
+            self.weights[name] = identity
 
     def unload_adapter(self, model_id: str) -> None:
         with self._adapter_turn():
@@ -228,7 +248,9 @@ class LocalEngine:
                     self.is_peft = False
             if name is not None:
                 self._choice_cache.drop_tag(name)
-                self.prefixes.drop_adapter(name)
+                identity = self.weights.pop(name, name)
+                if identity not in self.weights.values():  # no version with these weights
+                    self.prefixes.drop_adapter(identity)
 
     @contextlib.contextmanager
     def _adapter_turn(self) -> Iterator[None]:
@@ -240,6 +262,10 @@ class LocalEngine:
                 yield
         finally:
             self._adapter_ops -= 1
+
+    def weights_of(self, adapter: str) -> str:
+        """The prefix cache's key of `adapter`'s K/V."""
+        return self.weights.get(adapter, adapter)
 
     def adapter_of(self, model_id: str | None) -> str:
         if model_id is None:
@@ -336,9 +362,11 @@ class LocalEngine:
             self._loop, self._batcher = loop, None
         future: asyncio.Future[Any] = loop.create_future()
         top_k = (request.top_logprobs or 0) if request.logprobs else 0
+        adapter = self.adapter_of(model_id)
         row = DecodeRow(
             prompt,
-            adapter=self.adapter_of(model_id),
+            adapter=adapter,
+            cache_key=self.weights_of(adapter),
             temperature=temperature,
             max_new_tokens=limit,
             top_k=top_k,
@@ -648,7 +676,12 @@ class LocalEngine:
                 out[i] = exc
         if singles:
             rows = [
-                DecodeRow(items[i][1], adapter=items[i][0][0], prefix_len=items[i][2])
+                DecodeRow(
+                    items[i][1],
+                    adapter=items[i][0][0],
+                    cache_key=self.weights_of(items[i][0][0]),
+                    prefix_len=items[i][2],
+                )
                 for i, _, _ in singles
             ]
             with self._adapter_turn():
