@@ -46,13 +46,28 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         prompts: int = typer.Option(256, help="Prompts, the same for both backends."),
         concurrency: str = typer.Option("1,8,32", help="Concurrency levels, comma-separated."),
         max_tokens: int = typer.Option(32, help="Completion tokens per request."),
+        prefix: bool = typer.Option(
+            True, help="Also measure the local engine's prefix cache on Agent Zero's prompt."
+        ),
+        prefix_only: bool = typer.Option(
+            False, help="Only the prefix-cache figures (no vLLM, no throughput levels)."
+        ),
+        agent_zero_prompt: str = typer.Option(
+            "", help="A file with Agent Zero's rendered system prompt (default: synthetic)."
+        ),
     ) -> None:
         """The local backend and vLLM, same model, same prompts, through the gateway:
-        requests/s, output tokens/s, p50/p99 latency, adapter load seconds; one JSON line."""
+        requests/s, output tokens/s, p50/p99 latency, adapter load seconds; and the local
+        engine's prefix cache on a 5,408-token Agent Zero prompt; one JSON line."""
         import asyncio
 
+        from agentrl.deploy.bench_prefix import prefix_run
         from agentrl.deploy.vllm.bench import run_bench
 
-        levels = [int(x) for x in concurrency.split(",") if x.strip()]
-        out = asyncio.run(run_bench(model, prompts, levels, max_tokens))
+        out: dict[str, object] = {}
+        if prefix or prefix_only:
+            out["prefix"] = asyncio.run(prefix_run(model, agent_zero_prompt or None))
+        if not prefix_only:
+            levels = [int(x) for x in concurrency.split(",") if x.strip()]
+            out = {**asyncio.run(run_bench(model, prompts, levels, max_tokens)), **out}
         typer.echo(json.dumps(out))
