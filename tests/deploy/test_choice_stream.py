@@ -153,3 +153,30 @@ def _move_logits(engine: Any, req: ChatRequest) -> list[float]:
     with torch.no_grad():
         out = engine.model(input_ids=torch.tensor([ids])).logits[0, -1]
     return [float(out[t[0]]) for t in candidate_ids(engine.tokenizer, MOVES)]
+
+
+async def test_closing_a_structured_output_stream_stops_the_decode(gw: Any, engine: Any) -> None:
+    """The grammar path too: a regex whose every match is hundreds of tokens long."""
+    _, client = gw
+    before, tokens_before = engine.stats.cancelled, engine.stats.new_tokens
+    stream = await client.chat.completions.create(
+        model="choice-policy",
+        messages=MSG,
+        temperature=1.0,
+        max_tokens=1900,
+        stream=True,
+        extra_body={"guided_regex": "(x,){1200}"},  # at least 600 tokens ("x," at best)
+    )
+    seen = 0
+    async for _chunk in stream:
+        seen += 1
+        if seen == 4:
+            break
+    await stream.close()
+    for _ in range(500):
+        if engine.stats.cancelled > before and engine.stats.active == 0:
+            break
+        await asyncio.sleep(0.02)
+    else:
+        raise AssertionError(f"decode did not stop: {engine.stats}")
+    assert engine.stats.new_tokens - tokens_before < 300, engine.stats
