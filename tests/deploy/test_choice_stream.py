@@ -146,13 +146,11 @@ async def test_a_streamed_one_token_choice_is_the_scored_one_when_greedy(engine:
 
 
 def _move_logits(engine: Any, req: ChatRequest) -> list[float]:
-    """The model's logits of the moves' tokens after the request's prompt."""
+    """The base model's log-probs of the moves' tokens after the request's prompt."""
     from agentrl.llm.choices import candidate_ids
 
     _, ids = engine._prompt(req)
-    with torch.no_grad():
-        out = engine.model(input_ids=torch.tensor([ids])).logits[0, -1]
-    return [float(out[t[0]]) for t in candidate_ids(engine.tokenizer, MOVES)]
+    return [s[0] for s in engine.score(None, ids, candidate_ids(engine.tokenizer, MOVES))]
 
 
 async def test_closing_a_structured_output_stream_stops_the_decode(gw: Any, engine: Any) -> None:

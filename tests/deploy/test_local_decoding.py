@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from deploy_helpers import write_checkpoint
 
 from agentrl.deploy.decoding import BatchDecoder, DecodeRow, PrefixCache, decode_all
 from agentrl.deploy.openai_types import ChatRequest
@@ -185,9 +186,7 @@ async def test_engine_answers_a_short_request_while_a_long_one_decodes(engine: A
     assert short_s < 60
 
 
-async def test_engine_caches_the_system_prompt_per_adapter(
-    engine: Any, checkpoints: list[str]
-) -> None:
+async def test_engine_caches_the_system_prompt_per_adapter(engine: Any, tmp_path: Path) -> None:
     msgs = [
         {"role": "system", "content": "You are Agent Zero. Use tools. " * 6},
         {"role": "user", "content": "What is 2 + 3?"},
@@ -195,7 +194,8 @@ async def test_engine_caches_the_system_prompt_per_adapter(
     req = ChatRequest(model="m", messages=msgs, max_tokens=4, temperature=0.0)
     _, ids, system_len = engine._prompt_parts(req)
     assert 16 <= system_len < len(ids)
-    engine.load_adapter("dec-b", Path(checkpoints[1]))
+    # an adapter of its own: versions of identical weights would share the blocks
+    engine.load_adapter("dec-b", Path(write_checkpoint(tmp_path / "dec-b", seed=103)))
     try:
         name = engine.adapters["dec-b"]
         first = await engine.generate("dec-b", req)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from deploy_helpers import write_checkpoint
 
 from agentrl.deploy.decoding import BatchDecoder, DecodeRow
 from agentrl.deploy.openai_types import ChatRequest
@@ -77,8 +78,10 @@ def test_the_cache_keeps_to_its_bytes_and_evicts_tails_first(engine: Any) -> Non
 
 
 async def test_versions_share_prefixes_only_with_identical_weights(
-    engine: Any, checkpoints: list[str]
+    engine: Any, tmp_path: Path
 ) -> None:
+    # adapters of their own (the session's checkpoints may be loaded by other tests' versions)
+    checkpoints = [write_checkpoint(tmp_path / f"pc{i}", seed=101 + i) for i in range(2)]
     system = {"role": "system", "content": "You are Agent Zero, a careful agent. " * 12}
 
     def req(q: str) -> ChatRequest:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), [1, heads, T, dim]
-BLOCK = 32  # tokens per block: the granularity of reuse (the rest of a prompt is prefilled)
+BLOCK = 16  # tokens per block, as vLLM's: the granularity of reuse (the rest is prefilled)
 BLOCK_OVERHEAD = 300  # bytes per block beyond its tensor: the dict slots, the token tuple
 
 
