@@ -7,6 +7,7 @@ passes of a tiny random model, real LoRA checkpoints."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +150,35 @@ async def test_a_second_agent_zero_turn_prefills_a_tenth_of_the_first(engine: An
         )
         turns.append(stats.prefill_tokens - before)
     assert turns[0] > 1000 and turns[1] <= turns[0] / 10, turns
+
+
+def test_decoding_in_place_gives_the_tokens_of_transformers_generate(engine: Any) -> None:
+    """The decode core's cache layers grow in place (no copy of the whole cache per token):
+    greedy tokens and their order are those of transformers' own `generate`, for a row alone
+    and for rows that join a batch mid-decode and leave it."""
+    prompts = [_ids(40, 8), _ids(23, 9), _ids(3 * BLOCK + 2, 10)]
+    expected = []
+    plain = engine.model.disable_adapter() if engine.is_peft else contextlib.nullcontext()
+    with torch.no_grad(), plain:  # the base model (adapters other tests loaded are off)
+        for p in prompts:
+            out = engine.model.generate(
+                input_ids=torch.tensor([p]),
+                attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                max_new_tokens=12,
+                do_sample=False,
+                pad_token_id=engine.pad_id,
+            )
+            expected.append(out[0, len(p) :].tolist())  # up to an end-of-text token
+    with torch.no_grad():
+        dec = _decoder(engine, PrefixCache(2**30))
+        rows = [DecodeRow(p, temperature=0.0, max_new_tokens=12) for p in prompts]
+        dec.admit(rows[:1])
+        for _ in range(5):
+            dec.step()
+        dec.admit(rows[1:])
+        while len(dec):
+            dec.step()
+    assert (
+        all(expected)
+        and [r.toks[: len(e)] for r, e in zip(rows, expected, strict=True)] == expected
+    )

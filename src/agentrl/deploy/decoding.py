@@ -142,10 +142,88 @@ def _kv_of(cache: Any) -> KV:
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 
-def _cache_of(kv: KV) -> Any:
+_GROW: Any = None
+
+
+def _grow_layer() -> Any:
+    """A transformers cache layer whose K/V live in buffers with room to grow: a decode
+    step writes its token in place. `DynamicLayer` concatenates, copying the whole cache on
+    every step (Agent Zero's 5,400-token context: ~250 MB per token for SmolLM2). Tensors
+    handed in (a cached prefix's blocks) are only read: the first update copies them into
+    a buffer of its own."""
+    global _GROW
+    if _GROW is not None:
+        return _GROW
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowLayer(DynamicLayer):  # type: ignore[misc]
+        def __init__(self, keys: Any = None, values: Any = None, adopt: bool = False) -> None:
+            super().__init__()
+            self._k: torch.Tensor | None = None
+            self._v: torch.Tensor | None = None
+            if keys is not None:
+                self.keys, self.values = keys, values
+                self.device, self.is_initialized = keys.device, True
+            if adopt:  # views of the start of buffers that are ours alone, with room after
+                self._k, self._v = _roomy(keys), _roomy(values)
+
+        def update(self, key_states: Any, value_states: Any, *args: Any, **kw: Any) -> Any:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            have = int(self.keys.shape[-2]) if self.keys.dim() == 4 else 0
+            total = have + int(key_states.shape[-2])
+            buf = self._k
+            if (
+                buf is None
+                or self._v is None
+                or buf.shape[-2] < total
+                or buf.shape[0] != key_states.shape[0]
+                or self.keys.data_ptr() != buf.data_ptr()
+            ):
+                room = total + max(64, total // 4)
+                b, h, _, d = key_states.shape
+                k = key_states.new_empty((b, h, room, d))
+                v = value_states.new_empty((b, h, room, value_states.shape[-1]))
+                if have:
+                    k[:, :, :have] = self.keys
+                    v[:, :, :have] = self.values
+                self._k, self._v = k, v
+            assert self._k is not None and self._v is not None
+            self._k[:, :, have:total] = key_states
+            self._v[:, :, have:total] = value_states
+            self.keys, self.values = self._k[:, :, :total], self._v[:, :, :total]
+            return self.keys, self.values
+
+    _GROW = GrowLayer
+    return _GROW
+
+
+def _roomy(t: torch.Tensor) -> torch.Tensor:
+    """The whole buffer a [B, heads, T, dim] view starts: its head stride says how many
+    tokens each head's row holds (`PrefixCache.longest(capacity=)` leaves room there)."""
+    b, h, _, d = t.shape
+    return t.as_strided((b, h, t.stride(1) // d, d), t.stride())
+
+
+def _cache_of(kv: KV, adopt: bool = False) -> Any:
+    """A cache over `kv` whose layers grow in place: copied at the next update into buffers
+    of their own, or, with `adopt` (`kv` is views of buffers with room that nothing else
+    holds), written in place from the start."""
     from transformers import DynamicCache
 
-    return DynamicCache(ddp_cache_data=[(k, v) for k, v in kv])
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = None
+    layer = _grow_layer()
+    cache.layers = [layer(k, v, adopt) for k, v in kv]
+    return cache
+
+
+def _empty_cache() -> Any:
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = _grow_layer()
+    return cache
 
 
 def _pad_left(t: torch.Tensor, extra: int, dim: int) -> torch.Tensor:
@@ -228,7 +306,12 @@ class BatchDecoder:
             p = self._prefix_len(r)
             if self.conversations and self.prefix_cache is not None:
                 started = time.perf_counter()  # assembling cached K/V is part of a prefill
-                run, kv = self.prefix_cache.longest(r.weights, r.prompt_ids, len(r.prompt_ids) - 1)
+                run, kv = self.prefix_cache.longest(
+                    r.weights,
+                    r.prompt_ids,
+                    len(r.prompt_ids) - 1,
+                    capacity=len(r.prompt_ids) + r.max_new_tokens + 1,  # grows in place
+                )
                 self.stats.prefill_s += time.perf_counter() - started
                 if len(run) >= max(p, MIN_PREFIX):
                     key = (r.weights, r.adapter, run)
@@ -263,7 +346,7 @@ class BatchDecoder:
             [row.adapter],
             input_ids=ids,
             position_ids=positions,
-            past_key_values=_cache_of(kv) if run else None,
+            past_key_values=_cache_of(kv) if run else _empty_cache(),
             use_cache=True,
             logits_to_keep=1,
         )
@@ -280,17 +363,23 @@ class BatchDecoder:
         prefix: Sequence[int] | None,
         p: int,
         cached: KV | None = None,
-    ) -> tuple[KV, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """K/V [n, heads, T, dim], mask [n, T], next positions [n, 1], logits [n, vocab]."""
+    ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The cache (K/V [n, heads, T, dim]), mask [n, T], next positions [n, 1], logits
+        [n, vocab]."""
         n = len(rows)
-        past = None
+        past = _empty_cache()
         if prefix is not None:
             if cached is not None:
                 self.stats.cached_tokens += p * n
                 kv = cached
             else:
                 kv = self._prefix_kv(rows[0], prefix)
-            past = _cache_of([(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in kv])
+            if cached is not None and n == 1:  # a fresh copy with room: grows in place
+                past = _cache_of(kv, adopt=True)
+            else:
+                past = _cache_of(
+                    [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in kv]
+                )
         started = time.perf_counter()
         rest = [r.prompt_ids[p:] for r in rows]
         width = max(len(x) for x in rest)
@@ -314,25 +403,21 @@ class BatchDecoder:
         self.stats.prefill_s += time.perf_counter() - started
         self.stats.prefill_tokens += int(rest_mask.sum())
         logits = out.logits[:, -1, :].float().cpu()
-        return _kv_of(out.past_key_values), mask, mask.sum(-1, keepdim=True), logits
+        return out.past_key_values, mask, mask.sum(-1, keepdim=True), logits
 
     def _join(
         self,
         rows: list[DecodeRow],
-        kv: KV,
+        cache: Any,
         mask: torch.Tensor,
         next_pos: torch.Tensor,
         logits: torch.Tensor,
     ) -> None:
-        if not self.rows:
+        if not self.rows:  # the prefill's own cache: its layers have room to grow
             self.rows = list(rows)
-            self._cache, self._mask, self._next_pos, self._logits = (
-                _cache_of(kv),
-                mask,
-                next_pos,
-                logits,
-            )
+            self._cache, self._mask, self._next_pos, self._logits = cache, mask, next_pos, logits
             return
+        kv = _kv_of(cache)
         assert self._mask is not None and self._next_pos is not None and self._logits is not None
         old_t, new_t = self._mask.shape[1], mask.shape[1]
         width = max(old_t, new_t)

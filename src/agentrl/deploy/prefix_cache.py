@@ -87,9 +87,13 @@ class PrefixCache:
         for b in reversed(path):  # the tail first: the head ends up the most recent
             self._blocks.move_to_end(b.ident)
 
-    def longest(self, key: str, ids: Sequence[int], limit: int) -> tuple[tuple[int, ...], KV]:
+    def longest(
+        self, key: str, ids: Sequence[int], limit: int, capacity: int = 0
+    ) -> tuple[tuple[int, ...], KV]:
         """The cached run (whole blocks, at most `limit` tokens) and its K/V per layer
-        [1, heads, run, dim]; ((), []) when not a block is cached."""
+        [1, heads, run, dim]; ((), []) when not a block is cached. With `capacity`, the K/V
+        are views of the start of fresh buffers of `capacity` tokens (the decode loop then
+        writes the rest of the prompt and the answer in place, no second copy)."""
         with self._lock:
             path = self._path(key, ids, limit)
             if not path:
@@ -98,9 +102,15 @@ class PrefixCache:
             self.hits += 1
             self._touch(path)
             stacked = [b.kv for b in path]
-        kv = torch.cat(stacked, dim=3) if len(stacked) > 1 else stacked[0]
-        run = tuple(ids[: len(path) * self.block])
-        return run, [(layer[0][None], layer[1][None]) for layer in kv]
+        n = len(path) * self.block
+        if capacity > n:
+            layers, _, heads, _, dim = stacked[0].shape
+            kv = stacked[0].new_empty((layers, 2, heads, capacity, dim))[:, :, :, :n]
+            for i, piece in enumerate(stacked):
+                kv[:, :, :, i * self.block : (i + 1) * self.block] = piece
+        else:
+            kv = torch.cat(stacked, dim=3) if len(stacked) > 1 else stacked[0]
+        return tuple(ids[:n]), [(layer[0][None], layer[1][None]) for layer in kv]
 
     # ---- storing ----------------------------------------------------------------------
     def put(self, key: str, ids: Sequence[int], kv: KV) -> None:
