@@ -305,17 +305,23 @@ class BatchDecoder:
             key = None
             p = self._prefix_len(r)
             if self.conversations and self.prefix_cache is not None:
-                started = time.perf_counter()  # assembling cached K/V is part of a prefill
-                run, kv = self.prefix_cache.longest(
-                    r.weights,
-                    r.prompt_ids,
-                    len(r.prompt_ids) - 1,
-                    capacity=len(r.prompt_ids) + r.max_new_tokens + 1,  # grows in place
-                )
-                self.stats.prefill_s += time.perf_counter() - started
-                if len(run) >= max(p, MIN_PREFIX):
-                    key = (r.weights, r.adapter, run)
-                    found[key] = kv
+                limit = len(r.prompt_ids) - 1
+                n = self.prefix_cache.run_length(r.weights, r.prompt_ids, limit)
+                if n >= max(p, MIN_PREFIX):
+                    key = (r.weights, r.adapter, tuple(r.prompt_ids[:n]))
+                if key is not None and key not in found:  # rows of one run share its copy
+                    started = time.perf_counter()  # assembling cached K/V is prefill time
+                    run, kv = self.prefix_cache.longest(
+                        r.weights,
+                        r.prompt_ids,
+                        limit,
+                        capacity=len(r.prompt_ids) + r.max_new_tokens + 1,  # grows in place
+                    )
+                    self.stats.prefill_s += time.perf_counter() - started
+                    if len(run) == n:
+                        found[key] = kv
+                    else:  # evicted in between: prefilled as if never cached
+                        key = None
             if key is None and p:
                 key = (r.weights, r.adapter, tuple(r.prompt_ids[:p]))
             groups.setdefault(key, []).append(r)

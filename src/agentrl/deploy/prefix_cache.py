@@ -87,6 +87,11 @@ class PrefixCache:
         for b in reversed(path):  # the tail first: the head ends up the most recent
             self._blocks.move_to_end(b.ident)
 
+    def run_length(self, key: str, ids: Sequence[int], limit: int) -> int:
+        """Tokens of the cached run `longest` would give (nothing assembled, nothing counted)."""
+        with self._lock:
+            return len(self._path(key, ids, limit)) * self.block
+
     def longest(
         self, key: str, ids: Sequence[int], limit: int, capacity: int = 0
     ) -> tuple[tuple[int, ...], KV]:
