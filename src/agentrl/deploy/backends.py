@@ -103,10 +103,10 @@ class LocalBackend:
         if record.checkpoint_path is None:
             return  # the base model itself
         folder = await asyncio.to_thread(verify_checkpoint, record, self.cache_dir)
-        await asyncio.to_thread(self.engine.load_adapter, record.model_id, folder)
+        await self.engine.run(self.engine.load_adapter, record.model_id, folder)
 
     async def release(self, model_id: str) -> None:
-        await asyncio.to_thread(self.engine.unload_adapter, model_id)
+        await self.engine.run(self.engine.unload_adapter, model_id)
 
     async def generate(self, model_id: str, request: ChatRequest) -> Generation:
         return await self.engine.generate(self._version(model_id), request)  # type: ignore[no-any-return]

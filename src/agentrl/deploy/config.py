@@ -210,6 +210,12 @@ class DeploySettings(BaseSettings):
     prompt_cache_mb: float = Field(
         256.0, ge=0.0, description="Bytes the local backend's prompt caches hold (LRU)."
     )
+    prefix_cache_mb: float = Field(
+        1024.0,
+        ge=0.0,
+        description="MiB of prompt-prefix K/V the local backend keeps for reuse (LRU blocks; "
+        "SmolLM2-135M: 46 KB per token, Agent Zero's 5,408-token system prompt ~250 MB).",
+    )
     completion_log_max_mb: float = Field(
         64.0,
         gt=0.0,

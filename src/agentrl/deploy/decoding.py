@@ -24,24 +24,80 @@ batch's when the newcomer is longer); columns that became padding for every row 
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from agentrl.deploy.prefix_cache import KV, PrefixCache
 from agentrl.deploy.structured import advance, mask_logits
 from agentrl.rollout.policies.hf_policy import sample_tokens
 
 TokenCallback = Callable[[int, float, list[tuple[int, float]]], None]
 # forward(adapters, **model_kwargs) -> the model's output (logits, past_key_values)
 Forward = Callable[..., Any]
-KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), [B, heads, T, dim]
+__all__ = ["KV", "BatchDecoder", "ChoiceMatcher", "DecodeRow", "PrefixCache", "decode_all"]
 
 MIN_PREFIX = 16  # shorter shared prefixes are not worth a cache entry
+
+
+class ChoiceMatcher:
+    """A `guided_choice` decoded token by token (a stream): the choices' token ids as a
+    trie; each step allows only the tokens that continue some choice, and an end-of-text
+    token where a choice is complete but a longer one continues it. Quacks like the
+    llguidance matcher the decode loop drives (`consume_token`, `is_stopped`,
+    `get_error`); `allowed()` replaces the grammar's bitmask. A choice of one token each is
+    sampled with the probabilities the scoring path gives (the softmax over the allowed
+    tokens); longer choices are sampled token by token, as vLLM does."""
+
+    def __init__(self, encoded: Sequence[Sequence[int]], eos_ids: set[int]) -> None:
+        self.encoded = [list(ids) for ids in encoded]
+        self.root: dict[int, Any] = {}
+        for index, ids in enumerate(self.encoded):
+            node = self.root
+            for tok in ids:
+                node = node.setdefault(int(tok), {})
+            node[-1] = index  # a choice ends here
+        self.eos_ids = sorted(eos_ids)
+        self.node = self.root
+        self.chosen: int | None = None  # the choice answered, once complete
+        self.error = ""
+
+    def allowed(self) -> list[int]:
+        ids = [t for t in self.node if t >= 0]
+        if -1 in self.node and ids:  # complete, and a longer choice goes on
+            ids.extend(self.eos_ids)
+        return ids
+
+    def consume_token(self, tok: int) -> bool:
+        if -1 in self.node and tok in self.eos_ids:
+            self.chosen = int(self.node[-1])
+            return True
+        nxt = self.node.get(int(tok)) if tok >= 0 else None
+        if nxt is None:
+            self.error = f"token {tok} continues no choice"
+            return False
+        self.node = nxt
+        if -1 in nxt and len(nxt) == 1:  # a choice ended and none continues it
+            self.chosen = int(nxt[-1])
+        return True
+
+    def is_stopped(self) -> bool:
+        return self.chosen is not None
+
+    def get_error(self) -> str:
+        return self.error
+
+
+def _mask_choices(logits: torch.Tensor, rows: list[int], matchers: list[ChoiceMatcher]) -> None:
+    """Keep only the tokens each choice matcher allows in its row of `logits` (in place)."""
+    for b, m in zip(rows, matchers, strict=True):
+        allowed = torch.tensor(m.allowed(), dtype=torch.long)
+        kept = logits[b, allowed].clone()
+        logits[b].fill_(float("-inf"))
+        logits[b, allowed] = kept
 
 
 @dataclass(eq=False)
@@ -57,12 +113,19 @@ class DecodeRow:
     matcher: Any = None  # llguidance matcher of a structured-output request (its own copy)
     on_token: TokenCallback | None = None
     prefix_len: int = 0  # prompt tokens to take from / put in the prefix cache (0: none)
+    cache_key: str = ""  # the weights' identity in the prefix cache ("": the adapter name)
     cancelled: Callable[[], bool] | None = None  # True once the request went away
     tag: Any = None  # the caller's handle (the engine's request)
     toks: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
     tops: list[list[tuple[int, float]]] = field(default_factory=list)
     finish: str = "length"  # stop | length | grammar_error | cancelled
+
+    @property
+    def weights(self) -> str:
+        """The prefix cache's key of this row's K/V: versions share it only when their
+        weights are identical."""
+        return self.cache_key or self.adapter
 
 
 @dataclass
@@ -75,96 +138,92 @@ class DecodeStats:
     decode_rows: int = 0  # sum of the batch sizes of the decode steps
 
 
-class PrefixCache:
-    """(adapter, prefix token ids) -> the prefix's K/V, per layer [1, heads, P, dim]; least
-    recently used entries go once their bytes pass `budget_bytes`. Thread-safe."""
-
-    def __init__(self, budget_bytes: int) -> None:
-        self.budget_bytes = max(0, int(budget_bytes))
-        self.bytes = 0
-        self.hits = 0
-        self.misses = 0
-        self._data: OrderedDict[tuple[str, tuple[int, ...]], tuple[KV, int]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def get(self, adapter: str, prefix: Sequence[int]) -> KV | None:
-        key = (adapter, tuple(prefix))
-        with self._lock:
-            hit = self._data.get(key)
-            if hit is None:
-                self.misses += 1
-                return None
-            self.hits += 1
-            self._data.move_to_end(key)
-            return hit[0]
-
-    def longest(self, adapter: str, ids: Sequence[int], limit: int) -> tuple[tuple[int, ...], KV]:
-        """The longest run of leading `ids` (at most `limit`) whose K/V an entry of `adapter`
-        holds (the common prefix with a cached conversation: an agent's next turn starts with
-        its last prompt and reply), with that K/V; ((), []) when none reaches MIN_PREFIX."""
-        best, best_kv = 0, None
-        target = tuple(ids[:limit])
-        with self._lock:
-            for a, key in self._data:
-                if a != adapter or len(key) <= best or key[:MIN_PREFIX] != target[:MIN_PREFIX]:
-                    continue
-                n = _common(key, target)
-                if n > best:
-                    best, best_kv = n, (a, key)
-            if best < MIN_PREFIX or best_kv is None:
-                self.misses += 1
-                return (), []
-            self.hits += 1
-            self._data.move_to_end(best_kv)
-            kv = self._data[best_kv][0]
-        return target[:best], [(k[:, :, :best], v[:, :, :best]) for k, v in kv]
-
-    def put(self, adapter: str, prefix: Sequence[int], kv: KV) -> None:
-        size = sum(k.nbytes + v.nbytes for k, v in kv)
-        key = (adapter, tuple(prefix))
-        with self._lock:
-            old = self._data.pop(key, None)
-            if old is not None:
-                self.bytes -= old[1]
-            if size > self.budget_bytes:
-                return
-            self._data[key] = (kv, size)
-            self.bytes += size
-            while self.bytes > self.budget_bytes and self._data:
-                _, (_, gone) = self._data.popitem(last=False)
-                self.bytes -= gone
-
-    def drop_adapter(self, adapter: str) -> None:
-        """Forget every prefix of `adapter` (it was unloaded: its K/V mean nothing now)."""
-        with self._lock:
-            for key in [k for k in self._data if k[0] == adapter]:
-                self.bytes -= self._data.pop(key)[1]
-
-    def clear(self) -> None:
-        with self._lock:
-            self._data.clear()
-            self.bytes = 0
-
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 def _kv_of(cache: Any) -> KV:
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 
-def _cache_of(kv: KV) -> Any:
+_GROW: Any = None
+
+
+def _grow_layer() -> Any:
+    """A transformers cache layer whose K/V live in buffers with room to grow: a decode
+    step writes its token in place. `DynamicLayer` concatenates, copying the whole cache on
+    every step (Agent Zero's 5,400-token context: ~250 MB per token for SmolLM2). Tensors
+    handed in (a cached prefix's blocks) are only read: the first update copies them into
+    a buffer of its own."""
+    global _GROW
+    if _GROW is not None:
+        return _GROW
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowLayer(DynamicLayer):  # type: ignore[misc]
+        def __init__(self, keys: Any = None, values: Any = None, adopt: bool = False) -> None:
+            super().__init__()
+            self._k: torch.Tensor | None = None
+            self._v: torch.Tensor | None = None
+            if keys is not None:
+                self.keys, self.values = keys, values
+                self.device, self.is_initialized = keys.device, True
+            if adopt:  # views of the start of buffers that are ours alone, with room after
+                self._k, self._v = _roomy(keys), _roomy(values)
+
+        def update(self, key_states: Any, value_states: Any, *args: Any, **kw: Any) -> Any:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            have = int(self.keys.shape[-2]) if self.keys.dim() == 4 else 0
+            total = have + int(key_states.shape[-2])
+            buf = self._k
+            if (
+                buf is None
+                or self._v is None
+                or buf.shape[-2] < total
+                or buf.shape[0] != key_states.shape[0]
+                or self.keys.data_ptr() != buf.data_ptr()
+            ):
+                room = total + max(64, total // 4)
+                b, h, _, d = key_states.shape
+                k = key_states.new_empty((b, h, room, d))
+                v = value_states.new_empty((b, h, room, value_states.shape[-1]))
+                if have:
+                    k[:, :, :have] = self.keys
+                    v[:, :, :have] = self.values
+                self._k, self._v = k, v
+            assert self._k is not None and self._v is not None
+            self._k[:, :, have:total] = key_states
+            self._v[:, :, have:total] = value_states
+            self.keys, self.values = self._k[:, :, :total], self._v[:, :, :total]
+            return self.keys, self.values
+
+    _GROW = GrowLayer
+    return _GROW
+
+
+def _roomy(t: torch.Tensor) -> torch.Tensor:
+    """The whole buffer a [B, heads, T, dim] view starts: its head stride says how many
+    tokens each head's row holds (`PrefixCache.longest(capacity=)` leaves room there)."""
+    b, h, _, d = t.shape
+    return t.as_strided((b, h, t.stride(1) // d, d), t.stride())
+
+
+def _cache_of(kv: KV, adopt: bool = False) -> Any:
+    """A cache over `kv` whose layers grow in place: copied at the next update into buffers
+    of their own, or, with `adopt` (`kv` is views of buffers with room that nothing else
+    holds), written in place from the start."""
     from transformers import DynamicCache
 
-    return DynamicCache(ddp_cache_data=[(k, v) for k, v in kv])
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = None
+    layer = _grow_layer()
+    cache.layers = [layer(k, v, adopt) for k, v in kv]
+    return cache
+
+
+def _empty_cache() -> Any:
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = _grow_layer()
+    return cache
 
 
 def _pad_left(t: torch.Tensor, extra: int, dim: int) -> torch.Tensor:
@@ -237,23 +296,37 @@ class BatchDecoder:
     def _groups(
         self, rows: Sequence[DecodeRow]
     ) -> list[tuple[list[DecodeRow], tuple[int, ...] | None, KV | None]]:
-        """Rows by (adapter, shared prefix), with the prefix's cached K/V where a
-        conversation's is found; rows with no prefix form one group (adapters mixed)."""
+        """Rows by (weights, shared prefix), with the prefix's cached K/V where the cache
+        holds at least the row's system prompt (or, with no system prompt, any run of whole
+        blocks); rows with no prefix form one group (adapters mixed)."""
         groups: dict[Any, list[DecodeRow]] = {}
         found: dict[Any, KV] = {}
         for r in rows:
             key = None
+            p = self._prefix_len(r)
             if self.conversations and self.prefix_cache is not None:
-                run, kv = self.prefix_cache.longest(r.adapter, r.prompt_ids, len(r.prompt_ids) - 1)
-                if run and len(run) >= self._prefix_len(r):
-                    key = (r.adapter, run)
-                    found[key] = kv
-            if key is None:
-                p = self._prefix_len(r)
-                key = (r.adapter, tuple(r.prompt_ids[:p])) if p else None
+                limit = len(r.prompt_ids) - 1
+                n = self.prefix_cache.run_length(r.weights, r.prompt_ids, limit)
+                if n >= max(p, MIN_PREFIX):
+                    key = (r.weights, r.adapter, tuple(r.prompt_ids[:n]))
+                if key is not None and key not in found:  # rows of one run share its copy
+                    started = time.perf_counter()  # assembling cached K/V is prefill time
+                    run, kv = self.prefix_cache.longest(
+                        r.weights,
+                        r.prompt_ids,
+                        limit,
+                        capacity=len(r.prompt_ids) + r.max_new_tokens + 1,  # grows in place
+                    )
+                    self.stats.prefill_s += time.perf_counter() - started
+                    if len(run) == n:
+                        found[key] = kv
+                    else:  # evicted in between: prefilled as if never cached
+                        key = None
+            if key is None and p:
+                key = (r.weights, r.adapter, tuple(r.prompt_ids[:p]))
             groups.setdefault(key, []).append(r)
         return [
-            (members, None if key is None else key[1], None if key is None else found.get(key))
+            (members, None if key is None else key[2], None if key is None else found.get(key))
             for key, members in groups.items()
         ]
 
@@ -261,19 +334,33 @@ class BatchDecoder:
         p = min(r.prefix_len, len(r.prompt_ids) - 1)  # a row keeps one token of its own
         return p if p >= MIN_PREFIX else 0
 
-    def _prefix_kv(self, adapter: str, prefix: Sequence[int]) -> KV:
-        kv = self.prefix_cache.get(adapter, prefix) if self.prefix_cache is not None else None
-        if kv is not None:
-            self.stats.cached_tokens += len(prefix)
-            return kv
+    def _prefix_kv(self, row: DecodeRow, prefix: Sequence[int]) -> KV:
+        """The K/V of `prefix` under the row's weights: the cached run of whole blocks, and
+        the rest run through the model once (then cached)."""
+        run: tuple[int, ...] = ()
+        kv: KV = []
         started = time.perf_counter()
-        ids = torch.tensor([list(prefix)], dtype=torch.long, device=self.device)
-        out = self.forward([adapter], input_ids=ids, use_cache=True, logits_to_keep=1)
-        kv = _kv_of(out.past_key_values)
-        self.stats.prefill_s += time.perf_counter() - started
-        self.stats.prefill_tokens += len(prefix)
         if self.prefix_cache is not None:
-            self.prefix_cache.put(adapter, prefix, kv)
+            run, kv = self.prefix_cache.longest(row.weights, prefix, len(prefix))
+            self.stats.cached_tokens += len(run)
+        if len(run) == len(prefix):
+            self.stats.prefill_s += time.perf_counter() - started
+            return kv
+        ids = torch.tensor([list(prefix[len(run) :])], dtype=torch.long, device=self.device)
+        positions = torch.arange(len(run), len(prefix), device=self.device)[None]
+        out = self.forward(
+            [row.adapter],
+            input_ids=ids,
+            position_ids=positions,
+            past_key_values=_cache_of(kv) if run else _empty_cache(),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        kv = _kv_of(out.past_key_values)
+        if self.prefix_cache is not None:
+            self.prefix_cache.put(row.weights, prefix, kv)
+        self.stats.prefill_s += time.perf_counter() - started  # storing it included
+        self.stats.prefill_tokens += len(prefix) - len(run)
         return kv
 
     def _prefill(
@@ -282,17 +369,23 @@ class BatchDecoder:
         prefix: Sequence[int] | None,
         p: int,
         cached: KV | None = None,
-    ) -> tuple[KV, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """K/V [n, heads, T, dim], mask [n, T], next positions [n, 1], logits [n, vocab]."""
+    ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The cache (K/V [n, heads, T, dim]), mask [n, T], next positions [n, 1], logits
+        [n, vocab]."""
         n = len(rows)
-        past = None
+        past = _empty_cache()
         if prefix is not None:
             if cached is not None:
                 self.stats.cached_tokens += p * n
                 kv = cached
             else:
-                kv = self._prefix_kv(rows[0].adapter, prefix)
-            past = _cache_of([(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in kv])
+                kv = self._prefix_kv(rows[0], prefix)
+            if cached is not None and n == 1:  # a fresh copy with room: grows in place
+                past = _cache_of(kv, adopt=True)
+            else:
+                past = _cache_of(
+                    [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in kv]
+                )
         started = time.perf_counter()
         rest = [r.prompt_ids[p:] for r in rows]
         width = max(len(x) for x in rest)
@@ -316,25 +409,21 @@ class BatchDecoder:
         self.stats.prefill_s += time.perf_counter() - started
         self.stats.prefill_tokens += int(rest_mask.sum())
         logits = out.logits[:, -1, :].float().cpu()
-        return _kv_of(out.past_key_values), mask, mask.sum(-1, keepdim=True), logits
+        return out.past_key_values, mask, mask.sum(-1, keepdim=True), logits
 
     def _join(
         self,
         rows: list[DecodeRow],
-        kv: KV,
+        cache: Any,
         mask: torch.Tensor,
         next_pos: torch.Tensor,
         logits: torch.Tensor,
     ) -> None:
-        if not self.rows:
+        if not self.rows:  # the prefill's own cache: its layers have room to grow
             self.rows = list(rows)
-            self._cache, self._mask, self._next_pos, self._logits = (
-                _cache_of(kv),
-                mask,
-                next_pos,
-                logits,
-            )
+            self._cache, self._mask, self._next_pos, self._logits = cache, mask, next_pos, logits
             return
+        kv = _kv_of(cache)
         assert self._mask is not None and self._next_pos is not None and self._logits is not None
         old_t, new_t = self._mask.shape[1], mask.shape[1]
         width = max(old_t, new_t)
@@ -371,6 +460,10 @@ class BatchDecoder:
                 r.finish = "cancelled"
                 ended.add(b)
         guided = [b for b, r in enumerate(rows) if r.matcher is not None and b not in ended]
+        picks = [b for b in guided if isinstance(rows[b].matcher, ChoiceMatcher)]
+        if picks:  # a streamed guided_choice: only tokens that continue a choice
+            _mask_choices(logits, picks, [rows[b].matcher for b in picks])
+            guided = [b for b in guided if b not in picks]
         if guided:  # structured outputs: what the grammar forbids gets probability 0
             for b in mask_logits(logits, guided, [rows[b].matcher for b in guided]):
                 rows[b].finish = "grammar_error"
@@ -440,7 +533,7 @@ class BatchDecoder:
         real = self._mask[b].bool()
         tokens = [*r.prompt_ids, *r.toks][: int(real.sum())]
         kv = [(k[b : b + 1, :, real], v[b : b + 1, :, real]) for k, v in _kv_of(self._cache)]
-        self.prefix_cache.put(r.adapter, tokens, kv)
+        self.prefix_cache.put(r.weights, tokens, kv)
 
     def _stopped(self, r: DecodeRow) -> bool:
         text = self.decode_text(r.toks) if self.decode_text is not None else ""

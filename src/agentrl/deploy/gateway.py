@@ -582,11 +582,9 @@ async def _stream(
         if isinstance(exc, asyncio.CancelledError):
             raise
         return _failed(stats, exc, model_id, headers)
-    buffered = (
-        bool(body.tools and body.tool_choice != "none")
-        or bool(body.stops())
-        or bool(body.guided_choice)
-    )
+    # a guided_choice streams as it decodes (the local engine decodes a streamed choice
+    # token by token; an upstream sends its own chunks)
+    buffered = bool(body.tools and body.tool_choice != "none") or bool(body.stops())
     live_calls = ToolCallStream() if ToolCallStream.wanted(body) else None
     include_usage = bool((body.stream_options or {}).get("include_usage"))
     # what the client was sent, for the log row of a stream it closes early: the tokens

@@ -11,12 +11,18 @@ once, and the system prompt every agent sends is prefilled once per version (pre
 cache). Per row: temperature (0 = greedy), token limit, top-k log-probs, stop strings, and a
 callback per token for streaming. Log-probs are those of the distribution sampled
 (log softmax(logits / temperature); plain log softmax when greedy), as the trainers need.
+
+`guided_choice` is answered by scoring the choices (GLAM's renormalised policy, cached per
+version and prompt); a streamed one is decoded token by token over a trie of the choices
+(`decoding.ChoiceMatcher`), so its chunks come as it decodes and a client that leaves stops
+it. Decoding, scoring and adapter changes run on the engine's own threads (`ENGINE_WORKERS`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -27,6 +33,7 @@ import time
 from array import array
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +41,13 @@ from typing import Any
 import torch
 
 from agentrl.deploy.choices import pick
-from agentrl.deploy.decoding import BatchDecoder, DecodeRow, DecodeStats, PrefixCache
+from agentrl.deploy.decoding import (
+    BatchDecoder,
+    ChoiceMatcher,
+    DecodeRow,
+    DecodeStats,
+    PrefixCache,
+)
 from agentrl.deploy.errors import BackendError, DeployError
 from agentrl.deploy.lru import ByteLRU
 from agentrl.deploy.openai_types import ChatRequest, Generation, tool_call
@@ -49,10 +62,16 @@ log = logging.getLogger(__name__)
 
 BASE_ADAPTER = "__base__"
 PROMPT_CACHE_MB = 256.0  # rendered prompts + guided_choice scores together (LRU by bytes)
-# K/V of shared system prompts and of finished conversations (an agent's next turn starts
-# with its last prompt and reply), per version: SmolLM2-135M holds ~46 KB per token, so a
-# 250-token Agent Zero prompt is ~11 MB and 256 MB keeps ~5,600 tokens (8 agents' turns)
-PREFIX_CACHE_MB = 256.0
+# K/V of prompt prefixes (system prompts, finished conversations: an agent's next turn
+# starts with its last prompt and reply), per weights, in blocks (`prefix_cache`):
+# SmolLM2-135M holds ~46 KB per token, so Agent Zero's 5,408-token system prompt is ~250 MB
+# and 1 GiB keeps it with ~17,000 tokens of conversations
+PREFIX_CACHE_MB = 1024.0
+# the engine's own threads: one decodes, one scores guided_choice prompts, one loads or
+# unloads adapters. Not the loop's default executor: `asyncio.to_thread` work of other
+# services (grammar compiles that run on past their timeout, evaluations) queued ahead of
+# the decode and an ordinary request waited 25-42 s behind six compiles (issue 49)
+ENGINE_WORKERS = 3
 ChoiceScores = tuple[list[float], list[list[int]], list[list[float]]]
 TokenCallback = Callable[[int, float, list[tuple[int, float]]], None]
 ChoiceKey = tuple[str, str, tuple[str, ...]]  # (adapter, prompt text, choices)
@@ -72,6 +91,19 @@ class EngineStats:
         self.batch_sizes.append(size)
         if len(self.batch_sizes) > 10_000:  # a long-running gateway: keep the recent ones
             del self.batch_sizes[:5_000]
+
+
+def weights_key(folder: Path) -> str:
+    """The identity of an adapter's weights: a digest of its config and weight files (two
+    versions of identical weights share cached prefixes; any difference separates them)."""
+    h = hashlib.blake2b(digest_size=16)
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and path.name.startswith("adapter_"):
+            h.update(path.name.encode() + b"\0")
+            with path.open("rb") as f:
+                for piece in iter(lambda: f.read(1 << 20), b""):
+                    h.update(piece)
+    return "lora:" + h.hexdigest()
 
 
 def engine_threads(requested: int = 0) -> int:
@@ -111,6 +143,9 @@ class LocalEngine:
         self.tokenizer = policy.tokenizer
         self.is_peft = False
         self.adapters: dict[str, str] = {}  # model_id -> adapter name
+        # adapter name -> the identity of its weights (the prefix cache's key): versions
+        # share cached prefixes only when their weights are identical
+        self.weights: dict[str, str] = {BASE_ADAPTER: BASE_ADAPTER}
         self.max_batch_size = max_batch_size
         # guided_choice prompts scored in one pass (a prefill with no decoding after it:
         # larger batches pay; `agentrl bench choice`, SmolLM2 on one thread, 103-token
@@ -136,6 +171,7 @@ class LocalEngine:
         self._batcher: asyncio.Task[None] | None = None
         self._live: list[DecodeRow] = []  # the rows being decoded (cancel_all)
         self.prefixes = PrefixCache(int(prefix_cache_mb * 2**20))
+        self._executor: ThreadPoolExecutor | None = None
         self._rng = torch.Generator()
         self._rng.manual_seed(seed)
         self._py_rng = random.Random(seed)
@@ -153,6 +189,14 @@ class LocalEngine:
         self._scorer: asyncio.Task[None] | None = None
         vocab = int(getattr(self.model.config, "vocab_size", 0) or len(self.tokenizer))
         self.grammars = GrammarCompiler(self.tokenizer, vocab)  # structured outputs
+
+    # ---- threads ----------------------------------------------------------------------
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` on the engine's own threads (`ENGINE_WORKERS`), never the loop's
+        default executor that other services fill."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(ENGINE_WORKERS, thread_name_prefix="agentrl-engine")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     # ---- adapters ---------------------------------------------------------------------
     def load_adapter(self, model_id: str, folder: Path) -> None:
@@ -178,6 +222,7 @@ class LocalEngine:
                     f"{mine}; start the gateway with that base model"
                 )
         name = "v_" + "".join(c if c.isalnum() else "_" for c in model_id)
+        identity = weights_key(folder)
         with self._adapter_turn():
             if model_id in self.adapters:
                 return
@@ -190,6 +235,7 @@ class LocalEngine:
                 self.model.load_adapter(str(folder), adapter_name=name)
             self.model.eval()
             self.adapters[model_id] = name
+            self.weights[name] = identity
 
     def unload_adapter(self, model_id: str) -> None:
         with self._adapter_turn():
@@ -202,7 +248,9 @@ class LocalEngine:
                     self.is_peft = False
             if name is not None:
                 self._choice_cache.drop_tag(name)
-                self.prefixes.drop_adapter(name)
+                identity = self.weights.pop(name, name)
+                if identity not in self.weights.values():  # no version with these weights
+                    self.prefixes.drop_adapter(identity)
 
     @contextlib.contextmanager
     def _adapter_turn(self) -> Iterator[None]:
@@ -214,6 +262,10 @@ class LocalEngine:
                 yield
         finally:
             self._adapter_ops -= 1
+
+    def weights_of(self, adapter: str) -> str:
+        """The prefix cache's key of `adapter`'s K/V."""
+        return self.weights.get(adapter, adapter)
 
     def adapter_of(self, model_id: str | None) -> str:
         if model_id is None:
@@ -280,15 +332,24 @@ class LocalEngine:
         on_token: TokenCallback | None = None,
     ) -> Generation:
         text, prompt, system_len = self._prompt_parts(request)
-        if request.choices():
-            key = (self.adapter_of(model_id), text, tuple(request.choices() or []))
+        choices = request.choices()
+        picker: ChoiceMatcher | None = None
+        matcher: Any = None
+        constraint: Constraint | None = None
+        if choices and on_token is None:
+            key = (self.adapter_of(model_id), text, tuple(choices))
             scored = self._choice_cache.get(key)
             if scored is None:  # a new prompt for this version: one forward pass, in a thread
                 scored = await self._score_once(key, prompt, system_len)
             return self._guided(prompt, request, *scored)
-        constraint = constraint_for(request)  # StructuredOutputError: the gateway's 400
-        matcher = None if constraint is None else await self.grammars.matcher(constraint)
-        limit = request.token_limit(self.default_max_tokens)
+        if choices:  # a stream: decoded token by token, so it streams and stops on cancel
+            picker = matcher = self._choice_matcher(choices)
+            limit = max(len(ids) for ids in picker.encoded) + 1  # a whole choice, as scored
+        else:
+            constraint = constraint_for(request)  # StructuredOutputError: the gateway's 400
+            if constraint is not None:
+                matcher = await self.grammars.matcher(constraint)
+            limit = request.token_limit(self.default_max_tokens)
         if len(prompt) + limit > self.context:
             limit = self.context - len(prompt)
             if limit < 1:
@@ -301,13 +362,15 @@ class LocalEngine:
             self._loop, self._batcher = loop, None
         future: asyncio.Future[Any] = loop.create_future()
         top_k = (request.top_logprobs or 0) if request.logprobs else 0
+        adapter = self.adapter_of(model_id)
         row = DecodeRow(
             prompt,
-            adapter=self.adapter_of(model_id),
+            adapter=adapter,
+            cache_key=self.weights_of(adapter),
             temperature=temperature,
             max_new_tokens=limit,
             top_k=top_k,
-            stops=request.stops(),
+            stops=() if picker is not None else request.stops(),
             matcher=matcher,
             on_token=on_token,
             prefix_len=system_len,
@@ -323,7 +386,19 @@ class LocalEngine:
         gen = self._result(prompt, ids, logps, tops, finish, request, constraint)
         if constraint is not None:
             gen.constrained, gen.schema_hash = True, constraint.key
+        if picker is not None and picker.chosen is not None and gen.content and choices:
+            gen.content = choices[picker.chosen]  # the choice's exact text
         return gen
+
+    def _choice_matcher(self, choices: list[str]) -> ChoiceMatcher:
+        """The trie of a streamed guided_choice, over the token ids the scoring path uses."""
+        from agentrl.llm.choices import candidate_ids
+
+        try:
+            encoded = candidate_ids(self.tokenizer, choices)
+        except ValueError as exc:  # empty or duplicate choices
+            raise DeployError(f"guided_choice: {exc}") from exc
+        return ChoiceMatcher(encoded, self.eos_ids)
 
     def _result(
         self,
@@ -423,7 +498,7 @@ class LocalEngine:
             while len(self._waiting) < self.max_batch_size and time.monotonic() < deadline:
                 await asyncio.sleep(0.001)
             try:
-                await asyncio.to_thread(self._decode)
+                await self.run(self._decode)
             except Exception as exc:
                 log.exception("local generation failed")
                 failed = BackendError(f"local generation failed: {type(exc).__name__}: {exc}")
@@ -559,7 +634,7 @@ class LocalEngine:
             while self._to_score and len(batch) < self.score_batch_size:
                 batch.append(self._to_score.popleft())
             try:
-                results = await asyncio.to_thread(self._score_many, batch)
+                results = await self.run(self._score_many, batch)
             except Exception as exc:  # the pass itself failed: every request of it hears so
                 log.exception("guided_choice scoring failed")
                 failed = BackendError(f"guided_choice scoring failed: {type(exc).__name__}: {exc}")
@@ -601,7 +676,12 @@ class LocalEngine:
                 out[i] = exc
         if singles:
             rows = [
-                DecodeRow(items[i][1], adapter=items[i][0][0], prefix_len=items[i][2])
+                DecodeRow(
+                    items[i][1],
+                    adapter=items[i][0][0],
+                    cache_key=self.weights_of(items[i][0][0]),
+                    prefix_len=items[i][2],
+                )
                 for i, _, _ in singles
             ]
             with self._adapter_turn():

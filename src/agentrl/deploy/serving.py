@@ -81,6 +81,7 @@ class ServingManager:
                     score_batch_size=self.settings.score_batch_size,
                     max_wait_ms=self.settings.batch_wait_ms,
                     prompt_cache_mb=self.settings.prompt_cache_mb,
+                    prefix_cache_mb=self.settings.prefix_cache_mb,
                     threads=self.settings.torch_threads,
                 )
         return LocalBackend(self.engine, self.cache_dir)

@@ -48,17 +48,35 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         max_tokens: int = typer.Option(32, help="Completion tokens per request."),
         budget_s: float = typer.Option(
             540.0,
-            help="Seconds for vLLM's start and the load runs together (the whole command "
-            "ends within ~10 minutes on 2 cores); what does not fit is listed under "
-            "`skipped`. 0: no bound.",
+            help="Seconds for the whole bench: the prefix-cache part first, then vLLM's start "
+            "and the load runs in what is left (the command ends within ~10 minutes on "
+            "2 cores); what does not fit is listed under `skipped`. 0: no bound.",
+        ),
+        prefix: bool = typer.Option(
+            True, help="Also measure the local engine's prefix cache on Agent Zero's prompt."
+        ),
+        prefix_only: bool = typer.Option(
+            False, help="Only the prefix-cache figures (no vLLM, no throughput levels)."
+        ),
+        agent_zero_prompt: str = typer.Option(
+            "", help="A file with Agent Zero's rendered system prompt (default: synthetic)."
         ),
     ) -> None:
         """The local backend and vLLM, same model, same prompts, through the gateway:
-        requests/s, output tokens/s, p50/p99 latency, adapter load seconds; one JSON line."""
+        requests/s, output tokens/s, p50/p99 latency, adapter load seconds; and the local
+        engine's prefix cache on a 5,408-token Agent Zero prompt; one JSON line."""
         import asyncio
+        import time
 
+        from agentrl.deploy.bench_prefix import prefix_run
         from agentrl.deploy.vllm.bench import run_bench
 
-        levels = [int(x) for x in concurrency.split(",") if x.strip()]
-        out = asyncio.run(run_bench(model, prompts, levels, max_tokens, budget_s or None))
+        started = time.monotonic()
+        out: dict[str, object] = {}
+        if prefix or prefix_only:
+            out["prefix"] = asyncio.run(prefix_run(model, agent_zero_prompt or None))
+        if not prefix_only:
+            levels = [int(x) for x in concurrency.split(",") if x.strip()]
+            left = max(1.0, budget_s - (time.monotonic() - started)) if budget_s else None
+            out = {**asyncio.run(run_bench(model, prompts, levels, max_tokens, left)), **out}
         typer.echo(json.dumps(out))
