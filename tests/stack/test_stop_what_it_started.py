@@ -110,7 +110,7 @@ def test_bench_serving_stops_its_vllm(tmp_path: Path, sig: int) -> None:
     log = tmp_path / "bench.log"
     with open(log, "w") as fh:
         proc = subprocess.Popen(
-            [AGENTRL, "bench", "serving", "--model", "tiny", "--prompts", "4"],
+            [AGENTRL, "bench", "serving", "--model", "tiny", "--prompts", "4", "--no-prefix"],
             stdout=fh,
             stderr=subprocess.STDOUT,
             text=True,
@@ -207,7 +207,7 @@ def test_bench_serving_keeps_to_its_budget_and_says_what_it_skipped(tmp_path: Pa
         "STANDIN_MARKER": str(tmp_path / "vllm.pids"),
     }
     cmd = [AGENTRL, "bench", "serving", "--model", "tiny", "--prompts", "5000"]
-    cmd += ["--concurrency", "1", "--budget-s", "20"]
+    cmd += ["--concurrency", "1", "--budget-s", "20", "--no-prefix"]
     t = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     took = time.monotonic() - t

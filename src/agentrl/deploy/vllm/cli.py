@@ -71,12 +71,14 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         from agentrl.deploy.bench_prefix import prefix_run
         from agentrl.deploy.vllm.bench import run_bench
 
-        started = time.monotonic()
         out: dict[str, object] = {}
+        spent = 0.0  # the prefix part's seconds, out of the budget
         if prefix or prefix_only:
+            started = time.monotonic()
             out["prefix"] = asyncio.run(prefix_run(model, agent_zero_prompt or None))
+            spent = round(time.monotonic() - started, 1)
         if not prefix_only:
             levels = [int(x) for x in concurrency.split(",") if x.strip()]
-            left = max(1.0, budget_s - (time.monotonic() - started)) if budget_s else None
+            left = max(1.0, budget_s - spent) if budget_s else None
             out = {**asyncio.run(run_bench(model, prompts, levels, max_tokens, left)), **out}
         typer.echo(json.dumps(out))
