@@ -530,7 +530,9 @@ def _amount(s: Summary) -> dict[str, int]:
     return {"requests": s.requests, "episodes": s.rewards, "sessions": s.sessions}
 
 
-def _holding(rollout: Rollout, evidence: dict[str, Any], first_served: float | None) -> dict[str, Any]:
+def _holding(
+    rollout: Rollout, evidence: dict[str, Any], first_served: float | None
+) -> dict[str, Any]:
     """The status of a held step and its deadline rule, in words and fields.
 
     The rule: a step's clock starts when a gateway first serves the new version at it; the

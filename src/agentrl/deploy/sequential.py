@@ -22,20 +22,21 @@ the worst case (`PRIOR_N` pseudo-observations at (hi - lo)^2 / 4), so a handful 
 alike sessions cannot make the interval narrow.
 
 Few long sessions (a handful of agents, each session dozens of episodes) give too few
-sessions for that: `compare_clustered` takes the episodes themselves, with a session-
-clustered (cluster-robust, CR1) variance of their mean. With G sessions of n_g episodes and
-reward totals S_g, the mean is sum S_g / N and
+sessions for a count of `min_samples` of them: `compare_clustered` takes the episodes
+themselves, pooled per session, with a session-clustered (cluster-robust, CR1) variance. A
+session g of n_g episodes with mean reward y_g weighs w_g = n_g / (n_g + KAPPA); the
+estimate is m = sum w_g y_g / sum w_g and
 
-    Var(mean) = G / (G - 1) * sum_g (S_g - n_g * mean)^2 / N^2,
+    Var(m) = G / (G - 1) * sum_g w_g^2 (y_g - m)^2 / (sum w_g)^2,
 
 which stays right however the episodes of one session depend on each other (the session is
-the unit of independence; the assignment to a version is per session). The confidence
-sequence above runs on N_eff = N^2 / sum n_g^2 effective observations (G for equal
-sessions, N for one-episode sessions) with sigma^2 = N_eff * Var(mean), shrunk towards the
-worst case like the session means' (few sessions cannot make it narrow). With one episode
-per session it is the session-means form exactly; with long sessions an unfinished session
-weighs what it has played, and a deployment with five agents concludes once each version
-has a few sessions instead of `min_samples` of them.
+the unit of independence; the split assigns versions per session). The confidence sequence
+above runs on N_eff = (sum w)^2 / sum w^2 effective sessions with sigma^2 = N_eff * Var(m),
+shrunk towards the worst case like the session means' (a few alike sessions cannot make it
+narrow). With equal weights it is the session-means form exactly; an unfinished session
+weighs what it has played; and a deployment with five agents concludes once each version has
+a few sessions (`min_sessions`, 2 at least: one session has no spread to measure) and
+`min_samples` episodes.
 
 A check answers:
   fail          the new version is worse than live by more than `tolerance` (interval says so)
