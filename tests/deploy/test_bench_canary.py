@@ -1,6 +1,6 @@
 """`agentrl bench canary --quick` runs end to end through the real controller, split and
 monitor on its own nats-server and ends with its JSON line: no worse canary promoted, no
-identical one rolled back, nothing lost."""
+identical one rolled back, nothing lost; and the small deployment's keys."""
 
 from __future__ import annotations
 
@@ -21,3 +21,8 @@ def test_bench_canary_quick_prints_json_last() -> None:
     assert figures["worse_promoted_rate"] == 0.0 and figures["worse_rolled_back_rate"] >= 0.5
     assert figures["rewards_to_detect_p50"] > 0 and figures["lost"] == 0
     assert "identical" in done.stdout
+    # the small deployment (5 agents, sessions of 20 episodes): 4 identical, 3 worse, 3 better
+    assert figures["small_runs"] == [4, 3, 3] and figures["small_lost"] == 0
+    assert figures["small_false_rollback_rate"] == 0.0
+    assert figures["small_worse_promoted_rate"] == 0.0
+    assert figures["small_better_promoted_rate"] >= 0.66  # 0.99 in the full bench

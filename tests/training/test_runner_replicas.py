@@ -165,12 +165,14 @@ async def test_threshold_watched_by_two_runners_fires_one_job(nats, data_dir):
         await statuses.wait(job_id, ("completed", "failed"), 120)
         # which runner holds the triggers: kill it, the other fires what it counted
         kv = await bus.js.key_value(f"agentrl_leases_{int(LEASE_TTL_S * 1000)}ms")
-        holder = json.loads((await kv.get("training.training.triggers")).value)["owner"]
+        owner = json.loads((await kv.get("training.training.triggers")).value)["owner"]
+        holder = next(n for n in procs if owner.startswith(f"{n}-"))  # name-pid-random
         procs[holder].send_signal(signal.SIGKILL)
         procs[holder].wait(10)
         other = next(n for n in procs if n != holder)
         await asyncio.sleep(LEASE_TTL_S * 3)
-        assert json.loads((await kv.get("training.training.triggers")).value)["owner"] == other
+        owner = json.loads((await kv.get("training.training.triggers")).value)["owner"]
+        assert owner.startswith(f"{other}-"), owner
         assert job_ids() == {job_id}, job_ids()
         assert [s["training_job_id"] for s in await all_statuses(bus.js)] == [job_id]
         # both runners counted the ten rewards; each published only the same job's request
@@ -249,7 +251,7 @@ async def test_a_cancel_handled_by_another_runner_stops_the_job_where_it_runs(na
             assert await other.cancel(job_id) is True  # flagged in the queue
             final = await statuses.wait(job_id, ("cancelled", "completed", "failed"), 60)
             assert final["status"] == "cancelled", final
-            assert final["metadata"]["runner"] == here.owner
+            assert final["metadata"]["runner"] == here.name
             assert job_id not in here.running
     finally:
         await bus.close()

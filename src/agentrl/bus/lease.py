@@ -73,12 +73,20 @@ class Lease:
         self.owner = owner
         self.ttl_s = ttl_s
         self.revision: int | None = None
+        # the revision at which this holder took the lease: its fencing token (revisions
+        # of the bucket only grow, so a later holder's token is larger)
+        self.token: int | None = None
         self._until = 0.0
         self.acquired_at: float | None = None
 
     @property
     def held(self) -> bool:
         return self.revision is not None and time.monotonic() < self._until
+
+    @property
+    def left_s(self) -> float:
+        """Seconds until the lease runs out unless renewed (0 when not held)."""
+        return max(0.0, self._until - time.monotonic()) if self.revision is not None else 0.0
 
     def _payload(self) -> bytes:
         return json.dumps({"owner": self.owner, "at": time.time()}).encode()
@@ -107,6 +115,7 @@ class Lease:
                 return False
         self._until = started + self.ttl_s
         self.acquired_at = time.time()
+        self.token = self.revision
         return True
 
     async def _create(self) -> int:

@@ -214,15 +214,27 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         worse_runs: int = typer.Option(100, help="Rollouts of a canary 0.3 worse."),
         cap: int = typer.Option(8000, help="Trajectories per rollout before it counts as held."),
         batch: int = typer.Option(200, help="Trajectories between two looks of the monitor."),
+        small_runs: int = typer.Option(200, help="Small deployment: identical canaries."),
+        small_worse_runs: int = typer.Option(100, help="Small deployment: 0.3 worse."),
+        small_better_runs: int = typer.Option(100, help="Small deployment: 0.3 better."),
+        small_cap: int = typer.Option(2000, help="Small deployment: the deadline, episodes."),
         quick: bool = typer.Option(False, help="A smoke test: 6 + 4 shorter rollouts."),
     ) -> None:
         """False rollbacks and promoted worse canaries: sticky sessions through the real
-        controller, split and monitor."""
+        controller, split and monitor; and a small deployment (5 agents, sessions of 20)."""
         from agentrl.deploy.bench_canary import run_bench
 
+        small = (small_runs, small_worse_runs, small_better_runs)
         if quick:
-            runs, worse_runs, cap = 6, 4, 12_000
-        run_bench(runs=runs, worse_runs=worse_runs, cap=cap, batch=batch)
+            runs, worse_runs, cap, small = 6, 4, 12_000, (4, 3, 3)
+        run_bench(
+            runs=runs,
+            worse_runs=worse_runs,
+            cap=cap,
+            batch=batch,
+            small_runs=small,
+            small_cap=small_cap,
+        )
 
     @bench.command("gateway")
     def bench_gateway(

@@ -33,7 +33,17 @@ class Analysis(BaseModel):
 
     period_s: float = Field(300.0, gt=0.0, description="Seconds between checks (seed: 5 min).")
     alpha: float = Field(0.05, gt=0.0, lt=1.0, description="Error rate of the sequential test.")
-    min_samples: int = Field(20, ge=1, description="Per version, before any verdict.")
+    min_samples: int = Field(
+        20,
+        ge=1,
+        description="Per version, before any verdict: requests (errors), episodes (rewards).",
+    )
+    min_sessions: int = Field(
+        2,
+        ge=2,
+        description="Sessions per version before the reward check decides: its variance is "
+        "the sessions' (clustered), so a few long sessions are evidence, one is not.",
+    )
     max_error_increase: float = Field(0.05, ge=0.0, description="Tolerated error-rate increase.")
     max_reward_drop: float = Field(0.1, ge=0.0, description="Tolerated mean-reward drop.")
     reward_range: tuple[float, float] = (-1.0, 1.0)
@@ -132,6 +142,7 @@ class DeploySettings(BaseSettings):
     monitor_period_s: float = Field(300.0, gt=0.0)
     alpha: float = 0.05
     min_samples: int = 20
+    min_sessions: int = Field(2, ge=2)
     max_error_increase: float = 0.05
     max_reward_drop: float = 0.1
     reward_range: tuple[float, float] = (-1.0, 1.0)
@@ -236,6 +247,7 @@ class DeploySettings(BaseSettings):
                 period_s=self.monitor_period_s,
                 alpha=self.alpha,
                 min_samples=self.min_samples,
+                min_sessions=self.min_sessions,
                 max_error_increase=self.max_error_increase,
                 max_reward_drop=self.max_reward_drop,
                 reward_range=self.reward_range,

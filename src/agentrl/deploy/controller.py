@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -265,16 +266,20 @@ class Controller:
         step = plan.steps[rollout.step]
         elapsed = time.time() - rollout.step_started_at.timestamp()
         checks: list[CheckResult] = []
+        amounts: dict[str, dict[str, int]] = {}
         if live is None:
             verdict = "pass"
         else:
-            verdict, checks = analyse(summary(new), summary(live), plan.analysis)
+            s_new, s_live = summary(new), summary(live)
+            verdict, checks = analyse(s_new, s_live, plan.analysis)
+            amounts = {"new": _amount(s_new), "live": _amount(s_live)}
         evidence = {
             "verdict": verdict,
             "deployment_id": rollout.deployment_id,
             "step": rollout.step,
             "weight": step.weight,
             "checks": [c.to_dict() for c in checks],
+            "evidence": amounts,
             "step_elapsed_s": round(elapsed, 3),
         }
         try:
@@ -401,17 +406,21 @@ class Controller:
                 )
                 return self._did("escalate")
             return "hold"
-        key = {"verdict": verdict, "served": bool(served)}
-        if rollout.last_check != key:  # record holds when the verdict changes
+        holding = _holding(rollout, evidence, first_served)
+        evidence["holding"] = holding
+        why = f"{holding['text']}; analysis {why}"
+        # a hold is recorded when the verdict changes, and as the new version's evidence
+        # doubles (1, 2, 4, 8 ... sessions): its last record says where the canary stands
+        grown = int(math.log2(1 + evidence.get("evidence", {}).get("new", {}).get("sessions", 0)))
+        key = {"verdict": verdict, "served": bool(served), "evidence": grown}
+        if rollout.last_check != key:
 
             def note(r: Rollout) -> None:
                 if r.deployment_id == rollout.deployment_id:
                     r.last_check = key
 
             await self.registry.update_rollout(public, note)
-            await self.registry.record(
-                new, by=BY, action="hold", reason=f"analysis {why}", evidence=evidence
-            )
+            await self.registry.record(new, by=BY, action="hold", reason=why, evidence=evidence)
         return "hold"
 
     async def _advance_recorded(self, rollout: Rollout) -> bool:
@@ -514,6 +523,60 @@ def _scored(r: ModelRecord | None, name: bool = True) -> str:
     mean = benchmark_mean(r.validation_details)
     score = "no benchmark" if mean is None else f"benchmark {mean:.3f}"
     return f"{r.model_id}, {score}" if name else score
+
+
+def _amount(s: Summary) -> dict[str, int]:
+    """How much evidence a version has: requests, rewarded episodes and their sessions."""
+    return {"requests": s.requests, "episodes": s.rewards, "sessions": s.sessions}
+
+
+def _holding(
+    rollout: Rollout, evidence: dict[str, Any], first_served: float | None
+) -> dict[str, Any]:
+    """The status of a held step and its deadline rule, in words and fields.
+
+    The rule: a step's clock starts when a gateway first serves the new version at it; the
+    step holds at its weight while evidence accumulates; once its pause and then
+    `inconclusive_deadline_s` have passed on that clock without a verdict, `on_inconclusive`
+    applies (rolled back, or handed to a human); a step no gateway serves within
+    `unserved_deadline_s` of its start is treated the same."""
+    plan = rollout.plan
+    a = plan.analysis
+    step = plan.steps[rollout.step]
+    if first_served is not None:
+        start = max(first_served, rollout.step_started_at.timestamp())
+        deadline = start + step.pause_s + a.inconclusive_deadline_s
+    else:
+        deadline = rollout.step_started_at.timestamp() + a.unserved_deadline_s
+    then = "rolled back" if a.on_inconclusive == "rollback" else "handed to a human"
+    amounts = evidence.get("evidence") or {}
+    have = "; ".join(
+        f"{side} {v['episodes']} episodes in {v['sessions']} sessions, {v['requests']} requests"
+        for side, v in amounts.items()
+    )
+    text = (
+        f"holding at {step.weight:g} % (step {rollout.step + 1}) while evidence accumulates"
+        + (
+            f" ({have}; a verdict needs {a.min_samples} episodes in {a.min_sessions} sessions"
+            " per version)"
+            if have
+            else ""
+        )
+        + f"; still undecided at {_iso(deadline)} it is {then}"
+    )
+    return {
+        "weight": step.weight,
+        "deadline_at": _iso(deadline),
+        "deadline_in_s": round(deadline - time.time(), 1),
+        "on_deadline": a.on_inconclusive,
+        "text": text,
+    }
+
+
+def _iso(t: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
 
 
 def _verdict_text(verdict: str, checks: list[CheckResult]) -> str:

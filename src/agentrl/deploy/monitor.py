@@ -8,9 +8,10 @@ one, or its model is "unknown") is credited to none and counted.
 
 The unit of analysis is the session (`session_id`, the key the gateway's sticky split
 hashes): a version owns a slice of sessions, so rewards of one session are not independent
-draws. `analyse` compares per-session mean rewards (each session of a version is one
-observation; `agentrl.deploy.sequential` uses their spread) and the gateway's error rates;
-it is pure: summaries in, verdict and evidence out.
+draws. `analyse` compares mean rewards per episode with a session-clustered variance (the
+session is the unit of independence, `agentrl.deploy.sequential.compare_clustered`: a few
+long sessions are evidence too, as many short ones are) and the gateway's error rates; it
+is pure: summaries in, verdict and evidence out.
 
 After a restart the evidence since the rollout began is read back from the reward and
 trajectory streams (`rebuild`); arrival times are the streams' own timestamps, so a replay
@@ -31,7 +32,7 @@ from typing import Any
 import orjson
 
 from agentrl.deploy.config import Analysis
-from agentrl.deploy.sequential import CheckResult, compare
+from agentrl.deploy.sequential import CheckResult, Clustered, compare, compare_clustered
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +44,10 @@ TRAJECTORY_LEAD_S = 600.0
 
 @dataclass(frozen=True)
 class Summary:
-    """Observations of one version: error indicators, rewards (one per trajectory) and
-    the per-session means of those rewards (count, sum, sum of squares)."""
+    """Observations of one version: error indicators, rewards (one per trajectory), the
+    per-session means of those rewards (count, sum, sum of squares) and the rewards in
+    their sessions (`clustered`; None: only the session means are known, each then taken
+    as one observation)."""
 
     requests: int = 0
     errors: int = 0
@@ -53,6 +56,15 @@ class Summary:
     sessions: int = 0
     session_sum: float = 0.0
     session_sumsq: float = 0.0
+    clustered: Clustered | None = None
+
+    def episodes(self) -> Clustered:
+        """The reward evidence in sessions (the session means as one-episode sessions
+        when only they are known)."""
+        if self.clustered is not None:
+            return self.clustered
+        g, y, yy = self.sessions, self.session_sum, self.session_sumsq
+        return Clustered(g, g, float(g), y, float(g), y, yy)  # equal weights
 
     def with_errors(self, requests: int, errors: int) -> Summary:
         return replace(self, requests=requests, errors=errors)
@@ -60,10 +72,11 @@ class Summary:
 
 def analyse(new: Summary, live: Summary, analysis: Analysis) -> tuple[str, list[CheckResult]]:
     """-> ("fail" | "pass" | "inconclusive", checks). Any failed check fails the analysis;
-    it passes when every check passes. The reward check counts sessions: it is
-    inconclusive while either side has fewer than `min_samples` sessions (the error check:
-    requests). Both use the observations' own spread (a version without errors is shown
-    no worse than live after a few hundred requests, not thousands)."""
+    it passes when every check passes. The reward check counts episodes in sessions: it
+    is inconclusive while either side has fewer than `min_samples` episodes or
+    `min_sessions` sessions (the error check: `min_samples` requests). Both use the
+    observations' own spread (a version without errors is shown no worse than live after
+    a few hundred requests, not thousands; the rewards' spread is the sessions')."""
     lo, hi = analysis.reward_range
     checks = [
         compare(
@@ -77,16 +90,17 @@ def analyse(new: Summary, live: Summary, analysis: Analysis) -> tuple[str, list[
             alpha=analysis.alpha,
             min_samples=analysis.min_samples,
         ),
-        compare(
+        compare_clustered(
             "mean_reward",
-            (new.sessions, new.session_sum, new.session_sumsq),
-            (live.sessions, live.session_sum, live.session_sumsq),
+            new.episodes(),
+            live.episodes(),
             lo=lo,
             hi=hi,
             higher_is_better=True,
             tolerance=analysis.max_reward_drop,
             alpha=analysis.alpha,
             min_samples=analysis.min_samples,
+            min_sessions=analysis.min_sessions,
         ),
     ]
     if any(c.verdict == "fail" for c in checks):
@@ -264,6 +278,7 @@ class RewardTracker:
             sessions=len(means),
             session_sum=float(sum(means)),
             session_sumsq=float(sum(m * m for m in means)),
+            clustered=Clustered.of([(int(k), float(s)) for k, s in per.values()]),
         )
 
     # ---- the streams ------------------------------------------------------------------

@@ -21,6 +21,23 @@ consistent variance estimate plugged in). With few sessions the estimate is pull
 the worst case (`PRIOR_N` pseudo-observations at (hi - lo)^2 / 4), so a handful of
 alike sessions cannot make the interval narrow.
 
+Few long sessions (a handful of agents, each session dozens of episodes) give too few
+sessions for a count of `min_samples` of them: `compare_clustered` takes the episodes
+themselves, pooled per session, with a session-clustered (cluster-robust, CR1) variance. A
+session g of n_g episodes with mean reward y_g weighs w_g = n_g / (n_g + KAPPA); the
+estimate is m = sum w_g y_g / sum w_g and
+
+    Var(m) = G / (G - 1) * sum_g w_g^2 (y_g - m)^2 / (sum w_g)^2,
+
+which stays right however the episodes of one session depend on each other (the session is
+the unit of independence; the split assigns versions per session). The confidence sequence
+above runs on N_eff = (sum w)^2 / sum w^2 effective sessions with sigma^2 = N_eff * Var(m),
+shrunk towards the worst case like the session means' (a few alike sessions cannot make it
+narrow). With equal weights it is the session-means form exactly; an unfinished session
+weighs what it has played; and a deployment with five agents concludes once each version has
+a few sessions (`min_sessions`, 2 at least: one session has no spread to measure) and
+`min_samples` episodes.
+
 A check answers:
   fail          the new version is worse than live by more than `tolerance` (interval says so)
   pass          the new version is no worse than live by more than `tolerance`
@@ -35,6 +52,11 @@ from typing import Any, Literal
 
 Verdict = Literal["pass", "fail", "inconclusive"]
 PRIOR_N = 0.25  # pseudo-observations at the worst-case variance (see above)
+# A session's weight is n / (n + KAPPA) (n: its episodes): the efficient weights when the
+# spread of rewards within a session is KAPPA times the spread between sessions' means; a
+# one-episode session weighs 1/5 of a long one. Any KAPPA is valid (the variance is the
+# sessions' own), it only moves the power between short and long sessions.
+KAPPA = 4.0
 
 
 @dataclass(frozen=True)
@@ -141,3 +163,121 @@ def compare(
 
 def _sumsq(summary: tuple[float, ...]) -> float | None:
     return float(summary[2]) if len(summary) > 2 else None
+
+
+@dataclass(frozen=True)
+class Clustered:
+    """Episodes in sessions, as the weighted sums the clustered variance needs: each
+    session g (n_g episodes, mean reward y_g) weighs w_g = n_g / (n_g + KAPPA), and
+    sw = sum w_g, swy = sum w_g y_g, sww = sum w_g^2, swwy = sum w_g^2 y_g,
+    swwyy = sum w_g^2 y_g^2."""
+
+    episodes: int = 0
+    sessions: int = 0
+    sw: float = 0.0
+    swy: float = 0.0
+    sww: float = 0.0
+    swwy: float = 0.0
+    swwyy: float = 0.0
+
+    @classmethod
+    def of(cls, sessions: list[tuple[int, float]]) -> Clustered:
+        """From (episodes, reward total) per session."""
+        c = cls()
+        for n, total in sessions:
+            c = c.plus(n, total)
+        return c
+
+    def plus(self, n: int, total: float) -> Clustered:
+        if n <= 0:
+            return self
+        w, y = n / (n + KAPPA), total / n
+        return Clustered(
+            self.episodes + n,
+            self.sessions + 1,
+            self.sw + w,
+            self.swy + w * y,
+            self.sww + w * w,
+            self.swwy + w * w * y,
+            self.swwyy + w * w * y * y,
+        )
+
+    @property
+    def mean(self) -> float:
+        return self.swy / self.sw if self.sw > 0 else math.nan
+
+    def effective(self, lo: float, hi: float) -> tuple[float, float]:
+        """(N_eff, sigma^2) for the confidence sequence: N_eff = (sum w)^2 / sum w^2
+        sessions and the per-session variance N_eff * Var(mean) (CR1), shrunk towards
+        the worst case by PRIOR_N pseudo-sessions."""
+        worst = ((hi - lo) / 2.0) ** 2
+        g = self.sessions
+        if g <= 0 or self.sww <= 0:
+            return 0.0, worst
+        n_eff = self.sw * self.sw / self.sww
+        if g < 2:
+            return n_eff, worst
+        m = self.mean
+        resid = max(0.0, self.swwyy - 2.0 * m * self.swwy + m * m * self.sww)
+        var_mean = g / (g - 1) * resid / (self.sw * self.sw)
+        s2 = min(worst, n_eff * var_mean)
+        return n_eff, ((n_eff - 1) * s2 + PRIOR_N * worst) / (n_eff - 1 + PRIOR_N)
+
+
+def clustered_sequence(
+    c: Clustered, lo: float, hi: float, alpha: float, rho_samples: float
+) -> Interval:
+    """Anytime-valid interval for the mean reward of episodes clustered in sessions."""
+    if c.episodes <= 0:
+        return Interval(0, math.nan, lo, hi)
+    n_eff, sigma2 = c.effective(lo, hi)
+    mean = c.mean
+    if sigma2 <= 0.0 or n_eff <= 0.0:
+        return Interval(c.episodes, mean, mean, mean)
+    rho = sigma2 * max(rho_samples, 1.0)
+    v = n_eff * sigma2
+    radius = math.sqrt((v + rho) * math.log((v + rho) / (rho * alpha**2))) / n_eff
+    return Interval(c.episodes, mean, max(lo, mean - radius), min(hi, mean + radius))
+
+
+def compare_clustered(
+    metric: str,
+    new: Clustered,
+    live: Clustered,
+    *,
+    lo: float,
+    hi: float,
+    higher_is_better: bool,
+    tolerance: float,
+    alpha: float = 0.05,
+    min_samples: int = 20,
+    min_sessions: int = 2,
+    rho_samples: float | None = None,
+) -> CheckResult:
+    """`compare` on episodes clustered in sessions: a verdict needs `min_samples` episodes
+    and `min_sessions` sessions on each side."""
+    a = alpha / 2.0
+    rho = float(rho_samples if rho_samples is not None else min_sessions)
+    ni = clustered_sequence(new, lo, hi, a, rho)
+    li = clustered_sequence(live, lo, hi, a, rho)
+    d_lo, d_hi = ni.lower - li.upper, ni.upper - li.lower
+    worse_lo, worse_hi = (-d_hi, -d_lo) if higher_is_better else (d_lo, d_hi)
+    few = min(new.episodes, live.episodes) < min_samples
+    if few or min(new.sessions, live.sessions) < min_sessions:
+        verdict: Verdict = "inconclusive"
+        reason = (
+            f"too few samples (new {new.episodes} in {new.sessions} sessions, live "
+            f"{live.episodes} in {live.sessions}; need {min_samples} in {min_sessions} each)"
+        )
+    elif worse_lo > tolerance:
+        verdict = "fail"
+        reason = f"new is worse by at least {worse_lo:.4f} (> tolerance {tolerance})"
+    elif worse_hi <= tolerance:
+        verdict = "pass"
+        reason = f"new is worse by at most {worse_hi:.4f} (<= tolerance {tolerance})"
+    else:
+        verdict = "inconclusive"
+        reason = f"worse by between {worse_lo:.4f} and {worse_hi:.4f}: not decided yet"
+    return CheckResult(
+        metric, verdict, ni, li, d_lo, d_hi, tolerance, alpha, higher_is_better, reason
+    )

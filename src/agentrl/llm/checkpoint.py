@@ -182,11 +182,19 @@ class CheckpointManager:
             ) from exc
         return self.url(name)
 
+    def _fence(self, what: str) -> None:
+        """A job process whose runner lost the job's lease writes nothing (see
+        `agentrl.training.fence`)."""
+        from agentrl.training.fence import check_fence
+
+        check_fence(self.fs, self.root, f"{what} {self.url('')}")
+
     def _upload(self, local: Path, name: str) -> None:
         if not name.startswith(STEP_PREFIX):
             # best/ and final/ are replaced: write beside, then swap, so a failed upload
             # leaves the previous one in place.
             self._put_tree(local, f"{name}.partial")
+            self._fence(f"replacing checkpoint {name} in")
             if self.fs.exists(self._join(name)):
                 self.fs.rm(self._join(name), recursive=True)
             self.fs.mv(self._join(f"{name}.partial"), self._join(name), recursive=True)
@@ -195,6 +203,7 @@ class CheckpointManager:
 
     def _put_tree(self, local: Path, name: str) -> None:
         dest = self._join(name)
+        self._fence(f"writing checkpoint {name} in")
         if self.fs.exists(dest):
             self.fs.rm(dest, recursive=True)
         self.fs.makedirs(dest, exist_ok=True)
@@ -203,12 +212,15 @@ class CheckpointManager:
             target = self._join(name, str(p.relative_to(local)))
             self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
             self.fs.put_file(str(p), target)
+        self._fence(f"completing checkpoint {name} in")  # the manifest is the commit
         self.fs.put_file(str(local / MANIFEST), self._join(name, MANIFEST))
 
     def rotate(self) -> list[str]:
         """Delete the oldest step checkpoints beyond max_checkpoints; returns what went."""
         steps = self.list_steps()
         gone = steps[: max(0, len(steps) - self.max_checkpoints)]
+        if gone:
+            self._fence("rotating checkpoints in")
         for n in gone:
             self.fs.rm(self._join(n), recursive=True)
         return gone

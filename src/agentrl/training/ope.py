@@ -19,8 +19,13 @@ small policy changes otherwise; the product over a whole trajectory is unbiased 
 spread grows with the turns: a per-trajectory log-ratio spread of 2 leaves an effective
 sample size of 8 of 60). The trained and the base model are both estimated this way and
 `improvement_over_baseline` is their difference, with Kish's effective sample size of the
-per-decision weights and a 95 % interval (percentile bootstrap over trajectories). It is an
-off-policy estimate, and named so wherever it is shown.
+per-decision weights and a 95 % interval: a studentized bootstrap over trajectories
+(bootstrap-t: each resample's difference divided by its own standard error, the spread of
+the per-trajectory contributions). The percentile bootstrap it replaces covered a true 0 in
+only 87-89 % of no-change jobs at low effective sample size (20 holdout trajectories, a
+log-ratio spread of 2): heavy-tailed weights make the resampled differences too narrow
+and skewed, and the t-pivot carries their spread into the interval. It is an off-policy
+estimate, and named so wherever it is shown.
 """
 
 from __future__ import annotations
@@ -87,6 +92,19 @@ def _gain(w: np.ndarray, centred: np.ndarray, group: np.ndarray, n: int) -> floa
     return float(np.bincount(group, (w - 1.0) * centred, minlength=n).sum() / n)
 
 
+def _influence(log_ratio: np.ndarray, centred: np.ndarray, group: np.ndarray, n: int) -> np.ndarray:
+    """Each trajectory's influence on the gain (up to a constant), self-normalisation
+    included: the gain is A * tau / B - C with per-trajectory means A of sum_t r_t c_t, B of
+    sum_t r_t and tau of the turn counts (C, and the mean reward, drop out: the weights sum
+    to the decisions), so psi_i = (tau / B) a_i + (A / B) tau_i - (A tau / B^2) b_i."""
+    raw = np.exp(np.clip(log_ratio, -CLIP, CLIP))
+    a = np.bincount(group, raw * centred, minlength=n)
+    b = np.bincount(group, raw, minlength=n)
+    turns = np.bincount(group, minlength=n).astype(np.float64)
+    big_a, big_b, tau = a.mean(), b.mean(), turns.mean()
+    return np.asarray((tau / big_b) * a + (big_a / big_b) * turns - (big_a * tau / big_b**2) * b)
+
+
 def _kish(w: np.ndarray) -> float:
     return float(w.sum() ** 2 / (w * w).sum())
 
@@ -111,25 +129,37 @@ def estimate(
     per_traj[group] = r  # every decision of a trajectory carries its reward
     mean_r = float(per_traj.mean())
 
-    def values(pick: np.ndarray, g: np.ndarray, m: int) -> tuple[float, float]:
+    def values(pick: np.ndarray, g: np.ndarray, m: int) -> tuple[float, float, float]:
+        """(gain of new, gain of base, standard error of their difference)."""
         centred = r[pick] - _traj_mean(r[pick], g, m)
-        gain_new = _gain(_weights(new[pick], mu[pick]), centred, g, m)
-        gain_base = _gain(_weights(base[pick], mu[pick]), centred, g, m)
-        return gain_new, gain_base
+        w_new, w_base = _weights(new[pick], mu[pick]), _weights(base[pick], mu[pick])
+        gain_new = _gain(w_new, centred, g, m)
+        gain_base = _gain(w_base, centred, g, m)
+        psi = _influence(new[pick] - mu[pick], centred, g, m)
+        psi -= _influence(base[pick] - mu[pick], centred, g, m)
+        se = float(psi.std(ddof=1) / np.sqrt(m)) if m > 1 else 0.0
+        return gain_new, gain_base, se
 
     all_idx = np.arange(len(decisions))
-    gain_new, gain_base = values(all_idx, group, n)
+    gain_new, gain_base, se = values(all_idx, group, n)
+    diff = gain_new - gain_base
     members = [np.flatnonzero(group == g) for g in range(n)]
     rng = np.random.default_rng(seed)
-    diffs = np.empty(resamples)
-    for b in range(resamples):
+    pivots = []
+    for _ in range(resamples):
         draw = rng.integers(0, n, n)
         pick = np.concatenate([members[g] for g in draw])
         g = np.concatenate([np.full(len(members[g]), k) for k, g in enumerate(draw)])
-        a, c = values(pick, g, n)
-        diffs[b] = a - c
-    # resamples=0 (a checkpoint's quick score): no interval
-    lo, hi = np.percentile(diffs, [2.5, 97.5]) if resamples else (np.nan, np.nan)
+        a, c, se_b = values(pick, g, n)
+        if se_b > 0.0:
+            pivots.append((a - c - diff) / se_b)
+    if not resamples:  # a checkpoint's quick score: no interval
+        lo, hi = np.nan, np.nan
+    elif se <= 0.0 or not pivots:  # the same policy on every logged decision
+        lo = hi = diff
+    else:
+        t = float(np.percentile(np.abs(pivots), 95.0))  # symmetric bootstrap-t
+        lo, hi = diff - t * se, diff + t * se
     return OffPolicyEstimate(
         value_new=mean_r + gain_new,
         value_base=mean_r + gain_base,

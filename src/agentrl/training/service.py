@@ -39,6 +39,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import signal
 import socket
 import sys
@@ -59,6 +60,7 @@ from agentrl.contracts.subjects import REWARD, TRAINING_REQUEST, TRAINING_STATUS
 from agentrl.contracts.training import TrainingRequest, TrainingStatus
 from agentrl.observability import instrument as obs
 from agentrl.settings import Settings, get_settings
+from agentrl.training.fence import raise_fence
 from agentrl.training.kv import CANCEL_SUBJECT, STATUS_BUCKET, bucket
 from agentrl.training.paths import UnsafePath, checkpoint_base, job_dir
 from agentrl.training.queue import FINAL, JobQueue, QueueEntry, status_of
@@ -167,8 +169,13 @@ class TrainingService:
         base = Path(self.settings.data_dir).resolve() / "training"
         # Replicas on one host keep their own records apart; checkpoints stay shared.
         self.root = base / "replicas" / _slug(rid) if rid else base
-        self.owner = rid or f"{socket.gethostname()}-{_digest(str(self.root))}"
-        self.suffix = _slug(self.owner)
+        # `name` is the runner (stable across restarts: its consumers and records); `owner`
+        # names this process in leases, unique per process like the controller's: two
+        # runners of one name (a fixed hostname and the same path in two containers) must
+        # never both take a job, and `Lease.acquire` treats its own owner's lease as its own
+        self.name = rid or f"{socket.gethostname()}-{_digest(str(self.root))}"
+        self.owner = f"{self.name}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.suffix = _slug(self.name)
         self.lease_ttl_s = lease_ttl_s or float(
             os.environ.get("AGENTRL_TRAINING_LEASE_TTL_S") or LEASE_TTL_S
         )
@@ -201,6 +208,8 @@ class TrainingService:
             "progress_dropped": 0,
             "adopted": 0,
             "leases_lost": 0,
+            "leases_expired": 0,
+            "fenced_writes": 0,
             "spare_jobs": 0,
         }
         self.spare = (
@@ -235,6 +244,7 @@ class TrainingService:
             asyncio.create_task(self._consume_cancels(stop), name="training-cancels"),
             asyncio.create_task(self._scheduler(stop), name="training-scheduler"),
             asyncio.create_task(self._renew_jobs(stop), name="training-leases"),
+            asyncio.create_task(self._watch_leases(stop), name="training-lease-watchdog"),
             asyncio.create_task(
                 while_leader(triggers, self._own_triggers, stop), name="training-trigger-lease"
             ),
@@ -325,7 +335,7 @@ class TrainingService:
             await self._publish_status(
                 row.job_id,
                 "queued",
-                extra={**where, "resumes": row.resumes + 1, "runner": self.owner},
+                extra={**where, "resumes": row.resumes + 1, "runner": self.name},
                 fields={"status": "queued", "resumes": row.resumes + 1, "pid": None},
             )
         else:
@@ -458,15 +468,17 @@ class TrainingService:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.lease_ttl_s / 3)
             for job_id, lease in list(self.job_leases.items()):
-                try:
-                    ok = await lease.renew()
+                expired = False
+                try:  # never past the lease's end: the watchdog acts then
+                    ok = await asyncio.wait_for(lease.renew(), max(0.05, lease.left_s))
                 except Exception as exc:
-                    # NATS away (for every runner, most likely): the job goes on; only a
-                    # lease another runner has taken stops it
+                    # NATS away or slow: the job goes on while the lease's TTL lasts (then
+                    # it stops: another runner may take it from that moment)
                     log.info("lease of job %s not renewed: %s", job_id, exc)
-                    ok = True
-                if not ok:
-                    self._lost(job_id)
+                    ok = lease.held
+                    expired = not ok
+                if not ok and self.job_leases.get(job_id) is lease:
+                    self._lost(job_id, expired=expired)
                     continue
                 job = self.running.get(job_id)
                 if job is None or job.cancel_requested or self.queue is None:
@@ -476,12 +488,34 @@ class TrainingService:
                     if entry is not None and entry.cancel:
                         await self.cancel(job_id)
 
-    def _lost(self, job_id: str) -> None:
-        self.counters["leases_lost"] += 1
+    async def _watch_leases(self, stop: asyncio.Event) -> None:
+        """Stop every job whose lease ran out unrenewed (NATS cut off from this runner,
+        or too slow to answer): once its TTL passed since the last renewal the server may
+        hand the job to another runner, so this one must not train on. Looks often and
+        asks nothing of NATS: it acts however stuck the renewals are."""
+        period = min(0.25, self.lease_ttl_s / 12)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), period)
+            for job_id in list(self.running):
+                lease = self.job_leases.get(job_id)
+                if lease is None or not lease.held:
+                    self._lost(job_id, expired=True)
+
+    def _lost(self, job_id: str, *, expired: bool = False) -> None:
+        self.counters["leases_expired" if expired else "leases_lost"] += 1
         self.job_leases.pop(job_id, None)
         job = self.running.pop(job_id, None)
         if job is not None:
-            log.warning("job %s: lease lost, another runner has it; stopped here", job_id)
+            if expired:
+                log.warning(
+                    "job %s: lease not renewed within its TTL (%.1fs): stopped here (another "
+                    "runner may own it now)",
+                    job_id,
+                    self.lease_ttl_s,
+                )
+            else:
+                log.warning("job %s: lease lost, another runner has it; stopped here", job_id)
             _kill(job.proc)
         self._settle(job_id, None)
         self.wake.set()
@@ -682,6 +716,18 @@ class TrainingService:
             await self._finish(row, "failed", error={"code": "CONFIG", "message": str(exc)})
             return
         folder.mkdir(parents=True, exist_ok=True)
+        lease = self.job_leases.get(row.job_id)
+        if lease is None or lease.token is None or not lease.held:
+            return  # not ours (any more): the scheduler looks at it again
+        try:
+            newer = await asyncio.to_thread(raise_fence, storage_path, self.owner, lease.token)
+        except Exception as exc:  # a store that cannot be written: the job fails on it (INFRA)
+            log.warning("job %s: no fence in %s: %s", row.job_id, storage_path, exc)
+            newer = None
+        if newer is not None:  # another runner took the job after us: we are stale
+            log.warning("job %s: %s owns it now; not started here", row.job_id, newer["owner"])
+            self._lost(row.job_id)
+            return
         resume = row.resumes > 0
         spec = {
             "request": row.request,
@@ -695,6 +741,7 @@ class TrainingService:
             "heartbeat_s": self.ts.heartbeat_s,
             "max_length": self.ts.max_length,
             "tiny_kwargs": self.ts.tiny_kwargs,
+            "lease": {"owner": self.owner, "token": lease.token},
         }
         recent = self.store.get_state("recent_checkpoint") or {}
         if recent.get("base_model") == row.request.get("training_config", {}).get("base_model"):
@@ -746,7 +793,7 @@ class TrainingService:
                 row.job_id,
                 "running",
                 job=job,
-                extra={"device": device, "resumed": resume, "runner": self.owner},
+                extra={"device": device, "resumed": resume, "runner": self.name},
                 fields={
                     "status": "running",
                     "device": device,
@@ -820,6 +867,8 @@ class TrainingService:
             _kill(job.proc)
         if job.proc.returncode is None:
             return
+        if self.running.get(job.row.job_id) is not job:
+            return  # stopped meanwhile (its lease ran out): not concluded here
         await self._poll_tail(job)
         del self.running[job.row.job_id]
         await self._conclude(job)
@@ -937,7 +986,7 @@ class TrainingService:
             "status": status,
             "metadata": {
                 "training_platform": PLATFORM,
-                "runner": self.owner,
+                "runner": self.name,
                 **({"pytorch_version": self._torch_version} if self._torch_version else {}),
             },
         }
@@ -968,6 +1017,9 @@ class TrainingService:
         for key in DATA_KEYS:
             if src.get(key) is not None:
                 payload["metadata"][key] = src[key]
+        lease = self.job_leases.get(job_id)
+        if lease is not None and lease.token is not None:  # the status fence's token
+            payload["metadata"]["lease_revision"] = lease.token
         if extra:
             payload["metadata"].update(extra)
         return TrainingStatus.model_validate(payload)
@@ -1026,9 +1078,9 @@ class TrainingService:
             return
         event = self.build_status(job.row.job_id, "running", job=job)
         try:
+            if not await self._put_status(job.row.job_id, event.to_json()):
+                return
             await self.bus.publish(event)
-            if self.kv is not None:
-                await self.kv.put(job.row.job_id, event.to_json())
         except Exception as exc:
             self.counters["progress_dropped"] += 1
             log.info("progress of %s not published: %s", job.row.job_id, exc)
@@ -1064,14 +1116,57 @@ class TrainingService:
         API's view) before it leaves the outbox. One flush at a time keeps the order."""
         async with self._flush_lock:
             for msg_id, subject, data in self.store.outbox():
-                await self.bus.publish_raw(subject, bytes(data), msg_id)
+                ended = None
                 if subject == TRAINING_STATUS and self.kv is not None:
                     event = orjson.loads(data)
                     job_id = str(event["training_job_id"])
-                    await self.kv.put(job_id, bytes(data))
-                    if event.get("status") in FINAL:
-                        await self._ended(job_id)
+                    if not await self._put_status(job_id, bytes(data)):
+                        self.store.outbox_done(msg_id)  # stale: neither state nor event
+                        if event.get("status") in FINAL:
+                            self.job_leases.pop(job_id, None)
+                        continue
+                    ended = job_id if event.get("status") in FINAL else None
+                await self.bus.publish_raw(subject, bytes(data), msg_id)
+                if ended is not None:
+                    await self._ended(ended)
                 self.store.outbox_done(msg_id)
+
+    async def _put_status(self, job_id: str, data: bytes) -> bool:
+        """Write a job's status into the status bucket unless it is fenced: a status whose
+        lease revision (`metadata.lease_revision`, the fencing token of the runner that
+        wrote it) is older than the one there comes from a runner that lost the job since
+        (it was cut off, its outbox flushed later). Compare-and-set, so two runners cannot
+        interleave. False: refused (counted, logged)."""
+        from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
+
+        if self.kv is None:
+            return True
+        token = _lease_revision(data)
+        for _ in range(8):
+            try:
+                entry = await self.kv.get(job_id)
+            except (KeyNotFoundError, KeyDeletedError):
+                entry = None
+            current = _lease_revision(entry.value) if entry is not None and entry.value else 0
+            if current > token:
+                self.counters["fenced_writes"] += 1
+                log.warning(
+                    "status of job %s refused: written under lease revision %d, the job's "
+                    "status is already at %d (another runner owns it)",
+                    job_id,
+                    token,
+                    current,
+                )
+                return False
+            try:
+                if entry is None:
+                    await self.kv.create(job_id, data)
+                else:
+                    await self.kv.update(job_id, data, last=entry.revision)
+                return True
+            except KeyWrongLastSequenceError:
+                continue  # written meanwhile: look again
+        raise TransientError(f"status of job {job_id}: the bucket kept changing under us")
 
     async def _consume_rewards(self, stop: asyncio.Event) -> None:
         await self.bus.consume(
@@ -1299,6 +1394,15 @@ def _kill_stale(pid: int) -> None:
 def _outbox_row(bus: Bus, event: TrainingStatus) -> tuple[str, str, bytes]:
     subject, data, msg_id = bus.encode(event)
     return msg_id, subject, data
+
+
+def _lease_revision(data: bytes) -> int:
+    """The fencing token a status was written under (0: none, an intake status)."""
+    try:
+        value = (orjson.loads(data).get("metadata") or {}).get("lease_revision")
+        return int(value) if value is not None else 0
+    except Exception:
+        return 0
 
 
 def _job_id_of(data: bytes) -> str | None:

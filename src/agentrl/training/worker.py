@@ -26,6 +26,7 @@ from pathlib import Path
 
 from agentrl.errors import TrainingError
 from agentrl.logs import bind, configure_handler
+from agentrl.training.fence import FENCE_ENV
 from agentrl.training.progress import Cancelled, Emitter
 from agentrl.training.spare import SPARE_FLAG, wait_for_job
 
@@ -40,6 +41,8 @@ def _die_with_parent() -> None:
 def run(job_dir: Path) -> int:
     spec = json.loads((job_dir / "spec.json").read_text())
     bind(job_id=(spec.get("request") or {}).get("training_job_id"))  # in every log record
+    if spec.get("lease"):  # the fencing token: checkpoint writes check it (and children)
+        os.environ[FENCE_ENV] = json.dumps(spec["lease"])
     emitter = Emitter(job_dir / "events.jsonl")
     signal.signal(signal.SIGTERM, lambda *_: emitter.cancel.set())
     stop_beat = threading.Event()
