@@ -42,6 +42,7 @@ from agentrl.capture.otlp import (
     decode,
     enrichment_of,
     llm_response_ids,
+    name_completions,
     span_bytes,
     to_trajectory_from_spans,
 )
@@ -196,7 +197,10 @@ class OtlpReceiver:
             now = time.monotonic()
             ready = self.book.add(spans, now) + self.book.expire(now)
             built = []
+            services = [svc for svc in live_services() if svc is not self.publisher]
             for trace in ready:
+                for svc in services:
+                    name_completions(trace, svc.completion_of_call)
                 rids = llm_response_ids(trace)
                 ours, svc = await self._served_here(rids) if rids else ({}, None)
                 tids = [t for t in ours.values() if t]

@@ -78,6 +78,7 @@ class Conversation:
     system: str | None = None
     last: tuple[Any, ...] | None = None  # signatures of the last answer
     answered: int = 0  # successful exchanges
+    seen: int = 0  # messages of its last request + the answer
 
 
 @dataclass
@@ -214,13 +215,13 @@ class EpisodeBook:
         if not sigs:
             return None
         task = _first_user(msgs)
-        for key in reversed(self.by_user.get((owner, user), [])):
-            ep = self.open.get(key)
-            if ep is None:
-                continue
-            for sig in sigs:
-                t = ep.answers.get(sig)
-                if t is not None and (sig[0] != "t" or ep.threads[t - 1].task == task):
+        keys = list(reversed(self.by_user.get((owner, user), [])))
+        for sig in sigs:  # the strongest signature first, across all of the user's episodes
+            for key in keys:
+                ep = self.open.get(key)
+                t = ep.answers.get(sig) if ep is not None else None
+                # a call id is the gateway's own; equal calls or text must share the task
+                if t is not None and (sig[0] == "i" or ep.threads[t - 1].task == task):  # type: ignore[union-attr]
                     return key
         return None
 
@@ -272,6 +273,7 @@ class EpisodeBook:
             return closed
         thread, new = self._thread_of(ep, msgs)
         ep.current = thread.index
+        thread.seen = len(msgs) + 1
         if error is None:
             sigs = signatures(answer)
             thread.last = sigs
@@ -311,6 +313,12 @@ class EpisodeBook:
                 if sig in (thread.last or ()):
                     return thread, msgs[last + 1 :]
                 return self._open_thread(ep, msgs, "branch", parent=t), msgs[last + 1 :]
+            # our answer as the client re-rendered it (smolagents writes tool calls as
+            # text): the thread whose last request this one extends, with the same task
+            task = _first_user(msgs)
+            for thread in sorted(ep.threads, key=lambda t: t.index != ep.current):
+                if thread.seen == last + 1 and thread.task == task and thread.answered:
+                    return thread, msgs[last + 1 :]
             # an assistant message the gateway never gave (another episode's, a few-shot
             # example): a conversation of its own, read from its last assistant message
             return self._open_thread(ep, msgs, "resumed"), msgs[last + 1 :]

@@ -444,6 +444,21 @@ def capped(span: Span, max_attrs: int, max_value: int) -> tuple[Span, int]:
     return span, hit
 
 
+def name_completions(trace: TraceEpisode, completion_of_call: Callable[[str], str | None]) -> None:
+    """Give a chat span without a response id the completion id of the tool calls it
+    answered with, where the gateway minted those calls (OpenInference's smolagents spans
+    carry no response id, but the calls' ids are the gateway's own)."""
+    for s in trace.spans:
+        if s.kind != "llm" or response_id_of(s):
+            continue
+        _, output = messages_of(s)
+        for call in (output or {}).get("tool_calls") or []:
+            cid = completion_of_call(str(call.get("id") or ""))
+            if cid:
+                s.attrs["gen_ai.response.id"] = cid
+                break
+
+
 def llm_response_ids(trace: TraceEpisode) -> list[str]:
     return [rid for s in trace.spans if s.kind == "llm" and (rid := response_id_of(s))]
 

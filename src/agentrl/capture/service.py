@@ -130,6 +130,7 @@ class CaptureService:
         self.index: TrajectoryIndex | None = None
         self.to_index: list[tuple[str, str]] = []  # (completion id, trajectory id) to write
         self.owned: OrderedDict[str, str | None] = OrderedDict()  # served here -> trajectory
+        self.calls: OrderedDict[str, str] = OrderedDict()  # tool call id -> completion id
         self.keyed = lambda: False  # the gateway says whether API keys are required
         self._wake = asyncio.Event()
         self.observe_s: deque[tuple[float, float]] | None = None  # a deque: time `observe`
@@ -248,6 +249,11 @@ class CaptureService:
         if error is None:
             self._own(completion_id, tid)
             self.to_index.append((completion_id, tid))
+            for call in answer.get("tool_calls") or []:  # spans without response ids name these
+                if isinstance(call, dict) and call.get("id"):
+                    self.calls[str(call["id"])] = completion_id
+            while len(self.calls) > OWNED:
+                self.calls.popitem(last=False)
         return ep.episode_id
 
     # ---- the OTLP join (in process) ----------------------------------------------------------
@@ -256,6 +262,10 @@ class CaptureService:
         if completion_id in self.owned:
             return True, self.owned[completion_id]
         return False, None
+
+    def completion_of_call(self, call_id: str) -> str | None:
+        """The completion that minted tool call `call_id` (ids are the gateway's own)."""
+        return self.calls.get(call_id)
 
     def enrich(self, trajectory_id: str, completion_ids: list[str], data: dict[str, Any]) -> bool:
         """Fold an OTLP trace's extras into the open episode that served `completion_ids`;
