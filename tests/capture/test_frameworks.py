@@ -77,6 +77,46 @@ async def test_openai_agents_sdk(harness: Harness) -> None:
     await client.close()
 
 
+async def test_pydantic_ai_agent_with_a_tool(harness: Harness) -> None:
+    pytest.importorskip("pydantic_ai", reason="pydantic-ai-slim: the [frameworks] extra")
+    from openai import AsyncOpenAI
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    session = f"pydantic-ai-{uuid.uuid4().hex[:8]}"
+    client = AsyncOpenAI(base_url=harness.base_url, api_key="unused", max_retries=0)
+    model = OpenAIChatModel("agentrl-policy", provider=OpenAIProvider(openai_client=client))
+    settings: dict[str, Any] = {
+        "extra_headers": {"x-agentrl-session": session},
+    }
+    agent = Agent(model, system_prompt=SYSTEM, model_settings=settings)  # type: ignore[arg-type]
+
+    @agent.tool_plain
+    def add_numbers(a: float, b: float) -> str:
+        """Add two numbers."""
+        settings["extra_body"] = steer(FINAL)  # the next request: the final answer
+        return add(a, b)
+
+    settings["extra_body"] = steer(CALL.replace('"add"', '"add_numbers"'))
+    result = await agent.run(TASK)
+    assert result.output == FINAL
+    ended = await harness.end(session, success=True)
+    assert ended["threads"] == 1
+    traj = await harness.trajectory(ended["trajectory_id"])
+    turns = traj["turns"]
+    assert [t["action"]["type"] for t in turns] == ["tool_call", "response"]
+    assert turns[0]["action"]["tool_name"] == "add_numbers"
+    assert turns[0]["action"]["tool_args"] == {"a": 2, "b": 3}
+    assert turns[0]["result"]["output"] == "5" and turns[1]["observation"]["content"] == "5"
+    assert turns[1]["action"]["raw_response"] == FINAL
+    assert all(t["action"]["completion_id"].startswith("chatcmpl-") for t in turns)
+    assert traj["task_context"]["instructions"] == TASK
+    assert traj["metadata"]["model"] == VERSION
+    await feedback_gives_version_2(harness, session, traj["trajectory_id"])
+    await client.close()
+
+
 async def test_langchain_openai_with_tools(harness: Harness) -> None:
     lc = pytest.importorskip("langchain_openai", reason="langchain-openai: the [frameworks] extra")
     from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
