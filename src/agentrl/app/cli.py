@@ -297,6 +297,14 @@ def _register_up(app: typer.Typer) -> None:
         answers with one of the choices.
 
         \b
+        Capture: requests with a session key (header x-agentrl-session) form
+        one episode until POST /v1/episodes/{key}/end or 300 s idle
+        (AGENTRL_CAPTURE_IDLE_TIMEOUT_S). A request waits at most
+        AGENTRL_DEPLOY_BACKEND_TIMEOUT_S (300) for its answer, then gets a
+        504 (logged; the episode keeps it as a failed turn): raise it when a
+        big model on a CPU answers slower.
+
+        \b
         Agent Zero: `agentrl agent-zero install PATH_TO_AGENT_ZERO` copies the
         plugin and prints the chat model settings: provider OpenAI-compatible
         ("other"), model "agentrl-policy", API base http://127.0.0.1:8700/v1.
