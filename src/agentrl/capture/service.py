@@ -249,6 +249,8 @@ class CaptureService:
         if error is None:
             self._own(completion_id, tid)
             self.to_index.append((completion_id, tid))
+            if len(self.to_index) > OWNED:  # no run loop writing them (or NATS away long)
+                del self.to_index[: len(self.to_index) - OWNED]
             for call in answer.get("tool_calls") or []:  # spans without response ids name these
                 if isinstance(call, dict) and call.get("id"):
                     self.calls[str(call["id"])] = completion_id
@@ -323,11 +325,10 @@ class CaptureService:
         event = self.trajectory(closed, outcome, b.comment)
         out = self._summary(ep, event)
         if event is not None:
-            item = Outgoing(closed, outcome, b.comment, 0)
             try:
                 await self.publish_many([event])
             except Exception:
-                self._queue(item.closed, outcome, b.comment)  # `run` retries it
+                self._queue(closed, outcome, b.comment)  # `run` retries it
                 raise
         return out
 
