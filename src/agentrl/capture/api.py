@@ -199,8 +199,8 @@ class OtlpReceiver:
             built = []
             services = [svc for svc in live_services() if svc is not self.publisher]
             for trace in ready:
-                for svc in services:
-                    name_completions(trace, svc.completion_of_call)
+                for other in services:
+                    name_completions(trace, other.completion_of_call)
                 rids = llm_response_ids(trace)
                 ours, svc = await self._served_here(rids) if rids else ({}, None)
                 tids = [t for t in ours.values() if t]
