@@ -5,6 +5,7 @@ check what capture made of each run: one episode, one trajectory, every request 
     python scripts/capture_frameworks.py --gateway http://127.0.0.1:8700 \\
         --api http://127.0.0.1:8600                            # a running `agentrl up`
     python scripts/capture_frameworks.py --frameworks dspy,crewai
+    python scripts/capture_frameworks.py --serve-for 600   # only serve (frameworks elsewhere)
 
 It installs nothing: a framework that does not import is reported as skipped (install it
 in this environment, or a throwaway venv with agentrl, to run it). With its own gateway the
@@ -187,8 +188,12 @@ async def main(args: argparse.Namespace) -> int:
     gateway, api = args.gateway, args.api
     if not gateway:
         gateway, api, held = await own_stack(stop)
+    if args.serve_for:  # the frameworks run in another environment (a throwaway venv)
+        print(json.dumps({"gateway": gateway, "api": api}), flush=True)
+        await asyncio.sleep(args.serve_for)
+        args.frameworks = ""
     results = []
-    for name in args.frameworks.split(","):
+    for name in filter(None, args.frameworks.split(",")):
         r = await check(name.strip(), gateway.rstrip("/"), api.rstrip("/"))
         print(json.dumps(r), flush=True)
         results.append(r)
@@ -218,4 +223,5 @@ if __name__ == "__main__":
     parser.add_argument("--gateway", default="", help="A running gateway (default: its own).")
     parser.add_argument("--api", default="http://127.0.0.1:8600", help="The control API.")
     parser.add_argument("--frameworks", default="crewai,dspy,llamaindex")
+    parser.add_argument("--serve-for", type=float, default=0, help="Only serve, this long (s).")
     sys.exit(asyncio.run(main(parser.parse_args())))
