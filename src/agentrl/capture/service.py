@@ -339,7 +339,8 @@ class CaptureService:
             return (
                 f"no episode {episode_id!r} was seen{scope}: its requests carried no session key "
                 "(header x-agentrl-session, x-episode-id or x-session-id, body episode_id or "
-                "metadata.session_id) and it names none of their completion ids"
+                "metadata.session_id) and it names none of their completion ids (an episode "
+                "that only OpenAI's `user` named is named by its first completion id)"
             )
         why = {
             "ended": "it was ended already",
