@@ -68,6 +68,7 @@ class Harness:
     api: str  # the control API
     stop: asyncio.Event
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    state: Any = None  # the gateway's GatewayState (versions, timeout)
 
     @property
     def base_url(self) -> str:
@@ -158,6 +159,7 @@ async def harness(
     api, api_task, api_port = await serve(create_app(settings, bus))
     rewards = RewardService(bus, None, tmp_path / "rewards", durable=f"cap-{uuid.uuid4().hex[:8]}")
     h = Harness(bus, capture, f"http://127.0.0.1:{gw_port}", f"http://127.0.0.1:{api_port}", stop)
+    h.state = state
     h.tasks = [
         asyncio.create_task(capture.run(stop, tick_s=0.2)),
         asyncio.create_task(log.run(stop)),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from agentrl.capture.episodes import MIXED, EpisodeBook, outcome_of, to_trajectory
+from agentrl.capture.episodes import MIXED, EpisodeBook, outcome_of, scope_key, to_trajectory
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -117,14 +117,13 @@ def test_outcomes() -> None:
     assert o is not None and o.task_status == "partial_completion"
 
 
-def test_a_new_conversation_under_the_same_key_starts_a_new_episode() -> None:
+def test_another_conversation_under_a_key_is_a_linked_thread_of_the_same_episode() -> None:
     book = EpisodeBook()
     run(book, "u", 2)
-    # a retry of the first request is the same task: same episode
+    # a retry of the first request with the same task, and another task: threads, no close
     book.observe(
         "u", [{"role": "user", "content": "task u"}], {"content": "x"}, "r", "v1", now=0, at=AT
     )
-    assert book.counts.closed_new_task == 0
     closed = book.observe(
         "u",
         [{"role": "user", "content": "another task"}],
@@ -134,8 +133,14 @@ def test_a_new_conversation_under_the_same_key_starts_a_new_episode() -> None:
         now=0,
         at=AT,
     )
-    assert [c.reason for c in closed] == ["new_task"] and len(closed[0].episode.exchanges) == 3
-    assert book.open["u"].task == "another task" and book.counts.closed_new_task == 1
+    assert closed == [] and len(book.open) == 1
+    ep = book.open[scope_key(None, "u")]
+    assert [t.task for t in ep.threads] == ["task u", "task u", "another task"]
+    assert [t.parent for t in ep.threads] == [None, 1, 2]
+    traj = to_trajectory(ep, ended_at=AT, reason="ended")
+    assert traj is not None and [t.thread for t in traj.turns] == [1, 1, 2, 3]
+    assert traj.metadata.threads is not None and len(traj.metadata.threads) == 3
+    assert traj.task_context.instructions == "task u"
 
 
 def test_the_canary_monitor_leaves_a_mixed_version_episode_out() -> None:

@@ -86,8 +86,10 @@ async def test_feedback_by_completion_id_float_comment_and_demonstration(
     harness: Harness,
 ) -> None:
     user = f"user-{uuid.uuid4().hex[:8]}"
-    ids = await tool_loop(harness, user=user)  # OpenAI's `user` field is the session key
-    traj = await harness.trajectory((await harness.end(user))["trajectory_id"])
+    ids = await tool_loop(harness, user=user)  # OpenAI's `user` alone: routed by history
+    # such an episode is named by its first completion id (any of its ids ends it)
+    traj = await harness.trajectory((await harness.end(ids[-1]))["trajectory_id"])
+    assert traj["session_id"] == ids[0]
     assert [t["action"]["completion_id"] for t in traj["turns"]] == ids
     trajs = [traj]
     tid = trajs[0]["trajectory_id"]
@@ -137,7 +139,9 @@ async def test_episode_end_outcome_and_unknown_episode(harness: Harness) -> None
         ok = await c.post(f"{harness.base_url}/episodes/{session}/end", json={"score": 0.5})
         assert ok.status_code == 200
         again = await c.post(f"{harness.base_url}/episodes/{session}/end")
-        assert again.status_code == 404 and "no open episode" in again.text
+        # the truth: ended already, and as which trajectory
+        assert again.status_code == 404 and "ended already" in again.text
+        assert ok.json()["trajectory_id"] in again.text
     traj = await harness.trajectory(ok.json()["trajectory_id"])
     out = traj["metadata"]["outcome"]
     assert out["task_status"] == "partial_completion" and out["completion_percentage"] == 0.5

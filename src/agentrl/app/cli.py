@@ -62,13 +62,21 @@ def _register_bench_capture(bench: typer.Typer) -> None:
         turns: int = typer.Option(5, min=1, help="Requests per session (the last is text)."),
         connections: int = typer.Option(64, min=1, help="HTTP connections of the clients."),
         otlp_traces: int = typer.Option(2000, min=100, help="GenAI traces posted as OTLP."),
+        extra: int = typer.Option(
+            20,
+            min=1,
+            help="Runs of each hard case: gateway + OTLP, threads, timeout, one user's two "
+            "conversations, an oversized episode.",
+        ),
     ) -> None:
-        """Episodes at the gateway under load (published = sent, tracking cost per request)
-        and the OTLP receiver's spans per second."""
+        """Episodes at the gateway under load (published = sent, tracking cost per request),
+        the cases that used to duplicate, split, merge or lose episodes, and the OTLP
+        receiver's spans per second."""
         from agentrl.app.bench_capture import main
 
-        out = main(sessions, turns, connections, otlp_traces)
-        if out["lost"] or out["failed_requests"]:
+        out = main(sessions, turns, connections, otlp_traces, extra)
+        bad = ("lost", "failed_requests", "duplicate_episodes", "split_episodes")
+        if any(out[k] for k in (*bad, "merged_episodes")):
             raise typer.Exit(1)
 
 
@@ -307,6 +315,14 @@ def _register_up(app: typer.Typer) -> None:
         AGENTRL_DEPLOY_API_KEYS='["k"]' requires keys; the header x-session-id
         keeps a session on one version; extra_body={"guided_choice": [...]}
         answers with one of the choices.
+
+        \b
+        Capture: requests with a session key (header x-agentrl-session) form
+        one episode until POST /v1/episodes/{key}/end or 300 s idle
+        (AGENTRL_CAPTURE_IDLE_TIMEOUT_S). A request waits at most
+        AGENTRL_DEPLOY_BACKEND_TIMEOUT_S (300) for its answer, then gets a
+        504 (logged; the episode keeps it as a failed turn): raise it when a
+        big model on a CPU answers slower.
 
         \b
         Agent Zero: `agentrl agent-zero install PATH_TO_AGENT_ZERO` copies the

@@ -4,8 +4,9 @@ trajectory, read as agentrl's feedback kinds.
 The value decides the kind: a boolean is a thumbs up/down, a float in [0, 1] a rating
 (1 + 4·value, rounded), a string a comment (the metric "demonstration": the response the
 agent should have given, i.e. a correction). The metric's own name and value travel with the
-event, so nothing the caller said is lost. An episode or completion id is resolved to its
-trajectory through the capture index (written when the trajectory is published).
+event, so nothing the caller said is lost. An episode or completion id is resolved through the
+capture index: a completion to its trajectory, an episode to every trajectory published
+under it (feedback reaches them all, and the answer names them).
 """
 
 from __future__ import annotations
@@ -56,13 +57,14 @@ async def resolve(
     *,
     episode_id: str | None = None,
     completion_id: str | None = None,
-) -> str | None:
-    """The trajectory id an episode or a completion belongs to (None: not published yet)."""
+) -> list[str]:
+    """The trajectory ids feedback reaches: a completion's one, or every trajectory
+    published under an episode id (empty: not published yet)."""
     index = await TrajectoryIndex.open(js, bucket, ttl_s)
     if completion_id:
         found = await index.get(COMPLETION, completion_id)
         if found:
-            return found
+            return [found]
     if episode_id:
-        return await index.get(EPISODE, episode_id)
-    return None
+        return await index.all(EPISODE, episode_id)
+    return []

@@ -9,22 +9,27 @@ JSON parts, `gen_ai.response.id`, `gen_ai.tool.call.*`; the older indexed
 
 The spans of one trace are one episode: each chat (LLM) span, in start order, is one
 request/answer exchange and goes through the same `EpisodeBook` as the gateway's traffic, so
-turns, tool calls, results and the task are read the same way. A span that names a
-`gen_ai.response.id` carries it as the action's `completion_id`: when the gateway served
-that call, its completion log holds the exact tokens. Spans without one give trajectories
-without token data (fine for rejection sampling and preference data, not for token-exact RL).
+turns, tool calls, results and the task are read the same way. A span's
+`gen_ai.response.id` is the action's `completion_id` only when this gateway served that
+call (`owns`: its completion log holds the exact tokens, `token_exact`); any other
+server's id (vLLM, OpenAI: every one says `chatcmpl-...`) is kept as `response_id` and the
+trajectory has no token data (fine for rejection sampling and preference data, not for
+token-exact RL). A trace whose calls the gateway served inside an episode is not made into
+a trajectory at all: it enriches that episode (`enrichment_of`; see `agentrl.capture.api`).
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import uuid
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from agentrl.capture.episodes import NAMESPACE, EpisodeBook, OpenEpisode, to_trajectory
+from agentrl.capture.fit import cut
 from agentrl.contracts.trajectory import TrajectoryEvent, TurnResult
 
 LLM_OPS = frozenset({"chat", "text_completion", "generate_content"})
@@ -34,6 +39,27 @@ AGENT_OPS = frozenset({"invoke_agent", "create_agent"})
 
 class OtlpError(ValueError):
     """The body is not an OTLP trace export request (the message says why)."""
+
+
+class OtlpTooLarge(OtlpError):
+    """The body (or what it inflates to) is over the receiver's limit."""
+
+
+def gunzip(body: bytes, max_out: int) -> bytes:
+    """`body` decompressed, never more than `max_out` bytes held (a 1000:1 bomb stops at
+    the limit instead of filling memory)."""
+    d = zlib.decompressobj(wbits=31)
+    try:
+        out = d.decompress(body, max_out + 1)
+    except zlib.error as exc:
+        raise OtlpError(f"body is not valid gzip: {exc}") from exc
+    if len(out) > max_out or d.unconsumed_tail:
+        raise OtlpTooLarge(
+            f"gzip body inflates to over {max_out:,} bytes: export in smaller batches"
+        )
+    if not d.eof:
+        raise OtlpError("body is not valid gzip: truncated stream")
+    return out
 
 
 @dataclass
@@ -108,13 +134,12 @@ def _json_id(value: Any) -> str:
             raise OtlpError(f"span id {s!r} is neither hex nor base64") from exc
 
 
-def decode(body: bytes, content_type: str, encoding: str | None = None) -> list[Span]:
+def decode(
+    body: bytes, content_type: str, encoding: str | None = None, max_decoded: int = 64 * 2**20
+) -> list[Span]:
     """The spans of one OTLP/HTTP trace export request."""
     if (encoding or "").lower() == "gzip":
-        try:
-            body = gzip.decompress(body)
-        except (OSError, EOFError) as exc:
-            raise OtlpError(f"body is not valid gzip: {exc}") from exc
+        body = gunzip(body, max_decoded)
     ctype = content_type.split(";")[0].strip().lower()
     if ctype == "application/json":
         try:
@@ -389,10 +414,83 @@ class TraceEpisode:
     dropped: int = 0
     last_seen: float = 0.0
     root_seen: bool = False
+    bytes: int = 0  # estimated size of the spans kept
 
 
-def to_trajectory_from_spans(trace: TraceEpisode, max_turns: int = 512) -> TrajectoryEvent | None:
-    """One trace as a trajectory (None: no LLM span in it)."""
+def span_bytes(span: Span) -> int:
+    """An estimate of what a span holds in memory (its attributes' text)."""
+    n = 160 + len(span.name)
+    for k, v in span.attrs.items():
+        n += len(k) + (len(v) if isinstance(v, str | bytes) else 24)
+    return n
+
+
+def capped(span: Span, max_attrs: int, max_value: int) -> tuple[Span, int]:
+    """The span with at most `max_attrs` attributes and string values cut to `max_value`
+    bytes (head and tail kept, marked); and how many attributes were dropped or cut."""
+    hit = 0
+    attrs = span.attrs
+    if len(attrs) > max_attrs:
+        hit += len(attrs) - max_attrs
+        attrs = dict(list(attrs.items())[:max_attrs])
+    for k, v in attrs.items():
+        if isinstance(v, str) and len(v) > max_value:
+            if attrs is span.attrs:
+                attrs = dict(attrs)
+            attrs[k] = cut(v, max_value)
+            hit += 1
+    if attrs is not span.attrs:
+        span.attrs = attrs
+    return span, hit
+
+
+def name_completions(trace: TraceEpisode, completion_of_call: Callable[[str], str | None]) -> None:
+    """Give a chat span without a response id the completion id of the tool calls it
+    answered with, where the gateway minted those calls (OpenInference's smolagents spans
+    carry no response id, but the calls' ids are the gateway's own)."""
+    for s in trace.spans:
+        if s.kind != "llm" or response_id_of(s):
+            continue
+        _, output = messages_of(s)
+        for call in (output or {}).get("tool_calls") or []:
+            cid = completion_of_call(str(call.get("id") or ""))
+            if cid:
+                s.attrs["gen_ai.response.id"] = cid
+                break
+
+
+def llm_response_ids(trace: TraceEpisode) -> list[str]:
+    return [rid for s in trace.spans if s.kind == "llm" and (rid := response_id_of(s))]
+
+
+def enrichment_of(trace: TraceEpisode) -> dict[str, Any]:
+    """What a trace adds to the gateway episode that served its calls: each chat span's
+    duration (by completion id), each tool span's output, error and duration."""
+    llm: dict[str, float] = {}
+    tools: list[dict[str, Any]] = []
+    for s in trace.spans:
+        ms = max(0.0, (s.end_ns - s.start_ns) / 1e6)
+        if s.kind == "llm" and (rid := response_id_of(s)):
+            llm[rid] = ms
+        elif s.kind == "tool":
+            call_id, name, out = _tool_result(s)
+            tools.append(
+                {
+                    "call_id": call_id,
+                    "name": name,
+                    "output": out,
+                    "error": s.error,
+                    "duration_ms": ms,
+                }
+            )
+    return {"trace_id": trace.trace_id, "spans": len(trace.spans), "llm": llm, "tools": tools}
+
+
+def to_trajectory_from_spans(
+    trace: TraceEpisode, max_turns: int = 512, owns: Callable[[str], bool] | None = None
+) -> TrajectoryEvent | None:
+    """One trace as a trajectory (None: no LLM span in it). `owns(response_id)`: whether
+    this gateway served that call (its completion log has the tokens)."""
     spans = sorted(trace.spans, key=lambda s: (s.start_ns, s.end_ns))
     llm = [s for s in spans if s.kind == "llm"]
     if not llm:
@@ -409,13 +507,15 @@ def to_trajectory_from_spans(trace: TraceEpisode, max_turns: int = 512) -> Traje
     agent_spans = [s.name.removeprefix("invoke_agent ") for s in spans if s.kind == "agent"]
     agent = next(iter(named + agent_spans), None)
     agent = agent or (llm[0].service or "otel-agent")
-    book = EpisodeBook(max_open=1, max_bytes=2**62, max_turns=max_turns, split_tasks=False)
-    joined = []
+    book = EpisodeBook(max_open=1, max_bytes=2**62, max_turns=max_turns)
+    joined, foreign = [], []
     for s in llm:
         inputs, output = messages_of(s)
         rid = response_id_of(s)
-        if rid:
+        if rid and owns is not None and owns(rid):
             joined.append(rid)
+        elif rid:
+            foreign.append(rid)
         answer = {
             "content": (output or {}).get("content"),
             "tool_calls": (output or {}).get("tool_calls"),
@@ -424,14 +524,14 @@ def to_trajectory_from_spans(trace: TraceEpisode, max_turns: int = 512) -> Traje
             trace.trace_id,
             inputs,
             answer,
-            rid or "",
+            rid or f"{trace.trace_id}:{s.span_id}",
             model_of(s),
             now=0.0,
             at=datetime.fromtimestamp(s.start_ns / 1e9, UTC),
             tokens=tokens_of(s),
             agent_id=str(agent),
         )
-    ep: OpenEpisode = book.open[trace.trace_id]
+    ep: OpenEpisode = next(iter(book.open.values()))
     end_ns = max(s.end_ns for s in spans)
     traj = to_trajectory(ep, ended_at=datetime.fromtimestamp(end_ns / 1e9, UTC), reason="trace")
     if traj is None:
@@ -457,13 +557,20 @@ def to_trajectory_from_spans(trace: TraceEpisode, max_turns: int = 512) -> Traje
         token_exact=bool(joined) and len(joined) == len(llm),
         spans=len(trace.spans),
     )
+    if foreign:
+        capture["response_ids"] = foreign  # another server's ids: no tokens here
     if trace.dropped:
         capture.update(truncated=True, spans_dropped=trace.dropped)
     if not trace.root_seen:
         capture["root_span_missing"] = True
-    for turn in traj.turns:  # no response id: no completion id (nothing to join)
-        if not (turn.action.model_extra or {}).get("completion_id"):
-            (turn.action.model_extra or {}).pop("completion_id", None)
+    ours = set(joined)
+    for turn in traj.turns:  # only this gateway's ids name a completion (exact tokens)
+        extra = turn.action.model_extra or {}
+        cid = extra.pop("completion_id", None)
+        if cid in ours:
+            extra["completion_id"] = cid
+        elif cid in foreign:
+            extra["response_id"] = cid
     traj.metadata.__pydantic_extra__ = {**meta_extra, "capture": capture}
     traj.trajectory_id = str(uuid.uuid5(NAMESPACE, f"otlp\x00{trace.trace_id}"))
     traj.session_id = str(conversation or trace.trace_id)

@@ -1,5 +1,7 @@
 """`agent.rl.trajectory.v1`: one multi-turn interaction of an agent (seed 000, section 1).
 
+Compatible additions (optional, absent unless used): `turns[].thread` and
+`metadata.threads`, the linked conversations of one episode captured at the gateway.
 The `outcome` block agentrl adds travels as `metadata.outcome` (the published schema allows
 no extra top-level field); `TrajectoryEvent.outcome` still reads it, and a top-level
 `outcome` on input is moved there with a DeprecationWarning.
@@ -72,6 +74,27 @@ class Turn(Part):
     thought_process: list[str] = Field(default_factory=list)
     action: Action
     result: TurnResult | None = None
+    thread: int | None = Field(
+        None,
+        ge=1,
+        description="agentrl's addition: which conversation of the episode the turn belongs "
+        "to (1, 2, ...: a crew's task, a sub-agent, a retry); see metadata.threads.",
+    )
+
+
+class Thread(Part):
+    """agentrl's addition: one conversation inside an episode (an agent run that held
+    several: a crew's tasks, a sub-agent, a retry with another prompt), in start order."""
+
+    thread: int = Field(ge=1)
+    parent: int | None = Field(
+        None, ge=1, description="The thread that was active when this one started."
+    )
+    opened_by: str = Field(
+        "start", description="start | conversation (a fresh history) | branch | resumed."
+    )
+    task: str = ""
+    turns: int = Field(0, ge=0)
 
 
 class TaskContext(Part):
@@ -112,6 +135,9 @@ class TrajectoryMetadata(Part):
     total_cost_usd: NonNegative | None = None
     rl_opt_out: bool = False
     outcome: Outcome | None = Field(None, description="agentrl's addition (was top-level).")
+    threads: list[Thread] | None = Field(
+        None, description="agentrl's addition: the conversations of the episode, in order."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -159,6 +185,7 @@ __all__ = [
     "ObservationContext",
     "Outcome",
     "TaskContext",
+    "Thread",
     "TrajectoryEvent",
     "TrajectoryMetadata",
     "Turn",

@@ -203,7 +203,13 @@ class DeploySettings(BaseSettings):
     upstream_url: str | None = Field(None, description="OpenAI-compatible server (e.g. vLLM).")
     upstream_api_key: str | None = None
     upstream_load_lora: bool = Field(False, description="Load adapters into vLLM at run time.")
-    backend_timeout_s: float = 60.0
+    backend_timeout_s: float = Field(
+        300.0,
+        gt=0.0,
+        description="Seconds one request may wait for its model version's answer (504 past "
+        "it; a captured episode records the failed turn). 300: a small model on a busy CPU "
+        "serves an agent's long prompts in minutes, not seconds.",
+    )
     max_batch_size: int = 8
     score_batch_size: int = Field(
         32, ge=1, description="guided_choice prompts the local backend scores in one pass."

@@ -272,7 +272,7 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
     app.state.gateway = state
     app.add_middleware(_Admission, state=state)
     if state.capture is not None:  # POST /v1/episodes/{id}/end
-        app.include_router(state.capture.router())
+        app.include_router(state.capture.router(state))
 
     def unauthorized(request: Request) -> JSONResponse | None:
         if not state.api_keys:
@@ -350,7 +350,7 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
             return _error(400, f"invalid request: {msg}", "invalid_request_error")
         session = _session_key(request, body)
         capture = state.capture
-        tracked = capture is not None and capture.wants(request.headers, session)
+        tracked = capture is not None and capture.wants(request.headers, body)
         try:
             model_id = state.resolve(body.model, session)
         except KeyError:
@@ -391,7 +391,10 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
             state.abandoned += 1
             return Response(status_code=499, headers=headers)
         except (TimeoutError, BackendError, DeployError, Exception) as exc:
-            return _failed(stats, exc, model_id, headers)
+            failure = _failed(stats, exc, model_id, headers)
+            if tracked:  # a failed turn of its episode, never a lost episode
+                _capture_failed(capture, request.headers, body, failure, completion_id, model_id)
+            return failure
         stats.latency_ms.append((time.perf_counter() - started) * 1000)
         obs.gateway_done(model_id, time.perf_counter() - started)
         stats.completion_tokens += gen.completion_tokens
@@ -401,8 +404,10 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
         else:
             out = completion_body(gen, completion_id, model_id, body)
         _log(state, completion_id, model_id, session, gen)
-        if tracked and session:
-            capture.observe(request.headers, session, body.messages, gen, completion_id, model_id)
+        if tracked:
+            capture.observe(request.headers, body, gen, completion_id, model_id)
+        elif capture is not None:
+            capture.served(completion_id)
         return Response(orjson.dumps(out), media_type="application/json", headers=headers)
 
     async def chat_direct(scope: Any, receive: Any, send: Any) -> None:
@@ -530,6 +535,22 @@ def _failed(
     )
 
 
+def _capture_failed(
+    capture: Any,
+    headers: Any,
+    body: ChatRequest,
+    failure: JSONResponse,
+    completion_id: str,
+    model_id: str,
+) -> None:
+    """Hand a failed request to capture (its episode records a failed turn)."""
+    try:
+        message = json.loads(bytes(failure.body))["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = "no answer"
+    capture.failed(headers, body, failure.status_code, message, completion_id, model_id)
+
+
 def _log(
     state: GatewayState, completion_id: str, model_id: str, session: str | None, gen: Generation
 ) -> None:
@@ -581,7 +602,10 @@ async def _stream(
     except BaseException as exc:
         if isinstance(exc, asyncio.CancelledError):
             raise
-        return _failed(stats, exc, model_id, headers)
+        failure = _failed(stats, exc, model_id, headers)
+        if tracked is not None and state.capture is not None:
+            _capture_failed(state.capture, tracked, body, failure, completion_id, model_id)
+        return failure
     # a guided_choice streams as it decodes (the local engine decodes a streamed choice
     # token by token; an upstream sends its own chunks)
     buffered = bool(body.tools and body.tool_choice != "none") or bool(body.stops())
@@ -706,10 +730,10 @@ async def _stream(
                     stats.completion_tokens += gen.completion_tokens
                     _log(state, completion_id, model_id, session, gen)
                     logged = True
-                    if tracked is not None and session and state.capture is not None:
-                        state.capture.observe(
-                            tracked, session, body.messages, gen, completion_id, model_id
-                        )
+                    if tracked is not None and state.capture is not None:
+                        state.capture.observe(tracked, body, gen, completion_id, model_id)
+                    elif state.capture is not None:
+                        state.capture.served(completion_id)
                 try:  # a stalled backend is a timeout mid-stream (in-band error below)
                     item = await asyncio.wait_for(source.__anext__(), state.timeout_s)
                 except StopAsyncIteration:
@@ -717,6 +741,10 @@ async def _stream(
         except Exception as exc:  # mid-stream failure: tell the client in-band, count it
             stats.errors += 1
             status = exc.status if isinstance(exc, BackendError) else 502
+            if tracked is not None and state.capture is not None and not logged:
+                state.capture.failed(
+                    tracked, body, status, f"failed mid-stream: {exc}", completion_id, model_id
+                )
             yield _sse(
                 error_body(
                     f"model version {model_id} failed mid-stream: {exc}",

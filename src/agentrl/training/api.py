@@ -122,6 +122,9 @@ class FeedbackIn(BaseModel):
 class FeedbackOut(BaseModel):
     feedback_id: str
     published: bool
+    trajectory_ids: list[str] = Field(
+        default_factory=list, description="Every trajectory the feedback reached."
+    )
 
 
 def _bus(request: Request) -> Any:
@@ -390,8 +393,18 @@ async def feedback(request: Request, body: FeedbackIn) -> FeedbackOut:
     from agentrl.rewards.redact import redact_event
 
     event, _ = redact_event(event)  # comments and corrections are free text: no PII
-    await _bus(request).publish(event)
-    return FeedbackOut(feedback_id=event.feedback_id, published=True)
+    # an episode id names every trajectory published under it: one event each
+    extra = list(getattr(request.state, "more_trajectories", None) or [])
+    events = [event] + [
+        event.model_copy(update={"feedback_id": new_id(), "trajectory_id": t}) for t in extra
+    ]
+    for e in events:
+        await _bus(request).publish(e)
+    return FeedbackOut(
+        feedback_id=event.feedback_id,
+        published=True,
+        trajectory_ids=[e.trajectory_id for e in events if e.trajectory_id],
+    )
 
 
 def _capture_extras(body: FeedbackIn) -> dict[str, Any]:
@@ -438,12 +451,13 @@ async def _capture_feedback(request: Request, body: FeedbackIn) -> FeedbackIn:
             episode_id=body.episode_id,
             completion_id=completion,
         )
-        if found is None:
+        if not found:
             raise HTTPException(
                 status.HTTP_404_NOT_FOUND,
                 "no published trajectory for that episode/completion id (an episode is "
                 "published when it ends: POST /v1/episodes/{id}/end on the gateway, or its "
                 "idle timeout)",
             )
-        update["trajectory_id"] = found
+        update["trajectory_id"] = found[-1]
+        request.state.more_trajectories = found[:-1]
     return body.model_copy(update=update) if update else body
