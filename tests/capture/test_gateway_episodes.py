@@ -82,6 +82,18 @@ async def test_openai_sdk_episode_becomes_a_trajectory_and_feedback_a_reward_ver
     assert fb[-1]["metric_name"] == "helpful" and fb[-1]["episode_id"] == session
 
 
+async def test_an_episodes_end_carries_the_users_correction(harness: Harness) -> None:
+    """`POST /v1/episodes/{id}/end` takes a correction beside the outcome: the trajectory
+    carries it (`metadata.capture.correction`), where the reward service reads it as the
+    episode's hint."""
+    session = f"corr-{uuid.uuid4().hex[:8]}"
+    await tool_loop(harness, headers={"x-agentrl-session": session}, calls=1)
+    ended = await harness.end(session, success=False, correction="read the CSV first")
+    traj = await harness.trajectory(ended["trajectory_id"])
+    assert traj["metadata"]["capture"]["correction"] == "read the CSV first"
+    assert "comment" not in traj["metadata"]["capture"]
+
+
 async def test_feedback_by_completion_id_float_comment_and_demonstration(
     harness: Harness,
 ) -> None:

@@ -570,7 +570,7 @@ def to_trajectory(
     ended_at: datetime,
     reason: str,
     outcome: Outcome | None = None,
-    comment: str | None = None,
+    notes: dict[str, str] | None = None,
 ) -> TrajectoryEvent | None:
     """The episode as `agent.rl.trajectory.v1` (None when it has no exchange): its turns in
     the order they were served, each naming its thread; a tool call's result is read from
@@ -618,8 +618,7 @@ def to_trajectory(
         capture["failed_turns"] = ep.failed
     if ep.truncated:
         capture["truncated"] = True
-    if comment:
-        capture["comment"] = comment
+    capture.update({k: v for k, v in (notes or {}).items() if v})  # comment, correction
     if ep.system:
         capture["system_prompt"] = ep.system
     if ep.enrichment:

@@ -62,7 +62,7 @@ def _trim(doc: dict[str, Any], budget: int) -> None:
     for t in meta.get("threads") or []:
         t["task"] = cut(t.get("task") or "", budget)
     cap = meta.get("capture") or {}
-    for k in ("system_prompt", "comment"):
+    for k in ("system_prompt", "comment", "correction"):
         if isinstance(cap.get(k), str):
             cap[k] = cut(cap[k], budget)
 

@@ -81,7 +81,7 @@ class CaptureCounts:
 class Outgoing:
     closed: Closed
     outcome: Any
-    comment: str | None
+    notes: dict[str, str]  # the caller's words at the end: comment, correction
     size: int
 
 
@@ -93,6 +93,12 @@ class EndRequest(BaseModel):
     success: bool | None = None
     score: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
     comment: str | None = Field(None, max_length=20_000)
+    # what the agent should have done: a job's hint for this episode (rewards read it from
+    # `metadata.capture.correction`)
+    correction: str | None = Field(None, max_length=20_000)
+
+    def notes(self) -> dict[str, str]:
+        return {k: v for k, v in (("comment", self.comment), ("correction", self.correction)) if v}
 
 
 def keys_of(headers: Mapping[str, str], body: Any) -> tuple[str | None, str | None]:
@@ -240,7 +246,7 @@ class CaptureService:
             status=status,
         )
         for c in closed:
-            self._queue(c, None, None)
+            self._queue(c, None, {})
         bkey = self.book.by_completion.get(completion_id)
         ep = self.book.open.get(bkey) if bkey else None
         if ep is None:
@@ -281,8 +287,8 @@ class CaptureService:
         return False
 
     # ---- closing and publishing ------------------------------------------------------------
-    def _queue(self, closed: Closed, outcome: Any, comment: str | None) -> None:
-        item = Outgoing(closed, outcome, comment, closed.episode.size)
+    def _queue(self, closed: Closed, outcome: Any, notes: dict[str, str]) -> None:
+        item = Outgoing(closed, outcome, notes, closed.episode.size)
         self.outbox.append(item)
         self.outbox_bytes += item.size
         while len(self.outbox) > 1 and (
@@ -322,13 +328,13 @@ class CaptureService:
         assert ep is not None
         b = body or EndRequest()
         closed, outcome = Closed(ep, "ended"), outcome_of(b.success, b.score)
-        event = self.trajectory(closed, outcome, b.comment)
+        event = self.trajectory(closed, outcome, b.notes())
         out = self._summary(ep, event)
         if event is not None:
             try:
                 await self.publish_many([event])
             except Exception:
-                self._queue(closed, outcome, b.comment)  # `run` retries it
+                self._queue(closed, outcome, b.notes())  # `run` retries it
                 raise
         return out
 
@@ -370,14 +376,14 @@ class CaptureService:
         }
 
     def trajectory(
-        self, closed: Closed, outcome: Any, comment: str | None
+        self, closed: Closed, outcome: Any, notes: dict[str, str] | None = None
     ) -> TrajectoryEvent | None:
         event = to_trajectory(
             closed.episode,
             ended_at=utcnow(),
             reason=closed.reason,
             outcome=outcome,
-            comment=comment,
+            notes=notes,
         )
         if event is None:
             self.counts.empty += 1
@@ -506,7 +512,7 @@ class CaptureService:
             events = []
             for it in items:
                 try:
-                    event = self.trajectory(it.closed, it.outcome, it.comment)
+                    event = self.trajectory(it.closed, it.outcome, it.notes)
                 except Exception as exc:  # a bug or a contract violation: not retried
                     log.exception("capture: episode %s cannot be built", it.closed.episode.key)
                     await self.dead_letter(None, "invalid", f"{type(exc).__name__}: {exc}")
@@ -522,7 +528,7 @@ class CaptureService:
         """Close idle episodes and publish closed ones until `stop`; then close the rest."""
         while not stop.is_set():
             for c in self.book.expire(time.monotonic(), self.settings.idle_timeout_s):
-                self._queue(c, None, None)
+                self._queue(c, None, {})
             try:
                 await self.write_index()
                 await self.flush()
@@ -533,7 +539,7 @@ class CaptureService:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), tick_s)
         for c in self.book.close_all():
-            self._queue(c, None, None)
+            self._queue(c, None, {})
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.write_index(), 10)
         with contextlib.suppress(Exception):
