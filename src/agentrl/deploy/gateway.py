@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
@@ -280,13 +280,42 @@ class _GatewayApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
+# Gateway routes that answer without a key: up/down only. Every other route (the capture
+# router's too) needs one when keys are configured, checked app-wide (`require_key`);
+# tests/stack/test_route_auth.py walks every route to keep it so.
+PUBLIC_PATHS = frozenset({"/health"})
+
+
+class _Unauthorized(Exception):
+    """No key, or not one of the gateway's (answered 401 in OpenAI's format)."""
+
+
 def create_gateway_app(state: GatewayState) -> FastAPI:
+    async def require_key(request: Request) -> None:
+        route = request.scope.get("route")
+        if getattr(route, "path", None) in PUBLIC_PATHS or unauthorized(request) is None:
+            return
+        raise _Unauthorized()
+
     app = _GatewayApp(
-        title="agentrl gateway", description="OpenAI-compatible chat completions.", version="1"
+        title="agentrl gateway",
+        description="OpenAI-compatible chat completions.",
+        version="1",
+        dependencies=[Depends(require_key)],
     )
     app.state.gateway = state
     app.add_middleware(_Admission, state=state)
-    if state.capture is not None:  # POST /v1/episodes/{id}/end
+
+    async def refuse(_request: Request, _exc: Exception) -> JSONResponse:
+        return _error(
+            401,
+            "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
+            "invalid_request_error",
+            "invalid_api_key",
+        )
+
+    app.add_exception_handler(_Unauthorized, refuse)
+    if state.capture is not None:  # POST /v1/episodes/{id}/end, GET /v1/episodes/stats
         app.include_router(state.capture.router())
 
     def unauthorized(request: Request) -> JSONResponse | None:
@@ -462,7 +491,7 @@ async def _prepare(backend: Backend, body: ChatRequest) -> None:
     if grammars is None or body.choices():
         return
     try:
-        async with asyncio.timeout(grammars.compile_timeout_s):
+        async with asyncio.timeout(structured.COMPILE_TIMEOUT_S):
             constraint = await structured.constraint_off_loop(body)
     except TimeoutError as exc:
         raise structured.CompileBusy("the gateway is busy building constraints; retry") from exc

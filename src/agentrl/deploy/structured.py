@@ -158,38 +158,55 @@ def constraint_pool() -> ThreadPoolExecutor:
 
 
 class CompileSlots:
-    """Compiles in flight, in all and per caller; a slot is held until the compile's thread
-    ends (not when its request gave up waiting)."""
+    """Compiles in flight, in all and per caller. A request beyond either bound waits for a
+    slot (a coroutine, no thread) up to its time limit, then gets `CompileBusy`; a slot is
+    held until the compile's thread ends, not when its request gave up waiting. Used from
+    the event loop only."""
 
     def __init__(self, total: int = MAX_COMPILES, per_caller: int = MAX_COMPILES_PER_CALLER):
         self.total, self.per_caller = total, per_caller
         self.by_caller: dict[str, int] = {}
         self.busy = 0
         self.refused = 0
-        self._lock = threading.Lock()
+        self._waiters: list[asyncio.Future[None]] = []
 
-    def enter(self, caller: str | None) -> str:
+    def _free(self, who: str) -> bool:
+        return self.busy < self.total and self.by_caller.get(who, 0) < self.per_caller
+
+    async def enter(self, caller: str | None, timeout_s: float) -> str:
         who = caller or "-"
-        with self._lock:
-            if self.busy >= self.total or self.by_caller.get(who, 0) >= self.per_caller:
+        deadline = time.monotonic() + timeout_s
+        while not self._free(who):
+            left = deadline - time.monotonic()
+            if left <= 0:
                 self.refused += 1
-                mine = self.by_caller.get(who, 0)
                 raise CompileBusy(
                     f"too many new structured-output constraints compiling ({self.busy} in "
-                    f"all, {mine} of yours); retry in a moment or reuse a schema"
+                    f"all, {self.by_caller.get(who, 0)} of yours); retry in a moment or "
+                    "reuse a schema"
                 )
-            self.busy += 1
-            self.by_caller[who] = self.by_caller.get(who, 0) + 1
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(waiter, left)
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+        self.busy += 1
+        self.by_caller[who] = self.by_caller.get(who, 0) + 1
         return who
 
     def leave(self, who: str) -> None:
-        with self._lock:
-            self.busy -= 1
-            left = self.by_caller.get(who, 1) - 1
-            if left > 0:
-                self.by_caller[who] = left
-            else:
-                self.by_caller.pop(who, None)
+        self.busy -= 1
+        left = self.by_caller.get(who, 1) - 1
+        if left > 0:
+            self.by_caller[who] = left
+        else:
+            self.by_caller.pop(who, None)
+        for waiter in self._waiters:  # each looks again (few: bounded by the gateway)
+            if not waiter.done():
+                waiter.set_result(None)
 
 
 SLOTS = CompileSlots()
@@ -541,7 +558,17 @@ class GrammarCompiler:
         loop = asyncio.get_running_loop()
         fut = self._inflight.get(key)
         if fut is None:
-            who = SLOTS.enter(CALLER.get())
+            who = await SLOTS.enter(CALLER.get(), self.compile_timeout_s)
+            # while it waited, another request may have started, ended or failed it
+            fut = self._inflight.get(key)
+            done = self._cache.get(key)
+            if fut is not None or done is not None or key in self._failed:
+                SLOTS.leave(who)
+                if done is not None:
+                    return done
+                if fut is None:
+                    raise StructuredOutputError(self._failed[key])
+        if fut is None:
             try:
                 fut = loop.run_in_executor(grammar_pool(), self._build, constraint)
             except BaseException:
