@@ -508,6 +508,7 @@ class GrammarCompiler:
         *,
         cache_size: int = CACHE_SIZE,
         compile_timeout_s: float = COMPILE_TIMEOUT_S,
+        warm: bool = True,
     ) -> None:
         self.hf_tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -519,6 +520,17 @@ class GrammarCompiler:
         self._failed: OrderedDict[str, str] = OrderedDict()
         self._inflight: dict[str, asyncio.Future[Any]] = {}
         self.compile_ms: list[float] = []
+        if warm:  # in the grammar pool now, not under the first constrained request
+            grammar_pool().submit(self.warm_up)
+
+    def warm_up(self) -> None:
+        """Imports and llguidance's view of the vocabulary, built once (about half a second
+        holding the GIL, longer on a busy host: paid by the first constrained request, it
+        stalled the whole gateway for 1.7 s)."""
+        import jsonschema_rs  # noqa: F401
+        import llguidance.numpy  # noqa: F401
+
+        self.lltokenizer()
 
     def lltokenizer(self) -> Any:
         """llguidance's view of the model's vocabulary (built once, about half a second)."""
@@ -624,18 +636,23 @@ def mask_logits(logits: torch.Tensor, rows: list[int], matchers: list[Any]) -> l
     """Set the logits of tokens each matcher forbids to -inf, in place (rows of `logits`
     named by `rows`; the other rows keep every token). One masked_fill over the batch: a
     fill per row, or a gather and scatter of the constrained rows, cost several times more.
-    Returns the rows whose matcher allows no token (an engine error)."""
-    from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
+    Returns the rows whose matcher allows no token (an engine error).
+
+    llguidance's numpy helpers, not its torch ones: `llguidance.torch` applies
+    `@torch.compile` at import, which imports torch._dynamo: 7-15 s holding the GIL on a
+    busy host, paid by the first constrained request in the decode thread (the whole
+    gateway stood still)."""
+    from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
     started = time.perf_counter()
     n, vocab = logits.shape
     bitmask = allocate_token_bitmask(n, vocab)  # all ones: every token allowed
     for r, m in zip(rows, matchers, strict=True):
         fill_next_token_bitmask(m, bitmask, r)
-    flipped = (~bitmask.numpy()).view(np.uint8)
+    flipped = (~bitmask).view(np.uint8)
     forbidden = np.unpackbits(flipped, axis=1, bitorder="little")[:, :vocab].view(np.bool_)
     logits.masked_fill_(torch.from_numpy(forbidden), float("-inf"))
-    empty = (bitmask == 0).all(dim=1).tolist()
+    empty = (bitmask == 0).all(axis=1).tolist()
     GRAMMAR_SECONDS[0] += time.perf_counter() - started
     return [r for r in rows if empty[r]]
 
