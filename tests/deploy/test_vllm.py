@@ -272,7 +272,8 @@ async def direct(s: Stack, model: str, **kw: Any) -> dict[str, Any]:
     """vLLM asked directly (not through agentrl), with its token ids."""
     body = {"model": model, "messages": MSG, "max_tokens": 6, "temperature": 0.0,
             "logprobs": True, "return_token_ids": True, **kw}  # fmt: skip
-    async with httpx.AsyncClient(timeout=120) as c:
+    key = {"Authorization": f"Bearer {s.backend.server.api_key}"}  # vLLM's own key
+    async with httpx.AsyncClient(timeout=120, headers=key) as c:
         resp = await c.post(f"{s.backend.server.base_url}/chat/completions", json=body)
     resp.raise_for_status()
     return dict(resp.json())
