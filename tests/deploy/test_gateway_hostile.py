@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from deploy_helpers import free_port
@@ -195,3 +196,6 @@ async def test_pinned_requests_are_counted_apart(rollout: Any) -> None:
         assert out.model == v
     assert {v: d.state.stats_for(v).requests for v in (canary, live)} == before
     assert d.state.pinned[canary].requests == 1 and d.state.pinned[live].requests == 1
+    async with httpx.AsyncClient(base_url=str(client.base_url)) as h:  # shown apart
+        shown = (await h.get("/stats")).json()
+    assert shown["pinned"][canary]["requests"] == 1 and shown["compiles"]["busy"] == 0

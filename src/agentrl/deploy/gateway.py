@@ -349,6 +349,10 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
             "versions": {k: v.snapshot() for k, v in state.stats.items()},
             "pinned": {k: v.snapshot() for k, v in state.pinned.items()},
             "refused": state.refused,
+            "compiles": {  # structured-output compiles in flight, and requests turned away
+                "busy": structured.SLOTS.busy,
+                "refused": structured.SLOTS.refused,
+            },
             "completion_log": None
             if state.completion_log is None
             else {
