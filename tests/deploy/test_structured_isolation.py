@@ -119,7 +119,9 @@ async def test_huge_schemas_in_flight_do_not_delay_an_ordinary_request(gw: Any) 
     costly = [
         asyncio.create_task(_constrained(client, wide(1_900, f"c{tag}{i}"))) for i in range(6)
     ]
+    deadline = time.monotonic() + 30
     while structured.SLOTS.busy == 0:  # the compiles are in flight
+        assert time.monotonic() < deadline and not all(t.done() for t in costly), "no compile"
         await asyncio.sleep(0.005)
     during = await _ordinary(client)
     codes = await asyncio.gather(*costly)
