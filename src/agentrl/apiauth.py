@@ -72,6 +72,26 @@ def authenticated(request: Request) -> bool:
     return not settings.api_tokens or known_token(settings, bearer_token(request)) is not None
 
 
+# Routes of the control API that answer without a token: up/down and Prometheus metrics
+# (counts with bounded labels). Every other route needs a known token when tokens are
+# configured (`require_token`, mounted app-wide), whatever its own scope check says or
+# forgets; tests/stack/test_route_auth.py walks every route to keep it so.
+PUBLIC_PATHS = frozenset({"/health", "/metrics"})
+
+
+def require_token(request: Request) -> None:
+    """FastAPI dependency of the whole control API: a known token (401 without one) on
+    every route not in PUBLIC_PATHS; scopes are each route's own `require_scope`."""
+    route = request.scope.get("route")
+    if getattr(route, "path", request.url.path) in PUBLIC_PATHS or authenticated(request):
+        return
+    raise HTTPException(
+        status.HTTP_401_UNAUTHORIZED,
+        "missing or unknown bearer token: send 'Authorization: Bearer <token>'",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
 def require_scope(scope: str) -> Callable[[Request], None]:
     """FastAPI dependency factory: `Depends(require_scope("training:write"))`."""
 

@@ -272,7 +272,8 @@ async def direct(s: Stack, model: str, **kw: Any) -> dict[str, Any]:
     """vLLM asked directly (not through agentrl), with its token ids."""
     body = {"model": model, "messages": MSG, "max_tokens": 6, "temperature": 0.0,
             "logprobs": True, "return_token_ids": True, **kw}  # fmt: skip
-    async with httpx.AsyncClient(timeout=120) as c:
+    key = {"Authorization": f"Bearer {s.backend.server.api_key}"}  # vLLM's own key
+    async with httpx.AsyncClient(timeout=120, headers=key) as c:
         resp = await c.post(f"{s.backend.server.base_url}/chat/completions", json=body)
     resp.raise_for_status()
     return dict(resp.json())
@@ -423,7 +424,7 @@ async def test_sigkill_mid_canary_restarts_and_reloads(stack: Stack) -> None:
         except Exception:
             errors += 1
         await asyncio.sleep(1.0)
-    assert errors >= 1 and s.state.stats[v].errors >= 1  # the outage is counted
+    assert errors >= 1 and s.state.pinned[v].errors >= 1  # the outage is counted (pinned)
     # traffic returns only with the adapter loaded again, answering as before
     assert v in await s.backend.loaded()
     again = await s.client.chat.completions.create(
@@ -525,7 +526,7 @@ async def test_quiet_spell_does_not_break_kept_alive_connections(stack: Stack) -
         return [r.model for r in out]
 
     assert len(await burst()) == 6  # fills the gateway's pool with idle connections
-    errors = s.state.stats_for(f"{PUB}-base").errors
+    errors = s.state.stats_for(f"{PUB}-base", pinned=True).errors
     await asyncio.sleep(7.0)
     assert len(await burst()) == 6
-    assert s.state.stats_for(f"{PUB}-base").errors == errors
+    assert s.state.stats_for(f"{PUB}-base", pinned=True).errors == errors

@@ -13,7 +13,7 @@ import asyncio
 import logging
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 
 from agentrl.plugins import optional_module
 from agentrl.settings import Settings
@@ -30,11 +30,16 @@ ROUTERS: tuple[str, ...] = (
 
 
 def create_app(settings: Settings, bus: Any = None) -> FastAPI:
-    """The control API over `bus` (an `agentrl.bus.Bus`, or None for routes that need none)."""
+    """The control API over `bus` (an `agentrl.bus.Bus`, or None for routes that need none).
+    Every route needs a token when tokens are configured, except those on the public list
+    (`agentrl.apiauth.PUBLIC_PATHS`): a router that forgets its scope check stays closed."""
+    from agentrl.apiauth import require_token
+
     app = FastAPI(
         title="agentrl control API",
         description="Training jobs, models, feedback, warehouse statistics and metrics.",
         version="1",
+        dependencies=[Depends(require_token)],
     )
     app.state.bus = bus
     app.state.settings = settings

@@ -230,6 +230,10 @@ async def stack_services(
     # The services share this process's default thread pool (asyncio.to_thread): model
     # forward passes, validation episodes, checkpoint checks. Python's default of cpu + 4
     # workers (6 here) let one service's long calls queue every other service's short ones.
+    # Work a caller can make long does not run here: structured-output compiles and
+    # constraint building have bounded pools of their own (`agentrl.deploy.structured`:
+    # six distinct 15,000-property schemas once held this pool's threads and CPU while an
+    # ordinary request waited 25-42 s).
     from concurrent.futures import ThreadPoolExecutor
 
     loop = asyncio.get_running_loop()

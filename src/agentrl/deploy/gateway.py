@@ -10,6 +10,16 @@ called after the answer is made, never raising). Asking
 for a version's own model_id pins it. Every answer names the version that served it
 (`model` and the `x-agentrl-model-version` header). Per-version counters (requests,
 errors, latencies) live in `GatewayState.stats` for the monitor and the metrics exporter.
+
+Those counters are the canary's evidence, so only what the split routed counts there, and
+only failures of the backend itself (5xx of the engine or upstream, timeouts) are errors:
+an input problem (bad schema, too deep, too large, context overflow) is a 400 that counts
+nowhere and is logged as one short line, and a request that names a version by its id
+(pinned) is counted apart, in `GatewayState.pinned` (any caller can pin: counting those
+let a caller roll back a good canary, or hide a bad one behind inflated live errors).
+A constraint (response_format, tools, guided_*) is bounded before any work and, for the
+local engine, built and compiled here, off the event loop, under the compile slots of
+`agentrl.deploy.structured`, the caller named by its key's digest or address.
 The completion log (token ids + log-probs per completion id) goes to a queue that a
 background task publishes: never on the request's path.
 """
@@ -18,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import json
 import logging
@@ -29,11 +40,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from agentrl.deploy import split as splitting
+from agentrl.deploy import structured
 from agentrl.deploy.backends import Backend, _accumulate
 from agentrl.deploy.errors import BackendError, DeployError
 from agentrl.deploy.openai_types import (
@@ -168,7 +180,9 @@ class GatewayState:
         self.weights: dict[str, float] = {}
         self.order: list[str] = []
         self.backends: dict[str, Backend] = {}
-        self.stats: dict[str, VersionStats] = {}
+        self.stats: dict[str, VersionStats] = {}  # split-routed requests: the evidence
+        self.pinned: dict[str, VersionStats] = {}  # requests naming a version by its id
+        self.refused = 0  # input problems answered 4xx (never counted as a version's)
         self.api_keys = list(api_keys or [])
         self.completion_log = completion_log
         self.timeout_s = timeout_s
@@ -189,10 +203,11 @@ class GatewayState:
         self.weights = ready
         self.order = [v for v in order if v in ready] + [v for v in ready if v not in order]
 
-    def stats_for(self, model_id: str) -> VersionStats:
-        s = self.stats.get(model_id)
+    def stats_for(self, model_id: str, pinned: bool = False) -> VersionStats:
+        table = self.pinned if pinned else self.stats
+        s = table.get(model_id)
         if s is None:
-            s = self.stats[model_id] = VersionStats()
+            s = table[model_id] = VersionStats()
         return s
 
     def models(self) -> list[str]:
@@ -265,13 +280,42 @@ class _GatewayApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
+# Gateway routes that answer without a key: up/down only. Every other route (the capture
+# router's too) needs one when keys are configured, checked app-wide (`require_key`);
+# tests/stack/test_route_auth.py walks every route to keep it so.
+PUBLIC_PATHS = frozenset({"/health"})
+
+
+class _Unauthorized(Exception):
+    """No key, or not one of the gateway's (answered 401 in OpenAI's format)."""
+
+
 def create_gateway_app(state: GatewayState) -> FastAPI:
+    async def require_key(request: Request) -> None:
+        route = request.scope.get("route")
+        if getattr(route, "path", None) in PUBLIC_PATHS or unauthorized(request) is None:
+            return
+        raise _Unauthorized()
+
     app = _GatewayApp(
-        title="agentrl gateway", description="OpenAI-compatible chat completions.", version="1"
+        title="agentrl gateway",
+        description="OpenAI-compatible chat completions.",
+        version="1",
+        dependencies=[Depends(require_key)],
     )
     app.state.gateway = state
     app.add_middleware(_Admission, state=state)
-    if state.capture is not None:  # POST /v1/episodes/{id}/end
+
+    async def refuse(_request: Request, _exc: Exception) -> JSONResponse:
+        return _error(
+            401,
+            "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
+            "invalid_request_error",
+            "invalid_api_key",
+        )
+
+    app.add_exception_handler(_Unauthorized, refuse)
+    if state.capture is not None:  # POST /v1/episodes/{id}/end, GET /v1/episodes/stats
         app.include_router(state.capture.router(state))
 
     def unauthorized(request: Request) -> JSONResponse | None:
@@ -303,6 +347,12 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
         return {
             "weights": state.weights,
             "versions": {k: v.snapshot() for k, v in state.stats.items()},
+            "pinned": {k: v.snapshot() for k, v in state.pinned.items()},
+            "refused": state.refused,
+            "compiles": {  # structured-output compiles in flight, and requests turned away
+                "busy": structured.SLOTS.busy,
+                "refused": structured.SLOTS.refused,
+            },
             "completion_log": None
             if state.completion_log is None
             else {
@@ -365,12 +415,17 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
         except DeployError as exc:
             return _error(503, str(exc), "service_unavailable")
         backend = state.backends[model_id]
-        stats = state.stats_for(model_id)
+        stats = state.stats_for(model_id, pinned=body.model != state.public_name)
         completion_id = new_completion_id()
         headers = {VERSION_HEADER: model_id, COMPLETION_HEADER: completion_id}
         stats.requests += 1
         obs.gateway_started(model_id)
         started = time.perf_counter()
+        structured.CALLER.set(_caller(request))
+        try:
+            await _prepare(backend, body)
+        except Exception as exc:  # StructuredOutputError: 400 / 429, uncounted
+            return _failed(state, stats, exc, model_id, headers)
         if body.stream:
             return await _stream(
                 state,
@@ -382,6 +437,7 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
                 headers,
                 started,
                 request.headers if tracked else None,
+                stats,
             )
         try:
             gen = await _unless_gone(
@@ -391,7 +447,7 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
             state.abandoned += 1
             return Response(status_code=499, headers=headers)
         except (TimeoutError, BackendError, DeployError, Exception) as exc:
-            failure = _failed(stats, exc, model_id, headers)
+            failure = _failed(state, stats, exc, model_id, headers)
             if tracked:  # a failed turn of its episode, never a lost episode
                 _capture_failed(capture, request.headers, body, failure, completion_id, model_id)
             return failure
@@ -420,6 +476,36 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
 
 class _ClientGone(Exception):
     """The client disconnected before its answer was ready."""
+
+
+def _caller(request: Request) -> str:
+    """Who asks, for the per-caller compile bound: the digest of its key, else its address."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return "key:" + hashlib.sha256(token.strip().encode()).hexdigest()[:16]
+    client = request.client
+    return f"addr:{client.host if client else '-'}"
+
+
+async def _prepare(backend: Backend, body: ChatRequest) -> None:
+    """The request's constraint checked before the backend sees it: bounded for every
+    backend (an upstream too), and for the local engine built in the constraint thread and
+    compiled in the grammar pool (the engine then finds both cached), so a bad or costly
+    schema is a 400/429 here, never the version's failure and never on the event loop."""
+    fields = structured.constraint_fields(body)
+    if not fields:
+        return
+    structured.check_bounds(fields)
+    grammars = getattr(getattr(backend, "engine", None), "grammars", None)
+    if grammars is None or body.choices():
+        return
+    try:
+        async with asyncio.timeout(structured.COMPILE_TIMEOUT_S):
+            constraint = await structured.constraint_off_loop(body)
+    except TimeoutError as exc:
+        raise structured.CompileBusy("the gateway is busy building constraints; retry") from exc
+    if constraint is not None:
+        await grammars.template(constraint)
 
 
 async def _within(work: Any, seconds: float) -> Any:
@@ -509,26 +595,65 @@ class _ClosingStream(StreamingResponse):
                     log.exception("a cancelled stream's completion was not logged")
 
 
-def _failed(
-    stats: VersionStats, exc: BaseException, model_id: str, headers: dict[str, str]
-) -> JSONResponse:
+def classify(exc: BaseException, model_id: str) -> tuple[int, str]:
+    """(HTTP status, message) of a failed request: >= 500 only for failures of the backend
+    itself (its 5xx, a timeout, an exception of its own); every input problem < 500."""
     if isinstance(exc, TimeoutError):
-        status, msg = 504, f"model version {model_id} did not answer in time"
-        stats.timeouts += 1
-    elif isinstance(exc, BackendError):
-        status, msg = exc.status, f"model version {model_id} failed: {exc}"
+        return 504, f"model version {model_id} did not answer in time"
+    if isinstance(exc, BackendError):
+        return exc.status, f"model version {model_id} failed: {exc}"
+    if isinstance(exc, DeployError):  # StructuredOutputError (400, CompileBusy 429), ...
+        status = getattr(exc, "status", 400)
+        return (status if isinstance(status, int) and status < 500 else 400), str(exc)
+    if isinstance(exc, RecursionError):  # nesting the bounds missed: still the input's
+        return 400, "the request is nested too deeply"
+    return 502, f"model version {model_id} failed: {type(exc).__name__}: {exc}"
+
+
+_QUIET = {"at": 0.0, "since": 0}  # refusals logged at most once per REFUSAL_LOG_S
+
+
+REFUSAL_LOG_S = 10.0
+
+
+def _note_refusal(state: GatewayState, model_id: str, status: int, msg: str) -> None:
+    """One short line (no traceback) per REFUSAL_LOG_S for input problems, however many."""
+    state.refused += 1
+    now = time.monotonic()
+    if now - _QUIET["at"] < REFUSAL_LOG_S:
+        _QUIET["since"] += 1
+        return
+    more = f" (and {_QUIET['since']} more since the last such line)" if _QUIET["since"] else ""
+    _QUIET["at"], _QUIET["since"] = now, 0
+    log.info("refused a request for %s (%d): %s%s", model_id, status, msg[:200], more)
+
+
+def _failed(
+    state: GatewayState,
+    stats: VersionStats,
+    exc: BaseException,
+    model_id: str,
+    headers: dict[str, str],
+) -> JSONResponse:
+    status, msg = classify(exc, model_id)
+    if status >= 500:
         if status == 504:
             stats.timeouts += 1
-    elif isinstance(exc, DeployError):
-        status, msg = 400, str(exc)
-    else:
-        log.exception("backend of %s raised", model_id, exc_info=exc)
-        status, msg = 502, f"model version {model_id} failed: {type(exc).__name__}: {exc}"
-    if status >= 500:
+        if not isinstance(exc, BackendError | TimeoutError):
+            log.error("backend of %s raised", model_id, exc_info=exc)
+        else:  # a 504 or the engine's own 5xx: said in the log, whoever sent the request
+            log.warning("backend of %s answered %d: %s", model_id, status, msg)
         stats.errors += 1
         obs.gateway_error(model_id)
         if stats.first_error_at is None:
             stats.first_error_at = time.time()
+    else:  # not the version's request at all: neither a request nor an error of it
+        stats.requests = max(0, stats.requests - 1)
+        _note_refusal(state, model_id, status, msg)
+    if status == 429:
+        return _error(
+            429, msg, "rate_limit_exceeded", "busy", headers={**headers, "retry-after": "1"}
+        )
     type_ = "server_error" if status >= 500 else "invalid_request_error"
     return _error(
         status, msg, type_, "upstream_timeout" if status == 504 else None, headers=headers
@@ -592,8 +717,9 @@ async def _stream(
     headers: dict[str, str],
     started: float,
     tracked: Any = None,
+    stats: VersionStats | None = None,
 ) -> Response:
-    stats = state.stats_for(model_id)
+    stats = stats or state.stats_for(model_id)
     source = backend.stream(model_id, body).__aiter__()
     try:  # the first item decides the status: a failing backend still gets a 502/504
         first = await asyncio.wait_for(source.__anext__(), state.timeout_s)
@@ -602,7 +728,7 @@ async def _stream(
     except BaseException as exc:
         if isinstance(exc, asyncio.CancelledError):
             raise
-        failure = _failed(stats, exc, model_id, headers)
+        failure = _failed(state, stats, exc, model_id, headers)
         if tracked is not None and state.capture is not None:
             _capture_failed(state.capture, tracked, body, failure, completion_id, model_id)
         return failure
@@ -739,16 +865,21 @@ async def _stream(
                 except StopAsyncIteration:
                     item = None
         except Exception as exc:  # mid-stream failure: tell the client in-band, count it
-            stats.errors += 1
-            status = exc.status if isinstance(exc, BackendError) else 502
+            status, msg = classify(exc, model_id)
+            if status >= 500:  # the backend's own failure
+                stats.errors += 1
+                if status == 504:
+                    stats.timeouts += 1
+            else:
+                _note_refusal(state, model_id, status, msg)
             if tracked is not None and state.capture is not None and not logged:
                 state.capture.failed(
-                    tracked, body, status, f"failed mid-stream: {exc}", completion_id, model_id
+                    tracked, body, status, f"failed mid-stream: {msg}", completion_id, model_id
                 )
             yield _sse(
                 error_body(
-                    f"model version {model_id} failed mid-stream: {exc}",
-                    "server_error",
+                    f"model version {model_id} failed mid-stream: {msg}",
+                    "server_error" if status >= 500 else "invalid_request_error",
                     str(status),
                 )
             )

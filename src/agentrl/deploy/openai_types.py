@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 
 class ChatRequest(BaseModel):
@@ -45,6 +45,9 @@ class ChatRequest(BaseModel):
     guided_choice: list[str] | None = None  # vLLM's extension: answer with one of these
     episode_id: str | None = None  # TensorZero's sticky key, accepted as a body field too
     stream_options: dict[str, Any] | None = None
+    # (constraint,) once `agentrl.deploy.structured.constraint_for` has built it for this
+    # request (the gateway does, off the event loop; the engine then reads it back)
+    _constraint: tuple[Any] | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _temperature_range(self) -> ChatRequest:

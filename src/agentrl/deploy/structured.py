@@ -9,23 +9,36 @@ Why llguidance: vLLM's and SGLang's grammar backends are xgrammar and llguidance
 by parser limits); a compiled matcher is cached per schema hash and each request gets a
 copy. Bad input is a `StructuredOutputError` (the gateway answers 400): an invalid JSON
 Schema, a keyword the engine does not support, a grammar that does not compile within
-`compile_timeout_s`.
+`compile_timeout_s`, a constraint nested or sized beyond the bounds below (checked by an
+iterative walk before any other work: a schema 500 levels deep raised RecursionError in the
+hashing, which the gateway counted as the version's server error).
+
+Compiles run in a small pool of their own (`agentrl-grammar` threads), never the default
+executor that decodes and other services use, and at most `MAX_COMPILES` at once in the
+process and `MAX_COMPILES_PER_CALLER` per caller (the gateway names the caller in
+`CALLER`); a timed-out compile keeps its slot until its thread really ends, so distinct
+slow schemas cannot pile threads up. Beyond the bounds a request gets `CompileBusy` (429).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import hashlib
 import json
+import os
 import threading
 import time
 import uuid
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 import numpy as np
+import orjson
 import torch
 
 from agentrl.deploy.errors import DeployError
@@ -43,10 +56,160 @@ DRAFTS = {
 }
 GRAMMAR_SECONDS = [0.0]  # decode time spent on masks and matcher steps, process-wide
 UNSUPPORTED_MARKERS = ("Unimplemented", "Unknown format", "not supported", "unsupported")
+# Bounds of a request's constraint fields (response_format, tools, guided_*,
+# structured_outputs), all together. OpenAI allows 5,000 properties and 10 levels of schema
+# nesting; a compile of 15,000 required properties took 2.7 s on one core, 2,000 ~0.1 s.
+MAX_DEPTH = 64  # JSON nesting levels (a schema level is about two)
+MAX_NODES = 20_000  # JSON values
+MAX_PROPERTIES = 2_000  # entries of "properties" objects
+MAX_TEXT = 256 * 1024  # characters of keys and strings (regexes, grammars, enums)
+CONSTRAINT_FIELDS = (
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_grammar",
+    "structured_outputs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+)
+COMPILE_THREADS = max(1, min(2, (os.cpu_count() or 1) // 2))
+MAX_COMPILES = 8  # compiles started and not yet ended (queued or running), process-wide
+MAX_COMPILES_PER_CALLER = 2
+CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("agentrl_caller", default=None)
 
 
 class StructuredOutputError(DeployError):
     """The request's schema, regex or grammar cannot be enforced (the gateway answers 400)."""
+
+    status = 400
+
+
+class CompileBusy(StructuredOutputError):
+    """Too many new constraints compiling at once (the gateway answers 429, retry soon)."""
+
+    status = 429
+
+
+def constraint_fields(request: Any) -> dict[str, Any]:
+    """The raw fields a request's constraint is made of (None ones left out)."""
+    out = {f: getattr(request, f, None) for f in CONSTRAINT_FIELDS}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def check_bounds(value: Any, where: str = "the request's constraint") -> None:
+    """Refuse a constraint nested or sized beyond the bounds, walking it iteratively (no
+    recursion, and it stops at the first bound passed: bounded work whatever the input)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    nodes = props = text = 0
+    while stack:
+        item, depth = stack.pop()
+        nodes += 1
+        if depth > MAX_DEPTH:
+            raise StructuredOutputError(
+                f"{where} is nested deeper than {MAX_DEPTH} levels; flatten the schema"
+            )
+        if nodes > MAX_NODES:
+            raise StructuredOutputError(
+                f"{where} has more than {MAX_NODES} JSON values; simplify the schema"
+            )
+        if isinstance(item, dict):
+            inner = item.get("properties")
+            if isinstance(inner, dict):
+                props += len(inner)
+                if props > MAX_PROPERTIES:
+                    raise StructuredOutputError(
+                        f"{where} has more than {MAX_PROPERTIES} properties; simplify the schema"
+                    )
+            for k, v in item.items():
+                text += len(k) if isinstance(k, str) else 0
+                stack.append((v, depth + 1))
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+        elif isinstance(item, str):
+            text += len(item)
+        if text > MAX_TEXT:
+            raise StructuredOutputError(
+                f"{where} holds more than {MAX_TEXT} characters; simplify it"
+            )
+
+
+_POOLS: dict[str, ThreadPoolExecutor] = {}
+_POOL_LOCK = threading.Lock()
+
+
+def _pool(name: str, threads: int) -> ThreadPoolExecutor:
+    with _POOL_LOCK:
+        if name not in _POOLS:
+            _POOLS[name] = ThreadPoolExecutor(threads, thread_name_prefix=f"agentrl-{name}")
+        return _POOLS[name]
+
+
+def grammar_pool() -> ThreadPoolExecutor:
+    """The threads grammars compile in (their own: a slow compile never holds a thread
+    that decoding or another service waits for)."""
+    return _pool("grammar", COMPILE_THREADS)
+
+
+def constraint_pool() -> ThreadPoolExecutor:
+    """The thread constraints are built in (schema check, grammar text: bounded, tens of
+    milliseconds at most), apart from compiles so that it never queues behind one."""
+    return _pool("constraint", 1)
+
+
+class CompileSlots:
+    """Compiles in flight, in all and per caller. A request beyond either bound waits for a
+    slot (a coroutine, no thread) up to its time limit, then gets `CompileBusy`; a slot is
+    held until the compile's thread ends, not when its request gave up waiting. Used from
+    the event loop only."""
+
+    def __init__(self, total: int = MAX_COMPILES, per_caller: int = MAX_COMPILES_PER_CALLER):
+        self.total, self.per_caller = total, per_caller
+        self.by_caller: dict[str, int] = {}
+        self.busy = 0
+        self.refused = 0
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def _free(self, who: str) -> bool:
+        return self.busy < self.total and self.by_caller.get(who, 0) < self.per_caller
+
+    async def enter(self, caller: str | None, timeout_s: float) -> str:
+        who = caller or "-"
+        deadline = time.monotonic() + timeout_s
+        while not self._free(who):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.refused += 1
+                raise CompileBusy(
+                    f"too many new structured-output constraints compiling ({self.busy} in "
+                    f"all, {self.by_caller.get(who, 0)} of yours); retry in a moment or "
+                    "reuse a schema"
+                )
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(waiter, left)
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+        self.busy += 1
+        self.by_caller[who] = self.by_caller.get(who, 0) + 1
+        return who
+
+    def leave(self, who: str) -> None:
+        self.busy -= 1
+        left = self.by_caller.get(who, 1) - 1
+        if left > 0:
+            self.by_caller[who] = left
+        else:
+            self.by_caller.pop(who, None)
+        for waiter in self._waiters:  # each looks again (few: bounded by the gateway)
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+SLOTS = CompileSlots()
 
 
 @dataclass(frozen=True)
@@ -72,10 +235,11 @@ def _check_schema(schema: Any, where: str) -> dict[str, Any]:
     import jsonschema_rs
 
     if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
+        try:  # orjson: a depth limit of its own, never a RecursionError
+            schema = orjson.loads(schema)
         except ValueError as exc:
             raise StructuredOutputError(f"{where}: not JSON: {exc}") from exc
+        check_bounds(schema, where)
     if isinstance(schema, bool):
         schema = {} if schema else {"not": {}}
     if not isinstance(schema, dict):
@@ -223,9 +387,74 @@ def _format_schema(response_format: Any) -> tuple[str, dict[str, Any]] | None:
     )
 
 
+_MEMO: OrderedDict[str, Constraint | str | None] = OrderedDict()  # raw hash -> it, or why not
+_MEMO_LOCK = threading.Lock()
+
+
+def raw_key(fields: dict[str, Any]) -> str:
+    """The hash of a request's raw constraint fields (bounded before: no deep recursion)."""
+    try:
+        data = orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # an integer beyond 64 bits, say
+        data = json.dumps(fields, sort_keys=True, default=str).encode()
+    return hashlib.sha256(data).hexdigest()
+
+
 def constraint_for(request: Any) -> Constraint | None:
     """The constraint a request asks for (None when its answer is free text or a
-    guided_choice, which the choice-scoring path answers). Raises StructuredOutputError."""
+    guided_choice, which the choice-scoring path answers). Raises StructuredOutputError.
+
+    Bounded first (`check_bounds`), then cached by the hash of the raw fields (schema
+    checks and grammar building are not redone per request), and remembered on the request
+    itself: the gateway builds it off the event loop (`constraint_off_loop`) before the
+    engine asks again."""
+    memo = getattr(request, "_constraint", None)
+    if memo is not None:
+        return memo[0]  # type: ignore[no-any-return]
+    fields = constraint_fields(request)
+    if not fields:
+        return None
+    check_bounds(fields)
+    key = raw_key(fields)
+    with _MEMO_LOCK:
+        hit = _MEMO.get(key, _MEMO)
+        if hit is not _MEMO:
+            _MEMO.move_to_end(key)
+    if hit is _MEMO:
+        try:
+            hit = _constraint_for(request)
+        except StructuredOutputError as exc:
+            hit = str(exc)
+        except RecursionError:  # a backstop: the bounds above should make it impossible
+            hit = "the request's constraint is nested too deeply; flatten the schema"
+        except (ValueError, TypeError, KeyError) as exc:  # from the input alone: a 400
+            hit = f"the request's constraint cannot be read: {type(exc).__name__}: {exc}"
+        with _MEMO_LOCK:
+            _MEMO[key] = hit
+            while len(_MEMO) > CACHE_SIZE:
+                _MEMO.popitem(last=False)
+    if isinstance(hit, str):
+        raise StructuredOutputError(hit)
+    found: Constraint | None = hit  # type: ignore[assignment]
+    _remember(request, found)
+    return found
+
+
+def _remember(request: Any, constraint: Constraint | None) -> None:
+    with contextlib.suppress(AttributeError, ValueError, TypeError):  # not a ChatRequest
+        request._constraint = (constraint,)
+
+
+async def constraint_off_loop(request: Any) -> Constraint | None:
+    """`constraint_for` in the grammar pool (schema checks and grammar building of a large
+    schema took tens of milliseconds: never on the event loop)."""
+    if getattr(request, "_constraint", None) is not None or not constraint_fields(request):
+        return constraint_for(request)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(constraint_pool(), constraint_for, request)
+
+
+def _constraint_for(request: Any) -> Constraint | None:
     so = request.structured_outputs or {}
     if not isinstance(so, dict):
         raise StructuredOutputError("structured_outputs: an object")
@@ -279,6 +508,7 @@ class GrammarCompiler:
         *,
         cache_size: int = CACHE_SIZE,
         compile_timeout_s: float = COMPILE_TIMEOUT_S,
+        warm: bool = True,
     ) -> None:
         self.hf_tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -290,6 +520,17 @@ class GrammarCompiler:
         self._failed: OrderedDict[str, str] = OrderedDict()
         self._inflight: dict[str, asyncio.Future[Any]] = {}
         self.compile_ms: list[float] = []
+        if warm:  # in the grammar pool now, not under the first constrained request
+            grammar_pool().submit(self.warm_up)
+
+    def warm_up(self) -> None:
+        """Imports and llguidance's view of the vocabulary, built once (about half a second
+        holding the GIL, longer on a busy host: paid by the first constrained request, it
+        stalled the whole gateway for 1.7 s)."""
+        import jsonschema_rs  # noqa: F401
+        import llguidance.numpy  # noqa: F401
+
+        self.lltokenizer()
 
     def lltokenizer(self) -> Any:
         """llguidance's view of the model's vocabulary (built once, about half a second)."""
@@ -314,36 +555,69 @@ class GrammarCompiler:
 
     async def matcher(self, constraint: Constraint) -> Any:
         """A matcher at its start state, for one request."""
+        return (await self.template(constraint)).deep_copy()
+
+    async def template(self, constraint: Constraint) -> Any:
+        """The compiled matcher of `constraint` (cached; compiled in the grammar pool under
+        the compile slots and the time limit). Raises StructuredOutputError / CompileBusy."""
         key = constraint.key
         if key in self._failed:
             raise StructuredOutputError(self._failed[key])
         template: Any = self._cache.get(key)
-        if template is None and self._ll is None:  # once, outside the compile time limit
-            await asyncio.to_thread(self.lltokenizer)
-        if template is None:
-            fut = self._inflight.get(key)
-            if fut is None:
-                fut = asyncio.ensure_future(asyncio.to_thread(self.compile, constraint))
-                self._inflight[key] = fut
-                fut.add_done_callback(lambda _f: self._inflight.pop(key, None))
-            try:
-                template = await asyncio.wait_for(asyncio.shield(fut), self.compile_timeout_s)
-            except TimeoutError as exc:
-                msg = (
-                    f"the {constraint.kind} constraint did not compile within "
-                    f"{self.compile_timeout_s:g} s; simplify the schema"
-                )
-                self._remember_failure(key, msg)
-                raise StructuredOutputError(msg) from exc
-            except StructuredOutputError as exc:
-                self._remember_failure(key, str(exc))
-                raise
-            self._cache[key] = template
-            if len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
-        else:
+        if template is not None:
             self._cache.move_to_end(key)
-        return template.deep_copy()
+            return template
+        loop = asyncio.get_running_loop()
+        fut = self._inflight.get(key)
+        if fut is None:
+            who = await SLOTS.enter(CALLER.get(), self.compile_timeout_s)
+            # while it waited, another request may have started, ended or failed it
+            fut = self._inflight.get(key)
+            done = self._cache.get(key)
+            if fut is not None or done is not None or key in self._failed:
+                SLOTS.leave(who)
+                if done is not None:
+                    return done
+                if fut is None:
+                    raise StructuredOutputError(self._failed[key])
+        if fut is None:
+            try:
+                fut = loop.run_in_executor(grammar_pool(), self._build, constraint)
+            except BaseException:
+                SLOTS.leave(who)
+                raise
+            self._inflight[key] = fut
+
+            def ended(_f: Any) -> None:  # the thread ended (not the wait): free the slot
+                self._inflight.pop(key, None)
+                SLOTS.leave(who)
+                if not _f.cancelled() and _f.exception() is None:
+                    self._keep(key, _f.result())
+
+            fut.add_done_callback(ended)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), self.compile_timeout_s)
+        except TimeoutError as exc:
+            msg = (
+                f"the {constraint.kind} constraint did not compile within "
+                f"{self.compile_timeout_s:g} s; simplify the schema"
+            )
+            self._remember_failure(key, msg)
+            raise StructuredOutputError(msg) from exc
+        except StructuredOutputError as exc:
+            self._remember_failure(key, str(exc))
+            raise
+
+    def _build(self, constraint: Constraint) -> Any:
+        self.lltokenizer()  # once (about half a second), in this pool too
+        return self.compile(constraint)
+
+    def _keep(self, key: str, template: Any) -> None:
+        if key in self._failed:  # it gave up waiting: a later request may use it after all
+            self._failed.pop(key, None)
+        self._cache[key] = template
+        if len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
 
     def _remember_failure(self, key: str, msg: str) -> None:
         self._failed[key] = msg
@@ -362,18 +636,23 @@ def mask_logits(logits: torch.Tensor, rows: list[int], matchers: list[Any]) -> l
     """Set the logits of tokens each matcher forbids to -inf, in place (rows of `logits`
     named by `rows`; the other rows keep every token). One masked_fill over the batch: a
     fill per row, or a gather and scatter of the constrained rows, cost several times more.
-    Returns the rows whose matcher allows no token (an engine error)."""
-    from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
+    Returns the rows whose matcher allows no token (an engine error).
+
+    llguidance's numpy helpers, not its torch ones: `llguidance.torch` applies
+    `@torch.compile` at import, which imports torch._dynamo: 7-15 s holding the GIL on a
+    busy host, paid by the first constrained request in the decode thread (the whole
+    gateway stood still)."""
+    from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
     started = time.perf_counter()
     n, vocab = logits.shape
     bitmask = allocate_token_bitmask(n, vocab)  # all ones: every token allowed
     for r, m in zip(rows, matchers, strict=True):
         fill_next_token_bitmask(m, bitmask, r)
-    flipped = (~bitmask.numpy()).view(np.uint8)
+    flipped = (~bitmask).view(np.uint8)
     forbidden = np.unpackbits(flipped, axis=1, bitorder="little")[:, :vocab].view(np.bool_)
     logits.masked_fill_(torch.from_numpy(forbidden), float("-inf"))
-    empty = (bitmask == 0).all(dim=1).tolist()
+    empty = (bitmask == 0).all(axis=1).tolist()
     GRAMMAR_SECONDS[0] += time.perf_counter() - started
     return [r for r in rows if empty[r]]
 

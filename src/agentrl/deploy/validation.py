@@ -258,8 +258,9 @@ class Validator:
 
         if self.settings.benchmark_response_format is not None:
             return await self._evaluate_structured(record)
-        if record.checkpoint_path is None:
-            policy = _hf_policy(
+        if record.checkpoint_path is None:  # the base model: loading is seconds, off the loop
+            policy = await asyncio.to_thread(
+                _hf_policy,
                 record.base_model,
                 record.serving.get("base_spec"),
                 self.settings.validation_max_new_tokens,
@@ -312,7 +313,7 @@ class Validator:
             )
         finally:
             if adapter is not None:
-                engine.unload_adapter(adapter)
+                await asyncio.to_thread(engine.unload_adapter, adapter)
         obs.deployment(scores={(record.model_id, t): v for t, v in bench["scores"].items()})
         return {"benchmark": bench, "safety": safety}
 

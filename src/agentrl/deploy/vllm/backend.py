@@ -49,7 +49,12 @@ class VllmBackend(UpstreamBackend):
         *,
         timeout_s: float = 60.0,
     ) -> None:
-        super().__init__(server.base_url, timeout_s=timeout_s, default_model=server.served_name)
+        super().__init__(
+            server.base_url,
+            api_key=server.api_key,  # vLLM refuses /v1 without it (adapter loading too)
+            timeout_s=timeout_s,
+            default_model=server.served_name,
+        )
         self.server, self.base, self.cache_dir = server, base, cache_dir
         self.adapters: dict[str, Path] = {}  # model_id -> verified folder, loaded in vLLM
         self.load_seconds: dict[str, float] = {}

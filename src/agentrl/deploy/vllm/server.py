@@ -5,6 +5,13 @@ up. The port stays the same across restarts, so clients keep their URL.
 
 A hook that fails makes the start a failure (the process is killed and started again): the
 server is never `ready` with adapters missing.
+
+vLLM runs with runtime LoRA updating on, so its `/v1/load_lora_adapter` would let any local
+process load an adapter of its choice past the gateway (no checksum check, auth, capture or
+split). Each server gets a random API key (`api_key`, 256 bits), which vLLM requires on
+every `/v1` route and the backend sends. It goes in the environment (`VLLM_API_KEY`, which
+vLLM reads as `--api-key`), not on the command line: /proc/<pid>/cmdline is readable by
+every local user, /proc/<pid>/environ only by the owner.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import collections
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import socket
 import time
@@ -58,8 +66,11 @@ class VllmServer:
         startup_timeout_s: float = 900.0,
         restart_base_s: float = 1.0,
         restart_max_s: float = 60.0,
+        api_key: str | None = None,
     ) -> None:
         self.python, self.model = Path(python), model
+        # a new one per server; an operator's own `--api-key` (extra_args) wins in vLLM
+        self.api_key = _flag(extra_args or [], "--api-key") or api_key or secrets.token_urlsafe(32)
         self.host, self.port = host, port or free_port(host)
         self.served_name = served_name
         self.args = [
@@ -129,6 +140,7 @@ class VllmServer:
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        env["VLLM_API_KEY"] = self.api_key  # every /v1 route, adapter loading included
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(self.kv_cache_gib))))
         env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
         # vLLM closes idle keep-alive connections after 5 s; the gateway's pool reuses them
@@ -296,6 +308,16 @@ class VllmServer:
             with contextlib.suppress(BaseException):
                 await self._task
             self._task = None
+
+
+def _flag(args: list[str], name: str) -> str | None:
+    """The value of `name` in `args` (`--name value` or `--name=value`), or None."""
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 def _alive(pid: int, group: bool = False) -> bool:
