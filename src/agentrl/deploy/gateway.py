@@ -639,10 +639,10 @@ def _failed(
     if status >= 500:
         if status == 504:
             stats.timeouts += 1
-        if not isinstance(exc, BackendError | TimeoutError):
-            log.error("backend of %s raised", model_id, exc_info=exc)
-        else:  # a 504 or the engine's own 5xx: said in the log, whoever sent the request
+        if status == 504 or isinstance(exc, BackendError):  # said in one line, always
             log.warning("backend of %s answered %d: %s", model_id, status, msg)
+        else:
+            log.error("backend of %s raised", model_id, exc_info=exc)
         stats.errors += 1
         obs.gateway_error(model_id)
         if stats.first_error_at is None:
