@@ -40,6 +40,8 @@ APP_SOURCES = {
     "capture/service.py": "gateway",  # the episode routes, mounted by the gateway
     # a scripted OpenAI-compatible server for tests and benchmarks, never part of a stack
     "rollout/testing_server.py": None,
+    # the capture bench's stalled backend (answers nothing in time), never part of a stack
+    "app/bench_capture.py": None,
 }
 
 
