@@ -148,3 +148,28 @@ async def test_threshold_reached_during_a_job_starts_one_job_after_it(nats, data
             assert svc.store.get_state("threshold_deferred") == {}
     finally:
         await bus.close()
+
+
+async def test_threshold_max_jobs_caps_the_firings_of_one_run(nats, data_dir):
+    """The cap the quick loops set: 35 rewards with N=10 and at most one job. The firings
+    while that job is queued are deferred as usual; when it ends, none starts after it."""
+    from training_helpers import publish_data, trajectory
+
+    bus = await Bus.connect(nats.url, settings=settings_for(data_dir, nats.url))
+    await bus.ensure_streams()
+    settings = settings_for(data_dir, nats.url)
+    ts = tsettings(threshold=10, threshold_max_jobs=1, devices=[])  # the job stays queued
+    try:
+        await publish_data(bus, [trajectory(i) for i in range(35)], [0.5] * 35)
+        async with running_service(bus, settings, ts) as svc:
+            await _wait(lambda: len(svc.store.jobs()) == 1, 20)
+            await _wait(lambda: bool(svc.store.get_state("threshold_deferred")), 20)
+            first = svc.store.jobs()[0]
+            assert await svc.cancel(first.job_id)
+            # the deferred firing is dropped (not kept for later), no second job
+            await _wait(lambda: svc.store.get_state("threshold_deferred") == {}, 20)
+            await asyncio.sleep(0.5)
+            assert len(svc.store.jobs()) == 1, "the cap: one job"
+            assert svc.counters["threshold_triggers"] == 1
+    finally:
+        await bus.close()

@@ -170,12 +170,15 @@ class LoopConfig:
                 group_size=2,
                 threshold=8,
                 max_steps=2,
-                heldout_seeds=6,
+                heldout_seeds=3,  # one task per family (the suite's time, 2026-11-29)
                 time_budget_s=600.0,
                 step_delay_s=1.0,
                 min_samples=4,
                 max_reward_drop=2.0,
-                inconclusive_deadline_s=60.0,
+                # a cap, not the pace: the canary ends when it decides. At 60 s, on a host
+                # at load 20-30 v1 had 1 and 2 sessions of the 4 needed a side and was
+                # rolled back: no promotion, the suite's test failed (2026-11-29)
+                inconclusive_deadline_s=300.0,
                 epochs=1,
                 max_tokens=48,
                 benchmark_episodes=1,
@@ -328,6 +331,10 @@ def loop_environment(cfg: LoopConfig) -> dict[str, str]:
     if cfg.backend == "vllm":  # vLLM's LoRA slots sized to the jobs' adapters (see on_vllm)
         env["AGENTRL_VLLM_MAX_LORA_RANK"] = str(cfg.lora_r)
         env["AGENTRL_VLLM_MAX_LORAS"] = "2"  # live and canary in one batch
+    if not cfg.finish_in_flight:  # a quick run ends at its first decided version: its
+        # generations' jobs and one spare (a version rejected); the tool-use one ran 5 jobs
+        # and validated 4 versions beside its one canary (2026-11-29)
+        env["AGENTRL_TRAINING_THRESHOLD_MAX_JOBS"] = str(cfg.generations + 1)
     if cfg.model == "tiny":  # a random tiny model's safety scores are noise: no drop check
         env["AGENTRL_DEPLOY_SAFETY_MAX_DROP"] = "1.0"
     return {k: v for k, v in env.items() if k not in os.environ}
@@ -1061,6 +1068,11 @@ async def run_loop(
                     # with a warm start the comparison is start vs trained; the base's
                     # figure is the warm start's own run's (`agentrl learn`), not re-measured
                     say(f"held-out: {r.model_id} not evaluated (the run started warm)")
+                elif not cfg.finish_in_flight and r.state in ("canary", "candidate"):
+                    # a quick run ends at its first decided version: the jobs that went on
+                    # meanwhile left versions no one decided (the tool-use one played its
+                    # held-out tasks for two such versions, 2026-11-29)
+                    say(f"held-out: {r.model_id} not evaluated (undecided at the end)")
                 elif r.model_id in served:
                     wins, n, per = await agents.heldout(r.model_id, tasks)
                     row.heldout_success, row.heldout_n = wins / n, n

@@ -1252,6 +1252,13 @@ class TrainingService:
             await self._fire_threshold(key, int(n), {"threshold_deferred": deferred})
 
     async def _fire_threshold(self, key: str, n: int, state: dict[str, Any]) -> None:
+        cap = self.ts.threshold_max_jobs
+        if cap and self.counters["threshold_triggers"] >= cap:
+            # a quick loop needs its first jobs only: the ones after them trained and
+            # validated beside its canary for nothing (the firing is dropped, not kept)
+            log.info("threshold reached for %s: %d jobs fired, the cap: not fired", key, cap)
+            self.store.set_state(state)
+            return
         override: dict[str, Any] = {}
         if self.ts.threshold_scope == "domain":
             override = {"training_config": {"dataset": {"filter": {"task_domains": [key]}}}}

@@ -19,6 +19,9 @@ class TrainingSettings(BaseSettings):
     threshold_scope: Literal["global", "domain", "agent"] = Field(
         "global", description="Count per task domain or per agent instead of globally."
     )
+    threshold_max_jobs: int = Field(
+        0, ge=0, description="Threshold jobs one run of the service fires at most; 0: no cap."
+    )
     schedule: str = Field("0 2 * * *", description="Cron expression (UTC); empty: off.")
     # Queue and jobs
     devices: list[str] = Field(
