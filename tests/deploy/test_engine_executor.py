@@ -44,4 +44,7 @@ async def test_engine_answers_while_the_default_executor_is_full(
     finally:
         release.set()
         await blocker
+        # the suite's event loop is shared by every test: give it back a live default pool
+        # (a shut-down one failed later tests' asyncio.to_thread)
+        loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix="asyncio"))
         busy.shutdown()

@@ -278,9 +278,11 @@ async def stack_services(
         # A forward pass still running in a worker (a held-out evaluation, a validation
         # episode) has no one waiting for it now; asyncio.run would join it (`agentrl up`
         # lived ~30 s after "stopped cleanly"). Queued work is dropped, running work is left
-        # to `exit_past_stragglers`; the loop gets an idle pool to shut down.
+        # to `exit_past_stragglers`; the loop gets a fresh pool (threads start on demand, so
+        # an unused one has nothing to join; a loop that goes on, as in tests, keeps its
+        # usual size).
         executor.shutdown(wait=False, cancel_futures=True)
-        loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
+        loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix="asyncio"))
 
 
 # The control API's `/health` finds the stack that runs it through the bus it was given.
