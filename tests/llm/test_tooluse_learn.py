@@ -42,6 +42,7 @@ def tiny_config(tmp_path: Path, **kw: object) -> ToolUseConfig:
         "group_size": 2,
         "heldout_per_family": 2,
         "unseen_per_family": 1,
+        "hint_samples": 1,
         "batch_size": 8,
         "out_dir": str(tmp_path / "run"),
     }
@@ -145,7 +146,7 @@ def test_rl_iteration_runs(tmp_path: Path, method: str) -> None:
     assert 0.0 <= rec["train_success"] <= 1.0
     assert set(rec) >= {"rollout_s", "update_s", "samples", "replayed", "cut_by_token_cap"}
     # the tiny random model fails every task: each is hinted (importance, the default)
-    assert rec["hinted_tasks"] == 3 and rec["hinted_samples"] == 6
+    assert rec["hinted_tasks"] == 3 and rec["hinted_samples"] == 3
 
 
 def test_every_stage_runs_and_the_checkpoint_loads_in_the_gateway(tmp_path: Path) -> None:

@@ -121,6 +121,9 @@ class ToolUseConfig(BaseModel):
         30, ge=0, description="the unseen-phrasing pool (never generated for training)"
     )
     eval_base: bool = True
+    eval_start: bool = Field(
+        True, description="measure the start (false: a run from a start measured before)"
+    )
     batch_size: int = Field(34, gt=0, description="episodes decoded together")
     seed: int = 0
     out_dir: str = "runs/tooluse"
@@ -584,7 +587,9 @@ def run_tooluse(
         )
     else:
         res.timings["warm_start_s"] = 0.0
-    if config.warm_start or not config.eval_base:
+    if not config.eval_start:
+        say("start: not measured here (eval_start: false)")
+    elif config.warm_start or not config.eval_base:
         evaluate("start")
     else:  # no warm start: the loop starts from the base
         res.summaries["start"] = res.summaries["base"]
@@ -611,10 +616,10 @@ def run_tooluse(
     if res.curve:
         res.checkpoints["final"] = learner.save("final", {"curve": res.curve})
         evaluate("trained")
-    else:  # no RL ran: the trained policy is the start, already measured
-        res.summaries["trained"] = res.summaries["start"]
-        if "unseen_start" in res.summaries:
-            res.summaries["unseen_trained"] = res.summaries["unseen_start"]
+    else:  # no RL ran: the trained policy is the start (measured, if it was)
+        for key in ("start", "unseen_start"):
+            if key in res.summaries:
+                res.summaries[key.replace("start", "trained")] = res.summaries[key]
         res.checkpoints["final"] = res.checkpoints.get("warmstart") or learner.save("final", {})
     res.timings["wall_s"] = time.perf_counter() - t_start
     return res, final_record(config, res)
