@@ -11,6 +11,12 @@ successful episodes' sampled tokens) or GRPO (group-relative advantages, log-pro
 recomputed under the current policy: the behaviour log-probs are of the masked
 distribution, so the ratio starts on-policy at 1); (5) the trained policy on the held-out
 tasks. Training seeds stay below `HELDOUT_OFFSET`; held-out seeds start there.
+
+Issue 52: RL iterations also hint the tasks whose samples all failed
+(`tooluse_hints`: importance-corrected training on hinted successes, or distillation from
+the hinted model, of the hint-free prompt), take supervised steps on a family-balanced
+replay of verified successes (`tooluse_replay`), and weigh the families equally; the
+held-out evaluation adds the unseen-phrasing pool (`unseen_per_family`), reported apart.
 """
 
 from __future__ import annotations
