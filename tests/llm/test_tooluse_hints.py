@@ -135,3 +135,12 @@ def test_the_replay_and_the_balance_weigh_families_equally() -> None:
     balance(items)
     total = {f: sum(it.weight for it in items if it.family == f) for f in ("arithmetic", "data")}
     assert total["arithmetic"] == pytest.approx(total["data"]) == pytest.approx(3.5)
+
+
+def test_a_bare_yaml_off_turns_hints_off(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("kind: tooluse\nhints: off\n")  # YAML reads `off` as false
+    assert ToolUseConfig.from_file(cfg).hints == "off"
+    assert ToolUseConfig().hints == "importance"
+    with pytest.raises(ValueError, match="hints"):
+        ToolUseConfig(hints="sometimes")  # type: ignore[arg-type]

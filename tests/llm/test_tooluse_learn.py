@@ -171,6 +171,7 @@ def test_every_stage_runs_and_the_checkpoint_loads_in_the_gateway(tmp_path: Path
     assert record["rl_iterations"] == 1
     # the unseen-phrasing pool, reported apart; hints and replay counted
     assert record["unseen_tasks"] == 3
+    assert pooled["unseen_trained_success"] == record["unseen_trained_success"]
     for key in ("base", "start", "trained"):
         assert 0.0 <= record[f"unseen_{key}_success"] <= 1.0
     assert record["hints"] == "importance" and record["hinted_tasks"] >= 0

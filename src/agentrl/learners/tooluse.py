@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentrl.envs.tooluse.tasks import FAMILIES
 from agentrl.learners.tooluse_episodes import (
@@ -133,6 +133,12 @@ class ToolUseConfig(BaseModel):
     batch_size: int = Field(34, gt=0, description="episodes decoded together")
     seed: int = 0
     out_dir: str = "runs/tooluse"
+
+    @field_validator("hints", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        """YAML reads a bare `off` as false: that is "off" here too."""
+        return "off" if value is False else value
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> ToolUseConfig:
