@@ -131,3 +131,42 @@ def test_the_tooluse_canary_decides_two_equal_versions_within_the_run(monkeypatc
         verdicts.append(analyse(version(rng, 64), version(rng, 64), analysis)[0])
     assert verdicts.count("fail") == 0
     assert verdicts.count("pass") >= 80, verdicts.count("pass")
+
+
+def test_a_generations_wall_time_and_the_jobs_hint_counts() -> None:
+    """Trigger (the job's first status) to promotion, per promoted version; the jobs' hint
+    and correction counts summed from their last status (0 where a job reports none)."""
+    from datetime import UTC, datetime, timedelta
+
+    from agentrl.app.loop_tooluse import generation_walls, job_counts
+    from agentrl.contracts.training import TrainingStatus
+    from agentrl.deploy.registry import Decision, ModelRecord
+
+    t0 = datetime(2026, 11, 29, 6, 0, tzinfo=UTC)
+
+    def status(job: str, at: float, state: str, **metrics: int) -> TrainingStatus:
+        return TrainingStatus(
+            training_job_id=job,
+            timestamp=t0 + timedelta(seconds=at),
+            status=state,
+            metrics={"current": metrics},
+        )
+
+    statuses = {
+        "job-a": [status("job-a", 0, "queued"), status("job-a", 90, "completed", hinted_tasks=3,
+                                                            hinted_successes=1)],
+        "job-b": [status("job-b", 100, "queued"), status("job-b", 200, "completed")],
+    }  # fmt: skip
+
+    def record(version: int, job: str | None, promoted_at: float | None) -> ModelRecord:
+        r = ModelRecord(model_id=f"v{version}", version=version, public_name="p",
+                        base_model="tiny", training_job_id=job)  # fmt: skip
+        if promoted_at is not None:
+            r.decide(Decision(at=t0 + timedelta(seconds=promoted_at), by="t", action="promote",
+                              reason="ok"))  # fmt: skip
+        return r
+
+    records = [record(1, None, 0), record(3, "job-b", None), record(2, "job-a", 480)]
+    assert generation_walls(records, statuses) == [480.0]  # the start and v3: no promotion
+    assert job_counts(statuses) == {"hinted_tasks": 3, "hinted_successes": 1,
+                                    "corrections_used": 0}  # fmt: skip
