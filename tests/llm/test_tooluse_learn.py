@@ -32,7 +32,7 @@ def tiny_config(tmp_path: Path, **kw: object) -> ToolUseConfig:
     values: dict[str, object] = {
         "model": "tiny",
         "max_steps": 2,
-        "max_new_tokens": 24,
+        "max_new_tokens": 16,
         "threads": 0,
         "warm_tasks_per_family": 2,
         "warm_epochs": 1,
