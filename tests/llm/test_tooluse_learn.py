@@ -32,7 +32,7 @@ def tiny_config(tmp_path: Path, **kw: object) -> ToolUseConfig:
     values: dict[str, object] = {
         "model": "tiny",
         "max_steps": 2,
-        "max_new_tokens": 24,
+        "max_new_tokens": 16,
         "threads": 0,
         "warm_tasks_per_family": 2,
         "warm_epochs": 1,
@@ -41,6 +41,8 @@ def tiny_config(tmp_path: Path, **kw: object) -> ToolUseConfig:
         "tasks_per_iteration": 3,
         "group_size": 2,
         "heldout_per_family": 2,
+        "unseen_per_family": 1,
+        "hint_samples": 1,
         "batch_size": 8,
         "out_dir": str(tmp_path / "run"),
     }
@@ -142,7 +144,9 @@ def test_rl_iteration_runs(tmp_path: Path, method: str) -> None:
     learner = ToolUseLearner(tiny_config(tmp_path, rl_method=method))
     rec = rl_iteration(learner, 0)
     assert 0.0 <= rec["train_success"] <= 1.0
-    assert set(rec) >= {"rollout_s", "update_s", "samples"}
+    assert set(rec) >= {"rollout_s", "update_s", "samples", "replayed", "cut_by_token_cap"}
+    # the tiny random model fails every task: each is hinted (importance, the default)
+    assert rec["hinted_tasks"] == 3 and rec["hinted_samples"] == 3
 
 
 def test_every_stage_runs_and_the_checkpoint_loads_in_the_gateway(tmp_path: Path) -> None:
@@ -165,6 +169,14 @@ def test_every_stage_runs_and_the_checkpoint_loads_in_the_gateway(tmp_path: Path
     for key in ("warm_start_s", "rl_s", "eval_s"):
         assert record[key] >= 0.0
     assert record["rl_iterations"] == 1
+    # the unseen-phrasing pool, reported apart; hints and replay counted
+    assert record["unseen_tasks"] == 3
+    assert pooled["unseen_trained_success"] == record["unseen_trained_success"]
+    for key in ("base", "start", "trained"):
+        assert 0.0 <= record[f"unseen_{key}_success"] <= 1.0
+    assert record["hints"] == "importance" and record["hinted_tasks"] >= 0
+    assert (run_dir := tmp_path / "bench" / "seed-0" / "unseen_trained.jsonl").exists()
+    assert all(json.loads(x)["pool"] == "unseen" for x in run_dir.read_text().splitlines())
     from agentrl.deploy.local import LocalEngine
 
     engine = LocalEngine("tiny", seed=0)

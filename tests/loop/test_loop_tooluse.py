@@ -24,10 +24,37 @@ def test_tooluse_quick_loop_walks_the_chain(tmp_path: Path) -> None:
         assert last[key] is not None, key
     for fam in ("arithmetic", "data", "numbers"):
         assert f"live_{fam}_success" in last
+    # issue 52: the unseen-phrasing pool apart, cut replies, hints, a generation's wall time
+    assert last["unseen_seeds"] == 3
+    for key in ("unseen_start_success", "unseen_live_success", "generation_wall_s_p50"):
+        assert last[key] is not None, key
+    cut = last["cut_by_token_cap"]
+    assert cut["acting_replies"] > 0 and cut["heldout_replies"] > 0
+    assert 0 <= cut["acting"] <= cut["acting_replies"]
+    assert all(last[k] >= 0 for k in ("hinted_tasks", "hinted_successes", "corrections_used"))
+    assert "held-out, unseen pool:" in out
     for stage in ("Agent Zero JSON", "training job", "completed", "validate", "-> canary",
                   "promote -> live", "per family:"):  # fmt: skip
         assert stage in out, f"no {stage!r} in the progress:\n{out[-3000:]}"
     assert "validation could not run" not in out
+
+
+def test_tooluse_held_out_sets_are_large_distinct_and_balanced() -> None:
+    from collections import Counter
+
+    from agentrl.app.loop import LoopConfig
+    from agentrl.app.loop_tooluse import heldout_tasks
+    from agentrl.envs.tooluse.tasks import generate_task
+
+    cfg = LoopConfig.tooluse()
+    assert cfg.heldout_seeds >= 200 and cfg.unseen_seeds >= 60
+    for n, pool in ((cfg.heldout_seeds, "train"), (cfg.unseen_seeds, "unseen")):
+        tasks = heldout_tasks(n, 1_000_000, pool)
+        assert len(tasks) == n and len(set(tasks)) == n
+        per = Counter(f for f, _ in tasks)
+        assert max(per.values()) - min(per.values()) <= 1
+        assert len({generate_task(s, f, pool).question for f, s in tasks}) == n
+    assert min(Counter(f for f, _ in heldout_tasks(cfg.heldout_seeds, 1_000_000)).values()) >= 60
 
 
 def test_a_tooluse_job_reads_every_trajectory_of_the_run() -> None:
@@ -104,3 +131,42 @@ def test_the_tooluse_canary_decides_two_equal_versions_within_the_run(monkeypatc
         verdicts.append(analyse(version(rng, 64), version(rng, 64), analysis)[0])
     assert verdicts.count("fail") == 0
     assert verdicts.count("pass") >= 80, verdicts.count("pass")
+
+
+def test_a_generations_wall_time_and_the_jobs_hint_counts() -> None:
+    """Trigger (the job's first status) to promotion, per promoted version; the jobs' hint
+    and correction counts summed from their last status (0 where a job reports none)."""
+    from datetime import UTC, datetime, timedelta
+
+    from agentrl.app.loop_tooluse import generation_walls, job_counts
+    from agentrl.contracts.training import TrainingStatus
+    from agentrl.deploy.registry import Decision, ModelRecord
+
+    t0 = datetime(2026, 11, 29, 6, 0, tzinfo=UTC)
+
+    def status(job: str, at: float, state: str, **metrics: int) -> TrainingStatus:
+        return TrainingStatus(
+            training_job_id=job,
+            timestamp=t0 + timedelta(seconds=at),
+            status=state,
+            metrics={"current": metrics},
+        )
+
+    statuses = {
+        "job-a": [status("job-a", 0, "queued"), status("job-a", 90, "completed", hinted_tasks=3,
+                                                            hinted_successes=1)],
+        "job-b": [status("job-b", 100, "queued"), status("job-b", 200, "completed")],
+    }  # fmt: skip
+
+    def record(version: int, job: str | None, promoted_at: float | None) -> ModelRecord:
+        r = ModelRecord(model_id=f"v{version}", version=version, public_name="p",
+                        base_model="tiny", training_job_id=job)  # fmt: skip
+        if promoted_at is not None:
+            r.decide(Decision(at=t0 + timedelta(seconds=promoted_at), by="t", action="promote",
+                              reason="ok"))  # fmt: skip
+        return r
+
+    records = [record(1, None, 0), record(3, "job-b", None), record(2, "job-a", 480)]
+    assert generation_walls(records, statuses) == [480.0]  # the start and v3: no promotion
+    assert job_counts(statuses) == {"hinted_tasks": 3, "hinted_successes": 1,
+                                    "corrections_used": 0}  # fmt: skip

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import pytest
@@ -77,19 +76,19 @@ async def test_tooluse_over_http_with_calculator_code_and_answer() -> None:
     """An OpenAI-compatible server drives the tool-use environment: a native tool call to
     the calculator, an Agent Zero JSON code_exe run in the real sandbox, then the answer."""
     task = task_for("tooluse-arithmetic", seed=4)
-    question = make_env("tooluse-arithmetic").reset(task.seed)["question"]
-    expr = re.search(r"What is (.+)\? Give", question)
-    assert expr is not None
+    env = make_env("tooluse-arithmetic")
+    env.reset(task.seed)
+    expr = env.task.spec["expression"]  # type: ignore[attr-defined]  # the question's sum
     answer = str(task.ground_truth)
     code = json.dumps(
         {"thoughts": ["check"], "headline": "verify", "tool_name": "code_exe",
-         "tool_args": {"code": f"print({expr.group(1)})"}}
+         "tool_args": {"code": f"print({expr})"}}
     )  # fmt: skip
     final = json.dumps(
         {"thoughts": ["done"], "tool_name": "response", "tool_args": {"text": answer}}
     )
     script = [
-        ScriptedReply(tool_calls=[tool_call("calculator", {"expression": expr.group(1)}, "c1")]),
+        ScriptedReply(tool_calls=[tool_call("calculator", {"expression": expr}, "c1")]),
         ScriptedReply(content=f"Let me double check.\n```json\n{code}\n```"),
         ScriptedReply(content=final),
     ]

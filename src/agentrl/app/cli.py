@@ -129,6 +129,9 @@ def _register_loop(app: typer.Typer) -> None:
             0, help="Rewarded trajectories per training job (0: default)."
         ),
         heldout_seeds: int = typer.Option(0, help="Held-out maps per version (0: default)."),
+        unseen_seeds: int = typer.Option(
+            -1, help="Tool use: unseen-phrasing pool tasks per version (-1: default, 0: off)."
+        ),
         model: str = typer.Option(None, help="Base model (default smollm2; tiny with --quick)."),
         time_budget_s: float = typer.Option(0, help="Stop acting after this many seconds."),
         pace: bool = typer.Option(
@@ -212,6 +215,8 @@ def _register_loop(app: typer.Typer) -> None:
             overrides["threshold"] = threshold
         if heldout_seeds:
             overrides["heldout_seeds"] = heldout_seeds
+        if unseen_seeds >= 0:
+            overrides["unseen_seeds"] = unseen_seeds
         if model:
             overrides["model"] = model
         if time_budget_s:

@@ -68,6 +68,7 @@ class LoopConfig:
     threshold: int = 256
     max_steps: int = 12
     heldout_seeds: int = 50
+    unseen_seeds: int = 0  # tool use: the unseen-phrasing pool's held-out tasks (reported apart)
     job_kind: str = "dataset"
     bad_candidate: bool = False
     # a cap, not the usual end: the loop ends once `generations` versions are decided
@@ -147,7 +148,9 @@ class LoopConfig:
             group_size=1,
             threshold=64,
             max_steps=4,
-            heldout_seeds=120,
+            # issue 52: >= 200 held-out tasks, >= 60 a family; the unseen pool apart
+            heldout_seeds=210,
+            unseen_seeds=90,
             time_budget_s=1200.0,
             temperature=1.0,
             objective="rs",
@@ -171,6 +174,7 @@ class LoopConfig:
                 threshold=8,
                 max_steps=2,
                 heldout_seeds=3,  # one task per family (the suite's time, 2026-11-29)
+                unseen_seeds=3,
                 time_budget_s=600.0,
                 step_delay_s=1.0,
                 min_samples=4,
@@ -346,7 +350,7 @@ def _system_prompt() -> str:
     return SYSTEM_PROMPT
 
 
-def loop_task(cfg: LoopConfig, seed: int, family: str = "mixed") -> Any:
+def loop_task(cfg: LoopConfig, seed: int, family: str = "mixed", pool: str = "train") -> Any:
     """The agents' task: FrozenLake 4x4 (egocentric observations, shaped step rewards) with
     the learning configuration's short system prompt; or a tool-use question (`family`)."""
     from agentrl.envs.registry import task_for
@@ -355,7 +359,7 @@ def loop_task(cfg: LoopConfig, seed: int, family: str = "mixed") -> Any:
     if cfg.env == "tooluse":
         from agentrl.app import loop_tooluse
 
-        return loop_tooluse.task(seed, cfg.max_steps, family)
+        return loop_tooluse.task(seed, cfg.max_steps, family, pool)
     task = task_for(
         "frozenlake-4x4",
         seed,
@@ -380,6 +384,8 @@ class VersionRow:
     ci_high: float | None = None
     heldout_n: int = 0
     per_family: dict[str, tuple[int, int]] = field(default_factory=dict)  # family: (wins, n)
+    unseen_success: float | None = None  # tool use: the unseen-phrasing pool
+    unseen_n: int = 0
     mean_reward: float | None = None
     rewards: int = 0
     traffic_share: float = 0.0
@@ -400,6 +406,7 @@ class LoopResult:
     gateway_errors: int = 0
     start_model: str | None = None  # the version the agents began acting with
     loop_wall_s: float | None = None  # first trajectory to last promotion
+    extra: dict[str, Any] = field(default_factory=dict)  # env-specific keys (tool use)
 
     def summary(self) -> dict[str, Any]:
         base = next((v for v in self.versions if v.model_id.endswith("-base")), None)
@@ -428,6 +435,7 @@ class LoopResult:
             "mixed_trajectories": self.mixed,
             "wall_s": round(self.wall_s, 1),
             **self._start_and_families(live),
+            **self.extra,
         }
 
     def _start_and_families(self, live: VersionRow | None) -> dict[str, Any]:
@@ -444,6 +452,8 @@ class LoopResult:
         for row, name in ((start, "start"), (live, "live")):
             for fam, (wins, n) in (row.per_family if row else {}).items():
                 out[f"{name}_{fam}_success"] = round(wins / n, 4) if n else None
+            if any(v.unseen_n for v in self.versions):
+                out[f"unseen_{name}_success"] = row.unseen_success if row else None
         return out
 
 
@@ -492,6 +502,9 @@ class Agents:
         self.acting_s = 0.0
         self.paced = False  # a job trains or a version validates: act at a trickle (watcher)
         self.first_published: float | None = None  # unix time of the first trajectory
+        # replies cut by the token cap (tool use), and all replies, while acting / held-out
+        self.cut: dict[str, int] = {"acting": 0, "acting_replies": 0, "heldout": 0,
+                                    "heldout_replies": 0}  # fmt: skip
 
     def policy(self, model: str, temperature: float, session: str | None = None) -> Any:
         """The gateway's policy; `session` (sent as `episode_id` on every turn) keeps all
@@ -539,6 +552,7 @@ class Agents:
         ]
         episodes = await asyncio.gather(*(w.run() for w in workers))
         for ep in episodes:
+            self._count_cut(ep, "acting")
             if not ep.steps:
                 self.failed += 1
                 continue
@@ -585,8 +599,16 @@ class Agents:
 
         await asyncio.gather(*(worker(k) for k in range(self.cfg.agents)))
 
+    def _count_cut(self, episode: Any, where: str) -> None:
+        if self.cfg.env == "tooluse":
+            from agentrl.app.loop_tooluse import cut_by_token_cap
+
+            cut, replies = cut_by_token_cap(episode)
+            self.cut[where] += cut
+            self.cut[f"{where}_replies"] += replies
+
     async def heldout(
-        self, model_id: str, tasks: list[tuple[str, int]]
+        self, model_id: str, tasks: list[tuple[str, int]], pool: str = "train"
     ) -> tuple[int, int, dict[str, tuple[int, int]]]:
         """Greedy episodes of `model_id` (named explicitly) on held-out (family, seed) tasks:
         wins, episodes, and (wins, episodes) per family."""
@@ -599,13 +621,15 @@ class Agents:
         sem = asyncio.Semaphore(8 if tools else 64)
 
         async def one(family: str, seed: int) -> Any:
-            task = loop_task(self.cfg, seed, family)
+            task = loop_task(self.cfg, seed, family, pool)
             async with sem:
                 return await RLRolloutWorker(
                     task, policy, history_window=None if tools else 0, env_in_thread=tools
                 ).run()
 
         eps = await asyncio.gather(*(one(f, s) for f, s in tasks))
+        for e in eps:
+            self._count_cut(e, "heldout")
         per: dict[str, tuple[int, int]] = {}
         for (family, _), e in zip(tasks, eps, strict=True):
             w, n = per.get(family, (0, 0))
@@ -1049,8 +1073,10 @@ async def run_loop(
                 from agentrl.app import loop_tooluse
 
                 tasks = loop_tooluse.heldout_tasks(cfg.heldout_seeds, HELDOUT_OFFSET)
+                unseen = loop_tooluse.heldout_tasks(cfg.unseen_seeds, HELDOUT_OFFSET, "unseen")
             else:
                 tasks = [("frozenlake", HELDOUT_OFFSET + k) for k in range(cfg.heldout_seeds)]
+                unseen = []
             served = set(await _served_models(stack.gateway_url))
             total_by = sum(agents.by_model.values()) or 1
             for r in sorted(records, key=lambda r: r.version):
@@ -1083,8 +1109,22 @@ async def run_loop(
                         f"held-out: {r.model_id} {wins}/{n} = {wins / n:.2f} "
                         f"[{row.ci_low:.2f}, {row.ci_high:.2f}]" + (f" ({fams})" if fams else "")
                     )
+                    if unseen:  # the unseen-phrasing pool, reported apart
+                        uw, un, uper = await agents.heldout(r.model_id, unseen, "unseen")
+                        row.unseen_success, row.unseen_n = uw / un, un
+                        ufams = ", ".join(f"{f} {w}/{k}" for f, (w, k) in uper.items())
+                        say(f"held-out, unseen pool: {r.model_id} {uw}/{un} ({ufams})")
                 result.versions.append(row)
             stages["heldout_eval"] = time.monotonic() - t_eval
+            if cfg.env == "tooluse":
+                walls = loop_tooluse.generation_walls(records, watch.statuses)
+                result.extra = {
+                    "unseen_seeds": max((v.unseen_n for v in result.versions), default=0),
+                    "cut_by_token_cap": dict(agents.cut),
+                    **loop_tooluse.job_counts(watch.statuses),
+                    "generation_walls_s": [round(w, 1) for w in walls],
+                    "generation_wall_s_p50": round(_median(walls), 1) if walls else None,
+                }
             result.gateway_errors = sum(s.errors for s in _gateway_stats(stack))
             stop_watch.set()
             await asyncio.gather(*watchers, return_exceptions=True)

@@ -34,27 +34,75 @@ def response_format() -> dict[str, Any]:
     }
 
 
-def task(seed: int, max_steps: int, family: str = "mixed") -> Any:
+def task(seed: int, max_steps: int, family: str = "mixed", pool: str = "train") -> Any:
     """One tool-use task as an Agent Zero agent sees it: Agent Zero's system prompt lists the
     tools and the agent answers in its JSON under the reply schema; it sends no OpenAI
     `tools`. With them the gateway appended their JSON specs and a second reply format
     ({"name", "arguments"}) to the system prompt and allowed either format: 443 prompt tokens
     instead of 234 on the first turn, and not the prompt the warm start was trained on
-    (`agent_prompt.messages_for`, what validation and `agentrl learn` send)."""
+    (`agent_prompt.messages_for`, what validation and `agentrl learn` send). `pool="unseen"`:
+    the held-out pool of phrasings and kinds the training generator never produces."""
     from agentrl.envs.registry import task_for
     from agentrl.envs.tooluse.agent_prompt import SYSTEM_PROMPT
     from agentrl.episodes import Message
 
     env_id = ENV_ID if family == "mixed" else f"{ENV_ID}-{family}"
-    t = task_for(env_id, seed, max_episode_steps=max_steps, view="agent_zero")
+    kwargs: dict[str, Any] = {"view": "agent_zero"}
+    if pool != "train":
+        kwargs["pool"] = pool
+    t = task_for(env_id, seed, max_episode_steps=max_steps, **kwargs)
     t.initial_messages = [Message(role="system", content=SYSTEM_PROMPT)]
     t.tool_specs = []
     return t
 
 
-def heldout_tasks(n: int, offset: int) -> list[tuple[str, int]]:
-    """`n` held-out (family, seed) pairs, the families in turn (balanced)."""
-    return [(FAMILIES[k % len(FAMILIES)], offset + k) for k in range(n)]
+def heldout_tasks(n: int, offset: int, pool: str = "train") -> list[tuple[str, int]]:
+    """`n` held-out (family, seed) pairs, the families in turn (balanced), each family's
+    questions distinct (`tasks.distinct_seeds`)."""
+    from agentrl.envs.tooluse.tasks import distinct_seeds
+
+    per = -(-n // len(FAMILIES))
+    seeds = {f: distinct_seeds(f, per, offset, pool) for f in FAMILIES}
+    return [(FAMILIES[k % len(FAMILIES)], seeds[FAMILIES[k % len(FAMILIES)]][k // len(FAMILIES)])
+            for k in range(n)]  # fmt: skip
+
+
+def cut_by_token_cap(episode: Any) -> tuple[int, int]:
+    """(replies cut by the token cap, replies) of one episode: the gateway's finish reason
+    of each turn ("length": the reply hit max_tokens)."""
+    reasons = [(s.policy_logprobs or {}).get("finish_reason") for s in episode.steps]
+    return sum(r == "length" for r in reasons), len(reasons)
+
+
+JOB_COUNTS = ("hinted_tasks", "hinted_successes", "corrections_used")
+
+
+def job_counts(statuses: dict[str, list[Any]]) -> dict[str, int]:
+    """What the jobs report of hints and users' corrections (their last status's metrics:
+    `metrics.current.<key>`), summed over jobs; 0 where no job reports one."""
+    out = dict.fromkeys(JOB_COUNTS, 0)
+    for evs in statuses.values():
+        if not evs:
+            continue
+        current = evs[-1].metrics.current
+        extra = {**(getattr(current, "model_extra", None) or {})}
+        for key in JOB_COUNTS:
+            value = extra.get(key, getattr(current, key, None))
+            if isinstance(value, (int, float)):
+                out[key] += int(value)
+    return out
+
+
+def generation_walls(records: list[Any], statuses: dict[str, list[Any]]) -> list[float]:
+    """Seconds from each promoted generation's trigger (its job's first status) to its
+    promotion, in version order."""
+    out = []
+    for r in sorted(records, key=lambda r: r.version):
+        evs = statuses.get(r.training_job_id or "")
+        promoted = [d.at for d in r.decisions if d.action == "promote"]
+        if evs and promoted:
+            out.append((promoted[-1] - evs[0].timestamp).total_seconds())
+    return out
 
 
 def environment(cfg: Any) -> dict[str, str]:

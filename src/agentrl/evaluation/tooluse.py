@@ -1,7 +1,8 @@
 """`agentrl bench learning --settings tooluse --seeds N`: the tool-use learning run
 (`agentrl.learners.tooluse`) repeated over training seeds: base, warm-start and trained
 held-out success per seed and per family, pooled with 95 % Wilson intervals (every seed
-plays the same held-out tasks, so the pooled interval is over seeds x tasks)."""
+plays the same held-out tasks, so the pooled interval is over seeds x tasks); the
+unseen-phrasing pool pooled apart."""
 
 from __future__ import annotations
 
@@ -49,6 +50,13 @@ def bench_tooluse(
         for f in families:
             fam = [r[f"{stage}_{f}"] for r in records]
             pooled[f"{stage}_{f}"] = sum(fam) / len(fam)
+        unseen = [r.get(f"unseen_{stage}_success") for r in records]
+        m = int(records[0].get("unseen_tasks") or 0)
+        got = [float(v) for v in unseen if v is not None]
+        if m and len(got) == len(unseen):  # the unseen-phrasing pool, apart
+            uw = round(sum(v * m for v in got))
+            pooled[f"unseen_{stage}_success"] = uw / (m * len(unseen))
+            pooled[f"unseen_{stage}_ci"] = [round(x, 3) for x in wilson(uw, m * len(unseen))]
     pooled.update(
         heldout_tasks=n,
         warm_start_s=[r["warm_start_s"] for r in records],

@@ -11,6 +11,12 @@ successful episodes' sampled tokens) or GRPO (group-relative advantages, log-pro
 recomputed under the current policy: the behaviour log-probs are of the masked
 distribution, so the ratio starts on-policy at 1); (5) the trained policy on the held-out
 tasks. Training seeds stay below `HELDOUT_OFFSET`; held-out seeds start there.
+
+Issue 52: RL iterations also hint the tasks whose samples all failed
+(`tooluse_hints`: importance-corrected training on hinted successes, or distillation from
+the hinted model, of the hint-free prompt), take supervised steps on a family-balanced
+replay of verified successes (`tooluse_replay`), and weigh the families equally; the
+held-out evaluation adds the unseen-phrasing pool (`unseen_per_family`), reported apart.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentrl.envs.tooluse.tasks import FAMILIES
 from agentrl.learners.tooluse_episodes import (
@@ -97,12 +103,42 @@ class ToolUseConfig(BaseModel):
         0.0, ge=0, description="GRPO: reward for a tool result showing the answer"
     )
     rl_time_budget_s: float | None = Field(1200.0, gt=0)
-    # evaluation
-    heldout_per_family: int = Field(34, gt=0)
+    # hints where every sample of a task failed (`learners.tooluse_hints`)
+    hints: Literal["off", "importance", "distill"] = Field(
+        "importance",
+        description="importance: resample with the hint, train the hint-free prompt on the "
+        "hinted successes with the truncated importance ratio; distill: the model with the "
+        "hint is the teacher on the failed samples' own tokens; off: no hints",
+    )
+    hint_reveals_answer: bool = Field(False, description="the hint also gives the answer")
+    hint_samples: int | None = Field(None, gt=0, description="hinted resamples (group_size)")
+    hint_clip: float = Field(1.0, gt=0, description="importance-ratio cap / advantage clip")
+    # keeping what was learned (`learners.tooluse_replay`)
+    replay_steps: int = Field(1, ge=0, description="supervised replay passes per iteration")
+    replay_episodes_per_family: int = Field(4, gt=0)
+    replay_capacity_per_family: int = Field(64, gt=0)
+    replay_warm: bool = Field(
+        True, description="the warm start's scripted episodes (warm_tasks) join the replay"
+    )
+    balance_families: bool = Field(True, description="every family weighs the same per step")
+    # evaluation (issue 52: >= 60 held-out tasks per family, >= 200 in all)
+    heldout_per_family: int = Field(67, gt=0)
+    unseen_per_family: int = Field(
+        30, ge=0, description="the unseen-phrasing pool (never generated for training)"
+    )
     eval_base: bool = True
+    eval_start: bool = Field(
+        True, description="measure the start (false: a run from a start measured before)"
+    )
     batch_size: int = Field(34, gt=0, description="episodes decoded together")
     seed: int = 0
     out_dir: str = "runs/tooluse"
+
+    @field_validator("hints", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        """YAML reads a bare `off` as false: that is "off" here too."""
+        return "off" if value is False else value
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> ToolUseConfig:
@@ -114,8 +150,20 @@ class ToolUseConfig(BaseModel):
         return cls(**data)
 
     def heldout(self) -> list[tuple[str, int]]:
+        """Held-out tasks: `heldout_per_family` distinct questions of each family."""
+        from agentrl.envs.tooluse.tasks import distinct_seeds
+
+        n = self.heldout_per_family
+        return [(f, s) for f in self.families for s in distinct_seeds(f, n, HELDOUT_OFFSET)]
+
+    def unseen(self) -> list[tuple[str, int]]:
+        """The unseen pool's tasks (played with `pool="unseen"`): phrasings and kinds the
+        training generator never produces, distinct questions."""
+        from agentrl.envs.tooluse.tasks import distinct_seeds
+
+        n = self.unseen_per_family
         return [
-            (f, HELDOUT_OFFSET + k) for f in self.families for k in range(self.heldout_per_family)
+            (f, s) for f in self.families for s in distinct_seeds(f, n, HELDOUT_OFFSET, "unseen")
         ]
 
     def warm_tasks(self) -> list[tuple[str, int]]:
@@ -184,6 +232,17 @@ class ToolUseLearner:
         self.matchers = SchemaMatchers(self.tokenizer, vocab) if config.structured else None
         self.generator = torch.Generator().manual_seed(config.seed)
         self.timing = PlayTiming()
+        from agentrl.learners.tooluse_replay import Replay
+
+        self.replay = Replay(config.replay_capacity_per_family)
+        self.corrections: dict[tuple[str, int], str] = {}
+        """Users' corrections by task (family, seed): where one is given it is the hint
+        (`set_corrections`)."""
+
+    def set_corrections(self, corrections: dict[tuple[str, int], str | None]) -> None:
+        """The hook for users' corrections: a hint string (or None) per task. A task with
+        one gets it as its hint, in place of what the environment says it needs."""
+        self.corrections = {k: v for k, v in corrections.items() if v and v.strip()}
 
     @property
     def model(self) -> Any:
@@ -200,6 +259,8 @@ class ToolUseLearner:
         temperature: float,
         groups: Sequence[int] | None = None,
         adapters: bool = True,
+        hints: Sequence[str | None] | None = None,
+        pool: str = "train",
     ) -> list[EpisodeRecord]:
         cfg = self.config
         settings = PlaySettings(
@@ -214,6 +275,8 @@ class ToolUseLearner:
             "generator": self.generator,
             "groups": groups,
             "timing": self.timing,
+            "hints": hints,
+            "pool": pool,
         }
         if adapters:
             return play(self.model, self.tokenizer, tasks, settings, **kwargs)
@@ -284,6 +347,22 @@ def demonstrations(learner: ToolUseLearner, tasks: Sequence[tuple[str, int]]) ->
     return samples
 
 
+def solved_items(tokenizer: Any, episode: Any) -> list[Any]:
+    """A solved scripted episode's replies as NLL items (exact chat-template prompts)."""
+    from agentrl.envs.tooluse.agent_prompt import messages_for
+    from agentrl.learners.tooluse_hints import TokenItem
+    from agentrl.llm.samples import encode_action, render_prompt
+
+    return [
+        TokenItem(
+            render_prompt(tokenizer, messages_for(episode.task.question, episode.turns[:i])),
+            encode_action(tokenizer, turn.reply),
+            episode.task.family,
+        )
+        for i, turn in enumerate(episode.turns)
+    ]
+
+
 def nll_epochs(
     learner: ToolUseLearner, samples: Sequence[Any], epochs: int, batch: int
 ) -> list[float]:
@@ -319,7 +398,7 @@ def episode_samples(episodes: Sequence[EpisodeRecord], advantages: Sequence[floa
                 continue
             out.append(
                 PolicySample(
-                    list(t.prompt_ids),
+                    list(t.train_prompt_ids),
                     list(t.action_ids),
                     advantage=float(adv),
                     reward=ep.reward,
@@ -347,6 +426,10 @@ def group_advantages(episodes: Sequence[EpisodeRecord], bonus: float) -> list[fl
 
 
 def rl_iteration(learner: ToolUseLearner, iteration: int) -> dict[str, Any]:
+    """One iteration: groups sampled hint-free; rejection sampling (or GRPO) on them; hints
+    for the tasks whose samples all failed; supervised steps on the replay."""
+    from agentrl.learners.tooluse_hints import balance, success_items, train_items
+
     cfg = learner.config
     t0 = time.perf_counter()
     tasks = cfg.rl_tasks(iteration)
@@ -355,30 +438,89 @@ def rl_iteration(learner: ToolUseLearner, iteration: int) -> dict[str, Any]:
     episodes = learner.play(batch, cfg.temperature, groups=groups)
     t1 = time.perf_counter()
     learner.set_lr(cfg.rl_learning_rate)
+    items = []
     trained_on = 0
     if cfg.rl_method == "rejection":
-        good = [ep for ep in episodes if ep.success]
-        samples = episode_samples(good, [1.0] * len(good))
-        trained_on = len(samples)
-        nll_epochs(learner, samples, cfg.rl_epochs, cfg.rl_batch_size)
+        items = success_items(episodes)
     elif cfg.rl_method == "grpo":
         samples = episode_samples(episodes, group_advantages(episodes, cfg.result_bonus))
         learner.trainer.train_on_samples(samples, allow_empty=True)
         trained_on = sum(abs(s.advantage) > 1e-8 for s in samples)
+    hinted = hint_round(learner, tasks, episodes)
+    items += hinted.pop("items")
     t2 = time.perf_counter()
+    if cfg.balance_families:
+        balance(items)
+    trained_on += len(items)
+    for _ in range(cfg.rl_epochs if items else 0):
+        train_items(learner.trainer, items, cfg.rl_batch_size, cfg.hint_clip, learner.generator)
+    learner.replay.add_episodes(episodes)
+    replayed = 0
+    for _ in range(cfg.replay_steps if len(learner.replay) else 0):
+        rep = learner.replay.sample(cfg.replay_episodes_per_family, learner.generator)
+        replayed += len(rep)
+        train_items(learner.trainer, rep, cfg.rl_batch_size, generator=learner.generator)
+    t3 = time.perf_counter()
     rec = {
         "iteration": iteration,
         "train_success": sum(ep.success for ep in episodes) / len(episodes),
         "answered": sum(ep.answered for ep in episodes) / len(episodes),
         "samples": trained_on,
+        "replayed": replayed,
+        "cut_by_token_cap": sum(t.finish == "length" for ep in episodes for t in ep.turns),
+        **hinted,
         "rollout_s": round(t1 - t0, 1),
-        "update_s": round(t2 - t1, 1),
+        "hint_s": round(t2 - t1, 1),
+        "update_s": round(t3 - t2, 1),
     }
     for f in cfg.families:
         fam = [ep for ep in episodes if ep.family == f]
         if fam:
             rec[f"success_{f}"] = round(sum(ep.success for ep in fam) / len(fam), 3)
     return rec
+
+
+def hint_round(
+    learner: ToolUseLearner, tasks: Sequence[tuple[str, int]], episodes: Sequence[EpisodeRecord]
+) -> dict[str, Any]:
+    """Hints for the tasks none of whose samples succeeded, and what to train from them:
+    {"items", "hinted_tasks", "hinted_successes", "hinted_samples", "corrections_used"}."""
+    from agentrl.envs.tooluse.hints import hint_for
+    from agentrl.envs.tooluse.tasks import generate_task
+    from agentrl.learners.tooluse_hints import attempts_of, distill_items, importance_items
+
+    cfg = learner.config
+    out: dict[str, Any] = {"items": [], "hinted_tasks": 0, "hinted_successes": 0,
+                           "hinted_samples": 0, "corrections_used": 0}  # fmt: skip
+    if cfg.hints == "off":
+        return out
+    by_task: dict[tuple[str, int], list[EpisodeRecord]] = {}
+    for ep in episodes:
+        by_task.setdefault((ep.family, ep.seed), []).append(ep)
+    hints: dict[tuple[str, int], str] = {}
+    for key in tasks:
+        eps = by_task.get(key, [])
+        if not eps or any(ep.success for ep in eps):
+            continue
+        correction = learner.corrections.get(key)
+        out["corrections_used"] += int(correction is not None)
+        hints[key] = hint_for(generate_task(key[1], key[0]), attempts_of(eps),
+                              reveal_answer=cfg.hint_reveals_answer,
+                              correction=correction)  # fmt: skip
+    out["hinted_tasks"] = len(hints)
+    if not hints:
+        return out
+    failed = [ep for key in hints for ep in by_task[key]]
+    if cfg.hints == "distill":
+        out["items"] = distill_items(learner.tokenizer, failed, hints)
+        return out
+    k = cfg.hint_samples or cfg.group_size
+    batch = [key for key in hints for _ in range(k)]
+    again = learner.play(batch, cfg.temperature, hints=[hints[key] for key in batch])
+    out["hinted_samples"] = len(again)
+    out["hinted_successes"] = sum(ep.success for ep in again)
+    out["items"] = importance_items(again)
+    return out
 
 
 def run_tooluse(
@@ -396,6 +538,18 @@ def run_tooluse(
     say(f"loaded {config.model} in {load_s:.0f}s; {len(held)} held-out tasks; load {_load()}")
 
     def evaluate(name: str, adapters: bool = True) -> None:
+        if config.unseen_per_family:  # the unseen pool first: reported apart
+            t = time.perf_counter()
+            eps = learner.play(config.unseen(), 0.0, adapters=adapters, pool="unseen")
+            res.timings[f"eval_unseen_{name}_s"] = time.perf_counter() - t
+            res.summaries[f"unseen_{name}"] = summarise(eps)
+            with (out / f"unseen_{name}.jsonl").open("w") as fh:
+                fh.writelines(episode_json(e) + "\n" for e in eps)
+            u = res.summaries[f"unseen_{name}"]
+            say(
+                f"{name}: unseen-pool success {u['all']['success']:.2f} {u['all']['ci']} "
+                + " ".join(f"{f} {u[f]['success']:.2f}" for f in config.families if f in u)
+            )
         t = time.perf_counter()
         before = dataclasses.replace(learner.timing)
         eps = learner.play(held, 0.0, adapters=adapters)
@@ -445,10 +599,21 @@ def run_tooluse(
         )
     else:
         res.timings["warm_start_s"] = 0.0
-    if config.warm_start or not config.eval_base:
+    if not config.eval_start:
+        say("start: not measured here (eval_start: false)")
+    elif config.warm_start or not config.eval_base:
         evaluate("start")
     else:  # no warm start: the loop starts from the base
         res.summaries["start"] = res.summaries["base"]
+        if "unseen_base" in res.summaries:
+            res.summaries["unseen_start"] = res.summaries["unseen_base"]
+    if config.replay_warm and config.replay_steps and config.warm_tasks_per_family:
+        # the warm start's verified episodes (the same seeds it trained on) join the replay
+        n = 0
+        for ep in solved_episodes(config.max_steps, config.warm_tasks()):
+            learner.replay.add(ep.task.family, solved_items(learner.tokenizer, ep), "warm start")
+            n += 1
+        say(f"replay: {n} verified warm-start episodes")
     # RL
     t = time.perf_counter()
     if config.rl_method != "none":
@@ -463,8 +628,10 @@ def run_tooluse(
     if res.curve:
         res.checkpoints["final"] = learner.save("final", {"curve": res.curve})
         evaluate("trained")
-    else:  # no RL ran: the trained policy is the start, already measured
-        res.summaries["trained"] = res.summaries["start"]
+    else:  # no RL ran: the trained policy is the start (measured, if it was)
+        for key in ("start", "unseen_start"):
+            if key in res.summaries:
+                res.summaries[key.replace("start", "trained")] = res.summaries[key]
         res.checkpoints["final"] = res.checkpoints.get("warmstart") or learner.save("final", {})
     res.timings["wall_s"] = time.perf_counter() - t_start
     return res, final_record(config, res)
@@ -487,15 +654,32 @@ def final_record(config: ToolUseConfig, res: ToolUseResult) -> dict[str, Any]:
         "start_ci_high": fig("start", field="ci")[1] if "start" in s else None,
         "trained_ci_low": fig("trained", field="ci")[0] if "trained" in s else None,
         "heldout_tasks": fig("trained", field="episodes"),
-        "invalid_calls": sum(x["all"]["invalid_calls"] for x in s.values()),
+        "invalid_calls": sum(
+            x["all"]["invalid_calls"] for k, x in s.items() if not k.startswith("unseen_")
+        ),
         "cut_by_token_cap": {k: x["all"]["cut_by_token_cap"] for k, x in s.items()},
         "structured": config.structured,
         "rl_method": config.rl_method,
         "rl_iterations": len(res.curve),
+        "hints": config.hints,
+        "hint_reveals_answer": config.hint_reveals_answer,
+        "replay_steps": config.replay_steps,
+        "unseen_tasks": fig("unseen_trained", field="episodes"),
+        "rl_cut_by_token_cap": sum(r.get("cut_by_token_cap", 0) for r in res.curve),
+        "hinted_tasks": sum(r.get("hinted_tasks", 0) for r in res.curve),
+        "hinted_samples": sum(r.get("hinted_samples", 0) for r in res.curve),
+        "hinted_successes": sum(r.get("hinted_successes", 0) for r in res.curve),
+        "corrections_used": sum(r.get("corrections_used", 0) for r in res.curve),
+        "rl_train_success": [r["train_success"] for r in res.curve],
     }
     for name in ("base", "start", "trained"):
         for f in config.families:
             rec[f"{name}_{f}"] = fig(name, f)
+        rec[f"unseen_{name}_success"] = fig(f"unseen_{name}")
+        rec[f"unseen_{name}_ci"] = fig(f"unseen_{name}", field="ci")
+        for f in config.families:
+            u = s.get(f"unseen_{name}", {})
+            rec[f"unseen_{name}_{f}"] = u[f]["success"] if f in u else None
     eval_s = sum(v for k, v in res.timings.items() if k.startswith("eval_"))
     rec.update(
         warm_start_s=round(res.timings.get("warm_start_s", 0.0), 1),

@@ -22,6 +22,7 @@ import torch
 
 from agentrl.envs.tooluse import ToolUseEnv
 from agentrl.envs.tooluse.agent_prompt import Turn, messages_for, response_schema
+from agentrl.envs.tooluse.hints import with_hint
 from agentrl.learners.tooluse_decode import generate
 from agentrl.llm.samples import render_prompt
 
@@ -36,6 +37,16 @@ class TurnRecord:
     tool_name: str | None = None
     result: str | None = None
     invalid: bool = False
+    free_prompt_ids: list[int] | None = None
+    """The same turn's prompt without the episode's hint (None: no hint, `prompt_ids` is
+    hint-free): what a hinted success is trained on."""
+    answer: str | None = None  # the `response` text of a final turn
+    tool_error: bool = False
+
+    @property
+    def train_prompt_ids(self) -> list[int]:
+        """The prompt a training step may use: never one that holds a hint."""
+        return self.free_prompt_ids if self.free_prompt_ids is not None else self.prompt_ids
 
 
 @dataclass
@@ -48,6 +59,8 @@ class EpisodeRecord:
     answered: bool = False
     answer_in_result: bool = False  # a tool result showed the right answer
     group: int = 0
+    hint: str | None = None  # the hint in this episode's context (None: hint-free)
+    pool: str = "train"
 
     @property
     def reward(self) -> float:
@@ -105,27 +118,40 @@ def play(
     autocast: Any = None,
     groups: Sequence[int] | None = None,
     timing: PlayTiming | None = None,
+    hints: Sequence[str | None] | None = None,
+    pool: str = "train",
 ) -> list[EpisodeRecord]:
-    """Play one episode per (family, seed) in `tasks` to the end."""
+    """Play one episode per (family, seed) in `tasks` to the end. `hints[k]` (if any) is
+    put after episode k's question in every prompt it sees; each turn also keeps its
+    hint-free prompt (`TurnRecord.free_prompt_ids`), the one training may use."""
     timing = timing if timing is not None else PlayTiming()
     eos = {int(tokenizer.eos_token_id)}
     pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos.pop())
-    envs = [ToolUseEnv(family=f, max_steps=settings.max_steps) for f, _ in tasks]
+    envs = [ToolUseEnv(family=f, max_steps=settings.max_steps, pool=pool) for f, _ in tasks]
     episodes = []
     for k, ((family, seed), env) in enumerate(zip(tasks, envs, strict=True)):
         obs = env.reset(seed)
-        episodes.append(EpisodeRecord(family, seed, str(obs["question"])))
+        episodes.append(EpisodeRecord(family, seed, str(obs["question"]), pool=pool))
         episodes[-1].group = groups[k] if groups is not None else k
+        episodes[-1].hint = hints[k] if hints is not None else None
     history: list[list[Turn]] = [[] for _ in tasks]
     live = list(range(len(tasks)))
     was_training = model.training
     model.eval()
     try:
-        with ThreadPoolExecutor(settings.sandbox_threads) as pool:
+        with ThreadPoolExecutor(settings.sandbox_threads) as threads:
             while live:
                 prompts = {
+                    k: render_prompt(
+                        tokenizer,
+                        messages_for(with_hint(episodes[k].question, episodes[k].hint), history[k]),
+                    )
+                    for k in live
+                }
+                free = {
                     k: render_prompt(tokenizer, messages_for(episodes[k].question, history[k]))
                     for k in live
+                    if episodes[k].hint
                 }
                 order = sorted(live, key=lambda k: len(prompts[k]))
                 t0 = time.perf_counter()
@@ -153,7 +179,7 @@ def play(
                     k: str(tokenizer.decode(replies[k].ids, skip_special_tokens=True)) for k in live
                 }
                 results = dict(
-                    zip(live, pool.map(lambda k, t=texts: envs[k].step(t[k]), live), strict=True)
+                    zip(live, threads.map(lambda k, t=texts: envs[k].step(t[k]), live), strict=True)
                 )
                 timing.env_s += time.perf_counter() - t1
                 still = []
@@ -173,6 +199,9 @@ def play(
                             tool_name=tool,
                             result=None if done and tool == "response" else text,
                             invalid=bool(info.get("invalid_action")),
+                            free_prompt_ids=free.get(k),
+                            answer=info.get("answer") if tool == "response" else None,
+                            tool_error=bool(info.get("tool_error")),
                         )
                     )
                     if tool in ("calculator", "code_exe") and _shows_answer(text, envs[k]):
@@ -234,6 +263,7 @@ def episode_json(ep: EpisodeRecord) -> str:
         {
             "family": ep.family,
             "seed": ep.seed,
+            "pool": ep.pool,
             "success": ep.success,
             "turns": [{"reply": t.text, "result": t.result, "finish": t.finish} for t in ep.turns],
         }

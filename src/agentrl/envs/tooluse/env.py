@@ -21,7 +21,7 @@ from agentrl.envs.base import Observation
 from agentrl.envs.tooluse.agent_prompt import tool_result_message
 from agentrl.envs.tooluse.calculator import CalculatorError, evaluate, format_number
 from agentrl.envs.tooluse.sandbox import run_python
-from agentrl.envs.tooluse.tasks import ToolTask, check_answer, generate_task
+from agentrl.envs.tooluse.tasks import POOLS, ToolTask, check_answer, generate_task
 
 TOOLS = ("calculator", "code_exe", "response")
 _ALIASES = {
@@ -99,11 +99,15 @@ class ToolUseEnv:
         invalid_action_penalty: float = 0.0,
         success_reward: float = 1.0,
         view: str = "plain",
+        pool: str = "train",
     ) -> None:
         if view not in ("plain", "agent_zero"):
             raise ValueError(f"view {view!r}: use 'plain' or 'agent_zero'")
+        if pool not in POOLS:
+            raise ValueError(f"pool {pool!r}: use one of {', '.join(POOLS)}")
         self.view = view
         self.family = family
+        self.pool = pool  # "unseen": wordings and kinds the training generator never makes
         self.env_id = "tooluse" if family == "mixed" else f"tooluse-{family}"
         self.max_steps = max_steps
         self.code_timeout_s = code_timeout_s
@@ -118,7 +122,7 @@ class ToolUseEnv:
         self._state = "start"
 
     def reset(self, seed: int | None = None) -> Observation:
-        self.task = generate_task(0 if seed is None else int(seed), self.family)
+        self.task = generate_task(0 if seed is None else int(seed), self.family, self.pool)
         self.ground_truth = self.task.answer
         self._steps = 0
         self._done = False

@@ -1,17 +1,18 @@
 """Scripted correct solutions of the tool-use tasks, as Agent Zero JSON replies.
 
 Used as demonstrations for a supervised warm start: every reply is what the agent should
-write, read off the task's question only (never its answer), and the final answer is
-copied from the tool's output, as a model would have to. Arithmetic: `calculator` with the
-question's expression. Data: `code_exe` with a short program that embeds the table as it
-appears in the question and computes the answer. Numbers: `code_exe` with a short loop.
+write, read off what the task's question says (its `spec`: the expression, the table's
+rows, the numbers; never its answer), and the final answer is copied from the tool's
+output, as a model would have to. Arithmetic: `calculator` with the question's expression
+(a word problem's too). Data: `code_exe` with a short program that holds the table's rows
+as one Python literal, whatever layout the question used, and computes the answer.
+Numbers: `code_exe` with a short loop.
 Then `response` with what the tool showed. `solve_episode` plays a task in the real
 environment, so a demonstration is only kept if the environment says it succeeded.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from agentrl.envs.tooluse.agent_prompt import Turn, reply
@@ -23,60 +24,54 @@ THOUGHT_CALC = "Use the calculator."
 THOUGHT_CODE = "Write a Python program."
 THOUGHT_ANSWER = "Answer with the tool's result."
 
-_TABLE_HEAD = "R=[l.split(',') for l in t.split()[1:]]\n"
+_DATA_LAST = {  # the last line of each data kind's program; R holds the table's rows
+    "total_value": "print(round(sum(r[1]*r[2] for r in R),2))",
+    "timesheet_total": "print(round(sum(r[1]*r[2] for r in R),2))",
+    "largest_value": "print(max(R,key=lambda r:(r[1]*r[2],r[0]))[0])",
+    "count_qty_gt": "print(sum(r[2]>{threshold} for r in R))",
+    "smallest_quantity": "print(min(R,key=lambda r:r[2])[0])",
+    "price_range": "print(round(max(r[1] for r in R)-min(r[1] for r in R),2))",
+    "mean_temp": "print(round(sum(r[1] for r in R)/len(R),2))",
+    "coldest": "print(min(R,key=lambda r:r[1])[0])",
+    "median_rain": "import statistics\nprint(statistics.median(r[2] for r in R))",
+    "rain_above": "print(sum(r[2] for r in R if r[1]>{threshold}))",
+}
+_PRIME = "all(p%d for d in range(2,int(p**.5)+1))"
+_NUMBERS_CODE = {
+    "sum_primes": "print(sum(p for p in range(2,{n}) if " + _PRIME + "))",
+    "count_primes": "print(sum(1 for p in range(2,{n}) if " + _PRIME + "))",
+    "count_divisible": "print(sum(1 for k in range(1,{n}+1) if k%{a}==0 or k%{b}==0))",
+    "fibonacci": "a,b=0,1\nfor _ in range({n}):\n    a,b=b,a+b\nprint(a)",
+    "digit_sum_pow2": "print(sum(int(c) for c in str(2**{k})))",
+    "sum_squares": "print(sum(k*k for k in range(1,{n}+1)))",
+    "divisor_count": "print(sum(1 for d in range(1,{n}+1) if {n}%d==0))",
+    "collatz_steps": "n,s={n},0\nwhile n!=1:\n    n=n//2 if n%2==0 else 3*n+1\n    s+=1\nprint(s)",
+}
 
 
-def _table(question: str) -> tuple[str, str]:
-    """(the question's first line, its CSV table)."""
-    head, _, table = question.partition("\n\n")
-    return head, table.strip()
+def table_literal(rows: list[tuple[object, ...]]) -> str:
+    """The table's rows as one Python literal, whatever layout the question showed it in
+    (CSV, markdown, prose): reading the table is the model's part of the work."""
+    return "R=[" + ",".join("(" + ",".join(repr(v) for v in row) + ")" for row in rows) + "]"
 
 
 def first_action(task: ToolTask) -> tuple[str, str, str]:
-    """(thought, tool, argument) of the first reply: the computation."""
-    q = task.question
+    """(thought, tool, argument) of the first reply: the computation, written from what
+    the question says (`task.spec`), never from its answer."""
+    spec = task.spec
+    if not spec:
+        raise ValueError(f"task {task.task_id!r} has no spec to solve it from")
     if task.family == "arithmetic":
-        m = re.fullmatch(r"What is (.+)\? Give the exact integer\.", q)
-        if m is None:
-            raise ValueError(f"not an arithmetic question: {q!r}")
-        return THOUGHT_CALC, "calculator", m.group(1)
+        return THOUGHT_CALC, "calculator", str(spec["expression"])
     if task.family == "data":
-        head, table = _table(q)
-        prefix = f"t='''{table}'''\n{_TABLE_HEAD}"
-        if head.startswith("What is the total value"):
-            last = "print(round(sum(float(r[1])*int(r[2]) for r in R),2))"
-        elif head.startswith("Which item has the largest"):
-            last = "print(max(R,key=lambda r:(float(r[1])*int(r[2]),r[0]))[0])"
-        elif m := re.fullmatch(r"How many items have a quantity greater than (\d+)\?", head):
-            last = f"print(sum(int(r[2])>{m.group(1)} for r in R))"
-        elif head.startswith("What is the mean temperature_c"):
-            last = "print(round(sum(float(r[1]) for r in R)/len(R),2))"
-        elif head.startswith("Which city is the coldest"):
-            last = "print(min(R,key=lambda r:(float(r[1]),r[0]))[0])"
-        elif head.startswith("What is the median rainfall_mm"):
-            last = "import statistics\nprint(statistics.median(int(r[2]) for r in R))"
-        else:
-            raise ValueError(f"unknown data question: {head!r}")
-        return THOUGHT_CODE, "code_exe", prefix + last
+        if task.kind not in _DATA_LAST:
+            raise ValueError(f"unknown data question kind {task.kind!r}")
+        last = _DATA_LAST[task.kind].format(threshold=spec.get("threshold"))
+        return THOUGHT_CODE, "code_exe", table_literal(spec["rows"]) + "\n" + last
     if task.family == "numbers":
-        if m := re.fullmatch(r"What is the sum of all prime numbers below (\d+)\?", q):
-            n = m.group(1)
-            code = f"print(sum(p for p in range(2,{n}) if all(p%d for d in range(2,int(p**.5)+1))))"
-        elif m := re.fullmatch(
-            r"How many integers from 1 to (\d+) \(inclusive\) are divisible by (\d+) or by (\d+)\?",
-            q,
-        ):
-            n, a, b = m.groups()
-            code = f"print(sum(1 for k in range(1,{n}+1) if k%{a}==0 or k%{b}==0))"
-        elif m := re.fullmatch(
-            r"What is Fibonacci number F\((\d+)\), with F\(1\) = F\(2\) = 1\?", q
-        ):
-            code = f"a,b=0,1\nfor _ in range({m.group(1)}):\n    a,b=b,a+b\nprint(a)"
-        elif m := re.fullmatch(r"What is the sum of the decimal digits of 2\*\*(\d+)\?", q):
-            code = f"print(sum(int(c) for c in str(2**{m.group(1)})))"
-        else:
-            raise ValueError(f"unknown numbers question: {q!r}")
-        return THOUGHT_CODE, "code_exe", code
+        if task.kind not in _NUMBERS_CODE:
+            raise ValueError(f"unknown numbers question kind {task.kind!r}")
+        return THOUGHT_CODE, "code_exe", _NUMBERS_CODE[task.kind].format(**spec)
     raise ValueError(f"unknown family {task.family!r}")
 
 

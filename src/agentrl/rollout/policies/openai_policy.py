@@ -193,6 +193,8 @@ class OpenAIAgentPolicy:
             log_probs["completion_id"] = str(response.id)
         if getattr(response, "model", None):
             log_probs["model"] = str(response.model)
+        if getattr(choice, "finish_reason", None):  # "length": cut by max_tokens
+            log_probs["finish_reason"] = str(choice.finish_reason)
         usage = getattr(response, "usage", None)
         if usage is not None:
             self.total_tokens += int(usage.total_tokens or 0)
