@@ -140,13 +140,29 @@ def compare(
     a = alpha / 2.0
     ni = confidence_sequence(new[0], new[1], lo, hi, a, min_samples, _sumsq(new))
     li = confidence_sequence(live[0], live[1], lo, hi, a, min_samples, _sumsq(live))
-    d_lo, d_hi = ni.lower - li.upper, ni.upper - li.lower
-    # Express "worse" the same way for both directions: worse = -(new - live) when higher
-    # is better, +(new - live) when lower is better (error rates).
-    worse_lo, worse_hi = (-d_hi, -d_lo) if higher_is_better else (d_lo, d_hi)
+    few = None
     if min(new[0], live[0]) < min_samples:
+        few = f"too few samples (new {new[0]}, live {live[0]}, need {min_samples} each)"
+    return _decide(metric, ni, li, tolerance, alpha, higher_is_better, few)
+
+
+def _decide(
+    metric: str,
+    ni: Interval,
+    li: Interval,
+    tolerance: float,
+    alpha: float,
+    higher_is_better: bool,
+    too_few: str | None,
+) -> CheckResult:
+    """The verdict from the two versions' intervals (`too_few`: why there is no verdict yet).
+    "Worse" reads the same both ways: -(new - live) when higher is better, +(new - live)
+    when lower is (error rates)."""
+    d_lo, d_hi = ni.lower - li.upper, ni.upper - li.lower
+    worse_lo, worse_hi = (-d_hi, -d_lo) if higher_is_better else (d_lo, d_hi)
+    if too_few is not None:
         verdict: Verdict = "inconclusive"
-        reason = f"too few samples (new {new[0]}, live {live[0]}, need {min_samples} each)"
+        reason = too_few
     elif worse_lo > tolerance:
         verdict = "fail"
         reason = f"new is worse by at least {worse_lo:.4f} (> tolerance {tolerance})"
@@ -260,24 +276,13 @@ def compare_clustered(
     rho = float(rho_samples if rho_samples is not None else min_sessions)
     ni = clustered_sequence(new, lo, hi, a, rho)
     li = clustered_sequence(live, lo, hi, a, rho)
-    d_lo, d_hi = ni.lower - li.upper, ni.upper - li.lower
-    worse_lo, worse_hi = (-d_hi, -d_lo) if higher_is_better else (d_lo, d_hi)
-    few = min(new.episodes, live.episodes) < min_samples
-    if few or min(new.sessions, live.sessions) < min_sessions:
-        verdict: Verdict = "inconclusive"
-        reason = (
+    few = None
+    if (
+        min(new.episodes, live.episodes) < min_samples
+        or min(new.sessions, live.sessions) < min_sessions
+    ):
+        few = (
             f"too few samples (new {new.episodes} in {new.sessions} sessions, live "
             f"{live.episodes} in {live.sessions}; need {min_samples} in {min_sessions} each)"
         )
-    elif worse_lo > tolerance:
-        verdict = "fail"
-        reason = f"new is worse by at least {worse_lo:.4f} (> tolerance {tolerance})"
-    elif worse_hi <= tolerance:
-        verdict = "pass"
-        reason = f"new is worse by at most {worse_hi:.4f} (<= tolerance {tolerance})"
-    else:
-        verdict = "inconclusive"
-        reason = f"worse by between {worse_lo:.4f} and {worse_hi:.4f}: not decided yet"
-    return CheckResult(
-        metric, verdict, ni, li, d_lo, d_hi, tolerance, alpha, higher_is_better, reason
-    )
+    return _decide(metric, ni, li, tolerance, alpha, higher_is_better, few)
