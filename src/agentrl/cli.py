@@ -7,7 +7,11 @@ independent and the command starts fast (heavy imports live inside commands).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
+import time
 from typing import Any
 
 import typer
@@ -165,17 +169,37 @@ _register_plugins()
 _arrange_menu()
 
 
+STOP_GRACE_S = 10.0  # clean-up's time after SIGTERM / Ctrl-C before the process ends anyway
+
+
 def _sigterm_like_ctrl_c() -> None:
     """SIGTERM unwinds like Ctrl-C (KeyboardInterrupt), so every command's clean-up runs and
     stops what it started. By default SIGTERM ended the process on the spot: `agentrl bench
     serving` left its vLLM server running. (Commands with their own handlers, such as
-    `agentrl up`, replace it while they run.)"""
+    `agentrl up`, replace it while they run.) Either signal also arms a watchdog: asyncio.run
+    and the interpreter join every worker thread at exit, and a thread nobody waits for
+    held `agentrl bench gateway` for a minute after SIGTERM under load; past the grace the
+    process ends (what it started dies with it: PDEATHSIG)."""
     import signal
+    import threading
+
+    armed = threading.Event()
+
+    def end_after_grace(signum: int) -> None:
+        time.sleep(STOP_GRACE_S)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(128 + signum)
 
     def interrupt(signum: int, frame: Any) -> None:
+        if not armed.is_set():
+            armed.set()
+            threading.Thread(target=end_after_grace, args=(signum,), daemon=True).start()
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
 
 
 def main() -> None:
