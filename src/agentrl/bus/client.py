@@ -60,6 +60,8 @@ _RETRYABLE = (
     nats.errors.OutboundBufferLimitError,
     nats.errors.ConnectionClosedError,
 )
+# Any call to a JetStream API or KV bucket that may succeed when tried again in a moment.
+TRANSIENT = (*_RETRYABLE, nats.js.errors.ServiceUnavailableError)
 
 
 class TransientError(BusError):

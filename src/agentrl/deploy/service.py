@@ -17,15 +17,18 @@ the reward stream).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import re
 import secrets
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrl.bus.client import TRANSIENT
 from agentrl.bus.lease import Lease, lease_bucket, while_leader
 from agentrl.deploy.actions import Deployer
 from agentrl.deploy.config import DeploySettings, RolloutPlan
@@ -187,6 +190,25 @@ async def run_gateway(app: Any, host: str, port: int, stop: asyncio.Event) -> No
     await serve_http(app, host, port, stop, "the gateway", lifespan="off", access_log=False)
 
 
+async def _at_start_up(
+    call: Callable[[], Awaitable[Any]], stop: asyncio.Event, patience_s: float = 180.0
+) -> None:
+    """A registry call at start-up, retried while NATS is away or a cluster still elects
+    the bucket's leader (a replica started beside a forming cluster used to die here on
+    `nats: timeout`, and nothing outside `agentrl up` restarted it)."""
+    deadline = asyncio.get_running_loop().time() + patience_s
+    for attempt in itertools.count():
+        try:
+            await call()
+            return
+        except TRANSIENT as exc:
+            if stop.is_set() or asyncio.get_running_loop().time() > deadline:
+                raise
+            wait = min(0.5 * 2**attempt, 5.0)
+            log.warning("registry not ready (%s); retrying in %.1f s", type(exc).__name__, wait)
+            await asyncio.sleep(wait)
+
+
 async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:
     """Run the controller, the monitor and the gateway until `stop` is set. The consumers
     retry with backoff; an inner task that dies for good fails the whole service (the
@@ -198,8 +220,8 @@ async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:
     check_exposure(
         settings.gateway_host, bool(d.settings.api_keys), "the gateway", settings.allow_open
     )
-    await d.deployer.bootstrap(d.settings.base_model, by=BY)
-    await d.manager.sync(force=True)
+    await _at_start_up(lambda: d.deployer.bootstrap(d.settings.base_model, by=BY), stop)
+    await _at_start_up(lambda: d.manager.sync(force=True), stop)
     coros = {
         "deploy-serving": d.manager.run(stop),
         "deploy-controller": run_elected(d, bus, stop, replicas=settings.stream_replicas),
