@@ -7,6 +7,7 @@ cd "$root"
 bash scripts/setup.sh
 echo "[test] ruff check";         .venv/bin/ruff check src tests
 echo "[test] ruff format --check"; .venv/bin/ruff format --check src tests
+echo "[test] import layers";       .venv/bin/lint-imports --no-cache  # [tool.importlinter]
 # agentrl's Agent Zero client alone on Python 3.12 (Agent Zero's Python): no torch there,
 # installed by following docs/guide/agent_zero.md's install section line by line.
 # It runs beside pytest too (a venv and a pip install: mostly waiting); its report follows.

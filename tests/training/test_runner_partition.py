@@ -19,7 +19,7 @@ from training_helpers import Statuses, publish_data, settings_for, trajectory, t
 from agentrl.bus import Bus
 from agentrl.errors import TrainingError
 from agentrl.settings import Settings
-from agentrl.training.fence import FENCE_ENV, FENCE_FILE, read_fence
+from agentrl.llm.fence import FENCE_ENV, FENCE_FILE, read_fence
 from agentrl.training.requests import fill_request
 from agentrl.training.service import TrainingService
 

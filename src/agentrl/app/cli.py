@@ -19,6 +19,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     _register_report(app)
     _register_bench_capture(bench)
     _register_bench_startup(bench)
+    _register_bench_choice(bench)
     _register_retired(app)
 
 
@@ -53,6 +54,20 @@ def _register_report(app: typer.Typer) -> None:
 
         page = run_report(out, source=source, nats_url=nats_url, hours=hours)
         typer.echo(f"report: {page}")
+
+
+def _register_bench_choice(bench: typer.Typer) -> None:
+    @bench.command("choice")
+    def bench_choice(
+        model: str = typer.Option("smollm2", help="Local model: smollm2 or tiny (random)."),
+        prompts: int = typer.Option(64, help="Distinct FrozenLake prompts per peer."),
+        seed: int = typer.Option(0, help="Seed of the episodes and the model."),
+    ) -> None:
+        """guided_choice scoring on the local backend: prompts/s one at a time, batched at 8
+        and 32 in flight, and the path before batching, on the loop's own prompts."""
+        from agentrl.app.bench_choice import print_choice_bench
+
+        print_choice_bench(model=model, prompts=prompts, seed=seed)
 
 
 def _register_bench_capture(bench: typer.Typer) -> None:

@@ -270,18 +270,6 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             repeat=repeat,
         )
 
-    @bench.command("choice")
-    def bench_choice(
-        model: str = typer.Option("smollm2", help="Local model: smollm2 or tiny (random)."),
-        prompts: int = typer.Option(64, help="Distinct FrozenLake prompts per peer."),
-        seed: int = typer.Option(0, help="Seed of the episodes and the model."),
-    ) -> None:
-        """guided_choice scoring on the local backend: prompts/s one at a time, batched at 8
-        and 32 in flight, and the path before batching, on the loop's own prompts."""
-        from agentrl.deploy.bench_choice import print_choice_bench
-
-        print_choice_bench(model=model, prompts=prompts, seed=seed)
-
     @bench.command("structured")
     def bench_structured(
         model: str = typer.Option("smollm2", help="Local model: smollm2 or tiny (random)."),

@@ -74,13 +74,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         import sys
 
         if nproc > 1 and "WORLD_SIZE" not in os.environ:
-            from agentrl.llm.ddp_main import CLI_ARGV_ENV
-            from agentrl.llm.distributed import torchrun
+            from agentrl.llm.distributed import CLI_ARGV_ENV, torchrun
 
-            # The command line travels in the environment: torchrun's own parser would
-            # otherwise take options such as --nproc as abbreviations of its own.
             os.environ[CLI_ARGV_ENV] = json.dumps(sys.argv[1:])
-            proc = torchrun("agentrl.llm.ddp_main", [], nproc, capture=False)
+            proc = torchrun("agentrl", [], nproc, capture=False)  # agentrl/__main__.py
             raise typer.Exit(proc.returncode)
 
         from agentrl.learners.onpolicy import LoopSettings, run_training

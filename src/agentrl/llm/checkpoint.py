@@ -184,8 +184,8 @@ class CheckpointManager:
 
     def _fence(self, what: str) -> None:
         """A job process whose runner lost the job's lease writes nothing (see
-        `agentrl.training.fence`)."""
-        from agentrl.training.fence import check_fence
+        `agentrl.llm.fence`)."""
+        from agentrl.llm.fence import check_fence
 
         check_fence(self.fs, self.root, f"{what} {self.url('')}")
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -43,16 +42,7 @@ def load_samples(path: Path) -> list[PolicySample]:
     return [PolicySample(**row) for row in rows]
 
 
-CLI_ARGV_ENV = "AGENTRL_CLI_ARGV"
-
-
 def main(argv: list[str] | None = None) -> int:
-    cli_argv = os.environ.get(CLI_ARGV_ENV)
-    if cli_argv is not None:  # a relaunched `agentrl ...` command (see cli.train_policy)
-        from agentrl.cli import app
-
-        app(args=json.loads(cli_argv), standalone_mode=True)
-        return 0
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", required=True, help="TrainerConfig as a JSON file")
     parser.add_argument("--samples", required=True, help="samples written by save_samples")

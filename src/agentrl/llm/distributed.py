@@ -76,6 +76,12 @@ class DistContext:
             dist.destroy_process_group()
 
 
+# An `agentrl ...` command relaunched under torchrun (`python -m agentrl`, see
+# `agentrl.__main__`) finds its command line here: torchrun's own parser would otherwise take
+# options such as --nproc as abbreviations of its own.
+CLI_ARGV_ENV = "AGENTRL_CLI_ARGV"
+
+
 def torchrun(
     module: str,
     args: Sequence[str],

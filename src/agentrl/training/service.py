@@ -60,7 +60,7 @@ from agentrl.contracts.subjects import REWARD, TRAINING_REQUEST, TRAINING_STATUS
 from agentrl.contracts.training import TrainingRequest, TrainingStatus
 from agentrl.observability import instrument as obs
 from agentrl.settings import Settings, get_settings
-from agentrl.training.fence import raise_fence
+from agentrl.llm.fence import raise_fence
 from agentrl.training.kv import CANCEL_SUBJECT, STATUS_BUCKET, bucket
 from agentrl.training.paths import UnsafePath, checkpoint_base, job_dir
 from agentrl.training.queue import FINAL, JobQueue, QueueEntry, status_of

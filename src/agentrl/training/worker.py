@@ -26,7 +26,7 @@ from pathlib import Path
 
 from agentrl.errors import TrainingError
 from agentrl.logs import bind, configure_handler
-from agentrl.training.fence import FENCE_ENV
+from agentrl.llm.fence import FENCE_ENV
 from agentrl.training.progress import Cancelled, Emitter
 from agentrl.training.spare import SPARE_FLAG, wait_for_job
 

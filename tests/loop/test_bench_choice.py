@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agentrl.deploy.bench_choice import loop_prompts
+from agentrl.app.bench_choice import loop_prompts
 
 
 def test_the_prompts_are_the_loops_own_and_distinct() -> None:
