@@ -13,15 +13,15 @@ from typing import Any
 
 import orjson
 import pytest
-from tcp_proxy import TcpProxy
 from training_helpers import Statuses, publish_data, settings_for, trajectory, tsettings
 
 from agentrl.bus import Bus
 from agentrl.errors import TrainingError
-from agentrl.settings import Settings
 from agentrl.llm.fence import FENCE_ENV, FENCE_FILE, read_fence
+from agentrl.settings import Settings
 from agentrl.training.requests import fill_request
 from agentrl.training.service import TrainingService
+from tcp_proxy import TcpProxy
 
 LEASE_TTL_S = 3.0
 
@@ -188,4 +188,35 @@ async def test_two_runners_of_one_name_are_two_lease_owners(nats, data_dir):
         assert await first.acquire()
         assert not await second.acquire()
     finally:
+        await bus.close()
+
+
+@pytest.mark.slow
+async def test_a_runner_held_up_past_its_ttl_keeps_a_job_nobody_took(nats, data_dir):
+    """A busy host: the runner's event loop is blocked longer than the lease's TTL (no
+    renewal could run), but NATS is reachable and no other runner took the job. The job
+    goes on (the lease is renewed at once, by compare-and-set) instead of being killed
+    and started again; seen in the main job at load 26."""
+    bus = await _bus(nats.url, data_dir)
+    statuses = await Statuses().start(bus)
+    ts = tsettings(batch_size=2, save_interval=1, sample_size=200)
+    await publish_data(
+        bus,
+        [trajectory(i, task=f"t{i // 4}") for i in range(200)],
+        [(i % 4) / 3 for i in range(200)],
+    )
+    a = Runner(await _bus(nats.url, data_dir), settings_for(data_dir, nats.url), ts, "runner-a")
+    try:
+        req = fill_request({"training_config": {"base_model": "tiny"}}, ts)
+        await bus.publish(req)
+        job_id = req.training_job_id
+        await _wait(lambda: _running_on(statuses, job_id, "runner-a", 2), 180)
+        job = a.service.running[job_id]
+        time.sleep(LEASE_TTL_S + 1.5)  # the whole event loop held up past the TTL
+        await asyncio.sleep(1.0)
+        assert a.service.counters["leases_expired"] == 0
+        assert a.service.running.get(job_id) is job and job.proc.returncode is None
+        assert a.service.job_leases[job_id].held
+    finally:
+        await a.close()
         await bus.close()

@@ -58,9 +58,9 @@ from agentrl.contracts.base import new_id, utcnow
 from agentrl.contracts.filters import declared
 from agentrl.contracts.subjects import REWARD, TRAINING_REQUEST, TRAINING_STATUS, TRAJECTORY
 from agentrl.contracts.training import TrainingRequest, TrainingStatus
+from agentrl.llm.fence import raise_fence
 from agentrl.observability import instrument as obs
 from agentrl.settings import Settings, get_settings
-from agentrl.llm.fence import raise_fence
 from agentrl.training.kv import CANCEL_SUBJECT, STATUS_BUCKET, bucket
 from agentrl.training.paths import UnsafePath, checkpoint_base, job_dir
 from agentrl.training.queue import FINAL, JobQueue, QueueEntry, status_of
@@ -499,8 +499,21 @@ class TrainingService:
                 await asyncio.wait_for(stop.wait(), period)
             for job_id in list(self.running):
                 lease = self.job_leases.get(job_id)
+                if lease is not None and not lease.held and await self._last_chance(lease):
+                    log.info("job %s: lease renewed late (this process was held up)", job_id)
                 if lease is None or not lease.held:
                     self._lost(job_id, expired=True)
+
+    async def _last_chance(self, lease: Lease) -> bool:
+        """One renewal, at once, of a lease that ran out unrenewed. A process held up longer
+        than the TTL (a busy host, a blocked event loop) gets it back when nobody took the
+        job meanwhile (compare-and-set: safe, and writes stay fenced), instead of killing a
+        healthy job; a runner cut off from NATS gets no answer within the grace, a moment
+        against the TTL, and stops its job."""
+        try:
+            return await asyncio.wait_for(lease.renew(), min(1.0, self.lease_ttl_s / 6))
+        except Exception:
+            return False
 
     def _lost(self, job_id: str, *, expired: bool = False) -> None:
         self.counters["leases_expired" if expired else "leases_lost"] += 1
