@@ -71,6 +71,9 @@ class Controller:
         self._served_at: dict[tuple[str, int], float] = {}
         # the controller lease (`agentrl.deploy.service.run_elected`); None: the only one
         self.lease: Any = None
+        # its lineage is paused (`agentrl.deploy.fleet`): nothing new is deployed, the
+        # running rollout holds where it is
+        self.halted = False
 
     def active(self) -> bool:
         """Whether this controller may act now (it holds the lease, or there is none)."""
@@ -201,6 +204,8 @@ class Controller:
                 )
         if self.settings.auto_deploy:
             try:
+                if self.halted:
+                    raise DeployError(f"lineage {self.deployer.public} is paused")
                 await self.deployer.start(record.model_id, self.plan, by=BY)
             except DeployError as exc:
                 await self.registry.record(
@@ -229,6 +234,8 @@ class Controller:
         (`on_inconclusive`)."""
         if not self.active():
             return "standby"
+        if self.halted:
+            return "paused"
         self.ticks = [*self.ticks[-999:], time.time()]
         pending = await self.registry.get_rollout(self.deployer.public)
         if pending is not None and pending.status in ("promoting", "rolling_back"):
