@@ -293,3 +293,44 @@ def test_lineage_names() -> None:
     for bad in ("", "/a", "a/", "a//b", "A", "a b", "a.", "a..b", "a*", "a>", "x-base", "x-v12"):
         with pytest.raises(ValueError):
             check_name(bad)
+
+
+def _status(ckpt: str, lineage: str | None) -> Any:
+    from agentrl.contracts.base import utcnow
+    from agentrl.contracts.training import TrainingStatus
+
+    return TrainingStatus.model_validate(
+        {
+            "training_job_id": str(uuid.uuid4()),
+            "timestamp": utcnow().isoformat(),
+            "status": "completed",
+            "artifacts": {"final_checkpoint": ckpt, "base_model": "tiny"},
+            "metadata": {"lineage": lineage} if lineage else {},
+        }
+    )
+
+
+async def test_a_job_status_registers_into_its_lineage_and_a_paused_lineage_waits(
+    two: Two, checkpoints: list[str]
+) -> None:
+    t = two
+    fleet = t.d.fleet
+    record = await fleet.handle_status(_status(checkpoints[0], t.a))
+    assert record.public_name == t.a and record.model_id == f"{t.a}-v1"
+    assert (await t.d.registry.get_rollout(t.a)).model_id == record.model_id  # type: ignore[union-attr]
+    assert await t.d.registry.get_rollout(t.b) is None  # b never saw it
+    # a status naming no lineage is the default one's; an unknown lineage registers nothing
+    default = await fleet.handle_status(_status(checkpoints[1], None))
+    assert default.public_name == t.d.settings.public_model
+    before = len(await t.d.registry.list_models())
+    assert await fleet.handle_status(_status(checkpoints[2], "nowhere/none")) is None
+    assert len(await t.d.registry.list_models()) == before
+    # a paused lineage: its canary holds, a new candidate waits; resumed, it goes on
+    await fleet.lineages.set_state(t.a, "paused", by="t", reason="look", bus=t.bus)
+    assert (await t.d.registry.get_rollout(t.a)).paused  # type: ignore[union-attr]
+    await fleet.refresh(force=True)
+    assert fleet.controllers[t.a].halted and await fleet.controllers[t.a].tick() == "paused"
+    waiting = await fleet.handle_status(_status(checkpoints[2], t.b))
+    assert waiting.public_name == t.b  # b is not paused: deployed as usual
+    await fleet.lineages.set_state(t.a, "active", by="t", reason="ok", bus=t.bus)
+    assert not (await t.d.registry.get_rollout(t.a)).paused  # type: ignore[union-attr]
