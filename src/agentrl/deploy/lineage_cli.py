@@ -145,3 +145,14 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             )
 
         _act(fn, nats_url)
+
+    @bench.command("lineages")
+    def bench_lineages(
+        many: int = typer.Option(100, help="Lineages of the large run (the small one has 1)."),
+        rounds: int = typer.Option(5, help="Ticks of every lineage measured."),
+    ) -> None:
+        """One controller tick per lineage with 1 lineage and with MANY (registry and
+        controllers on a real nats-server): one JSON line."""
+        from agentrl.deploy.bench_lineages import run_bench
+
+        run_bench(many=many, rounds=rounds)
