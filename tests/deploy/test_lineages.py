@@ -334,3 +334,33 @@ async def test_a_job_status_registers_into_its_lineage_and_a_paused_lineage_wait
     assert waiting.public_name == t.b  # b is not paused: deployed as usual
     await fleet.lineages.set_state(t.a, "active", by="t", reason="ok", bus=t.bus)
     assert not (await t.d.registry.get_rollout(t.a)).paused  # type: ignore[union-attr]
+
+
+async def test_one_lineages_split_write_keeps_the_others_traffic_metric(nats_url: str) -> None:
+    """The traffic ratio per version (its id names its lineage) of every lineage: a write of
+    one lineage's split used to zero every other lineage's versions."""
+    from agentrl.deploy.registry import Registry
+    from agentrl.observability import metrics as m
+
+    bus = await Bus.connect(nats_url)
+    try:
+        registry = await Registry.open(bus.js, f"models_{uuid.uuid4().hex[:8]}")
+        tag = uuid.uuid4().hex[:6]
+        a, b = f"m{tag}/a", f"m{tag}/b"
+
+        def split(weights: dict[str, float]) -> Any:
+            def apply(s: Any) -> None:
+                s.weights, s.order = weights, list(weights)
+
+            return apply
+
+        await registry.update_split(a, split({f"{a}-v1": 10.0, f"{a}-base": 90.0}))
+        await registry.update_split(b, split({f"{b}-base": 100.0}))
+        ratio = m.MODEL_TRAFFIC_RATIO
+        assert ratio.labels(model_version=f"{a}-v1")._value.get() == 0.1
+        assert ratio.labels(model_version=f"{b}-base")._value.get() == 1.0
+        await registry.update_split(a, split({f"{a}-base": 100.0}))  # a's canary left
+        assert ratio.labels(model_version=f"{a}-v1")._value.get() == 0.0
+        assert ratio.labels(model_version=f"{b}-base")._value.get() == 1.0
+    finally:
+        await bus.close()

@@ -179,6 +179,13 @@ class Registry:
         self.bucket = bucket
         self._keys: tuple[float, list[str]] | None = None  # (when, the last listing)
         self._listing = asyncio.Lock()
+        # every lineage's split this process read or wrote: the traffic metric's versions
+        # are all of theirs (one lineage's write used to zero every other lineage's)
+        self._traffic: dict[str, dict[str, float]] = {}
+
+    def _all_traffic(self, public_name: str, weights: dict[str, float]) -> dict[str, float]:
+        self._traffic[public_name] = dict(weights)
+        return {v: w for split in self._traffic.values() for v, w in split.items()}
 
     async def keys(self, max_age_s: float = 0.0) -> list[str]:
         """The bucket's live keys. A listing younger than `max_age_s` is reused, and
@@ -368,7 +375,7 @@ class Registry:
     async def get_split(self, public_name: str) -> tuple[Split | None, int]:
         split, revision = await self._get(f"split.{public_name}", Split)
         if split is not None:  # a process that only reads the split labels its versions too
-            obs.split_seen(split.weights)
+            obs.split_seen(self._all_traffic(public_name, split.weights))
         return split, revision
 
     async def update_split(self, public_name: str, fn: Callable[[Split], None]) -> Split:
@@ -380,7 +387,8 @@ class Registry:
             return split
 
         split = await self._mutate(f"split.{public_name}", Split, apply)
-        obs.deployment(traffic={v: w / 100.0 for v, w in split.weights.items()})  # 0-1 ratios
+        merged = self._all_traffic(public_name, split.weights)
+        obs.deployment(traffic={v: w / 100.0 for v, w in merged.items()})  # 0-1 ratios
         return split
 
     async def get_rollout(self, public_name: str) -> Rollout | None:
