@@ -71,10 +71,26 @@ async def _no_rebuild(bus: Any, since: float) -> int:
     return 0
 
 
+async def _report(d: Any) -> None:
+    """Every lineage's serving report, as a gateway writes them every few seconds."""
+    from agentrl.deploy.registry import ServingReport
+
+    for name in d.fleet.controllers:
+        split, _ = await d.registry.get_split(name)
+        weights = dict(split.weights) if split else {}
+        await d.registry.report_serving(
+            ServingReport(
+                gateway="bench-gw", public_name=name, weights=weights, loaded=list(weights)
+            )
+        )
+
+
 async def _measure(d: Any, rounds: int) -> dict[str, list[float]]:
     """Wall ms of each lineage's tick, by what the tick did ('hold' / idle)."""
     out: dict[str, list[float]] = {"rollout": [], "idle": []}
-    for _ in range(rounds):
+    for k in range(rounds):
+        if k % 20 == 0:  # fresh reports (not timed): a gateway rewrites its own every 2 s
+            await _report(d)
         for c in d.fleet.controllers.values():
             t0 = time.perf_counter()
             action = await c.tick()

@@ -450,13 +450,20 @@ class Controller:
 
     async def _served(self, model_id: str, weight: float) -> list[str]:
         """The gateways that route traffic to `model_id` now (at a 0 % step: that have it
-        ready). Without any report nothing is served: the controller holds."""
-        reports = await self.registry.serving_reports(
-            self.deployer.public, self.report_max_age_s, listing_age_s=LISTING_AGE_S
-        )
-        if weight > 0:
-            return [r.gateway for r in reports if r.weights.get(model_id, 0.0) > 0]
-        return [r.gateway for r in reports if model_id in r.loaded]
+        ready). Without any report nothing is served: the controller holds. The reports'
+        keys come from the listing every lineage's look shares; when it shows no gateway
+        serving the version, the bucket is listed afresh (a gateway that just reported)."""
+        for age in (LISTING_AGE_S, 0.0):
+            reports = await self.registry.serving_reports(
+                self.deployer.public, self.report_max_age_s, listing_age_s=age
+            )
+            if weight > 0:
+                found = [r.gateway for r in reports if r.weights.get(model_id, 0.0) > 0]
+            else:
+                found = [r.gateway for r in reports if model_id in r.loaded]
+            if found:
+                return found
+        return []
 
     async def deploy_waiting(self) -> str | None:
         """No rollout running: deploy the best validated candidate that had to wait for the
