@@ -364,3 +364,62 @@ async def test_one_lineages_split_write_keeps_the_others_traffic_metric(nats_url
         assert ratio.labels(model_version=f"{b}-base")._value.get() == 1.0
     finally:
         await bus.close()
+
+
+async def test_a_lineages_canary_the_gateway_cannot_serve_is_rolled_back_in_its_lineage(
+    two: Two, checkpoints: list[str]
+) -> None:
+    t = two
+    v = await t.register(t.a, checkpoints[2])
+    await t.d.registry.update_model(v, lambda r: setattr(r, "sha256", "0" * 64))
+    _, b_rev = await t.d.registry.get_split(t.b)
+    await t.d.fleet.controllers[t.a].deployer.start(v, t.d.fleet.plan, by="test")
+
+    async def rolled_back() -> bool:
+        return (await t.d.registry.require_model(v)).state == "rolled_back"
+
+    await t.wait_for(rolled_back, 10.0)
+    assert "ChecksumError" in (await t.d.registry.require_model(v)).decisions[-1].reason
+    assert set((await t.served(t.a, 10, "cs")).values()) == {f"{t.a}-base"}
+    assert (await t.d.registry.get_split(t.b))[1] == b_rev
+
+
+def test_lineage_cli_refuses_bad_input(nats_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app as cli_app
+
+    tag = uuid.uuid4().hex[:8]
+    monkeypatch.setenv("AGENTRL_DEPLOY_PUBLIC_MODEL", f"pol-{tag}")
+    monkeypatch.setenv("AGENTRL_DEPLOY_BUCKET", f"models_{tag}")
+    runner = CliRunner()
+
+    def cli(*args: str) -> Any:
+        return runner.invoke(cli_app, ["lineage", *args, "--nats-url", nats_url])
+
+    res = cli("create", "Bad Name")
+    assert res.exit_code == 2 and "not valid" in res.output
+    res = cli("create", "agent0/dev", "--agent", "coder", "--profile", "developer")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["start"] == "base"
+    res = cli("create", "agent0/dev")
+    assert res.exit_code == 2 and "already exists" in res.output
+    res = cli("create", "agent0/dev2", "--agent", "coder")
+    assert res.exit_code == 2 and "already belong" in res.output
+    res = cli("create", "agent0/sub", "--from", "agent0/dev")
+    assert res.exit_code == 0 and json.loads(res.output)["parent_model"] == "agent0/dev-base"
+    assert cli("pause", "nowhere").exit_code == 2
+    assert cli("map", "nowhere", "--agent", "x").exit_code == 2
+    res = cli("pause", "agent0/dev")
+    assert res.exit_code == 0 and json.loads(res.output)["state"] == "paused"
+    res = cli("retire", "agent0/sub")
+    assert res.exit_code == 0 and json.loads(res.output)["state"] == "retired"
+    listed = json.loads(cli("list").output)
+    assert [(x["name"], x["state"]) for x in listed] == [
+        (f"pol-{tag}", "active"),
+        ("agent0/dev", "paused"),
+        ("agent0/sub", "retired"),
+    ]
+    assert listed[1]["live"] == "agent0/dev-base"
