@@ -423,3 +423,41 @@ def test_lineage_cli_refuses_bad_input(nats_url: str, monkeypatch: pytest.Monkey
         ("agent0/sub", "retired"),
     ]
     assert listed[1]["live"] == "agent0/dev-base"
+
+
+async def test_a_lineage_validates_on_its_own_benchmark(
+    nats_url: str, tmp_path: Path, engine: Any
+) -> None:
+    from agentrl.deploy.validation import Validator
+
+    bus = await Bus.connect(nats_url)
+    try:
+        tag = uuid.uuid4().hex[:8]
+        deploy = DeploySettings(public_model=f"pol-{tag}", bucket=f"models_{tag}")
+        d = await build(bus, Settings(data_dir=tmp_path), deploy, engine=engine)
+        await d.deployer.bootstrap("tiny")
+        tasks = {"research_synthesis": ["frozenlake-4x4"]}
+        await d.fleet.lineages.create(
+            "solver/lake",
+            base_model="tiny",
+            validation={"benchmark_tasks": tasks, "benchmark_seed": 7},
+            by="t",
+        )
+        await d.fleet.lineages.create("plain", base_model="tiny", by="t")
+        controllers = await d.fleet.refresh()
+        own = controllers["solver/lake"]
+        assert isinstance(own.validate, Validator) and own.validate is not d.controller.validate
+        assert own.validate.task_types == tasks and own.validate.settings.benchmark_seed == 7
+        assert own.settings.benchmark_seed == 7  # its regression rule reads its own settings
+        assert controllers["plain"].validate is d.controller.validate  # no overrides: shared
+    finally:
+        await bus.close()
+
+
+async def test_bench_lineages_runs_and_reports_each_figure(nats_url: str, tmp_path: Path) -> None:
+    from agentrl.deploy.bench_lineages import bench
+
+    out = await bench(nats_url, tmp_path, many=4, rounds=2)
+    for key in ("tick_rollout_p50_ms_1", "tick_idle_p50_ms_1_idle", "tick_rollout_p50_ms_4"):
+        assert out[key] is not None and out[key] > 0, out
+    assert out["tick_idle_p50_ms_4"] > 0 and out["tick_ratio_rollout"] > 0

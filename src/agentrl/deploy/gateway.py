@@ -403,6 +403,7 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
             return denied
         return {
             "weights": state.weights,
+            "lineages": {name: route[0] for name, route in state.routes.items()},
             "versions": {k: v.snapshot() for k, v in state.stats.items()},
             "pinned": {k: v.snapshot() for k, v in state.pinned.items()},
             "refused": state.refused,
