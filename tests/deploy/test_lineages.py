@@ -461,3 +461,29 @@ async def test_bench_lineages_runs_and_reports_each_figure(nats_url: str, tmp_pa
     for key in ("tick_rollout_p50_ms_1", "tick_idle_p50_ms_1_idle", "tick_rollout_p50_ms_4"):
         assert out[key] is not None and out[key] > 0, out
     assert out["tick_idle_p50_ms_4"] > 0 and out["tick_ratio_rollout"] > 0
+
+
+def test_gateway_routing_by_lineage_is_dict_lookups_and_waits_for_a_routed_lineage() -> None:
+    from agentrl.deploy.gateway import GatewayState
+
+    state = GatewayState("pol")
+    state.backends.update({"pol-base": object(), "x-base": object(), "x-v1": object()})  # type: ignore[dict-item]
+    state.set_split({"pol-base": 100.0}, ["pol-base"])
+    state.set_lineages(["x"], {"a1": "x"}, {"researcher": "x"}, {"gone"})
+    # mapped to x, but x routes nothing yet (just created): the asked name serves
+    assert state.lineage_for("pol", "a1", None) == "pol"
+    state.set_split({"x-v1": 10.0, "x-base": 90.0}, ["x-v1", "x-base"], "x")
+    assert state.lineage_for("pol", "a1", None) == "x"
+    assert state.lineage_for("pol", None, "researcher") == "x"
+    assert state.lineage_for("pol", "someone", "hacker") == "pol"
+    assert state.lineage_for("x", "a1", None) == "x"  # a lineage asked by name stays
+    assert state.weights == {"pol-base": 100.0}  # the default split untouched
+    picks = {state.resolve("x", f"s{i}") for i in range(200)}
+    assert picks == {"x-v1", "x-base"}
+    assert {state.resolve("x", "s7") for _ in range(20)} == {state.resolve("x", "s7")}
+    assert state.models()[:2] == ["pol", "x"] and "gone" in state.retired
+    with pytest.raises(KeyError):
+        state.resolve("gone", "s")
+    state.set_lineages([], {}, {}, {"x"})  # x retired: no route left
+    with pytest.raises(KeyError):
+        state.resolve("x", "s")

@@ -88,6 +88,15 @@ class Fleet:
         c.lease = self.lease
         return c
 
+    async def _bootstrap(self, c: Controller, lin: Lineage) -> None:
+        """A lineage whose first version was never made live (its creator died between the
+        record and the split) gets it now; nothing when it has a live version."""
+        try:
+            source = await self.d.registry.get_model(lin.parent_model) if lin.parent_model else None
+            await c.deployer.bootstrap(lin.base_model or self.d.settings.base_model, source=source)
+        except Exception:
+            log.warning("lineage %s: its first version is not live yet", lin.name, exc_info=True)
+
     async def refresh(self, force: bool = False) -> dict[str, Controller]:
         """Controllers for new lineages, none for retired ones; paused ones hold."""
         table, revision = await self.lineages.table()
@@ -101,6 +110,7 @@ class Fleet:
             c = self.controllers.get(lin.name)
             if c is None:
                 c = self.controllers[lin.name] = self._build(lin)
+                await self._bootstrap(c, lin)
             c.halted = lin.state == "paused"
         for c in self.controllers.values():
             if self.lease is not None:

@@ -165,6 +165,9 @@ class CompletionLog:
                 await asyncio.sleep(0.5)
 
 
+_NO_ROUTE: tuple[dict[str, float], list[str]] = ({}, [])
+
+
 class GatewayState:
     """What the gateway routes by; the manager (`agentrl.deploy.serving`) keeps it current."""
 
@@ -270,7 +273,10 @@ class GatewayState:
         """The lineage a request for `name` goes to: a request for the default name from an
         agent (or Agent Zero profile) mapped to a lineage goes there (dict lookups only)."""
         if name == self.public_name and (agent or profile):
-            return self.by_agent.get(agent or "") or self.by_profile.get(profile or "") or name
+            lineage = self.by_agent.get(agent or "") or self.by_profile.get(profile or "")
+            # a lineage this gateway does not route yet (just created): the asked name
+            if lineage and self.routes.get(lineage, _NO_ROUTE)[0]:
+                return lineage
         return name
 
     def resolve(self, name: str, session: str | None) -> str:
