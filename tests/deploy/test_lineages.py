@@ -422,7 +422,8 @@ def test_lineage_cli_refuses_bad_input(nats_url: str, monkeypatch: pytest.Monkey
         ("agent0/dev", "paused"),
         ("agent0/sub", "retired"),
     ]
-    assert listed[1]["live"] == "agent0/dev-base"
+    assert listed[1]["live"] == "agent0/dev-base" and listed[1]["rollout"] is None
+    assert listed[1]["weights"] == {"agent0/dev-base": 100.0}
 
 
 async def test_a_lineage_validates_on_its_own_benchmark(

@@ -246,8 +246,10 @@ def _lineages(registry: Registry, deploy: DeploySettings) -> Lineages:
 
 async def _lineage_view(registry: Registry, lin: Lineage) -> dict[str, Any]:
     s, _ = await registry.get_split(lin.name)
+    rollout = await registry.get_rollout(lin.name)
     out = lin.model_dump(mode="json")
     out["split"] = s.model_dump(mode="json") if s else None
+    out["rollout"] = rollout.model_dump(mode="json") if rollout else None
     return out
 
 

@@ -71,7 +71,22 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             out = []
             for lin in await lins.all():
                 split, _ = await lins.registry.get_split(lin.name)
-                out.append({**_brief(lin), "live": split.live if split else None})
+                rollout = await lins.registry.get_rollout(lin.name)
+                out.append(
+                    {
+                        **_brief(lin),
+                        "live": split.live if split else None,
+                        "weights": split.weights if split else {},
+                        "rollout": None
+                        if rollout is None
+                        else {
+                            "model_id": rollout.model_id,
+                            "status": rollout.status,
+                            "step": rollout.step,
+                            "paused": rollout.paused,
+                        },
+                    }
+                )
             return out
 
         _act(fn, nats_url)
