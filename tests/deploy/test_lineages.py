@@ -410,6 +410,11 @@ def test_lineage_cli_refuses_bad_input(nats_url: str, monkeypatch: pytest.Monkey
     assert res.exit_code == 2 and "already belong" in res.output
     res = cli("create", "agent0/sub", "--from", "agent0/dev")
     assert res.exit_code == 0 and json.loads(res.output)["parent_model"] == "agent0/dev-base"
+    res = cli("rollback", "agent0/dev")
+    assert res.exit_code == 2 and "no previous version" in res.output
+    assert cli("rollback", "nowhere").exit_code == 2
+    res = cli("promote", "agent0/dev", "agent0/sub-base")
+    assert res.exit_code == 2 and "belongs to lineage 'agent0/sub'" in res.output
     assert cli("pause", "nowhere").exit_code == 2
     assert cli("map", "nowhere", "--agent", "x").exit_code == 2
     res = cli("pause", "agent0/dev")

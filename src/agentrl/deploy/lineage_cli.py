@@ -1,4 +1,4 @@
-"""`agentrl lineage create|list|show|pause|resume|retire|map`: the lifecycle of lineages
+"""`agentrl lineage list|create|pause|resume|retire|map|promote|rollback`: the lifecycle of lineages
 (`agentrl.deploy.lineage`) straight on the registry, with the same checks as the control
 API (a refused action exits 2 and says why; nothing is written)."""
 
@@ -158,6 +158,37 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                     name, agents=list(agent), profiles=list(profile), by="cli", reason=reason
                 )
             )
+
+        _act(fn, nats_url)
+
+    def deployer(lins: Any, bus: Any, name: str) -> Any:
+        from agentrl.deploy.actions import Deployer
+
+        return Deployer(lins.registry, bus, name)
+
+    @lineage.command("rollback")
+    def rollback(name: str, reason: str = "manual rollback", nats_url: str = url_opt) -> None:
+        """Traffic of lineage NAME back to its previous version (its split only)."""
+
+        async def fn(lins: Any, _deploy: Any, bus: Any) -> Any:
+            await lins.get(name)
+            return (await deployer(lins, bus, name).rollback(by="cli", reason=reason)).model_id
+
+        _act(fn, nats_url)
+
+    @lineage.command("promote")
+    def promote(
+        name: str,
+        model_id: str = typer.Argument(None),
+        reason: str = "manual promote",
+        nats_url: str = url_opt,
+    ) -> None:
+        """Give lineage NAME's running canary (or its MODEL_ID) all of its traffic now."""
+
+        async def fn(lins: Any, _deploy: Any, bus: Any) -> Any:
+            await lins.get(name)
+            d = deployer(lins, bus, name)
+            return (await d.promote(model_id, by="cli", reason=reason)).model_id
 
         _act(fn, nats_url)
 
