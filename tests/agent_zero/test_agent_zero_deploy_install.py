@@ -128,6 +128,25 @@ async def test_on_agentrls_gateway_agent_zero_stays_on_the_public_name(tmp_path:
     assert await handle_model_deployment(steps[1], switcher) == "agentrl-policy"
 
 
+async def test_another_lineages_rollout_never_switches_agent_zero(tmp_path: Path) -> None:
+    """Lineages: a promote in lineage `agent0/research` (the gateway sends the researcher
+    profile there) leaves Agent Zero's model on the name it asks for, on the gateway or not."""
+    root = upstream_root(tmp_path)
+    switcher = ModelSwitcher(root)
+    switcher.switch("agentrl-policy")
+    other = deployment("immediate", "agent0/research-v2", weight=100.0, action="promote")
+    other.metadata = type(other.metadata).model_validate(
+        {"action": "promote", "public_model": "agent0/research"}
+    )
+    assert await handle_model_deployment(other, switcher, "agentrl-policy", GATEWAY) is None
+    assert switcher.current() == "agentrl-policy"
+    config = json.loads(switcher.plugin_config.read_text())
+    config["chat_model"]["api_base"] = GATEWAY + "/"
+    switcher.plugin_config.write_text(json.dumps(config))
+    assert await handle_model_deployment(other, switcher, "agentrl-policy", GATEWAY) is None
+    assert switcher.current() == "agentrl-policy"
+
+
 async def test_elsewhere_only_a_full_weight_non_rollback_switches(tmp_path: Path) -> None:
     root = upstream_root(tmp_path)  # api_base http://gw/v1: not agentrl's gateway
     switcher = ModelSwitcher(root)

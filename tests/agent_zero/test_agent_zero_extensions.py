@@ -142,6 +142,8 @@ async def test_serving_version_completion_ids_and_usage(
             "x-agentrl-session": agent.context.id,
             "x-agentrl-call-id": seen["metadata"]["agentrl_call_id"],
             "x-agentrl-capture": "off",
+            "x-agentrl-agent": "agent-zero-main",  # the gateway routes it to its lineage
+            "x-agentrl-profile": "agent0",
         }
         assert seen["metadata"]["agentrl_call_id"]
         assert seen["stream_options"] == {"include_usage": True}

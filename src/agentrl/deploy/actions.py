@@ -183,6 +183,13 @@ class Deployer:
         self.public = public_name
         self.endpoint = endpoint
 
+    def _mine(self, record: ModelRecord) -> None:
+        """One lineage's actions never route another lineage's versions."""
+        if record.public_name != self.public:
+            raise DeployError(
+                f"{record.model_id} belongs to lineage {record.public_name!r}, not {self.public!r}"
+            )
+
     @property
     def _lock(self) -> asyncio.Lock:
         per_registry = _LOCKS.setdefault(self.registry, {})
@@ -208,8 +215,11 @@ class Deployer:
         base_model: str,
         by: str = "agentrl-deploy-controller",
         base_spec: dict[str, Any] | None = None,
+        source: ModelRecord | None = None,
     ) -> ModelRecord | None:
-        """Make the base model the live version when nothing serves yet (first start)."""
+        """Make the base model the live version when nothing serves yet (first start); a
+        lineage started from another lineage's live version (`source`) serves a copy of it
+        (same checkpoint and checksum) under its own first version id."""
         split, _ = await self.registry.get_split(self.public)
         if split is not None and split.live:
             return None
@@ -226,13 +236,23 @@ class Deployer:
                 best=True,
                 serving={"base_spec": base_spec} if base_spec else {},
             )
+            reason = "no live model: serve the base model"
+            if source is not None:
+                record.base_model = source.base_model
+                record.checkpoint_path, record.sha256 = source.checkpoint_path, source.sha256
+                record.serving = dict(source.serving)
+                record.final_reward = source.final_reward
+                record.validation_results = dict(source.validation_results)
+                record.validation_details = dict(source.validation_details)
+                reason = f"new lineage: starts from {source.model_id}, live in {source.public_name}"
             record.decide(
                 Decision(
                     by=by,
                     action="bootstrap",
-                    reason="no live model: serve the base model",
+                    reason=reason,
                     from_state=None,
                     to_state="live",
+                    evidence={"source": source.model_id} if source else {},
                 )
             )
             await self.registry.put_model(record)
@@ -303,6 +323,7 @@ class Deployer:
         async with self._lock:
             await self._complete_pending(by)
             record = await self.registry.require_model(model_id)
+            self._mine(record)
             if record.state == "rejected" and approval != "manual_approved":
                 raise DeployError(f"{model_id} failed validation; only a human may deploy it")
             split, _ = await self.registry.get_split(self.public)
@@ -519,6 +540,7 @@ class Deployer:
         # every check before the first write: an unknown id or a refused transition changes
         # nothing (the split never names a phantom)
         record = await self.registry.require_model(target)
+        self._mine(record)
         split, _ = await self.registry.get_split(self.public)
         old = split.live if split else None
         if old == target or record.state == "live":

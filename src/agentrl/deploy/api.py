@@ -20,6 +20,7 @@ from agentrl.deploy.actions import Deployer
 from agentrl.deploy.agent import tensorzero_experimentation
 from agentrl.deploy.config import DeploySettings, Strategy
 from agentrl.deploy.errors import DeployError, UnknownModel
+from agentrl.deploy.lineage import Lineage, Lineages, LineageState, check_name
 from agentrl.deploy.registry import Registry
 
 router = APIRouter(prefix="/deploy", tags=["deploy"])
@@ -32,6 +33,9 @@ class Action(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     reason: str = Field("manual action", description="Why (kept in the audit trail).")
+    lineage: str | None = Field(
+        None, description="The lineage acted on (default: the default public model)."
+    )
 
     @field_validator("reason")
     @classmethod
@@ -55,7 +59,7 @@ class Deploy(Action):
     strategy: Strategy | None = None
 
 
-async def _deployer(request: Request) -> Deployer:
+async def _registry(request: Request) -> tuple[Registry, DeploySettings]:
     bus = request.app.state.bus
     if bus is None:
         raise HTTPException(503, "the control API has no bus: start it with `agentrl up`")
@@ -64,11 +68,24 @@ async def _deployer(request: Request) -> Deployer:
     if cache is None:
         cache = await Registry.open(bus.js, deploy.bucket)
         request.app.state.deploy_registry = cache
+    return cache, deploy
+
+
+async def _deployer(request: Request, lineage: str | None = None) -> Deployer:
+    """The actions on one lineage (None: the default one); 404 for an unknown lineage."""
+    registry, deploy = await _registry(request)
+    public = deploy.public_model
+    if lineage and lineage != public:
+        try:
+            await Lineages(registry, public).get(lineage)
+        except DeployError as exc:
+            raise _refused(exc) from exc
+        public = lineage
     s = request.app.state.settings
     return Deployer(
-        cache,
-        bus,
-        deploy.public_model,
+        registry,
+        request.app.state.bus,
+        public,
         f"http://{s.gateway_host}:{s.gateway_port}/v1/chat/completions",
     )
 
@@ -95,8 +112,8 @@ async def model(model_id: str, request: Request) -> dict[str, Any]:
 
 
 @router.get("/split", dependencies=[Depends(require_scope("deploy:read"))])
-async def split(request: Request) -> dict[str, Any]:
-    d = await _deployer(request)
+async def split(request: Request, lineage: str | None = None) -> dict[str, Any]:
+    d = await _deployer(request, lineage)
     s, _ = await d.registry.get_split(d.public)
     rollout = await d.registry.get_rollout(d.public)
     return {
@@ -118,7 +135,7 @@ async def tensorzero(request: Request, function: str = "agent") -> str:
 
 @router.post("/promote", dependencies=[Depends(require_scope("deploy:write"))])
 async def promote(body: Promote, request: Request) -> dict[str, Any]:
-    d = await _deployer(request)
+    d = await _deployer(request, body.lineage)
     try:
         record = await d.promote(body.model_id, by=caller(request), reason=body.reason)
     except DeployError as exc:
@@ -128,7 +145,7 @@ async def promote(body: Promote, request: Request) -> dict[str, Any]:
 
 @router.post("/rollback", dependencies=[Depends(require_scope("deploy:write"))])
 async def rollback(body: Action, request: Request) -> dict[str, Any]:
-    d = await _deployer(request)
+    d = await _deployer(request, body.lineage)
     try:
         record = await d.rollback(by=caller(request), reason=body.reason)
     except DeployError as exc:
@@ -138,7 +155,7 @@ async def rollback(body: Action, request: Request) -> dict[str, Any]:
 
 @router.post("/pause", dependencies=[Depends(require_scope("deploy:write"))])
 async def pause(body: Action, request: Request) -> dict[str, Any]:
-    d = await _deployer(request)
+    d = await _deployer(request, body.lineage)
     try:
         return (await d.pause(by=caller(request), reason=body.reason)).model_dump(mode="json")
     except DeployError as exc:
@@ -147,7 +164,7 @@ async def pause(body: Action, request: Request) -> dict[str, Any]:
 
 @router.post("/resume", dependencies=[Depends(require_scope("deploy:write"))])
 async def resume(body: Action, request: Request) -> dict[str, Any]:
-    d = await _deployer(request)
+    d = await _deployer(request, body.lineage)
     try:
         return (await d.resume(by=caller(request), reason=body.reason)).model_dump(mode="json")
     except DeployError as exc:
@@ -156,7 +173,7 @@ async def resume(body: Action, request: Request) -> dict[str, Any]:
 
 @router.post("/weight", dependencies=[Depends(require_scope("deploy:write"))])
 async def weight(body: Weight, request: Request) -> dict[str, Any]:
-    d = await _deployer(request)
+    d = await _deployer(request, body.lineage)
     try:
         return (await d.set_weight(body.weight, by=caller(request), reason=body.reason)).model_dump(
             mode="json"
@@ -168,7 +185,7 @@ async def weight(body: Weight, request: Request) -> dict[str, Any]:
 @router.post("/deploy", dependencies=[Depends(require_scope("deploy:write"))])
 async def deploy(body: Deploy, request: Request) -> dict[str, Any]:
     """Start a rollout of a registered model (a human may override a failed validation)."""
-    d = await _deployer(request)
+    d = await _deployer(request, body.lineage)
     settings = getattr(request.app.state, "deploy_settings", None) or DeploySettings()
     try:
         rollout = await d.start(
@@ -181,3 +198,137 @@ async def deploy(body: Deploy, request: Request) -> dict[str, Any]:
     except DeployError as exc:
         raise _refused(exc) from exc
     return rollout.model_dump(mode="json")
+
+
+# ---- lineages ---------------------------------------------------------------------------
+
+
+class LineageCreate(Action):
+    name: str
+    agents: list[str] = Field(default_factory=list, description="Agent ids routed to it.")
+    profiles: list[str] = Field(default_factory=list, description="Agent Zero profiles.")
+    from_lineage: str | None = Field(
+        None, description="Start from this lineage's live version (None: the base model)."
+    )
+    validation: dict[str, Any] = Field(
+        default_factory=dict, description="DeploySettings overrides of its validation."
+    )
+    triggers: dict[str, Any] = Field(default_factory=dict, description="Training overrides.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        return check_name(name)
+
+    @field_validator("validation")
+    @classmethod
+    def _validation(cls, value: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(
+            k
+            for k in value
+            if k not in DeploySettings.model_fields
+            or not k.startswith(("benchmark_", "validat", "regression_", "safety_"))
+        )
+        if unknown:
+            raise ValueError(f"not validation settings: {unknown}")
+        DeploySettings.model_validate(value)  # their values are checked too
+        return value
+
+
+class LineageMap(Action):
+    agents: list[str] = Field(default_factory=list)
+    profiles: list[str] = Field(default_factory=list)
+
+
+def _lineages(registry: Registry, deploy: DeploySettings) -> Lineages:
+    return Lineages(registry, deploy.public_model)
+
+
+async def _lineage_view(registry: Registry, lin: Lineage) -> dict[str, Any]:
+    s, _ = await registry.get_split(lin.name)
+    rollout = await registry.get_rollout(lin.name)
+    out = lin.model_dump(mode="json")
+    out["split"] = s.model_dump(mode="json") if s else None
+    out["rollout"] = rollout.model_dump(mode="json") if rollout else None
+    return out
+
+
+@router.get("/lineages", dependencies=[Depends(require_scope("deploy:read"))])
+async def lineages(request: Request) -> list[dict[str, Any]]:
+    registry, deploy = await _registry(request)
+    return [await _lineage_view(registry, lin) for lin in await _lineages(registry, deploy).all()]
+
+
+@router.post("/lineages", status_code=201, dependencies=[Depends(require_scope("deploy:write"))])
+async def create_lineage(body: LineageCreate, request: Request) -> dict[str, Any]:
+    """A new lineage: 409 when the name or one of its agents / profiles is taken, 404 when
+    `from_lineage` does not exist."""
+    registry, deploy = await _registry(request)
+    try:
+        lin = await _lineages(registry, deploy).create(
+            body.name,
+            base_model=deploy.base_model,
+            agents=body.agents,
+            profiles=body.profiles,
+            parent=body.from_lineage,
+            validation=body.validation,
+            triggers=body.triggers,
+            by=caller(request),
+            reason=body.reason,
+            bus=request.app.state.bus,
+        )
+    except DeployError as exc:
+        raise _refused(exc) from exc
+    return await _lineage_view(registry, lin)
+
+
+@router.get("/lineages/{name:path}", dependencies=[Depends(require_scope("deploy:read"))])
+async def lineage(name: str, request: Request) -> dict[str, Any]:
+    registry, deploy = await _registry(request)
+    try:
+        lin = await _lineages(registry, deploy).get(name)
+    except DeployError as exc:
+        raise _refused(exc) from exc
+    return await _lineage_view(registry, lin)
+
+
+async def _set_state(name: str, state: LineageState, body: Action, request: Request) -> Any:
+    registry, deploy = await _registry(request)
+    try:
+        lin = await _lineages(registry, deploy).set_state(
+            name, state, by=caller(request), reason=body.reason, bus=request.app.state.bus
+        )
+    except DeployError as exc:
+        raise _refused(exc) from exc
+    return await _lineage_view(registry, lin)
+
+
+@router.post("/lineages/{name:path}/pause", dependencies=[Depends(require_scope("deploy:write"))])
+async def pause_lineage(name: str, body: Action, request: Request) -> Any:
+    return await _set_state(name, "paused", body, request)
+
+
+@router.post("/lineages/{name:path}/resume", dependencies=[Depends(require_scope("deploy:write"))])
+async def resume_lineage(name: str, body: Action, request: Request) -> Any:
+    return await _set_state(name, "active", body, request)
+
+
+@router.post("/lineages/{name:path}/retire", dependencies=[Depends(require_scope("deploy:write"))])
+async def retire_lineage(name: str, body: Action, request: Request) -> Any:
+    return await _set_state(name, "retired", body, request)
+
+
+@router.post("/lineages/{name:path}/map", dependencies=[Depends(require_scope("deploy:write"))])
+async def map_lineage(name: str, body: LineageMap, request: Request) -> Any:
+    """Route these agents / profiles to `name`: 404 when it does not exist, 409 when it is
+    retired."""
+    registry, deploy = await _registry(request)
+    if not body.agents and not body.profiles:
+        raise HTTPException(422, "name at least one agent or profile to map")
+    try:
+        lin = await _lineages(registry, deploy).assign(
+            name, agents=body.agents, profiles=body.profiles, by=caller(request), reason=body.reason
+        )
+    except DeployError as exc:
+        raise _refused(exc) from exc
+    return await _lineage_view(registry, lin)

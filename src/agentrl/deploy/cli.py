@@ -46,6 +46,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         no_args_is_help=True,
     )
     app.add_typer(deploy, name="deploy")
+    from agentrl.deploy import lineage_cli
+
+    lineage_cli.register(app, bench)
     url_opt = typer.Option(None, "--nats-url", help="NATS server (default: NATS_URL).")
 
     def act(name: str, fn: Any, nats_url: str | None) -> None:

@@ -34,6 +34,7 @@ from agentrl.observability import instrument as obs
 log = logging.getLogger(__name__)
 
 BY = "agentrl-deploy-controller"
+LISTING_AGE_S = 1.0  # the registry listing every lineage's look shares (serving reports)
 Validate = Callable[
     [ModelRecord, ModelRecord | None], Awaitable[tuple[dict[str, Any], dict[str, Any]]]
 ]
@@ -71,6 +72,13 @@ class Controller:
         self._served_at: dict[tuple[str, int], float] = {}
         # the controller lease (`agentrl.deploy.service.run_elected`); None: the only one
         self.lease: Any = None
+        # its lineage is paused (`agentrl.deploy.fleet`): nothing new is deployed, the
+        # running rollout holds where it is
+        self.halted = False
+        # whether a validated candidate may be waiting for its turn: set at start (a new
+        # leader looks once) and whenever one is told to wait; an idle look then costs no
+        # listing of the registry (100 idle lineages listed every model each look)
+        self._maybe_waiting = True
 
     def active(self) -> bool:
         """Whether this controller may act now (it holds the lease, or there is none)."""
@@ -201,8 +209,11 @@ class Controller:
                 )
         if self.settings.auto_deploy:
             try:
+                if self.halted:
+                    raise DeployError(f"lineage {self.deployer.public} is paused")
                 await self.deployer.start(record.model_id, self.plan, by=BY)
             except DeployError as exc:
+                self._maybe_waiting = True
                 await self.registry.record(
                     record.model_id,
                     by=BY,
@@ -229,6 +240,8 @@ class Controller:
         (`on_inconclusive`)."""
         if not self.active():
             return "standby"
+        if self.halted:
+            return "paused"
         self.ticks = [*self.ticks[-999:], time.time()]
         pending = await self.registry.get_rollout(self.deployer.public)
         if pending is not None and pending.status in ("promoting", "rolling_back"):
@@ -437,11 +450,20 @@ class Controller:
 
     async def _served(self, model_id: str, weight: float) -> list[str]:
         """The gateways that route traffic to `model_id` now (at a 0 % step: that have it
-        ready). Without any report nothing is served: the controller holds."""
-        reports = await self.registry.serving_reports(self.deployer.public, self.report_max_age_s)
-        if weight > 0:
-            return [r.gateway for r in reports if r.weights.get(model_id, 0.0) > 0]
-        return [r.gateway for r in reports if model_id in r.loaded]
+        ready). Without any report nothing is served: the controller holds. The reports'
+        keys come from the listing every lineage's look shares; when it shows no gateway
+        serving the version, the bucket is listed afresh (a gateway that just reported)."""
+        for age in (LISTING_AGE_S, 0.0):
+            reports = await self.registry.serving_reports(
+                self.deployer.public, self.report_max_age_s, listing_age_s=age
+            )
+            if weight > 0:
+                found = [r.gateway for r in reports if r.weights.get(model_id, 0.0) > 0]
+            else:
+                found = [r.gateway for r in reports if model_id in r.loaded]
+            if found:
+                return found
+        return []
 
     async def deploy_waiting(self) -> str | None:
         """No rollout running: deploy the best validated candidate that had to wait for the
@@ -449,8 +471,9 @@ class Controller:
         the benchmark by more than its resolution); the other waiting ones are superseded,
         and any that regresses against a model that went live since it was validated is
         rejected."""
-        if not self.settings.auto_deploy:
+        if not self.settings.auto_deploy or not self._maybe_waiting:
             return None
+        self._maybe_waiting = False  # set again by a wait recorded meanwhile
         records = await self.registry.list_models(self.deployer.public)
         waiting = [
             r
@@ -459,6 +482,7 @@ class Controller:
         ]
         if not waiting:
             return None
+        self._maybe_waiting = True  # until one of them is deployed (or none can be)
         # The live model may have changed since they were validated: the seed's regression
         # rule is applied again against it (both validations are recorded: no new run).
         live = await self._live()
@@ -499,6 +523,7 @@ class Controller:
         except DeployError as exc:
             log.info("waiting candidate %s not deployed: %s", chosen.model_id, exc)
             return None
+        self._maybe_waiting = False  # the others were superseded or rejected above
         return self._did("deploy_waiting")
 
     def _did(self, action: str) -> str:

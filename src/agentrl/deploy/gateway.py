@@ -65,6 +65,8 @@ log = logging.getLogger(__name__)
 VERSION_HEADER = "x-agentrl-model-version"
 COMPLETION_HEADER = "x-agentrl-completion-id"  # the key of the completion log, at stream start
 SESSION_HEADERS = ("x-agentrl-session", "x-episode-id", "x-session-id")
+AGENT_HEADER = "x-agentrl-agent"  # the agent id (capture's too): picks its lineage
+PROFILE_HEADER = "x-agentrl-profile"  # an Agent Zero profile: picks its lineage
 
 
 @dataclass
@@ -163,6 +165,9 @@ class CompletionLog:
                 await asyncio.sleep(0.5)
 
 
+_NO_ROUTE: tuple[dict[str, float], list[str]] = ({}, [])
+
+
 class GatewayState:
     """What the gateway routes by; the manager (`agentrl.deploy.serving`) keeps it current."""
 
@@ -194,14 +199,49 @@ class GatewayState:
         self.shed = 0  # requests answered 429 because the gateway was full
         self.abandoned = 0  # requests whose client went away before the answer (cancelled)
         self.rng = random.Random()
+        # Lineages (`agentrl.deploy.lineage`) other than the default `public_name`: each its
+        # own split (weights, order); agent id / Agent Zero profile -> lineage (requests for
+        # the default name from a mapped agent go to its lineage); retired names answer 404.
+        self.routes: dict[str, tuple[dict[str, float], list[str]]] = {}
+        self.by_agent: dict[str, str] = {}
+        self.by_profile: dict[str, str] = {}
+        self.retired: frozenset[str] = frozenset()
 
-    def set_split(self, weights: dict[str, float], order: list[str]) -> None:
-        """Replace the routing weights at once (only versions with a backend may get traffic)."""
+    def set_split(
+        self, weights: dict[str, float], order: list[str], lineage: str | None = None
+    ) -> None:
+        """Replace a lineage's routing weights at once (only versions with a backend may get
+        traffic); `lineage` None or the default name: the default lineage's split."""
         ready = {v: w for v, w in weights.items() if v in self.backends and w > 0}
         if not ready and weights:
             raise DeployError("no version of the split is ready to serve")
-        self.weights = ready
-        self.order = [v for v in order if v in ready] + [v for v in ready if v not in order]
+        ordered = [v for v in order if v in ready] + [v for v in ready if v not in order]
+        if lineage is None or lineage == self.public_name:
+            self.weights, self.order = ready, ordered
+        else:
+            self.routes[lineage] = (ready, ordered)
+
+    def set_lineages(
+        self,
+        served: list[str],
+        by_agent: dict[str, str],
+        by_profile: dict[str, str],
+        retired: set[str],
+    ) -> None:
+        """The lineages this gateway routes (their splits come with `set_split`)."""
+        for gone in set(self.routes) - set(served):
+            del self.routes[gone]
+        for name in served:
+            if name != self.public_name:
+                self.routes.setdefault(name, ({}, []))
+        self.by_agent, self.by_profile = dict(by_agent), dict(by_profile)
+        self.retired = frozenset(retired)
+
+    def split_of(self, lineage: str) -> dict[str, float]:
+        """The weights a lineage routes by now."""
+        if lineage == self.public_name:
+            return self.weights
+        return self.routes.get(lineage, ({}, []))[0]
 
     def stats_for(self, model_id: str, pinned: bool = False) -> VersionStats:
         table = self.pinned if pinned else self.stats
@@ -211,23 +251,46 @@ class GatewayState:
         return s
 
     def models(self) -> list[str]:
-        return [self.public_name, *sorted(self.backends)]
+        """The lineages (the default first), then every prepared version."""
+        return [self.public_name, *sorted(self.routes), *sorted(self.backends)]
 
     def context_of(self, name: str) -> int | None:
-        """The context window (tokens) of a version, or the smallest of the public name's
-        live versions; None when a backend does not say (an upstream server)."""
-        names = list(self.weights or self.backends) if name == self.public_name else [name]
+        """The context window (tokens) of a version, or the smallest of a lineage's live
+        versions; None when a backend does not say (an upstream server)."""
+        if name == self.public_name:
+            names = list(self.weights or self.backends)
+        elif name in self.routes:
+            names = list(self.routes[name][0])
+        else:
+            names = [name]
         sizes = [
             getattr(getattr(self.backends.get(n), "engine", None), "context", None) for n in names
         ]
         known = [int(c) for c in sizes if isinstance(c, int)]
         return min(known) if known and len(known) == len(sizes) else None
 
+    def lineage_for(self, name: str, agent: str | None, profile: str | None) -> str:
+        """The lineage a request for `name` goes to: a request for the default name from an
+        agent (or Agent Zero profile) mapped to a lineage goes there (dict lookups only)."""
+        if name == self.public_name and (agent or profile):
+            lineage = self.by_agent.get(agent or "") or self.by_profile.get(profile or "")
+            # a lineage this gateway does not route yet (just created): the asked name
+            if lineage and self.routes.get(lineage, _NO_ROUTE)[0]:
+                return lineage
+        return name
+
     def resolve(self, name: str, session: str | None) -> str:
+        """The version that serves a request for `name` (a lineage: its sticky split, per
+        lineage; a version id: itself). KeyError: no such model."""
         if name == self.public_name:
             if not self.weights:
                 raise DeployError("no model version is serving yet")
             return splitting.choose(self.weights, self.order, session, self.public_name, self.rng)
+        route = self.routes.get(name)
+        if route is not None:
+            if not route[0]:
+                raise DeployError(f"no version of lineage {name!r} is serving yet")
+            return splitting.choose(route[0], route[1], session, name, self.rng)
         if name in self.backends:
             return name
         raise KeyError(name)
@@ -346,6 +409,7 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
             return denied
         return {
             "weights": state.weights,
+            "lineages": {name: route[0] for name, route in state.routes.items()},
             "versions": {k: v.snapshot() for k, v in state.stats.items()},
             "pinned": {k: v.snapshot() for k, v in state.pinned.items()},
             "refused": state.refused,
@@ -401,9 +465,22 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
         session = _session_key(request, body)
         capture = state.capture
         tracked = capture is not None and capture.wants(request.headers, body)
+        name = body.model
+        if state.by_agent or state.by_profile:  # agents mapped to lineages
+            h = request.headers
+            name = state.lineage_for(name, h.get(AGENT_HEADER), h.get(PROFILE_HEADER))
         try:
-            model_id = state.resolve(body.model, session)
+            model_id = state.resolve(name, session)
         except KeyError:
+            if name in state.retired:
+                return _error(
+                    404,
+                    f"The lineage '{name}' is retired. Available models: "
+                    f"{', '.join(state.models())}",
+                    "invalid_request_error",
+                    "model_not_found",
+                    "model",
+                )
             return _error(
                 404,
                 f"The model '{body.model}' does not exist. Available models: "
@@ -415,7 +492,8 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
         except DeployError as exc:
             return _error(503, str(exc), "service_unavailable")
         backend = state.backends[model_id]
-        stats = state.stats_for(model_id, pinned=body.model != state.public_name)
+        # a request naming a version by its id is pinned; one routed by a split is evidence
+        stats = state.stats_for(model_id, pinned=model_id == body.model)
         completion_id = new_completion_id()
         headers = {VERSION_HEADER: model_id, COMPLETION_HEADER: completion_id}
         stats.requests += 1

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
@@ -176,6 +177,30 @@ class Registry:
     def __init__(self, kv: KeyValue, bucket: str) -> None:
         self.kv = kv
         self.bucket = bucket
+        self._keys: tuple[float, list[str]] | None = None  # (when, the last listing)
+        self._listing = asyncio.Lock()
+        # every lineage's split this process read or wrote: the traffic metric's versions
+        # are all of theirs (one lineage's write used to zero every other lineage's)
+        self._traffic: dict[str, dict[str, float]] = {}
+
+    def _all_traffic(self, public_name: str, weights: dict[str, float]) -> dict[str, float]:
+        self._traffic[public_name] = dict(weights)
+        return {v: w for split in self._traffic.values() for v, w in split.items()}
+
+    async def keys(self, max_age_s: float = 0.0) -> list[str]:
+        """The bucket's live keys. A listing younger than `max_age_s` is reused, and
+        concurrent callers share one: the controllers of many lineages (one process, one
+        registry) list the bucket once per look, not once each (a listing reads every key)."""
+        async with self._listing:
+            now = time.monotonic()
+            if max_age_s > 0 and self._keys is not None and now - self._keys[0] < max_age_s:
+                return self._keys[1]
+            try:
+                keys = await kv_keys(self.kv)
+            except nats.js.errors.NoKeysError:
+                keys = []
+            self._keys = (time.monotonic(), keys)
+            return keys
 
     @classmethod
     async def open(cls, js: Any, bucket: str = "agentrl_models", replicas: int = 1) -> Registry:
@@ -350,7 +375,7 @@ class Registry:
     async def get_split(self, public_name: str) -> tuple[Split | None, int]:
         split, revision = await self._get(f"split.{public_name}", Split)
         if split is not None:  # a process that only reads the split labels its versions too
-            obs.split_seen(split.weights)
+            obs.split_seen(self._all_traffic(public_name, split.weights))
         return split, revision
 
     async def update_split(self, public_name: str, fn: Callable[[Split], None]) -> Split:
@@ -362,7 +387,8 @@ class Registry:
             return split
 
         split = await self._mutate(f"split.{public_name}", Split, apply)
-        obs.deployment(traffic={v: w / 100.0 for v, w in split.weights.items()})  # 0-1 ratios
+        merged = self._all_traffic(public_name, split.weights)
+        obs.deployment(traffic={v: w / 100.0 for v, w in merged.items()})  # 0-1 ratios
         return split
 
     async def get_rollout(self, public_name: str) -> Rollout | None:
@@ -404,14 +430,13 @@ class Registry:
             await self.kv.delete(f"serving.{_key(public_name)}.{_key(gateway)}")
 
     async def serving_reports(
-        self, public_name: str, max_age_s: float = 15.0
+        self, public_name: str, max_age_s: float = 15.0, listing_age_s: float = 0.0
     ) -> list[ServingReport]:
-        """The gateways that reported in the last `max_age_s` seconds."""
+        """The gateways that reported in the last `max_age_s` seconds (their keys from a
+        listing at most `listing_age_s` old: a gateway's report is rewritten every few
+        seconds, so a listing shared by every lineage's look misses none for long)."""
         prefix = f"serving.{_key(public_name)}."
-        try:
-            keys = [k for k in await kv_keys(self.kv) if k.startswith(prefix)]
-        except nats.js.errors.NoKeysError:
-            return []
+        keys = [k for k in await self.keys(listing_age_s) if k.startswith(prefix)]
         out = []
         now = utcnow()
         cutoff, gone = now - timedelta(seconds=max_age_s), now - timedelta(hours=1)

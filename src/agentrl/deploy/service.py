@@ -56,6 +56,7 @@ class Deployment:
     tracker: RewardTracker
     completion_log: CompletionLog | None
     settings: DeploySettings
+    fleet: Any = None  # agentrl.deploy.fleet.Fleet: one Deployer + Controller per lineage
 
 
 async def build(
@@ -94,9 +95,16 @@ async def build(
         validate = Validator(deploy, registry, cache)
 
     async def refused(model_id: str, reason: str) -> None:
-        rollout = await registry.get_rollout(deploy.public_model)
+        record = await registry.get_model(model_id)
+        public = record.public_name if record is not None else deploy.public_model
+        rollout = await registry.get_rollout(public)
         if rollout is not None and rollout.model_id == model_id and rollout.status == "running":
-            await deployer.rollback(
+            owner = (
+                deployer
+                if public == deploy.public_model
+                else Deployer(registry, bus, public, endpoint)
+            )
+            await owner.rollback(
                 by="agentrl-gateway", reason=f"cannot serve: {reason}", model_id=model_id
             )
         else:
@@ -114,9 +122,11 @@ async def build(
         validate=validate,
         plan=plan,
     )
-    return Deployment(
-        registry, deployer, state, manager, controller, tracker, completion_log, deploy
-    )
+    from agentrl.deploy.fleet import Fleet
+
+    d = Deployment(registry, deployer, state, manager, controller, tracker, completion_log, deploy)
+    d.fleet = Fleet(d, bus, endpoint, validate, plan, cache)
+    return d
 
 
 def _capture(bus: Any) -> Any:
@@ -160,17 +170,18 @@ async def run_elected(
     key = "deploy." + re.sub(r"[^A-Za-z0-9_-]", "_", d.settings.public_model) + ".controller"
     lease = Lease(kv, key, owner or controller_owner(), ttl)
     d.controller.lease = lease
+    d.fleet.lease = lease
 
     async def lead(leader_stop: asyncio.Event) -> None:
         log.info("deployment controller active (%s)", lease.owner)
-        coros = {"deploy-monitor": d.controller.run(leader_stop)}
+        coros = {"deploy-monitor": d.fleet.run(leader_stop)}
         if statuses:
             coros["deploy-statuses"] = keep_running(
                 "training statuses consumer",
                 lambda: bus.consume(
                     "agent.rl.training.status.v1",
                     "deploy-controller",
-                    d.controller.handle_status,
+                    d.fleet.handle_status,
                     stop=leader_stop,
                     batch=8,
                     ack_wait=600.0,

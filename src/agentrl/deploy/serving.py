@@ -63,7 +63,12 @@ class ServingManager:
         self.max_loaded = 8
         self._upstreams: dict[tuple[str, bool], UpstreamBackend] = {}
         self._vllm_backend: Any = None  # agentrl.deploy.vllm.backend.VllmBackend
-        self._revision = -1
+        self._revision = -1  # the default lineage's split revision
+        self._revisions: dict[str, int] = {}  # lineage -> its split revision read
+        self._kept: dict[str, set[str]] = {}  # lineage -> the versions it keeps loaded
+        self._owner: dict[str, str] = {}  # model_id -> the lineage whose split names it
+        self._routing: Any = None  # agentrl.deploy.lineage.Routing
+        self._lineage_revision = -1
         self._engine_lock = asyncio.Lock()
 
     async def _local(self, record: ModelRecord) -> LocalBackend:
@@ -129,19 +134,67 @@ class ServingManager:
         return await self._local(record)
 
     async def sync(self, force: bool = False) -> None:
-        split, revision = await self.registry.get_split(self.state.public_name)
+        """Read the lineage table (one key) and every served lineage's split; prepare what
+        they route, then unload spares beyond `max_loaded` (never a version any lineage
+        routes or holds live)."""
+        names = await self._sync_lineages()
+        keep: set[str] = set()
+        changed = False
+        for name in names:
+            kept, did = await self._sync_one(name, force)
+            keep |= kept
+            changed = changed or did
+        for gone in set(self._revisions) - set(names):  # a retired lineage
+            self._revisions.pop(gone, None)
+            self._kept.pop(gone, None)
+            with contextlib.suppress(Exception):
+                await self.registry.drop_serving(gone, self.gateway_id)
+        keep = set().union(*self._kept.values()) if self._kept else keep
+        if changed:
+            spare = [m for m in self.state.backends if m not in keep]
+            for model_id in spare[: max(0, len(self.state.backends) - self.max_loaded)]:
+                backend = self.state.backends.pop(model_id)
+                try:
+                    await backend.release(model_id)
+                except Exception:  # unloading is best effort
+                    log.warning("could not release %s", model_id, exc_info=True)
+
+    async def _sync_lineages(self) -> list[str]:
+        """The lineages this gateway routes: the default one and every lineage that is not
+        retired (`agentrl.deploy.lineage`), read from one key when it changed."""
+        from agentrl.deploy.lineage import KEY, LineageTable, Routing
+
+        table, revision = await self.registry._get(KEY, LineageTable)
+        if revision != self._lineage_revision or self._routing is None:
+            routing = Routing(table or LineageTable(), self.state.public_name)
+            served = [n for n in routing.served if n != self.state.public_name]
+            self.state.set_lineages(served, routing.by_agent, routing.by_profile, routing.retired)
+            self._routing, self._lineage_revision = routing, revision
+        return [
+            self.state.public_name,
+            *(n for n in self._routing.served if n != self.state.public_name),
+        ]
+
+    async def _sync_one(self, public: str, force: bool) -> tuple[set[str], bool]:
+        """One lineage's split into the gateway; returns the versions it keeps loaded and
+        whether anything was read anew."""
+        split, revision = await self.registry.get_split(public)
         now = time.monotonic()
         retry_due = any(now >= at for _, at in self._retry.values())
-        if split is None or (revision == self._revision and not force and not retry_due):
-            return
+        last = self._revisions.get(public, -1)
+        if split is None or (revision == last and not force and not retry_due):
+            return self._kept.get(public, set()), False
         # a version that left the split is forgotten: a new decision that puts it back
         # tries it at once
         for model_id in list(self.refused):
+            if model_id in self._owner and self._owner[model_id] != public:
+                continue  # another lineage's
             if split.weights.get(model_id, 0.0) <= 0 and model_id != split.live:
                 self._forget(model_id)
         # the split's weighted versions, and the live one even at 0 % (a canary's 100 % step):
         # it is what a rollback restores, so a restarted gateway holds it as the old one did
         for model_id in dict.fromkeys([*split.weights, *([split.live] if split.live else [])]):
+            self._owner[model_id] = public
             if model_id in self.state.backends:
                 continue
             if split.weights.get(model_id, 0.0) <= 0 and model_id != split.live:
@@ -164,21 +217,19 @@ class ServingManager:
             keep = live if live in weights else next(iter(weights))
             weights[keep] += sum(split.weights.values()) - sum(weights.values())
         if weights:
-            self.state.set_split(weights, split.order)
+            self.state.set_split(weights, split.order, public)
         # Versions that left the split stay loaded (pinned by name, evaluated, restored at
         # once) until more than `max_loaded` are; then the oldest of them are unloaded. The
         # split, the live, the previous live version and a stand-in are never unloaded.
-        keep_loaded = set(split.weights) | {split.live} | set(split.previous_live[-1:])
-        keep_loaded |= set(weights)
-        spare = [m for m in self.state.backends if m not in keep_loaded]
-        for model_id in spare[: max(0, len(self.state.backends) - self.max_loaded)]:
-            backend = self.state.backends.pop(model_id)
-            try:
-                await backend.release(model_id)
-            except Exception:  # unloading is best effort
-                log.warning("could not release %s", model_id, exc_info=True)
-        self._revision = revision
-        await self.report()
+        keep_loaded = set(split.weights) | set(split.previous_live[-1:]) | set(weights)
+        if split.live:
+            keep_loaded.add(split.live)
+        self._kept[public] = keep_loaded
+        self._revisions[public] = revision
+        if public == self.state.public_name:
+            self._revision = revision
+        await self.report(public)
+        return keep_loaded, True
 
     async def _prepare(self, model_id: str, tell: bool = True) -> bool:
         record = await self.registry.get_model(model_id)
@@ -221,21 +272,26 @@ class ServingManager:
             except Exception:
                 log.exception("could not record the refusal of %s", model_id)
 
-    async def report(self) -> None:
-        """Publish what this gateway serves (`serving.<name>.<gateway>` in the registry)."""
-        report = ServingReport(
-            gateway=self.gateway_id,
-            public_name=self.state.public_name,
-            weights=dict(self.state.weights),
-            loaded=sorted(self.state.backends),
-            refused=dict(self.refused),
-            split_revision=max(self._revision, 0),
-        )
-        try:
-            await self.registry.report_serving(report)
-            self._reported_at = time.monotonic()
-        except Exception:
-            log.warning("could not publish what this gateway serves", exc_info=True)
+    async def report(self, public: str | None = None) -> None:
+        """Publish what this gateway serves (`serving.<name>.<gateway>` in the registry), for
+        one lineage or (None) for each it routes."""
+        names = [public] if public else [self.state.public_name, *self.state.routes]
+        for name in names:
+            report = ServingReport(
+                gateway=self.gateway_id,
+                public_name=name,
+                weights=dict(self.state.split_of(name)),
+                loaded=sorted(m for m in self.state.backends if self._owner.get(m, name) == name),
+                refused={
+                    m: why for m, why in self.refused.items() if self._owner.get(m, name) == name
+                },
+                split_revision=max(self._revisions.get(name, 0), 0),
+            )
+            try:
+                await self.registry.report_serving(report)
+                self._reported_at = time.monotonic()
+            except Exception:
+                log.warning("could not publish what this gateway serves", exc_info=True)
 
     async def run(self, stop: asyncio.Event, poll_s: float = 0.2) -> None:
         while not stop.is_set():
@@ -249,8 +305,9 @@ class ServingManager:
                 await asyncio.wait_for(stop.wait(), poll_s)
 
     async def close(self) -> None:
-        with contextlib.suppress(Exception):
-            await self.registry.drop_serving(self.state.public_name, self.gateway_id)
+        for name in [self.state.public_name, *self.state.routes]:
+            with contextlib.suppress(Exception):
+                await self.registry.drop_serving(name, self.gateway_id)
         for up in self._upstreams.values():
             await up.close()
         if self._vllm_backend is not None:

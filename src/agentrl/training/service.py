@@ -81,6 +81,7 @@ log = logging.getLogger(__name__)
 
 PLATFORM = "agentrl-training-v1"
 # What a job reports about its data; published in the status's metadata.
+LINEAGE_TTL_S = 2.0
 DATA_KEYS = (
     "dataset",
     "samples",
@@ -221,6 +222,12 @@ class TrainingService:
         self._flush_error: Exception | None = None
         self.schedule = CronSchedule(self.ts.schedule, clock) if self.ts.schedule else None
         self._torch_version = _version("torch")
+        # lineages (`agentrl.deploy.lineage`, threshold_scope="lineage"): the deployment
+        # registry's lineage table, re-read at most every LINEAGE_TTL_S
+        self.registry_bucket = os.environ.get("AGENTRL_DEPLOY_BUCKET") or "agentrl_models"
+        self.default_lineage = os.environ.get("AGENTRL_DEPLOY_PUBLIC_MODEL") or "agentrl-policy"
+        self._routing: Any = None
+        self._routing_at = 0.0
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -562,7 +569,13 @@ class TrainingService:
             raise PermanentError(reason) from exc
         try:
             checkpoint_base(self._requested_storage(req.model_dump(mode="json")), *self._roots())
-            declared(req.training_config.dataset.filter)
+            flt = declared(req.training_config.dataset.filter)
+            lineage = (req.metadata.model_extra or {}).get("lineage")
+            if lineage and job_kind(req) == "dataset" and not flt.agent_ids:
+                raise ValueError(
+                    f"a job of lineage {lineage!r} must name its agents (dataset.filter."
+                    "agent_ids): without them it would read every lineage's trajectories"
+                )
         except ValueError as exc:  # UnsafePath too
             self.counters["invalid"] += 1
             reason = f"invalid training request: {exc}"
@@ -715,9 +728,13 @@ class TrainingService:
         return self.ts, Path(self.settings.data_dir)
 
     def _storage_path(self, row: JobRow) -> str:
-        """The job's checkpoint folder (raises UnsafePath outside the allowed roots)."""
+        """The job's checkpoint folder (raises UnsafePath outside the allowed roots); a
+        lineage's job keeps its checkpoints under `lineages/<lineage>/`."""
         base = checkpoint_base(self._requested_storage(row.request), *self._roots())
         job_dir(self.root, row.job_id)  # the id is a safe folder name
+        lineage = _lineage_of_request(row.request)
+        if lineage:
+            return f"{base.rstrip('/')}/lineages/{_slug(lineage)}/{row.job_id}"
         return f"{base.rstrip('/')}/{row.job_id}"
 
     async def _start(self, row: JobRow, slot: int) -> None:
@@ -1033,6 +1050,10 @@ class TrainingService:
         lease = self.job_leases.get(job_id)
         if lease is not None and lease.token is not None:  # the status fence's token
             payload["metadata"]["lease_revision"] = lease.token
+        row = job.row if job is not None else self.store.get(job_id)
+        lineage = _lineage_of_request(row.request) if row is not None else None
+        if lineage:  # the deployment registers its checkpoint into this lineage
+            payload["metadata"]["lineage"] = lineage
         if extra:
             payload["metadata"].update(extra)
         return TrainingStatus.model_validate(payload)
@@ -1277,20 +1298,73 @@ class TrainingService:
             override = {"training_config": {"dataset": {"filter": {"task_domains": [key]}}}}
         elif self.ts.threshold_scope == "agent":
             override = {"training_config": {"dataset": {"filter": {"agent_ids": [key]}}}}
+        elif self.ts.threshold_scope == "lineage":
+            found = await self._lineage_override(key)
+            if found is None:  # retired, paused or no agent of its own: not fired
+                self.store.set_state(state)
+                return
+            override = found
+        notes = f"{self.ts.threshold} new rewarded trajectories" + (
+            f" ({self.ts.threshold_scope} {key})" if key != "*" else ""
+        )
         req = self.new_request(
             "threshold_reached",
             trigger_id("threshold", self.ts.threshold_scope, key, n),
-            {
-                **override,
-                "requester": "agentrl-threshold-trigger",
-                "metadata": {
-                    "notes": f"{self.ts.threshold} new rewarded trajectories"
-                    + (f" ({self.ts.threshold_scope} {key})" if key != "*" else "")
-                },
-            },
+            merge(
+                override,
+                {"requester": "agentrl-threshold-trigger", "metadata": {"notes": notes}},
+            ),
         )
         self.counters["threshold_triggers"] += 1
         await self._emit_request(req, {**state, f"threshold_job:{key}": req.training_job_id})
+
+    async def lineage_routing(self) -> Any:
+        """The deployment's lineages (`agentrl.deploy.lineage.Routing`); no registry or no
+        lineage table: everything belongs to the default lineage."""
+        now = time.monotonic()
+        if self._routing is not None and now - self._routing_at < LINEAGE_TTL_S:
+            return self._routing
+        from agentrl.deploy.lineage import KEY, LineageTable, Routing
+
+        table = LineageTable()
+        try:
+            kv = await self.bus.js.key_value(self.registry_bucket)
+            entry = await kv.get(KEY)
+            if entry.value:
+                table = LineageTable.model_validate_json(entry.value)
+        except Exception as exc:  # no registry yet, or no lineages: the default one only
+            log.debug("no lineage table (%s): the default lineage only", type(exc).__name__)
+        self._routing, self._routing_at = Routing(table, self.default_lineage), now
+        return self._routing
+
+    async def _lineage_override(self, key: str) -> dict[str, Any] | None:
+        """A lineage job's request: its own agents' trajectories only (agents seen in more
+        than one lineage are left out of every lineage's data), its lineage named in the
+        metadata, continuing its own lineage's version when `init_from` is live / latest,
+        and its trigger overrides (`Lineage.triggers["request"]`). None: not fired."""
+        routing = await self.lineage_routing()
+        lin = routing.served.get(key)
+        if key != routing.default and lin is None:
+            log.warning("threshold reached for lineage %s, which is retired or gone: dropped", key)
+            return None
+        if lin is not None and lin.state == "paused":
+            log.info("threshold reached for lineage %s, which is paused: not fired", key)
+            return None
+        seen = dict(self.store.get_state("lineage_agents") or {})
+        agents = sorted(
+            {a for a, owner in seen.items() if owner == key}
+            | {a for a in (lin.agents if lin else []) if seen.get(a, key) == key}
+        )
+        if not agents:
+            log.warning("threshold reached for lineage %s with no agent of its own: dropped", key)
+            return None
+        tc: dict[str, Any] = {"dataset": {"filter": {"agent_ids": agents}}}
+        mode = self.ts.init_from.partition(":")[0]
+        if mode in ("live", "latest"):
+            tc["init_from"] = f"{mode}:{key}"
+        out: dict[str, Any] = {"training_config": tc, "metadata": {"lineage": key}}
+        extra = (lin.triggers.get("request") if lin else None) or {}
+        return merge(extra, out) if isinstance(extra, dict) else out
 
     def _scope_key(self, trajectory_id: str) -> str:
         if self.ts.threshold_scope == "global":
@@ -1304,16 +1378,29 @@ class TrainingService:
         """For per-domain / per-agent thresholds: remember each trajectory's scope key."""
 
         async def index(batch: list[Delivery]) -> None:
-            values = {}
+            values: dict[str, Any] = {}
+            by_lineage = self.ts.threshold_scope == "lineage"
+            routing = await self.lineage_routing() if by_lineage else None
+            seen = dict(self.store.get_state("lineage_agents") or {}) if by_lineage else {}
             for d in batch:
                 with contextlib.suppress(Exception):
                     t = orjson.loads(d.data)
-                    key = (
-                        (t.get("task_context") or {}).get("domain", "general")
-                        if self.ts.threshold_scope == "domain"
-                        else t.get("agent_id", "")
-                    )
+                    agent = str(t.get("agent_id", ""))
+                    if routing is not None:
+                        profile = t.get("subordinate_profile") or (t.get("metadata") or {}).get(
+                            "agent_profile"
+                        )
+                        key = routing.of_agent(agent, profile)
+                        # an agent whose trajectories belong to two lineages (one id, two
+                        # profiles) is nobody's: an agent filter could not keep them apart
+                        seen[agent] = key if seen.get(agent, key) == key else "*"
+                    elif self.ts.threshold_scope == "domain":
+                        key = (t.get("task_context") or {}).get("domain", "general")
+                    else:
+                        key = agent
                     values[f"scope:{t['trajectory_id']}"] = key
+            if by_lineage:
+                values["lineage_agents"] = seen
             self.store.set_state(values)
 
         await self.bus.consume(
@@ -1374,6 +1461,13 @@ def _kill(proc: asyncio.subprocess.Process) -> None:
     if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
+
+
+def _lineage_of_request(request: dict[str, Any] | None) -> str | None:
+    """The lineage a job's request names (`metadata.lineage`), or None."""
+    meta = (request or {}).get("metadata") or {}
+    name = meta.get("lineage") if isinstance(meta, dict) else None
+    return str(name) if name else None
 
 
 def _slug(name: str) -> str:

@@ -16,8 +16,11 @@ class TrainingSettings(BaseSettings):
 
     # Triggers
     threshold: int = Field(5000, ge=0, description="New rewarded trajectories per job; 0: off.")
-    threshold_scope: Literal["global", "domain", "agent"] = Field(
-        "global", description="Count per task domain or per agent instead of globally."
+    threshold_scope: Literal["global", "domain", "agent", "lineage"] = Field(
+        "global",
+        description="Count per task domain, per agent or per lineage (the deployment's "
+        "agent -> lineage mapping; each job reads its lineage's agents only) instead of "
+        "globally.",
     )
     threshold_max_jobs: int = Field(
         0, ge=0, description="Threshold jobs one run of the service fires at most; 0: no cap."

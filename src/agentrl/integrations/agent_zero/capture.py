@@ -36,6 +36,10 @@ CALL_HEADER = "x-agentrl-call-id"  # our tag on the request, read back by the re
 VERSION_HEADER = "x-agentrl-model-version"
 COMPLETION_HEADER = "x-agentrl-completion-id"
 CAPTURE_HEADER = "x-agentrl-capture"  # "off": the gateway assembles no episode of its own
+# who asks: the gateway sends an agent / Agent Zero profile to its lineage (a public model
+# name of its own, `agentrl.deploy.lineage`); unmapped ones stay on the asked model
+AGENT_HEADER = "x-agentrl-agent"
+PROFILE_HEADER = "x-agentrl-profile"
 VERSION_HEADERS = ("llm_provider-x-agentrl-model-version", VERSION_HEADER)
 USAGE_GRACE_S = 0.05  # after the headers were filed: how long to wait for LiteLLM's usage
 KEEP = 1000  # answers nobody took (a call Agent Zero abandoned) are dropped after this many

@@ -137,6 +137,15 @@ async def handle_model_deployment(
     config = deployment.deployment_config
     model_id = deployment.model_info.model_id
     public = str(_meta(deployment, "public_model") or public_name)
+    if public != public_name:  # another lineage's rollout: the gateway routes its agents
+        log.info(
+            "agentrl: %s of %s belongs to lineage %s; Agent Zero stays on %s",
+            _meta(deployment, "action") or config.rollout_strategy,
+            model_id,
+            public,
+            public_name,
+        )
+        return None
     api_base = await asyncio.to_thread(switcher.api_base)
     if _same_base(api_base, gateway_url) or _same_base(api_base, config.endpoint):
         current = await asyncio.to_thread(switcher.current)

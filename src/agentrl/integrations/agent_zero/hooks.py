@@ -235,7 +235,11 @@ async def chat_model_call_before(agent: Any, call_data: Any, plugin_file: str | 
             capture.CALL_HEADER: rec.current.call_id,
             # the plugin publishes the monologue itself: the gateway must not capture a copy
             capture.CAPTURE_HEADER: "off",
+            # each profile and subordinate reaches its own lineage (the gateway's mapping)
+            capture.AGENT_HEADER: rec.identity.agent_id,
         }
+        if rec.identity.profile:
+            headers[capture.PROFILE_HEADER] = rec.identity.profile
         client = capture.gateway_client(capture.api_base_of(model) or "", capture.api_key_of(model))
     if rec.current.call_id is not None or fmt is not None:
         call_data["model"] = capture.TaggedModel(
