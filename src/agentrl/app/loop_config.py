@@ -233,6 +233,8 @@ def loop_environment(cfg: LoopConfig) -> dict[str, str]:
     from agentrl.llm.precision import bf16_pays
 
     hyper = {
+        # the moves are guided_choice turns (`training.jobspec.TRAINERS`)
+        "trainer": "choices" if cfg.env == "frozenlake" else "tokens",
         "objective": cfg.objective,
         "gamma": cfg.gamma,
         "awr_beta": 0.5,
