@@ -75,3 +75,20 @@ def test_options_flags_and_set_override_the_profile() -> None:
 def test_bad_options_are_refused_with_the_reason(args: list[str], why: str) -> None:
     result = RUNNER.invoke(app, ["loop", *args, "--show-config"])
     assert result.exit_code == 2 and why in result.output, result.output
+
+
+def test_the_soak_command_is_drawn_from_soak_config_too() -> None:
+    from agentrl.app.cli import SOAK_OPTIONS
+    from agentrl.app.soak_config import SoakConfig
+
+    result = RUNNER.invoke(app, ["soak", "--help"], env={"COLUMNS": "80", "NO_COLOR": "1"})
+    assert result.exit_code == 0 and len(result.output.splitlines()) <= 40, result.output
+    for name in SOAK_OPTIONS:
+        assert f"--{name.replace('_', '-')}" in result.output
+    args = ["soak", "--replicas", "2", "--set", "lease_ttl_s=20", "--show-config"]
+    got = RUNNER.invoke(app, args)
+    assert got.exit_code == 0, got.output
+    cfg = SoakConfig.model_validate_json(got.output)
+    assert (cfg.replicas, cfg.lease_ttl_s, cfg.agents) == (2, 20.0, SoakConfig().agents)
+    refused = RUNNER.invoke(app, ["soak", "--replicas", "0", "--show-config"])
+    assert refused.exit_code == 2 and "replicas" in refused.output

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -132,14 +133,7 @@ def _register_loop(app: typer.Typer) -> None:
             default=typer.Option(False, "--quick", help="The short profile: tiny model."),
             annotation=bool,
         ),
-        inspect.Parameter(
-            "show_config",
-            inspect.Parameter.KEYWORD_ONLY,
-            default=typer.Option(
-                False, "--show-config", help="Print the settings as JSON and exit."
-            ),
-            annotation=bool,
-        ),
+        _show_config_option(),
     ]
     app.command("loop")(model_command(LoopConfig, LOOP_OPTIONS, _loop, own))
 
@@ -292,86 +286,101 @@ def _up_cluster(size: int, data_dir: str | None, services: bool, replicas: int =
         run_stack(data_dir=data_dir, services=services, replicas=replicas)
 
 
+SOAK_OPTIONS = (
+    "data_dir",
+    "agents",
+    "threshold",
+    "restart_delay_s",
+    "recover_timeout_s",
+    "replicas",
+    "cluster",
+)
+
+
 def _register_soak(app: typer.Typer) -> None:
-    @app.command("soak")
-    def soak_cmd(
-        data_dir: Path = typer.Option(
-            Path(".agentrl/soak"), help="A fresh (empty or missing) folder for this soak's stack."
-        ),
-        agents: int = typer.Option(2, help="Agent workers acting through the gateway."),
-        threshold: int = typer.Option(16, help="Rewarded trajectories per training job."),
-        restart_delay_s: float = typer.Option(
-            1.0, help="Seconds between a kill and the restart (a supervisor's backoff)."
-        ),
-        recover_timeout_s: float = typer.Option(
-            120.0, help="A component not back after this long counts as not recovered."
-        ),
-        replicas: int = typer.Option(
-            1,
-            min=1,
-            help="Run this many of every service (each replica its own processes) and kill "
-            "one of each kind during the run (the replicated soak).",
-        ),
-        cluster: int = typer.Option(
-            0,
-            help="With --replicas: a NATS cluster of this many nodes (3); its stream "
-            "leader is killed during the run.",
-        ),
-        quick: bool = typer.Option(
-            False, "--quick", help="With --replicas: shorter waits and a smaller threshold."
-        ),
-    ) -> None:
-        """Run the loop on a stack whose services are separate processes (tiny model, loopback
-        only) and kill, once each, the reward service, the warehouse ingester, a running
-        training job's process and nats-server (SIGKILL), restarting each. Then check that
-        every trajectory has exactly one reward per version, the warehouse matches the
-        streams, no job is stuck and every gateway error was counted. Prints the recovery
-        times and checks; the last line is one JSON object; exit code 1 if a check failed."""
-        import asyncio
+    import inspect
 
-        from agentrl.app.soak import SoakConfig, main_json, run_soak, table
+    from agentrl.app.config_cli import model_command
+    from agentrl.app.soak_config import SoakConfig
 
-        cfg = SoakConfig(
-            data_dir=data_dir,
-            agents=agents,
-            threshold=threshold,
-            restart_delay_s=restart_delay_s,
-            recover_timeout_s=recover_timeout_s,
-            replicas=replicas,
-            cluster=cluster,
-        )
+    own = [
+        inspect.Parameter(
+            "quick",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=typer.Option(
+                False, "--quick", help="With --replicas: shorter waits, a smaller threshold."
+            ),
+            annotation=bool,
+        ),
+        _show_config_option(),
+    ]
+    app.command("soak")(model_command(SoakConfig, SOAK_OPTIONS, _soak, own))
 
-        def say(line: str) -> None:
-            print(line, flush=True)
 
-        from agentrl.app.soak import LOG_FILE
-        from agentrl.logs import log_to_file
+def _show_config_option() -> Any:
+    import inspect
 
-        folder = data_dir.resolve()  # refused before its log file is written into it
-        if folder.exists() and any(p.name != LOG_FILE for p in folder.iterdir()):
-            typer.echo(f"error: {folder} is not empty: give the soak a fresh folder", err=True)
-            raise typer.Exit(2)
-        say(f"log: {log_to_file(folder / LOG_FILE)}")
-        if replicas > 1:
-            from agentrl.app.soak_replicas import main_json as replicas_json
-            from agentrl.app.soak_replicas import run_replicated_soak
+    return inspect.Parameter(
+        "show_config",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=typer.Option(False, "--show-config", help="Print the settings as JSON and exit."),
+        annotation=bool,
+    )
 
-            if quick:
-                cfg.agents, cfg.threshold, cfg.settle_s = 1, min(threshold, 8), 3.0
-                cfg.job_wait_s, cfg.drain_timeout_s = 180.0, 120.0
-            run, as_json = run_replicated_soak, lambda r: replicas_json(r, replicas)
-        else:
-            run, as_json = run_soak, main_json
-        try:
-            result = asyncio.run(run(cfg, say))
-        except ValueError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from exc
-        except (asyncio.CancelledError, KeyboardInterrupt) as exc:
-            typer.echo("soak stopped before the end (its services are stopped)", err=True)
-            raise typer.Exit(130) from exc
-        print(table(result), flush=True)
-        sys.stdout.write(as_json(result) + "\n")
-        sys.stdout.flush()
-        if not result.ok:
-            raise typer.Exit(1)
+
+def _soak(overrides: dict[str, object], *, quick: bool, show_config: bool) -> None:
+    """Run the loop on a stack whose services are separate processes (tiny model, loopback
+    only) and kill, once each, the reward service, the warehouse ingester, a running
+    training job's process and nats-server (SIGKILL), restarting each. Then check that
+    every trajectory has exactly one reward per version, the warehouse matches the
+    streams, no job is stuck and every gateway error was counted. Prints the recovery
+    times and checks; the last line is one JSON object; exit code 1 if a check failed."""
+    import asyncio
+
+    from pydantic import ValidationError
+
+    from agentrl.app.soak import LOG_FILE, main_json, run_soak, table
+    from agentrl.app.soak_config import SoakConfig
+    from agentrl.logs import log_to_file
+
+    try:
+        cfg = SoakConfig(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if show_config:
+        print(cfg.model_dump_json(indent=2))
+        return
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    folder = cfg.data_dir.resolve()  # refused before its log file is written into it
+    if folder.exists() and any(p.name != LOG_FILE for p in folder.iterdir()):
+        typer.echo(f"error: {folder} is not empty: give the soak a fresh folder", err=True)
+        raise typer.Exit(2)
+    say(f"log: {log_to_file(folder / LOG_FILE)}")
+    if cfg.replicas > 1:
+        from agentrl.app.soak_replicas import main_json as replicas_json
+        from agentrl.app.soak_replicas import run_replicated_soak
+
+        if quick:
+            cfg.agents, cfg.threshold, cfg.settle_s = 1, min(cfg.threshold, 8), 3.0
+            cfg.job_wait_s, cfg.drain_timeout_s = 180.0, 120.0
+        replicas = cfg.replicas
+        run, as_json = run_replicated_soak, lambda r: replicas_json(r, replicas)
+    else:
+        run, as_json = run_soak, main_json
+    try:
+        result = asyncio.run(run(cfg, say))
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    except (asyncio.CancelledError, KeyboardInterrupt) as exc:
+        typer.echo("soak stopped before the end (its services are stopped)", err=True)
+        raise typer.Exit(130) from exc
+    print(table(result), flush=True)
+    sys.stdout.write(as_json(result) + "\n")
+    sys.stdout.flush()
+    if not result.ok:
+        raise typer.Exit(1)
