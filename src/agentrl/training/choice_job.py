@@ -29,8 +29,9 @@ Objective (`hyperparameters.objective`):
   training chain, and that pulled every job back toward the base's moves. Measured
   (`scripts/probe_loop_chain.py --lag 2`, seeds 3-6, held-out success after the 4th job):
   awr 0.56 / 0.08 / 0.20 / 0.00, state_awr 0.80 / 0.82 / 0.78 / 0.82.
-- `ppo`: PPO-clip against the starting policy's log-probs (recomputed here, in the same
-  precision, so ratios are exact for data of the starting version).
+- `pg` (the old name `ppo` still works): PPO-clip against the starting policy's log-probs
+  (recomputed here, in the same precision, so ratios are exact for data of the starting
+  version). The names are `training.jobspec`'s, shared with the token trainer.
 
 Warm start: `init_checkpoint` (a checkpoint folder with a LoRA adapter) continues training
 an earlier version instead of the base, so generations compound.
