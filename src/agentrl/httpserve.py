@@ -49,7 +49,7 @@ async def serve_http(
             log_level="warning",
             timeout_graceful_shutdown=int(GRACE_S),
             # no logging set-up of uvicorn's own (a dictConfig at each start, stderr handlers):
-            # its records go where agentrl's go (the console, or a main job's log file)
+            # its records go where agentrl's go (the console, or a long command's log file)
             **{"log_config": None, "timeout_keep_alive": KEEP_ALIVE_S, **config},
         )
     )

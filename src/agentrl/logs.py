@@ -130,10 +130,11 @@ def setup_logging(level: int | None = None, *, verbose: bool = False) -> None:
 
 
 def log_to_file(path: Path, *, verbose: bool | None = None) -> Path:
-    """A main job's console: its own lines (printed by the job), and of the records only
-    agentrl's own warnings and errors, one line each. Every record (agentrl's INFO, the audit
-    records, the libraries'), Python warnings and the libraries' progress bars go to `path`
-    (truncated: one run's log), whose resolved path is returned for the job to print once.
+    """A long command's console (loop, learn, soak): its own lines (printed by it), and of
+    the records only agentrl's own warnings and errors, one line each. Every record
+    (agentrl's INFO, the audit records, the libraries'), Python warnings and the libraries'
+    progress bars go to `path` (truncated: one run's log), whose resolved path is returned
+    for the job to print once.
 
     `verbose` (default: `agentrl -v`) keeps the console as it was (every record) and writes
     the file as well. Child processes inherit `HF_HUB_DISABLE_PROGRESS_BARS` and

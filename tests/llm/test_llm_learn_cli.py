@@ -1,4 +1,4 @@
-"""`agentrl learn` (the main job) end to end on a tiny model: table, PNG, adapter with a
+"""`agentrl learn` (the stand-alone learning run) end to end on a tiny model: table, PNG, adapter with a
 verified manifest, and the last line's keys."""
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -111,179 +112,96 @@ def _register_retired(app: typer.Typer) -> None:
         loop.main(args, standalone_mode=False)
 
 
+# `agentrl loop`'s options: these fields of `LoopConfig` (their docstrings are the help);
+# `--set FIELD=VALUE` reaches the others
+LOOP_OPTIONS = (
+    "env",
+    "backend",
+    "model",
+    "data_dir",
+    "generations",
+    "until_benchmark",
+    "threshold",
+    "heldout_seeds",
+    "unseen_seeds",
+    "time_budget_s",
+    "temperature",
+    "learning_rate",
+    "gamma",
+    "init_checkpoint",
+    "bad_candidate",
+    "pace",
+    "structured",
+)
+
+
 def _register_loop(app: typer.Typer) -> None:
-    @app.command("loop")
-    def loop_cmd(
-        quick: bool = typer.Option(
-            False,
-            "--quick",
-            help="The short version (about 2 minutes on 2 shared cores): tiny random model, "
-            "one generation; shows the chain, not learning.",
-        ),
-        bad_candidate: bool = typer.Option(
-            False,
-            "--bad-candidate",
-            help="After the generations, deploy a deliberately broken version by hand to show "
-            "the automatic rollback.",
-        ),
-        data_dir: Path = typer.Option(
-            None,
-            help="A folder of the loop's own for this run's stack (default ./.agentrl/loop); "
-            "wiped at the start of each run, refused if it holds other data.",
-        ),
-        generations: int = typer.Option(0, help="Training generations (0: the mode's default)."),
-        until_benchmark: float = typer.Option(
-            None,
-            min=0.0,
-            max=1.0,
-            help="FrozenLake: after the generations, go on (up to 9) while the live version's "
-            "own validation benchmark (greedy success on its 60 validation maps, never the "
-            "held-out ones) is below this (default 0.6; 0: stop after the generations).",
-        ),
-        threshold: int = typer.Option(
-            0, help="Rewarded trajectories per training job (0: default)."
-        ),
-        heldout_seeds: int = typer.Option(0, help="Held-out maps per version (0: default)."),
-        unseen_seeds: int = typer.Option(
-            -1, help="Tool use: unseen-phrasing pool tasks per version (-1: default, 0: off)."
-        ),
-        model: str = typer.Option(None, help="Base model (default smollm2; tiny with --quick)."),
-        time_budget_s: float = typer.Option(0, help="Stop acting after this many seconds."),
-        pace: bool = typer.Option(
-            True,
-            "--pace/--no-pace",
-            help="While a training job runs one agent acts, a group every 3 s (on 2 cores acting would "
-            "starve the job); --no-pace: all agents act all the time.",
-        ),
-        temperature: float = typer.Option(
-            0,
-            help="The agents' sampling temperature over the moves (0: default, 6 — exploring; "
-            "held-out evaluation is always greedy).",
-        ),
-        learning_rate: float = typer.Option(
-            0,
-            help="Each job's learning rate (0: default, 2e-3 — measured: 5e-4 needed 4-6 "
-            "generations to leave 0 % held-out success, 2e-3 two).",
-        ),
-        gamma: float = typer.Option(
-            None,
-            min=0.0,
-            max=1.0,
-            help="FrozenLake: the jobs' discount of step returns (default 0.5 — the agents explore "
-            "near-randomly, so a return's far future is noise; at 0.99 learning came 2-3 "
-            "jobs later).",
-        ),
-        backend: str = typer.Option(
-            "local",
-            help="The gateway's serving backend: local (embedded) or vllm (a supervised "
-            "`vllm serve`, every version a LoRA loaded at run time; `agentrl vllm setup`). "
-            "With vllm the FrozenLake loop is sized to a CPU core (LoopConfig.on_vllm: 2 agents "
-            "x groups of 4, rank-8 adapters, one generation; about 35 minutes on 2 cores).",
-        ),
-        env: str = typer.Option(
-            "frozenlake",
-            help="frozenlake: the valid-action loop (guided_choice over the moves); tooluse: "
-            "Agent Zero agents answering tool-use tasks in free-form JSON under structured "
-            "outputs (calculator, code_exe, response), trained on the logged tokens.",
-        ),
-        init_checkpoint: str = typer.Option(
-            None,
-            help="Start acting with this checkpoint (a warm start, e.g. from `agentrl learn "
-            "--config configs/tooluse-warmstart.yaml`): registered and promoted first.",
-        ),
-        structured: bool = typer.Option(
-            True,
-            "--structured/--no-structured",
-            help="--env tooluse: decode every reply under Agent Zero's reply schema (default); "
-            "--no-structured is the ablation (free text, parsed as it comes).",
-        ),
-        job_kind: str = typer.Option(
-            "dataset",
-            help="Training job kind the trigger starts; only dataset (the logged trajectories) "
-            "is wired in.",
-        ),
-    ) -> None:
-        """Run the stack of `agentrl up`, let agents act through the gateway, and watch
-        rewards -> trigger -> training job -> validation -> canary -> promotion or rollback,
-        for several generations; then held-out success per version, the report, one JSON line."""
-        from agentrl.app.loop import LoopConfig, run_loop, table
+    import inspect
 
-        overrides: dict[str, object] = {
-            "bad_candidate": bad_candidate,
-            "job_kind": job_kind,
-            "pace": pace,
-            "backend": backend,
-        }
-        if temperature:
-            overrides["temperature"] = temperature
-        if learning_rate:
-            overrides["learning_rate"] = learning_rate
-        if gamma is not None:
-            overrides["gamma"] = gamma
-        if data_dir is not None:
-            overrides["data_dir"] = data_dir
-        if generations:
-            overrides["generations"] = generations
-        if until_benchmark is not None:
-            overrides["until_benchmark"] = until_benchmark
-        if threshold:
-            overrides["threshold"] = threshold
-        if heldout_seeds:
-            overrides["heldout_seeds"] = heldout_seeds
-        if unseen_seeds >= 0:
-            overrides["unseen_seeds"] = unseen_seeds
-        if model:
-            overrides["model"] = model
-        if time_budget_s:
-            overrides["time_budget_s"] = time_budget_s
-        if init_checkpoint:
-            overrides["init_checkpoint"] = init_checkpoint
-        if not structured:
-            overrides["structured"] = False
-        if env == "tooluse":
-            cfg = LoopConfig.tooluse(quick=quick, **overrides)
-        elif env == "frozenlake" and backend == "vllm" and not quick:
-            cfg = LoopConfig.on_vllm(**overrides)  # sized to what vLLM's CPU build answers
-        elif env == "frozenlake":
-            cfg = LoopConfig.quick(**overrides) if quick else LoopConfig(**overrides)  # type: ignore[arg-type]
-        else:
-            typer.echo(f"error: --env is frozenlake or tooluse, not {env!r}", err=True)
-            raise typer.Exit(2)
-        if cfg.backend not in ("local", "vllm"):
-            typer.echo(f"error: --backend is local or vllm, not {cfg.backend!r}", err=True)
-            raise typer.Exit(2)
-        if cfg.backend == "vllm" and cfg.model in ("tiny", "tiny-random"):
-            typer.echo(
-                "error: the tiny model's head size (16) is not one vLLM's CPU kernels run; "
-                "use --backend vllm with smollm2 (not --quick)",
-                err=True,
-            )
-            raise typer.Exit(2)
-        if cfg.backend == "vllm" and cfg.temperature > 2.0:
-            # vLLM samples a guided_choice token by token and refuses temperature > 2 (the
-            # local backend scores the choices, where 6 is near-uniform exploration); every
-            # vLLM profile explores at 2 or less, so only --temperature gets here
-            typer.echo("error: vLLM takes temperature <= 2 (--temperature)", err=True)
-            raise typer.Exit(2)
+    from agentrl.app.config_cli import model_command
+    from agentrl.app.loop_config import LoopConfig
 
-        def say(line: str) -> None:
-            print(line, flush=True)
+    own = [
+        inspect.Parameter(
+            "quick",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=typer.Option(False, "--quick", help="The short profile: tiny model."),
+            annotation=bool,
+        ),
+        _show_config_option(),
+    ]
+    app.command("loop")(model_command(LoopConfig, LOOP_OPTIONS, _loop, own))
 
-        import asyncio
 
-        try:
-            result = asyncio.run(run_loop(cfg, say, log_file="loop.log"))
-        except ValueError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from exc
-        except (asyncio.CancelledError, KeyboardInterrupt) as exc:
-            typer.echo("stopped before the end: no table", err=True)
-            raise typer.Exit(130) from exc
-        print(table(result), flush=True)
-        if result.report:
-            print(f"report: {result.report}", flush=True)
-        sys.stdout.write(json.dumps(result.summary()) + "\n")
-        sys.stdout.flush()
+def _loop(overrides: dict[str, object], *, quick: bool, show_config: bool) -> None:
+    """The main job: agents act through the stack's gateway, jobs train, canaries decide;
+    then held-out success per version, the report, one JSON line. Unset options take the
+    profile's value (--env, --backend, --quick choose it)."""
+    import asyncio
+
+    from pydantic import ValidationError
+
+    from agentrl.app.loop import run_loop, table
+    from agentrl.app.loop_config import LoopConfig
+
+    try:
+        cfg = LoopConfig.profile(quick=quick, **overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if show_config:
+        print(cfg.model_dump_json(indent=2))
+        return
+    if cfg.backend == "vllm" and cfg.model in ("tiny", "tiny-random"):
+        typer.echo(
+            "error: the tiny model's head size (16) is not one vLLM's CPU kernels run; "
+            "use --backend vllm with smollm2 (not --quick)",
+            err=True,
+        )
+        raise typer.Exit(2)
+    if cfg.backend == "vllm" and cfg.temperature > 2.0:
+        # vLLM samples a guided_choice token by token and refuses temperature > 2 (the
+        # local backend scores the choices, where 6 is near-uniform exploration); every
+        # vLLM profile explores at 2 or less, so only --temperature gets here
+        typer.echo("error: vLLM takes temperature <= 2 (--temperature)", err=True)
+        raise typer.Exit(2)
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    try:
+        result = asyncio.run(run_loop(cfg, say, log_file="loop.log"))
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    except (asyncio.CancelledError, KeyboardInterrupt) as exc:
+        typer.echo("stopped before the end: no table", err=True)
+        raise typer.Exit(130) from exc
+    print(table(result), flush=True)
+    if result.report:
+        print(f"report: {result.report}", flush=True)
+    sys.stdout.write(json.dumps(result.summary()) + "\n")
+    sys.stdout.flush()
 
 
 def _register_up(app: typer.Typer) -> None:
@@ -383,86 +301,101 @@ def _up_cluster(size: int, data_dir: str | None, services: bool, replicas: int =
         run_stack(data_dir=data_dir, services=services, replicas=replicas)
 
 
+SOAK_OPTIONS = (
+    "data_dir",
+    "agents",
+    "threshold",
+    "restart_delay_s",
+    "recover_timeout_s",
+    "replicas",
+    "cluster",
+)
+
+
 def _register_soak(app: typer.Typer) -> None:
-    @app.command("soak")
-    def soak_cmd(
-        data_dir: Path = typer.Option(
-            Path(".agentrl/soak"), help="A fresh (empty or missing) folder for this soak's stack."
-        ),
-        agents: int = typer.Option(2, help="Agent workers acting through the gateway."),
-        threshold: int = typer.Option(16, help="Rewarded trajectories per training job."),
-        restart_delay_s: float = typer.Option(
-            1.0, help="Seconds between a kill and the restart (a supervisor's backoff)."
-        ),
-        recover_timeout_s: float = typer.Option(
-            120.0, help="A component not back after this long counts as not recovered."
-        ),
-        replicas: int = typer.Option(
-            1,
-            min=1,
-            help="Run this many of every service (each replica its own processes) and kill "
-            "one of each kind during the run (the replicated soak).",
-        ),
-        cluster: int = typer.Option(
-            0,
-            help="With --replicas: a NATS cluster of this many nodes (3); its stream "
-            "leader is killed during the run.",
-        ),
-        quick: bool = typer.Option(
-            False, "--quick", help="With --replicas: shorter waits and a smaller threshold."
-        ),
-    ) -> None:
-        """Run the loop on a stack whose services are separate processes (tiny model, loopback
-        only) and kill, once each, the reward service, the warehouse ingester, a running
-        training job's process and nats-server (SIGKILL), restarting each. Then check that
-        every trajectory has exactly one reward per version, the warehouse matches the
-        streams, no job is stuck and every gateway error was counted. Prints the recovery
-        times and checks; the last line is one JSON object; exit code 1 if a check failed."""
-        import asyncio
+    import inspect
 
-        from agentrl.app.soak import SoakConfig, main_json, run_soak, table
+    from agentrl.app.config_cli import model_command
+    from agentrl.app.soak_config import SoakConfig
 
-        cfg = SoakConfig(
-            data_dir=data_dir,
-            agents=agents,
-            threshold=threshold,
-            restart_delay_s=restart_delay_s,
-            recover_timeout_s=recover_timeout_s,
-            replicas=replicas,
-            cluster=cluster,
-        )
+    own = [
+        inspect.Parameter(
+            "quick",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=typer.Option(
+                False, "--quick", help="With --replicas: shorter waits, a smaller threshold."
+            ),
+            annotation=bool,
+        ),
+        _show_config_option(),
+    ]
+    app.command("soak")(model_command(SoakConfig, SOAK_OPTIONS, _soak, own))
 
-        def say(line: str) -> None:
-            print(line, flush=True)
 
-        from agentrl.app.soak import LOG_FILE
-        from agentrl.logs import log_to_file
+def _show_config_option() -> Any:
+    import inspect
 
-        folder = data_dir.resolve()  # refused before its log file is written into it
-        if folder.exists() and any(p.name != LOG_FILE for p in folder.iterdir()):
-            typer.echo(f"error: {folder} is not empty: give the soak a fresh folder", err=True)
-            raise typer.Exit(2)
-        say(f"log: {log_to_file(folder / LOG_FILE)}")
-        if replicas > 1:
-            from agentrl.app.soak_replicas import main_json as replicas_json
-            from agentrl.app.soak_replicas import run_replicated_soak
+    return inspect.Parameter(
+        "show_config",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=typer.Option(False, "--show-config", help="Print the settings as JSON and exit."),
+        annotation=bool,
+    )
 
-            if quick:
-                cfg.agents, cfg.threshold, cfg.settle_s = 1, min(threshold, 8), 3.0
-                cfg.job_wait_s, cfg.drain_timeout_s = 180.0, 120.0
-            run, as_json = run_replicated_soak, lambda r: replicas_json(r, replicas)
-        else:
-            run, as_json = run_soak, main_json
-        try:
-            result = asyncio.run(run(cfg, say))
-        except ValueError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from exc
-        except (asyncio.CancelledError, KeyboardInterrupt) as exc:
-            typer.echo("soak stopped before the end (its services are stopped)", err=True)
-            raise typer.Exit(130) from exc
-        print(table(result), flush=True)
-        sys.stdout.write(as_json(result) + "\n")
-        sys.stdout.flush()
-        if not result.ok:
-            raise typer.Exit(1)
+
+def _soak(overrides: dict[str, object], *, quick: bool, show_config: bool) -> None:
+    """Run the loop on a stack whose services are separate processes (tiny model, loopback
+    only) and kill, once each, the reward service, the warehouse ingester, a running
+    training job's process and nats-server (SIGKILL), restarting each. Then check that
+    every trajectory has exactly one reward per version, the warehouse matches the
+    streams, no job is stuck and every gateway error was counted. Prints the recovery
+    times and checks; the last line is one JSON object; exit code 1 if a check failed."""
+    import asyncio
+
+    from pydantic import ValidationError
+
+    from agentrl.app.soak import LOG_FILE, main_json, run_soak, table
+    from agentrl.app.soak_config import SoakConfig
+    from agentrl.logs import log_to_file
+
+    try:
+        cfg = SoakConfig(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if show_config:
+        print(cfg.model_dump_json(indent=2))
+        return
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    folder = cfg.data_dir.resolve()  # refused before its log file is written into it
+    if folder.exists() and any(p.name != LOG_FILE for p in folder.iterdir()):
+        typer.echo(f"error: {folder} is not empty: give the soak a fresh folder", err=True)
+        raise typer.Exit(2)
+    say(f"log: {log_to_file(folder / LOG_FILE)}")
+    if cfg.replicas > 1:
+        from agentrl.app.soak_replicas import main_json as replicas_json
+        from agentrl.app.soak_replicas import run_replicated_soak
+
+        if quick:
+            cfg.agents, cfg.threshold, cfg.settle_s = 1, min(cfg.threshold, 8), 3.0
+            cfg.job_wait_s, cfg.drain_timeout_s = 180.0, 120.0
+        replicas = cfg.replicas
+        run, as_json = run_replicated_soak, lambda r: replicas_json(r, replicas)
+    else:
+        run, as_json = run_soak, main_json
+    try:
+        result = asyncio.run(run(cfg, say))
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    except (asyncio.CancelledError, KeyboardInterrupt) as exc:
+        typer.echo("soak stopped before the end (its services are stopped)", err=True)
+        raise typer.Exit(130) from exc
+    print(table(result), flush=True)
+    sys.stdout.write(as_json(result) + "\n")
+    sys.stdout.flush()
+    if not result.ok:
+        raise typer.Exit(1)

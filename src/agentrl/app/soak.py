@@ -56,37 +56,12 @@ from typing import Any
 import httpx
 import httpx2  # the openai SDK's own httpx (its http_client must be one of these)
 
+from agentrl.app.soak_config import SoakConfig
 from agentrl.training.dataset import reward_version
 
 MOVES = ["up", "down", "left", "right"]
 LOG_FILE = "soak.log"  # `agentrl soak`'s log, written before the soak starts: not "data"
 ACTIVE = ("queued", "running")
-
-
-@dataclass
-class SoakConfig:
-    """One soak; defaults fit a few minutes on 2 shared cores with the tiny model."""
-
-    data_dir: Path = Path(".agentrl/soak")
-    model: str = "tiny"
-    agents: int = 2
-    group_size: int = 4
-    max_steps: int = 4
-    threshold: int = 16
-    restart_delay_s: float = 1.0
-    recover_timeout_s: float = 120.0
-    job_wait_s: float = 240.0
-    drain_timeout_s: float = 180.0
-    settle_s: float = 10.0
-    burst: int = 300
-    release_kills: bool = True  # phase 6: the controller killed mid-rollback and mid-promote
-    api_port_taken: bool = True  # phase 0: the control API's port taken at start
-    nats_down_s: float = 60.0  # phase 4b: nats-server away this long while a job ends
-    replicas: int = 1  # > 1: the replicated soak (agentrl.app.soak_replicas)
-    cluster: int = 0  # nodes of the NATS cluster under the replicated soak (0: one server)
-    # training job and controller leases in the replicated soak: longer than a NATS leader
-    # election (about 5 s here), else a node kill looks like a dead runner
-    lease_ttl_s: float = 10.0
 
 
 def soak_environment(cfg: SoakConfig) -> dict[str, str]:

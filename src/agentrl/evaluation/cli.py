@@ -77,8 +77,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             "the comparison where learning starts at 0.",
         ),
     ) -> None:
-        """GiGPO vs GRPO vs RLOO at equal episode budgets, >= 5 seeds: FrozenLake 4x4 (the
-        main job's configuration: base/trained held-out success, seconds to 0.7), a
+        """GiGPO vs GRPO vs RLOO at equal episode budgets, >= 5 seeds: FrozenLake 4x4 (`agentrl
+        learn`'s configuration: base/trained held-out success, seconds to 0.7), a
         curriculum (6x6 maps from each seed's 4x4 adapter) and one-box Sokoban. Final
         held-out success with 95 % intervals (t over seeds, pooled Wilson), wall and CPU
         seconds to 0.5 and 0.7, a PNG per setting. One line per iteration on stderr; the

@@ -1,7 +1,7 @@
 """`agentrl bench learning`: GiGPO vs GRPO vs RLOO at equal episode budgets, in one process
 per worker, on three settings:
 
-- `fl4`: the main job's configuration (FrozenLake 4x4, configs/frozenlake-valid-action.yaml),
+- `fl4`: `agentrl learn`'s configuration (FrozenLake 4x4, configs/frozenlake-valid-action.yaml),
   GiGPO, one run per seed: base and trained held-out success, seconds to 0.7; its adapter is
   the curriculum's starting point for that seed (`fl4_every_algorithm`: GRPO and RLOO run
   the same 4x4 budget from the base too, where learning starts at the floor);
@@ -334,7 +334,7 @@ class Worker:
             self.compare("sokoban", seed, None, None)
 
     def chain(self, seed: int) -> None:
-        """The 4x4 run (GiGPO, the main job's configuration), then the curriculum from its
+        """The 4x4 run (GiGPO, `agentrl learn`'s configuration), then the curriculum from its
         adapter and AdamW moments, once per algorithm."""
         import torch
 

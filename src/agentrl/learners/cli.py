@@ -202,7 +202,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         """
         from rich.console import Console
 
-        from agentrl.learners.main_job import run_main_job
+        from agentrl.learners.learn import run_learn
         from agentrl.llm.config import is_tooluse_config
         from agentrl.logs import log_to_file
 
@@ -233,4 +233,4 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         from agentrl.learners.valid_action import ValidActionConfig
 
         log_in(ValidActionConfig.from_file(config, **overrides).out_dir)
-        run_main_job(config, overrides, console)
+        run_learn(config, overrides, console)

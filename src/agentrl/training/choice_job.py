@@ -29,8 +29,9 @@ Objective (`hyperparameters.objective`):
   training chain, and that pulled every job back toward the base's moves. Measured
   (`scripts/probe_loop_chain.py --lag 2`, seeds 3-6, held-out success after the 4th job):
   awr 0.56 / 0.08 / 0.20 / 0.00, state_awr 0.80 / 0.82 / 0.78 / 0.82.
-- `ppo`: PPO-clip against the starting policy's log-probs (recomputed here, in the same
-  precision, so ratios are exact for data of the starting version).
+- `pg` (the old name `ppo` still works): PPO-clip against the starting policy's log-probs
+  (recomputed here, in the same precision, so ratios are exact for data of the starting
+  version). The names are `training.jobspec`'s, shared with the token trainer.
 
 Warm start: `init_checkpoint` (a checkpoint folder with a LoRA adapter) continues training
 an earlier version instead of the base, so generations compound.
@@ -50,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from agentrl.errors import TrainingError
+from agentrl.training.jobspec import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -210,14 +212,16 @@ def _same(a: Any, b: str) -> bool:
     return bool(a) and str(a).rstrip("/") == b.rstrip("/")
 
 
-def learner_config(spec: dict[str, Any], req: Any, estimator: str) -> Any:
+def learner_config(spec: JobSpec | dict[str, Any], req: Any, estimator: str) -> Any:
     """The job's `ValidActionConfig` from the request (hyperparameter extras override)."""
     from agentrl.learners.valid_action import ValidActionConfig
 
     tc = req.training_config
     hp = tc.hyperparameters
     extra = dict(hp.model_extra or {})
-    init = _init_settings(spec.get("init_checkpoint"))
+    init = _init_settings(
+        spec.init_checkpoint if isinstance(spec, JobSpec) else spec.get("init_checkpoint")
+    )
     algorithm = estimator if estimator in ("gigpo", "grpo", "rloo") else "gigpo"
     try:
         return ValidActionConfig(
@@ -433,7 +437,7 @@ def save_choice_checkpoint(
 
 
 def run_choice_job(
-    spec: dict[str, Any],
+    spec: JobSpec,
     emitter: Any,
     req: Any,
     train: list[Any],
@@ -449,11 +453,8 @@ def run_choice_job(
     from agentrl.training.progress import Progress, current_metrics, write_curves
 
     tc = req.training_config
-    extra = dict(tc.hyperparameters.model_extra or {})
-    objective = str(extra.get("objective", "awr"))
-    if objective not in ("awr", "state_awr", "ppo"):
-        raise TrainingError(f"objective {objective!r}: use 'awr', 'state_awr' or 'ppo'", "CONFIG")
-    beta = float(extra.get("awr_beta", 0.5))
+    objective = spec.objective("choices")  # pg (old name ppo), awr or state_awr
+    beta = spec.options.awr_beta
     cd = choice_data(train, data["completions"])
     if not cd.episodes:
         raise TrainingError(
@@ -472,13 +473,13 @@ def run_choice_job(
             "choices": cd.choices,
             "skipped": dict(cd.skipped),
             "objective": objective,
-            "init_checkpoint": spec.get("init_checkpoint"),
+            "init_checkpoint": spec.init_checkpoint,
         },
     )
     torch.set_num_threads(pick_threads(config.threads))
     learner = Learner(config, choices=cd.choices)
-    if spec.get("init_checkpoint"):
-        warm_start(learner, str(spec["init_checkpoint"]))
+    if spec.init_checkpoint:
+        warm_start(learner, spec.init_checkpoint)
     tok = learner.tokenizer
     decoded: dict[tuple[int, ...], str] = {}  # states repeat: decode each prompt once
     texts = {}
@@ -490,7 +491,7 @@ def run_choice_job(
     batch = build_batch(cd, texts)
     per_epoch = config.minibatches
     total = per_epoch * config.epochs
-    prog = Progress(emitter, total, config.epochs, int(spec.get("status_every_steps", 10)))
+    prog = Progress(emitter, total, config.epochs, spec.status_every_steps)
     emitter.emit(
         "running",
         phase="training",
@@ -511,18 +512,18 @@ def run_choice_job(
     )
     prog.train_s = time.monotonic() - t0
     emitter.check()
-    ckpt = CheckpointManager(spec["storage_path"], 1)
+    ckpt = CheckpointManager(spec.storage_path, 1)
     last = history[-1] if history else {}
     final = save_choice_checkpoint(
         learner,
         ckpt,
         "final",
-        {**last, "objective": objective, "init_checkpoint": spec.get("init_checkpoint")},
+        {**last, "objective": objective, "init_checkpoint": spec.init_checkpoint},
         done,
     )
     curves = write_curves(
         [{**h, "step": i + 1} for i, h in enumerate(history)],
-        Path(spec["job_dir"]) / "curves.png",
+        Path(spec.job_dir) / "curves.png",
         f"{estimator} ({objective}) on valid-action trajectories",
     )
     emitter.emit(

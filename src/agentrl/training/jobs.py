@@ -25,6 +25,7 @@ import logging
 import math
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +33,8 @@ import numpy as np
 
 from agentrl.errors import TrainingError
 from agentrl.logs import audit
-from agentrl.training.objectives import OBJECTIVES, policy_loss_of, shape_samples
+from agentrl.training.jobspec import TRAINERS, JobSpec
+from agentrl.training.objectives import policy_loss_of, shape_samples
 from agentrl.training.progress import Emitter, Progress, current_metrics, write_curves
 
 if TYPE_CHECKING:
@@ -50,14 +52,14 @@ COMPLETION_STREAM = "RL_COMPLETIONS"
 # -- shared -----------------------------------------------------------------------------------
 
 
-def trainer_config(spec: dict[str, Any], algorithm: str) -> TrainerConfig:
-    from agentrl.contracts.training import TrainingRequest
+def trainer_config(spec: JobSpec | dict[str, Any], algorithm: str) -> TrainerConfig:
+    """The token trainer's configuration from the job's request."""
     from agentrl.llm.config import TrainerConfig
 
-    req = TrainingRequest.model_validate(spec["request"])
-    tc = req.training_config
+    spec = JobSpec.of(spec)
+    tc = spec.request.training_config
     hp = tc.hyperparameters
-    extra = hp.model_extra or {}
+    opts = spec.options
     try:
         return TrainerConfig(
             algorithm=algorithm,  # type: ignore[arg-type]
@@ -69,27 +71,21 @@ def trainer_config(spec: dict[str, Any], algorithm: str) -> TrainerConfig:
             gamma=hp.gamma,
             gae_lambda=hp.gae_lambda,
             mixed_precision=tc.compute.mixed_precision,
-            device=spec.get("device", "cpu"),
+            device=spec.device,
             save_interval=tc.checkpointing.save_interval,
             max_checkpoints=tc.checkpointing.max_checkpoints,
-            storage_path=spec["storage_path"],
-            max_length=int(spec.get("max_length", 1024)),
+            storage_path=spec.storage_path,
+            max_length=spec.max_length,
             skip_zero_advantage=False,
-            seed=int(extra.get("seed", 0)),
-            lora_r=int(extra.get("lora_r", 16)),
-            kl_coef=float(extra.get("kl_coef", 0.0)),
-            policy_loss=policy_loss_of(objective_of(extra)),  # type: ignore[arg-type]
+            seed=opts.seed,
+            lora_r=int(spec.extra.get("lora_r", 16)),
+            kl_coef=opts.kl_coef,
+            policy_loss=policy_loss_of(opts.objective or "pg"),  # type: ignore[arg-type]
         )
     except TrainingError as exc:
         raise TrainingError(str(exc), "CONFIG") from exc
     except ValueError as exc:
         raise TrainingError(f"invalid training configuration: {exc}", "CONFIG") from exc
-
-
-def objective_of(extra: dict[str, Any]) -> str:
-    """The token path's objective (`training.objectives`); the choice path's 'ppo' is 'pg'."""
-    objective = str(extra.get("objective", "pg"))
-    return "pg" if objective == "ppo" else objective
 
 
 def init_lora_shape(folder: str | None) -> dict[str, Any]:
@@ -117,13 +113,13 @@ def continue_from(trainer: PolicyTrainer, folder: str) -> None:
     load_weights(trainer.policy, path)
 
 
-def load_trainer(config: TrainerConfig, spec: dict[str, Any], callback: Any) -> PolicyTrainer:
+def load_trainer(config: TrainerConfig, spec: JobSpec, callback: Any) -> PolicyTrainer:
     """Load the base model; an unknown or unloadable model is a CONFIG error."""
     from agentrl.llm.trainer import PolicyTrainer
 
     kw: dict[str, Any] = {}
-    if spec.get("tiny_kwargs") and config.model.lower() in ("tiny", "tiny-random"):
-        kw["tiny_kwargs"] = spec["tiny_kwargs"]
+    if spec.tiny_kwargs and config.model.lower() in ("tiny", "tiny-random"):
+        kw["tiny_kwargs"] = spec.tiny_kwargs
     try:
         return PolicyTrainer.from_config(config, callback, **kw)
     except TrainingError as exc:
@@ -152,26 +148,29 @@ def check_store(storage_path: str) -> None:
 # -- dataset jobs -----------------------------------------------------------------------------
 
 
-async def load_data(spec: dict[str, Any], seed: int | None = None) -> dict[str, Any]:
+async def load_data(
+    spec: JobSpec | dict[str, Any], seed: int | None = None, trainer: str = "auto"
+) -> dict[str, Any]:
     """Trajectories, rewards, completion log and feedback corrections from JetStream.
 
     With `seed` and a `sample_size`, only the sample's trajectories are read where the
     stream allows it (`dataset.sample_from_stream`: ids and rewards first, then the sampled
     payloads): the result then holds `sampled` = (records, filter report), and
-    `trajectories` / `rewards` are the sample's."""
-    from agentrl.contracts.training import TrainingRequest
+    `trajectories` / `rewards` are the sample's. `trainer` (`jobspec.TRAINERS`): choices
+    reads everything (its path takes the newest), auto lets the newest data decide."""
     from agentrl.training.dataset import fetch_by_ids, parse_all, read_subject
 
-    req = TrainingRequest.model_validate(spec["request"])
+    spec = JobSpec.of(spec)
+    req = spec.request
     ds = req.training_config.dataset
     start = ds.filter.date_range.start if ds.filter.date_range else None
     from agentrl.bus import Bus
     from agentrl.settings import Settings
 
     try:  # credentials and TLS come from the environment the service passed on
-        bus = await Bus.connect(spec["nats_url"], settings=Settings(), name="agentrl-training-job")
+        bus = await Bus.connect(spec.nats_url, settings=Settings(), name="agentrl-training-job")
     except Exception as exc:
-        raise TrainingError(f"cannot reach NATS at {spec['nats_url']}: {exc!r}", "INFRA") from exc
+        raise TrainingError(f"cannot reach NATS at {spec.nats_url}: {exc!r}", "INFRA") from exc
     nc = bus.nc
     sampled: tuple[list[Any], Any] | None = None
     parsed_rewards: list[dict[str, Any]] | None = None
@@ -185,7 +184,7 @@ async def load_data(spec: dict[str, Any], seed: int | None = None) -> dict[str, 
             rewards = await read_subject(js, "RL_REWARDS", "agent.rl.reward.v1", start)
             if seed is not None and ds.sample_size:
                 parsed_rewards = parse_all(rewards)
-                sampled = await _sample_lazily(js, ds, parsed_rewards, seed, start)
+                sampled = await _sample_lazily(js, ds, parsed_rewards, seed, start, trainer)
             if sampled is None:
                 trajs = await read_subject(js, ds.stream_name, "agent.rl.trajectory.v1", start)
             else:
@@ -214,12 +213,10 @@ async def load_data(spec: dict[str, Any], seed: int | None = None) -> dict[str, 
             with _suppress():
                 feedback = await read_subject(js, "RL_FEEDBACK", "agent.rl.feedback.v1", start)
         init_from = (req.training_config.model_extra or {}).get("init_from")
-        if init_from and not spec.get("init_checkpoint"):
+        if init_from and not spec.init_checkpoint:
             from agentrl.training.choice_job import resolve_init
 
-            spec["init_checkpoint"] = await resolve_init(
-                js, str(init_from), spec.get("recent_checkpoint")
-            )
+            spec.init_checkpoint = await resolve_init(js, str(init_from), spec.recent_checkpoint)
     except TrainingError:
         raise
     except Exception as exc:
@@ -261,11 +258,15 @@ def completion_ids(trajectories: Iterable[dict[str, Any]]) -> set[str]:
 
 
 async def _sample_lazily(
-    js: Any, ds: Any, rewards: list[dict[str, Any]], seed: int, start: Any
+    js: Any, ds: Any, rewards: list[dict[str, Any]], seed: int, start: Any, trainer: str = "auto"
 ) -> tuple[list[Any], Any] | None:
-    """`dataset.sample_from_stream` for a job's dataset, None to read everything."""
+    """`dataset.sample_from_stream` for a job's dataset, None to read everything (the choices
+    trainer takes the newest trajectories from a full read)."""
     from agentrl.training.choice_job import guided_share
     from agentrl.training.dataset import FilterReport, latest_rewards, sample_from_stream
+
+    if trainer == "choices":
+        return None
 
     return await sample_from_stream(
         js,
@@ -277,12 +278,12 @@ async def _sample_lazily(
         seed,
         start,
         FilterReport(rewards=len(rewards)),
-        newest_guided=lambda trajectories: guided_share(trajectories) > 0.5,
+        newest_guided=(lambda t: guided_share(t) > 0.5) if trainer == "auto" else None,
     )
 
 
 async def load_data_retrying(
-    spec: dict[str, Any], for_s: float = 30.0, seed: int | None = None
+    spec: JobSpec, for_s: float = 30.0, seed: int | None = None, trainer: str = "auto"
 ) -> dict[str, Any]:
     """`load_data`, tried again for `for_s` seconds when NATS is unreachable (a restarting
     nats-server: reading is safe to repeat); other errors fail at once."""
@@ -290,7 +291,7 @@ async def load_data_retrying(
     delay = 0.5
     while True:
         try:
-            return await load_data(spec, seed)
+            return await load_data(spec, seed, trainer)
         except TrainingError as exc:
             if exc.code != "INFRA" or time.monotonic() > deadline:
                 raise
@@ -305,7 +306,7 @@ def orjson_dumps(obj: Any) -> bytes:
     return orjson.dumps(obj, default=str)
 
 
-def warehouse_data(spec: dict[str, Any], req: Any, seed: int = 0) -> dict[str, Any]:
+def warehouse_data(spec: JobSpec, req: Any, seed: int = 0) -> dict[str, Any]:
     """The warehouse as the dataset source (`dataset.source == "clickhouse"`): a ClickHouse
     server directly when AGENTRL_CLICKHOUSE_URL is set, else the control API of the process
     that owns the embedded warehouse (`POST /stats/export`). The sample is drawn there, in
@@ -320,7 +321,7 @@ def warehouse_data(spec: dict[str, Any], req: Any, seed: int = 0) -> dict[str, A
     api_url = None
     token = None
     if not os.environ.get("AGENTRL_CLICKHOUSE_URL"):
-        api_url = spec.get("api_url") or f"http://{settings.api_host}:{settings.api_port}"
+        api_url = spec.api_url or f"http://{settings.api_host}:{settings.api_port}"
         token = next(
             (t for t, scopes in settings.api_tokens.items() if {"stats:read", "*"} & set(scopes)),
             None,
@@ -386,9 +387,68 @@ def snis_reward(
     return float((w * r).sum() / w.sum())
 
 
-def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
-    from agentrl.contracts.training import TrainingRequest
-    from agentrl.training import ope
+def run_dataset_job(spec: JobSpec | dict[str, Any], emitter: Emitter) -> None:
+    """A job on the logged trajectories: load -> samples -> train -> save, by the trainer
+    the request names (`jobspec.TRAINERS`: the logged tokens, or valid-action choices)."""
+    spec = JobSpec.of(spec)
+    trainer = check_dataset_job(spec)
+    data = load_sample(spec, emitter, trainer)
+    if data.trainer == "choices":
+        from agentrl.training.choice_job import run_choice_job
+
+        run_choice_job(spec, emitter, spec.request, data.train, data.extra, data.report,
+                       spec.estimator)  # fmt: skip
+        return
+    job = TokenJob(spec, emitter, data)
+    job.load_model()
+    job.samples()
+    job.train()
+    job.save()
+
+
+def check_dataset_job(spec: JobSpec) -> str:
+    """What can be checked before any data is read: the objective for the trainer the request
+    names (`auto`: for one of them), the checkpoint store, the declared filters."""
+    from agentrl.contracts.filters import declared
+
+    trainer_config(spec, token_algorithm(spec.estimator))  # an invalid one fails at once
+    trainer = spec.trainer_named()
+    if trainer != "auto":
+        spec.objective(trainer)
+    elif spec.options.objective is not None and not any(
+        spec.options.objective in t.objectives for t in TRAINERS.values()
+    ):
+        spec.objective("tokens")  # the error names what each trainer takes
+    check_store(spec.storage_path)
+    try:  # both dataset sources apply the same declared filter set
+        declared(spec.request.training_config.dataset.filter)
+    except ValueError as exc:
+        raise TrainingError(str(exc), "CONFIG") from exc
+    return trainer
+
+
+def token_algorithm(estimator: str) -> str:
+    """The token trainer's algorithm for the request's estimator (GiGPO's is GRPO's update)."""
+    return estimator if estimator in ("dpo", "rloo") else "grpo"
+
+
+@dataclass
+class Sample:
+    """A job's data after loading: the sample split into train and holdout, the completion
+    log and corrections, the filter report, and the trainer that runs on it."""
+
+    trainer: str
+    train: list[Any]
+    hold: list[Any]
+    report: Any
+    extra: dict[str, Any]  # completions, corrections
+    load_s: float
+
+
+def load_sample(spec: JobSpec, emitter: Emitter, trainer: str) -> Sample:
+    """Read the data, filter and sample it (the choices trainer: the newest trajectories),
+    split off the holdout. A request that names no trainer is decided here by its data:
+    more than half of the newest turns answered from a guided_choice -> choices."""
     from agentrl.training.choice_job import guided_share
     from agentrl.training.dataset import (
         FilterReport,
@@ -398,274 +458,295 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
         latest_rewards,
         seeded_sample,
     )
-    from agentrl.training.requests import estimator as estimator_of
 
-    req = TrainingRequest.model_validate(spec["request"])
-    tc = req.training_config
-    est = estimator_of(req)
-    algorithm = "dpo" if est == "dpo" else ("rloo" if est == "rloo" else "grpo")
-    config = trainer_config(spec, algorithm)
-    extra = dict(tc.hyperparameters.model_extra or {})
-    objective = objective_of(extra)
-    if objective not in (*OBJECTIVES, "state_awr"):  # state_awr: valid-action data only
-        raise TrainingError(
-            f"objective {objective!r}: use one of {', '.join(OBJECTIVES)} (the valid-action "
-            "path also takes 'ppo' and 'state_awr')",
-            "CONFIG",
-        )
-    check_store(spec["storage_path"])
-    from agentrl.contracts.filters import declared
-
-    try:  # both dataset sources apply the same declared filter set
-        declared(tc.dataset.filter)
-    except ValueError as exc:
-        raise TrainingError(str(exc), "CONFIG") from exc
+    req = spec.request
+    ds = req.training_config.dataset
+    seed = spec.options.seed
     emitter.emit("running", phase="loading data")
     t_load = time.monotonic()
     # freeze: what survives the load (the sample) lives to the job's end; without it the
     # first collection after the pause walks every object parsed (seconds for 100,000)
     with gc_paused(freeze=True):
-        seed = config.seed
-        data = asyncio.run(load_data_retrying(spec, seed=seed))
+        data = asyncio.run(load_data_retrying(spec, seed=seed, trainer=trainer))
         if data.get("sampled") is not None:  # only the sample was read (token path)
             records, report = data.pop("sampled")
-            guided = False
+            trainer = "tokens"
         else:
             report = FilterReport(rewards=len(data["rewards"]))
             report.payloads_read = len(data["trajectories"])
             records, report = apply_filters(
-                data["trajectories"], latest_rewards(data["rewards"]), tc.dataset.filter, report
+                data["trajectories"], latest_rewards(data["rewards"]), ds.filter, report
             )
-            # Valid-action data (turns answered from a guided_choice) trains the renormalised
-            # policy on the newest trajectories (closest to the policy now); the path is
-            # chosen by the sample itself, so other traffic on the same stack keeps the token
-            # path.
             newest = sorted(records, key=lambda r: str(r.trajectory.get("end_timestamp") or ""))
-            newest = newest[-tc.dataset.sample_size :] if tc.dataset.sample_size else newest
-            guided = guided_share([r.trajectory for r in newest]) > 0.5
-            records = newest if guided else seeded_sample(records, tc.dataset.sample_size, seed)
+            newest = newest[-ds.sample_size :] if ds.sample_size else newest
+            if trainer == "auto":
+                guided = guided_share([r.trajectory for r in newest]) > 0.5
+                trainer = "choices" if guided else "tokens"
+            # choices: the newest trajectories (closest to the policy now)
+            records = (
+                newest if trainer == "choices" else seeded_sample(records, ds.sample_size, seed)
+            )
         del data["trajectories"], data["rewards"]  # only the sample lives on
+    spec.objective(trainer)  # a request that named none: the data's trainer must take it
     report.sampled = len(records)
     holdout_size = req.evaluation.holdout_size if req.evaluation.enabled else 0.0
     train, hold = holdout_split(records, holdout_size, seed)
     report.holdout = len(hold)
     if not train:
         raise TrainingError(report.message(), "DATA")
-    if guided:
-        from agentrl.training.choice_job import run_choice_job
+    return Sample(trainer, train, hold, report, data, time.monotonic() - t_load)
 
-        run_choice_job(spec, emitter, req, train, data, report, est)
-        return
-    # The model phase starts here: importing torch and transformers is part of it (seconds
-    # on a busy host), not of the data phase.
-    emitter.emit(
-        "running",
-        phase="loading model",
-        dataset=report.as_dict(),
-        load_data_s=time.monotonic() - t_load,
-    )
-    # torch and transformers only now: a job without data fails in a second
-    from agentrl.llm.checkpoint import CheckpointManager
-    from agentrl.llm.config import TrainerConfig
-    from agentrl.llm.samples import truncate
-    from agentrl.training.samples import build_pairs, build_samples
 
-    history: list[dict[str, float]] = []
-    state: dict[str, Any] = {"best": None}
-    import torch
+class TokenJob:
+    """The tokens trainer's job on its sample: `load_model`, `samples`, `train`, `save`."""
 
-    from agentrl.learners.valid_action import pick_threads
+    def __init__(self, spec: JobSpec, emitter: Emitter, data: Sample) -> None:
+        self.spec, self.emitter, self.data = spec, emitter, data
+        self.est = spec.estimator
+        self.algorithm = token_algorithm(self.est)
+        self.objective = spec.objective("tokens")
+        self.config = trainer_config(spec, self.algorithm)
+        self.epochs = spec.request.training_config.hyperparameters.epochs
+        self.history: list[dict[str, float]] = []
+        self.best: dict[str, Any] | None = None
+        self.init: str | None = None
 
-    torch.set_num_threads(pick_threads(int(extra.get("threads", 0))))  # 1 on a busy host
-    init = spec.get("init_checkpoint") if algorithm != "dpo" else None
-    if init:  # the adapter must have the shape of the one it continues
-        config = TrainerConfig(**{**config.model_dump(), **init_lora_shape(str(init))})
-    trainer = load_trainer(config, spec, None)
-    if init:
-        continue_from(trainer, str(spec["init_checkpoint"]))
-    tok = trainer.policy.tokenizer
-    ckpt = CheckpointManager(
-        config.storage_path,
-        config.max_checkpoints,
-        run_info={
-            "name": f"agentrl {est} on logged trajectories (job {req.training_job_id})",
-            "data": f"{len(train)} trajectories from {tc.dataset.stream_name} "
-            f"(holdout {len(hold)}), filter {tc.dataset.filter.model_dump(mode='json')}",
-        },
-    )
+    @property
+    def reported_objective(self) -> str:
+        return self.objective if self.algorithm != "dpo" else "dpo"
 
-    def fit(items: list[Any]) -> list[Any]:
+    def load_model(self) -> None:
+        """The base model (torch and transformers only now: a job without data fails in a
+        second), continuing `init_checkpoint` when there is one, and its checkpoint store."""
+        # The model phase starts here: importing torch and transformers is part of it
+        # (seconds on a busy host), not of the data phase.
+        spec, data = self.spec, self.data
+        self.emitter.emit(
+            "running", phase="loading model", dataset=data.report.as_dict(),
+            load_data_s=data.load_s,
+        )  # fmt: skip
+        import torch
+
+        from agentrl.learners.valid_action import pick_threads
+        from agentrl.llm.checkpoint import CheckpointManager
+        from agentrl.llm.config import TrainerConfig
+
+        torch.set_num_threads(pick_threads(self.spec.options.threads))  # 1 on a busy host
+        self.init = spec.init_checkpoint if self.algorithm != "dpo" else None
+        if self.init:  # the adapter must have the shape of the one it continues
+            shape = init_lora_shape(self.init)
+            self.config = TrainerConfig(**{**self.config.model_dump(), **shape})
+        self.trainer = load_trainer(self.config, spec, None)
+        if self.init:
+            continue_from(self.trainer, self.init)
+        tc = spec.request.training_config
+        self.ckpt = CheckpointManager(
+            self.config.storage_path,
+            self.config.max_checkpoints,
+            run_info={
+                "name": f"agentrl {self.est} on logged trajectories "
+                f"(job {spec.request.training_job_id})",
+                "data": f"{len(data.train)} trajectories from {tc.dataset.stream_name} "
+                f"(holdout {len(data.hold)}), filter {tc.dataset.filter.model_dump(mode='json')}",
+            },
+        )
+
+    def samples(self) -> None:
+        """Training units (samples shaped by the objective, or DPO pairs) and the holdout's
+        samples, cut to the model's length."""
+        from agentrl.training.samples import build_pairs, build_samples
+
+        data, opts = self.data, self.spec.options
+        tok = self.trainer.policy.tokenizer
+        completions = data.extra["completions"]
+        self.units: list[Any]
+        if self.algorithm == "dpo":
+            self.units, self.bstats = build_pairs(
+                data.train, tok, corrections=data.extra["corrections"]
+            )
+        else:
+            # `constraints` (request specs, e.g. the loop's response_format): constrained
+            # completions under them train with ratios against the masked distribution
+            samples, self.bstats = build_samples(
+                data.train, tok, estimator=self.est, completions=completions,
+                constraints=opts.constraints or (),
+            )  # fmt: skip
+            shaped = shape_samples(
+                samples, self.objective, beta=opts.awr_beta, max_weight=opts.awr_max_weight,
+                min_reward=opts.min_reward,
+            )  # fmt: skip
+            self.units = self._fit(shaped)
+        hold_samples, _ = build_samples(data.hold, tok, completions=completions)
+        self.hold_samples = self._fit(hold_samples)
+        if not self.units:
+            raise TrainingError(
+                f"nothing to train on: {len(data.train)} trajectories gave no "
+                + (
+                    "preference pairs (every task has one attempt or tied rewards)"
+                    if self.algorithm == "dpo"
+                    else f"trajectory with a reward >= min_reward {opts.min_reward}"
+                    if self.objective == "rs"
+                    else "sample with a non-zero advantage (all rewards equal?)"
+                ),
+                "DATA",
+            )
+
+    def _fit(self, items: list[Any]) -> list[Any]:
+        from agentrl.llm.samples import truncate
+
         kept = []
         for s in items:
             try:
-                kept.append(truncate(s, config.max_length))
+                kept.append(truncate(s, self.config.max_length))
             except ValueError:
                 continue
         return kept
 
-    units: list[Any]
-    if algorithm == "dpo":
-        units, bstats = build_pairs(train, tok, corrections=data["corrections"])
-        hold_samples, _ = build_samples(hold, tok, completions=data["completions"])
-    else:
-        # `constraints` (request specs, e.g. the loop's response_format): constrained
-        # completions under them train with ratios against the masked distribution
-        grammars = extra.get("constraints") or ()
-        units, bstats = build_samples(
-            train, tok, estimator=est, completions=data["completions"], constraints=grammars
+    def train(self) -> None:
+        """Optimiser steps over the units, epoch by epoch (cancel checked between steps, a
+        checkpoint every save_interval steps, the best by the holdout's estimate)."""
+        spec, emitter, trainer, units = self.spec, self.emitter, self.trainer, self.units
+        self.hold_rewards = {r.trajectory_id: r.score for r in self.data.hold}
+        self.base_logps = decision_logps(trainer, self.hold_samples) if self.hold_samples else []
+        resumed = self.ckpt.resume(trainer) if spec.resume else None
+        if resumed:
+            log.info("resumed from %s at step %d", resumed, trainer.global_step)
+        batch = self.config.batch_size
+        self.per_epoch = per_epoch = math.ceil(len(units) / batch)
+        epochs = self.epochs
+        self.prog = prog = Progress(emitter, per_epoch * epochs, epochs, spec.status_every_steps)
+        prog.done_at_start = trainer.global_step
+        emitter.emit(
+            "running",
+            phase="training",
+            **self._sample_figures(),
+            resumed_from=resumed,
+            progress={
+                "current_step": trainer.global_step,
+                "total_steps": per_epoch * epochs,
+                "total_epochs": epochs,
+            },
         )
-        units = fit(
-            shape_samples(
-                units,
-                objective,
-                beta=float(extra.get("awr_beta", 0.5)),
-                max_weight=float(extra.get("awr_max_weight", 20.0)),
-                min_reward=float(extra.get("min_reward", 1.0)),
-            )
-        )
-        hold_samples, _ = build_samples(hold, tok, completions=data["completions"])
-    hold_samples = fit(hold_samples)
-    if not units:
-        raise TrainingError(
-            f"nothing to train on: {len(train)} trajectories gave no "
-            + (
-                "preference pairs (every task has one attempt or tied rewards)"
-                if algorithm == "dpo"
-                else f"trajectory with a reward >= min_reward {extra.get('min_reward', 1.0)}"
-                if objective == "rs"
-                else "sample with a non-zero advantage (all rewards equal?)"
-            ),
-            "DATA",
-        )
-    hold_rewards = {r.trajectory_id: r.score for r in hold}
-    base_logps = decision_logps(trainer, hold_samples) if hold_samples else []
-    resumed = ckpt.resume(trainer) if spec.get("resume") else None
-    if resumed:
-        log.info("resumed from %s at step %d", resumed, trainer.global_step)
-    batch = config.batch_size
-    per_epoch = math.ceil(len(units) / batch)
-    epochs = tc.hyperparameters.epochs
-    prog = Progress(emitter, per_epoch * epochs, epochs, int(spec.get("status_every_steps", 10)))
-    prog.done_at_start = trainer.global_step
-    emitter.emit(
-        "running",
-        phase="training",
-        samples=bstats.samples,
-        trained_samples=len(units),
-        objective=objective if algorithm != "dpo" else "dpo",
-        init_checkpoint=init,
-        exact_token_samples=bstats.exact_token_samples,
-        pairs=bstats.pairs,
-        grouped_trajectories=bstats.grouped_trajectories,
-        baseline_trajectories=bstats.baseline_trajectories,
-        resumed_from=resumed,
-        progress={
-            "current_step": trainer.global_step,
-            "total_steps": per_epoch * epochs,
-            "total_epochs": epochs,
-        },
-    )
-    rng = np.random.default_rng(seed)
-    step = 0
-    last_saved = trainer.global_step
-    for epoch in range(epochs):
-        order = rng.permutation(len(units))
-        for b in range(per_epoch):
-            step += 1
-            if step <= trainer.global_step:
-                continue  # done before the resume
-            emitter.check()
-            chunk = [units[i] for i in order[b * batch : (b + 1) * batch]]
-            t0 = time.monotonic()
-            if algorithm == "dpo":
-                metrics = trainer.train_on_pairs(chunk)
-            else:
-                metrics = trainer.train_on_samples(chunk, allow_empty=True)
-            prog.train_s += time.monotonic() - t0
-            if not metrics:
-                trainer.global_step = step  # nothing trainable in this chunk: count it anyway
-                continue
-            m = metrics[-1]
-            if "reward_mean" not in m:
-                m["reward_mean"] = (
-                    float(np.mean([p.margin for p in chunk])) if algorithm == "dpo" else 0.0
-                )
-            history.append(m)
-            if trainer.global_step - last_saved >= config.save_interval:
-                path = ckpt.save(trainer, m)
-                last_saved = trainer.global_step
-                state["last_checkpoint"] = path
-                emitter.emit("running", phase="checkpoint", last_checkpoint=path)
-                if hold_samples:
-                    now = holdout_decisions(
-                        hold_samples,
-                        decision_logps(trainer, hold_samples),
-                        base_logps,
-                        hold_rewards,
+        rng = np.random.default_rng(self.spec.options.seed)
+        step = 0
+        last_saved = trainer.global_step
+        for epoch in range(epochs):
+            order = rng.permutation(len(units))
+            for b in range(per_epoch):
+                step += 1
+                if step <= trainer.global_step:
+                    continue  # done before the resume
+                emitter.check()
+                chunk = [units[i] for i in order[b * batch : (b + 1) * batch]]
+                t0 = time.monotonic()
+                if self.algorithm == "dpo":
+                    metrics = trainer.train_on_pairs(chunk)
+                else:
+                    metrics = trainer.train_on_samples(chunk, allow_empty=True)
+                prog.train_s += time.monotonic() - t0
+                if not metrics:
+                    trainer.global_step = step  # nothing trainable in this chunk: count it
+                    continue
+                m = metrics[-1]
+                if "reward_mean" not in m:
+                    m["reward_mean"] = (
+                        float(np.mean([p.margin for p in chunk]))
+                        if self.algorithm == "dpo"
+                        else 0.0
                     )
-                    found = ope.estimate(now, resamples=0)
-                    score = found.value_new if found is not None else None
-                    if score is not None and ckpt.save_best(trainer, score, m):
-                        state["best"] = {
-                            "epoch": epoch + 1,
-                            "step": trainer.global_step,
-                            "reward_mean": score,
-                            "checkpoint_path": ckpt.url("best"),
-                        }
-            prog.report(trainer.global_step, epoch + 1, m, state["best"])
-    emitter.check()
-    t_eval = time.monotonic()
-    evaluation: dict[str, Any] = {}
-    if hold_samples:
-        found = ope.estimate(
-            holdout_decisions(
-                hold_samples, decision_logps(trainer, hold_samples), base_logps, hold_rewards
-            ),
-            seed=seed,
+                self.history.append(m)
+                if trainer.global_step - last_saved >= self.config.save_interval:
+                    last_saved = trainer.global_step
+                    self._checkpoint(m, epoch + 1)
+                prog.report(trainer.global_step, epoch + 1, m, self.best)
+
+    def _checkpoint(self, m: dict[str, float], epoch: int) -> None:
+        from agentrl.training import ope
+
+        path = self.ckpt.save(self.trainer, m)
+        self.emitter.emit("running", phase="checkpoint", last_checkpoint=path)
+        if self.hold_samples:
+            found = ope.estimate(self._holdout_now(), resamples=0)
+            score = found.value_new if found is not None else None
+            if score is not None and self.ckpt.save_best(self.trainer, score, m):
+                self.best = self._best(epoch, score)
+
+    def _holdout_now(self) -> list[Any]:
+        new = decision_logps(self.trainer, self.hold_samples)
+        return holdout_decisions(self.hold_samples, new, self.base_logps, self.hold_rewards)
+
+    def _best(self, epoch: int, score: float) -> dict[str, Any]:
+        return {
+            "epoch": epoch,
+            "step": self.trainer.global_step,
+            "reward_mean": score,
+            "checkpoint_path": self.ckpt.url("best"),
+        }
+
+    def _sample_figures(self) -> dict[str, Any]:
+        b = self.bstats
+        return {
+            "samples": b.samples,
+            "trained_samples": len(self.units),
+            "objective": self.reported_objective,
+            "init_checkpoint": self.init,
+            "exact_token_samples": b.exact_token_samples,
+            "pairs": b.pairs,
+            "grouped_trajectories": b.grouped_trajectories,
+            "baseline_trajectories": b.baseline_trajectories,
+        }
+
+    def save(self) -> None:
+        """The holdout's off-policy estimate, the final checkpoint, the curves, and the
+        completed status with its artifacts."""
+        from agentrl.training import ope
+
+        self.emitter.check()
+        t_eval = time.monotonic()
+        evaluation: dict[str, Any] = {}
+        trainer, epochs = self.trainer, self.epochs
+        if self.hold_samples:
+            found = ope.estimate(self._holdout_now(), seed=self.spec.options.seed)
+            est_reward = found.value_new if found is not None else None
+            if found is not None and est_reward is not None:
+                evaluation = found.as_evaluation()
+                last_m = self.history[-1] if self.history else {}
+                if self.ckpt.save_best(trainer, est_reward, last_m):
+                    self.best = self._best(epochs, est_reward)
+        last = self.history[-1] if self.history else {}
+        final = self.ckpt.save(trainer, {**last, **evaluation}, name="final")
+        curves = write_curves(
+            self.history, Path(self.spec.job_dir) / "curves.png", f"{self.est} job"
         )
-        est_reward = found.value_new if found is not None else None
-        if found is not None and est_reward is not None:
-            evaluation = found.as_evaluation()
-            if ckpt.save_best(trainer, est_reward, history[-1] if history else {}):
-                state["best"] = {
-                    "epoch": epochs,
-                    "step": trainer.global_step,
-                    "reward_mean": est_reward,
-                    "checkpoint_path": ckpt.url("best"),
-                }
-    last = history[-1] if history else {}
-    final = ckpt.save(trainer, {**last, **evaluation}, name="final")
-    curves = write_curves(history, Path(spec["job_dir"]) / "curves.png", f"{est} job")
-    emitter.emit(
-        "completed",
-        progress={
-            "current_epoch": epochs,
-            "total_epochs": epochs,
-            "current_step": trainer.global_step,
-            "total_steps": per_epoch * epochs,
-            "percent_complete": 100.0,
-            "eta_seconds": 0.0,
-        },
-        metrics={
-            "current": current_metrics(last),
-            **({"best": state["best"]} if state["best"] else {}),
-        },
-        evaluation_results=evaluation or None,
-        artifacts={
-            "final_checkpoint": final,
-            "training_curves": curves,
-            "model_card": f"{final}/model_card.md",
-            "base_model": tc.base_model,
-        },
-        train_s=prog.train_s,
-        eval_s=time.monotonic() - t_eval,
-        dataset=report.as_dict(),
-        samples=bstats.samples,
-        trained_samples=len(units),
-        objective=objective if algorithm != "dpo" else "dpo",
-        init_checkpoint=init,
-        exact_token_samples=bstats.exact_token_samples,
-    )
+        figures = self._sample_figures()
+        self.emitter.emit(
+            "completed",
+            progress={
+                "current_epoch": epochs,
+                "total_epochs": epochs,
+                "current_step": trainer.global_step,
+                "total_steps": self.per_epoch * epochs,
+                "percent_complete": 100.0,
+                "eta_seconds": 0.0,
+            },
+            metrics={
+                "current": current_metrics(last),
+                **({"best": self.best} if self.best else {}),
+            },
+            evaluation_results=evaluation or None,
+            artifacts={
+                "final_checkpoint": final,
+                "training_curves": curves,
+                "model_card": f"{final}/model_card.md",
+                "base_model": self.spec.request.training_config.base_model,
+            },
+            train_s=self.prog.train_s,
+            eval_s=time.monotonic() - t_eval,
+            dataset=self.data.report.as_dict(),
+            **{k: figures[k] for k in ("samples", "trained_samples", "objective")},
+            init_checkpoint=self.init,
+            exact_token_samples=figures["exact_token_samples"],
+        )
 
 
 # -- environment jobs -------------------------------------------------------------------------
@@ -681,20 +762,17 @@ def train_on_env(
     return run_training(config, loop, on_iteration=on_iteration, trainer=trainer)
 
 
-def run_environment_job(spec: dict[str, Any], emitter: Emitter) -> None:
+def run_environment_job(spec: JobSpec | dict[str, Any], emitter: Emitter) -> None:
     from dataclasses import asdict
 
-    from agentrl.contracts.training import TrainingRequest
     from agentrl.learners.onpolicy import LoopSettings
 
-    req = TrainingRequest.model_validate(spec["request"])
-    tc = req.training_config
+    spec = JobSpec.of(spec)
+    tc = spec.request.training_config
     env = dict((tc.model_extra or {}).get("environment") or {})
-    from agentrl.training.requests import estimator as estimator_of
-
-    est = estimator_of(req)
+    est = spec.estimator
     config = trainer_config(spec, est if est in ("gigpo", "grpo", "rloo", "ppo", "dpo") else "grpo")
-    check_store(spec["storage_path"])
+    check_store(spec.storage_path)
     allowed = {
         "env_id",
         "iterations",
@@ -714,8 +792,8 @@ def run_environment_job(spec: dict[str, Any], emitter: Emitter) -> None:
         )
     loop = LoopSettings(
         **env,
-        resume=bool(spec.get("resume")),
-        out_dir=Path(spec["job_dir"]) / "run",
+        resume=spec.resume,
+        out_dir=Path(spec.job_dir) / "run",
         write_files=True,
     )
     prog = Progress(emitter, loop.iterations, loop.iterations, 1)
@@ -785,4 +863,4 @@ def run_environment_job(spec: dict[str, Any], emitter: Emitter) -> None:
         train_s=sum(r["rollout_s"] + r["update_s"] for r in map(asdict, result.records)),
         optimizer_steps=trainer.global_step - start_step,
     )
-    (Path(spec["job_dir"]) / "history.json").write_text(json.dumps(history, default=float))
+    (Path(spec.job_dir) / "history.json").write_text(json.dumps(history, default=float))

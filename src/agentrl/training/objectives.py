@@ -1,4 +1,5 @@
-"""What a dataset job optimises on its token-level samples: one pure function per objective.
+"""What a dataset job optimises on its token-level samples: one pure function per objective
+(the names are `training.jobspec`'s, shared with the choices trainer; `ppo` is `pg`).
 
 `pg` (default)  the samples' advantages as they are, under PPO's clipped surrogate with the
                 behaviour log-probs as old log-probs (GRPO / RLOO / GiGPO credit, see

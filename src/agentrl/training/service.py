@@ -61,6 +61,7 @@ from agentrl.contracts.training import TrainingRequest, TrainingStatus
 from agentrl.llm.fence import raise_fence
 from agentrl.observability import instrument as obs
 from agentrl.settings import Settings, get_settings
+from agentrl.training.jobspec import JobSpec
 from agentrl.training.kv import CANCEL_SUBJECT, STATUS_BUCKET, bucket
 from agentrl.training.paths import UnsafePath, checkpoint_base, job_dir
 from agentrl.training.queue import FINAL, JobQueue, QueueEntry, status_of
@@ -759,31 +760,37 @@ class TrainingService:
             self._lost(row.job_id)
             return
         resume = row.resumes > 0
-        spec = {
-            "request": row.request,
-            "kind": row.kind,
-            "job_dir": str(folder),
-            "nats_url": self._nats_url(),
-            "device": device,
-            "storage_path": storage_path,
-            "resume": resume,
-            "status_every_steps": self.ts.status_every_steps,
-            "heartbeat_s": self.ts.heartbeat_s,
-            "max_length": self.ts.max_length,
-            "tiny_kwargs": self.ts.tiny_kwargs,
-            "lease": {"owner": self.owner, "token": lease.token},
-        }
         recent = self.store.get_state("recent_checkpoint") or {}
-        if recent.get("base_model") == row.request.get("training_config", {}).get("base_model"):
-            spec["recent_checkpoint"] = recent.get("path")
-        (folder / "spec.json").write_text(json.dumps(spec, indent=2))
+        same_base = recent.get("base_model") == row.request.get("training_config", {}).get(
+            "base_model"
+        )
+        try:  # the request validated here, once; a row written before today's checks fails
+            spec = JobSpec(
+                request=row.request,  # type: ignore[arg-type]
+                kind=row.kind,  # type: ignore[arg-type]
+                job_dir=str(folder),
+                nats_url=self._nats_url(),
+                device=device,
+                storage_path=storage_path,
+                resume=resume,
+                status_every_steps=self.ts.status_every_steps,
+                heartbeat_s=self.ts.heartbeat_s,
+                max_length=self.ts.max_length,
+                tiny_kwargs=self.ts.tiny_kwargs,
+                lease={"owner": self.owner, "token": lease.token},
+                recent_checkpoint=recent.get("path") if same_base else None,
+            )
+        except ValueError as exc:
+            await self._finish(row, "failed", error={"code": "CONFIG", "message": str(exc)})
+            return
+        (folder / "spec.json").write_text(spec.model_dump_json(indent=2, exclude_none=True))
         events = folder / "events.jsonl"
         offset = events.stat().st_size if events.exists() else 0
         env = self._job_env()
         if device.startswith("cuda:"):
             env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
-            spec["device"] = "cuda"
-            (folder / "spec.json").write_text(json.dumps(spec, indent=2))
+            spec.device = "cuda"
+            (folder / "spec.json").write_text(spec.model_dump_json(indent=2, exclude_none=True))
         proc = await self.spare.take(folder, env) if self.spare is not None else None
         if proc is not None:
             self.counters["spare_jobs"] += 1

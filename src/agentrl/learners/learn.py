@@ -1,5 +1,6 @@
-"""`agentrl learn`: the main job. Train the shipped valid-action configuration and show the
-trained model against its base on the same held-out maps.
+"""`agentrl learn`: the stand-alone learning run (no stack; the main job is `agentrl loop`).
+Train the shipped valid-action configuration and show the trained model against its base on
+the same held-out maps.
 
 Prints one line per iteration, the base-vs-trained table (success with a 95 % Wilson
 interval, mean reward, invalid-action rate, mean steps), where the time went, the machine
@@ -26,7 +27,7 @@ def load_average() -> str:
     return f"{one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} cores"
 
 
-def run_main_job(config_path: Path, overrides: dict[str, Any], console: Any) -> dict[str, Any]:
+def run_learn(config_path: Path, overrides: dict[str, Any], console: Any) -> dict[str, Any]:
     from rich.table import Table
 
     from agentrl.learners.valid_action import IterationStats, ValidActionConfig, train_on_env
