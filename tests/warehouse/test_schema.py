@@ -159,7 +159,10 @@ def test_correction_columns_reach_an_older_warehouse_and_the_dataset(
         old = created(b, db)
         assert "correction" not in old["rewards"] and "correction" not in old["feedback"]
         did = schema.apply(b, ws)
-        assert did[-2:] == ["applied 0008_rewards_correction", "applied 0009_feedback_correction"]
+        assert did[-3:-1] == [
+            "applied 0008_rewards_correction",
+            "applied 0009_feedback_correction",
+        ]
         assert "`correction` String" in created(b, db)["rewards"]
         assert "`correction` String" in created(b, db)["feedback"]
 

@@ -182,6 +182,21 @@ def _register_loop(app: typer.Typer) -> None:
             help="--env tooluse: decode every reply under Agent Zero's reply schema (default); "
             "--no-structured is the ablation (free text, parsed as it comes).",
         ),
+        hints: str = typer.Option(
+            "importance",
+            help="--env tooluse: the jobs' hints where every attempt of a task failed "
+            "(importance: resample with the hint, train the hint-free prompt; distill: the "
+            "model with the hint as teacher; off: the ablation).",
+        ),
+        hint_reveals_answer: bool = typer.Option(
+            False, "--hint-reveals-answer", help="--env tooluse: the hint also gives the answer."
+        ),
+        partial_credit: bool = typer.Option(
+            True,
+            "--partial-credit/--no-partial-credit",
+            help="--env tooluse: partial credit per turn for failures (default; --no-... is "
+            "the ablation: 0 or 1).",
+        ),
         job_kind: str = typer.Option(
             "dataset",
             help="Training job kind the trigger starts; only dataset (the logged trajectories) "
@@ -225,6 +240,12 @@ def _register_loop(app: typer.Typer) -> None:
             overrides["init_checkpoint"] = init_checkpoint
         if not structured:
             overrides["structured"] = False
+        if hints not in ("importance", "distill", "off"):
+            typer.echo(f"error: --hints is importance, distill or off, not {hints!r}", err=True)
+            raise typer.Exit(2)
+        overrides.update(
+            hints=hints, hint_reveals_answer=hint_reveals_answer, partial_credit=partial_credit
+        )
         if env == "tooluse":
             cfg = LoopConfig.tooluse(quick=quick, **overrides)
         elif env == "frozenlake" and backend == "vllm" and not quick:

@@ -127,25 +127,34 @@ class LoopConfig:
     structured: bool = True  # tool use: replies under the schema (False: the ablation)
     lora_r: int = 16  # the jobs' LoRA rank (alpha = 2 r)
     backend_timeout_s: float = 60.0  # the gateway's wait for one answer of its backend
+    # tool use (issue 52): single-episode sessions per task (GiGPO groups by task), the jobs'
+    # hints where every attempt failed (importance, distill or off), partial credit
+    task_repeats: int = 1
+    hints: str = "importance"
+    hint_reveals_answer: bool = False
+    partial_credit: bool = True
 
     @classmethod
     def tooluse(cls, quick: bool = False, **kw: Any) -> LoopConfig:
         """The tool-use loop (`agentrl loop --env tooluse`, see `agentrl.app.loop_tooluse`):
-        Agent Zero JSON replies under structured outputs; jobs by rejection sampling on the
-        logged tokens, continuing the newest version; 120 held-out tasks (40 per family)."""
+        Agent Zero JSON replies under structured outputs; jobs by GiGPO (PPO-clip, masked
+        ratios) on the logged tokens with partial credit per turn and hints, continuing the
+        newest version; 210 held-out tasks (70 per family) and 90 unseen-pool tasks."""
         base: dict[str, Any] = dict(
             env="tooluse",
             model="smollm2",
             generations=3,
             until_benchmark=0.0,
-            # 8 agents of one episode each (8 in flight, as 2 x groups of 4 were): the jobs
-            # use no group advantage (rejection sampling), and a session is what the canary
-            # counts. Four episodes of one task make a session's mean 0 or 1 by the task's
+            # 8 agents of one episode each (8 in flight, as 2 x groups of 4 were): a session
+            # is what the canary counts. Four episodes of one task make a session's mean 0 or 1 by the task's
             # family (arithmetic ~0.85, data ~0.03): in 300 simulated canaries of two equal
             # versions at 48 episodes a side, sessions of 4 passed 20 times, of 1 194
             # (tolerance 0.5 on [0, 1]); 64 a side: 28 and 275
             agents=8,
             group_size=1,
+            # ... and each task 4 times, in 4 sessions: a job's GiGPO group (issue 52)
+            task_repeats=4,
+            objective="pg",
             threshold=64,
             max_steps=4,
             # issue 52: >= 200 held-out tasks, >= 60 a family; the unseen pool apart
@@ -153,7 +162,6 @@ class LoopConfig:
             unseen_seeds=90,
             time_budget_s=1200.0,
             temperature=1.0,
-            objective="rs",
             epochs=2,
             learning_rate=5e-4,
             max_tokens=256,
@@ -187,9 +195,7 @@ class LoopConfig:
                 max_tokens=48,
                 benchmark_episodes=1,
                 finish_in_flight=False,
-                # the tiny random model never answers right: rejection sampling would keep
-                # nothing; awr trains on every turn (weights from the group advantages)
-                objective="awr",
+                task_repeats=1,
             )
         base.update(kw)
         return cls(**base)
@@ -582,7 +588,7 @@ class Agents:
                 if self.paced and k > 0:  # a trickle of acting while a job or validation runs
                     await asyncio.sleep(0.5)
                     continue
-                seed = self.next_seed
+                seed = self.next_seed // max(1, self.cfg.task_repeats)
                 self.next_seed += 1
                 if seed >= HELDOUT_OFFSET:
                     raise RuntimeError("training seeds would reach the held-out range")
@@ -855,7 +861,7 @@ async def run_loop(
     if cfg.env == "tooluse":
         from agentrl.app import loop_tooluse
 
-        loop_tooluse.write_reward_config(data_dir)
+        loop_tooluse.write_reward_config(data_dir, cfg.partial_credit)
     elif cfg.env != "frozenlake":
         raise ValueError(f"--env {cfg.env!r}: use frozenlake or tooluse")
     env = loop_environment(cfg)

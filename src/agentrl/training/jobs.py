@@ -525,7 +525,15 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
         )
         hold_samples, _ = build_samples(hold, tok, completions=data["completions"])
     hold_samples = fit(hold_samples)
-    if not units:
+    hinting = None  # tool use: hints where every attempt of a task failed (before any update)
+    if algorithm != "dpo" and extra.get("tooluse_hints"):
+        from agentrl.learners.tooluse_job import JobHints, hint_step
+
+        hint_settings = JobHints.model_validate(extra["tooluse_hints"])
+        emitter.emit("running", phase="hinting failed tasks")
+        hinting = hint_step(trainer, train, hint_settings, data["completions"], seed)
+        log.info("hints: %s in %.0fs", hinting.counts, hinting.seconds)
+    if not units and not (hinting and hinting.items):
         raise TrainingError(
             f"nothing to train on: {len(train)} trajectories gave no "
             + (
@@ -613,6 +621,11 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
                             "checkpoint_path": ckpt.url("best"),
                         }
             prog.report(trainer.global_step, epoch + 1, m, state["best"])
+    if hinting is not None and hinting.items:
+        emitter.check()
+        t0 = time.monotonic()
+        hinting.train(trainer, hint_settings, seed)
+        prog.train_s += time.monotonic() - t0
     emitter.check()
     t_eval = time.monotonic()
     evaluation: dict[str, Any] = {}
@@ -647,7 +660,7 @@ def run_dataset_job(spec: dict[str, Any], emitter: Emitter) -> None:
             "eta_seconds": 0.0,
         },
         metrics={
-            "current": current_metrics(last),
+            "current": {**current_metrics(last), **(hinting.counts if hinting else {})},
             **({"best": state["best"]} if state["best"] else {}),
         },
         evaluation_results=evaluation or None,
