@@ -280,6 +280,11 @@ def clickhouse_load_data(
     loader (`{"trajectories": [payload dicts], "rewards": [{"trajectory_id", "total_reward",
     "version"}]}`: one latest reward per trajectory), so a dataset job can take either."""
     rows = clickhouse_source(dataset, settings, seed=seed, api_url=api_url, api_token=api_token)
+    return load_data_payloads(rows)
+
+
+def load_data_payloads(rows: list[RewardedTrajectory]) -> dict[str, Any]:
+    """Warehouse rows as the JetStream loader's payloads (`clickhouse_load_data`)."""
     return {
         "trajectories": [r.trajectory.to_wire() for r in rows],
         "rewards": [

@@ -111,7 +111,6 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("comment", STR),
             ("ingested_at", TS),
             ("correction", STR),
-            ("turn_rewards", pa.list_(F64)),
         ]
     ),
     "training_jobs": pa.schema(
