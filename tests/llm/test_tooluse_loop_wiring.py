@@ -133,9 +133,9 @@ def test_the_jobs_hint_failed_tasks_as_the_loop_says() -> None:
 
     _, hyper = job_settings()
     hints = JobHints.model_validate(hyper["tooluse_hints"])
-    assert hints.mode == "importance" and not hints.reveal_answer
+    assert hints.mode == "distill" and not hints.reveal_answer
     assert hints.max_new_tokens == LoopConfig.tooluse().max_tokens
-    assert JobHints.model_validate(job_settings(hints="distill")[1]["tooluse_hints"]).mode == (
-        "distill"
+    assert JobHints.model_validate(job_settings(hints="importance")[1]["tooluse_hints"]).mode == (
+        "importance"
     )
     assert job_settings(hints="off")[1]["tooluse_hints"] is None

@@ -183,7 +183,7 @@ def _register_loop(app: typer.Typer) -> None:
             "--no-structured is the ablation (free text, parsed as it comes).",
         ),
         hints: str = typer.Option(
-            "importance",
+            "distill",
             help="--env tooluse: the jobs' hints where every attempt of a task failed "
             "(importance: resample with the hint, train the hint-free prompt; distill: the "
             "model with the hint as teacher; off: the ablation).",

@@ -130,7 +130,7 @@ class LoopConfig:
     # tool use (issue 52): single-episode sessions per task (GiGPO groups by task), the jobs'
     # hints where every attempt failed (importance, distill or off), partial credit
     task_repeats: int = 1
-    hints: str = "importance"
+    hints: str = "distill"  # see loop_tooluse.job_hints
     hint_reveals_answer: bool = False
     partial_credit: bool = True
 
