@@ -388,3 +388,24 @@ def test_with_other_components_a_failure_stays_below_the_same_trajectory_succeed
     # a partial completion (task completion 0.5) can gain only half as much
     assert p["metadata"]["partial_credit"]["gain"] == pytest.approx(gain / 2)
     assert sum(f["metadata"]["turn_rewards"]) == pytest.approx(f["total_reward"])
+
+
+# ---- the tool-use loop's reward config (issue 52: the loop turns partial credit on) ----------
+def test_the_tooluse_loops_reward_config_gives_failures_partial_credit_per_turn(
+    tmp_path: Any,
+) -> None:
+    """`agentrl loop --env tooluse` writes the reward service's config: with it a failure
+    that called the calculator well earns credit on the turns that earned it (below what
+    success adds), so a group of failed attempts still differs; the ablation's is 0/1."""
+    from agentrl.app.loop_tooluse import write_reward_config
+
+    cfg = RewardConfig.load(write_reward_config(tmp_path))
+    assert cfg.partial_credit is not None and cfg.partial_credit.cap == 0.5
+    (out,), _ = score_batch([ScoringInput(perfect_failure("loop"))], WindowState(10, 10), cfg)
+    p = out.payload
+    assert 0.0 < p["total_reward"] <= 0.5
+    turns = p["metadata"]["turn_rewards"]
+    assert len(turns) == 2 and turns[0] > 0 and sum(turns) == pytest.approx(p["total_reward"])
+    off = RewardConfig.load(write_reward_config(tmp_path, partial_credit=False))
+    (plain,), _ = score_batch([ScoringInput(perfect_failure("loop"))], WindowState(10, 10), off)
+    assert plain.payload["total_reward"] == 0.0

@@ -47,7 +47,7 @@ def test_schema_applied_twice_without_change(
     assert set(first) == TABLES | {"schema_migrations"}
     assert schema.apply(backend, wsettings) == []
     assert created(backend, wsettings.database) == first
-    assert schema.current_version(backend, wsettings) == schema.LATEST == 9
+    assert schema.current_version(backend, wsettings) == schema.LATEST == 10
     for name, sql in first.items():
         if name in TABLES:
             assert "ReplacingMergeTree" in sql, name
@@ -159,7 +159,10 @@ def test_correction_columns_reach_an_older_warehouse_and_the_dataset(
         old = created(b, db)
         assert "correction" not in old["rewards"] and "correction" not in old["feedback"]
         did = schema.apply(b, ws)
-        assert did[-2:] == ["applied 0008_rewards_correction", "applied 0009_feedback_correction"]
+        assert did[-3:-1] == [
+            "applied 0008_rewards_correction",
+            "applied 0009_feedback_correction",
+        ]
         assert "`correction` String" in created(b, db)["rewards"]
         assert "`correction` String" in created(b, db)["feedback"]
 
@@ -189,3 +192,41 @@ def test_correction_columns_reach_an_older_warehouse_and_the_dataset(
         assert got[S.tid(2)].correction == ""
     finally:
         b.command(f"DROP DATABASE IF EXISTS {ws.database}")
+
+
+def test_turn_rewards_reach_the_warehouse_dataset(
+    backend: Backend, wsettings: WarehouseSettings
+) -> None:
+    """Per-turn rewards (partial credit, `metadata.turn_rewards`) are stored with their reward
+    version (migration 10) and the warehouse dataset source gives them to a job's records
+    (`Record.turn_rewards`, GiGPO's step rewards), the latest version's; none stay none."""
+    from agentrl.contracts.training import DatasetFilter
+    from agentrl.training.dataset import apply_filters, latest_rewards
+    from agentrl.warehouse.export import rewarded_from_table, select_dataset
+
+    db = wsettings.database
+    assert "`turn_rewards` Array(Float64)" in created(backend, db)["rewards"]
+    t1 = S.trajectory(1)  # three turns: two tool calls and the final response
+    v1 = S.reward(1, 0.3)
+    v1 = v1.model_copy(
+        update={"metadata": v1.metadata.model_copy(update={"turn_rewards": [0.1, 0.2, 0.0]})}
+    )
+    v2 = v1.model_copy(
+        update={
+            "reward_id": str(uuid.uuid4()),
+            "metadata": v1.metadata.model_copy(
+                update={"version": 2, "turn_rewards": [0.1, 0.1, 0.1]}
+            ),
+        }
+    )
+    assert store(backend, db, [t1, S.trajectory(2), v1, v2, S.reward(2, 1.0)]) == {}
+    got = {r.trajectory.trajectory_id: r for r in rewarded_from_table(select_dataset(backend, db))}
+    assert got[S.tid(1)].turn_rewards == (0.1, 0.1, 0.1)  # the latest version's
+    assert got[S.tid(2)].turn_rewards == ()
+    from agentrl.warehouse.export import load_data_payloads
+
+    data = load_data_payloads(rewarded_from_table(select_dataset(backend, db)))
+    kept, _ = apply_filters(data["trajectories"], latest_rewards(data["rewards"]), DatasetFilter())
+    by_id = {r.trajectory_id: r for r in kept}
+    assert by_id[S.tid(1)].turn_rewards == [0.1, 0.1, 0.1]
+    assert by_id[S.tid(2)].turn_rewards is None

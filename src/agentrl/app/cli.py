@@ -132,6 +132,8 @@ LOOP_OPTIONS = (
     "bad_candidate",
     "pace",
     "structured",
+    "hints",
+    "partial_credit",
 )
 
 

@@ -163,7 +163,7 @@ def prepare(run: Run, log_file: str | None) -> Any:
     if run.cfg.env == "tooluse":
         from agentrl.app import loop_tooluse
 
-        loop_tooluse.write_reward_config(run.data_dir)
+        loop_tooluse.write_reward_config(run.data_dir, run.cfg.partial_credit)
     os.environ.update(loop_environment(run.cfg))
     return Settings(
         data_dir=run.data_dir,

@@ -116,7 +116,7 @@ class Agents:
                 if self.paced and k > 0:  # a trickle of acting while a job or validation runs
                     await asyncio.sleep(0.5)
                     continue
-                seed = self.next_seed
+                seed = self.next_seed // max(1, self.cfg.task_repeats)
                 self.next_seed += 1
                 if seed >= HELDOUT_OFFSET:
                     raise RuntimeError("training seeds would reach the held-out range")

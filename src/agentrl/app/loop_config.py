@@ -112,12 +112,28 @@ class LoopConfig(BaseModel):
     """The jobs' LoRA rank (alpha = 2 r)."""
     backend_timeout_s: float = 60.0
     """The gateway's wait for one answer of its backend."""
+    task_repeats: int = 1
+    """Each task acted this many times, one single-episode session each: a job's GiGPO
+    group (tool use)."""
+    hints: Literal["importance", "distill", "off"] = "distill"
+    """Tool use: hints where all attempts failed.
+
+    With importance the job resamples with the hint and trains the hint-free prompt; with
+    distill the model with the hint is the teacher, on the logged tokens; off is the
+    ablation."""
+    hint_reveals_answer: bool = False
+    """Tool use: the hint also gives the answer."""
+    partial_credit: bool = True
+    """Partial credit per turn (tool use).
+
+    Off is the ablation: a reward of 0 or 1."""
 
     @classmethod
     def tooluse(cls, quick: bool = False, **kw: Any) -> LoopConfig:
         """The tool-use loop (`--env tooluse`, `agentrl.app.loop_tooluse`): Agent Zero JSON
-        replies under structured outputs; jobs by rejection sampling on the logged tokens;
-        210 held-out tasks (70 per family) and 90 of the unseen pool."""
+        replies under structured outputs; jobs by GiGPO (PPO-clip, masked ratios) on the
+        logged tokens with partial credit per turn and hints, each task acted 4 times; 210
+        held-out tasks (70 per family) and 90 of the unseen pool."""
         base: dict[str, Any] = dict(
             env="tooluse",
             model="smollm2",
@@ -125,13 +141,14 @@ class LoopConfig(BaseModel):
             until_benchmark=0.0,
             agents=8,  # sessions of one episode (docs/guide/loop.md)
             group_size=1,
+            task_repeats=4,  # each task in 4 sessions: a job's GiGPO group (issue 52)
             threshold=64,
             max_steps=4,
             heldout_seeds=210,
             unseen_seeds=90,
             time_budget_s=1200.0,
             temperature=1.0,
-            objective="rs",
+            objective="pg",
             epochs=2,
             learning_rate=5e-4,
             max_tokens=256,
@@ -159,7 +176,7 @@ class LoopConfig(BaseModel):
                 max_tokens=48,
                 benchmark_episodes=1,
                 finish_in_flight=False,
-                objective="awr",  # the random model never answers right: rs would keep none
+                task_repeats=1,
             )
         base.update(kw)
         return cls(**base)

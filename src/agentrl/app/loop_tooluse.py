@@ -114,10 +114,14 @@ def environment(cfg: Any) -> dict[str, str]:
         "data_analysis": [f"{ENV_ID}-data"],
         "code_generation": [f"{ENV_ID}-numbers"],
     }
-    hyper = {
+    hyper: dict[str, Any] = {
         "objective": cfg.objective,
         "min_reward": cfg.min_reward,
         "awr_beta": 0.5,
+        # constrained completions train against the masked distribution they came from
+        "constraints": [{"response_format": response_format()}] if cfg.structured else [],
+        # hints for the task groups whose every attempt failed (`learners.tooluse_job`)
+        "tooluse_hints": job_hints(cfg),
     }
     env = {
         "AGENTRL_TRAINING_HYPERPARAMETERS": json.dumps(hyper),
@@ -128,6 +132,10 @@ def environment(cfg: Any) -> dict[str, str]:
         # 2026-11-28); the tool-use streams hold hundreds of trajectories, not thousands
         "AGENTRL_TRAINING_DATASET_WINDOW_S": str(int(cfg.time_budget_s + cfg.grace_s + 600)),
         "AGENTRL_TRAINING_BATCH_SIZE": "8",
+        # whole GiGPO groups: a sample of `threshold` of the run's trajectories split most
+        # groups of `task_repeats` attempts into single attempts (no group, no step groups)
+        "AGENTRL_TRAINING_SAMPLE_SIZE": str(max(cfg.threshold, 1) * 4),
+        "AGENTRL_TRAINING_ADVANTAGE_ESTIMATOR": "gigpo",
         "AGENTRL_DEPLOY_BENCHMARK_TASKS": json.dumps(families),
         "AGENTRL_DEPLOY_BENCHMARK_ENV_KWARGS": json.dumps(
             {env: {"view": "agent_zero"} for envs in families.values() for env in envs}
@@ -155,13 +163,41 @@ def environment(cfg: Any) -> dict[str, str]:
     return env
 
 
-def write_reward_config(data_dir: Path) -> Path:
-    """Task completion alone: 1 for a right final answer, 0 otherwise (the loop's signal)."""
+PARTIAL_CREDIT_CAP = 0.5  # the most a failure earns: half of what success adds
+
+
+def write_reward_config(data_dir: Path, partial_credit: bool = True) -> Path:
+    """Task completion (1 for a right final answer) plus, for a failure, partial credit per
+    turn (`partial_credit: {cap: 0.5}`: a failure earns at most 0.5, on the turns that
+    earned it); `partial_credit=False` is the ablation (0 or 1)."""
     path = Path(data_dir) / "rewards.yaml"
-    path.write_text(
+    text = (
         "weights: {task_completion: 1.0, efficiency: 0.0, code_quality: 0.0, user_feedback: 0.0}\n"
     )
+    if partial_credit:
+        text += f"partial_credit: {{cap: {PARTIAL_CREDIT_CAP}}}\n"
+    path.write_text(text)
     return path
+
+
+def job_hints(cfg: Any) -> dict[str, Any] | None:
+    """The jobs' hint settings (`learners.tooluse_job.JobHints`), None when off.
+
+    The loop's default is `distill`: it trains on every failed attempt's own logged tokens
+    (forward passes only), while `importance` samples again inside the job (minutes of
+    decoding on 2 cores) and trains only on hinted successes, of which hints without the
+    answer found 0 of 20 (2026-11-29, `agentrl learn`, one iteration)."""
+    mode = getattr(cfg, "hints", "distill")
+    if mode == "off":
+        return None
+    return {
+        "mode": mode,
+        "reveal_answer": bool(getattr(cfg, "hint_reveals_answer", False)),
+        "max_steps": cfg.max_steps,
+        "max_new_tokens": cfg.max_tokens,
+        "temperature": cfg.temperature,
+        "structured": cfg.structured,
+    }
 
 
 def policy_kwargs(cfg: Any, session: str | None) -> dict[str, Any]:

@@ -239,6 +239,24 @@ class ToolUseLearner:
         """Users' corrections by task (family, seed): where one is given it is the hint
         (`set_corrections`)."""
 
+    @classmethod
+    def from_trainer(cls, trainer: Any, config: ToolUseConfig) -> ToolUseLearner:
+        """A learner around a trainer that already holds the policy (a loop job's): nothing
+        is loaded; `config` sets how it plays (tokens, steps, schema, hints)."""
+        from agentrl.learners.tooluse_replay import Replay
+
+        self = cls.__new__(cls)
+        self.config = config
+        self.trainer = trainer
+        self.tokenizer = trainer.policy.tokenizer
+        vocab = int(trainer.policy.model.config.vocab_size)
+        self.matchers = SchemaMatchers(self.tokenizer, vocab) if config.structured else None
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.timing = PlayTiming()
+        self.replay = Replay(config.replay_capacity_per_family)
+        self.corrections = {}
+        return self
+
     def set_corrections(self, corrections: dict[tuple[str, int], str | None]) -> None:
         """The hook for users' corrections: a hint string (or None) per task. A task with
         one gets it as its hint, in place of what the environment says it needs."""

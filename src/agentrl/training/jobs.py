@@ -510,6 +510,7 @@ class TokenJob:
         self.history: list[dict[str, float]] = []
         self.best: dict[str, Any] | None = None
         self.init: str | None = None
+        self.hinting: Any = None
 
     @property
     def reported_objective(self) -> str:
@@ -578,7 +579,8 @@ class TokenJob:
             self.units = self._fit(shaped)
         hold_samples, _ = build_samples(data.hold, tok, completions=completions)
         self.hold_samples = self._fit(hold_samples)
-        if not self.units:
+        self.hinting = self._hint_step(completions)
+        if not self.units and not (self.hinting and self.hinting.items):
             raise TrainingError(
                 f"nothing to train on: {len(data.train)} trajectories gave no "
                 + (
@@ -590,6 +592,22 @@ class TokenJob:
                 ),
                 "DATA",
             )
+
+    def _hint_step(self, completions: dict[str, Any]) -> Any:
+        """Tool use (`hyperparameters.tooluse_hints`): hints for the tasks whose every
+        attempt failed, built before any update (`learners.tooluse_job`); None otherwise."""
+        hints = (self.spec.options.model_extra or {}).get("tooluse_hints")
+        if self.algorithm == "dpo" or not hints:
+            return None
+        from agentrl.learners.tooluse_job import JobHints, hint_step
+
+        self.hint_settings = JobHints.model_validate(hints)
+        self.emitter.emit("running", phase="hinting failed tasks")
+        found = hint_step(
+            self.trainer, self.data.train, self.hint_settings, completions, self.spec.options.seed
+        )
+        log.info("hints: %s in %.0fs", found.counts, found.seconds)
+        return found
 
     def _fit(self, items: list[Any]) -> list[Any]:
         from agentrl.llm.samples import truncate
@@ -659,6 +677,11 @@ class TokenJob:
                     last_saved = trainer.global_step
                     self._checkpoint(m, epoch + 1)
                 prog.report(trainer.global_step, epoch + 1, m, self.best)
+        if self.hinting is not None and self.hinting.items:  # after the job's own steps
+            emitter.check()
+            t0 = time.monotonic()
+            self.hinting.train(trainer, self.hint_settings, self.spec.options.seed)
+            prog.train_s += time.monotonic() - t0
 
     def _checkpoint(self, m: dict[str, float], epoch: int) -> None:
         from agentrl.training import ope
@@ -730,7 +753,10 @@ class TokenJob:
                 "eta_seconds": 0.0,
             },
             metrics={
-                "current": current_metrics(last),
+                "current": {
+                    **current_metrics(last),
+                    **(self.hinting.counts if self.hinting is not None else {}),
+                },
                 **({"best": self.best} if self.best else {}),
             },
             evaluation_results=evaluation or None,

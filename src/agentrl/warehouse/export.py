@@ -111,7 +111,7 @@ def dataset_sql(
         tail = order.format(t="t")
     sql = f"""
         SELECT {columns}, r.reward AS reward, r.reward_version AS reward_version,
-               r.correction AS correction{raw}
+               r.correction AS correction, r.turn_rewards AS turn_rewards{raw}
         FROM (SELECT {inner} FROM {database}.trajectories FINAL
               WHERE {" AND ".join(where)}) AS t
         {join} ({latest}) AS r USING tkey
@@ -197,6 +197,7 @@ class RewardedTrajectory:
     reward: float
     reward_version: int
     correction: str = ""  # the user's correction carried by that reward version
+    turn_rewards: tuple[float, ...] = ()  # its per-turn rewards (partial credit), () if none
 
 
 def rewarded_from_table(table: pa.Table) -> list[RewardedTrajectory]:
@@ -208,9 +209,16 @@ def rewarded_from_table(table: pa.Table) -> list[RewardedTrajectory]:
         if "correction" in table.column_names
         else [""] * len(raws)
     )
+    turns = (
+        table.column("turn_rewards").to_pylist()
+        if "turn_rewards" in table.column_names
+        else [None] * len(raws)
+    )
     return [
-        RewardedTrajectory(TrajectoryEvent.model_validate_json(raw), float(r), int(v), c or "")
-        for raw, r, v, c in zip(raws, rewards, versions, fixes, strict=True)
+        RewardedTrajectory(
+            TrajectoryEvent.model_validate_json(raw), float(r), int(v), c or "", tuple(t or ())
+        )
+        for raw, r, v, c, t in zip(raws, rewards, versions, fixes, turns, strict=True)
     ]
 
 
@@ -272,6 +280,11 @@ def clickhouse_load_data(
     loader (`{"trajectories": [payload dicts], "rewards": [{"trajectory_id", "total_reward",
     "version"}]}`: one latest reward per trajectory), so a dataset job can take either."""
     rows = clickhouse_source(dataset, settings, seed=seed, api_url=api_url, api_token=api_token)
+    return load_data_payloads(rows)
+
+
+def load_data_payloads(rows: list[RewardedTrajectory]) -> dict[str, Any]:
+    """Warehouse rows as the JetStream loader's payloads (`clickhouse_load_data`)."""
     return {
         "trajectories": [r.trajectory.to_wire() for r in rows],
         "rewards": [
@@ -279,10 +292,12 @@ def clickhouse_load_data(
                 "trajectory_id": r.trajectory.trajectory_id,
                 "total_reward": r.reward,
                 "version": r.reward_version,
-                # the user's correction where the reward carries one (Record.correction)
-                **(
-                    {"metadata": {"feedback": {"correction": r.correction}}} if r.correction else {}
-                ),
+                # the user's correction (Record.correction) and the per-turn rewards
+                # (Record.turn_rewards) where the reward carries them
+                "metadata": {
+                    **({"feedback": {"correction": r.correction}} if r.correction else {}),
+                    **({"turn_rewards": list(r.turn_rewards)} if r.turn_rewards else {}),
+                },
             }
             for r in rows
         ],

@@ -23,7 +23,8 @@ def latest_rewards_sql(database: str, having: str = "1") -> str:
     """The latest reward version of each trajectory, keyed by `tkey` (cityHash64 of the id)."""
     return (
         f"SELECT tkey, argMax(total_reward, version) AS reward, max(version) AS reward_version, "
-        f"argMax(correction, version) AS correction "
+        f"argMax(correction, version) AS correction, "
+        f"argMax(turn_rewards, version) AS turn_rewards "
         f"FROM {database}.rewards GROUP BY tkey HAVING {having}"
     )
 

@@ -96,6 +96,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("confidence", F64),
             ("ingested_at", TS),
             ("correction", STR),
+            ("turn_rewards", pa.list_(F64)),
         ]
     ),
     "feedback": pa.schema(
@@ -360,8 +361,19 @@ def reward_rows(
             f64(getattr(meta, "confidence", None)),
             now,
             _correction(_extra(meta, "feedback")),
+            _turn_rewards(_extra(meta, "turn_rewards")),
         ),
     )
+
+
+def _turn_rewards(values: Any) -> list[float]:
+    """A reward's per-turn rewards (`metadata.turn_rewards`), [] when none or not numbers."""
+    if not isinstance(values, list):
+        return []
+    try:
+        return [float(v) for v in values]
+    except (TypeError, ValueError):
+        return []
 
 
 def _correction(feedback: Any) -> str:

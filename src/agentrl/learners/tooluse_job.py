@@ -1,0 +1,292 @@
+"""A loop job's tool-use step (issue 52): hints for the tasks whose every logged attempt
+failed, trained onto the hint-free prompts, inside the dataset job that trains on the
+loop's logged tokens (`training.jobs.run_dataset_job`, `hyperparameters.tooluse_hints`).
+
+The job's records are grouped by task (the trajectory's `task_context`: env id and seed
+rebuild the task, `envs.tooluse.tasks.generate_task`). For a group where no attempt
+succeeded the hint is a user's correction of one of its trajectories (`Record.hint`, via
+`ToolUseLearner.set_corrections`), else what the environment's checker says
+(`envs.tooluse.hints.hint_for`: what was wrong, what the task needs; the answer only with
+`reveal_answer`). Then, as in `agentrl learn` (`learners.tooluse_hints`):
+
+  - importance: the job's policy (the version the agents acted with, before this job's
+    update) samples the task again with the hint in context; the hinted successes' tokens
+    train the hint-free prompt with the truncated importance ratio;
+  - distill: the same model with the hint in context is the teacher on the failed
+    attempts' own logged tokens (per-token advantage log pi(a | x + hint) - log pi(a | x)).
+
+Every trained prompt is hint-free (tested); the hint is only ever the other policy's
+context. The counts (`hinted_tasks`, `hinted_successes`, `corrections_used`) go into the
+job's final status, where the loop sums them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentrl.envs.tooluse.hints import Attempt, hint_for, with_hint
+from agentrl.learners.tooluse_hints import TokenItem
+
+Key = tuple[str, int]  # (env family or "mixed", seed): what `generate_task` rebuilds
+
+
+class JobHints(BaseModel):
+    """`hyperparameters.tooluse_hints` of a job request (the loop's `loop_tooluse.job_hints`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["importance", "distill"] = "importance"
+    reveal_answer: bool = False
+    samples: int = Field(4, gt=0, description="hinted resamples per task (importance)")
+    max_tasks: int = Field(8, gt=0, description="hinted tasks per job (its time is bounded)")
+    max_steps: int = Field(4, ge=1)
+    max_new_tokens: int = Field(256, ge=8)
+    temperature: float = Field(1.0, gt=0)
+    structured: bool = True
+    clip: float = Field(1.0, gt=0)
+    batch_size: int = Field(8, gt=0)
+    epochs: int = Field(1, ge=1)
+
+
+@dataclass
+class HintStep:
+    """What the hint step found and will train: items and the counts the job reports."""
+
+    items: list[TokenItem] = field(default_factory=list)
+    counts: dict[str, int] = field(
+        default_factory=lambda: {
+            "hinted_tasks": 0,
+            "hinted_successes": 0,
+            "hinted_samples": 0,
+            "corrections_used": 0,
+            "hint_items": 0,
+        }
+    )
+    hints: dict[Key, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def train(self, trainer: Any, settings: JobHints, seed: int = 0) -> dict[str, float]:
+        """Train the items (after the job's own steps): family-balanced token-level steps."""
+        import torch
+
+        from agentrl.learners.tooluse_hints import balance, train_items
+
+        if not self.items:
+            return {}
+        balance(self.items)
+        gen = torch.Generator().manual_seed(seed)
+        out: dict[str, float] = {}
+        for _ in range(settings.epochs):
+            out = train_items(trainer, self.items, settings.batch_size, settings.clip, gen)
+        return out
+
+
+def task_key(trajectory: dict[str, Any]) -> Key | None:
+    """(family, seed) of a tool-use trajectory from its task context, None for another env."""
+    ctx = trajectory.get("task_context") or {}
+    env_id = str(ctx.get("env_id") or "")
+    seed = ctx.get("seed")
+    if not (env_id == "tooluse" or env_id.startswith("tooluse-")) or seed is None:
+        return None
+    if str((ctx.get("env_kwargs") or {}).get("pool") or "train") != "train":
+        return None  # held-out pools are never trained on
+    return (env_id.partition("-")[2] or "mixed", int(seed))
+
+
+def succeeded(record: Any) -> bool:
+    """The environment's verdict on the trajectory (its outcome), not the shaped reward."""
+    meta = record.trajectory.get("metadata") or {}
+    status = (meta.get("outcome") or {}).get("task_status")
+    return status == "completed_successfully"
+
+
+def failed_groups(records: Sequence[Any]) -> dict[Key, list[Any]]:
+    """Tool-use tasks none of whose attempts succeeded, in first-seen order."""
+    groups: dict[Key, list[Any]] = {}
+    for r in records:
+        key = task_key(r.trajectory)
+        if key is not None:
+            groups.setdefault(key, []).append(r)
+    return {k: g for k, g in groups.items() if not any(succeeded(r) for r in g)}
+
+
+def attempt_of(trajectory: dict[str, Any]) -> Attempt:
+    """What the checker saw of one logged attempt."""
+    answer, tools, error, cut = None, [], False, False
+    for turn in trajectory.get("turns") or ():
+        info = turn.get("step_info") or {}
+        tool = info.get("tool_name")
+        if tool == "response" and info.get("answer") is not None:
+            answer = str(info["answer"])
+        elif tool in ("calculator", "code_exe"):
+            tools.append(str(tool))
+        error = error or bool(info.get("tool_error"))
+        lp = turn.get("logprobs") or {}
+        cut = cut or (isinstance(lp, dict) and lp.get("finish_reason") == "length")
+    return Attempt(answer=answer, tools=tuple(tools), tool_error=error, cut_by_token_cap=cut)
+
+
+def turn_messages(
+    trajectory: dict[str, Any], question: str, upto: int, hint: str | None = None
+) -> list[dict[str, str]]:
+    """The chat before turn `upto` as the agent saw it (Agent Zero's system prompt, the
+    question, then each reply and the tool result that followed), the hint after the
+    question when given."""
+    from agentrl.envs.tooluse.agent_prompt import SYSTEM_PROMPT
+
+    turns = trajectory.get("turns") or []
+    messages = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": with_hint(question, hint)},
+    ]
+    for k in range(upto):
+        messages.append({"role": "assistant", "content": reply_text(turns[k])})
+        messages.append({"role": "user", "content": str(turns[k + 1]["observation"]["content"])})
+    return messages
+
+
+def reply_text(turn: dict[str, Any]) -> str:
+    action = turn.get("action") or {}
+    raw = action.get("raw_response")
+    if raw:
+        return str(raw)
+    return json.dumps(
+        {
+            "thoughts": turn.get("thought_process") or [],
+            "tool_name": action.get("tool_name"),
+            "tool_args": action.get("tool_args") or {},
+        }
+    )
+
+
+def action_ids(
+    tokenizer: Any, turn: dict[str, Any], completions: dict[str, dict[str, Any]]
+) -> list[int]:
+    """The turn's logged tokens (the completion log's), else its text re-tokenised + EOS."""
+    from agentrl.llm.samples import encode_action
+
+    cid = (turn.get("action") or {}).get("completion_id")
+    comp = completions.get(str(cid)) if cid else None
+    if comp and comp.get("completion_token_ids"):
+        return [int(x) for x in comp["completion_token_ids"]]
+    return encode_action(tokenizer, reply_text(turn))
+
+
+def distill_items_from_records(
+    tokenizer: Any,
+    groups: dict[Key, list[Any]],
+    hints: dict[Key, str],
+    questions: dict[Key, str],
+    families: dict[Key, str],
+    completions: dict[str, dict[str, Any]],
+) -> list[TokenItem]:
+    """The failed attempts' own turns: student prompt hint-free, teacher prompt with the
+    hint (the same history), on the logged tokens."""
+    from agentrl.llm.samples import render_prompt
+
+    out = []
+    for key, hint in hints.items():
+        for r in groups[key]:
+            turns = r.trajectory.get("turns") or []
+            for k in range(len(turns)):
+                ids = action_ids(tokenizer, turns[k], completions)
+                if not ids:
+                    continue
+                q = questions[key]
+                out.append(
+                    TokenItem(
+                        render_prompt(tokenizer, turn_messages(r.trajectory, q, k)),
+                        ids,
+                        families[key],
+                        "distill",
+                        hinted_prompt_ids=render_prompt(
+                            tokenizer, turn_messages(r.trajectory, q, k, hint)
+                        ),
+                    )
+                )
+    return out
+
+
+def hint_step(
+    trainer: Any,
+    records: Sequence[Any],
+    settings: JobHints | dict[str, Any],
+    completions: dict[str, dict[str, Any]] | None = None,
+    seed: int = 0,
+) -> HintStep:
+    """Hints for the failed groups among `records` and the items they train (not trained
+    yet: `HintStep.train`). Importance mode samples with the trainer's current policy."""
+    from agentrl.envs.tooluse.tasks import generate_task
+    from agentrl.learners.tooluse import ToolUseConfig, ToolUseLearner
+    from agentrl.learners.tooluse_hints import importance_items
+
+    t0 = time.perf_counter()
+    s = settings if isinstance(settings, JobHints) else JobHints.model_validate(settings)
+    step = HintStep()
+    groups = failed_groups(records)
+    keys = list(groups)[: s.max_tasks]
+    if not keys:
+        return step
+    config = ToolUseConfig(
+        model="tiny",  # not loaded: the learner wraps the job's trainer
+        max_steps=max(2, s.max_steps),
+        max_new_tokens=s.max_new_tokens,
+        structured=s.structured,
+        threads=0,
+        hints=s.mode,
+        hint_reveals_answer=s.reveal_answer,
+        hint_samples=s.samples,
+        group_size=s.samples,
+        temperature=s.temperature,
+        batch_size=max(1, s.samples * len(keys)),
+        seed=seed,
+    )
+    learner = ToolUseLearner.from_trainer(trainer, config)
+    # users' corrections: the latest non-empty one of a task's trajectories is its hint
+    learner.set_corrections({k: next((r.hint for r in groups[k] if r.hint), None) for k in keys})
+    tasks = {k: generate_task(k[1], k[0]) for k in keys}
+    for k in keys:
+        correction = learner.corrections.get(k)
+        step.counts["corrections_used"] += int(correction is not None)
+        step.hints[k] = hint_for(
+            tasks[k],
+            [attempt_of(r.trajectory) for r in groups[k]],
+            reveal_answer=s.reveal_answer,
+            correction=correction,
+        )
+    step.counts["hinted_tasks"] = len(step.hints)
+    families = {k: tasks[k].family for k in keys}
+    if s.mode == "distill":
+        questions = {k: tasks[k].question for k in keys}
+        step.items = distill_items_from_records(
+            learner.tokenizer, groups, step.hints, questions, families, completions or {}
+        )
+    else:
+        batch = [k for k in keys for _ in range(s.samples)]
+        again = learner.play(batch, s.temperature, hints=[step.hints[k] for k in batch])
+        step.counts["hinted_samples"] = len(again)
+        step.counts["hinted_successes"] = sum(ep.success for ep in again)
+        step.items = importance_items(again)
+        for it, fam in zip(step.items, _families_of(again, families), strict=True):
+            it.family = fam
+    step.counts["hint_items"] = len(step.items)
+    step.seconds = time.perf_counter() - t0
+    return step
+
+
+def _families_of(episodes: Sequence[Any], families: dict[Key, str]) -> list[str]:
+    """Each importance item's concrete family (a "mixed" task's drawn family), in order."""
+    out = []
+    for ep in episodes:
+        if not ep.success or not ep.hint:
+            continue
+        for t in ep.turns:
+            if t.finish == "stop" and t.free_prompt_ids is not None:
+                out.append(families.get((ep.family, ep.seed), ep.family))
+    return out

@@ -1,0 +1,140 @@
+"""A loop job's tool-use hint step (issue 52) on logged trajectories and a tiny random
+model: only tasks whose every attempt failed are hinted, a user's correction (the reward's
+`metadata.feedback.correction`, `Record.hint`) is the hint, the hint never reaches a trained
+prompt, and training the items moves the policy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from agentrl.envs.tooluse.tasks import generate_task
+from agentrl.learners.tooluse_job import JobHints, failed_groups, hint_step, task_key
+from agentrl.training.dataset import Record
+
+SECRET = "SECRET-7731 call the calculator with the whole expression"
+
+
+def tooluse_trajectory(
+    family: str, seed: int, k: int, success: bool, turns: int = 2
+) -> dict[str, Any]:
+    """A logged tool-use attempt shaped as `rollout.convert` writes the loop's episodes."""
+    task = generate_task(seed, family)
+    out = []
+    for j in range(turns):
+        last = j == turns - 1
+        tool = "response" if last else "calculator"
+        args = {"text": "7"} if last else {"expression": "1 + 2"}
+        out.append(
+            {
+                "turn_id": j + 1,
+                "observation": {
+                    "type": "user_message" if j == 0 else "tool_result",
+                    "content": task.question
+                    if j == 0
+                    else json.dumps({"tool_name": "calculator", "tool_result": "1 + 2 = 3"}),
+                },
+                "action": {
+                    "type": "tool_call",
+                    "tool_name": tool,
+                    "tool_args": args,
+                    "raw_response": json.dumps(
+                        {"thoughts": ["go"], "tool_name": tool, "tool_args": args}
+                    ),
+                },
+                "step_info": {"tool_name": tool, **({"answer": "7"} if last else {})},
+                "logprobs": {"finish_reason": "stop"},
+            }
+        )
+    return {
+        "trajectory_id": f"{family}-{seed}-{k}",
+        "task_context": {
+            "task_id": f"tooluse-{family}/seed-{seed}",
+            "env_id": f"tooluse-{family}",
+            "seed": seed,
+            "env_kwargs": {"view": "agent_zero"},
+        },
+        "turns": out,
+        "metadata": {"outcome": {"task_status": "completed_successfully" if success else "failed"}},
+    }
+
+
+def record(traj: dict[str, Any], correction: str | None = None) -> Record:
+    reward: dict[str, Any] = {"trajectory_id": traj["trajectory_id"], "total_reward": 0.1}
+    if correction:
+        reward["metadata"] = {"feedback": {"explicit": "thumbs_down", "correction": correction}}
+    return Record(traj, reward)
+
+
+def records() -> list[Record]:
+    return [
+        record(tooluse_trajectory("arithmetic", 5, 0, False)),
+        record(tooluse_trajectory("arithmetic", 5, 1, False), correction=SECRET),
+        record(tooluse_trajectory("data", 6, 0, True)),  # one success: not hinted
+        record(tooluse_trajectory("data", 6, 1, False)),
+        record(tooluse_trajectory("numbers", 7, 0, False)),
+        Record(  # another environment's trajectory: never a tool-use hint
+            {"trajectory_id": "fl", "task_context": {"env_id": "frozenlake-4x4", "seed": 1}},
+            {"trajectory_id": "fl", "total_reward": 0.0},
+        ),
+    ]
+
+
+@pytest.fixture
+def trainer(tmp_path: Path) -> Any:
+    from agentrl.llm.config import TrainerConfig
+    from agentrl.llm.trainer import PolicyTrainer
+
+    cfg = TrainerConfig(model="tiny", seed=0, learning_rate=1e-2, storage_path=str(tmp_path))
+    return PolicyTrainer.from_config(cfg, None)
+
+
+def test_only_tasks_whose_every_attempt_failed_are_hinted() -> None:
+    recs = records()
+    assert task_key(recs[0].trajectory) == ("arithmetic", 5)
+    assert task_key(recs[-1].trajectory) is None
+    assert list(failed_groups(recs)) == [("arithmetic", 5), ("numbers", 7)]
+
+
+def test_distill_uses_the_users_correction_and_never_trains_the_hint(trainer: Any) -> None:
+    tok = trainer.policy.tokenizer
+    step = hint_step(trainer, records(), JobHints(mode="distill"))
+    assert step.counts["hinted_tasks"] == 2 and step.counts["corrections_used"] == 1
+    assert SECRET in step.hints[("arithmetic", 5)]  # the correction is the hint
+    assert SECRET not in step.hints[("numbers", 7)]  # the checker's words there
+    assert "The task needs" in step.hints[("numbers", 7)]
+    # every turn of the three failed attempts, on their own tokens
+    assert len(step.items) == 3 * 2 and step.counts["hint_items"] == 6
+    for it in step.items:
+        assert "Hint:" not in tok.decode(it.prompt_ids)  # the trained prompt: hint-free
+        assert "Hint:" in tok.decode(it.hinted_prompt_ids or [])  # the teacher's
+    fams = {it.family for it in step.items}
+    assert fams == {"arithmetic", "numbers"}
+    before = [p.detach().clone() for p in trainer.policy.model.parameters() if p.requires_grad]
+    out = step.train(trainer, JobHints(mode="distill"))
+    assert out["steps"] >= 1 and out["tokens"] > 0
+    after = [p for p in trainer.policy.model.parameters() if p.requires_grad]
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_importance_resamples_with_the_hint_and_counts_what_it_found(trainer: Any) -> None:
+    settings = JobHints(mode="importance", samples=2, max_tasks=1, max_new_tokens=16, max_steps=2)
+    step = hint_step(trainer, records(), settings)
+    # the first failed task only (max_tasks), its correction the hint, resampled twice
+    assert step.counts["hinted_tasks"] == 1 and step.counts["corrections_used"] == 1
+    assert step.counts["hinted_samples"] == 2
+    assert 0 <= step.counts["hinted_successes"] <= 2
+    assert bool(step.items) == (step.counts["hinted_successes"] > 0)
+    tok = trainer.policy.tokenizer
+    for it in step.items:  # a tiny random model rarely succeeds; whatever it trains is clean
+        assert "Hint:" not in tok.decode(it.prompt_ids)
+
+
+def test_no_failed_group_no_hints(trainer: Any) -> None:
+    ok = [record(tooluse_trajectory("data", 6, 0, True))]
+    step = hint_step(trainer, ok, JobHints())
+    assert step.items == [] and step.counts["hinted_tasks"] == 0

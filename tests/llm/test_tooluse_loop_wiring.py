@@ -1,0 +1,141 @@
+"""What `agentrl loop --env tooluse` hands its jobs (issue 52), checked on the real parts a job
+uses: the reply schema the agents send is named in the jobs' `constraints`, so a completion
+the gateway's engine sampled under it trains with its logged log-probs against the rebuilt
+mask; the estimator is GiGPO with PPO-clip; each task is acted on several times, so the
+job's groups (same task) of failed attempts get a gradient from the partial credit per turn;
+and the jobs hint the tasks whose every attempt failed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from agentrl.app.loop import LoopConfig, loop_environment
+from agentrl.app.loop_tooluse import response_format
+from agentrl.deploy.openai_types import ChatRequest
+from agentrl.llm.forward import BITMASK_KEY
+from agentrl.training.dataset import Record
+from agentrl.training.samples import build_samples
+
+TINY = {"hidden_size": 32, "intermediate_size": 64, "num_layers": 2}
+
+
+def job_settings(**kw: Any) -> tuple[dict[str, str], dict[str, Any]]:
+    env = loop_environment(LoopConfig.tooluse(**kw))
+    return env, json.loads(env["AGENTRL_TRAINING_HYPERPARAMETERS"])
+
+
+@pytest.fixture(scope="module")
+def engine() -> Any:
+    from agentrl.deploy.local import LocalEngine
+
+    return LocalEngine("tiny", seed=3, tiny_kwargs=TINY, max_batch_size=2, default_max_tokens=32)
+
+
+def test_constrained_replies_train_under_the_rebuilt_mask(engine: Any) -> None:
+    """A reply sampled under the loop's reply schema keeps its logged log-probs as the old
+    log-probs and carries the mask: the PPO ratio compares the masked distributions."""
+    env, hyper = job_settings()
+    assert env["AGENTRL_TRAINING_ADVANTAGE_ESTIMATOR"] == "gigpo"
+    assert hyper["objective"] == "pg"  # PPO-clip on the advantages (not rejection sampling)
+    body = {
+        "model": "agentrl-policy",
+        "messages": [{"role": "user", "content": "What is 2 + 3?"}],
+        "temperature": 1.0,
+        "max_tokens": 32,
+        "response_format": response_format(),  # what the loop's agents send
+    }
+    gen = asyncio.run(engine.generate(None, ChatRequest.model_validate(body)))
+    assert gen.constrained
+    row = {
+        "completion_id": "c-1",
+        "prompt_token_ids": list(gen.prompt_token_ids),
+        "completion_token_ids": list(gen.completion_token_ids),
+        "completion_logprobs": list(gen.token_logprobs),
+        "constrained": True,
+        "schema_hash": gen.schema_hash,
+    }
+    traj = {
+        "trajectory_id": "t-1",
+        "end_timestamp": "2026-01-01T00:00:00Z",
+        "task_context": {"task_id": "k", "instructions": "What is 2 + 3?"},
+        "turns": [
+            {
+                "turn_id": 1,
+                "observation": {"type": "user_message", "content": "What is 2 + 3?"},
+                "action": {"type": "response", "raw_response": "x", "completion_id": "c-1"},
+            }
+        ],
+    }
+    rec = Record(traj, {"trajectory_id": "t-1", "total_reward": 1.0})
+    (sample,), stats = build_samples(
+        [rec], engine.tokenizer, completions={"c-1": row}, constraints=hyper["constraints"]
+    )
+    assert stats.extra.get("masked_samples") == 1
+    assert sample.old_logprobs is not None and BITMASK_KEY in sample.meta
+    # the ablation (free text) names no schema
+    assert job_settings(structured=False)[1]["constraints"] == []
+
+
+def _attempt(seed: int, k: int, turn_rewards: list[float]) -> Record:
+    turns = [
+        {
+            "turn_id": j + 1,
+            "observation": {
+                "type": "user_message" if j == 0 else "tool_result",
+                "content": "What is 2 + 3?" if j == 0 else f"result {k}",
+            },
+            "action": {
+                "type": "tool_call",
+                "tool_name": "calculator",
+                "raw_response": f'{{"tool_name": "calculator", "k": {k}, "j": {j}}}',
+            },
+        }
+        for j in range(len(turn_rewards))
+    ]
+    traj = {
+        "trajectory_id": f"t-{seed}-{k}",
+        "end_timestamp": f"2026-01-01T00:00:0{k}Z",
+        "task_context": {"task_id": f"tooluse/seed-{seed}", "env_id": "tooluse", "seed": seed},
+        "turns": turns,
+    }
+    reward = {"trajectory_id": traj["trajectory_id"], "total_reward": sum(turn_rewards),
+              "metadata": {"turn_rewards": turn_rewards}}  # fmt: skip
+    return Record(traj, reward)
+
+
+def test_each_task_is_a_group_and_failed_groups_still_have_a_gradient(smol_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """The agents act on each task `task_repeats` times (one session each, as the canary
+    counts them): the job sees a GiGPO group per task, and with partial credit per turn a
+    group where every attempt failed has non-zero step advantages."""
+    cfg = LoopConfig.tooluse()
+    assert cfg.task_repeats >= 2 and cfg.group_size == 1
+    seeds = [n // cfg.task_repeats for n in range(2 * cfg.task_repeats)]  # Agents.run's rule
+    assert seeds.count(0) == cfg.task_repeats
+    env, _ = job_settings()
+    assert int(env["AGENTRL_TRAINING_SAMPLE_SIZE"]) >= 4 * cfg.threshold  # whole groups
+    credit = [[0.1, 0.2], [0.0, 0.05], [0.2, 0.1], [0.0, 0.0]]  # failures: partial credit
+    recs = [_attempt(0, k, credit[k]) for k in range(cfg.task_repeats)]
+    samples, stats = build_samples(recs, smol_tokenizer, estimator="gigpo")
+    assert stats.grouped_trajectories == cfg.task_repeats
+    assert any(abs(s.advantage) > 1e-6 for s in samples)
+    # with 0/1 rewards alone (no partial credit) the same failed group has nothing to learn
+    flat = [_attempt(0, k, [0.0, 0.0]) for k in range(cfg.task_repeats)]
+    samples, _ = build_samples(flat, smol_tokenizer, estimator="gigpo")
+    assert all(abs(s.advantage) < 1e-9 for s in samples)
+
+
+def test_the_jobs_hint_failed_tasks_as_the_loop_says() -> None:
+    from agentrl.learners.tooluse_job import JobHints
+
+    _, hyper = job_settings()
+    hints = JobHints.model_validate(hyper["tooluse_hints"])
+    assert hints.mode == "distill" and not hints.reveal_answer
+    assert hints.max_new_tokens == LoopConfig.tooluse().max_tokens
+    assert JobHints.model_validate(job_settings(hints="importance")[1]["tooluse_hints"]).mode == (
+        "importance"
+    )
+    assert job_settings(hints="off")[1]["tooluse_hints"] is None
