@@ -5,7 +5,10 @@ comes last), or until the trace has been idle `otlp_idle_s` (a timer checks); th
 becomes a trajectory (`agentrl.capture.otlp`), redacted, published and indexed like the
 gateway's episodes. A trace whose chat calls this gateway served inside an episode (their
 response ids are its completion ids) is not published again: it enriches that episode
-(durations, tool spans), so one agent run is one trajectory however it is observed.
+(durations, tool spans), so one agent run is one trajectory however it is observed. A
+gateway in another process is found through the capture index (its completion ids and the
+tool call ids it minted); the extras then go over NATS to the capture service that holds
+the episode open (`ENRICH_SUBJECT`), which folds them in and answers.
 
 Bounded in memory, since it runs beside every service: the body is read as a stream and
 refused past `otlp_max_body_bytes`, a gzip body is inflated to at most
