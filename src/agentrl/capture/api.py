@@ -5,7 +5,10 @@ comes last), or until the trace has been idle `otlp_idle_s` (a timer checks); th
 becomes a trajectory (`agentrl.capture.otlp`), redacted, published and indexed like the
 gateway's episodes. A trace whose chat calls this gateway served inside an episode (their
 response ids are its completion ids) is not published again: it enriches that episode
-(durations, tool spans), so one agent run is one trajectory however it is observed.
+(durations, tool spans), so one agent run is one trajectory however it is observed. A
+gateway in another process is found through the capture index (its completion ids and the
+tool call ids it minted); the extras then go over NATS to the capture service that holds
+the episode open (`ENRICH_SUBJECT`), which folds them in and answers.
 
 Bounded in memory, since it runs beside every service: the body is read as a stream and
 refused past `otlp_max_body_bytes`, a gzip body is inflated to at most
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections import OrderedDict
@@ -32,7 +36,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from agentrl.apiauth import require_scope
-from agentrl.capture.index import COMPLETION
+from agentrl.capture.fit import cut
+from agentrl.capture.index import CALL, COMPLETION
 from agentrl.capture.otlp import (
     OtlpError,
     OtlpTooLarge,
@@ -45,8 +50,9 @@ from agentrl.capture.otlp import (
     name_completions,
     span_bytes,
     to_trajectory_from_spans,
+    unnamed_call_ids,
 )
-from agentrl.capture.service import CaptureService, live_services
+from agentrl.capture.service import ENRICH_SUBJECT, CaptureService, live_services
 from agentrl.capture.settings import CaptureSettings
 
 log = logging.getLogger(__name__)
@@ -82,6 +88,7 @@ class TraceBook:
                 "published",
                 "publish_failed",
                 "joined_to_episodes",
+                "joined_in_another_process",
                 "joined_after_publish",
             ),
             0,
@@ -190,6 +197,47 @@ class OtlpReceiver:
                 found.update({r: t for r, t in zip(missing, got, strict=True) if t})
         return found, where
 
+    async def _name_from_index(self, trace: TraceEpisode) -> None:
+        """Chat spans without a response id whose tool calls a gateway in another process
+        minted: named by the completion the capture index holds for those call ids."""
+        calls = unnamed_call_ids(trace)
+        if not calls:
+            return
+        try:
+            index = await self.publisher._index_open()
+            got = await asyncio.gather(*(index.get(CALL, c) for c in calls))
+        except Exception:  # no index: the trace stands on its own
+            log.warning("otlp: capture index unavailable for tool call ids", exc_info=True)
+            return
+        named = {c: cid for c, cid in zip(calls, got, strict=True) if cid}
+        if named:
+            name_completions(trace, named.get)
+
+    async def _enrich_remote(self, tid: str, cids: list[str], data: dict[str, Any]) -> bool:
+        """Send a trace's extras to the process whose gateway holds episode `tid` open (it
+        answers; nobody answers when the episode was published already). True: folded in."""
+        nc = getattr(self.publisher.bus, "nc", None)
+        if nc is None:
+            return False
+        payload = json.dumps({"completion_ids": cids, "data": data}).encode()
+        limit = int(getattr(nc, "max_payload", 0) or 0)
+        if limit and len(payload) > limit:  # long tool outputs cut, head and tail kept
+            each = max(256, limit // 2 // max(1, len(data.get("tools") or [])))
+            for t in data.get("tools") or []:
+                if isinstance(t.get("output"), str):
+                    t["output"] = cut(t["output"], each)
+            payload = json.dumps({"completion_ids": cids, "data": data}).encode()
+        try:
+            reply = await nc.request(
+                f"{ENRICH_SUBJECT}.{tid}", payload, timeout=self.settings.enrich_timeout_s
+            )
+            return bool(json.loads(reply.data).get("enriched"))
+        except Exception as exc:  # no responder, timeout, too big: published without it
+            log.info(
+                "otlp: trace %s not folded into episode %s: %r", data.get("trace_id"), tid, exc
+            )
+            return False
+
     async def receive(self, spans: list[Span]) -> list[str]:
         """Take spans in; publish the traces that are complete (or join them to the gateway
         episode that served them). Returns the trajectory ids published."""
@@ -198,9 +246,11 @@ class OtlpReceiver:
             ready = self.book.add(spans, now) + self.book.expire(now)
             built = []
             services = [svc for svc in live_services() if svc is not self.publisher]
+            remote = []
             for trace in ready:
                 for other in services:
                     name_completions(trace, other.completion_of_call)
+                await self._name_from_index(trace)
                 rids = llm_response_ids(trace)
                 ours, svc = await self._served_here(rids) if rids else ({}, None)
                 tids = [t for t in ours.values() if t]
@@ -208,6 +258,8 @@ class OtlpReceiver:
                     joined = [r for r in rids if ours.get(r)]
                     if svc is not None and svc.enrich(tids[0], joined, enrichment_of(trace)):
                         self.book.counts["joined_to_episodes"] += 1
+                    elif svc is None:  # served by a gateway in another process
+                        remote.append(self._enrich_remote(tids[0], joined, enrichment_of(trace)))
                     else:
                         self.book.counts["joined_after_publish"] += 1
                     continue
@@ -216,6 +268,10 @@ class OtlpReceiver:
                     self.book.counts["traces_without_llm_spans"] += 1
                 else:
                     built.append((trace, traj))
+            for done in await asyncio.gather(*remote):
+                key = "joined_in_another_process" if done else "joined_after_publish"
+                self.book.counts[key] += 1
+                self.book.counts["joined_to_episodes"] += done
             if not built:
                 return []
             try:

@@ -18,6 +18,7 @@ from typing import Any
 
 EPISODE = "ep"
 COMPLETION = "cid"
+CALL = "call"  # a tool call id the gateway minted -> the completion that minted it
 MAX_PER_EPISODE = 1000  # trajectory ids kept per episode id (the newest)
 
 
@@ -55,7 +56,11 @@ class TrajectoryIndex:
 
     async def put_completions(self, pairs: list[tuple[str, str]]) -> None:
         """completion id -> trajectory id, for many at once."""
-        await asyncio.gather(*(self.kv.put(key(COMPLETION, c), t.encode()) for c, t in pairs if c))
+        await self.put_pairs(COMPLETION, pairs)
+
+    async def put_pairs(self, kind: str, pairs: list[tuple[str, str]]) -> None:
+        """`kind` id -> value, for many at once."""
+        await asyncio.gather(*(self.kv.put(key(kind, k), v.encode()) for k, v in pairs if k))
 
     async def add_episode(self, episode_id: str, trajectory_id: str) -> None:
         """Append `trajectory_id` to the episode's list (compare-and-set: several gateways

@@ -459,6 +459,19 @@ def name_completions(trace: TraceEpisode, completion_of_call: Callable[[str], st
                 break
 
 
+def unnamed_call_ids(trace: TraceEpisode) -> list[str]:
+    """The tool call ids answered by chat spans that still have no response id (a gateway
+    in another process names them through the capture index)."""
+    out = []
+    for s in trace.spans:
+        if s.kind != "llm" or response_id_of(s):
+            continue
+        _, output = messages_of(s)
+        calls = (output or {}).get("tool_calls") or []
+        out += [str(c["id"]) for c in calls if isinstance(c, dict) and c.get("id")]
+    return out
+
+
 def llm_response_ids(trace: TraceEpisode) -> list[str]:
     return [rid for s in trace.spans if s.kind == "llm" and (rid := response_id_of(s))]
 

@@ -41,7 +41,7 @@ from agentrl.capture.episodes import (
     trajectory_id_of,
 )
 from agentrl.capture.fit import fit
-from agentrl.capture.index import TrajectoryIndex
+from agentrl.capture.index import CALL, TrajectoryIndex
 from agentrl.capture.settings import CaptureSettings
 from agentrl.contracts.base import utcnow
 from agentrl.contracts.trajectory import TrajectoryEvent
@@ -53,6 +53,10 @@ AGENT_HEADER = "x-agentrl-agent"  # optional: the trajectory's agent_id
 SESSION_HEADERS = ("x-agentrl-session", "x-episode-id", "x-session-id")  # as the gateway's
 _OFF = frozenset({"off", "false", "0", "no", "none"})
 OWNED = 100_000  # completion ids remembered as served here (the OTLP join, in process)
+# Core NATS (no stream stores it): an OTLP receiver in another process sends a trace's
+# enrichment to `ENRICH_SUBJECT.<trajectory id>`; the capture service that holds that
+# episode open folds it in and answers, the others stay silent.
+ENRICH_SUBJECT = "agentrl.capture.enrich"
 
 _LIVE: weakref.WeakSet[CaptureService] = weakref.WeakSet()
 
@@ -135,6 +139,7 @@ class CaptureService:
         self.counts = CaptureCounts()
         self.index: TrajectoryIndex | None = None
         self.to_index: list[tuple[str, str]] = []  # (completion id, trajectory id) to write
+        self.calls_to_index: list[tuple[str, str]] = []  # (tool call id, completion id)
         self.owned: OrderedDict[str, str | None] = OrderedDict()  # served here -> trajectory
         self.calls: OrderedDict[str, str] = OrderedDict()  # tool call id -> completion id
         self.keyed = lambda: False  # the gateway says whether API keys are required
@@ -260,8 +265,14 @@ class CaptureService:
             for call in answer.get("tool_calls") or []:  # spans without response ids name these
                 if isinstance(call, dict) and call.get("id"):
                     self.calls[str(call["id"])] = completion_id
+                    self.calls_to_index.append((str(call["id"]), completion_id))
             while len(self.calls) > OWNED:
                 self.calls.popitem(last=False)
+            if len(self.calls_to_index) > OWNED:
+                del self.calls_to_index[: len(self.calls_to_index) - OWNED]
+            # written at once (batched with whatever else came meanwhile), not on the next
+            # tick: a trace exported right after the run finds its completions in the index
+            self._wake.set()
         return ep.episode_id
 
     # ---- the OTLP join (in process) ----------------------------------------------------------
@@ -285,6 +296,36 @@ class CaptureService:
                 self.counts.enriched += 1
                 return True
         return False
+
+    async def _on_enrich(self, msg: Any) -> None:
+        """An OTLP receiver in another process found one of this gateway's completions in a
+        trace: fold the trace's extras in when the episode is open here, and say so. Silent
+        otherwise (another replica may hold it); a bad message is logged, never raised."""
+        tid = msg.subject.rsplit(".", 1)[-1]
+        try:
+            doc = json.loads(msg.data)
+            cids = [str(c) for c in doc["completion_ids"]]
+            data = dict(doc["data"])
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("capture: bad enrichment for %s: %s", tid, exc)
+            return
+        if self.enrich(tid, cids, data) and msg.reply:
+            with contextlib.suppress(Exception):
+                await msg.respond(b'{"enriched": true}')
+
+    async def _subscribe(self) -> Any:
+        nc = getattr(self.bus, "nc", None)
+        if nc is None:
+            return None
+        try:
+            return await nc.subscribe(f"{ENRICH_SUBJECT}.*", cb=self._on_enrich)
+        except Exception:
+            log.warning(
+                "capture: no enrichment subscription (traces from another process "
+                "will not enrich this gateway's episodes)",
+                exc_info=True,
+            )
+            return None
 
     # ---- closing and publishing ------------------------------------------------------------
     def _queue(self, closed: Closed, outcome: Any, notes: dict[str, str]) -> None:
@@ -495,13 +536,16 @@ class CaptureService:
     async def write_index(self) -> None:
         """The completions served since the last call -> their trajectory ids (so feedback
         and OTLP traces can name them before the episode ends)."""
-        if not self.to_index:
+        if not (self.to_index or self.calls_to_index):
             return
         pairs, self.to_index = self.to_index, []
+        calls, self.calls_to_index = self.calls_to_index, []
         try:
-            await (await self._index_open()).put_completions(pairs)
+            index = await self._index_open()
+            await asyncio.gather(index.put_completions(pairs), index.put_pairs(CALL, calls))
         except Exception:
             self.to_index = pairs + self.to_index  # tried again next tick
+            self.calls_to_index = calls + self.calls_to_index
             raise
 
     async def flush(self, batch: int = 256) -> None:
@@ -525,7 +569,17 @@ class CaptureService:
                 self._unqueue(it)
 
     async def run(self, stop: asyncio.Event, tick_s: float = 1.0) -> None:
-        """Close idle episodes and publish closed ones until `stop`; then close the rest."""
+        """Close idle episodes and publish closed ones until `stop`; then close the rest.
+        Meanwhile answer enrichments sent by OTLP receivers in other processes."""
+        sub = await self._subscribe()
+        try:
+            await self._run(stop, tick_s)
+        finally:
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+    async def _run(self, stop: asyncio.Event, tick_s: float) -> None:
         while not stop.is_set():
             for c in self.book.expire(time.monotonic(), self.settings.idle_timeout_s):
                 self._queue(c, None, {})

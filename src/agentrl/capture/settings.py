@@ -27,6 +27,12 @@ class CaptureSettings(BaseSettings):
         "agentrl_capture_index", description="KV: episode and completion ids -> trajectory id."
     )
     index_ttl_s: float = Field(30 * 86400.0, gt=0.0, description="How long feedback can name it.")
+    enrich_timeout_s: float = Field(
+        2.0,
+        gt=0.0,
+        description="How long an OTLP receiver waits for the gateway process that holds the "
+        "episode to fold a trace in.",
+    )
     otlp_max_spans: int = Field(4096, ge=1, description="Spans per trace kept; more: truncated.")
     otlp_max_traces: int = Field(10_000, ge=1, description="Open traces kept at most.")
     otlp_idle_s: float = Field(30.0, gt=0.0, description="A trace without its root ends then.")

@@ -11,7 +11,8 @@ every chat; without reuse each turn paid its prefill (minutes on 2 busy cores). 
   prefix cache off and on.
 
 The prompt is the real one when `--agent-zero-prompt FILE` gives it (Agent Zero's rendered
-system prompt); otherwise a synthetic prompt of its size and shape (a role, a tool manual
+system prompt: `python -m agentrl.integrations.agent_zero.render_prompt A0_DIR FILE`, or the
+shipped render `tests/agent_zero/data/agent_zero_system_prompt.md`, 4,958 tokens); otherwise a synthetic prompt of its size and shape (a role, a tool manual
 with JSON examples) built here, cut to exactly `tokens` tokens. Decoding is greedy with a
 short answer: the prefill is what is measured.
 """

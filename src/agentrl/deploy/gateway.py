@@ -523,6 +523,8 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
             )
         except _ClientGone:
             state.abandoned += 1
+            if tracked:  # a failed turn of its episode, with why
+                capture.failed(request.headers, body, 499, CLIENT_GONE, completion_id, model_id)
             return Response(status_code=499, headers=headers)
         except (TimeoutError, BackendError, DeployError, Exception) as exc:
             failure = _failed(state, stats, exc, model_id, headers)
@@ -550,6 +552,9 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
 
     app.chat_fast = _Admission(chat_direct, state)
     return app
+
+
+CLIENT_GONE = "the client disconnected before the answer was ready"
 
 
 class _ClientGone(Exception):
@@ -836,6 +841,16 @@ async def _stream(
             gen.finish_reason = "cancelled"
         stats.completion_tokens += len(got_ids)
         _log(state, completion_id, model_id, session, gen)
+        if tracked is not None and state.capture is not None:
+            state.capture.failed(
+                tracked,
+                body,
+                499,
+                "the client closed the stream before its end"
+                + (f" ({shown} of {len(got_ids)} tokens sent)" if got_ids else ""),
+                completion_id,
+                model_id,
+            )
 
     async def events() -> AsyncIterator[bytes]:
         nonlocal shown, logged
