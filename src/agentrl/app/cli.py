@@ -138,7 +138,7 @@ LOOP_OPTIONS = (
 def _register_loop(app: typer.Typer) -> None:
     import inspect
 
-    from agentrl.app.config_cli import model_command
+    from agentrl.configcli import model_command
     from agentrl.app.loop_config import LoopConfig
 
     own = [
@@ -315,7 +315,7 @@ SOAK_OPTIONS = (
 def _register_soak(app: typer.Typer) -> None:
     import inspect
 
-    from agentrl.app.config_cli import model_command
+    from agentrl.configcli import model_command
     from agentrl.app.soak_config import SoakConfig
 
     own = [

@@ -5,6 +5,8 @@ profile's) as it is, so no option needs a "0 means default" value.
 
 A field that defaults to True becomes a `--no-FIELD` flag, one that defaults to False a
 `--FIELD` flag. `--set FIELD=VALUE` reaches every other field of the model.
+`config_command` adds `--show-config` (and `--quick` where the model has a `quick()`
+profile) and turns a value the model refuses into exit status 2 with the reason.
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ from __future__ import annotations
 import inspect
 import re
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import typer
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+SCALARS = (str, int, float, Path, datetime)
 
 
 def first_sentence(text: str | None) -> str:
@@ -27,8 +32,11 @@ def first_sentence(text: str | None) -> str:
     return text if end is None else text[: end.start() + 1]
 
 
-def _option(model: type[BaseModel], name: str) -> tuple[inspect.Parameter, str]:
-    """The typer parameter of field `name`, and the parameter's name in the function."""
+def _option(
+    model: type[BaseModel], name: str, decls: Sequence[str] = ()
+) -> tuple[inspect.Parameter, str]:
+    """The typer parameter of field `name` (its flags `decls`, else `--field-name`), and the
+    parameter's name in the function."""
     info = model.model_fields[name]
     ann = info.annotation
     help_ = first_sentence(info.description)
@@ -41,16 +49,23 @@ def _option(model: type[BaseModel], name: str) -> tuple[inspect.Parameter, str]:
         return inspect.Parameter(
             param,
             inspect.Parameter.KEYWORD_ONLY,
-            default=typer.Option(False, flag, help=help_, show_default=False),
+            default=typer.Option(False, *(decls or [flag]), help=help_, show_default=False),
             annotation=bool,
         ), param
     args = [a for a in typing.get_args(ann) if a is not type(None)]
     base = args[0] if len(args) == 1 else ann
     literal = typing.get_origin(base) is typing.Literal  # typer makes it a choice
-    if not literal and base not in (str, int, float, Path):
+    many = typing.get_origin(base) in (list, tuple) and typing.get_args(base)[0] in SCALARS
+    if many:  # a repeatable option
+        base = list[typing.get_args(base)[0]]  # type: ignore[misc]
+    elif not literal and base not in SCALARS:
         raise TypeError(f"{model.__name__}.{name}: no command-line type for {ann!r}")
     option = typer.Option(
-        None, flag, help=help_, show_default=False, metavar="<choice>" if literal else None
+        None,
+        *(decls or [flag]),
+        help=help_ + (" Repeatable." if many else ""),
+        show_default=False,
+        metavar="<choice>" if literal else None,
     )
     return inspect.Parameter(
         name,
@@ -88,7 +103,7 @@ def overrides(model: type[BaseModel], given: dict[str, Any]) -> dict[str, Any]:
         elif model.model_fields[key].annotation is bool:
             if value:
                 out[key] = True
-        elif value is not None:
+        elif value is not None and not (isinstance(value, list | tuple) and not value):
             out[key] = value
     for pair in given.get("set_") or ():
         name, sep, raw = pair.partition("=")
@@ -114,10 +129,12 @@ def model_command(
     fields: Sequence[str],
     body: Callable[..., None],
     extra: Sequence[inspect.Parameter] = (),
+    flags: Mapping[str, Sequence[str]] | None = None,
 ) -> Callable[..., None]:
     """A function typer can register: `extra` parameters (the command's own), then one
-    option per field of `fields`, then `--set`. It calls `body(overrides, **extra_values)`."""
-    built = [_option(model, name) for name in fields]
+    option per field of `fields` (`flags` names a field's own flags), then `--set`. It
+    calls `body(overrides, **extra_values)`."""
+    built = [_option(model, name, (flags or {}).get(name, ())) for name in fields]
     params = [*extra, *(p for p, _ in built), _set_option()]
     own = {p.name for p in extra}
 
@@ -130,3 +147,61 @@ def model_command(
     command.__annotations__ = {p.name: p.annotation for p in params}
     command.__doc__ = body.__doc__
     return command
+
+
+def flag(name: str, help_: str, *decls: str) -> inspect.Parameter:
+    """A command's own on/off flag (not a field of its model), e.g. `--show-config`."""
+    return inspect.Parameter(
+        name,
+        inspect.Parameter.KEYWORD_ONLY,
+        default=typer.Option(False, *(decls or ["--" + name.replace("_", "-")]), help=help_),
+        annotation=bool,
+    )
+
+
+def argument(name: str, help_: str, annotation: Any, default: Any = ...) -> inspect.Parameter:
+    """A command's positional argument (`...`: required)."""
+    return inspect.Parameter(
+        name,
+        inspect.Parameter.KEYWORD_ONLY,
+        default=typer.Argument(default, help=help_, show_default=False),
+        annotation=annotation,
+    )
+
+
+def build(factory: Callable[..., BaseModel], overrides: dict[str, Any]) -> Any:
+    """`factory(**overrides)`, or exit status 2 with the model's reason."""
+    try:
+        return factory(**overrides)
+    except ValidationError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+def config_command(
+    model: type[BaseModel],
+    fields: Sequence[str],
+    run: Callable[..., None],
+    extra: Sequence[inspect.Parameter] = (),
+    flags: Mapping[str, Sequence[str]] | None = None,
+) -> Callable[..., None]:
+    """`model_command` for a command that runs on one validated config: `run(cfg, **extra)`.
+
+    It adds `--show-config` (print the settings as JSON, run nothing) and, where `model`
+    has a `quick(**overrides)` classmethod, `--quick` (that profile, its docstring the help).
+    """
+    own = [*extra, flag("show_config", "Print the settings as JSON and exit.")]
+    quick = getattr(model, "quick", None)
+    if quick is not None:
+        own.insert(0, flag("quick", first_sentence(quick.__doc__)))
+
+    def body(overrides: dict[str, Any], *, show_config: bool, **mine: Any) -> None:
+        factory = quick if quick is not None and mine.pop("quick", False) else model
+        cfg = build(factory, overrides)
+        if show_config:
+            typer.echo(cfg.model_dump_json(indent=2))
+            return
+        run(cfg, **mine)
+
+    body.__doc__ = run.__doc__
+    return model_command(model, fields, body, own, flags)
