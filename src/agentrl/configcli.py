@@ -12,7 +12,9 @@ profile) and turns a value the model refuses into exit status 2 with the reason.
 from __future__ import annotations
 
 import inspect
+import json
 import re
+import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -52,7 +54,8 @@ def _option(
             default=typer.Option(False, *(decls or [flag]), help=help_, show_default=False),
             annotation=bool,
         ), param
-    args = [a for a in typing.get_args(ann) if a is not type(None)]
+    union = typing.get_origin(ann) in (typing.Union, types.UnionType)
+    args = [a for a in typing.get_args(ann) if a is not type(None)] if union else []
     base = args[0] if len(args) == 1 else ann
     literal = typing.get_origin(base) is typing.Literal  # typer makes it a choice
     many = typing.get_origin(base) in (list, tuple) and typing.get_args(base)[0] in SCALARS
@@ -178,6 +181,15 @@ def build(factory: Callable[..., BaseModel], overrides: dict[str, Any]) -> Any:
         raise typer.Exit(2) from exc
 
 
+def shown(cfg: BaseModel) -> str:
+    """The settings as JSON, secrets (a field named like a password or token) masked."""
+    data = cfg.model_dump(mode="json")
+    for name in data:
+        if data[name] and re.search(r"password|token|secret|api_key", name):
+            data[name] = "***"
+    return json.dumps(data, indent=2)
+
+
 def config_command(
     model: type[BaseModel],
     fields: Sequence[str],
@@ -199,7 +211,7 @@ def config_command(
         factory = quick if quick is not None and mine.pop("quick", False) else model
         cfg = build(factory, overrides)
         if show_config:
-            typer.echo(cfg.model_dump_json(indent=2))
+            typer.echo(shown(cfg))
             return
         run(cfg, **mine)
 
