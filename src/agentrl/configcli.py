@@ -185,7 +185,7 @@ def shown(cfg: BaseModel) -> str:
     """The settings as JSON, secrets (a field named like a password or token) masked."""
     data = cfg.model_dump(mode="json")
     for name in data:
-        if data[name] and re.search(r"password|token|secret|api_key", name):
+        if data[name] and re.search(r"(^|_)(password|token|secret|api_key)$", name):
             data[name] = "***"
     return json.dumps(data, indent=2)
 
