@@ -78,6 +78,14 @@ def _option(
     ), name
 
 
+def option_parameters(
+    model: type[BaseModel], fields: Sequence[str], flags: Mapping[str, Sequence[str]] | None = None
+) -> list[inspect.Parameter]:
+    """One typer parameter per field of `fields` (`flags` names a field's own flags); the
+    values they receive become the model's fields through `overrides(model, values)`."""
+    return [_option(model, name, (flags or {}).get(name, ()))[0] for name in fields]
+
+
 def _set_option() -> inspect.Parameter:
     return inspect.Parameter(
         "set_",
@@ -111,13 +119,24 @@ def overrides(model: type[BaseModel], given: dict[str, Any]) -> dict[str, Any]:
     for pair in given.get("set_") or ():
         name, sep, raw = pair.partition("=")
         name = name.strip().replace("-", "_")
-        if not sep or name not in model.model_fields:
+        if not sep or not _settable(model, name):
             raise typer.BadParameter(
-                f"{pair!r}: use FIELD=VALUE with one of {', '.join(model.model_fields)}",
+                f"{pair!r}: use FIELD=VALUE with one of {', '.join(model.model_fields)}"
+                " (SECTION.KEY=VALUE in a section)",
                 param_hint="--set",
             )
         out[name] = _parse(raw)
     return out
+
+
+def _settable(model: type[BaseModel], name: str) -> bool:
+    """A field of `model`, or `section.key` where the field `section` is itself a model (the
+    model's own validation then says whether `key` is one of the section's)."""
+    head, dot, _ = name.partition(".")
+    info = model.model_fields.get(head)
+    if info is None:
+        return False
+    return not dot or (inspect.isclass(info.annotation) and issubclass(info.annotation, BaseModel))
 
 
 def _parse(raw: str) -> Any:
@@ -137,8 +156,7 @@ def model_command(
     """A function typer can register: `extra` parameters (the command's own), then one
     option per field of `fields` (`flags` names a field's own flags), then `--set`. It
     calls `body(overrides, **extra_values)`."""
-    built = [_option(model, name, (flags or {}).get(name, ())) for name in fields]
-    params = [*extra, *(p for p, _ in built), _set_option()]
+    params = [*extra, *option_parameters(model, fields, flags), _set_option()]
     own = {p.name for p in extra}
 
     def command(**kwargs: Any) -> None:
