@@ -80,3 +80,24 @@ def test_score_runs_on_the_drawn_options() -> None:
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(lines) == 2 and all("total_reward" in line for line in lines)
     assert RUNNER.invoke(app, ["rewards", "score"]).exit_code == 2  # neither file nor --demo
+
+
+def test_the_bench_figures_come_from_the_phase_rows() -> None:
+    from agentrl.rewards.bench import phase_figures, replica_figures
+
+    def row(per_s: float, cpu: float, replicas: int = 1) -> dict[str, object]:
+        return {"per_s": per_s, "service_cpu_us": cpu, "lost": 0, "duplicates": 0,
+                "p99_ms": 9.0, "paced_rate": 50.0, "p99_saturated_ms": 90.0,
+                "complete": True, "replicas": replicas}  # fmt: skip
+
+    # phases: plain, metrics off, code, peer, metrics off #2, plain #2 (ABBA)
+    rows = [row(100, 12), row(110, 10), row(20, 400), row(300, 3), row(130, 10), row(120, 12)]
+    got = phase_figures(rows, 1000, 100)
+    assert (got["trajectories_per_s"], got["code_trajectories_per_s"]) == (100.0, 20.0)
+    assert got["metrics_on_trajectories_per_s"] == 110.0  # (100 + 120) / 2
+    assert got["metrics_overhead_fraction"] == 0.2 and got["complete"] and got["n_code"] == 100
+    many = replica_figures([row(100, 10), row(150, 8, 2), row(170, 8, 2), row(120, 10)], 2, 9)
+    assert (many["one_replica_trajectories_per_s"], many["replicas_trajectories_per_s"]) == (
+        110.0, 160.0,
+    )  # fmt: skip
+    assert many["ratio"] == round(160 / 110, 3) and many["shows_scale_out"] is False
