@@ -14,6 +14,7 @@ import typer
 from agentrl.configcli import config_command
 from agentrl.evaluation.options import FreeformBench, LearningBench, TrainerBench
 
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     bench.command("trainer")(
         config_command(TrainerBench, list(TrainerBench.model_fields), _trainer)
