@@ -140,8 +140,8 @@ LOOP_OPTIONS = (
 def _register_loop(app: typer.Typer) -> None:
     import inspect
 
-    from agentrl.app.config_cli import model_command
     from agentrl.app.loop_config import LoopConfig
+    from agentrl.configcli import model_command
 
     own = [
         inspect.Parameter(
@@ -317,8 +317,8 @@ SOAK_OPTIONS = (
 def _register_soak(app: typer.Typer) -> None:
     import inspect
 
-    from agentrl.app.config_cli import model_command
     from agentrl.app.soak_config import SoakConfig
+    from agentrl.configcli import model_command
 
     own = [
         inspect.Parameter(

@@ -1,7 +1,7 @@
 """The settings of one `agentrl loop` run, its profiles, and what they set for the services.
 
 Every field's docstring is its `agentrl loop --OPTION` help (the command is drawn from this
-model: `agentrl.app.config_cli`). Why the values are what they are (the measurements behind
+model: `agentrl.configcli`). Why the values are what they are (the measurements behind
 them) is in docs/guide/loop.md, "Why the loop's settings are what they are".
 """
 

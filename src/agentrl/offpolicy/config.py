@@ -237,10 +237,10 @@ class AGMConfigEntity(_Section):
     """The whole trainer configuration (immutable, versioned, validated on construction)."""
 
     schema_version: int = Field(SCHEMA_VERSION, ge=1, le=SCHEMA_VERSION)
-    env_id: str = "CartPole-v1"
+    env_id: str = Field("CartPole-v1", description="Gymnasium env id (discrete actions).")
     num_envs: int = Field(8, ge=1, le=4096, description="Vectorised envs for collection.")
     total_steps: int = Field(50_000, ge=1, description="Env steps budget.")
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, description="Seed of the envs, the network and the replay.")
     torch_threads: int | None = Field(1, ge=1, description="torch threads; null = torch default.")
     log_every_updates: int = Field(100, ge=1)
     network: NetworkConfig = Field(default_factory=NetworkConfig)

@@ -425,6 +425,61 @@ def run_replicas_benchmark(
     return asyncio.run(main())
 
 
+def replica_figures(rows: list[dict[str, Any]], replicas: int, n: int) -> dict[str, Any]:
+    """The JSON figures of `run_replicas_benchmark`'s rows: one service against many."""
+    one = [r for r in rows if r["replicas"] == 1]
+    many = [r for r in rows if r["replicas"] == replicas]
+
+    def mean(part: list[dict[str, Any]], key: str) -> float:
+        return sum(r[key] for r in part) / len(part)
+
+    one_rate, many_rate = mean(one, "per_s"), mean(many, "per_s")
+    return {
+        "replicas": replicas,
+        "one_replica_trajectories_per_s": round(one_rate, 1),
+        "replicas_trajectories_per_s": round(many_rate, 1),
+        "ratio": round(many_rate / one_rate, 3) if one_rate else None,
+        "one_replica_service_cpu_us": round(mean(one, "service_cpu_us"), 1),
+        "replicas_service_cpu_us": round(mean(many, "service_cpu_us"), 1),
+        "lost": sum(r["lost"] for r in rows),
+        "duplicates": sum(r["duplicates"] for r in rows),
+        "cpu_cores": os.cpu_count() or 1,
+        "shows_scale_out": False,
+        "n": n,
+        "complete": all(r["complete"] for r in rows),
+    }
+
+
+def phase_figures(rows: list[dict[str, Any]], n: int, n_code: int) -> dict[str, Any]:
+    """The JSON figures of `run_rewards_benchmark`'s six rows. The metrics cost is service
+    CPU per trajectory with metrics on vs off, ABBA order (wall rates on a shared machine
+    move more than the effect; both are reported)."""
+    plain_row, off_row, code_row, peer, off_row2, on_row2 = rows
+    on_cpu = (plain_row["service_cpu_us"] + on_row2["service_cpu_us"]) / 2
+    off_cpu = (off_row["service_cpu_us"] + off_row2["service_cpu_us"]) / 2
+    return {
+        "trajectories_per_s": round(plain_row["per_s"], 1),
+        "code_trajectories_per_s": round(code_row["per_s"], 1),
+        "lost": plain_row["lost"] + code_row["lost"],
+        "duplicates": plain_row["duplicates"] + code_row["duplicates"],
+        "p99_latency_ms": round(plain_row["p99_ms"], 1),
+        "p99_latency_paced_rate_per_s": round(plain_row["paced_rate"], 1),
+        "code_p99_latency_ms": round(code_row["p99_ms"], 1),
+        "p99_latency_saturated_ms": round(plain_row["p99_saturated_ms"], 1),
+        "service_cpu_us_per_trajectory": round(plain_row["service_cpu_us"], 1),
+        "code_service_cpu_us_per_trajectory": round(code_row["service_cpu_us"], 1),
+        "peer_raw_nats_py_echo_per_s": round(peer["per_s"], 1),
+        "metrics_on_trajectories_per_s": round((plain_row["per_s"] + on_row2["per_s"]) / 2, 1),
+        "metrics_off_trajectories_per_s": round((off_row["per_s"] + off_row2["per_s"]) / 2, 1),
+        "metrics_on_service_cpu_us_per_trajectory": round(on_cpu, 1),
+        "metrics_off_service_cpu_us_per_trajectory": round(off_cpu, 1),
+        "metrics_overhead_fraction": round(max(0.0, on_cpu / off_cpu - 1), 4),
+        "n": n,
+        "n_code": n_code,
+        "complete": all(r["complete"] for r in rows),
+    }
+
+
 if __name__ == "__main__":  # the echo peer's process: python -m agentrl.rewards.bench echo URL
     if len(sys.argv) == 3 and sys.argv[1] == "echo":
         asyncio.run(echo_service(sys.argv[2]))

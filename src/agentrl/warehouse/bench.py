@@ -291,3 +291,48 @@ def run(
         ingest = asyncio.run(_ingest(n_ingest, data, progress))
         rows, exp = _queries_and_export(data, trajectories, repeat, progress)
     return rows, {"ingest": ingest, **exp}
+
+
+def report_rows(rows: list[dict[str, Any]], figs: dict[str, Any]) -> list[dict[str, Any]]:
+    """The table of `run`'s result: ingest, its CPU per trajectory, the queries, export."""
+    ingest = figs["ingest"]
+    blank = {"turns": "", "p50_ms": "", "p99_ms": "", "max_ms": ""}
+    return [
+        {
+            **blank,
+            "query": "ingest (JetStream -> chdb)",
+            "turns": ingest["stored_turns"],
+            "rate": f"{ingest['turns_per_s']:,.0f} turns/s, {ingest['trajectories_per_s']:,.0f} "
+            f"traj/s, rewards {ingest['rewards_per_s']:,.0f}/s",
+        },
+        {
+            **blank,
+            "query": "ingest CPU per trajectory (us)",
+            "rate": f"contract validation {ingest['validate_us']:,.0f}, rows "
+            f"{ingest['convert_us']:,.0f}, arrow + insert {ingest['insert_us']:,.0f}",
+        },
+        *rows,
+        {
+            **blank,
+            "query": f"export {figs['export_rows']:,} trajectories -> Parquet",
+            "p50_ms": round(figs["export_s"] * 1000),
+            "max_ms": round(max(figs["export_s_runs"]) * 1000),
+            "rate": f"{figs['export_mb']:.1f} MB; summary columns only "
+            f"{figs['export_summary_only_s']:.2f}s",
+        },
+    ]
+
+
+def figures(rows: list[dict[str, Any]], figs: dict[str, Any]) -> dict[str, Any]:
+    """The JSON line: ingest rate, the slowest query's p50 and p99, export seconds, lost."""
+
+    def worst(key: str) -> float:
+        return round(max(r[key] for r in rows if isinstance(r[key], float)), 1)
+
+    return {
+        "turns_per_s": round(figs["ingest"]["turns_per_s"], 1),
+        "query_p50_ms": worst("p50_ms"),
+        "query_p99_ms": worst("p99_ms"),
+        "export_s": round(figs["export_s"], 3),
+        "lost": figs["ingest"]["lost"],
+    }

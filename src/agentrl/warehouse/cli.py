@@ -2,18 +2,24 @@
 
 `stats` reads the warehouse directly when this process may (a ClickHouse server, or the
 embedded chdb when no other process owns it) and otherwise asks the control API of the
-running `agentrl up` (`--api`, default http://<api_host>:<api_port>). Heavy imports stay
-inside the commands.
+running `agentrl up` (`--api`, default http://<api_host>:<api_port>). The options are
+drawn from the models of `agentrl.warehouse.options` (`agentrl.configcli`); heavy imports
+stay inside the commands.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import typer
+
+from agentrl.configcli import argument, config_command
+from agentrl.warehouse.config import WarehouseSettings
+from agentrl.warehouse.options import ExportOptions, IngesterOptions, StatsQuery, WarehouseBench
 
 QUERY_HELP = {
     "rewards": "Reward distribution per model version and domain (latest reward version).",
@@ -99,269 +105,176 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+TOKEN = inspect.Parameter(
+    "token",
+    inspect.Parameter.KEYWORD_ONLY,
+    default=typer.Option(None, envvar="AGENTRL_API_TOKEN", help="Bearer token for --api."),
+    annotation=str,
+)
+STATS_FIELDS = ("as_json", "since", "until", "model", "domain", "bucket_s", "limit", "api")
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     stats = typer.Typer(
-        help="Warehouse analytics: rewards per model version, success over time, tools, feedback, jobs and deployments.",
+        help="Warehouse analytics: rewards per model version, success over time, tools, "
+        "feedback, jobs and deployments.",
         no_args_is_help=True,
     )
     app.add_typer(stats, name="stats")
-
-    def add_query(name: str) -> None:
-        def command(
-            as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-            since: datetime = typer.Option(None, help="From this time (ISO 8601, UTC)."),
-            until: datetime = typer.Option(None, help="Until this time (ISO 8601, UTC)."),
-            model: str = typer.Option(None, help="Only this model version (success, lengths)."),
-            domain: str = typer.Option(None, help="Only this domain (lengths)."),
-            bucket_s: int = typer.Option(3600, help="Bucket width in seconds (success)."),
-            limit: int = typer.Option(10, help="Rows (tools, failing-tools)."),
-            api: str = typer.Option(
-                None, help="Control API URL (default: read the warehouse here)."
-            ),
-            token: str = typer.Option(
-                None, envvar="AGENTRL_API_TOKEN", help="Bearer token for --api."
-            ),
-        ) -> None:
-            kw: dict[str, Any] = {"since": since, "until": until}
-            if name == "success":
-                kw.update(model=model, bucket_s=bucket_s)
-            elif name == "lengths":
-                kw.update(model=model, domain=domain)
-            elif name in ("tools", "failing-tools"):
-                kw = {"limit": limit}
-            elif name not in ("rewards", "feedback"):
-                kw = {}
-            _show(QUERY_HELP[name], _fetch(name, api, token, **kw), as_json)
-
-        command.__doc__ = QUERY_HELP[name]
-        stats.command(name)(command)
-
-    for name in QUERY_HELP:
-        add_query(name)
-
-    @stats.command("ingester")
-    def ingester_status(
-        api: str = typer.Option(None, help="Control API URL (default http://api_host:api_port)."),
-        token: str = typer.Option(None, envvar="AGENTRL_API_TOKEN"),
-    ) -> None:
-        """The running ingester's status (through the control API of `agentrl up`)."""
-        from agentrl.settings import get_settings
-
-        settings = get_settings()
-        _show(
-            "ingester",
-            _fetch("ingester", api or f"http://{settings.api_host}:{settings.api_port}", token),
-            True,
+    for name, help_ in QUERY_HELP.items():
+        run = _query(name)
+        run.__doc__ = help_
+        stats.command(name)(
+            config_command(StatsQuery, STATS_FIELDS, run, [TOKEN], {"as_json": ["--json"]})
         )
+    stats.command("ingester")(config_command(StatsQuery, ("api",), _ingester, [TOKEN]))
 
     wh = typer.Typer(
         help="The ClickHouse warehouse: schema, ingester, dataset export.", no_args_is_help=True
     )
     app.add_typer(wh, name="warehouse")
+    where = ("clickhouse_url", "database", "path")
+    wh.command("migrate")(config_command(WarehouseSettings, where, _migrate))
+    ingester = ("nats_url", *where, "batch_size", "durable_prefix", "migrate")
+    wh.command("serve")(config_command(IngesterOptions, ingester, _serve))
+    out = argument("out", "Output file: .parquet or .jsonl", Path)
+    export = [f for f in ExportOptions.model_fields]
+    flags = {"include_raw": ["--no-raw"]}
+    wh.command("export")(config_command(ExportOptions, export, _export, [out, TOKEN], flags))
+    bench.command("warehouse")(config_command(WarehouseBench, ("n", "repeat"), _bench))
 
-    @wh.command("migrate")
-    def migrate() -> None:
-        """Apply the schema migrations (idempotent); refuses a schema newer than this code."""
+
+def _query(name: str) -> Any:
+    def run(q: StatsQuery, *, token: str | None) -> None:
+        _show(QUERY_HELP[name], _fetch(name, q.api, token, **q.params(name)), q.as_json)
+
+    return run
+
+
+def _ingester(q: StatsQuery, *, token: str | None) -> None:
+    """The running ingester's status (through the control API of `agentrl up`)."""
+    from agentrl.settings import get_settings
+
+    settings = get_settings()
+    api = q.api or f"http://{settings.api_host}:{settings.api_port}"
+    _show("ingester", _fetch("ingester", api, token), True)
+
+
+def _migrate(ws: WarehouseSettings) -> None:
+    """Apply the schema migrations (idempotent); refuses a schema newer than this code."""
+    from agentrl.settings import get_settings
+    from agentrl.warehouse import schema
+    from agentrl.warehouse.backend import open_backend
+
+    backend = open_backend(ws, Path(get_settings().data_dir))
+    did = schema.apply(backend, ws)
+    for line in did or ["schema is up to date"]:
+        typer.echo(line)
+    version = schema.current_version(backend, ws)
+    typer.echo(f"{ws.backend_name} database {ws.database} at version {version}")
+
+
+def _serve(cfg: IngesterOptions) -> None:
+    """Run the ingester alone (`agentrl up` runs it for you). Ctrl-C stops it; a restart
+    resumes from the durable consumers.
+
+    On its own host it needs NATS_URL (a cluster: also AGENTRL_STREAM_REPLICAS=3) and a
+    warehouse: AGENTRL_CLICKHOUSE_URL (with AGENTRL_CLICKHOUSE_USER, _PASSWORD,
+    _DATABASE) of a ClickHouse server. It opens no port.
+
+    N copies may run (any hosts, same settings): with the same
+    AGENTRL_WAREHOUSE_DURABLE_PREFIX they share the durable consumers, each batch goes
+    to one of them, and a batch a dead copy inserted but never acked is redelivered to
+    another, whose second insert the tables' ReplacingMergeTree keys collapse (counts
+    stay exact). Every copy applies the migrations on start (idempotent: CREATE ... IF
+    NOT EXISTS); or set AGENTRL_WAREHOUSE_MIGRATE=false and run `agentrl warehouse
+    migrate` once as a deploy step. Embedded chdb (no AGENTRL_CLICKHOUSE_URL) is one
+    process per data path: one copy only."""
+    import asyncio
+    import signal
+
+    from agentrl.bus import Bus
+    from agentrl.settings import get_settings
+    from agentrl.warehouse.service import IngesterService
+
+    async def main() -> None:
+        bus = await Bus.connect(cfg.nats_url, name="agentrl-warehouse")
+        await bus.ensure_streams()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        service = IngesterService(bus, get_settings(), cfg)
+        typer.echo("warehouse ingester up; Ctrl-C stops it", err=True)
+        try:
+            await service.run(stop)
+        finally:
+            await bus.close()
+        typer.echo(json.dumps(service.status.as_dict(), default=str), err=True)
+
+    asyncio.run(main())
+
+
+def _export(cfg: ExportOptions, *, out: Path, token: str | None) -> None:
+    """Export trajectories with their latest reward, filtered like a training request."""
+    import time
+
+    dataset_filter = cfg.dataset_filter()
+    fmt = "jsonl" if out.suffix in (".jsonl", ".json") else "parquet"
+    t0 = time.perf_counter()
+    if cfg.api is not None:
+        import httpx
+
+        body = {
+            "filter": dataset_filter.model_dump(mode="json", exclude_none=True),
+            "sample_size": cfg.sample_size,
+            "seed": cfg.seed,
+            "format": fmt,
+            "include_raw": cfg.include_raw,
+        }
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        response = httpx.post(
+            f"{cfg.api.rstrip('/')}/stats/export", json=body, headers=headers, timeout=300
+        )
+        if response.status_code != 200:
+            raise typer.BadParameter(f"{cfg.api} answered {response.status_code}: {response.text}")
+        out.write_bytes(response.content)
+        n = int(response.headers.get("x-agentrl-rows", "0"))
+    else:
         from agentrl.settings import get_settings
-        from agentrl.warehouse import schema
-        from agentrl.warehouse.backend import open_backend
-        from agentrl.warehouse.config import WarehouseSettings
+        from agentrl.warehouse.access import open_migrated
+        from agentrl.warehouse.export import export
 
         ws = WarehouseSettings()
-        backend = open_backend(ws, Path(get_settings().data_dir))
-        did = schema.apply(backend, ws)
-        for line in did or ["schema is up to date"]:
-            typer.echo(line)
-        typer.echo(
-            f"{ws.backend_name} database {ws.database} at version {schema.current_version(backend, ws)}"
+        backend = open_migrated(get_settings(), ws)
+        n = export(
+            backend,
+            ws.database,
+            out,
+            dataset_filter,
+            cfg.sample_size,
+            seed=cfg.seed,
+            include_raw=cfg.include_raw,
         )
+    typer.echo(f"wrote {n:,} trajectories to {out} in {time.perf_counter() - t0:.2f}s")
 
-    @wh.command("serve")
-    def serve(
-        nats_url: str = typer.Option(None, help="NATS server (default: NATS_URL)."),
-    ) -> None:
-        """Run the ingester alone (`agentrl up` runs it for you). Ctrl-C stops it; a restart
-        resumes from the durable consumers.
 
-        On its own host it needs NATS_URL (a cluster: also AGENTRL_STREAM_REPLICAS=3) and a
-        warehouse: AGENTRL_CLICKHOUSE_URL (with AGENTRL_CLICKHOUSE_USER, _PASSWORD,
-        _DATABASE) of a ClickHouse server. It opens no port.
+def _bench(cfg: WarehouseBench) -> None:
+    """Ingest from JetStream into chdb (>= 20,000 turns/s), analytics queries on
+    1,000,000 turns (p50 < 200 ms, p99 < 1 s), export of 100,000 filtered trajectories
+    to Parquet (< 2 s). Last line: turns_per_s, query_p50_ms, query_p99_ms, export_s, lost."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        N copies may run (any hosts, same settings): with the same
-        AGENTRL_WAREHOUSE_DURABLE_PREFIX they share the durable consumers, each batch goes
-        to one of them, and a batch a dead copy inserted but never acked is redelivered to
-        another, whose second insert the tables' ReplacingMergeTree keys collapse (counts
-        stay exact). Every copy applies the migrations on start (idempotent: CREATE ... IF
-        NOT EXISTS); or set AGENTRL_WAREHOUSE_MIGRATE=false and run `agentrl warehouse
-        migrate` once as a deploy step. Embedded chdb (no AGENTRL_CLICKHOUSE_URL) is one
-        process per data path: one copy only."""
-        import asyncio
-        import signal
+    from agentrl.benchmarks.report import report
+    from agentrl.warehouse import bench
 
-        from agentrl.bus import Bus
-        from agentrl.settings import get_settings
-        from agentrl.warehouse.service import IngesterService
-
-        async def main() -> None:
-            bus = await Bus.connect(nats_url, name="agentrl-warehouse")
-            await bus.ensure_streams()
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
-            service = IngesterService(bus, get_settings())
-            typer.echo("warehouse ingester up; Ctrl-C stops it", err=True)
-            try:
-                await service.run(stop)
-            finally:
-                await bus.close()
-            typer.echo(json.dumps(service.status.as_dict(), default=str), err=True)
-
-        asyncio.run(main())
-
-    @wh.command("export")
-    def export_cmd(
-        out: Path = typer.Argument(..., help="Output file: .parquet or .jsonl"),
-        min_reward: float = typer.Option(None, help="Latest reward >= this."),
-        max_length: int = typer.Option(None, help="At most this many turns."),
-        start: datetime = typer.Option(None, help="Ended at or after (ISO 8601, UTC)."),
-        end: datetime = typer.Option(None, help="Ended at or before (ISO 8601, UTC)."),
-        domain: list[str] = typer.Option(None, help="Task domain (repeatable)."),
-        exclude_profile: list[str] = typer.Option(
-            None, help="Subordinate profile to leave out (repeatable)."
-        ),
-        sample_size: int = typer.Option(None, help="At most this many (deterministic sample)."),
-        seed: int = typer.Option(0, help="Sample seed."),
-        no_raw: bool = typer.Option(
-            False, "--no-raw", help="Summary columns only, without the trajectory JSON."
-        ),
-        api: str = typer.Option(None, help="Export through this control API instead."),
-        token: str = typer.Option(None, envvar="AGENTRL_API_TOKEN"),
-    ) -> None:
-        """Export trajectories with their latest reward, filtered like a training request."""
-        import time
-        from datetime import UTC
-
-        from agentrl.contracts.training import DatasetFilter
-
-        filt: dict[str, Any] = {
-            "min_reward": min_reward,
-            "max_trajectory_length": max_length,
-            "task_domains": domain or [],
-            "exclude_subordinate_profiles": exclude_profile or [],
-        }
-        if start or end:
-            filt["date_range"] = {
-                "start": (start or datetime(1970, 1, 1)).replace(tzinfo=UTC).isoformat(),
-                "end": (end or datetime(2299, 1, 1)).replace(tzinfo=UTC).isoformat(),
-            }
-        dataset_filter = DatasetFilter.model_validate(
-            {k: v for k, v in filt.items() if v is not None}
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, transient=True) as bar:
+        task = bar.add_task("starting", total=None)
+        rows, figs = bench.run(
+            cfg.n,
+            cfg.trajectories,
+            cfg.repeat,
+            progress=lambda m: bar.update(task, description=m),
         )
-        fmt = "jsonl" if out.suffix in (".jsonl", ".json") else "parquet"
-        t0 = time.perf_counter()
-        if api is not None:
-            import httpx
-
-            body = {
-                "filter": dataset_filter.model_dump(mode="json", exclude_none=True),
-                "sample_size": sample_size,
-                "seed": seed,
-                "format": fmt,
-                "include_raw": not no_raw,
-            }
-            headers = {"Authorization": f"Bearer {token}"} if token else {}
-            response = httpx.post(
-                f"{api.rstrip('/')}/stats/export", json=body, headers=headers, timeout=300
-            )
-            if response.status_code != 200:
-                raise typer.BadParameter(f"{api} answered {response.status_code}: {response.text}")
-            out.write_bytes(response.content)
-            n = int(response.headers.get("x-agentrl-rows", "0"))
-        else:
-            from agentrl.settings import get_settings
-            from agentrl.warehouse.access import open_migrated
-            from agentrl.warehouse.config import WarehouseSettings
-            from agentrl.warehouse.export import export
-
-            ws = WarehouseSettings()
-            backend = open_migrated(get_settings(), ws)
-            n = export(
-                backend,
-                ws.database,
-                out,
-                dataset_filter,
-                sample_size,
-                seed=seed,
-                include_raw=not no_raw,
-            )
-        typer.echo(f"wrote {n:,} trajectories to {out} in {time.perf_counter() - t0:.2f}s")
-
-    @bench.command("warehouse")
-    def bench_warehouse(
-        quick: bool = typer.Option(
-            False, "--quick", help="5,000 trajectories ingested, 10 query runs."
-        ),
-        n: int = typer.Option(0, help="Trajectories to ingest (default 20,000; --quick 5,000)."),
-        repeat: int = typer.Option(0, help="Runs per query (default 30; --quick 10)."),
-    ) -> None:
-        """Ingest from JetStream into chdb (>= 20,000 turns/s), analytics queries on
-        1,000,000 turns (p50 < 200 ms, p99 < 1 s), export of 100,000 filtered trajectories
-        to Parquet (< 2 s). Last line: turns_per_s, query_p50_ms, query_p99_ms, export_s, lost."""
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-        from agentrl.benchmarks.report import report
-        from agentrl.warehouse.bench import run
-
-        n_ingest = n or (5_000 if quick else 20_000)
-        runs = repeat or (10 if quick else 30)
-        with Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True
-        ) as bar:
-            task = bar.add_task("starting", total=None)
-            rows, figs = run(
-                n_ingest, 200_000, runs, progress=lambda m: bar.update(task, description=m)
-            )
-        ingest = figs["ingest"]
-        rows = [
-            {
-                "query": "ingest (JetStream -> chdb)",
-                "turns": ingest["stored_turns"],
-                "p50_ms": "",
-                "p99_ms": "",
-                "max_ms": "",
-                "rate": f"{ingest['turns_per_s']:,.0f} turns/s, {ingest['trajectories_per_s']:,.0f} traj/s, rewards {ingest['rewards_per_s']:,.0f}/s",
-            },
-            {
-                "query": "ingest CPU per trajectory (us)",
-                "turns": "",
-                "p50_ms": "",
-                "p99_ms": "",
-                "max_ms": "",
-                "rate": f"contract validation {ingest['validate_us']:,.0f}, rows {ingest['convert_us']:,.0f}, arrow + insert {ingest['insert_us']:,.0f}",
-            },
-            *rows,
-            {
-                "query": f"export {figs['export_rows']:,} trajectories -> Parquet",
-                "turns": "",
-                "p50_ms": round(figs["export_s"] * 1000),
-                "p99_ms": "",
-                "max_ms": round(max(figs["export_s_runs"]) * 1000),
-                "rate": f"{figs['export_mb']:.1f} MB; summary columns only {figs['export_summary_only_s']:.2f}s",
-            },
-        ]
-        report(
-            "warehouse",
-            rows,
-            {
-                "turns_per_s": round(ingest["turns_per_s"], 1),
-                "query_p50_ms": round(
-                    max(r["p50_ms"] for r in rows if isinstance(r["p50_ms"], float)), 1
-                ),
-                "query_p99_ms": round(
-                    max(r["p99_ms"] for r in rows if isinstance(r["p99_ms"], float)), 1
-                ),
-                "export_s": round(figs["export_s"], 3),
-                "lost": ingest["lost"],
-            },
-        )
+    report("warehouse", bench.report_rows(rows, figs), bench.figures(rows, figs))

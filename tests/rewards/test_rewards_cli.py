@@ -1,0 +1,103 @@
+"""The reward commands' options are drawn from `agentrl.rewards.options` (issue 55.3): each
+chosen field is an option helped by its docstring, `--set` reaches the others, unset
+options keep the model's defaults (or `--quick`'s), and a refused value exits 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import BaseModel
+from typer.testing import CliRunner
+
+from agentrl.cli import app
+from agentrl.configcli import first_sentence
+from agentrl.rewards.options import RedactionBench, RewardsBench, ScoreOptions, ServeOptions
+
+RUNNER = CliRunner()
+COMMANDS = [
+    (["rewards", "serve"], ServeOptions),
+    (["rewards", "score"], ScoreOptions),
+    (["bench", "rewards"], RewardsBench),
+    (["bench", "redaction"], RedactionBench),
+]
+
+
+def _shown(args: list[str]) -> dict[str, object]:
+    result = RUNNER.invoke(app, [*args, "--show-config"])
+    assert result.exit_code == 0, result.output
+    return dict(json.loads(result.output))
+
+
+@pytest.mark.parametrize(("command", "model"), COMMANDS)
+def test_every_field_is_reachable_and_helped_by_its_docstring(
+    command: list[str], model: type[BaseModel]
+) -> None:
+    page = RUNNER.invoke(app, [*command, "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert page.exit_code == 0, page.output
+    assert _shown(command) == json.loads(model().model_dump_json())  # nothing given: defaults
+    text = " ".join(page.output.replace("│", " ").split())
+    defaults = json.loads(model().model_dump_json())
+    for name, info in model.model_fields.items():
+        assert info.description, f"{model.__name__}.{name} has no docstring"
+        if f"--{name.replace('_', '-')} " in text:  # an option, helped by its docstring
+            assert first_sentence(info.description) in text, name
+        else:  # the others through --set
+            assert _shown([*command, "--set", f"{name}={json.dumps(defaults[name])}"]) == defaults
+    assert "--set" in text and "(0:" not in text
+
+
+def test_options_set_and_quick_override_the_defaults() -> None:
+    args = ["rewards", "serve", "--batch", "64", "--ack-wait", "3", "--set", "max_inflight=2"]
+    got = _shown(args)
+    assert (got["batch"], got["ack_wait"], got["max_inflight"], got["durable"]) == (
+        64, 3.0, 2, "rewards",
+    )  # fmt: skip
+    quick = _shown(["bench", "rewards", "--quick", "--n", "500"])
+    assert quick == {**json.loads(RewardsBench.quick().model_dump_json()), "n": 500}
+    assert _shown(["bench", "rewards"])["n"] == 50_000  # no "0 means default" any more
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (["bench", "rewards", "--replicas", "0"], "replicas"),
+        (["bench", "rewards", "--n", "0"], "greater than or equal to 1"),
+        (["rewards", "score", "--demo", "0"], "demo"),
+        (["rewards", "serve", "--batch", "many"], "--batch"),
+        (["rewards", "serve", "--set", "nope=1"], "FIELD=VALUE"),
+        (["bench", "redaction", "--set", "n"], "FIELD=VALUE"),
+    ],
+)
+def test_bad_input_exits_2_with_the_reason(args: list[str], why: str) -> None:
+    result = RUNNER.invoke(app, [*args, "--show-config"])
+    assert result.exit_code == 2 and why in result.output, result.output
+
+
+def test_score_runs_on_the_drawn_options() -> None:
+    result = RUNNER.invoke(app, ["rewards", "score", "--demo", "2"])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(lines) == 2 and all("total_reward" in line for line in lines)
+    assert RUNNER.invoke(app, ["rewards", "score"]).exit_code == 2  # neither file nor --demo
+
+
+def test_the_bench_figures_come_from_the_phase_rows() -> None:
+    from agentrl.rewards.bench import phase_figures, replica_figures
+
+    def row(per_s: float, cpu: float, replicas: int = 1) -> dict[str, object]:
+        return {"per_s": per_s, "service_cpu_us": cpu, "lost": 0, "duplicates": 0,
+                "p99_ms": 9.0, "paced_rate": 50.0, "p99_saturated_ms": 90.0,
+                "complete": True, "replicas": replicas}  # fmt: skip
+
+    # phases: plain, metrics off, code, peer, metrics off #2, plain #2 (ABBA)
+    rows = [row(100, 12), row(110, 10), row(20, 400), row(300, 3), row(130, 10), row(120, 12)]
+    got = phase_figures(rows, 1000, 100)
+    assert (got["trajectories_per_s"], got["code_trajectories_per_s"]) == (100.0, 20.0)
+    assert got["metrics_on_trajectories_per_s"] == 110.0  # (100 + 120) / 2
+    assert got["metrics_overhead_fraction"] == 0.2 and got["complete"] and got["n_code"] == 100
+    many = replica_figures([row(100, 10), row(150, 8, 2), row(170, 8, 2), row(120, 10)], 2, 9)
+    assert (many["one_replica_trajectories_per_s"], many["replicas_trajectories_per_s"]) == (
+        110.0, 160.0,
+    )  # fmt: skip
+    assert many["ratio"] == round(160 / 110, 3) and many["shows_scale_out"] is False
