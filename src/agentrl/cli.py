@@ -115,6 +115,7 @@ MENU: dict[str, dict[str, str]] = {
     },
     "Deploy": {
         "deploy": "Model versions: registry, traffic split, promote, rollback, the gateway.",
+        "lineage": "One lineage per agent on one base: create, list, pause, retire, map.",
     },
     "Data": {
         "warehouse": "The ClickHouse warehouse: schema, ingester, dataset export.",
