@@ -163,6 +163,8 @@ def _serve_gateway(port: int, upstream: str, nats_url: str) -> None:
                 log_enabled=False,
             ).serve()
         else:
+            from agentrl.httpserve import one_write_http
+
             server = uvicorn.Server(
                 uvicorn.Config(
                     create_gateway_app(state),
@@ -171,7 +173,8 @@ def _serve_gateway(port: int, upstream: str, nats_url: str) -> None:
                     log_level="warning",
                     access_log=False,
                     lifespan="off",
-                    http=os.environ.get("BENCH_GATEWAY_HTTP", "auto"),  # httptools if there
+                    # as `agentrl up` serves it (httpserve: head and body in one write)
+                    http=os.environ.get("BENCH_GATEWAY_HTTP") or one_write_http(),
                 )
             )
             await server.serve()
