@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from agentrl.bus.server import free_port
+from agentrl.bus.server import _die_with_parent, free_port
 
 TARGETS = {"warm_to_first_token_s": 30.0, "cold_to_first_token_s": 180.0, "sigint_to_exit_s": 5.0}
 
@@ -82,6 +82,9 @@ def one_start(cache: Path, work: Path, label: str, timeout_s: float = 900.0) -> 
         env=env,
         cwd=work,  # a cwd of its own: nothing may land in the caller's ./.agentrl
         start_new_session=True,
+        # the bench ended (SIGTERM's watchdog ends it 10 s later, whatever `up` is doing):
+        # `up` ends with it, and its nats-server with `up`
+        preexec_fn=_die_with_parent,
     )
 
     def pump() -> None:
