@@ -131,3 +131,33 @@ def test_the_line_compares_at_the_common_rate_and_says_why_a_ratio_is_missing() 
     for key, value in row.items():  # never a silent null
         if value is None and key.startswith("ratio_"):
             assert row.get(f"{key}_why") or row.get(f"{key.rsplit('_', 1)[0]}_why"), key
+
+
+async def test_a_peer_that_sustains_nothing_is_compared_at_the_lowest_rate_tried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both are measured at that rate (the peer's ramp step, agentrl's run made beside it)
+    and the line says the peer did not sustain it; a peer sustaining 200 but not 1,000 got
+    no comparison at all before (and a StopIteration lost its figures)."""
+    monkeypatch.setattr(bench_peers, "P99_LIMIT_MS", 0.001)  # nothing sustains this
+    servers = [await _serve(bench.backend_app), await _serve(slow_peer())]
+    try:
+        direct = f"http://127.0.0.1:{servers[0][2]}/v1/chat/completions"
+        slow = Peer("slow", url=f"http://127.0.0.1:{servers[1][2]}/v1/chat/completions")
+        slow.target = {"model": "bench"}
+        ours = Peer("agentrl", url=direct, target={"model": "bench"})  # the backend itself
+        kw: dict[str, Any] = {"rates": (400.0,), "ramp_rates": (400.0,), "down": (20.0,)}
+        results = {
+            "agentrl": await measure(direct, ours, 0.5, print, **kw),
+            "slow": await measure(direct, slow, 0.5, print, **kw),
+        }
+        results["slow"]["peer"] = slow
+        monkeypatch.setattr(bench_peers, "RATES", (400.0,))
+        await bench_peers.compare_at_common(direct, ours, results, "slow", 0.5, print)
+    finally:
+        for server, task, _ in servers:
+            server.should_exit = True
+            await task
+    assert results["slow"]["common_rps"] == 20.0
+    assert results["slow"]["common_rps_sustained"] is False
+    assert set(results["agentrl"]["at"]) == {20.0} and set(results["slow"]["at"]) == {20.0}

@@ -396,20 +396,39 @@ async def compare_at_common(
     duration: float,
     say: Callable[[str], None],
 ) -> None:
-    """A peer that cannot sustain the first rates: agentrl and it at the highest rate both
-    sustain (`common_rps`; each run's figures under `at`), agentrl's run made now, beside
-    the peer's ramp step, so both saw the same machine."""
+    """When either did not keep up with the fixed rates: agentrl and the peer at the highest
+    rate both sustain (`common_rps`), or, when one sustains none, at the lowest rate the peer
+    was tried at (`common_rps_sustained` False). Each run's figures go under `at`; a run
+    missing there is made now, while the peer still runs, so both saw the same machine."""
     res, mine = results[name], results["agentrl"]
-    rates_ok = all(res[f"plain{int(rate)}"]["achieved_rate"] >= 0.95 * rate for rate in RATES)
-    common = min(res["max_rps"], mine["max_rps"])
-    if rates_ok or not common:
+    kept_up = all(
+        m[f"plain{int(rate)}"]["achieved_rate"] >= 0.95 * rate
+        for rate in RATES
+        for m in (res, mine)
+    )
+    if kept_up or not res["ramp"]:
         return
-    res.setdefault("at", {})[common] = next(s for s in res["ramp"] if s["rate"] == common)
-    at = mine.setdefault("at", {})
-    if common not in at:
-        say(f"agentrl at {common:g} req/s (the rate {name} sustains)")
-        at[common] = _step(await sustained_run(direct, ours, common, duration))
+    common = min(res["max_rps"], mine["max_rps"])
+    res["common_rps_sustained"] = bool(common)
+    if not common:
+        common = min(s["rate"] for s in res["ramp"])
+    for who, peer, out in ((name, None, res), ("agentrl", ours, mine)):
+        at = out.setdefault("at", {})
+        step = next((s for s in out.get("ramp", []) if s["rate"] == common), None)
+        if step is not None and common not in at:
+            at[common] = step
+        if common not in at:
+            say(f"{who} at {common:g} req/s (to compare with {name})")
+            target = peer if peer is not None else _peer_of(results, name)
+            at[common] = _step(await sustained_run(direct, target, common, duration))
     res["common_rps"] = common
+
+
+def _peer_of(results: dict[str, dict[str, Any]], name: str) -> Peer:
+    peer = results[name].get("peer")
+    if not isinstance(peer, Peer):
+        raise RuntimeError(f"{name} is not running")
+    return peer
 
 
 def line(results: dict[str, dict[str, Any]], failed: dict[str, str]) -> dict[str, Any]:
@@ -477,8 +496,16 @@ def line(results: dict[str, dict[str, Any]], failed: dict[str, str]) -> dict[str
                 row[key] = r(mine["added_p99"] / theirs["added_p99"])
                 headline = headline or (float(rate), row[key])
         common = res.get("common_rps")
+        if res.get("common_error"):
+            row[f"common_rps_{name}_error"] = res["common_error"]
         if common:
             row[f"common_rps_{name}"] = common
+            row[f"common_rps_{name}_sustained"] = res.get("common_rps_sustained", True)
+            if not res.get("common_rps_sustained", True):
+                row[f"ratio_p99_vs_{name}_note"] = (
+                    f"{name} sustained no rate with p99 < {P99_LIMIT_MS:g} ms; both compared at "
+                    f"the lowest rate tried, {common:g} req/s"
+                )
             mine_c, theirs_c = ours["at"][common], res["at"][common]
             if theirs_c["added_p99"] > 0:
                 row[f"ratio_p99_vs_{name}_at_common_rps"] = r(
@@ -550,7 +577,12 @@ def run_peers(duration: float = 3.0, only: tuple[str, ...] = tuple(PEERS)) -> di
                             versions[name] = peer.version
                         await _ready(peer)
                         results[name] = await measure(direct, peer, duration, say)
-                        await compare_at_common(direct, ours, results, name, duration, say)
+                        results[name]["peer"] = peer
+                        try:
+                            await compare_at_common(direct, ours, results, name, duration, say)
+                        except Exception as exc:  # the measured figures stay
+                            results[name]["common_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                        results[name].pop("peer", None)
                     except Exception as exc:  # reported, never dropped
                         failed[name] = f"{type(exc).__name__}: {exc}"[:800]
                         say(f"{name}: not measured: {failed[name]}")
