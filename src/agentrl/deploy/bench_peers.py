@@ -418,7 +418,7 @@ async def compare_at_common(
         if step is not None and common not in at:
             at[common] = step
         if common not in at:
-            say(f"{who} at {common:g} req/s (to compare with {name})")
+            say(f"{who} at {common:g} req/s (agentrl and {name} side by side)")
             target = peer if peer is not None else _peer_of(results, name)
             at[common] = _step(await sustained_run(direct, target, common, duration))
     res["common_rps"] = common
@@ -514,6 +514,12 @@ def line(results: dict[str, dict[str, Any]], failed: dict[str, str]) -> dict[str
                 row[f"agentrl_added_p99_ms_at_{name}_common_rps"] = mine_c["added_p99"]
                 row[f"{name}_added_p99_ms_at_common_rps"] = theirs_c["added_p99"]
                 headline = headline or (float(common), row[f"ratio_p99_vs_{name}_at_common_rps"])
+            else:
+                row[f"ratio_p99_vs_{name}_at_common_rps"] = None
+                row[f"ratio_p99_vs_{name}_at_common_rps_why"] = (
+                    f"{name}'s added p99 at {common:g} req/s was {theirs_c['added_p99']:.3f} ms "
+                    "(<= 0: within the noise of the direct path's)"
+                )
         elif res["max_rps"] == 0:
             lowest = min(s["rate"] for s in res["ramp"]) if res["ramp"] else None
             row[f"ratio_p99_vs_{name}_why"] = (
