@@ -144,3 +144,110 @@ async def test_streams_keep_their_upstream_connection() -> None:
         await backend.close()
         upstream.should_exit = True
         await up_task
+
+
+# ---- issue 54: the completion log's row without the pydantic record ------------------------
+def _gen(**kw: Any) -> Any:
+    from agentrl.deploy.openai_types import Generation
+
+    gen = Generation(content="ok")
+    for k, v in kw.items():
+        setattr(gen, k, v)
+    return gen
+
+
+@pytest.mark.parametrize(
+    "kw, session",
+    [
+        ({"finish_reason": "stop"}, None),
+        (
+            {
+                "prompt_token_ids": list(range(300)),
+                "completion_token_ids": [5, 6, 7],
+                "token_logprobs": [-0.5, float("-inf"), -1e-320],
+                "constrained": True,
+                "schema_hash": "ab" * 32,
+                "finish_reason": "length",
+            },
+            "sess-1",
+        ),
+        ({"completion_token_ids": [1], "token_logprobs": [0.0]}, "s"),
+    ],
+)
+def test_completion_wire_is_the_records_own_json(kw: dict[str, Any], session: str | None) -> None:
+    """The row the gateway publishes is byte for byte what CompletionRecord.to_json makes of
+    the same completion (and what the training side reads back)."""
+    from agentrl.contracts.completion import CompletionRecord
+    from agentrl.deploy.gateway import completion_wire
+
+    gen = _gen(**kw)
+    subject, data, msg_id = completion_wire("chatcmpl-abc", "v7", session, gen)
+    back = CompletionRecord.from_json(data)
+    record = CompletionRecord(
+        completion_id="chatcmpl-abc",
+        model="v7",
+        session_id=session,
+        prompt_token_ids=gen.prompt_token_ids,
+        completion_token_ids=gen.completion_token_ids,
+        completion_logprobs=[max(x, -1e30) for x in gen.token_logprobs],
+        constrained=gen.constrained,
+        schema_hash=gen.schema_hash,
+        finish_reason=gen.finish_reason,
+        timestamp=back.timestamp,
+    )
+    assert (subject, msg_id) == (CompletionRecord.SUBJECT, record.msg_id())
+    assert data == record.to_json()
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"completion_token_ids": [1], "token_logprobs": [float("nan")]},
+        {"completion_token_ids": [1], "token_logprobs": [float("inf")]},
+        {"prompt_token_ids": ["1", 2]},
+        {"completion_token_ids": [1.5]},
+    ],
+    ids=["nan", "inf", "str-id", "float-id"],
+)
+def test_a_completion_the_record_would_refuse_is_not_logged(
+    kw: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    from agentrl.deploy.gateway import CompletionLog, _log
+
+    state = GatewayState("p", completion_log=CompletionLog(bus=None))
+    with caplog.at_level("WARNING", logger="agentrl.deploy.gateway"):
+        _log(state, "chatcmpl-bad", "v1", None, _gen(**kw))
+    assert state.completion_log is not None and not state.completion_log.queue
+    assert "chatcmpl-bad not logged: invalid record" in caplog.text
+
+
+async def test_logged_rows_reach_the_bus_as_completion_records(nats_url: str) -> None:
+    """Through the real bus: the wire rows the gateway queues are stored and read back."""
+    from agentrl.bus import Bus
+    from agentrl.contracts.completion import CompletionRecord
+    from agentrl.deploy.gateway import CompletionLog, _log
+
+    bus = await Bus.connect(nats_url)
+    try:
+        await bus.ensure_streams()
+        before = (await bus.js.stream_info("RL_COMPLETIONS")).state.last_seq
+        log = CompletionLog(bus, linger_s=0.01)
+        state = GatewayState("p", completion_log=log)
+        ids = [f"chatcmpl-{uuid.uuid4().hex}" for _ in range(3)]
+        for i, cid in enumerate(ids):
+            gen = _gen(completion_token_ids=[i, i + 1], token_logprobs=[-0.1, -0.2])
+            _log(state, cid, "v1", f"s{i}", gen)
+        stop = asyncio.Event()
+        task = asyncio.create_task(log.run(stop))
+        while log.published < 3:
+            await asyncio.sleep(0.02)
+        stop.set()
+        await task
+        got = [
+            CompletionRecord.from_json((await bus.js.get_msg("RL_COMPLETIONS", before + i)).data)
+            for i in range(1, len(ids) + 1)
+        ]
+        assert sorted(r.completion_id for r in got) == sorted(ids)
+        assert {r.session_id for r in got} == {"s0", "s1", "s2"}
+    finally:
+        await bus.close()

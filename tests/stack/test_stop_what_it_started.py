@@ -218,3 +218,89 @@ def test_bench_serving_keeps_to_its_budget_and_says_what_it_skipped(tmp_path: Pa
     assert line["local"][0]["skipped"] > 0
     # the budget covers vLLM's start and the load runs; loading the models comes on top
     assert took < 150, f"took {took:.0f} s"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_up_stops_its_job_process_and_everything_else_it_started(tmp_path: Path, sig: int) -> None:
+    """`agentrl up` with every service: its training service keeps a job process started
+    ahead (the warm worker); on either signal nothing `up` started outlives it (nats-server,
+    the job process, anything they started)."""
+    port = free_port_here()
+    env = {
+        **os.environ,
+        "AGENTRL_DATA_DIR": str(tmp_path / "data"),
+        "AGENTRL_TRAINING_WARM_WORKER": "true",
+        "AGENTRL_TRAINING_SCHEDULE": "",
+        "AGENTRL_API_PORT": str(port),
+        "AGENTRL_GATEWAY_PORT": str(free_port_here()),
+        "COLUMNS": "200",
+    }
+    for k in ("NATS_URL", "AGENTRL_NATS_URL"):
+        env.pop(k, None)
+    log = tmp_path / "up.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            [AGENTRL, "up"], stdout=fh, stderr=subprocess.STDOUT, text=True, env=env
+        )
+    kids: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            kids = psutil.Process(proc.pid).children(recursive=True)
+            jobs = [k for k in kids if "nats" not in k.name()]
+            if "agentrl is up" in log.read_text() and jobs:
+                break
+            time.sleep(0.5)
+        assert jobs, f"no job process started ahead:\n{log.read_text()[-3000:]}"
+        assert any("nats" in k.name() for k in kids)
+        took = _stop(proc, sig)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(0.5)
+    left = [(k.pid, k.name()) for k in kids if _alive(k.pid)]
+    for pid, _ in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"left running after {signal.Signals(sig).name}: {left}"
+    assert took < 30, f"exit took {took:.1f} s"
+
+
+def free_port_here() -> int:
+    from agentrl.bus.server import free_port
+
+    return free_port()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_bench_startup_stops_the_up_it_started(tmp_path: Path, sig: int) -> None:
+    """`agentrl bench startup` runs `agentrl up` in a session of its own (and that one a
+    nats-server): stopped mid-start, neither outlives the bench."""
+    env = {**os.environ, "AGENTRL_CACHE_DIR": str(tmp_path / "cache"), "TMPDIR": str(tmp_path)}
+    log = tmp_path / "bench.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            [AGENTRL, "bench", "startup"], stdout=fh, stderr=subprocess.STDOUT, text=True, env=env
+        )
+    kids: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            kids = psutil.Process(proc.pid).children(recursive=True)
+            if any("nats" in k.name() for k in kids):
+                break
+            time.sleep(0.3)
+        assert any("nats" in k.name() for k in kids), log.read_text()[-3000:]
+        took = _stop(proc, sig)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(1.0)
+    left = [(k.pid, k.name()) for k in kids if _alive(k.pid)]
+    for pid, _ in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"left running after {signal.Signals(sig).name}: {left}"
+    assert took < 30, f"exit took {took:.1f} s"

@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from agentrl.bus.server import free_port
+from agentrl.bus.server import _die_with_parent, free_port
 
 TARGETS = {"warm_to_first_token_s": 30.0, "cold_to_first_token_s": 180.0, "sigint_to_exit_s": 5.0}
 
@@ -82,6 +82,9 @@ def one_start(cache: Path, work: Path, label: str, timeout_s: float = 900.0) -> 
         env=env,
         cwd=work,  # a cwd of its own: nothing may land in the caller's ./.agentrl
         start_new_session=True,
+        # the bench ended (SIGTERM's watchdog ends it 10 s later, whatever `up` is doing):
+        # `up` ends with it, and its nats-server with `up`
+        preexec_fn=_die_with_parent,
     )
 
     def pump() -> None:
@@ -104,6 +107,7 @@ def one_start(cache: Path, work: Path, label: str, timeout_s: float = 900.0) -> 
             try:
                 if _first_token(gateway):
                     out["to_first_token_s"] = round(time.monotonic() - start, 2)
+                    out["cpu_to_first_token_s"] = round(_tree_cpu_s(proc.pid), 2)
                     break
             except httpx.HTTPError:
                 pass
@@ -124,6 +128,7 @@ def one_start(cache: Path, work: Path, label: str, timeout_s: float = 900.0) -> 
         reader.join(5)
     out["exit_code"] = proc.returncode
     out["left_running"] = [p for p in children if _alive(p)]
+    out["timeline_s"] = timeline(lines)
     for at, line in lines:
         if "agentrl is up" in line and "up_printed_s" not in out:
             out["up_printed_s"] = round(at, 2)
@@ -131,6 +136,50 @@ def one_start(cache: Path, work: Path, label: str, timeout_s: float = 900.0) -> 
             out["stopped_cleanly_s_after_start"] = round(at, 2)
     out["log"] = str(log)
     return out
+
+
+# What `agentrl up` says on its way to serving, in order: (key, a piece of the line).
+MILESTONES = (
+    ("nats_listening", "nats-server listening"),
+    ("services_started", "started control API"),
+    ("control_api_serving", "control API on http"),
+    ("reward_service_started", "reward service started"),
+    ("training_service_started", "training service started"),
+    ("model_loaded_gateway_starting", "agentrl.deploy.service: gateway on"),
+    ("deployment_controller_ready", "deployment controller ready after"),
+    ("agentrl_is_up", "agentrl is up"),
+)
+
+
+def timeline(lines: list[tuple[float, str]]) -> dict[str, float]:
+    """Seconds from the process's start to each milestone of start-up it printed (the
+    first line containing each piece), in start-up order."""
+    seen: dict[str, float] = {}
+    for at, line in lines:
+        for key, piece in MILESTONES:
+            if key not in seen and piece in line:
+                seen[key] = round(at, 2)
+    return dict(sorted(seen.items(), key=lambda kv: kv[1]))
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process and its live children so far: what start-up
+    costs, which machine load moves far less than the wall time."""
+    try:
+        import psutil
+
+        procs = [psutil.Process(pid)]
+        procs += procs[0].children(recursive=True)
+    except Exception:  # psutil missing or the process gone
+        return float("nan")
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except Exception:  # it ended meanwhile
+            continue
+    return total
 
 
 def _note_ready(api: int, start: float, seen: dict[str, float]) -> None:
@@ -180,6 +229,10 @@ def run(keep: bool = False) -> dict[str, Any]:
     line = {
         "cold_to_first_token_s": cold["to_first_token_s"],
         "warm_to_first_token_s": warm["to_first_token_s"],
+        "cold_cpu_to_first_token_s": cold.get("cpu_to_first_token_s"),
+        "warm_cpu_to_first_token_s": warm.get("cpu_to_first_token_s"),
+        "cold_timeline_s": cold.get("timeline_s"),
+        "warm_timeline_s": warm.get("timeline_s"),
         "sigint_to_exit_s": warm["sigint_to_exit_s"],
         "sigint_to_exit_s_cold": cold["sigint_to_exit_s"],
         "cold_ready_s": cold["ready_s"],

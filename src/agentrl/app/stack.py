@@ -47,21 +47,82 @@ SERVICES: tuple[tuple[str, str], ...] = (
 
 Serve = Callable[[Bus, asyncio.Event, Settings], Coroutine[Any, Any, None]]
 
+# Started at once: the deployment controller (it loads the model: the longest start-up, and
+# the gateway's first token is what a user waits for) and the control API (`/health`). The
+# other services start once the gateway serves, or after GATEWAY_FIRST_S: on 2 cores their
+# imports and start-up (pandas and chdb for the warehouse, the reward and training stores)
+# took the CPU the model's load needed (py-spy of `agentrl bench startup`). Nothing waits on
+# them meanwhile: what is published to their streams is consumed when they start.
+FIRST = frozenset({"deployment controller", "control API"})
+GATEWAY_FIRST_S = 120.0
+AFTER_GATEWAY = "the gateway to serve first"
+
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 THREADS = 64  # the stack process's thread pool (see stack_services)
 
 
-def load_services(only: set[str] | None = None) -> list[tuple[str, Serve]]:
-    """The installed services (a package missing from a partial install is skipped)."""
+def load_services(
+    only: set[str] | None = None, lazy: frozenset[str] = frozenset()
+) -> list[tuple[str, Serve]]:
+    """The installed services (a package missing from a partial install is skipped). Those in
+    `lazy` are imported when they start, not now (their imports are start-up time)."""
     found: list[tuple[str, Serve]] = []
     for label, path in SERVICES:
         if only is not None and label not in only:
             continue
         module_name, attr = path.split(":")
+        if label in lazy:
+            if _installed(module_name):
+                found.append((label, _imported_on_start(module_name, attr)))
+            continue
         module = optional_module(module_name)
         if module is not None:
             found.append((label, getattr(module, attr)))
     return found
+
+
+def _installed(module_name: str) -> bool:
+    import importlib.util
+
+    if module_name in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(module_name) is not None
+    except ModuleNotFoundError:  # a package above it is missing
+        return False
+
+
+def _imported_on_start(module_name: str, attr: str) -> Serve:
+    async def serve(bus: Bus, stop: asyncio.Event, settings: Settings) -> None:
+        module = optional_module(module_name)
+        if module is None:
+            raise RuntimeError(f"{module_name} is not installed")
+        await getattr(module, attr)(bus, stop, settings)
+
+    return serve
+
+
+async def _gateway_first(
+    health: dict[str, ServiceHealth], stop: asyncio.Event, limit_s: float
+) -> None:
+    """Returns once the deployment controller serves (its probe answered), failed or is
+    restarting, after `limit_s`, or when the stack stops."""
+    deadline = time.monotonic() + limit_s
+    first = health.get("deployment controller")
+    while first is not None and not stop.is_set() and time.monotonic() < deadline:
+        if first.state != "starting":
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.2)
+
+
+async def _after(gate: asyncio.Future[None], work: Coroutine[Any, Any, None]) -> None:
+    try:
+        await asyncio.shield(gate)
+    except BaseException:
+        work.close()
+        raise
+    await work
 
 
 @dataclass
@@ -153,7 +214,7 @@ async def supervise(
         started = time.monotonic()
         ready: asyncio.Task[None] | None = None
         if probe is None:
-            health.state, health.since = "running", time.time()
+            health.state, health.since, health.waiting_for = "running", time.time(), None
         else:
             health.state, health.since, health.waiting_for = "starting", time.time(), probe.what
             ready = asyncio.create_task(_until_ready(health, probe), name=f"{name} readiness")
@@ -224,9 +285,12 @@ async def stack_services(
     settings: Settings,
     only: set[str] | None = None,
     max_restarts: int | None = None,
+    gateway_first_s: float | None = GATEWAY_FIRST_S,
 ) -> AsyncIterator[RunningStack]:
     """Connect to `nats_url`, create the streams and run the services under supervision until
-    the block exits (then stop them and wait up to 15 s)."""
+    the block exits (then stop them and wait up to 15 s). With the deployment controller among
+    them, the services outside FIRST start once the gateway serves (at most
+    `gateway_first_s` later; None: all at once)."""
     # The services share this process's default thread pool (asyncio.to_thread): model
     # forward passes, validation episodes, checkpoint checks. Python's default of cpu + 4
     # workers (6 here) let one service's long calls queue every other service's short ones.
@@ -246,24 +310,36 @@ async def stack_services(
     health: dict[str, ServiceHealth] = {}
     tasks: list[asyncio.Task[None]] = []
     stack = RunningStack(bus, stop, settings, nats_url, health, tasks)
-    for label, serve in load_services(only):
+    selected = {label for label, _ in SERVICES if only is None or label in only}
+    later = (
+        frozenset(selected - FIRST)
+        if gateway_first_s is not None and "deployment controller" in selected
+        else frozenset()
+    )
+    services = load_services(only, lazy=later)
+    gate: asyncio.Future[None] | None = None
+    for label, serve in services:
         probe = probes.get(label)  # "starting, waiting for ..." before its task first runs
-        health[label] = ServiceHealth(label, waiting_for=probe.what if probe else None)
-        tasks.append(
-            asyncio.create_task(
-                supervise(
-                    label,
-                    serve,
-                    bus,
-                    stop,
-                    settings,
-                    health[label],
-                    max_restarts=max_restarts,
-                    probe=probe,
-                ),
-                name=label,
-            )
+        waiting = probe.what if probe else (AFTER_GATEWAY if label in later else None)
+        health[label] = ServiceHealth(label, waiting_for=waiting)
+        work = supervise(
+            label,
+            serve,
+            bus,
+            stop,
+            settings,
+            health[label],
+            max_restarts=max_restarts,
+            probe=probe,
         )
+        if label in later:
+            if gate is None:
+                assert gateway_first_s is not None
+                gate = asyncio.ensure_future(_gateway_first(health, stop, gateway_first_s))
+            work = _after(gate, work)
+        tasks.append(asyncio.create_task(work, name=label))
+    if gate is not None:
+        tasks.append(gate)  # type: ignore[arg-type]
     _RUNNING[bus] = stack
     try:
         yield stack

@@ -163,6 +163,8 @@ def _serve_gateway(port: int, upstream: str, nats_url: str) -> None:
                 log_enabled=False,
             ).serve()
         else:
+            from agentrl.httpserve import one_write_http
+
             server = uvicorn.Server(
                 uvicorn.Config(
                     create_gateway_app(state),
@@ -171,7 +173,8 @@ def _serve_gateway(port: int, upstream: str, nats_url: str) -> None:
                     log_level="warning",
                     access_log=False,
                     lifespan="off",
-                    http=os.environ.get("BENCH_GATEWAY_HTTP", "auto"),  # httptools if there
+                    # as `agentrl up` serves it (httpserve: head and body in one write)
+                    http=os.environ.get("BENCH_GATEWAY_HTTP") or one_write_http(),
                 )
             )
             await server.serve()
@@ -352,10 +355,10 @@ async def latency_run(
             )
         pools[name] = q
     lat: dict[str, list[float]] = {"direct": [], "gateway": []}
-    unanswered = late = 0
+    unanswered = late = sent = 0
 
     async def one(path: str, record: bool = True, due: float | None = None) -> None:
-        nonlocal unanswered, late
+        nonlocal unanswered, late, sent
         conn = await pools[path].get()
         t = time.perf_counter()
         if give_up_s is not None and due is not None and t - due > give_up_s:
@@ -363,6 +366,8 @@ async def latency_run(
             unanswered += 1
             pools[path].put_nowait(conn)
             return
+        if record and path == "gateway":
+            sent += 1
         try:
             status = await asyncio.wait_for(conn.call(), 30)
             if status != 200:
@@ -389,7 +394,10 @@ async def latency_run(
         tasks.append(asyncio.create_task(one("direct" if i % 2 == 0 else "gateway", True, due)))
     await asyncio.gather(*tasks)
     wall = time.perf_counter() - start
-    per_req = 1000 / max(1, n // 2)  # ms per gateway request (the backend also served direct)
+    # ms per gateway request sent (the backend also served direct); a request given up as
+    # late was never sent and cost the gateway nothing (counting it understated a saturated
+    # gateway's CPU per request)
+    per_req = 1000 / max(1, sent)
     cpu = {
         f"{k}_cpu_ms_per_req": (_tree_cpu_s(p) - cpu0[k]) * per_req for k, p in (pids or {}).items()
     }

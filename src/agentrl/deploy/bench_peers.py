@@ -37,6 +37,10 @@ from agentrl.deploy import bench
 
 RATES = (200.0, 1000.0)
 RAMP = (200.0, 400.0, 700.0, 1000.0, 1500.0, 2000.0, 3000.0)
+# A peer that cannot sustain the ramp's first rate is tried lower, down to the last of these:
+# its highest sustained rate and a rate agentrl is compared with it at (LiteLLM's proxy kept
+# up with 17 requests/s on 2 cores, so at 200 and 1,000 there was no ratio at all).
+DOWN = (100.0, 50.0, 25.0, 10.0, 5.0)
 P99_LIMIT_MS = 50.0
 GIVE_UP_S = 10.0  # a request this late for a connection is dropped: the run ends
 INSTALL_TIMEOUT_S = 900
@@ -313,18 +317,36 @@ async def stream_probe(peer: Peer) -> str | None:
     return f"streaming answered {r.status_code}: {r.text[:200]}; {_tail(peer.log, 2)}"
 
 
+def _step(run: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "rate": run["rate"],
+        "p99": round(run["gateway_p99"], 2),
+        "achieved": round(run["achieved_rate"]),
+        "added_p50": round(run["added_p50"], 3),
+        "added_p99": round(run["added_p99"], 3),
+    }
+
+
 async def measure(
-    direct: str, peer: Peer, duration: float, say: Callable[[str], None]
+    direct: str,
+    peer: Peer,
+    duration: float,
+    say: Callable[[str], None],
+    rates: tuple[float, ...] = RATES,
+    ramp_rates: tuple[float, ...] = RAMP,
+    down: tuple[float, ...] = DOWN,
 ) -> dict[str, Any]:
     """One peer's figures: each rate, both modes, then the ramp. A step of the ramp that
-    misses is run once more before it counts (a shared machine has bad seconds)."""
+    misses is run once more before it counts (a shared machine has bad seconds). When even
+    the ramp's first step misses, lower rates (`down`) are tried until one is sustained:
+    `max_rps` is then that rate (0 when none is)."""
     pid = peer.proc.pid if peer.proc is not None else os.getpid()
     out: dict[str, Any] = {"stream_error": await stream_probe(peer)}
     for stream in (False, True):
         if stream and out["stream_error"]:
             say(f"{peer.name}: streaming not measured: {out['stream_error']}")
             continue
-        for rate in RATES:
+        for rate in rates:
             say(f"{peer.name}: {rate:g} req/s {'streaming' if stream else 'non-streaming'}")
             out[f"{'stream' if stream else 'plain'}{int(rate)}"] = await bench.latency_run(
                 direct,
@@ -337,24 +359,76 @@ async def measure(
                 give_up_s=GIVE_UP_S,
             )
     best, ramp = 0.0, []
-    for rate in RAMP:
-        args = (direct, peer.url, rate, duration)
-        run = await bench.latency_run(*args, target=peer.target, give_up_s=GIVE_UP_S)
-        if not _sustains(run):
-            run = await bench.latency_run(*args, target=peer.target, give_up_s=GIVE_UP_S)
-        ramp.append(
-            {
-                "rate": rate,
-                "p99": round(run["gateway_p99"], 2),
-                "achieved": round(run["achieved_rate"]),
-            }
-        )
+    steps = list(ramp_rates)
+    while steps:
+        rate = steps.pop(0)
+        run = await sustained_run(direct, peer, rate, duration)
+        ramp.append(_step(run))
         say(f"{peer.name}: ramp {rate:g} req/s -> p99 {run['gateway_p99']:.1f} ms")
-        if not _sustains(run):
+        if _sustains(run):
+            best = rate
+            if rate < ramp_rates[0]:  # coming down: the first rate sustained is the highest
+                break
+            continue
+        if best or rate < ramp_rates[0]:
+            if not best and steps:
+                continue  # still coming down
             break
-        best = rate
+        steps = [r for r in down if r < rate]  # not even the first step: come down
     out["max_rps"], out["ramp"] = best, ramp
     return out
+
+
+async def sustained_run(direct: str, peer: Peer, rate: float, duration: float) -> dict[str, Any]:
+    """A non-streamed run at `rate`, run once more when it misses (a bad second)."""
+    args = (direct, peer.url, rate, duration)
+    run = await bench.latency_run(*args, target=peer.target, give_up_s=GIVE_UP_S)
+    if not _sustains(run):
+        run = await bench.latency_run(*args, target=peer.target, give_up_s=GIVE_UP_S)
+    return run
+
+
+async def compare_at_common(
+    direct: str,
+    ours: Peer,
+    results: dict[str, dict[str, Any]],
+    name: str,
+    duration: float,
+    say: Callable[[str], None],
+) -> None:
+    """When either did not keep up with the fixed rates: agentrl and the peer at the highest
+    rate both sustain (`common_rps`), or, when one sustains none, at the lowest rate the peer
+    was tried at (`common_rps_sustained` False). Each run's figures go under `at`; a run
+    missing there is made now, while the peer still runs, so both saw the same machine."""
+    res, mine = results[name], results["agentrl"]
+    kept_up = all(
+        m[f"plain{int(rate)}"]["achieved_rate"] >= 0.95 * rate
+        for rate in RATES
+        for m in (res, mine)
+    )
+    if kept_up or not res["ramp"]:
+        return
+    common = min(res["max_rps"], mine["max_rps"])
+    res["common_rps_sustained"] = bool(common)
+    if not common:
+        common = min(s["rate"] for s in res["ramp"])
+    for who, peer, out in ((name, None, res), ("agentrl", ours, mine)):
+        at = out.setdefault("at", {})
+        step = next((s for s in out.get("ramp", []) if s["rate"] == common), None)
+        if step is not None and common not in at:
+            at[common] = step
+        if common not in at:
+            say(f"{who} at {common:g} req/s (agentrl and {name} side by side)")
+            target = peer if peer is not None else _peer_of(results, name)
+            at[common] = _step(await sustained_run(direct, target, common, duration))
+    res["common_rps"] = common
+
+
+def _peer_of(results: dict[str, dict[str, Any]], name: str) -> Peer:
+    peer = results[name].get("peer")
+    if not isinstance(peer, Peer):
+        raise RuntimeError(f"{name} is not running")
+    return peer
 
 
 def line(results: dict[str, dict[str, Any]], failed: dict[str, str]) -> dict[str, Any]:
@@ -393,16 +467,73 @@ def line(results: dict[str, dict[str, Any]], failed: dict[str, str]) -> dict[str
     for name, res in results.items():
         if name == "agentrl" or ours is None:
             continue
-        for rate in (200, 1000):
+        headline: tuple[float, float] | None = None  # (rate, ratio)
+        for rate in (1000, 200):
             theirs, mine = res[f"plain{rate}"], ours[f"plain{rate}"]
             # a ratio only where both kept up: past saturation both paths queue and the
             # difference of two percentiles says nothing
-            kept_up = all(m["achieved_rate"] >= 0.95 * rate for m in (theirs, mine))
-            ok = kept_up and theirs["added_p99"] > 0
-            row[f"ratio_p99_vs_{name}_{rate}rps"] = (
-                r(mine["added_p99"] / theirs["added_p99"]) if ok else None
+            behind = [
+                who
+                for who, m in ((name, theirs), ("agentrl", mine))
+                if m["achieved_rate"] < 0.95 * rate
+            ]
+            key = f"ratio_p99_vs_{name}_{rate}rps"
+            if behind:
+                row[key] = None
+                row[key + "_why"] = (
+                    f"{' and '.join(behind)} did not keep up with {rate} req/s (achieved "
+                    + ", ".join(
+                        f"{round(m['achieved_rate'])}"
+                        for who, m in ((name, theirs), ("agentrl", mine))
+                        if who in behind
+                    )
+                    + ")"
+                )
+            elif theirs["added_p99"] <= 0:
+                row[key] = None
+                row[key + "_why"] = f"{name}'s added p99 was {theirs['added_p99']:.3f} ms (<= 0)"
+            else:
+                row[key] = r(mine["added_p99"] / theirs["added_p99"])
+                headline = headline or (float(rate), row[key])
+        common = res.get("common_rps")
+        if res.get("common_error"):
+            row[f"common_rps_{name}_error"] = res["common_error"]
+        if common:
+            row[f"common_rps_{name}"] = common
+            row[f"common_rps_{name}_sustained"] = res.get("common_rps_sustained", True)
+            if not res.get("common_rps_sustained", True):
+                row[f"ratio_p99_vs_{name}_note"] = (
+                    f"{name} sustained no rate with p99 < {P99_LIMIT_MS:g} ms; both compared at "
+                    f"the lowest rate tried, {common:g} req/s"
+                )
+            mine_c, theirs_c = ours["at"][common], res["at"][common]
+            if theirs_c["added_p99"] > 0:
+                row[f"ratio_p99_vs_{name}_at_common_rps"] = r(
+                    mine_c["added_p99"] / theirs_c["added_p99"]
+                )
+                row[f"agentrl_added_p99_ms_at_{name}_common_rps"] = mine_c["added_p99"]
+                row[f"{name}_added_p99_ms_at_common_rps"] = theirs_c["added_p99"]
+                headline = headline or (float(common), row[f"ratio_p99_vs_{name}_at_common_rps"])
+            else:
+                row[f"ratio_p99_vs_{name}_at_common_rps"] = None
+                row[f"ratio_p99_vs_{name}_at_common_rps_why"] = (
+                    f"{name}'s added p99 at {common:g} req/s was {theirs_c['added_p99']:.3f} ms "
+                    "(<= 0: within the noise of the direct path's)"
+                )
+        elif res["max_rps"] == 0:
+            lowest = min(s["rate"] for s in res["ramp"]) if res["ramp"] else None
+            row[f"ratio_p99_vs_{name}_why"] = (
+                f"{name} sustained no rate down to {lowest:g} req/s with p99 < {P99_LIMIT_MS:g} ms"
+                if lowest
+                else f"{name} was not ramped"
             )
-        row[f"ratio_p99_vs_{name}"] = row[f"ratio_p99_vs_{name}_1000rps"]
+        if headline is None:
+            row.setdefault(
+                f"ratio_p99_vs_{name}_why",
+                "no rate where both kept up and the peer added a positive p99",
+            )
+        row[f"ratio_p99_vs_{name}"] = headline[1] if headline else None
+        row[f"ratio_p99_vs_{name}_rps"] = headline[0] if headline else None
     for name, why in failed.items():
         row[f"{name}_error"] = why
     return row
@@ -452,6 +583,12 @@ def run_peers(duration: float = 3.0, only: tuple[str, ...] = tuple(PEERS)) -> di
                             versions[name] = peer.version
                         await _ready(peer)
                         results[name] = await measure(direct, peer, duration, say)
+                        results[name]["peer"] = peer
+                        try:
+                            await compare_at_common(direct, ours, results, name, duration, say)
+                        except Exception as exc:  # the measured figures stay
+                            results[name]["common_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                        results[name].pop("peer", None)
                     except Exception as exc:  # reported, never dropped
                         failed[name] = f"{type(exc).__name__}: {exc}"[:800]
                         say(f"{name}: not measured: {failed[name]}")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import hmac
 import json
@@ -37,6 +38,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -99,7 +101,8 @@ class CompletionLog:
     When the bus cannot keep up (or NATS is away) the oldest records are dropped (and
     counted) rather than slowing requests down: the queue is bounded by records and by
     estimated bytes (`max_bytes`; a record of an agent's long prompt holds ~40 bytes per
-    token id as Python ints), never unbounded."""
+    token id as Python ints), never unbounded. An item is a `CompletionRecord` or, from the
+    gateway's request path, its wire form `(subject, JSON, msg id)` (`completion_wire`)."""
 
     def __init__(
         self,
@@ -123,6 +126,8 @@ class CompletionLog:
 
     @staticmethod
     def record_bytes(record: Any) -> int:
+        if isinstance(record, tuple):  # (subject, JSON bytes, msg id): what it holds
+            return 256 + len(record[1])
         n = sum(
             len(getattr(record, f, None) or ())
             for f in ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
@@ -296,10 +301,32 @@ class GatewayState:
         raise KeyError(name)
 
 
-def _session_key(request: Request, body: ChatRequest) -> str | None:
-    for h in SESSION_HEADERS:
-        if request.headers.get(h):
-            return request.headers[h]
+_SESSION_KEYS = tuple(h.encode() for h in SESSION_HEADERS)
+
+
+def _heads(scope: Any) -> dict[bytes, bytes]:
+    """A request's headers by (lower-case) name, read once; the first of a repeated header,
+    as Starlette's `Headers.get` answers. The chat path looks up five; Starlette's `Headers`
+    decodes and scans the list for each (a tenth of the handler's own time, py-spy)."""
+    out: dict[bytes, bytes] = {}
+    for k, v in scope["headers"]:
+        if k not in out:
+            out[k] = v
+    return out
+
+
+_AGENT_KEY, _PROFILE_KEY = AGENT_HEADER.encode(), PROFILE_HEADER.encode()
+
+
+def _text(heads: dict[bytes, bytes], key: bytes) -> str | None:
+    value = heads.get(key)
+    return value.decode("latin-1") if value is not None else None
+
+
+def _session_key(heads: dict[bytes, bytes], body: ChatRequest) -> str | None:
+    for h in _SESSION_KEYS:
+        if value := heads.get(h):
+            return value.decode("latin-1")
     meta = (body.model_extra or {}).get("metadata")
     meta_session = meta.get("session_id") if isinstance(meta, dict) else None
     return body.episode_id or body.user or (str(meta_session) if meta_session else None)
@@ -381,10 +408,14 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
     if state.capture is not None:  # POST /v1/episodes/{id}/end, GET /v1/episodes/stats
         app.include_router(state.capture.router(state))
 
-    def unauthorized(request: Request) -> JSONResponse | None:
+    def unauthorized(request: Request, heads: dict[bytes, bytes] | None = None) -> Any:
         if not state.api_keys:
             return None
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if heads is None:
+            auth = request.headers.get("authorization", "")
+        else:
+            auth = heads.get(b"authorization", b"").decode("latin-1")
+        scheme, _, token = auth.partition(" ")
         token = token.strip()
         if scheme.lower() == "bearer" and any(
             hmac.compare_digest(token.encode(), k.encode()) for k in state.api_keys
@@ -449,7 +480,8 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(request: Request) -> Any:
-        if (denied := unauthorized(request)) is not None:
+        heads = _heads(request.scope)
+        if (denied := unauthorized(request, heads)) is not None:
             return denied
         try:
             body = ChatRequest.model_validate(orjson.loads(await request.body()))
@@ -462,13 +494,12 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
                 )
             )
             return _error(400, f"invalid request: {msg}", "invalid_request_error")
-        session = _session_key(request, body)
+        session = _session_key(heads, body)
         capture = state.capture
         tracked = capture is not None and capture.wants(request.headers, body)
         name = body.model
         if state.by_agent or state.by_profile:  # agents mapped to lineages
-            h = request.headers
-            name = state.lineage_for(name, h.get(AGENT_HEADER), h.get(PROFILE_HEADER))
+            name = state.lineage_for(name, _text(heads, _AGENT_KEY), _text(heads, _PROFILE_KEY))
         try:
             model_id = state.resolve(name, session)
         except KeyError:
@@ -499,7 +530,7 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
         stats.requests += 1
         obs.gateway_started(model_id)
         started = time.perf_counter()
-        structured.CALLER.set(_caller(request))
+        structured.CALLER.set(_caller(heads, request.scope.get("client")))
         try:
             await _prepare(backend, body)
         except Exception as exc:  # StructuredOutputError: 400 / 429, uncounted
@@ -544,7 +575,7 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
             capture.observe(request.headers, body, gen, completion_id, model_id)
         elif capture is not None:
             capture.served(completion_id)
-        return Response(orjson.dumps(out), media_type="application/json", headers=headers)
+        return _JSONAnswer(orjson.dumps(out), headers)
 
     async def chat_direct(scope: Any, receive: Any, send: Any) -> None:
         response = await chat(Request(scope, receive))
@@ -557,17 +588,30 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
 CLIENT_GONE = "the client disconnected before the answer was ready"
 
 
+class _JSONAnswer(Response):
+    """A 200 JSON answer with its headers built directly (Starlette's `init_headers` lower-
+    cases, encodes and scans them per response): the chat path's non-streamed success."""
+
+    def __init__(self, body: bytes, headers: dict[str, str]) -> None:
+        self.status_code, self.body, self.background = 200, body, None
+        self.raw_headers = [
+            (b"content-length", str(len(body)).encode()),
+            (b"content-type", b"application/json"),
+            *((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
+        ]
+
+
 class _ClientGone(Exception):
     """The client disconnected before its answer was ready."""
 
 
-def _caller(request: Request) -> str:
-    """Who asks, for the per-caller compile bound: the digest of its key, else its address."""
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+def _caller(heads: dict[bytes, bytes], client: Any) -> str:
+    """Who asks, for the per-caller compile bound: the digest of its key, else its address
+    (`client`: the ASGI scope's (host, port) or None)."""
+    scheme, _, token = heads.get(b"authorization", b"").decode("latin-1").partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return "key:" + hashlib.sha256(token.strip().encode()).hexdigest()[:16]
-    client = request.client
-    return f"addr:{client.host if client else '-'}"
+    return f"addr:{client[0] if client else '-'}"
 
 
 async def _prepare(backend: Backend, body: ChatRequest) -> None:
@@ -759,35 +803,72 @@ def _capture_failed(
     capture.failed(headers, body, failure.status_code, message, completion_id, model_id)
 
 
+COMPLETION_SUBJECT = "agent.rl.completion.v1"  # CompletionRecord.SUBJECT
+
+
+@functools.cache
+def _token_check() -> Any:
+    """Validates a completion's token ids (strict ints) and log-probs (finite floats) at once,
+    as `CompletionRecord` would (pydantic's validator, built once)."""
+    from typing import Annotated
+
+    from pydantic import ConfigDict, Field, StrictInt, TypeAdapter
+
+    finite = Annotated[float, Field(allow_inf_nan=False)]
+    return TypeAdapter(
+        tuple[list[StrictInt], list[StrictInt], list[finite]],  # type: ignore[valid-type]
+        config=ConfigDict(strict=True),
+    )
+
+
+def completion_wire(
+    completion_id: str, model_id: str, session: str | None, gen: Generation
+) -> tuple[str, bytes, str]:
+    """The completion log's message for `gen`: (subject, JSON, Nats-Msg-Id), the bytes that
+    `CompletionRecord(...).to_json()` makes (tests/deploy/test_gateway_hotpath.py holds them
+    equal). Built per request, so without the model: constructing and validating a
+    CompletionRecord was the costliest step of the gateway's own work per request. Raises
+    ValueError for what the record would refuse (non-integer ids, NaN or +inf log-probs)."""
+    lps = [max(x, -1e30) for x in gen.token_logprobs]  # -inf (masked) -> finite
+    try:
+        _token_check().validate_python((gen.prompt_token_ids, gen.completion_token_ids, lps))
+    except ValidationError as exc:
+        raise ValueError(str(exc)) from None
+    doc: dict[str, Any] = {"completion_id": completion_id, "model": model_id}
+    if session is not None:
+        doc["session_id"] = session
+    doc["prompt_token_ids"] = gen.prompt_token_ids
+    doc["completion_token_ids"] = gen.completion_token_ids
+    doc["completion_logprobs"] = lps
+    doc["constrained"] = bool(gen.constrained)
+    if gen.schema_hash is not None:
+        doc["schema_hash"] = gen.schema_hash
+    if gen.finish_reason is not None:
+        doc["finish_reason"] = gen.finish_reason
+    doc["timestamp"] = datetime.now(UTC)
+    return COMPLETION_SUBJECT, orjson.dumps(doc, option=orjson.OPT_UTC_Z), completion_id
+
+
 def _log(
     state: GatewayState, completion_id: str, model_id: str, session: str | None, gen: Generation
 ) -> None:
     if state.completion_log is None:
         return
-    from agentrl.contracts.base import utcnow
-    from agentrl.contracts.completion import CompletionRecord
-
     try:
-        record = CompletionRecord(
-            completion_id=completion_id,
-            model=model_id,
-            session_id=session,
-            prompt_token_ids=gen.prompt_token_ids,
-            completion_token_ids=gen.completion_token_ids,
-            completion_logprobs=[max(x, -1e30) for x in gen.token_logprobs],
-            constrained=gen.constrained,
-            schema_hash=gen.schema_hash,
-            finish_reason=gen.finish_reason,
-            timestamp=utcnow(),
-        )
-    except ValidationError:
+        message = completion_wire(completion_id, model_id, session, gen)
+    except (ValueError, TypeError):  # TypeError: what orjson cannot encode
         log.warning("completion %s not logged: invalid record", completion_id)
         return
-    state.completion_log.submit(record)
+    state.completion_log.submit(message)
 
 
 def _sse(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+    """One server-sent event (orjson: per streamed token, the stdlib's encoder cost several
+    times as much). A value orjson refuses (an upstream's odd chunk) goes through the stdlib's."""
+    try:
+        return b"data: " + orjson.dumps(obj) + b"\n\n"
+    except TypeError:
+        return b"data: " + json.dumps(obj, default=str).encode() + b"\n\n"
 
 
 async def _stream(

