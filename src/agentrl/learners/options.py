@@ -60,7 +60,7 @@ class PolicyOptions(_Options):
     max_checkpoints: int = Field(3, ge=1)
     """Step checkpoints kept (rotation)."""
     eval_episodes: int = Field(8, ge=0)
-    """Greedy holdout episodes per round, for best/ (none: no best/)."""
+    """Greedy holdout episodes per round, for best/; 0 keeps no best/."""
     resume: bool = False
     """Resume from the latest checkpoint."""
     nproc: int = Field(1, ge=1)
