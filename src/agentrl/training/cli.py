@@ -10,10 +10,19 @@ from __future__ import annotations
 import json
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import typer
+
+from agentrl.configcli import argument, config_command
+from agentrl.training.options import (
+    Connection,
+    ListOptions,
+    ServeOptions,
+    StartOptions,
+    StatusOptions,
+    TrainingBench,
+)
 
 TERMINAL = ("completed", "failed", "cancelled")
 
@@ -169,160 +178,143 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         no_args_is_help=True,
     )
     app.add_typer(train, name="train")
-    api_opt = typer.Option(None, "--api", help="Control API URL (default from settings).")
-    token_opt = typer.Option(None, "--token", envvar="AGENTRL_API_TOKEN", help="Bearer token.")
-    nats_opt = typer.Option(None, "--nats", help="Talk to NATS at this URL instead of the API.")
+    conn = ("api", "token", "nats")
+    job_id = argument("job_id", "The training job's id.", str)
+    start = [*StartOptions.model_fields]  # all of them, the connection last
+    start = [*(f for f in start if f not in conn), *conn]
+    train.command("start")(config_command(StartOptions, start, _start))
+    flags = {"follow": ["--follow", "-f"]}
+    status = config_command(StatusOptions, ("follow", *conn), _status, [job_id], flags)
+    train.command("status")(status)
+    train.command("cancel")(config_command(Connection, conn, _cancel, [job_id]))
+    train.command("list")(config_command(ListOptions, ("status", *conn), _list))
+    train.command("serve")(config_command(ServeOptions, ("nats",), _serve))
+    fields = ("trajectories", "jobs", "job_seconds")
+    bench.command("training")(config_command(TrainingBench, fields, _bench_training))
 
-    @train.command("start")
-    def start(
-        config: Path = typer.Option(None, "--config", help="JSON/YAML with request fields."),
-        base_model: str = typer.Option(None, help="e.g. smollm2, tiny, or a HF id/folder."),
-        algorithm: str = typer.Option(None, help="grpo, rloo, dpo, ppo (gigpo: see --estimator)."),
-        estimator: str = typer.Option(None, help="Advantage estimator, e.g. gigpo (with grpo)."),
-        priority: str = typer.Option(None, help="urgent, high, normal or low."),
-        sample_size: int = typer.Option(None, help="Trajectories to sample."),
-        min_reward: float = typer.Option(None, help="Dataset filter: minimum total reward."),
-        env: str = typer.Option(None, help="Train online in this environment instead."),
-        iterations: int = typer.Option(10, help="Environment jobs: iterations."),
-        idempotency_key: str = typer.Option(None, help="Start at most once per key (API)."),
-        follow_: bool = typer.Option(False, "--follow", help="Show progress until it ends."),
-        api: str = api_opt,
-        token: str = token_opt,
-        nats: str = nats_opt,
-    ) -> None:
-        """Start a training job (a manual trigger) and print its id."""
-        body: dict[str, Any] = {}
-        if config is not None:
-            text = config.read_text()
-            if config.suffix in (".yaml", ".yml"):
-                import yaml
 
-                body = dict(yaml.safe_load(text) or {})
-            else:
-                body = dict(json.loads(text))
-        tc: dict[str, Any] = body.setdefault("training_config", {})
-        if base_model:
-            tc["base_model"] = base_model
-        if algorithm:
-            tc["algorithm"] = algorithm
-        if estimator:
-            tc.setdefault("hyperparameters", {})["adv_estimator"] = estimator
-        if sample_size:
-            tc.setdefault("dataset", {})["sample_size"] = sample_size
-        if min_reward is not None:
-            tc.setdefault("dataset", {}).setdefault("filter", {})["min_reward"] = min_reward
-        if env:
-            tc["environment"] = {"env_id": env, "iterations": iterations}
-        if priority:
-            body["priority"] = priority
-        body.setdefault("metadata", {}).setdefault("requested_by", os.environ.get("USER", "cli"))
-        client = Client(api, token, nats)
-        out = client.start(body, idempotency_key)
-        typer.echo(f"started {out['training_job_id']} ({out['status']})")
-        if follow_:
-            last = follow(client, out["training_job_id"])
-            if last:
-                _print_status(last)
+def _client(cfg: Connection) -> Client:
+    return Client(cfg.api, cfg.token or os.environ.get("AGENTRL_API_TOKEN"), cfg.nats)
 
-    @train.command("status")
-    def status(
-        job_id: str,
-        follow_: bool = typer.Option(False, "--follow", "-f", help="Progress until it ends."),
-        api: str = api_opt,
-        token: str = token_opt,
-        nats: str = nats_opt,
-    ) -> None:
-        """A job's latest status event (with --follow: a live progress bar)."""
-        client = Client(api, token, nats)
-        s = follow(client, job_id) if follow_ else client.status(job_id)
-        if s is None:
-            raise typer.BadParameter(f"unknown training job {job_id}")
-        _print_status(s)
-        if s["status"] == "failed":
-            raise typer.Exit(1)
 
-    @train.command("cancel")
-    def cancel(
-        job_id: str, api: str = api_opt, token: str = token_opt, nats: str = nats_opt
-    ) -> None:
-        """Cancel a queued or running job (it stops within 5 s; checkpoints stay)."""
-        out = Client(api, token, nats).cancel(job_id)
-        typer.echo(f"cancel requested for {out['training_job_id']}")
+def request_body(cfg: StartOptions) -> dict[str, Any]:
+    """The training request the options describe: the --config file's fields, then the
+    options on top of them."""
+    body: dict[str, Any] = {}
+    if cfg.config is not None:
+        text = cfg.config.read_text()
+        if cfg.config.suffix in (".yaml", ".yml"):
+            import yaml
 
-    @train.command("list")
-    def list_(
-        status: str = typer.Option(None, help="Only jobs with this status."),
-        api: str = api_opt,
-        token: str = token_opt,
-        nats: str = nats_opt,
-    ) -> None:
-        """Jobs and their latest status."""
-        from rich.console import Console
-        from rich.table import Table
+            body = dict(yaml.safe_load(text) or {})
+        else:
+            body = dict(json.loads(text))
+    tc: dict[str, Any] = body.setdefault("training_config", {})
+    if cfg.base_model:
+        tc["base_model"] = cfg.base_model
+    if cfg.algorithm:
+        tc["algorithm"] = cfg.algorithm
+    if cfg.estimator:
+        tc.setdefault("hyperparameters", {})["adv_estimator"] = cfg.estimator
+    if cfg.sample_size is not None:
+        tc.setdefault("dataset", {})["sample_size"] = cfg.sample_size
+    if cfg.min_reward is not None:
+        tc.setdefault("dataset", {}).setdefault("filter", {})["min_reward"] = cfg.min_reward
+    if cfg.env:
+        tc["environment"] = {"env_id": cfg.env, "iterations": cfg.iterations}
+    if cfg.priority:
+        body["priority"] = cfg.priority
+    body.setdefault("metadata", {}).setdefault("requested_by", os.environ.get("USER", "cli"))
+    return body
 
-        table = Table("job", "status", "progress", "updated", "checkpoint / error")
-        for j in Client(api, token, nats).list(status):
-            p = j.get("progress") or {}
-            tail = (j.get("artifacts") or {}).get("final_checkpoint") or (
-                (j.get("error") or {}).get("message") or ""
-            )
-            table.add_row(
-                j["training_job_id"],
-                j["status"],
-                f"{p.get('percent_complete', 0):.0f}%",
-                str(j["timestamp"]),
-                tail[:80],
-            )
-        Console().print(table)
 
-    @train.command("serve")
-    def serve(
-        nats: str = typer.Option(None, "--nats", help="NATS URL (default: settings)."),
-    ) -> None:
-        """Run the training service alone (`agentrl up` runs it with everything else).
+def _start(cfg: StartOptions) -> None:
+    """Start a training job (a manual trigger) and print its id."""
+    client = _client(cfg)
+    out = client.start(request_body(cfg), cfg.idempotency_key)
+    typer.echo(f"started {out['training_job_id']} ({out['status']})")
+    if cfg.follow:
+        last = follow(client, out["training_job_id"])
+        if last:
+            _print_status(last)
 
-        On its own host (a GPU machine) it needs NATS_URL (a cluster: also
-        AGENTRL_STREAM_REPLICAS=3), its devices, and AGENTRL_TRAINING_STORAGE_PATH on storage
-        every runner reaches (s3://… or a shared mount): a job a dead runner leaves is resumed
-        by another from its newest checkpoint there. A local data dir holds job folders and
-        logs; no port (the control API serves /training).
 
-        N copies may run with the same settings: they share one job queue (NATS KV
-        agentrl_training_queue), own each job through a lease renewed while it runs
-        (AGENTRL_TRAINING_LEASE_TTL_S, default 10 s: longer than a NATS leader election),
-        and one of them, the trigger lease's holder, fires triggers. AGENTRL_REPLICA_ID names
-        a copy (default host-pid). See docs/guide/replicas.md."""
-        import asyncio
-        import signal
+def _status(cfg: StatusOptions, *, job_id: str) -> None:
+    """A job's latest status event (with --follow: a live progress bar)."""
+    client = _client(cfg)
+    s = follow(client, job_id) if cfg.follow else client.status(job_id)
+    if s is None:
+        raise typer.BadParameter(f"unknown training job {job_id}")
+    _print_status(s)
+    if s["status"] == "failed":
+        raise typer.Exit(1)
 
-        from agentrl.bus import Bus
-        from agentrl.settings import get_settings
-        from agentrl.training.service import TrainingService
 
-        async def go() -> None:
-            settings = get_settings()
-            bus = await Bus.connect(nats, settings=settings, name="agentrl-training")
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
-            try:
-                await TrainingService(bus, settings).run(stop)
-            finally:
-                await bus.close()
+def _cancel(cfg: Connection, *, job_id: str) -> None:
+    """Cancel a queued or running job (it stops within 5 s; checkpoints stay)."""
+    out = _client(cfg).cancel(job_id)
+    typer.echo(f"cancel requested for {out['training_job_id']}")
 
-        asyncio.run(go())
 
-    @bench.command("training")
-    def bench_training(
-        trajectories: int = typer.Option(100_000, help="Trajectories for the loading figure."),
-        jobs: int = typer.Option(5, help="Jobs for the control-path latencies."),
-        job_seconds: float = typer.Option(300.0, help="Length of the overhead job (seconds)."),
-        quick: bool = typer.Option(False, help="Small sizes (a smoke run, not a figure)."),
-    ) -> None:
-        """Dataset loading rate, request->running and cancel latencies, job overhead."""
-        from agentrl.training.bench import run_bench
+def _list(cfg: ListOptions) -> None:
+    """Jobs and their latest status."""
+    from rich.console import Console
+    from rich.table import Table
 
-        if quick:
-            trajectories, jobs, job_seconds = 5_000, 2, 20.0
-        run_bench(trajectories=trajectories, jobs=jobs, job_seconds=job_seconds)
+    table = Table("job", "status", "progress", "updated", "checkpoint / error")
+    for j in _client(cfg).list(cfg.status):
+        p = j.get("progress") or {}
+        tail = (j.get("artifacts") or {}).get("final_checkpoint") or (
+            (j.get("error") or {}).get("message") or ""
+        )
+        table.add_row(
+            j["training_job_id"],
+            j["status"],
+            f"{p.get('percent_complete', 0):.0f}%",
+            str(j["timestamp"]),
+            tail[:80],
+        )
+    Console().print(table)
+
+
+def _serve(cfg: ServeOptions) -> None:
+    """Run the training service alone (`agentrl up` runs it with everything else).
+
+    On its own host (a GPU machine) it needs NATS_URL (a cluster: also
+    AGENTRL_STREAM_REPLICAS=3), its devices, and AGENTRL_TRAINING_STORAGE_PATH on storage
+    every runner reaches (s3://… or a shared mount): a job a dead runner leaves is resumed
+    by another from its newest checkpoint there. A local data dir holds job folders and
+    logs; no port (the control API serves /training).
+
+    N copies may run with the same settings: they share one job queue (NATS KV
+    agentrl_training_queue), own each job through a lease renewed while it runs
+    (AGENTRL_TRAINING_LEASE_TTL_S, default 10 s: longer than a NATS leader election),
+    and one of them, the trigger lease's holder, fires triggers. AGENTRL_REPLICA_ID names
+    a copy (default host-pid). See docs/guide/replicas.md."""
+    import asyncio
+    import signal
+
+    from agentrl.bus import Bus
+    from agentrl.settings import get_settings
+    from agentrl.training.service import TrainingService
+
+    async def go() -> None:
+        settings = get_settings()
+        bus = await Bus.connect(cfg.nats, settings=settings, name="agentrl-training")
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await TrainingService(bus, settings).run(stop)
+        finally:
+            await bus.close()
+
+    asyncio.run(go())
+
+
+def _bench_training(cfg: TrainingBench) -> None:
+    """Dataset loading rate, request->running and cancel latencies, job overhead."""
+    from agentrl.training.bench import run_bench
+
+    run_bench(trajectories=cfg.trajectories, jobs=cfg.jobs, job_seconds=cfg.job_seconds)
