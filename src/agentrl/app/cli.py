@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -202,6 +203,12 @@ def _register_loop(app: typer.Typer) -> None:
             help="Training job kind the trigger starts; only dataset (the logged trajectories) "
             "is wired in.",
         ),
+        lineages: int = typer.Option(
+            0,
+            help="FrozenLake: this many lineages (1-2; 4x4 and 5x5 maps), each trained on its "
+            "own agents' trajectories, validated and canaried on its own; with "
+            "--bad-candidate the drill breaks the first lineage's canary (app.loop_lineages).",
+        ),
     ) -> None:
         """Run the stack of `agentrl up`, let agents act through the gateway, and watch
         rewards -> trigger -> training job -> validation -> canary -> promotion or rollback,
@@ -271,6 +278,9 @@ def _register_loop(app: typer.Typer) -> None:
 
         import asyncio
 
+        if lineages:
+            _loop_lineages(cfg, lineages, bad_candidate, say)
+            return
         try:
             result = asyncio.run(run_loop(cfg, say, log_file="loop.log"))
         except ValueError as exc:
@@ -284,6 +294,25 @@ def _register_loop(app: typer.Typer) -> None:
             print(f"report: {result.report}", flush=True)
         sys.stdout.write(json.dumps(result.summary()) + "\n")
         sys.stdout.flush()
+
+
+def _loop_lineages(cfg: Any, n: int, drill: bool, say: Any) -> None:
+    """`agentrl loop --lineages N`: the table per lineage, then one JSON line."""
+    import asyncio
+
+    from agentrl.app.loop_lineages import run_lineages, table
+
+    if cfg.env != "frozenlake" or cfg.backend != "local":
+        typer.echo("error: --lineages runs the FrozenLake loop on the local backend", err=True)
+        raise typer.Exit(2)
+    try:
+        result = asyncio.run(run_lineages(cfg, n, say, drill=drill, log_file="loop.log"))
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    print(table(result), flush=True)
+    sys.stdout.write(json.dumps(result.summary()) + "\n")
+    sys.stdout.flush()
 
 
 def _register_up(app: typer.Typer) -> None:
