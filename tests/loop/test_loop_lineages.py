@@ -44,3 +44,4 @@ def test_two_lineages_walk_apart_and_the_drill_rolls_back_in_one(tmp_path: Path)
     for name in names:
         assert f"version {name}-v1: register" in out, out[-3000:]
     assert "rollback -> rolled_back" in out
+    assert (tmp_path / "loop" / "report" / "index.html").exists()

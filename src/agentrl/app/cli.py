@@ -311,6 +311,8 @@ def _loop_lineages(cfg: Any, n: int, drill: bool, say: Any) -> None:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     print(table(result), flush=True)
+    if result.report:
+        print(f"report: {result.report}", flush=True)
     sys.stdout.write(json.dumps(result.summary()) + "\n")
     sys.stdout.flush()
 

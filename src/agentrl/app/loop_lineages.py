@@ -148,6 +148,7 @@ class LineagesResult:
     rewards: int = 0
     lost: int = 0
     stages: dict[str, float] = field(default_factory=dict)
+    report: str | None = None
 
     def summary(self) -> dict[str, Any]:
         per = {name: r.summary() for name, r in self.per.items()}
@@ -320,6 +321,19 @@ async def run_lineages(
             for tr in tracks:
                 result.per[tr.spec.name] = await _evaluate(cfg, registry, watch, tr, say)
             stages["heldout_eval"] = time.monotonic() - t_eval
+            try:  # the report of `agentrl loop`, every lineage's versions in it
+                from datetime import UTC, datetime, timedelta
+
+                from agentrl.app.report import load_from_streams, write_report
+
+                data = await load_from_streams(bus, datetime.now(UTC) - timedelta(hours=1))
+                rows = [v for r in result.per.values() for v in r.versions]
+                page = await asyncio.to_thread(
+                    write_report, data, data_dir / "report", heldout=rows
+                )
+                result.report = str(page)
+            except Exception as exc:  # a by-product: say why it is missing
+                say(f"report: not written ({type(exc).__name__}: {exc})")
             stop_watch.set()
             await asyncio.gather(*watchers, return_exceptions=True)
             result.trajectories = len(published)
