@@ -290,3 +290,29 @@ def test_latest_rewards_equals_the_keyed_reference():
     got = latest_rewards(rewards)
     assert got == reference(rewards)
     assert all(got[t] is reference(rewards)[t] for t in got)
+
+
+async def test_a_probe_with_none_of_the_jobs_own_trajectories_reads_everything(nats):
+    """Two lineages on one stream: the newest trajectories are the other lineage's. The
+    probe keeps none of them after the job's agent filter, so the job's data kind is
+    unknown: read everything (before: an empty probe read as 'not valid-action', and a
+    lineage's valid-action job took the token path and failed on its objective)."""
+    nc = await nats_client.connect(nats.url)
+    js = nc.jetstream()
+    try:
+        guided = {"turn_id": 1, "action": {"type": "response", "guided_choice": ["a", "b"]}}
+        trajs = [_traj(i, agent_id="mine", turns=[guided]) for i in range(60)]
+        trajs += [_traj(i, agent_id="other", turns=[guided]) for i in range(60, 100)]
+        await _setup(js, [(t["trajectory_id"], t) for t in trajs])
+        rewards = latest_rewards([_reward(i, 0.5) for i in range(100)])
+        flt = DatasetFilter(agent_ids=["mine"])
+        seen: list[int] = []
+
+        def probe(t: list[dict[str, Any]]) -> bool:
+            seen.append(len(t))
+            return bool(t)
+
+        assert await _lazy(js, rewards, flt, 10, newest_guided=probe) is None
+        assert seen in ([], [0])  # an empty probe decides nothing
+    finally:
+        await nc.close()

@@ -53,12 +53,26 @@ async def test_jobs_never_read_another_lineages_trajectories(nats, data_dir, mon
         trajectory(101, agent="shared"),
     ]
     ts = tsettings(threshold=10, threshold_scope="lineage", devices=[], init_from="live")
+    queued: dict[str, object] = {}
+
+    async def on_status(msg) -> None:  # type: ignore[no-untyped-def]
+        import json
+
+        ev = json.loads(msg.data)
+        if ev.get("status") == "queued":
+            queued[ev["training_job_id"]] = (ev.get("metadata") or {}).get("lineage")
+
+    sub = await bus.nc.subscribe("agent.rl.training.status.v1", cb=on_status)
     try:
         await publish_data(bus, trajs, [0.5] * len(trajs))
         async with running_service(bus, settings, ts) as svc:
             await _wait(lambda: len(svc.store.jobs()) == 3)
             await asyncio.sleep(0.5)
             jobs = {j.request["metadata"]["lineage"]: j for j in svc.store.jobs()}
+            # the first status (queued, before the job's row exists) names its lineage too:
+            # the deployment's fleet routes each status to its lineage's controller
+            await _wait(lambda: len(queued) == 3)
+            assert queued == {j.job_id: name for name, j in jobs.items()}
             assert sorted(jobs) == ["agent0/coder", "agent0/research", "agentrl-policy"]
             filters = {
                 k: j.request["training_config"]["dataset"]["filter"]["agent_ids"]
@@ -93,6 +107,7 @@ async def test_jobs_never_read_another_lineages_trajectories(nats, data_dir, mon
             with pytest.raises(PermanentError, match="must name its agents"):
                 await svc.handle_request(json.dumps(req).encode())
     finally:
+        await sub.unsubscribe()
         await bus.close()
 
 

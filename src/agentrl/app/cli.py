@@ -134,6 +134,7 @@ LOOP_OPTIONS = (
     "structured",
     "hints",
     "partial_credit",
+    "lineages",
 )
 
 
@@ -191,6 +192,9 @@ def _loop(overrides: dict[str, object], *, quick: bool, show_config: bool) -> No
     def say(line: str) -> None:
         print(line, flush=True)
 
+    if cfg.lineages:
+        _loop_lineages(cfg, say)
+        return
     try:
         result = asyncio.run(run_loop(cfg, say, log_file="loop.log"))
     except ValueError as exc:
@@ -199,6 +203,29 @@ def _loop(overrides: dict[str, object], *, quick: bool, show_config: bool) -> No
     except (asyncio.CancelledError, KeyboardInterrupt) as exc:
         typer.echo("stopped before the end: no table", err=True)
         raise typer.Exit(130) from exc
+    print(table(result), flush=True)
+    if result.report:
+        print(f"report: {result.report}", flush=True)
+    sys.stdout.write(json.dumps(result.summary()) + "\n")
+    sys.stdout.flush()
+
+
+def _loop_lineages(cfg: Any, say: Any) -> None:
+    """`agentrl loop --lineages N`: the table per lineage, then one JSON line."""
+    import asyncio
+
+    from agentrl.app.loop_lineages import run_lineages, table
+
+    if cfg.env != "frozenlake" or cfg.backend != "local":
+        typer.echo("error: --lineages runs the FrozenLake loop on the local backend", err=True)
+        raise typer.Exit(2)
+    try:
+        result = asyncio.run(
+            run_lineages(cfg, cfg.lineages, say, drill=cfg.bad_candidate, log_file="loop.log")
+        )
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
     print(table(result), flush=True)
     if result.report:
         print(f"report: {result.report}", flush=True)

@@ -15,6 +15,8 @@ from agentrl.app.loop_config import HELDOUT_OFFSET, MOVES, PACE_S, LoopConfig, l
 class Agents:
     """Agent workers acting through the gateway; every episode becomes a trajectory."""
 
+    agent_id = "agentrl-loop"  # a lineage's agents name themselves (app.loop_lineages)
+
     def __init__(
         self, cfg: LoopConfig, bus: Any, gateway_url: str, public: str, say: Callable[[str], None]
     ) -> None:
@@ -39,6 +41,9 @@ class Agents:
         # replies cut by the token cap (tool use), and all replies, while acting / held-out
         self.cut: dict[str, int] = {"acting": 0, "acting_replies": 0, "heldout": 0,
                                     "heldout_replies": 0}  # fmt: skip
+
+    def task(self, seed: int, family: str = "mixed", pool: str = "train") -> Any:
+        return loop_task(self.cfg, seed, family, pool)
 
     def policy(self, model: str, temperature: float, session: str | None = None) -> Any:
         """The gateway's policy; `session` (sent as `episode_id` on every turn) keeps all
@@ -68,7 +73,7 @@ class Agents:
         from agentrl.rollout.convert import episode_to_trajectory
         from agentrl.rollout.worker import RLRolloutWorker
 
-        task = loop_task(self.cfg, seed)
+        task = self.task(seed)
         group_id = str(uuid.uuid4())  # the trajectories' session_id and the gateway's key
         policy = self.policy(self.public, self.cfg.temperature, session=group_id)
         tools = self.cfg.env == "tooluse"
@@ -95,7 +100,7 @@ class Agents:
             model = served[0] if len(served) == 1 else "unknown"
             event = episode_to_trajectory(
                 ep,
-                agent_id="agentrl-loop",
+                agent_id=self.agent_id,
                 model=model,
                 temperature=self.cfg.temperature,
                 domain="general",
@@ -155,7 +160,7 @@ class Agents:
         sem = asyncio.Semaphore(8 if tools else 64)
 
         async def one(family: str, seed: int) -> Any:
-            task = loop_task(self.cfg, seed, family, pool)
+            task = self.task(seed, family, pool)
             async with sem:
                 return await RLRolloutWorker(
                     task, policy, history_window=None if tools else 0, env_in_thread=tools

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 MOVES = ["up", "down", "left", "right"]
 HELDOUT_OFFSET = 1_000_000  # same as agentrl.learners.valid_action: training seeds stay below
@@ -112,6 +112,11 @@ class LoopConfig(BaseModel):
     """The jobs' LoRA rank (alpha = 2 r)."""
     backend_timeout_s: float = 60.0
     """The gateway's wait for one answer of its backend."""
+    lineages: int = Field(0, ge=0, le=2)
+    """Lineages, one per agent (FrozenLake).
+
+    On one base model, 4x4 and 5x5 maps; each is trained on its own agents' trajectories, validated and canaried on its own;
+    with bad_candidate the drill breaks the first lineage's canary (`app.loop_lineages`)."""
     task_repeats: int = 1
     """Each task acted this many times, one single-episode session each: a job's GiGPO
     group (tool use)."""

@@ -23,6 +23,7 @@ EnvFactory = Callable[..., TextEnv]
 _REGISTRY: dict[str, EnvFactory] = {
     "sokoban": SokobanEnv,
     "frozenlake-4x4": partial(FrozenLakeTextEnv, size=4),
+    "frozenlake-5x5": partial(FrozenLakeTextEnv, size=5),  # a second lineage's task
     "frozenlake-8x8": partial(FrozenLakeTextEnv, size=8),
     "frozenlake-4x4-slippery": partial(FrozenLakeTextEnv, size=4, is_slippery=True),
     "frozenlake-8x8-slippery": partial(FrozenLakeTextEnv, size=8, is_slippery=True),
@@ -36,6 +37,7 @@ _REGISTRY: dict[str, EnvFactory] = {
 DEFAULT_MAX_EPISODE_STEPS = {
     "sokoban": 15,
     "frozenlake-4x4": 15,
+    "frozenlake-5x5": 20,
     "frozenlake-8x8": 40,
     "frozenlake-4x4-slippery": 25,
     "frozenlake-8x8-slippery": 60,

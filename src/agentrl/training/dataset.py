@@ -713,7 +713,9 @@ async def sample_from_stream(
         if probe is None:
             return None
         kept_probe, _ = apply_filters(probe, rewards, flt, FilterReport())
-        if newest_guided([r.trajectory for r in kept_probe]):
+        # none of the newest is the job's own (another lineage's agents acted last): its
+        # kind is unknown, read everything (a lineage's valid-action job took the token path)
+        if not kept_probe or newest_guided([r.trajectory for r in kept_probe]):
             return None
     order = draw_order(len(cands), size, seed)
     kept: list[Record] = []

@@ -600,7 +600,11 @@ class TrainingService:
                 self.counters["duplicates"] += 1
                 log.info("request %s already known: not started again", req.training_job_id)
                 return
-        event = self.build_status(req.training_job_id, "queued", extra={"kind": kind})
+        # the row does not exist yet: the queued status names the lineage from the request
+        # (else the deployment's fleet read it as the default lineage's job)
+        lineage = (req.metadata.model_extra or {}).get("lineage") if req.metadata else None
+        extra = {"kind": kind, **({"lineage": str(lineage)} if lineage else {})}
+        event = self.build_status(req.training_job_id, "queued", extra=extra)
         added = self.store.add_job(
             req.training_job_id,
             req.priority,

@@ -1,0 +1,512 @@
+"""`agentrl loop --lineages 2`: two agents with different tasks sharing one base model, each
+in its own lineage (`agentrl.deploy.lineage`): its own versions, split, validation benchmark,
+training trigger and canary.
+
+Built from `agentrl.app.loop`'s pieces: the same embedded stack, agents, watcher, end rule
+and drill. The agents of lineage k name themselves `agent_id` (the training service's
+`threshold_scope=lineage` counts and filters by it) and ask the gateway for the lineage by
+its name (`model`). FrozenLake 4x4 and 5x5 (egocentric observations): the same recipe the
+main loop measured, on maps of two sizes. A drill pushes a broken version (torn weights,
+`inject_bad_candidate`) into the first lineage's canary once that lineage is done; the
+gateway refuses it and it is rolled back, while the other lineage's split is watched for any
+version that is not its own and for any rollback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentrl.app.loop import (
+    HELDOUT_OFFSET,
+    Agents,
+    LoopConfig,
+    LoopResult,
+    VersionRow,
+    Watch,
+    _system_prompt,
+    _wait_http,
+    decision_of,
+    end_rule,
+    free_port,
+    inject_bad_candidate,
+    live_benchmark,
+    loop_environment,
+    model_of,
+    passed_validation,
+    prepare_data_dir,
+    trained_and_decided,
+    undecided,
+)
+from agentrl.stats import wilson
+
+BY = "agentrl-loop"
+
+
+@dataclass(frozen=True)
+class LineageSpec:
+    """One lineage of the run: its public name, its agents' id and their task."""
+
+    name: str
+    agent_id: str
+    env_id: str
+
+
+SPECS = (
+    LineageSpec("lake/4x4", "lake4-agent", "frozenlake-4x4"),
+    LineageSpec("lake/5x5", "lake5-agent", "frozenlake-5x5"),
+)
+
+
+def specs(n: int) -> list[LineageSpec]:
+    if not 1 <= n <= len(SPECS):
+        raise ValueError(f"--lineages {n}: 1 to {len(SPECS)} (FrozenLake 4x4 and 5x5)")
+    return list(SPECS[:n])
+
+
+def lineage_task(cfg: LoopConfig, spec: LineageSpec, seed: int) -> Any:
+    """`loop_task` on the lineage's own map size."""
+    from agentrl.envs.registry import task_for
+    from agentrl.episodes import Message
+
+    task = task_for(
+        spec.env_id,
+        seed,
+        max_episode_steps=cfg.max_steps,
+        obs_format="egocentric",
+        progress_reward=cfg.progress_reward,
+        hole_penalty=cfg.hole_penalty,
+    )
+    task.initial_messages = [Message(role="system", content=_system_prompt())]
+    return task
+
+
+def validation_of(spec: LineageSpec) -> dict[str, Any]:
+    """The lineage's DeploySettings overrides: its benchmark plays its own task."""
+    return {
+        "benchmark_tasks": {"research_synthesis": [spec.env_id]},
+        "benchmark_env_kwargs": {spec.env_id: {"obs_format": "egocentric"}},
+    }
+
+
+class LineageAgents(Agents):
+    """The loop's agents, named after their lineage and playing its task."""
+
+    def __init__(
+        self, cfg: LoopConfig, bus: Any, gateway_url: str, spec: LineageSpec, say: Any
+    ) -> None:
+        super().__init__(cfg, bus, gateway_url, spec.name, say)
+        self.spec = spec
+        self.agent_id = spec.agent_id
+
+    def task(self, seed: int, family: str = "mixed", pool: str = "train") -> Any:
+        return lineage_task(self.cfg, self.spec, seed)
+
+
+@dataclass
+class Drill:
+    """A broken version pushed into `target`'s canary; `other`'s split watched meanwhile."""
+
+    target: str
+    other: str | None
+    injected: str | None = None
+    state: str = ""  # the injected version's last state
+    foreign: set[str] = field(default_factory=set)  # not-its-own versions seen in other's split
+    other_rollbacks: int = 0  # rollbacks in the other lineage while the drill ran
+    other_before: dict[str, float] | None = None
+    other_after: dict[str, float] | None = None
+
+    def untouched(self) -> bool:
+        return not self.foreign and self.other_rollbacks == 0
+
+    def rolled_back(self) -> bool:
+        return self.injected is not None and self.state == "rolled_back" and self.untouched()
+
+
+def own_split_only(lineage: str, weights: dict[str, float]) -> set[str]:
+    """Pure: the versions in a lineage's split that are not its own (`<lineage>-...`)."""
+    return {m for m, w in weights.items() if w > 0 and not m.startswith(f"{lineage}-")}
+
+
+def lineage_gain(summary: dict[str, Any]) -> float | None:
+    live, base = summary.get("live_heldout_success"), summary.get("base_heldout_success")
+    return None if live is None or base is None else round(live - base, 4)
+
+
+@dataclass
+class LineagesResult:
+    per: dict[str, LoopResult] = field(default_factory=dict)
+    drill: Drill | None = None
+    wall_s: float = 0.0
+    trajectories: int = 0
+    rewards: int = 0
+    lost: int = 0
+    stages: dict[str, float] = field(default_factory=dict)
+    report: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        per = {name: r.summary() for name, r in self.per.items()}
+        gains = [lineage_gain(s) for s in per.values()]
+        apart = []
+        for r in self.per.values():
+            base = next((v for v in r.versions if v.model_id.endswith("-base")), None)
+            live = next((v for v in r.versions if v.state == "live"), None)
+            apart.append(
+                bool(base and live and base is not live and live.ci_low is not None)
+                and (live.ci_low or 0.0) > (base.ci_high or 1.0)  # type: ignore[union-attr]
+            )
+        return {
+            "lineages": len(per),
+            "min_lineage_gain": min((g for g in gains if g is not None), default=None)
+            if all(g is not None for g in gains)
+            else None,
+            "intervals_apart": all(apart) if apart else False,
+            "drill_rolled_back": self.drill.rolled_back() if self.drill else None,
+            "drill_version": self.drill.injected if self.drill else None,
+            "drill_other_split_untouched": self.drill.untouched() if self.drill else None,
+            "trajectories": self.trajectories,
+            "rewards": self.rewards,
+            "lost": self.lost,
+            "wall_s": round(self.wall_s, 1),
+            "per_lineage": per,
+            "stages": self.stages,
+        }
+
+
+@dataclass
+class _Track:
+    """The watcher's view of one lineage."""
+
+    spec: LineageSpec
+    agents: LineageAgents
+    finishing: set[str] | None = None
+    done: bool = False
+    busy: bool = False
+    pending: bool = False
+    extended: int = 0
+
+
+async def _wait_live_served(registry: Any, name: str, timeout_s: float = 120.0) -> None:
+    """Until a gateway reports routing the lineage (its first version at 100 %)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        split, _ = await registry.get_split(name)
+        if split is not None and split.live:
+            for report in await registry.serving_reports(name):
+                if report.weights.get(split.live) == 100.0:
+                    return
+        await asyncio.sleep(0.25)
+    raise RuntimeError(f"no gateway routed lineage {name} within {timeout_s:.0f}s")
+
+
+def _job_lineage(evs: list[Any]) -> str | None:
+    from agentrl.deploy.fleet import lineage_of_status
+
+    for e in evs:
+        name = lineage_of_status(e)
+        if name:
+            return name
+    return None
+
+
+async def run_lineages(
+    cfg: LoopConfig,
+    n: int = 2,
+    say: Callable[[str], None] = print,
+    drill: bool = True,
+    log_file: str | None = None,
+) -> LineagesResult:
+    """The loop with `n` lineages (see the module's docstring)."""
+    import logging
+
+    from agentrl.app.stack import stack_services
+    from agentrl.bus.server import EmbeddedNats
+    from agentrl.deploy.config import DeploySettings
+    from agentrl.deploy.lineage import Lineages
+    from agentrl.deploy.registry import Registry
+    from agentrl.settings import Settings
+
+    for noisy in ("httpx", "httpx2"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    chosen = specs(n)
+    # the run's agents are shared among the lineages (2 cores serve them all), at least 2 each
+    if cfg.agents // n >= 2:
+        cfg = cfg.model_copy(update={"agents": cfg.agents // n})
+    t_start = time.monotonic()
+    stages: dict[str, float] = {}
+    data_dir = prepare_data_dir(Path(cfg.data_dir), fresh=cfg.fresh)
+    if log_file:
+        from agentrl.logs import log_to_file
+
+        say(f"log: {log_to_file(data_dir / log_file)}")
+    env = loop_environment(cfg)
+    # each lineage's trigger counts and filters its own agents' trajectories
+    env["AGENTRL_TRAINING_THRESHOLD_SCOPE"] = "lineage"
+    if not cfg.finish_in_flight:  # the quick run: each lineage's generations and a spare
+        env["AGENTRL_TRAINING_THRESHOLD_MAX_JOBS"] = str(n * (cfg.generations + 1))
+    os.environ.update(env)
+    settings = Settings(
+        data_dir=data_dir,
+        api_port=int(os.environ.get("AGENTRL_API_PORT") or free_port()),
+        gateway_port=int(os.environ.get("AGENTRL_GATEWAY_PORT") or free_port()),
+        nats_url=None,
+    )
+    ds = DeploySettings()
+    result = LineagesResult()
+    with EmbeddedNats(settings=settings) as server:
+        async with stack_services(server.url, settings) as stack:
+            await _wait_http(f"{stack.gateway_url}/models", 180)
+            stages["startup"] = time.monotonic() - t_start
+            say(f"stack: up in {stages['startup']:.1f}s")
+            bus = stack.bus
+            registry = await Registry.open(bus.js, ds.bucket)
+            lineages = Lineages(registry, ds.public_model)
+            for spec in chosen:
+                await lineages.create(
+                    spec.name,
+                    base_model=cfg.model,
+                    agents=[spec.agent_id],
+                    validation=validation_of(spec),
+                    by=BY,
+                    reason=f"agentrl loop --lineages: {spec.env_id}",
+                    bus=bus,
+                )
+            for spec in chosen:
+                await _wait_live_served(registry, spec.name)
+                say(f"lineage {spec.name}: agents {spec.agent_id} on {spec.env_id}, base live")
+            stages["lineages_ready"] = time.monotonic() - t_start
+            watch = Watch()
+            stop_watch = asyncio.Event()
+            watchers = [
+                asyncio.create_task(
+                    bus.consume(
+                        "agent.rl.reward.v1", "loop-watch-rewards", watch.on_reward, stop=stop_watch
+                    )
+                ),
+                asyncio.create_task(
+                    bus.consume(
+                        "agent.rl.training.status.v1",
+                        "loop-watch-status",
+                        watch.on_status,
+                        stop=stop_watch,
+                    )
+                ),
+            ]
+            tracks = [_Track(s, LineageAgents(cfg, bus, stack.gateway_url, s, say)) for s in chosen]
+            stop_acting = asyncio.Event()
+            t_act = time.monotonic()
+            acting = [asyncio.create_task(t.agents.run(stop_acting)) for t in tracks]
+            the_drill = Drill(chosen[0].name, chosen[1].name if n > 1 else None) if drill else None
+            result.drill = the_drill
+            try:
+                await _watch(cfg, registry, watch, tracks, acting, the_drill, data_dir, bus, say,
+                             t_start)  # fmt: skip
+            finally:
+                stop_acting.set()
+                for task in acting:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(task, 60)
+            stages["acting"] = time.monotonic() - t_act
+            t_tail = time.monotonic()
+            published = {t for tr in tracks for t in tr.agents.published}
+            while time.monotonic() - t_tail < 30 and any(t not in watch.rewards for t in published):
+                await asyncio.sleep(0.3)
+            t_eval = time.monotonic()
+            for tr in tracks:
+                result.per[tr.spec.name] = await _evaluate(cfg, registry, watch, tr, say)
+            stages["heldout_eval"] = time.monotonic() - t_eval
+            try:  # the report of `agentrl loop`, every lineage's versions in it
+                from datetime import UTC, datetime, timedelta
+
+                from agentrl.app.report import load_from_streams, write_report
+
+                data = await load_from_streams(bus, datetime.now(UTC) - timedelta(hours=1))
+                rows = [v for r in result.per.values() for v in r.versions]
+                page = await asyncio.to_thread(
+                    write_report, data, data_dir / "report", heldout=rows
+                )
+                result.report = str(page)
+            except Exception as exc:  # a by-product: say why it is missing
+                say(f"report: not written ({type(exc).__name__}: {exc})")
+            stop_watch.set()
+            await asyncio.gather(*watchers, return_exceptions=True)
+            result.trajectories = len(published)
+            result.rewards = sum(1 for t in published if t in watch.rewards)
+            result.lost = result.trajectories - result.rewards
+            for tr in tracks:
+                await tr.agents.close()
+    result.stages = {k: round(v, 2) for k, v in stages.items()}
+    result.wall_s = time.monotonic() - t_start
+    return result
+
+
+async def _watch(
+    cfg: LoopConfig,
+    registry: Any,
+    watch: Watch,
+    tracks: list[_Track],
+    acting: list[asyncio.Task[None]],
+    drill: Drill | None,
+    data_dir: Path,
+    bus: Any,
+    say: Callable[[str], None],
+    t_start: float,
+) -> None:
+    """Each lineage runs `end_rule` on its own versions; the drill follows its target's end;
+    the run ends when every lineage (and the drill) is done or the budget runs out."""
+    deadline = t_start + cfg.time_budget_s
+    grace_until = deadline + cfg.grace_s
+    printed: dict[str, int] = {}
+    jobs_seen: dict[str, str] = {}
+    last_note = 0.0
+    drill_t0 = None
+    while True:
+        await asyncio.sleep(0.5)
+        now = time.monotonic()
+        for task in acting:
+            if task.done():
+                task.result()
+        jobs_by_lineage: dict[str, bool] = {}
+        for job, evs in watch.statuses.items():
+            name = _job_lineage(evs)
+            if jobs_seen.get(job) != evs[-1].status:
+                jobs_seen[job] = evs[-1].status
+                say(f"training job {job[:8]} ({name}): {evs[-1].status}")
+            if name and evs[-1].status in ("queued", "running"):
+                jobs_by_lineage[name] = True
+        for tr in tracks:
+            name = tr.spec.name
+            try:
+                records = await registry.list_models(name)
+                rollout = await registry.get_rollout(name)
+            except Exception as exc:
+                say(f"watch: registry not readable now ({type(exc).__name__})")
+                continue
+            for r in records:
+                for d in r.decisions[printed.get(r.model_id, 0) :]:
+                    to = f" -> {d.to_state}" if d.to_state else ""
+                    say(f"version {r.model_id}: {d.action}{to} ({d.by}: {d.reason})")
+                printed[r.model_id] = len(r.decisions)
+            injected = drill.injected if drill and drill.target == name else None
+            decided = trained_and_decided(records, {injected})
+            tr.busy = rollout is not None and rollout.status == "running"
+            validating = any(
+                r.state == "candidate"
+                and r.checkpoint_path
+                and not any(d.action in ("validate", "wait") for d in r.decisions)
+                for r in records
+            )
+            tr.pending = tr.busy or validating
+            tr.agents.paced = (
+                cfg.pace and not tr.busy and (validating or jobs_by_lineage.get(name, False))
+            )
+            bench = live_benchmark(records)
+            stage = end_rule(cfg, len(decided), bench)
+            if stage == "extend" and len(decided) > tr.extended:
+                tr.extended = len(decided)
+                say(f"{name}: {len(decided)} decided, benchmark {bench or 0.0:.2f}: going on")
+            if stage == "end" and tr.finishing is None and cfg.finish_in_flight:
+                tr.finishing = passed_validation(records, {injected})
+            if tr.finishing and undecided(records, tr.finishing):
+                continue
+            if stage == "end" and not tr.busy and not tr.done:
+                tr.done = True
+                say(f"lineage {name}: done ({len(decided)} versions decided)")
+            if drill is not None and name == drill.target and tr.done and drill.state not in (
+                "rolled_back", "live", "retired", "skipped"
+            ):  # fmt: skip
+                if drill.injected is None and not tr.busy:
+                    got = await inject_bad_candidate(bus, name, data_dir, say)
+                    if got is None:
+                        drill.state = "skipped"
+                    elif got:
+                        drill.injected = got
+                        drill_t0 = time.time()
+                        if drill.other:
+                            split, _ = await registry.get_split(drill.other)
+                            drill.other_before = dict(split.weights) if split else {}
+                elif drill.injected:
+                    rec = next((r for r in records if r.model_id == drill.injected), None)
+                    drill.state = rec.state if rec else ""
+                    if drill.state in ("rolled_back", "live", "retired") and drill.other:
+                        split, _ = await registry.get_split(drill.other)
+                        drill.other_after = dict(split.weights) if split else {}
+                        say(f"drill: {drill.injected} {drill.state}; {drill.other}'s split "
+                            f"{drill.other_before} -> {drill.other_after}")  # fmt: skip
+        if drill and drill.other and drill.injected and drill_t0 is not None and (
+            drill.state not in ("rolled_back", "live", "retired")
+        ):  # fmt: skip
+            split, _ = await registry.get_split(drill.other)
+            drill.foreign |= own_split_only(drill.other, dict(split.weights) if split else {})
+            for r in await registry.list_models(drill.other):
+                drill.other_rollbacks = max(
+                    drill.other_rollbacks,
+                    sum(
+                        d.action == "rollback" and d.at.timestamp() >= drill_t0 for d in r.decisions
+                    ),
+                )
+        if now - last_note > 15:
+            last_note = now
+            say(
+                "acting: "
+                + ", ".join(
+                    f"{t.spec.name} {len(t.agents.published)} by {t.agents.by_model}"
+                    for t in tracks
+                )
+                + f"; {len(watch.rewards)} rewarded"
+            )
+        drill_done = drill is None or drill.state in ("rolled_back", "live", "retired", "skipped")
+        if all(t.done for t in tracks) and drill_done:
+            return
+        if now >= deadline and (not any(t.pending for t in tracks) or now >= grace_until):
+            say(f"time budget of {cfg.time_budget_s:.0f}s reached")
+            return
+
+
+async def _evaluate(
+    cfg: LoopConfig, registry: Any, watch: Watch, tr: _Track, say: Callable[[str], None]
+) -> LoopResult:
+    """Held-out greedy success of the lineage's base and live versions on its own held-out
+    maps, by each version's own name; every version's row with its decision."""
+    records = await registry.list_models(tr.spec.name)
+    res = LoopResult(start_model=f"{tr.spec.name}-base")
+    tasks = [("frozenlake", HELDOUT_OFFSET + k) for k in range(cfg.heldout_seeds)]
+    total_by = sum(tr.agents.by_model.values()) or 1
+    for r in sorted(records, key=lambda r: r.version):
+        act, why = decision_of(r)
+        row = VersionRow(r.model_id, r.state, decision=act, why=why)
+        row.traffic_share = tr.agents.by_model.get(r.model_id, 0) / total_by
+        rs = [
+            x
+            for t, x in ((t, watch.reward_of(t)) for t in tr.agents.published)
+            if x is not None and model_of(watch, t) == r.model_id
+        ]
+        row.rewards, row.mean_reward = len(rs), (sum(rs) / len(rs) if rs else None)
+        if r.state == "live" or r.model_id.endswith("-base"):
+            wins, n, _ = await tr.agents.heldout(r.model_id, tasks)
+            row.heldout_success, row.heldout_n = wins / n, n
+            row.ci_low, row.ci_high = wilson(wins, n)
+            say(f"held-out {tr.spec.env_id}: {r.model_id} {wins}/{n} = {wins / n:.2f} "
+                f"[{row.ci_low:.2f}, {row.ci_high:.2f}]")  # fmt: skip
+        res.versions.append(row)
+    res.trajectories = len(tr.agents.published)
+    res.rewards = sum(1 for t in tr.agents.published if t in watch.rewards)
+    res.lost = res.trajectories - res.rewards
+    res.mixed = tr.agents.mixed
+    return res
+
+
+def table(result: LineagesResult) -> str:
+    from agentrl.app.loop import table as one_table
+
+    parts = []
+    for name, r in result.per.items():
+        parts.append(f"== lineage {name}")
+        parts.append(one_table(r))
+    return "\n".join(parts)

@@ -1,0 +1,47 @@
+"""`agentrl loop --quick --lineages 2 --bad-candidate` on the real stack with the tiny model:
+two lineages (FrozenLake 4x4 and 5x5 agents) each walk the chain on their own trajectories
+(trigger -> job -> validation -> canary -> decision); the drill's broken version in the first
+lineage's canary is rolled back and the second lineage's split never shows a version not its
+own. The last line is the issue's JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from loop_helpers import run_loop_cli
+
+from agentrl.app.loop_lineages import own_split_only, specs
+
+
+def test_own_split_only_names_versions_of_other_lineages() -> None:
+    assert own_split_only("lake/5x5", {"lake/5x5-v2": 50.0, "lake/5x5-base": 50.0}) == set()
+    assert own_split_only("lake/5x5", {"lake/4x4-v3": 10.0, "lake/5x5-v2": 90.0}) == {"lake/4x4-v3"}
+    assert own_split_only("lake/5x5", {"lake/4x4-v3": 0.0}) == set()
+
+
+def test_two_lineages_walk_apart_and_the_drill_rolls_back_in_one(tmp_path: Path) -> None:
+    proc = run_loop_cli(
+        "--quick", "--lineages", "2", "--bad-candidate", "--data-dir", str(tmp_path / "loop")
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out[-4000:] + proc.stderr[-4000:]
+    last = json.loads(out.strip().splitlines()[-1])
+    assert last["lineages"] == 2
+    assert last["lost"] == 0 and last["trajectories"] > 0, out[-3000:]
+    names = [s.name for s in specs(2)]
+    assert sorted(last["per_lineage"]) == sorted(names)
+    for name in names:
+        one = last["per_lineage"][name]
+        # its base and at least one trained version of its own, decided by its own controller
+        assert one["versions"] >= 2 and one["promoted"] + one["rolled_back"] >= 1, (name, one)
+        assert one["base_heldout_success"] is not None and one["heldout_seeds"] > 0
+        assert one["trajectories"] > 0
+    assert last["drill_version"] and last["drill_version"].startswith(names[0] + "-"), last
+    assert last["drill_rolled_back"] is True and last["drill_other_split_untouched"] is True
+    assert last["min_lineage_gain"] is not None
+    # each lineage's jobs ran on its own agents: versions registered into their own lineage
+    for name in names:
+        assert f"version {name}-v1: register" in out, out[-3000:]
+    assert "rollback -> rolled_back" in out
+    assert (tmp_path / "loop" / "report" / "index.html").exists()
