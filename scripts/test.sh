@@ -5,6 +5,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/setup.sh
+# bytecode written on first import: PYTHONDONTWRITEBYTECODE (set on some hosts) would have
+# each of the suite's hundreds of processes compile what it imports again
+unset PYTHONDONTWRITEBYTECODE
 echo "[test] ruff check";         .venv/bin/ruff check src tests
 echo "[test] ruff format --check"; .venv/bin/ruff format --check src tests
 echo "[test] import layers";       .venv/bin/lint-imports --no-cache  # [tool.importlinter]
@@ -41,9 +44,6 @@ fi
 mypy_log="$(mktemp)"
 .venv/bin/mypy src/agentrl > "$mypy_log" 2>&1 &
 mypy_pid=$!
-# agentrl's own modules compiled once up front: PYTHONDONTWRITEBYTECODE (set on some hosts)
-# would have each of the suite's hundreds of processes compile what it imports again
-.venv/bin/python -m compileall -q -j 0 src tests >/dev/null 2>&1 || true
 echo "[test] pytest (mypy src beside it)"
 set +e
 # two workers, a test file to each at a time (a file's tests share its fixtures): most tests

@@ -265,10 +265,13 @@ async def test_a_timed_out_request_is_a_failed_turn_and_end_tells_the_truth(
     from agentrl.deploy.backends import UpstreamBackend
 
     slow = FastAPI()
+    # the backend answers only when the test is done: uvicorn's shutdown waits for the
+    # requests in flight, and a plain 30 s sleep held the test 30 s after its checks
+    done = asyncio.Event()
 
     @slow.post("/v1/chat/completions")
     async def never() -> dict[str, Any]:
-        await asyncio.sleep(30)
+        await asyncio.wait_for(done.wait(), 30)
         return {}
 
     server, task, port = await serve(slow)
@@ -301,6 +304,7 @@ async def test_a_timed_out_request_is_a_failed_turn_and_end_tells_the_truth(
             )
     finally:
         await client.close()
+        done.set()
         server.should_exit = True
         await task
     assert any(

@@ -196,7 +196,9 @@ def test_bench_gateway_stops_its_helper_processes(tmp_path: Path, sig: int) -> N
 
 def test_bench_serving_keeps_to_its_budget_and_says_what_it_skipped(tmp_path: Path) -> None:
     """`bench serving` had not finished after 22 minutes on 2 cores: a budget bounds it, and
-    the prompts that did not fit are named (here: far more prompts than 20 s can serve)."""
+    the prompts that did not fit are named (here: far more prompts than 8 s can serve; the
+    budget's size does not matter to the mechanism, and each second of it is a second of
+    the suite)."""
     import json
 
     python = standin_vllm(tmp_path)
@@ -207,17 +209,22 @@ def test_bench_serving_keeps_to_its_budget_and_says_what_it_skipped(tmp_path: Pa
         "STANDIN_MARKER": str(tmp_path / "vllm.pids"),
     }
     cmd = [AGENTRL, "bench", "serving", "--model", "tiny", "--prompts", "5000"]
-    cmd += ["--concurrency", "1", "--budget-s", "20", "--no-prefix"]
+    cmd += ["--concurrency", "1", "--budget-s", "8", "--no-prefix"]
     t = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     took = time.monotonic() - t
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     line = json.loads(out.stdout.strip().splitlines()[-1])
-    assert line["budget_s"] == 20
+    assert line["budget_s"] == 8
     assert any(s.startswith("local: ") and "of 5000 prompts" in s for s in line["skipped"]), line
     assert line["local"][0]["skipped"] > 0
     # the budget covers vLLM's start and the load runs; loading the models comes on top
-    assert took < 150, f"took {took:.0f} s"
+    # (the command's own wall time is no measure of that: 170 s at load 20 on 2 cores, with
+    # the budgeted part within its 8 s). Slack: the one request in flight at the deadline.
+    budgeted = line.get("vllm_startup_s", 0) + sum(
+        r["wall_s"] for r in line["local"] + line["vllm"]
+    )
+    assert budgeted <= 8 + 20, f"{budgeted:.0f} s of an 8 s budget ({took:.0f} s in all)"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
