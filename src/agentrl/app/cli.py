@@ -298,6 +298,11 @@ def _register_up(app: typer.Typer) -> None:
         Its trajectories then flow to NATS_URL (printed below) and train the
         next version.
         """
+        import os
+
+        # the console is the status panel's: no weight-loading progress bars (the main
+        # job's console has none either); a user's own setting wins
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         from agentrl.app.stack import run_stack
         from agentrl.observability.multiproc import enable_for_stack
 
