@@ -305,8 +305,8 @@ class LocalEngine:
 
     @contextlib.contextmanager
     def _adapter_turn(self) -> Iterator[None]:
-        """The engine's lock for an adapter change or a scoring pass, taken ahead of the next
-        batch (and of requests that would join the batch decoding now)."""
+        """The engine's lock for a scoring pass, taken ahead of the next batch (and of
+        requests that would join the batch decoding now)."""
         self._adapter_ops += 1
         try:
             with self._lock:
