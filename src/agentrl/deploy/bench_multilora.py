@@ -137,8 +137,12 @@ async def multilora_run(
     levels: tuple[int, ...] = LEVELS,
     gateway: bool = True,
     tiny_kwargs: dict[str, Any] | None = None,
+    budget_s: float | None = None,
 ) -> dict[str, Any]:
-    """The multi-LoRA figures (module docstring); one dict of JSON-ready values."""
+    """The multi-LoRA figures (module docstring); one dict of JSON-ready values. Past
+    `budget_s` no further round starts (one always runs) and the gateway run is skipped;
+    `multilora_rounds` says how many ran."""
+    deadline = time.monotonic() + budget_s if budget_s else float("inf")
     from agentrl.deploy.local import LocalEngine
 
     tiny = model.lower() in ("tiny", "tiny-random")
@@ -171,7 +175,11 @@ async def multilora_run(
         await _engine_round(engine, ids, _requests(batch, -2, 4))  # every adapter once
         runs: dict[str, list[float]] = {}
         r = 0
+        done = 0
         for _ in range(rounds):  # interleaved, so that load on the machine hits all alike
+            if done and time.monotonic() > deadline:
+                break
+            done += 1
             for n in (0, *levels):
                 r += 1
                 chosen: list[str | None] = [None] if n == 0 else list(ids[:n])
@@ -181,7 +189,13 @@ async def multilora_run(
             name = "base" if key == "0" else key
             out[f"multilora_tokens_per_s_{name}"] = round(statistics.median(vals), 2)
             out[f"multilora_tokens_per_s_{name}_runs"] = [round(v, 2) for v in vals]
-        if gateway:
+        out["multilora_rounds"] = done
+        out["multilora_skipped"] = []
+        if done < rounds:
+            out["multilora_skipped"].append(f"{rounds - done} of {rounds} rounds (budget)")
+        if gateway and time.monotonic() > deadline:
+            out["multilora_skipped"].append("the gateway run (budget)")
+        elif gateway:
             r += 1
             out[f"multilora_gateway_tokens_per_s_{n_max}"] = round(
                 await _gateway_round(engine, ids, _requests(batch, r, max_tokens), root), 2

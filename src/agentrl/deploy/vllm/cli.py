@@ -85,7 +85,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         spent = 0.0  # the multi-LoRA and prefix parts' seconds, out of the budget
         if (multilora or multilora_only) and not prefix_only:
             started = time.monotonic()
-            out.update(asyncio.run(multilora_run(model, max_tokens=max_tokens)))
+            share = budget_s / 3 if budget_s and not multilora_only else None
+            out.update(asyncio.run(multilora_run(model, max_tokens=max_tokens, budget_s=share)))
             out["multilora_s"] = spent = round(time.monotonic() - started, 1)
             if multilora_only:
                 typer.echo(json.dumps(out))
