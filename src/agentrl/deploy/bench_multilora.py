@@ -5,21 +5,23 @@ their requests decoding in one batch of the local engine.
   requests spread round-robin over N live adapters (N = 1, 4, 16), through the engine
   (`generate`, the gateway's path minus HTTP); median of `rounds` rounds, each with prompts
   of its own (no round reuses another's cached prefixes). `multilora_base_tokens_per_s` is
-  the same load on the bare base, for reference.
+  the same load on the bare base, for reference; `multilora_cpu_tokens_per_s_*` the same
+  per CPU second of the process (what other load on a shared machine moves far less).
 - `multilora_gateway_tokens_per_s_16`: N = 16 once more through the real gateway over HTTP
   (uvicorn, requests naming each version by its id).
 - `adapter_mib`: the process's RSS growth per adapter while the 16 adapters load (what one
   more lineage costs, allocator included); `adapter_param_mib`: the bytes of one adapter's
   weights as the engine stacks them (padding included), to set beside it.
 
-The adapters are random LoRA checkpoints written as training writes them (rank and target
-modules of agentrl's training defaults: r=16 on q, k, v, o).
+The adapters are random LoRA adapters in peft's files with the base's spec beside them, as
+training writes them (agentrl's training defaults: r=16 on q, k, v, o).
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import statistics
 import tempfile
 import time
@@ -27,29 +29,39 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
 TOPICS = ["the sea", "a city", "winter", "bread", "a robot", "rivers", "music", "a garden"]
 LEVELS = (1, 4, 16)
 
 
-def write_adapter(folder: Path, spec: dict[str, Any], seed: int, r: int = 16) -> str:
-    """A LoRA checkpoint of the base with random weights (`seed`), as training saves it."""
+def write_adapters(root: Path, spec: dict[str, Any], n: int, r: int = 16) -> list[str]:
+    """`n` LoRA adapters of the base with random weights (seeds 1..n), saved as training
+    saves them (peft's adapter files and the base's spec); the base is loaded once."""
+    import json
+
     import torch
 
-    from agentrl.llm.checkpoint import CheckpointManager
-    from agentrl.llm.config import TrainerConfig
-    from agentrl.llm.loading import LoraSettings, apply_lora, load_policy
-    from agentrl.llm.trainer import PolicyTrainer
+    from agentrl.llm.loading import BASE_FILE, LoraSettings, apply_lora, load_policy
 
     policy = load_policy(spec["name"], seed=spec["seed"], tiny_kwargs=spec["tiny_kwargs"])
-    policy.lora = LoraSettings(r=r, target_modules=("q_proj", "k_proj", "v_proj", "o_proj"))
-    policy.model = apply_lora(policy.model, policy.lora)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in policy.model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.01)
-    cfg = TrainerConfig(model=spec["name"], lora_r=r, storage_path=str(folder))
-    return CheckpointManager(str(folder)).save(PolicyTrainer(policy, cfg), {}, name="final")
+    model = apply_lora(
+        policy.model, LoraSettings(r=r, target_modules=("q_proj", "k_proj", "v_proj", "o_proj"))
+    )
+    out = []
+    for seed in range(1, n + 1):
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_A" in name:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+                elif "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.01)
+        folder = root / f"a{seed}"
+        model.save_pretrained(folder)
+        base = {"name": spec["name"], "seed": spec["seed"], "tiny_kwargs": spec["tiny_kwargs"]}
+        (folder / BASE_FILE).write_text(json.dumps(base))
+        out.append(str(folder))
+    return out
 
 
 def _rss_bytes() -> int:
@@ -76,12 +88,17 @@ def _requests(batch: int, round_: int, max_tokens: int) -> list[Any]:
     return out
 
 
-async def _engine_round(engine: Any, ids: Sequence[str | None], reqs: list[Any]) -> float:
-    started = time.perf_counter()
+async def _engine_round(
+    engine: Any, ids: Sequence[str | None], reqs: list[Any]
+) -> tuple[float, float]:
+    """Completion tokens per wall second and per CPU second of this process (the second
+    moves far less with other load on a shared machine)."""
+    started, cpu = time.perf_counter(), time.process_time()
     gens = await asyncio.gather(
         *(engine.generate(ids[i % len(ids)], r) for i, r in enumerate(reqs))
     )
-    return sum(g.completion_tokens for g in gens) / (time.perf_counter() - started)
+    tokens = sum(g.completion_tokens for g in gens)
+    return tokens / (time.perf_counter() - started), tokens / (time.process_time() - cpu)
 
 
 async def _gateway_round(engine: Any, ids: list[str], reqs: list[Any], cache: Path) -> float:
@@ -152,9 +169,7 @@ async def multilora_run(
     with tempfile.TemporaryDirectory(prefix="agentrl-bench-multilora-") as tmp:
         root = Path(tmp)
         started = time.monotonic()
-        folders = await asyncio.to_thread(
-            lambda: [write_adapter(root / f"a{i}", spec, seed=i + 1) for i in range(n_max)]
-        )
+        folders = await asyncio.to_thread(write_adapters, root, spec, n_max)
         out["multilora_write_s"] = round(time.monotonic() - started, 1)
         engine = await asyncio.to_thread(
             LocalEngine, model, seed=0, tiny_kwargs=spec["tiny_kwargs"],
@@ -173,7 +188,7 @@ async def multilora_run(
         out["adapter_param_mib"] = round(mem["weights"] / mem["adapters"] / 2**20, 2)
         ids = [f"lineage-{i}" for i in range(n_max)]
         await _engine_round(engine, ids, _requests(batch, -2, 4))  # every adapter once
-        runs: dict[str, list[float]] = {}
+        runs: dict[str, list[tuple[float, float]]] = {}
         r = 0
         done = 0
         for _ in range(rounds):  # interleaved, so that load on the machine hits all alike
@@ -183,12 +198,16 @@ async def multilora_run(
             for n in (0, *levels):
                 r += 1
                 chosen: list[str | None] = [None] if n == 0 else list(ids[:n])
-                tps = await _engine_round(engine, chosen, _requests(batch, r, max_tokens))
-                runs.setdefault(str(n), []).append(tps)
+                got = await _engine_round(engine, chosen, _requests(batch, r, max_tokens))
+                runs.setdefault(str(n), []).append(got)
+                log.info("multilora: N=%d round %d: %.1f tokens/s", n, done, got[0])
         for key, vals in runs.items():
             name = "base" if key == "0" else key
-            out[f"multilora_tokens_per_s_{name}"] = round(statistics.median(vals), 2)
-            out[f"multilora_tokens_per_s_{name}_runs"] = [round(v, 2) for v in vals]
+            out[f"multilora_tokens_per_s_{name}"] = round(statistics.median(v for v, _ in vals), 2)
+            out[f"multilora_tokens_per_s_{name}_runs"] = [round(v, 2) for v, _ in vals]
+            out[f"multilora_cpu_tokens_per_s_{name}"] = round(
+                statistics.median(c for _, c in vals), 2
+            )
         out["multilora_rounds"] = done
         out["multilora_skipped"] = []
         if done < rounds:
