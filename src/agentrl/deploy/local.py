@@ -4,12 +4,12 @@ stacked over it (`agentrl.deploy.multilora`), and concurrent requests batched to
 A batch may mix versions (lineages, canaries, the bare base "__base__"): each row gets its
 own adapter in one forward pass whatever the number of adapters, so neither a canary split
 nor many agents' lineages split the batch. Adapters load while batches decode and an
-unloaded one goes once no row uses it. Requests wait in a queue; a batcher takes up to `max_batch_size`, waiting at
-most `max_wait_ms` after the first, and decodes them in a worker thread with
-`agentrl.deploy.decoding.BatchDecoder` (continuous batching): requests that arrive while a
-batch decodes join it between steps, a row that ends leaves the batch and is answered at
-once, and the system prompt every agent sends is prefilled once per version (prefix KV
-cache). Per row: temperature (0 = greedy), token limit, top-k log-probs, stop strings, and a
+unloaded one goes once no row uses it. Requests wait in a queue; a batcher takes up to
+`max_batch_size`, waiting at most `max_wait_ms` after the first, and decodes them in a
+worker thread with `agentrl.deploy.decoding.BatchDecoder` (continuous batching): requests
+that arrive while a batch decodes join it between steps, a row that ends leaves the batch
+and is answered at once, and the system prompt every agent sends is prefilled once per
+version (prefix KV cache). Per row: temperature (0 = greedy), token limit, top-k log-probs, stop strings, and a
 callback per token for streaming. Log-probs are those of the distribution sampled
 (log softmax(logits / temperature); plain log softmax when greedy), as the trainers need.
 
@@ -703,6 +703,7 @@ class LocalEngine:
                     fut.set_exception(got)
                 else:
                     fut.set_result(got)
+        self._collect_if_idle()  # adapters unloaded while their prompts were scored
 
     @torch.no_grad()
     def _score_many(self, items: list[ScoreWait]) -> list[ChoiceScores | BaseException]:
