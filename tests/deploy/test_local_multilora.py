@@ -141,13 +141,10 @@ async def test_loading_and_unloading_while_others_decode_loses_nothing(many: lis
         assert results[i].completion_token_ids == expected[i].completion_token_ids, i
     assert engine.stats.decode.decode_steps > steps
     assert late.completion_tokens == 5
-    # the unloaded version's slot went once its rows ended; m3 now answers as the base
+    # the unloaded version's slot went once its rows ended (its rows had their own tokens)
     assert engine.lora.names() == [engine.adapters[f"m{i}"] for i in (0, 1, 2, 4)]
     assert not engine.lora.has_retired()
     base = await engine.generate(None, req(3, 120))
-    assert (await engine.generate("m3", req(3, 120))).completion_token_ids == (
-        base.completion_token_ids
-    )
     assert gone.completion_token_ids != base.completion_token_ids
 
 
