@@ -181,3 +181,50 @@ def test_bad_adapters_get_a_clear_error(tmp_path: Path, many: list[str]) -> None
     with pytest.raises(DeployError, match="DoRA"):
         engine.load_adapter("dora", dora)
     assert engine.adapters_loaded() == {}
+
+
+def test_rows_of_many_adapters_sharing_a_system_prompt_prefill_in_one_pass(
+    many: list[str],
+) -> None:
+    """Each lineage's agents send the same system prompt: its K/V differs per adapter, but
+    the rest of every row's prompt runs in one forward pass (the prefixes stacked by row),
+    not one pass per adapter, and each row still gets its tokens alone."""
+    from agentrl.deploy.decoding import PrefixCache
+
+    engine = _engine()
+    for i, path in enumerate(many[:4]):
+        engine.load_adapter(f"m{i}", Path(path))
+    names = [engine.adapters[f"m{i}"] for i in range(4)]
+    system = torch.randint(5, 400, (32,), generator=torch.Generator().manual_seed(3)).tolist()
+    prompts = [system + p for p in _prompts(8)]
+    adapters = [names[i % 4] for i in range(8)]
+    passes: list[int] = []
+
+    def forward(rows: list[str], **kw: Any) -> Any:
+        passes.append(len(rows))
+        return engine._forward(rows, **kw)
+
+    cache = PrefixCache(2**26)
+    for cached in (False, True):  # the prefixes computed, then taken from the cache
+        dec = BatchDecoder(
+            forward,
+            eos_ids=set(),
+            pad_id=engine.pad_id,
+            generator=torch.Generator().manual_seed(0),
+            prefix_cache=cache,
+        )
+        rows = [
+            DecodeRow(p, adapter=a, temperature=0.0, max_new_tokens=6, prefix_len=len(system))
+            for p, a in zip(prompts, adapters, strict=True)
+        ]
+        passes.clear()
+        with torch.no_grad():
+            dec.admit(rows)
+        # four prefixes (one per adapter) when not cached, then ONE pass for all 8 rows
+        # (32 tokens: two whole blocks of the prefix cache, all of it cached the second time)
+        assert passes == ([1] * 4 if not cached else []) + [8], passes
+        with torch.no_grad():
+            while len(dec):
+                dec.step()
+        alone = [_decode(engine, [p], [a])[0][:6] for p, a in zip(prompts, adapters, strict=True)]
+        assert [r.toks for r in rows] == alone
