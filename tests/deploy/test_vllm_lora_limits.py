@@ -69,3 +69,15 @@ async def test_the_backend_raises_the_limits_when_an_adapter_would_not_fit(
     with pytest.raises(DeployError, match="CAP"):
         await backend._fit("w8", small)
     assert "w8" not in backend.ranks and server.lora.max_loras == 8
+
+
+async def test_with_resizing_off_vllm_s_own_limits_decide(tmp_path: Path) -> None:
+    settings = VllmSettings(max_loras=2, max_lora_rank=8, resize_loras=False)
+    server = VllmServer(tmp_path / "python", "base", max_loras=2, max_lora_rank=8)
+    backend = VllmBackend(server, {"name": "tiny"}, tmp_path / "cache", settings=settings)
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    (wide / "adapter_config.json").write_text(json.dumps({"r": 32}))
+    for i in range(3):
+        await backend._fit(f"v{i}", wide)
+    assert backend.resizes == 0 and server.lora == LoraLimits(2, 8, 2)

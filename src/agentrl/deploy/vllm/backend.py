@@ -141,6 +141,9 @@ class VllmBackend(UpstreamBackend):
         more live adapters than batch slots, or a rank above --max-lora-rank. Never lowered
         while serving (that restart would cost every lineage its traffic)."""
         rank = await asyncio.to_thread(adapter_rank, folder)
+        if not self.settings.resize_loras:  # vLLM's own limits decide (it may refuse)
+            self.ranks[model_id] = rank
+            return
         want = self.limits_for({model_id: rank})
         have = self.server.lora
         if have.fits(len(self.ranks | {model_id: rank}), rank):

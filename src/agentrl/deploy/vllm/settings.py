@@ -26,6 +26,11 @@ class VllmSettings(BaseSettings):
     max_loras: int = Field(
         4, gt=0, description="Adapters in one batch, at least (raised with the live adapters)."
     )
+    resize_loras: bool = Field(
+        True,
+        description="Restart vLLM with larger LoRA limits when one more adapter would not fit "
+        "them (false: vLLM refuses the adapter, e.g. a rank above MAX_LORA_RANK).",
+    )
     max_loras_cap: int = Field(
         64, gt=0, description="Most adapters in one batch: more live adapters are refused."
     )
