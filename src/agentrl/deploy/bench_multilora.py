@@ -161,6 +161,7 @@ async def multilora_run(
     `multilora_rounds` says how many ran."""
     deadline = time.monotonic() + budget_s if budget_s else float("inf")
     from agentrl.deploy.local import LocalEngine
+    from agentrl.deploy.multilora import _trim
 
     tiny = model.lower() in ("tiny", "tiny-random")
     spec: dict[str, Any] = {"name": model, "seed": 0, "tiny_kwargs": tiny_kwargs if tiny else None}
@@ -177,6 +178,7 @@ async def multilora_run(
         )  # fmt: skip
         await engine.generate(None, _requests(1, -1, 2)[0])  # warm up
         gc.collect()
+        _trim()  # pages the adapter writing freed are not counted as given back by a load
         rss0 = _rss_bytes()
         started = time.monotonic()
         for i, folder in enumerate(folders):
