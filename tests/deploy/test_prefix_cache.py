@@ -7,7 +7,6 @@ passes of a tiny random model, real LoRA checkpoints."""
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -158,8 +157,7 @@ def test_decoding_in_place_gives_the_tokens_of_transformers_generate(engine: Any
     and for rows that join a batch mid-decode and leave it."""
     prompts = [_ids(40, 8), _ids(23, 9), _ids(3 * BLOCK + 2, 10)]
     expected = []
-    plain = engine.model.disable_adapter() if engine.is_peft else contextlib.nullcontext()
-    with torch.no_grad(), plain:  # the base model (adapters other tests loaded are off)
+    with torch.no_grad():  # the plain base model (adapters apply only inside engine._forward)
         for p in prompts:
             out = engine.model.generate(
                 input_ids=torch.tensor([p]),

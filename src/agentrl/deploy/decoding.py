@@ -277,21 +277,57 @@ class BatchDecoder:
     def admit(self, rows: Sequence[DecodeRow]) -> None:
         """Prefill `rows` (those sharing an adapter and a cached prefix together) and add them
         to the batch; they take part in the next `step`."""
-        for members, prefix, cached in self._groups(rows):
-            p = len(prefix) if prefix is not None else 0
-            self._join(members, *self._prefill(members, prefix, p, cached))
+        for members, prefill in self._prefills(rows):
+            self._join(members, *prefill)
 
     def next_logits(self, rows: Sequence[DecodeRow]) -> torch.Tensor:
         """Each row's next-token logits after its prompt, [rows, vocab], prefilled as `admit`
         does (shared prefixes from the cache); the rows do not join the batch. This is
         `guided_choice` scoring: one pass per group instead of one per prompt."""
         out: dict[int, torch.Tensor] = {}
-        for members, prefix, cached in self._groups(rows):
-            p = len(prefix) if prefix is not None else 0
-            logits = self._prefill(members, prefix, p, cached)[3]
-            for r, row_logits in zip(members, logits, strict=True):
+        for members, prefill in self._prefills(rows):
+            for r, row_logits in zip(members, prefill[3], strict=True):
                 out[id(r)] = row_logits
         return torch.stack([out[id(r)] for r in rows])
+
+    def _prefills(
+        self, rows: Sequence[DecodeRow]
+    ) -> list[tuple[list[DecodeRow], tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]]]:
+        """The prefill of each group of `rows`; groups whose prefixes have the same length
+        (other adapters' copies of one system prompt: each lineage's agents) run the rest of
+        their prompts in one forward pass, their prefixes' K/V stacked by row, instead of a
+        pass per adapter."""
+        by_len: dict[int, list[tuple[list[DecodeRow], tuple[int, ...] | None, KV | None]]] = {}
+        for members, prefix, cached in self._groups(rows):
+            by_len.setdefault(len(prefix) if prefix is not None else 0, []).append(
+                (members, prefix, cached)
+            )
+        out = []
+        for p, groups in by_len.items():
+            if len(groups) == 1 or p == 0:
+                for members, prefix, cached in groups:
+                    out.append((members, self._prefill(members, prefix, p, cached)))
+                continue
+            parts: list[tuple[int, KV]] = []
+            rows_all: list[DecodeRow] = []
+            for members, prefix, cached in groups:
+                assert prefix is not None
+                if cached is not None:
+                    self.stats.cached_tokens += p * len(members)
+                    kv = cached
+                else:
+                    kv = self._prefix_kv(members[0], prefix)
+                parts.append((len(members), kv))
+                rows_all.extend(members)
+            layers = [
+                (
+                    torch.cat([kv[i][0].expand(n, -1, -1, -1) for n, kv in parts]),
+                    torch.cat([kv[i][1].expand(n, -1, -1, -1) for n, kv in parts]),
+                )
+                for i in range(len(parts[0][1]))
+            ]
+            out.append((rows_all, self._run_prefill(rows_all, _cache_of(layers), p)))
+        return out
 
     def _groups(
         self, rows: Sequence[DecodeRow]
@@ -386,6 +422,14 @@ class BatchDecoder:
                 past = _cache_of(
                     [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in kv]
                 )
+        return self._run_prefill(rows, past, p)
+
+    def _run_prefill(
+        self, rows: list[DecodeRow], past: Any, p: int
+    ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The rows' prompts after their first `p` tokens (whose K/V `past` holds, row by
+        row) through the model, each row under its own adapter."""
+        n = len(rows)
         started = time.perf_counter()
         rest = [r.prompt_ids[p:] for r in rows]
         width = max(len(x) for x in rest)

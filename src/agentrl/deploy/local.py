@@ -1,14 +1,15 @@
 """The embedded backend: one Hugging Face base model in memory, each version's LoRA adapter
-attached to it (peft `load_adapter`), and concurrent requests batched together.
+stacked over it (`agentrl.deploy.multilora`), and concurrent requests batched together.
 
-A batch may mix versions: peft's mixed-adapter forward (`adapter_names=[...]`, one per
-row, "__base__" for the bare base) applies each row's adapter, so a canary split does not
-halve the batch. Requests wait in a queue; a batcher takes up to `max_batch_size`, waiting at
-most `max_wait_ms` after the first, and decodes them in a worker thread with
-`agentrl.deploy.decoding.BatchDecoder` (continuous batching): requests that arrive while a
-batch decodes join it between steps, a row that ends leaves the batch and is answered at
-once, and the system prompt every agent sends is prefilled once per version (prefix KV
-cache). Per row: temperature (0 = greedy), token limit, top-k log-probs, stop strings, and a
+A batch may mix versions (lineages, canaries, the bare base "__base__"): each row gets its
+own adapter in one forward pass whatever the number of adapters, so neither a canary split
+nor many agents' lineages split the batch. Adapters load while batches decode and an
+unloaded one goes once no row uses it. Requests wait in a queue; a batcher takes up to
+`max_batch_size`, waiting at most `max_wait_ms` after the first, and decodes them in a
+worker thread with `agentrl.deploy.decoding.BatchDecoder` (continuous batching): requests
+that arrive while a batch decodes join it between steps, a row that ends leaves the batch
+and is answered at once, and the system prompt every agent sends is prefilled once per
+version (prefix KV cache). Per row: temperature (0 = greedy), token limit, top-k log-probs, stop strings, and a
 callback per token for streaming. Log-probs are those of the distribution sampled
 (log softmax(logits / temperature); plain log softmax when greedy), as the trainers need.
 
@@ -50,6 +51,7 @@ from agentrl.deploy.decoding import (
 )
 from agentrl.deploy.errors import BackendError, DeployError
 from agentrl.deploy.lru import ByteLRU
+from agentrl.deploy.multilora import MultiLora
 from agentrl.deploy.openai_types import ChatRequest, Generation, tool_call
 from agentrl.deploy.structured import (
     Constraint,
@@ -141,8 +143,14 @@ class LocalEngine:
         self.base_spec = {"name": base, "seed": seed, "tiny_kwargs": tiny_kwargs}
         self.model: Any = policy.model.eval()
         self.tokenizer = policy.tokenizer
-        self.is_peft = False
+        # every version's LoRA over the plain base, applied per batch row (`multilora`)
+        self.lora = MultiLora(self.model)
         self.adapters: dict[str, str] = {}  # model_id -> adapter name
+        self.adapter_bytes: dict[str, int] = {}  # adapter name -> its weights' bytes
+        # guards `adapters`/`weights` and the check that a retired adapter is unused: a
+        # request resolves its adapter and queues its row under it
+        self._book = threading.Lock()
+        self._serial = 0
         # adapter name -> the identity of its weights (the prefix cache's key): versions
         # share cached prefixes only when their weights are identical
         self.weights: dict[str, str] = {BASE_ADAPTER: BASE_ADAPTER}
@@ -160,9 +168,9 @@ class LocalEngine:
         eos_list = eos if isinstance(eos, list) else [eos]
         self.eos_ids = {e for e in [*eos_list, self.tokenizer.eos_token_id] if e is not None}
         self.context = int(getattr(self.model.config, "max_position_embeddings", 2048))
-        self._lock = threading.Lock()  # adapters change only between batches
-        # adapter loads/unloads waiting for the lock: the batcher holds back the next batch
-        # (a busy engine decodes batch after batch, and a plain lock starved the load)
+        self._lock = threading.Lock()  # one forward pass at a time: decoding or scoring
+        # scoring passes waiting for the lock: the batcher holds back the next batch (a busy
+        # engine decodes batch after batch, and a plain lock starved them)
         self._adapter_ops = 0
         # requests waiting to decode: appended on the event loop, taken by the batcher and,
         # between decode steps, by the decode thread (deque: thread-safe append/popleft)
@@ -221,41 +229,84 @@ class LocalEngine:
                     f"adapter {model_id} was trained on base {spec}, but the gateway serves "
                     f"{mine}; start the gateway with that base model"
                 )
-        name = "v_" + "".join(c if c.isalnum() else "_" for c in model_id)
+        if model_id in self.adapters:
+            return
         identity = weights_key(folder)
-        with self._adapter_turn():
-            if model_id in self.adapters:
-                return
-            if not self.is_peft:
-                from peft import PeftModel
-
-                self.model = PeftModel.from_pretrained(self.model, str(folder), adapter_name=name)
-                self.is_peft = True
+        with self._book:
+            self._serial += 1
+            # a name of its own per load: a version unloaded and loaded again while rows of
+            # the old one still decode gets a fresh slot, the old one goes when they end
+            name = f"v{self._serial}_" + "".join(c if c.isalnum() else "_" for c in model_id)
+        # read and stacked here, on the loader's thread: batches go on decoding meanwhile
+        # (they take the stacks snapshot as each forward starts)
+        self.adapter_bytes[name] = self.lora.add(name, folder)
+        with self._book:
+            if model_id in self.adapters:  # a concurrent load of the same version won
+                self.lora.retire(name)
             else:
-                self.model.load_adapter(str(folder), adapter_name=name)
-            self.model.eval()
-            self.adapters[model_id] = name
-            self.weights[name] = identity
+                self.weights[name] = identity
+                self.adapters[model_id] = name
+        self._collect_if_idle()
 
     def unload_adapter(self, model_id: str) -> None:
-        with self._adapter_turn():
+        """Stop routing `model_id` to its adapter now; its weights go once no queued or
+        decoding row uses them (rows already admitted finish with it: nothing is lost)."""
+        with self._book:
             name = self.adapters.pop(model_id, None)
-            if name is not None and self.is_peft:
-                if self.adapters:
-                    self.model.delete_adapter(name)
-                else:  # the last one: peft would keep naming the deleted adapter active
-                    self.model = self.model.unload().eval()  # the plain base model again
-                    self.is_peft = False
-            if name is not None:
-                self._choice_cache.drop_tag(name)
-                identity = self.weights.pop(name, name)
-                if identity not in self.weights.values():  # no version with these weights
-                    self.prefixes.drop_adapter(identity)
+            if name is None:
+                return
+            self.lora.retire(name)
+            identity = self.weights.pop(name, name)
+        self._choice_cache.drop_tag(name)
+        if identity not in self.weights.values():  # no version with these weights
+            self.prefixes.drop_adapter(identity)
+        self._collect_if_idle()
+
+    def adapters_loaded(self) -> dict[str, str]:
+        """Served version -> adapter name, for every adapter requests can reach now (one
+        base, any number of lineages' versions)."""
+        with self._book:
+            return dict(self.adapters)
+
+    def adapter_memory(self) -> dict[str, int]:
+        """Bytes of the adapters' stacked weights (`stacked`, padding included) and of their
+        checkpoints' tensors (`weights`): what serving N adapters costs beyond the base."""
+        live = set(self.lora.names())
+        return {
+            "adapters": len(live),
+            "weights": sum(v for k, v in self.adapter_bytes.items() if k in live),
+            "stacked": self.lora.nbytes(),
+        }
+
+    def _in_use(self) -> set[str]:
+        """Adapter names that queued rows, choice prompts waiting to be scored and the rows
+        of `rows` name (call on the decode thread or with the engine's lock held)."""
+        used = {r.adapter for r in list(self._waiting)}
+        used |= {w[0][0] for w in list(self._to_score)}
+        used |= {k[0] for k in list(self._inflight)}
+        return used
+
+    def _collect(self, decoding: list[DecodeRow] | None = None) -> None:
+        """Drop retired adapters that nothing uses (decode thread, or the lock held)."""
+        if not self.lora.has_retired():
+            return
+        with self._book:
+            used = self._in_use() | {r.adapter for r in decoding or ()}
+            for name in self.lora.collect(used):
+                self.adapter_bytes.pop(name, None)
+
+    def _collect_if_idle(self) -> None:
+        """Collect now when no batch decodes (else the decode thread does between steps)."""
+        if self._lock.acquire(blocking=False):
+            try:
+                self._collect()
+            finally:
+                self._lock.release()
 
     @contextlib.contextmanager
     def _adapter_turn(self) -> Iterator[None]:
-        """The engine's lock for an adapter change or a scoring pass, taken ahead of the next
-        batch (and of requests that would join the batch decoding now)."""
+        """The engine's lock for a scoring pass, taken ahead of the next batch (and of
+        requests that would join the batch decoding now)."""
         self._adapter_ops += 1
         try:
             with self._lock:
@@ -337,10 +388,13 @@ class LocalEngine:
         matcher: Any = None
         constraint: Constraint | None = None
         if choices and on_token is None:
-            key = (self.adapter_of(model_id), text, tuple(choices))
-            scored = self._choice_cache.get(key)
+            with self._book:  # (queued before an unload can drop the adapter)
+                key = (self.adapter_of(model_id), text, tuple(choices))
+                scored = self._choice_cache.get(key)
+                if scored is None:
+                    fut = self._score_future(key, prompt, system_len)
             if scored is None:  # a new prompt for this version: one forward pass, in a thread
-                scored = await self._score_once(key, prompt, system_len)
+                scored = await asyncio.shield(fut)
             return self._guided(prompt, request, *scored)
         if choices:  # a stream: decoded token by token, so it streams and stops on cancel
             picker = matcher = self._choice_matcher(choices)
@@ -362,22 +416,23 @@ class LocalEngine:
             self._loop, self._batcher = loop, None
         future: asyncio.Future[Any] = loop.create_future()
         top_k = (request.top_logprobs or 0) if request.logprobs else 0
-        adapter = self.adapter_of(model_id)
-        row = DecodeRow(
-            prompt,
-            adapter=adapter,
-            cache_key=self.weights_of(adapter),
-            temperature=temperature,
-            max_new_tokens=limit,
-            top_k=top_k,
-            stops=() if picker is not None else request.stops(),
-            matcher=matcher,
-            on_token=on_token,
-            prefix_len=system_len,
-            cancelled=future.done,
-            tag=future,
-        )
-        self._waiting.append(row)
+        with self._book:  # resolved and queued before an unload can drop the adapter
+            adapter = self.adapter_of(model_id)
+            row = DecodeRow(
+                prompt,
+                adapter=adapter,
+                cache_key=self.weights_of(adapter),
+                temperature=temperature,
+                max_new_tokens=limit,
+                top_k=top_k,
+                stops=() if picker is not None else request.stops(),
+                matcher=matcher,
+                on_token=on_token,
+                prefix_len=system_len,
+                cancelled=future.done,
+                tag=future,
+            )
+            self._waiting.append(row)
         if self._batcher is None or self._batcher.done():
             self._batcher = loop.create_task(self._run_batches())
         ids, logps, tops, finish = await future
@@ -509,9 +564,8 @@ class LocalEngine:
                 self._live, self.stats.active = [], 0
 
     def _forward(self, adapters: list[str], **kw: Any) -> Any:
-        if self.is_peft:
-            return self.model(adapter_names=adapters, **kw)
-        return self.model(**kw)
+        with self.lora.rows(adapters):
+            return self.model(**kw)
 
     def _take(self, room: int) -> list[DecodeRow]:
         """Waiting rows whose request is still there, up to `room` (decode thread)."""
@@ -566,9 +620,11 @@ class LocalEngine:
                         self.stats.active = len(decoder)
                         self.stats.record_batch(len(decoder))
                 if not len(decoder):
+                    self._collect()
                     return
                 for row in decoder.step():
                     self._answer(row)
+                self._collect(decoder.rows)
                 self._live = list(decoder.rows)
                 self.stats.active = len(decoder)
 
@@ -607,12 +663,13 @@ class LocalEngine:
             out.append(rows.gather(-1, torch.tensor(c)[:, None]).squeeze(-1).tolist())
         return out
 
-    async def _score_once(
+    def _score_future(
         self, key: ChoiceKey, prompt: list[int], system_len: int = 0
-    ) -> ChoiceScores:
-        """Concurrent requests for the same new prompt (agents of one group reach the same
-        state together) share one computation; different prompts waiting together are
-        scored in one batched pass (`_score_batches`)."""
+    ) -> asyncio.Future[ChoiceScores]:
+        """The scores of `key`, queued (on the loop). Concurrent requests for the same new
+        prompt (agents of one group reach the same state together) share one computation;
+        different prompts waiting together are scored in one batched pass
+        (`_score_batches`)."""
         fut = self._inflight.get(key)
         if fut is None:
             loop = asyncio.get_running_loop()
@@ -623,7 +680,7 @@ class LocalEngine:
             scorer = self._scorer
             if scorer is None or scorer.done() or scorer.get_loop() is not loop:
                 self._scorer = loop.create_task(self._score_batches())
-        return await asyncio.shield(fut)
+        return fut
 
     async def _score_batches(self) -> None:
         """Score the waiting choice prompts, up to `score_batch_size` per pass, until none is
@@ -646,6 +703,7 @@ class LocalEngine:
                     fut.set_exception(got)
                 else:
                     fut.set_result(got)
+        self._collect_if_idle()  # adapters unloaded while their prompts were scored
 
     @torch.no_grad()
     def _score_many(self, items: list[ScoreWait]) -> list[ChoiceScores | BaseException]:
@@ -712,20 +770,11 @@ class LocalEngine:
     ) -> ChoiceScores:
         """Choices of several tokens: the prompt's KV cache is shared by its choices
         (`agentrl.llm.choices.score_choices`), under the key's adapter."""
-        from contextlib import nullcontext
-
         from agentrl.llm.choices import score_choices
 
         adapter, text, choices = key
-        with self._adapter_turn():
-            ctx: Any = nullcontext()
-            if self.is_peft:
-                if adapter == BASE_ADAPTER:
-                    ctx = self.model.disable_adapter()
-                else:
-                    self.model.set_adapter(adapter)
-            with ctx:
-                renorm = score_choices(self.model, self.tokenizer, [text], list(choices))[0]
+        with self._adapter_turn(), self.lora.rows([adapter]):  # one name: every row
+            renorm = score_choices(self.model, self.tokenizer, [text], list(choices))[0]
             per_token = self._score_locked(adapter, prompt, encoded)
         scored = (renorm, encoded, per_token)
         self._choice_cache[key] = scored

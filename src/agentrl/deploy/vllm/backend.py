@@ -24,7 +24,9 @@ from agentrl.deploy.errors import BackendError, DeployError
 from agentrl.deploy.openai_types import ChatRequest, Generation
 from agentrl.deploy.registry import ModelRecord
 from agentrl.deploy.vllm.base import same_base
+from agentrl.deploy.vllm.lora import LoraLimits, adapter_rank, lora_limits
 from agentrl.deploy.vllm.server import VllmServer
+from agentrl.deploy.vllm.settings import VllmSettings
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,7 @@ class VllmBackend(UpstreamBackend):
         cache_dir: Path,
         *,
         timeout_s: float = 60.0,
+        settings: VllmSettings | None = None,
     ) -> None:
         super().__init__(
             server.base_url,
@@ -60,6 +63,9 @@ class VllmBackend(UpstreamBackend):
         self.load_seconds: dict[str, float] = {}
         self.lost: dict[str, str] = {}  # model_id -> why a restarted vLLM lacks it
         self.adapter_wait_s = 300.0  # how long `prepare` waits for a (re)starting vLLM
+        self.settings = settings or VllmSettings()
+        self.ranks: dict[str, int] = {}  # model_id -> its adapter's rank
+        self.resizes = 0  # restarts that raised vLLM's LoRA limits
         server.on_ready.append(self._on_ready)
 
     # ---- adapters ----------------------------------------------------------------------
@@ -111,6 +117,7 @@ class VllmBackend(UpstreamBackend):
                     f"adapter {record.model_id} was trained on base {spec}, but vLLM serves "
                     f"{self.base}; start it with that base model"
                 )
+        await self._fit(record.model_id, folder)
         # a (re)starting vLLM is waited for: the version is not to blame for it
         await self.server.wait_ready(self.adapter_wait_s, through_restarts=True)
         started = time.monotonic()
@@ -120,7 +127,39 @@ class VllmBackend(UpstreamBackend):
         self.names[record.model_id] = record.model_id
         self.lost.pop(record.model_id, None)
 
+    def limits_for(self, extra: dict[str, int] | None = None) -> LoraLimits:
+        """vLLM's LoRA limits for the adapters served now plus `extra` (model_id -> rank)."""
+        ranks = {**self.ranks, **(extra or {})}
+        s = self.settings
+        return lora_limits(
+            len(ranks), max(ranks.values(), default=0), floor_loras=s.max_loras,
+            floor_rank=s.max_lora_rank, cap=s.max_loras_cap,
+        )  # fmt: skip
+
+    async def _fit(self, model_id: str, folder: Path) -> None:
+        """Raise vLLM's LoRA limits (a restart) when one more adapter would not fit them:
+        more live adapters than batch slots, or a rank above --max-lora-rank. Never lowered
+        while serving (that restart would cost every lineage its traffic)."""
+        rank = await asyncio.to_thread(adapter_rank, folder)
+        if not self.settings.resize_loras:  # vLLM's own limits decide (it may refuse)
+            self.ranks[model_id] = rank
+            return
+        want = self.limits_for({model_id: rank})
+        have = self.server.lora
+        if have.fits(len(self.ranks | {model_id: rank}), rank):
+            self.ranks[model_id] = rank
+            return
+        bigger = LoraLimits(
+            max(have.max_loras, want.max_loras),
+            max(have.max_lora_rank, want.max_lora_rank),
+            max(have.max_cpu_loras, want.max_cpu_loras),
+        )
+        self.ranks[model_id] = rank
+        if await self.server.resize(bigger):
+            self.resizes += 1
+
     async def release(self, model_id: str) -> None:
+        self.ranks.pop(model_id, None)
         self.lost.pop(model_id, None)
         if self.adapters.pop(model_id, None) is not None and self.server.state == "ready":
             resp = await self.client.post("/unload_lora_adapter", json={"lora_name": model_id})

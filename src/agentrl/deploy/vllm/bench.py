@@ -14,8 +14,13 @@ from typing import Any
 
 import httpx
 
-from agentrl.deploy.errors import BackendError
+from agentrl.deploy.errors import BackendError, DeployError
 from agentrl.deploy.vllm.base import VLLM_TINY
+
+
+class _NoVllm(Exception):
+    """vLLM could not be started at all (its environment is missing)."""
+
 
 TOPICS = ["the sea", "a city", "winter", "bread", "a robot", "rivers", "music", "a garden"]
 
@@ -150,11 +155,18 @@ async def run_bench(
         results: dict[str, list[dict[str, Any]]] = {}
         # vLLM first: its start (minutes on a busy CPU) is measured apart from the load
         t0 = time.monotonic()
-        vllm = await start_vllm(
-            spec, root / "cache", vllm=VllmSettings(max_model_len=1024, max_loras=1)
-        )
         start_s = min(1800.0, (end - time.monotonic()) / 2)
         try:
+            vllm = await start_vllm(
+                spec, root / "cache", vllm=VllmSettings(max_model_len=1024, max_loras=1),
+                adapters=1,
+            )  # fmt: skip
+        except DeployError as exc:  # no vLLM environment here (`agentrl vllm setup`)
+            out["skipped"].append(f"vllm: {exc}")
+            vllm = None
+        try:
+            if vllm is None:
+                raise _NoVllm
             await vllm.server.wait_ready(start_s)
             out["vllm_startup_s"] = round(time.monotonic() - t0, 1)
             await vllm.prepare(record)
@@ -172,8 +184,12 @@ async def run_bench(
             out["skipped"].append(f"vllm: {exc} (waited {start_s:.0f} s of the budget)")
             results["vllm"] = []
             runs_left -= len(levels)
+        except _NoVllm:
+            results["vllm"] = []
+            runs_left -= len(levels)
         finally:
-            await vllm.close()
+            if vllm is not None:
+                await vllm.close()
         engine = await asyncio.to_thread(
             LocalEngine, model, seed=0, tiny_kwargs=spec["tiny_kwargs"],
             max_batch_size=max(levels), default_max_tokens=max_tokens,

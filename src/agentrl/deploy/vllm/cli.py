@@ -61,22 +61,40 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         agent_zero_prompt: str = typer.Option(
             "", help="A file with Agent Zero's rendered system prompt (default: synthetic)."
         ),
+        multilora: bool = typer.Option(
+            True, help="Also measure N = 1, 4, 16 live LoRA adapters in one batch (lineages)."
+        ),
+        multilora_only: bool = typer.Option(
+            False, help="Only the multi-LoRA figures (no prefix cache, no vLLM)."
+        ),
     ) -> None:
         """The local backend and vLLM, same model, same prompts, through the gateway:
         requests/s, output tokens/s, p50/p99 latency, adapter load seconds; and the local
-        engine's prefix cache on a 5,408-token Agent Zero prompt; one JSON line."""
+        engine's prefix cache on a 5,408-token Agent Zero prompt; N lineages' adapters in one
+        batch (`multilora_tokens_per_s_{1,4,16}`, `adapter_mib`); one JSON line. Order: the
+        multi-LoRA part, the prefix part, then vLLM and the load levels in what is left of
+        the budget (what does not fit is listed under `skipped`)."""
         import asyncio
         import time
 
+        from agentrl.deploy.bench_multilora import multilora_run
         from agentrl.deploy.bench_prefix import prefix_run
         from agentrl.deploy.vllm.bench import run_bench
 
         out: dict[str, object] = {}
-        spent = 0.0  # the prefix part's seconds, out of the budget
+        spent = 0.0  # the multi-LoRA and prefix parts' seconds, out of the budget
+        if (multilora or multilora_only) and not prefix_only:
+            started = time.monotonic()
+            share = budget_s / 3 if budget_s and not multilora_only else None
+            out.update(asyncio.run(multilora_run(model, max_tokens=max_tokens, budget_s=share)))
+            out["multilora_s"] = spent = round(time.monotonic() - started, 1)
+            if multilora_only:
+                typer.echo(json.dumps(out))
+                return
         if prefix or prefix_only:
             started = time.monotonic()
             out["prefix"] = asyncio.run(prefix_run(model, agent_zero_prompt or None))
-            spent = round(time.monotonic() - started, 1)
+            spent += round(time.monotonic() - started, 1)
         if not prefix_only:
             levels = [int(x) for x in concurrency.split(",") if x.strip()]
             left = max(1.0, budget_s - spent) if budget_s else None

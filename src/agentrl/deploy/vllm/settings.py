@@ -20,8 +20,20 @@ class VllmSettings(BaseSettings):
     port: int = Field(0, ge=0, description="vLLM's port (0: a free one, kept across restarts).")
     served_name: str = Field("base", description="vLLM's name of the base model.")
     max_model_len: int = Field(2048, gt=0)
-    max_lora_rank: int = Field(16, gt=0, description="Largest adapter rank vLLM accepts.")
-    max_loras: int = Field(4, gt=0, description="Adapters in one batch.")
+    max_lora_rank: int = Field(
+        16, gt=0, description="Largest adapter rank vLLM accepts, at least (raised to fit)."
+    )
+    max_loras: int = Field(
+        4, gt=0, description="Adapters in one batch, at least (raised with the live adapters)."
+    )
+    resize_loras: bool = Field(
+        True,
+        description="Restart vLLM with larger LoRA limits when one more adapter would not fit "
+        "them (false: vLLM refuses the adapter, e.g. a rank above MAX_LORA_RANK).",
+    )
+    max_loras_cap: int = Field(
+        64, gt=0, description="Most adapters in one batch: more live adapters are refused."
+    )
     dtype: str = Field("float32", description="vLLM's --dtype (float32 on CPU is exact).")
     kv_cache_gib: float = Field(1.0, gt=0.0, description="VLLM_CPU_KVCACHE_SPACE on CPU hosts.")
     tool_call_parser: str | None = Field(

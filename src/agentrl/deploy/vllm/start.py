@@ -10,6 +10,7 @@ from agentrl.deploy.config import DeploySettings
 from agentrl.deploy.vllm.backend import VllmBackend
 from agentrl.deploy.vllm.base import base_folder
 from agentrl.deploy.vllm.env import find_python
+from agentrl.deploy.vllm.lora import lora_limits
 from agentrl.deploy.vllm.server import VllmServer
 from agentrl.deploy.vllm.settings import VllmSettings
 
@@ -20,9 +21,14 @@ async def start_vllm(
     deploy: DeploySettings | None = None,
     vllm: VllmSettings | None = None,
     data_dir: Path | None = None,
+    adapters: int = 0,
+    rank: int = 0,
 ) -> VllmBackend:
     """Find vLLM's Python (VllmNotInstalled names `agentrl vllm setup`), materialise the base
-    folder, start the supervisor (it keeps restarting vLLM) and return the backend at once."""
+    folder, start the supervisor (it keeps restarting vLLM) and return the backend at once.
+    `adapters`/`rank`: the adapters expected live at once and their largest rank, to size
+    vLLM's LoRA limits from the start (the backend raises them later if needed, by a
+    restart)."""
     from agentrl.settings import get_settings
 
     deploy = deploy or DeploySettings()
@@ -31,6 +37,10 @@ async def start_vllm(
     python = await asyncio.to_thread(find_python, vllm.python, data)
     model = await asyncio.to_thread(base_folder, spec, data)
     (data / "deploy").mkdir(parents=True, exist_ok=True)
+    limits = lora_limits(
+        adapters, rank, floor_loras=vllm.max_loras, floor_rank=vllm.max_lora_rank,
+        cap=vllm.max_loras_cap,
+    )  # fmt: skip
     server = VllmServer(
         python,
         model,
@@ -38,8 +48,9 @@ async def start_vllm(
         port=vllm.port,
         served_name=vllm.served_name,
         max_model_len=vllm.max_model_len,
-        max_lora_rank=vllm.max_lora_rank,
-        max_loras=vllm.max_loras,
+        max_lora_rank=limits.max_lora_rank,
+        max_loras=limits.max_loras,
+        max_cpu_loras=limits.max_cpu_loras,
         dtype=vllm.dtype,
         kv_cache_gib=vllm.kv_cache_gib,
         tool_call_parser=vllm.tool_call_parser,
@@ -51,6 +62,8 @@ async def start_vllm(
     )
     spec = {"name": spec.get("name"), "seed": spec.get("seed") or 0,
             "tiny_kwargs": spec.get("tiny_kwargs")}  # fmt: skip
-    backend = VllmBackend(server, spec, cache_dir, timeout_s=deploy.backend_timeout_s)
+    backend = VllmBackend(
+        server, spec, cache_dir, timeout_s=deploy.backend_timeout_s, settings=vllm
+    )
     server.start()
     return backend
