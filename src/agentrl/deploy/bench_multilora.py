@@ -106,9 +106,9 @@ async def _gateway_round(engine: Any, ids: list[str], reqs: list[Any], cache: Pa
     import httpx
     import uvicorn
 
+    from agentrl.bus.server import free_port
     from agentrl.deploy.backends import LocalBackend
     from agentrl.deploy.gateway import GatewayState, create_gateway_app
-    from agentrl.deploy.vllm.server import free_port
 
     state = GatewayState("bench", timeout_s=600.0)
     backend = LocalBackend(engine, cache)
