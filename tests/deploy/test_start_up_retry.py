@@ -9,11 +9,11 @@ import asyncio
 
 import nats.errors
 import pytest
-from tcp_proxy import TcpProxy
 
 from agentrl.bus import Bus
 from agentrl.deploy.registry import Registry
 from agentrl.deploy.service import _at_start_up
+from tcp_proxy import TcpProxy
 
 
 async def test_a_start_up_registry_call_waits_for_nats_instead_of_dying(nats_url: str) -> None:
