@@ -115,7 +115,9 @@ def training_events() -> list[TrainingRequest | TrainingStatus]:
         {"training_config": {"hyperparameters": {"adv_estimator": "gigpo"}}}, settings
     )
     job_id = request.training_job_id
-    service = SimpleNamespace(name="runner-1", job_leases={}, _torch_version=None)
+    service = SimpleNamespace(  # what build_status reads of a service: no stored job here
+        name="runner-1", job_leases={}, _torch_version=None, store=SimpleNamespace(get=dict().get)
+    )
     metrics = {"current": {"loss": 0.4, "reward_mean": 0.2, "reward_std": 0.1}}
 
     def status(state: str, **kw: Any) -> TrainingStatus:
