@@ -445,6 +445,13 @@ class CaptureService:
             clean, found = redact_event(event)
             self.counts.redacted += bool(found)
             cleaned.append(clean)
+        # indexed before they are published: feedback sent as soon as a trajectory (or its
+        # reward) is seen finds it by completion or episode id
+        try:
+            index = await self._index_open()
+            await asyncio.gather(*(self._index(index, c) for c in cleaned))
+        except Exception:  # feedback by trajectory id still works
+            log.warning("capture: could not index %d trajectories", len(cleaned), exc_info=True)
         try:
             await self.bus.publish_many(cleaned)
         except PayloadTooLargeError:
@@ -452,11 +459,6 @@ class CaptureService:
             if cleaned:
                 await self.bus.publish_many(cleaned)
         self.counts.published += len(cleaned)
-        try:
-            index = await self._index_open()
-            await asyncio.gather(*(self._index(index, c) for c in cleaned))
-        except Exception:  # feedback by trajectory id still works
-            log.warning("capture: could not index %d trajectories", len(cleaned), exc_info=True)
 
     async def _fitted(self, events: list[TrajectoryEvent]) -> list[TrajectoryEvent]:
         """Each event as it can be published: itself, trimmed to fit, or (dead-lettered) none."""
@@ -528,8 +530,9 @@ class CaptureService:
         capture = (event.metadata.model_extra or {}).get("capture") or {}
         episodes = sorted({str(capture.get("episode_id") or ""), event.session_id} - {""})
         cids = list(capture.get("completion_ids") or [])
-        if capture.get("source") != "gateway":  # the gateway wrote its completions already
-            await index.put_completions([(c, event.trajectory_id) for c in cids])
+        # the gateway's completions were indexed as they were served; written again here
+        # (idempotent) so a write that lost its race or failed cannot hide a published one
+        await index.put_completions([(c, event.trajectory_id) for c in cids])
         for episode in episodes:
             await index.add_episode(episode, event.trajectory_id)
 
