@@ -209,7 +209,7 @@ def test_bench_serving_keeps_to_its_budget_and_says_what_it_skipped(tmp_path: Pa
         "STANDIN_MARKER": str(tmp_path / "vllm.pids"),
     }
     cmd = [AGENTRL, "bench", "serving", "--model", "tiny", "--prompts", "5000"]
-    cmd += ["--concurrency", "1", "--budget-s", "8", "--no-prefix"]
+    cmd += ["--concurrency", "1", "--budget-s", "8", "--no-prefix", "--no-multilora"]
     t = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     took = time.monotonic() - t
