@@ -5,17 +5,13 @@ value exits 2."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from pydantic import BaseModel
-from typer.testing import CliRunner
 
 from agentrl.cli import app
-from agentrl.configcli import first_sentence
 from agentrl.evaluation.options import FreeformBench, LearningBench, TrainerBench
+from config_cli_check import RUNNER, check_fields, shown
 
-RUNNER = CliRunner()
 COMMANDS = [
     (["bench", "trainer"], TrainerBench),
     (["bench", "learning"], LearningBench),
@@ -23,24 +19,15 @@ COMMANDS = [
 ]
 
 
-def _shown(args: list[str]) -> dict[str, object]:
-    result = RUNNER.invoke(app, [*args, "--show-config"])
-    assert result.exit_code == 0, result.output
-    return dict(json.loads(result.output))
+_shown = shown
 
 
 @pytest.mark.parametrize(("command", "model"), COMMANDS)
 def test_every_field_is_an_option_helped_by_its_docstring(
     command: list[str], model: type[BaseModel]
 ) -> None:
-    page = RUNNER.invoke(app, [*command, "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
-    assert page.exit_code == 0, page.output
-    text = " ".join(page.output.replace("│", " ").split())
-    for name, info in model.model_fields.items():
-        assert f"--{name.replace('_', '-')} " in text, name
-        assert info.description and first_sentence(info.description) in text, name
-    assert _shown(command) == json.loads(model().model_dump_json())
-    assert "(0:" not in text and "--set" in text
+    text = check_fields(command, model, every_option=True)
+    assert "--set" in text
 
 
 def test_the_documented_invocations_keep_working() -> None:

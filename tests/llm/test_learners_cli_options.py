@@ -4,17 +4,13 @@ unset options keep the model's values (`learn`: the config file's), a refused va
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from pydantic import BaseModel
-from typer.testing import CliRunner
 
 from agentrl.cli import app
-from agentrl.configcli import first_sentence
 from agentrl.learners.options import LearnOptions, PolicyOptions, SFTOptions
+from config_cli_check import RUNNER, check_fields, shown
 
-RUNNER = CliRunner()
 COMMANDS = [
     (["learn"], LearnOptions),
     (["train-sft"], SFTOptions),
@@ -22,26 +18,14 @@ COMMANDS = [
 ]
 
 
-def _shown(args: list[str]) -> dict[str, object]:
-    result = RUNNER.invoke(app, [*args, "--show-config"])
-    assert result.exit_code == 0, result.output
-    out = result.output  # train-policy says first that it is deprecated
-    return dict(json.loads(out[out.index("{") :]))
+_shown = shown
 
 
 @pytest.mark.parametrize(("command", "model"), COMMANDS)
 def test_every_field_is_an_option_helped_by_its_docstring(
     command: list[str], model: type[BaseModel]
 ) -> None:
-    page = RUNNER.invoke(app, [*command, "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
-    assert page.exit_code == 0, page.output
-    text = " ".join(page.output.replace("│", " ").split())
-    assert _shown(command) == json.loads(model().model_dump_json())
-    for name, info in model.model_fields.items():
-        flag = f"--{'no-' if info.default is True else ''}{name.replace('_', '-')} "
-        assert flag in text, name
-        assert info.description and first_sentence(info.description) in text, name
-    assert "(0:" not in text
+    check_fields(command, model, every_option=True)
 
 
 def test_options_keep_their_names() -> None:

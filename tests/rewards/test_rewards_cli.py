@@ -8,13 +8,11 @@ import json
 
 import pytest
 from pydantic import BaseModel
-from typer.testing import CliRunner
 
 from agentrl.cli import app
-from agentrl.configcli import first_sentence
 from agentrl.rewards.options import RedactionBench, RewardsBench, ScoreOptions, ServeOptions
+from config_cli_check import RUNNER, check_fields, shown
 
-RUNNER = CliRunner()
 COMMANDS = [
     (["rewards", "serve"], ServeOptions),
     (["rewards", "score"], ScoreOptions),
@@ -23,28 +21,15 @@ COMMANDS = [
 ]
 
 
-def _shown(args: list[str]) -> dict[str, object]:
-    result = RUNNER.invoke(app, [*args, "--show-config"])
-    assert result.exit_code == 0, result.output
-    return dict(json.loads(result.output))
+_shown = shown
 
 
 @pytest.mark.parametrize(("command", "model"), COMMANDS)
 def test_every_field_is_reachable_and_helped_by_its_docstring(
     command: list[str], model: type[BaseModel]
 ) -> None:
-    page = RUNNER.invoke(app, [*command, "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
-    assert page.exit_code == 0, page.output
-    assert _shown(command) == json.loads(model().model_dump_json())  # nothing given: defaults
-    text = " ".join(page.output.replace("│", " ").split())
-    defaults = json.loads(model().model_dump_json())
-    for name, info in model.model_fields.items():
-        assert info.description, f"{model.__name__}.{name} has no docstring"
-        if f"--{name.replace('_', '-')} " in text:  # an option, helped by its docstring
-            assert first_sentence(info.description) in text, name
-        else:  # the others through --set
-            assert _shown([*command, "--set", f"{name}={json.dumps(defaults[name])}"]) == defaults
-    assert "--set" in text and "(0:" not in text
+    text = check_fields(command, model, all_described=True)
+    assert "--set" in text
 
 
 def test_options_set_and_quick_override_the_defaults() -> None:

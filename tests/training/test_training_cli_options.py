@@ -4,14 +4,10 @@ keep the model's values (`--quick`'s), and a refused value exits 2."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from pydantic import BaseModel
-from typer.testing import CliRunner
 
 from agentrl.cli import app
-from agentrl.configcli import first_sentence
 from agentrl.training.cli import request_body
 from agentrl.training.options import (
     Connection,
@@ -21,8 +17,8 @@ from agentrl.training.options import (
     StatusOptions,
     TrainingBench,
 )
+from config_cli_check import RUNNER, check_fields, shown
 
-RUNNER = CliRunner()
 COMMANDS = [
     (["train", "start"], StartOptions),
     (["train", "status", "JOB"], StatusOptions),
@@ -34,27 +30,15 @@ COMMANDS = [
 
 
 def _shown(args: list[str]) -> dict[str, object]:
-    result = RUNNER.invoke(app, [*args, "--show-config"], env={"AGENTRL_API_TOKEN": ""})
-    assert result.exit_code == 0, result.output
-    return dict(json.loads(result.output))
+    return shown(args, env={"AGENTRL_API_TOKEN": ""})
 
 
 @pytest.mark.parametrize(("command", "model"), COMMANDS)
 def test_every_field_is_reachable_and_helped_by_its_docstring(
     command: list[str], model: type[BaseModel]
 ) -> None:
-    page = RUNNER.invoke(app, [*command, "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
-    assert page.exit_code == 0, page.output
-    text = " ".join(page.output.replace("│", " ").split())
-    defaults = json.loads(model().model_dump_json())
-    assert _shown(command) == defaults  # nothing given: the model's values
-    for name, info in model.model_fields.items():
-        if f"--{name.replace('_', '-')} " in text:  # an option, helped by its docstring
-            assert info.description and first_sentence(info.description) in text, name
-        else:  # the others through --set
-            value = json.dumps(defaults[name])
-            assert _shown([*command, "--set", f"{name}={value}"]) == defaults, name
-    assert "--set" in text and "(0:" not in text
+    text = check_fields(command, model, env={"AGENTRL_API_TOKEN": ""})
+    assert "--set" in text
 
 
 def test_options_keep_their_names_and_build_the_request() -> None:

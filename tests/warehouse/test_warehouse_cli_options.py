@@ -9,14 +9,12 @@ import json
 
 import pytest
 from pydantic import BaseModel
-from typer.testing import CliRunner
 
 from agentrl.cli import app
-from agentrl.configcli import first_sentence
 from agentrl.warehouse.config import WarehouseSettings
 from agentrl.warehouse.options import ExportOptions, IngesterOptions, StatsQuery, WarehouseBench
+from config_cli_check import RUNNER, check_fields, shown
 
-RUNNER = CliRunner()
 COMMANDS = [
     (["stats", "success"], StatsQuery),
     (["stats", "tools"], StatsQuery),
@@ -27,28 +25,15 @@ COMMANDS = [
 ]
 
 
-def _shown(args: list[str]) -> dict[str, object]:
-    result = RUNNER.invoke(app, [*args, "--show-config"])
-    assert result.exit_code == 0, result.output
-    return dict(json.loads(result.output))
+_shown = shown
 
 
 @pytest.mark.parametrize(("command", "model"), COMMANDS)
 def test_every_field_is_reachable_and_helped_by_its_docstring(
     command: list[str], model: type[BaseModel]
 ) -> None:
-    page = RUNNER.invoke(app, [*command, "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
-    assert page.exit_code == 0, page.output
-    text = " ".join(page.output.replace("│", " ").split())
-    defaults = json.loads(model().model_dump_json())
-    assert _shown(command) == defaults  # nothing given: the model's values
-    for name, info in model.model_fields.items():
-        if f"--{name.replace('_', '-')} " in text:  # an option, helped by its docstring
-            assert info.description and first_sentence(info.description) in text, name
-        else:  # the others through --set
-            value = json.dumps(defaults[name])
-            assert _shown([*command, "--set", f"{name}={value}"]) == defaults, name
-    assert "--set" in text and "(0:" not in text and "default 30" not in text
+    text = check_fields(command, model)
+    assert "--set" in text and "default 30" not in text
 
 
 def test_options_keep_their_names_and_override_the_model() -> None:
