@@ -160,7 +160,6 @@ def _loop(overrides: dict[str, object], *, quick: bool, show_config: bool) -> No
     """The main job: agents act through the stack's gateway, jobs train, canaries decide;
     then held-out success per version, the report, one JSON line. Unset options take the
     profile's value (--env, --backend, --quick choose it)."""
-    import asyncio
 
     from pydantic import ValidationError
 
@@ -192,40 +191,32 @@ def _loop(overrides: dict[str, object], *, quick: bool, show_config: bool) -> No
     def say(line: str) -> None:
         print(line, flush=True)
 
-    if cfg.lineages:
-        _loop_lineages(cfg, say)
+    if cfg.lineages:  # `--lineages N`: the table per lineage, then one JSON line
+        from agentrl.app import loop_lineages
+
+        if cfg.env != "frozenlake" or cfg.backend != "local":
+            typer.echo("error: --lineages runs the FrozenLake loop on the local backend", err=True)
+            raise typer.Exit(2)
+        run = loop_lineages.run_lineages(
+            cfg, cfg.lineages, say, drill=cfg.bad_candidate, log_file="loop.log"
+        )
+        _finish(run, loop_lineages.table)
         return
+    _finish(run_loop(cfg, say, log_file="loop.log"), table)
+
+
+def _finish(run: Any, table: Any) -> None:
+    """Run a loop to its end; its table, its report's path, then one JSON line."""
+    import asyncio
+
     try:
-        result = asyncio.run(run_loop(cfg, say, log_file="loop.log"))
+        result = asyncio.run(run)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     except (asyncio.CancelledError, KeyboardInterrupt) as exc:
         typer.echo("stopped before the end: no table", err=True)
         raise typer.Exit(130) from exc
-    print(table(result), flush=True)
-    if result.report:
-        print(f"report: {result.report}", flush=True)
-    sys.stdout.write(json.dumps(result.summary()) + "\n")
-    sys.stdout.flush()
-
-
-def _loop_lineages(cfg: Any, say: Any) -> None:
-    """`agentrl loop --lineages N`: the table per lineage, then one JSON line."""
-    import asyncio
-
-    from agentrl.app.loop_lineages import run_lineages, table
-
-    if cfg.env != "frozenlake" or cfg.backend != "local":
-        typer.echo("error: --lineages runs the FrozenLake loop on the local backend", err=True)
-        raise typer.Exit(2)
-    try:
-        result = asyncio.run(
-            run_lineages(cfg, cfg.lineages, say, drill=cfg.bad_candidate, log_file="loop.log")
-        )
-    except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from exc
     print(table(result), flush=True)
     if result.report:
         print(f"report: {result.report}", flush=True)
