@@ -380,3 +380,18 @@ def test_rewards_of_several_versions_draw_no_version(tmp_path: Path) -> None:
     assert {r["model"] for r in mine} == {"v1"} and left_out == 3
     page = report.write_report(report.ReportData(rewards=sent), tmp_path / "r").read_text()
     assert "unknown" not in page and "several versions played</th><td>3<" in page
+
+
+def test_the_loops_unknown_model_draws_no_version(tmp_path: Path) -> None:
+    """The loop's agents name a trajectory two versions played "unknown" (seen in the main
+    job's report of 2026-11-29: a line called "unknown" across the reward plot)."""
+    now = datetime.now(UTC)
+    sent = [
+        {"trajectory_id": f"t{i}", "timestamp": now.isoformat(), "total_reward": 1.0,
+         "metadata": {"model": "v1" if i % 2 else "unknown"}}
+        for i in range(6)
+    ]  # fmt: skip
+    mine, left_out = report.per_version(report.reward_rows(sent))
+    assert {r["model"] for r in mine} == {"v1"} and left_out == 3
+    page = report.write_report(report.ReportData(rewards=sent), tmp_path / "r").read_text()
+    assert "unknown" not in page

@@ -235,7 +235,7 @@ def reward_rows(events: list[dict]) -> list[dict[str, Any]]:
             {
                 "ts": _ts(ev.get("timestamp")),
                 # no single version: a trajectory several versions played (credited to none)
-                "model": str(_dig(ev, "metadata", "model") or SEVERAL_VERSIONS),
+                "model": _credited(_dig(ev, "metadata", "model")),
                 "reward": float(ev.get("total_reward", 0.0)),
                 "success": comps.get(SUCCESS_COMPONENT, 0.0) >= 1.0,
                 "components": comps,
@@ -576,6 +576,12 @@ def plot_heldout(
     ax.set_ylabel("held-out success (greedy)")
     ax.grid(axis="y", alpha=0.3)
     _save(fig, path)
+
+
+def _credited(model: Any) -> str:
+    """The version a reward is credited to: none when its trajectory names none, or names
+    "unknown" (what the loop's agents write for an episode two versions played)."""
+    return str(model) if model and model != "unknown" else SEVERAL_VERSIONS
 
 
 def per_version(rows: list[dict]) -> tuple[list[dict], int]:
