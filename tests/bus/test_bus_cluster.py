@@ -183,3 +183,27 @@ def test_a_cluster_whose_port_was_taken_meanwhile_starts_on_new_ports(tmp_path) 
         with cluster:
             assert taken not in [n.port for n in cluster.nodes]
             assert all(n.running for n in cluster.nodes)
+
+
+async def test_many_replicas_opening_one_new_r3_bucket_at_once_all_get_it(
+    cluster: NatsCluster,
+) -> None:
+    """Twelve replicas start at once and each opens (so creates) the same R3 bucket: the
+    races in between ('bad request' for the losers, then 'not found' while the winner's
+    stream is not yet visible; CI saw the reward service die of it) end in one bucket."""
+    from nats.js.api import KeyValueConfig
+
+    from agentrl.bus.kv import open_bucket
+
+    name = f"race_{uuid.uuid4().hex[:8]}"
+    buses = [await Bus.connect(cluster.nodes[i % 3].url) for i in range(12)]
+    try:
+        config = KeyValueConfig(bucket=name, history=1, replicas=3)
+        kvs = await asyncio.gather(*(open_bucket(b.js, config) for b in buses))
+        await kvs[0].put("k", b"v")
+        assert [(await kv.get("k")).value for kv in kvs] == [b"v"] * 12
+        info = await buses[0].js.stream_info(f"KV_{name}")
+        assert info.config.num_replicas == 3
+    finally:
+        for b in buses:
+            await b.close()

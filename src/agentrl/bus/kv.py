@@ -59,3 +59,37 @@ async def _watch(kv: Any, tries: int = 3) -> Any:
 async def _empty(kv: Any) -> bool:
     info = await kv._js.stream_info(kv._stream)
     return int(info.state.messages) == 0
+
+
+async def open_bucket(js: Any, config: Any, *, deadline_s: float = 60.0) -> Any:
+    """The bucket `config.bucket`, created with `config` when missing.
+
+    Every service opens its buckets here, because on a cluster that is electing leaders (or
+    a busy host) the first answer is often not the last: a create that timed out may have
+    happened, another replica may be creating it at the same moment ('bad request', then
+    'not found' while its stream is not yet visible), and the API can answer 503 or time
+    out. All of those are asked again until `deadline_s`; anything else is raised."""
+    import asyncio
+    import time
+
+    import nats.errors
+    import nats.js.errors
+
+    from agentrl.bus.client import TRANSIENT
+
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            try:
+                return await js.key_value(config.bucket)
+            except nats.js.errors.BucketNotFoundError:
+                return await js.create_key_value(config)
+        except (
+            *TRANSIENT,
+            nats.js.errors.BucketNotFoundError,  # created by another, not yet visible
+            nats.js.errors.BadRequestError,  # created by another meanwhile
+            nats.js.errors.ServerError,  # JetStream not ready on a node that just started
+        ):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)

@@ -31,15 +31,10 @@ async def lease_bucket(js: Any, ttl_s: float, replicas: int = 1) -> Any:
     """The lease bucket of this TTL, created when missing."""
     from nats.js.api import KeyValueConfig
 
-    name = bucket_name(ttl_s)
-    try:
-        return await js.key_value(name)
-    except Exception:
-        with contextlib.suppress(Exception):  # another process created it meanwhile
-            return await js.create_key_value(
-                KeyValueConfig(bucket=name, history=1, ttl=ttl_s, replicas=replicas)
-            )
-        return await js.key_value(name)
+    from agentrl.bus.kv import open_bucket
+
+    config = KeyValueConfig(bucket=bucket_name(ttl_s), history=1, ttl=ttl_s, replicas=replicas)
+    return await open_bucket(js, config)
 
 
 def _value(entry: Any) -> dict[str, Any]:

@@ -48,11 +48,9 @@ class TrajectoryIndex:
     async def open(cls, js: Any, bucket: str, ttl_s: float) -> TrajectoryIndex:
         from nats.js.api import KeyValueConfig
 
-        try:
-            kv = await js.key_value(bucket)
-        except Exception:
-            kv = await js.create_key_value(KeyValueConfig(bucket=bucket, history=1, ttl=ttl_s))
-        return cls(kv)
+        from agentrl.bus.kv import open_bucket
+
+        return cls(await open_bucket(js, KeyValueConfig(bucket=bucket, history=1, ttl=ttl_s)))
 
     async def put_completions(self, pairs: list[tuple[str, str]]) -> None:
         """completion id -> trajectory id, for many at once."""

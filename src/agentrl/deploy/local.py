@@ -622,9 +622,12 @@ class LocalEngine:
                 if not len(decoder):
                     self._collect()
                     return
-                for row in decoder.step():
-                    self._answer(row)
+                finished = decoder.step()
+                # collected before the answers go: a caller holding its answer never sees
+                # the weights of a version unloaded meanwhile still in memory
                 self._collect(decoder.rows)
+                for row in finished:
+                    self._answer(row)
                 self._live = list(decoder.rows)
                 self.stats.active = len(decoder)
 

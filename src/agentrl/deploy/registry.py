@@ -34,7 +34,7 @@ from nats.js.api import KeyValueConfig
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentrl.bus.kv import kv_keys
+from agentrl.bus.kv import kv_keys, open_bucket
 from agentrl.contracts.base import utcnow
 from agentrl.deploy.config import RolloutPlan
 from agentrl.deploy.errors import DeployError, UnknownModel
@@ -204,16 +204,8 @@ class Registry:
 
     @classmethod
     async def open(cls, js: Any, bucket: str = "agentrl_models", replicas: int = 1) -> Registry:
-        try:
-            kv = await js.key_value(bucket)
-        except nats.js.errors.BucketNotFoundError:
-            try:
-                kv = await js.create_key_value(
-                    KeyValueConfig(bucket=bucket, history=HISTORY, replicas=replicas)
-                )
-            except nats.js.errors.BadRequestError:  # created concurrently
-                kv = await js.key_value(bucket)
-        return cls(kv, bucket)
+        config = KeyValueConfig(bucket=bucket, history=HISTORY, replicas=replicas)
+        return cls(await open_bucket(js, config), bucket)
 
     # ---- raw --------------------------------------------------------------------------
     async def _get(self, key: str, model: type[M]) -> tuple[M | None, int]:

@@ -25,7 +25,6 @@ import hashlib
 import os
 import re
 import socket
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +33,7 @@ import nats.js.errors
 import orjson
 
 from agentrl.bus import wire
+from agentrl.bus.kv import open_bucket
 
 _NEW = {"Nats-Expected-Last-Subject-Sequence": "0"}  # create-only: the key has no message
 _WRONG_LAST_SEQ = 10071  # JetStream's error code when it has one
@@ -123,23 +123,8 @@ class Claims:
 
         name = bucket_name(durable)
         config = KeyValueConfig(bucket=name, history=1, ttl=ttl_s or None, replicas=replicas)
-        deadline = time.monotonic() + open_deadline_s
-        while True:
-            try:
-                try:
-                    kv = await js.key_value(name)
-                except nats.js.errors.BucketNotFoundError:
-                    try:
-                        kv = await js.create_key_value(config)
-                    except nats.js.errors.BadRequestError:  # another replica created it
-                        kv = await js.key_value(name)
-                return cls(nc, kv, name, replica or replica_name())
-            except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
-                # a replicated bucket on a cluster that is electing a leader (or a busy
-                # host) can take longer than one API timeout: ask again until the deadline
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(1.0)
+        kv = await open_bucket(js, config, deadline_s=open_deadline_s)
+        return cls(nc, kv, name, replica or replica_name())
 
     def scored(
         self, reward_json: bytes, feedback: dict[str, Any], version: int, at: float

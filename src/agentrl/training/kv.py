@@ -22,10 +22,9 @@ async def bucket(js: Any, name: str, ttl: float = RETENTION_S) -> Any:
     """Open a KV bucket, creating it when missing."""
     from nats.js.api import KeyValueConfig
 
-    try:
-        return await js.key_value(name)
-    except Exception:
-        return await js.create_key_value(KeyValueConfig(bucket=name, history=1, ttl=ttl))
+    from agentrl.bus.kv import open_bucket
+
+    return await open_bucket(js, KeyValueConfig(bucket=name, history=1, ttl=ttl))
 
 
 async def read_status(js: Any, job_id: str) -> dict[str, Any] | None:
