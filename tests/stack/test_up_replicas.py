@@ -90,8 +90,13 @@ def test_up_replicas_runs_two_of_every_service(tmp_path: Path) -> None:
         )
         holders = asyncio.run(_controller_holders(nats_url))
         assert len(holders) == 1, holders  # one active controller, one standby
-        assert (data / "training" / "replicas" / "replica-1" / "state.sqlite").exists()
-        assert (data / "training" / "state.sqlite").exists()
+        # each training runner keeps its own records; a runner opens them as it starts,
+        # which on a loaded host can come after both gateways and APIs answer
+        states = [data / "training" / "replicas" / "replica-1", data / "training"]
+        while not all((s / "state.sqlite").exists() for s in states):
+            assert proc.poll() is None, (tmp_path / "up.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()[-3000:]
+            time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(90) == 0, (tmp_path / "up.log").read_text()[-3000:]
         assert not _up(urls[1]), "replica 1 still serves after Ctrl-C"
