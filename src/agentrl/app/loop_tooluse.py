@@ -74,11 +74,12 @@ def cut_by_token_cap(episode: Any) -> tuple[int, int]:
     return sum(r == "length" for r in reasons), len(reasons)
 
 
-JOB_COUNTS = ("hinted_tasks", "hinted_successes", "corrections_used")
+JOB_COUNTS = ("hinted_tasks", "hinted_successes", "corrections_used", "replayed")
 
 
 def job_counts(statuses: dict[str, list[Any]]) -> dict[str, int]:
-    """What the jobs report of hints and users' corrections (their last status's metrics:
+    """What the jobs report of hints, users' corrections and replay (`replayed`: replies the
+    replay's supervised steps trained) (their last status's metrics:
     `metrics.current.<key>`), summed over jobs; 0 where no job reports one."""
     out = dict.fromkeys(JOB_COUNTS, 0)
     for evs in statuses.values():
@@ -122,6 +123,8 @@ def environment(cfg: Any) -> dict[str, str]:
         "constraints": [{"response_format": response_format()}] if cfg.structured else [],
         # hints for the task groups whose every attempt failed (`learners.tooluse_job`)
         "tooluse_hints": job_hints(cfg),
+        # supervised passes on the verified successes after each RL epoch (`tooluse_replay`)
+        "tooluse_replay": job_replay(cfg),
     }
     env = {
         "AGENTRL_TRAINING_HYPERPARAMETERS": json.dumps(hyper),
@@ -198,6 +201,16 @@ def job_hints(cfg: Any) -> dict[str, Any] | None:
         "temperature": cfg.temperature,
         "structured": cfg.structured,
     }
+
+
+def job_replay(cfg: Any) -> dict[str, Any] | None:
+    """The jobs' replay settings (`learners.tooluse_job_replay.JobReplaySettings`), None when off
+    (`--replay-steps 0`, or `replay_episodes_per_family=0`: the ablation)."""
+    steps = int(getattr(cfg, "replay_steps", 0))
+    per_family = int(getattr(cfg, "replay_episodes_per_family", 0))
+    if steps <= 0 or per_family <= 0:
+        return None
+    return {"steps": steps, "episodes_per_family": per_family}
 
 
 def policy_kwargs(cfg: Any, session: str | None) -> dict[str, Any]:
