@@ -136,6 +136,12 @@ def test_the_replay_holds_only_verified_hint_free_uncorrected_successes(tokenize
     first, second = by_family["arithmetic"]
     assert arith in tokenizer.decode(first.prompt_ids)
     assert "3 + 4 = 7" in tokenizer.decode(second.prompt_ids)  # the turn's history
+    # past the job's max_length a prompt keeps its newest tokens, as the RL samples do
+    cut = replay_of_records(tokenizer, recs[:1], JobReplaySettings(), comps, max_length=64)
+    for it in cut.replay.sample(1, torch.Generator().manual_seed(0)):
+        assert len(it.prompt_ids) + len(it.action_ids) == 64
+        full = next(x for x in items if x.action_ids == it.action_ids)
+        assert full.prompt_ids[-len(it.prompt_ids) :] == it.prompt_ids
 
 
 def test_a_hinted_success_is_never_replayed_with_its_hint(tokenizer: Any) -> None:

@@ -31,7 +31,8 @@ def test_tooluse_quick_loop_walks_the_chain(tmp_path: Path) -> None:
     cut = last["cut_by_token_cap"]
     assert cut["acting_replies"] > 0 and cut["heldout_replies"] > 0
     assert 0 <= cut["acting"] <= cut["acting_replies"]
-    assert all(last[k] >= 0 for k in ("hinted_tasks", "hinted_successes", "corrections_used"))
+    counts = ("hinted_tasks", "hinted_successes", "corrections_used", "replayed")
+    assert all(last[k] >= 0 for k in counts)
     # the tiny random model fails every task: the jobs hint them (issue 52)
     assert last["hinted_tasks"] >= 1, out[-3000:]
     assert "held-out, unseen pool:" in out

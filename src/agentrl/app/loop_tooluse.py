@@ -5,10 +5,13 @@ response) and the JSON reply format; each task is the user's question; each tool
 comes back as Agent Zero's JSON user message (`envs.tooluse.agent_prompt`). Every reply is
 decoded through the gateway under the reply schema (structured outputs: one branch per
 tool, `thoughts` one short item), so an invalid call cannot happen. The reward service
-scores task completion alone (1 if the final answer is right, else 0); jobs train on the
-logged tokens with rejection sampling (the turns of trajectories with reward >= 1) and
-continue the newest version; validation plays benchmark tasks of each family under the same
-schema; held-out tasks are balanced across the three families and never trained on.
+scores task completion plus partial credit per turn (`write_reward_config`); jobs train on
+the logged tokens by GiGPO with PPO-clip against the masked distribution, hint the tasks
+whose every attempt failed (`job_hints`), replay the verified successes after each RL epoch
+(`job_replay`), and continue the newest version; validation plays benchmark tasks of each
+family under the same schema; held-out tasks are balanced across the three families and
+never trained on. The ablations at the same budget: `--hints off`, `--no-partial-credit`,
+`--replay-steps 0`.
 """
 
 from __future__ import annotations

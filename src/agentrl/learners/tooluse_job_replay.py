@@ -99,13 +99,16 @@ def replay_of_records(
     settings: JobReplaySettings | dict[str, Any],
     completions: dict[str, dict[str, Any]] | None = None,
     seed: int = 0,
+    max_length: int | None = None,
 ) -> JobReplay:
     """The job's replay: each training-pool tool-use trajectory the environment verified as
     solved (its outcome, not the shaped reward), newest last, whose first user message is
     the task's question alone (a trajectory played with a hint in its prompt is never
     replayed) and that no user corrected. Each finished turn is an NLL item: the turn's
     hint-free prompt re-rendered as the agent saw it (`tooluse_job.turn_messages`) and the
-    logged tokens of the reply (the completion log's, else the text re-tokenised)."""
+    logged tokens of the reply (the completion log's, else the text re-tokenised). Past
+    `max_length` the prompt keeps its newest tokens, as the job's RL samples do
+    (`llm.samples.truncate`); a reply longer than that alone is left out."""
     from agentrl.envs.tooluse.tasks import generate_task
     from agentrl.llm.samples import render_prompt
 
@@ -136,9 +139,12 @@ def replay_of_records(
             if isinstance(lp, dict) and lp.get("finish_reason") == "length":
                 continue  # a reply cut by the token cap is no one's example
             ids = action_ids(tokenizer, turn, completions or {})
-            if ids:
-                prompt = render_prompt(tokenizer, turn_messages(r.trajectory, task.question, k))
-                items.append(TokenItem(prompt, ids, task.family))
+            if not ids or (max_length is not None and len(ids) >= max_length):
+                continue
+            prompt = render_prompt(tokenizer, turn_messages(r.trajectory, task.question, k))
+            if max_length is not None:
+                prompt = prompt[max(0, len(prompt) + len(ids) - max_length) :]
+            items.append(TokenItem(prompt, ids, task.family))
         if not items:
             skip("no_reply")
             continue

@@ -629,7 +629,7 @@ class TokenJob:
             return None
         found = replay_of_records(
             self.trainer.policy.tokenizer, self.data.train, settings, completions,
-            self.spec.options.seed,
+            self.spec.options.seed, self.config.max_length,
         )  # fmt: skip
         log.info("replay: %s (skipped %s)", found.counts, found.skipped)
         return found
