@@ -118,12 +118,13 @@ def test_the_replay_holds_only_verified_hint_free_uncorrected_successes(tokenize
         record(attempt("data", 6, 0, True), 1.0, correction="read the CSV first"),
         record(attempt("data", 9, 0, True, pool="unseen"), 1.0),  # held-out pool: never
         record(attempt("data", 10, 0, True, cut=True), 1.0),  # its first reply was cut
+        record(attempt("numbers", 11, 0, True, question="Task: another prompt"), 1.0),
         Record(FROZENLAKE, {"trajectory_id": "fl", "total_reward": 1.0}),  # another env
     ]
     comps = completions_of(recs, tokenizer)
     job = replay_of_records(tokenizer, recs, JobReplaySettings(), comps)
     assert job.counts["replay_successes"] == 2 and job.replay.families() == ["arithmetic", "data"]
-    assert job.skipped == {"not_hint_free": 1, "corrected": 1}
+    assert job.skipped == {"not_hint_free": 1, "corrected": 1, "other_prompt": 1}
     items = job.replay.sample(1, torch.Generator().manual_seed(0))
     by_family = {f: [it for it in items if it.family == f] for f in ("arithmetic", "data")}
     assert len(by_family["arithmetic"]) == 2  # both replies of the verified success

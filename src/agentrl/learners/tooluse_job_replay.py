@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentrl.envs.tooluse.hints import HINT_PREFIX
 from agentrl.learners.tooluse_hints import TokenItem
 from agentrl.learners.tooluse_job import action_ids, succeeded, task_key, turn_messages
 from agentrl.learners.tooluse_replay import Replay
@@ -130,8 +131,9 @@ def replay_of_records(
         task = generate_task(key[1], key[0])
         turns = r.trajectory.get("turns") or []
         first = (turns[0].get("observation") or {}).get("content") if turns else None
-        if first != task.question:  # a hint (or another view) in the prompt it acted on
-            skip("not_hint_free")
+        if first != task.question:  # a hint in the prompt it acted on, or another prompt
+            # (redaction leaves the training questions alone: 0 of 1,200 changed, 2026-11-29)
+            skip("not_hint_free" if HINT_PREFIX.strip() in str(first) else "other_prompt")
             continue
         items = []
         for k, turn in enumerate(turns):
