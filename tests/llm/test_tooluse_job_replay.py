@@ -173,6 +173,24 @@ def test_the_replay_draws_the_same_count_from_every_family(tokenizer: Any) -> No
     assert per == {"arithmetic": 3 * 2, "numbers": 3 * 2}  # 3 episodes x 2 replies each
 
 
+def test_the_warm_starts_verified_episodes_join_the_replay_first(tokenizer: Any) -> None:
+    """With `warm_tasks_per_family` (a loop started from `agentrl learn`'s warm start), the
+    warm start's scripted episodes on its own seeds, verified by the environment, are in the
+    replay before the loop's own successes (the capacity keeps the newest: the loop's)."""
+    settings = JobReplaySettings(warm_tasks_per_family=1, capacity_per_family=1)
+    own = [record(attempt("arithmetic", 5, 0, True), 1.0)]
+    job = replay_of_records(tokenizer, own, settings)
+    assert job.counts["replay_warm"] == 3 and job.counts["replay_successes"] == 1
+    assert job.replay.added == {"warm start": 3, "loop": 1}
+    assert job.replay.families() == ["arithmetic", "data", "numbers"]
+    items = job.replay.sample(1, torch.Generator().manual_seed(0))
+    arith = [it for it in items if it.family == "arithmetic"]
+    assert len(arith) == 2  # the loop's episode (the newest), not the warm start's
+    assert generate_task(5, "arithmetic").question in tokenizer.decode(arith[0].prompt_ids)
+    data = [it for it in items if it.family == "data"]  # a verified scripted solution
+    assert data and '"tool_name": "response"' in tokenizer.decode(data[-1].action_ids)
+
+
 # -- the job --------------------------------------------------------------------------------
 
 

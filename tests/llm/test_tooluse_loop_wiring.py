@@ -183,6 +183,8 @@ def test_the_ablation_switches_reach_the_jobs_and_the_reward_service(tmp_path: A
     two = config("--set", "replay_episodes_per_family=2")
     assert wiring(two)[0]["tooluse_replay"] == {"steps": 1, "episodes_per_family": 2}
     assert wiring(config("--set", "replay_episodes_per_family=0"))[0]["tooluse_replay"] is None
+    warm = wiring(config("--set", "replay_warm_tasks_per_family=8"))[0]["tooluse_replay"]
+    assert warm["warm_tasks_per_family"] == 8 and warm["max_steps"] >= 2
 
 
 def test_the_loop_sums_what_its_jobs_replayed() -> None:

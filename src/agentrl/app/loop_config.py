@@ -143,6 +143,12 @@ class LoopConfig(BaseModel):
 
     The same count from every family (drawn again when it holds fewer); 0 turns the replay
     off."""
+    replay_warm_tasks_per_family: int = Field(0, ge=0)
+    """Tool use: the warm start's scripted tasks of each family in the replay.
+
+    Its seeds as `agentrl learn` trains the warm start (`warm_tasks_per_family`), the
+    environment's verified solutions; for a run with `init_checkpoint` from that warm start;
+    0: the loop's own successes only (no scripted solution anywhere)."""
 
     @classmethod
     def tooluse(cls, quick: bool = False, **kw: Any) -> LoopConfig:

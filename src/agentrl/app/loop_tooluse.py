@@ -213,7 +213,11 @@ def job_replay(cfg: Any) -> dict[str, Any] | None:
     per_family = int(getattr(cfg, "replay_episodes_per_family", 0))
     if steps <= 0 or per_family <= 0:
         return None
-    return {"steps": steps, "episodes_per_family": per_family}
+    out: dict[str, Any] = {"steps": steps, "episodes_per_family": per_family}
+    warm = int(getattr(cfg, "replay_warm_tasks_per_family", 0))
+    if warm > 0:  # the warm start's verified scripted episodes join it
+        out.update(warm_tasks_per_family=warm, max_steps=max(2, cfg.max_steps))
+    return out
 
 
 def policy_kwargs(cfg: Any, session: str | None) -> dict[str, Any]:

@@ -43,6 +43,13 @@ class JobReplaySettings(BaseModel):
     episodes_per_family: int = Field(4, ge=0, description="episodes a family per pass; 0: off")
     capacity_per_family: int = Field(64, gt=0, description="the newest successes kept a family")
     batch_size: int = Field(8, gt=0)
+    warm_tasks_per_family: int = Field(
+        0,
+        ge=0,
+        description="the warm start's scripted tasks a family (`agentrl learn`'s warm seeds, "
+        "verified by the environment) join the replay first; 0: the loop's own successes only",
+    )
+    max_steps: int = Field(4, ge=2, description="turns of a scripted warm-start episode")
 
     @property
     def on(self) -> bool:
@@ -61,6 +68,7 @@ class JobReplay:
     counts: dict[str, int] = field(
         default_factory=lambda: {
             "replay_successes": 0,
+            "replay_warm": 0,
             "replay_families": 0,
             "replay_updates": 0,
             "replayed": 0,
@@ -107,7 +115,8 @@ def replay_of_records(
     the task's question alone (a trajectory played with a hint in its prompt is never
     replayed) and that no user corrected. Each finished turn is an NLL item: the turn's
     hint-free prompt re-rendered as the agent saw it (`tooluse_job.turn_messages`) and the
-    logged tokens of the reply (the completion log's, else the text re-tokenised). Past
+    logged tokens of the reply (the completion log's, else the text re-tokenised). With
+    `warm_tasks_per_family`, the warm start's verified scripted episodes go in first. Past
     `max_length` the prompt keeps its newest tokens, as the job's RL samples do
     (`llm.samples.truncate`); a reply longer than that alone is left out."""
     from agentrl.envs.tooluse.tasks import generate_task
@@ -120,6 +129,8 @@ def replay_of_records(
     def skip(why: str) -> None:
         job.skipped[why] = job.skipped.get(why, 0) + 1
 
+    if s.warm_tasks_per_family:  # first: the loop's own successes are the newest
+        job.counts["replay_warm"] = add_warm_start(job.replay, tokenizer, s, max_length)
     newest = sorted(records, key=lambda r: str(r.trajectory.get("end_timestamp") or ""))
     for r in newest:
         key = task_key(r.trajectory)
@@ -144,9 +155,8 @@ def replay_of_records(
             if not ids or (max_length is not None and len(ids) >= max_length):
                 continue
             prompt = render_prompt(tokenizer, turn_messages(r.trajectory, task.question, k))
-            if max_length is not None:
-                prompt = prompt[max(0, len(prompt) + len(ids) - max_length) :]
-            items.append(TokenItem(prompt, ids, task.family))
+            item = TokenItem(prompt, ids, task.family)
+            items.append(item if max_length is None else _fit(item, max_length))
         if not items:
             skip("no_reply")
             continue
@@ -155,3 +165,30 @@ def replay_of_records(
     job.counts["replay_families"] = len(job.replay.families())
     job.seconds = time.perf_counter() - t0
     return job
+
+
+def add_warm_start(
+    replay: Replay, tokenizer: Any, settings: JobReplaySettings, max_length: int | None = None
+) -> int:
+    """The warm start's scripted episodes (`agentrl learn`'s warm seeds: the first
+    `warm_tasks_per_family` of each family, its question kinds in turn), only those the
+    environment scored as solved, into `replay` as source "warm start"; how many."""
+    from agentrl.envs.tooluse.tasks import FAMILIES, seeds_by_kind
+    from agentrl.learners.tooluse import WARM_SEED_BASE, solved_episodes, solved_items
+
+    n = settings.warm_tasks_per_family
+    tasks = [(f, s) for f in FAMILIES for s in seeds_by_kind(f, n, WARM_SEED_BASE)]
+    added = 0
+    for ep in solved_episodes(settings.max_steps, tasks):
+        items = solved_items(tokenizer, ep)
+        if max_length is not None:
+            items = [_fit(it, max_length) for it in items if len(it.action_ids) < max_length]
+        replay.add(ep.task.family, items, "warm start")
+        added += int(bool(items))
+    return added
+
+
+def _fit(item: TokenItem, max_length: int) -> TokenItem:
+    """The item with its prompt's newest tokens only, so prompt + reply fit `max_length`."""
+    cut = max(0, len(item.prompt_ids) + len(item.action_ids) - max_length)
+    return TokenItem(item.prompt_ids[cut:], item.action_ids, item.family)
