@@ -185,26 +185,3 @@ def test_the_ablation_switches_reach_the_jobs_and_the_reward_service(tmp_path: A
     assert wiring(config("--set", "replay_episodes_per_family=0"))[0]["tooluse_replay"] is None
     warm = wiring(config("--set", "replay_warm_tasks_per_family=8"))[0]["tooluse_replay"]
     assert warm["warm_tasks_per_family"] == 8 and warm["max_steps"] >= 2
-
-
-def test_the_loop_sums_what_its_jobs_replayed() -> None:
-    from agentrl.app.loop_tooluse import job_counts
-    from agentrl.contracts.training import TrainingStatus
-
-    def status(job: str, **current: int) -> TrainingStatus:
-        return TrainingStatus.model_validate(
-            {
-                "training_job_id": job,
-                "status": "completed",
-                "timestamp": "2026-11-29T11:00:00Z",
-                "metrics": {"current": current},
-            }
-        )
-
-    statuses = {
-        "a": [status("a", replayed=24, hinted_tasks=2)],
-        "b": [status("b", replayed=0)],
-        "c": [status("c", loss=1)],  # a job without replay (the ablation) reports none
-    }
-    counts = job_counts(statuses)  # type: ignore[arg-type]
-    assert counts["replayed"] == 24 and counts["hinted_tasks"] == 2
