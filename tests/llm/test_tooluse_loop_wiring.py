@@ -139,3 +139,49 @@ def test_the_jobs_hint_failed_tasks_as_the_loop_says() -> None:
         "importance"
     )
     assert job_settings(hints="off")[1]["tooluse_hints"] is None
+
+
+def test_the_ablation_switches_reach_the_jobs_and_the_reward_service(tmp_path: Any) -> None:
+    """`agentrl loop --env tooluse` runs without hints, without partial credit and without
+    replay at the same budget: each switch is an option (or `--set`) of the command, and each
+    reaches what acts on it: the jobs' hyperparameters (`tooluse_hints`, `tooluse_replay`: a
+    job given None builds neither, `tests/llm/test_tooluse_job_replay.py`) and the reward
+    service's `rewards.yaml` (0 or 1: `tests/rewards/test_rewards_partial_credit.py`)."""
+    from typer.testing import CliRunner
+
+    from agentrl.app.loop_tooluse import write_reward_config
+    from agentrl.cli import app
+    from agentrl.rewards import RewardConfig
+
+    def config(*args: str) -> LoopConfig:
+        result = CliRunner().invoke(
+            app, ["loop", "--env", "tooluse", "--quick", *args, "--show-config"]
+        )
+        assert result.exit_code == 0, result.output
+        return LoopConfig.model_validate_json(result.output)
+
+    def wiring(cfg: LoopConfig) -> tuple[dict[str, Any], Any]:
+        hyper = json.loads(loop_environment(cfg)["AGENTRL_TRAINING_HYPERPARAMETERS"])
+        rewards = RewardConfig.load(write_reward_config(tmp_path, cfg.partial_credit))
+        return hyper, rewards
+
+    on = config()
+    assert (on.hints, on.partial_credit, on.replay_steps) == ("distill", True, 1)
+    hyper, rewards = wiring(on)
+    assert hyper["tooluse_hints"]["mode"] == "distill"
+    assert hyper["tooluse_replay"] == {"steps": 1, "episodes_per_family": 4}
+    assert rewards.partial_credit is not None
+    off = config("--hints", "off", "--no-partial-credit", "--replay-steps", "0")
+    hyper, rewards = wiring(off)
+    assert hyper["tooluse_hints"] is None and hyper["tooluse_replay"] is None
+    assert rewards.partial_credit is None
+    # everything else as the profile: the same budget
+    same = {k: v for k, v in off.model_dump().items()
+            if k not in ("hints", "partial_credit", "replay_steps")}  # fmt: skip
+    assert same == {k: v for k, v in on.model_dump().items() if k in same}
+    # the replay's other knob, through --set; 0 turns it off too
+    two = config("--set", "replay_episodes_per_family=2")
+    assert wiring(two)[0]["tooluse_replay"] == {"steps": 1, "episodes_per_family": 2}
+    assert wiring(config("--set", "replay_episodes_per_family=0"))[0]["tooluse_replay"] is None
+    warm = wiring(config("--set", "replay_warm_tasks_per_family=8"))[0]["tooluse_replay"]
+    assert warm["warm_tasks_per_family"] == 8 and warm["max_steps"] >= 2

@@ -31,7 +31,8 @@ def test_tooluse_quick_loop_walks_the_chain(tmp_path: Path) -> None:
     cut = last["cut_by_token_cap"]
     assert cut["acting_replies"] > 0 and cut["heldout_replies"] > 0
     assert 0 <= cut["acting"] <= cut["acting_replies"]
-    assert all(last[k] >= 0 for k in ("hinted_tasks", "hinted_successes", "corrections_used"))
+    counts = ("hinted_tasks", "hinted_successes", "corrections_used", "replayed")
+    assert all(last[k] >= 0 for k in counts)
     # the tiny random model fails every task: the jobs hint them (issue 52)
     assert last["hinted_tasks"] >= 1, out[-3000:]
     assert "held-out, unseen pool:" in out
@@ -136,8 +137,8 @@ def test_the_tooluse_canary_decides_two_equal_versions_within_the_run(monkeypatc
 
 
 def test_a_generations_wall_time_and_the_jobs_hint_counts() -> None:
-    """Trigger (the job's first status) to promotion, per promoted version; the jobs' hint
-    and correction counts summed from their last status (0 where a job reports none)."""
+    """Trigger (the job's first status) to promotion, per promoted version; the jobs' hint,
+    correction and replay counts summed from their last status (0 where a job reports none)."""
     from datetime import UTC, datetime, timedelta
 
     from agentrl.app.loop_tooluse import generation_walls, job_counts
@@ -156,7 +157,7 @@ def test_a_generations_wall_time_and_the_jobs_hint_counts() -> None:
 
     statuses = {
         "job-a": [status("job-a", 0, "queued"), status("job-a", 90, "completed", hinted_tasks=3,
-                                                            hinted_successes=1)],
+                                                            hinted_successes=1, replayed=12)],
         "job-b": [status("job-b", 100, "queued"), status("job-b", 200, "completed")],
     }  # fmt: skip
 
@@ -171,4 +172,4 @@ def test_a_generations_wall_time_and_the_jobs_hint_counts() -> None:
     records = [record(1, None, 0), record(3, "job-b", None), record(2, "job-a", 480)]
     assert generation_walls(records, statuses) == [480.0]  # the start and v3: no promotion
     assert job_counts(statuses) == {"hinted_tasks": 3, "hinted_successes": 1,
-                                    "corrections_used": 0}  # fmt: skip
+                                    "corrections_used": 0, "replayed": 12}  # fmt: skip

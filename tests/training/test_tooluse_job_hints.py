@@ -2,7 +2,7 @@
 nats-server and the tiny model: with `hyperparameters.tooluse_hints` it hints the tasks
 whose every logged attempt failed, a user's correction (on the reward's feedback) used as
 the hint, trains on them, and reports the counts in its final status, where the loop sums
-them (`loop_tooluse.job_counts`)."""
+them (`loop_tooluse.job_counts`); with `tooluse_replay` it replays the verified success too."""
 
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ async def test_a_tooluse_job_hints_failed_tasks_with_the_users_correction(
         hyperparameters={
             "objective": "pg",
             "tooluse_hints": {"mode": "distill", "max_new_tokens": 16, "max_steps": 2},
+            "tooluse_replay": {"steps": 1, "episodes_per_family": 2},  # task 6's success
         },
     )
     try:
@@ -73,5 +74,7 @@ async def test_a_tooluse_job_hints_failed_tasks_with_the_users_correction(
     from agentrl.app.loop_tooluse import job_counts
     from agentrl.contracts.training import TrainingStatus
 
+    assert current["replay_successes"] == 1 and current["replayed"] > 0
     counts = job_counts({job: [TrainingStatus.model_validate(final)]})
     assert counts["hinted_tasks"] == 1 and counts["corrections_used"] == 1
+    assert counts["replayed"] == current["replayed"]

@@ -134,6 +134,7 @@ LOOP_OPTIONS = (
     "structured",
     "hints",
     "partial_credit",
+    "replay_steps",
     "lineages",
 )
 

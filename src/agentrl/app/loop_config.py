@@ -121,17 +121,34 @@ class LoopConfig(BaseModel):
     """Each task acted this many times, one single-episode session each: a job's GiGPO
     group (tool use)."""
     hints: Literal["importance", "distill", "off"] = "distill"
-    """Tool use: hints where all attempts failed.
+    """Tool use: hints for failed tasks.
 
-    With importance the job resamples with the hint and trains the hint-free prompt; with
+    Where all attempts of a task failed. With importance the job resamples with the hint and trains the hint-free prompt; with
     distill the model with the hint is the teacher, on the logged tokens; off is the
     ablation."""
     hint_reveals_answer: bool = False
     """Tool use: the hint also gives the answer."""
     partial_credit: bool = True
-    """Partial credit per turn (tool use).
+    """Partial credit (tool use).
 
-    Off is the ablation: a reward of 0 or 1."""
+    Per turn, on a failure; off is the ablation: a reward of 0 or 1."""
+    replay_steps: int = Field(1, ge=0)
+    """Tool use: replay passes per epoch.
+
+    Supervised passes on the verified, hint-free successes among a job's trajectories after
+    each of its RL epochs (ReLIFT), `replay_episodes_per_family` of each family; 0 is the
+    ablation."""
+    replay_episodes_per_family: int = Field(4, ge=0)
+    """Tool use: successes of each family in one replay pass.
+
+    The same count from every family (drawn again when it holds fewer); 0 turns the replay
+    off."""
+    replay_warm_tasks_per_family: int = Field(0, ge=0)
+    """Tool use: the warm start's scripted tasks of each family in the replay.
+
+    Its seeds as `agentrl learn` trains the warm start (`warm_tasks_per_family`), the
+    environment's verified solutions; for a run with `init_checkpoint` from that warm start;
+    0: the loop's own successes only (no scripted solution anywhere)."""
 
     @classmethod
     def tooluse(cls, quick: bool = False, **kw: Any) -> LoopConfig:

@@ -5,10 +5,13 @@ response) and the JSON reply format; each task is the user's question; each tool
 comes back as Agent Zero's JSON user message (`envs.tooluse.agent_prompt`). Every reply is
 decoded through the gateway under the reply schema (structured outputs: one branch per
 tool, `thoughts` one short item), so an invalid call cannot happen. The reward service
-scores task completion alone (1 if the final answer is right, else 0); jobs train on the
-logged tokens with rejection sampling (the turns of trajectories with reward >= 1) and
-continue the newest version; validation plays benchmark tasks of each family under the same
-schema; held-out tasks are balanced across the three families and never trained on.
+scores task completion plus partial credit per turn (`write_reward_config`); jobs train on
+the logged tokens by GiGPO with PPO-clip against the masked distribution, hint the tasks
+whose every attempt failed (`job_hints`), replay the verified successes after each RL epoch
+(`job_replay`), and continue the newest version; validation plays benchmark tasks of each
+family under the same schema; held-out tasks are balanced across the three families and
+never trained on. The ablations at the same budget: `--hints off`, `--no-partial-credit`,
+`--replay-steps 0`.
 """
 
 from __future__ import annotations
@@ -74,11 +77,12 @@ def cut_by_token_cap(episode: Any) -> tuple[int, int]:
     return sum(r == "length" for r in reasons), len(reasons)
 
 
-JOB_COUNTS = ("hinted_tasks", "hinted_successes", "corrections_used")
+JOB_COUNTS = ("hinted_tasks", "hinted_successes", "corrections_used", "replayed")
 
 
 def job_counts(statuses: dict[str, list[Any]]) -> dict[str, int]:
-    """What the jobs report of hints and users' corrections (their last status's metrics:
+    """What the jobs report of hints, users' corrections and replay (`replayed`: replies the
+    replay's supervised steps trained) (their last status's metrics:
     `metrics.current.<key>`), summed over jobs; 0 where no job reports one."""
     out = dict.fromkeys(JOB_COUNTS, 0)
     for evs in statuses.values():
@@ -122,6 +126,8 @@ def environment(cfg: Any) -> dict[str, str]:
         "constraints": [{"response_format": response_format()}] if cfg.structured else [],
         # hints for the task groups whose every attempt failed (`learners.tooluse_job`)
         "tooluse_hints": job_hints(cfg),
+        # supervised passes on the verified successes after each RL epoch (`tooluse_replay`)
+        "tooluse_replay": job_replay(cfg),
     }
     env = {
         "AGENTRL_TRAINING_HYPERPARAMETERS": json.dumps(hyper),
@@ -198,6 +204,20 @@ def job_hints(cfg: Any) -> dict[str, Any] | None:
         "temperature": cfg.temperature,
         "structured": cfg.structured,
     }
+
+
+def job_replay(cfg: Any) -> dict[str, Any] | None:
+    """The jobs' replay settings (`learners.tooluse_job_replay.JobReplaySettings`), None when off
+    (`--replay-steps 0`, or `replay_episodes_per_family=0`: the ablation)."""
+    steps = int(getattr(cfg, "replay_steps", 0))
+    per_family = int(getattr(cfg, "replay_episodes_per_family", 0))
+    if steps <= 0 or per_family <= 0:
+        return None
+    out: dict[str, Any] = {"steps": steps, "episodes_per_family": per_family}
+    warm = int(getattr(cfg, "replay_warm_tasks_per_family", 0))
+    if warm > 0:  # the warm start's verified scripted episodes join it
+        out.update(warm_tasks_per_family=warm, max_steps=max(2, cfg.max_steps))
+    return out
 
 
 def policy_kwargs(cfg: Any, session: str | None) -> dict[str, Any]:

@@ -7,6 +7,8 @@ interleaved with the RL steps (ReLIFT, arXiv 2506.07527: RL on what the model ca
 do, supervised steps on solutions it cannot yet sample, alternating); a family the current
 iteration had no success in is still trained on, so one family's successes do not pull the
 policy away from the others (the ablation's job drifted to the calculator).
+
+The loop's jobs build theirs from the trajectories they read: `tooluse_job_replay`.
 """
 
 from __future__ import annotations

@@ -511,6 +511,7 @@ class TokenJob:
         self.best: dict[str, Any] | None = None
         self.init: str | None = None
         self.hinting: Any = None
+        self.replay: Any = None
 
     @property
     def reported_objective(self) -> str:
@@ -580,7 +581,12 @@ class TokenJob:
         hold_samples, _ = build_samples(data.hold, tok, completions=completions)
         self.hold_samples = self._fit(hold_samples)
         self.hinting = self._hint_step(completions)
-        if not self.units and not (self.hinting and self.hinting.items):
+        self.replay = self._replay_step(completions)
+        if (
+            not self.units
+            and not (self.hinting and self.hinting.items)
+            and not (self.replay and len(self.replay.replay))
+        ):
             raise TrainingError(
                 f"nothing to train on: {len(data.train)} trajectories gave no "
                 + (
@@ -607,6 +613,25 @@ class TokenJob:
             self.trainer, self.data.train, self.hint_settings, completions, self.spec.options.seed
         )
         log.info("hints: %s in %.0fs", found.counts, found.seconds)
+        return found
+
+    def _replay_step(self, completions: dict[str, Any]) -> Any:
+        """Tool use (`hyperparameters.tooluse_replay`): the verified, hint-free successes
+        among the job's trajectories, replayed after each RL epoch (`learners.tooluse_job_replay`);
+        None when off."""
+        replay = (self.spec.options.model_extra or {}).get("tooluse_replay")
+        if self.algorithm == "dpo" or not replay:
+            return None
+        from agentrl.learners.tooluse_job_replay import JobReplaySettings, replay_of_records
+
+        settings = JobReplaySettings.model_validate(replay)
+        if not settings.on:
+            return None
+        found = replay_of_records(
+            self.trainer.policy.tokenizer, self.data.train, settings, completions,
+            self.spec.options.seed, self.config.max_length,
+        )  # fmt: skip
+        log.info("replay: %s (skipped %s)", found.counts, found.skipped)
         return found
 
     def _fit(self, items: list[Any]) -> list[Any]:
@@ -677,6 +702,12 @@ class TokenJob:
                     last_saved = trainer.global_step
                     self._checkpoint(m, epoch + 1)
                 prog.report(trainer.global_step, epoch + 1, m, self.best)
+            done_before = per_epoch and (epoch + 1) * per_epoch <= prog.done_at_start
+            if self.replay is not None and not done_before:  # ReLIFT: after each RL epoch
+                emitter.check()
+                t0 = time.monotonic()
+                self.replay.train(trainer)
+                prog.train_s += time.monotonic() - t0
         if self.hinting is not None and self.hinting.items:  # after the job's own steps
             emitter.check()
             t0 = time.monotonic()
@@ -756,6 +787,7 @@ class TokenJob:
                 "current": {
                     **current_metrics(last),
                     **(self.hinting.counts if self.hinting is not None else {}),
+                    **(self.replay.counts if self.replay is not None else {}),
                 },
                 **({"best": self.best} if self.best else {}),
             },

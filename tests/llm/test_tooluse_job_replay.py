@@ -1,0 +1,297 @@
+"""The loop's tool-use jobs replay verified successes (issue 52, item 4): a job keeps the
+tool-use trajectories the environment verified as solved, hint-free and uncorrected, per
+family, and after each RL epoch takes supervised steps on a family-balanced draw of them
+(ReLIFT), reporting `replayed` in its final status; `steps: 0` is the job without replay.
+The job tests run the real job code path (`training.jobs.TokenJob`: load, samples, train,
+save) on a real tiny transformers model; only the data comes from a list instead of
+JetStream (the service's path is `tests/training/test_tooluse_job_hints.py`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from agentrl.envs.tooluse.hints import with_hint
+from agentrl.envs.tooluse.tasks import generate_task
+from agentrl.learners.tooluse_job_replay import JobReplaySettings, replay_of_records
+from agentrl.training.dataset import Record
+
+TINY = {"hidden_size": 32, "intermediate_size": 64, "num_layers": 2}
+HINT = "Hint: SECRET-4412 the answer is 7"
+FROZENLAKE = {
+    "trajectory_id": "fl",
+    "task_context": {"env_id": "frozenlake-4x4", "seed": 1},
+    "metadata": {"outcome": {"task_status": "completed_successfully"}},
+}
+
+
+def attempt(
+    family: str,
+    seed: int,
+    k: int,
+    success: bool,
+    *,
+    question: str | None = None,
+    pool: str | None = None,
+    cut: bool = False,
+) -> dict[str, Any]:
+    """A logged tool-use attempt as `rollout.convert` writes the loop's episodes: a
+    calculator call, its result, then the answer; every reply's completion-log row is
+    `c-<trajectory>-<turn>`."""
+    task = generate_task(seed, family)
+    tid = f"{family}-{seed}-{k}"
+    turns = []
+    for j, (tool, args) in enumerate(
+        [("calculator", {"expression": "3 + 4"}), ("response", {"text": "7"})]
+    ):
+        turns.append(
+            {
+                "turn_id": j + 1,
+                "observation": {
+                    "type": "user_message" if j == 0 else "tool_result",
+                    "content": (question or task.question)
+                    if j == 0
+                    else json.dumps({"tool_name": "calculator", "tool_result": "3 + 4 = 7"}),
+                },
+                "action": {
+                    "type": "tool_call",
+                    "tool_name": tool,
+                    "tool_args": args,
+                    "raw_response": json.dumps(
+                        {"thoughts": [f"t{k}"], "tool_name": tool, "tool_args": args}
+                    ),
+                    "completion_id": f"c-{tid}-{j}",
+                },
+                "step_info": {"tool_name": tool, **({"answer": "7"} if j else {})},
+                "logprobs": {"finish_reason": "length" if cut and j == 0 else "stop"},
+            }
+        )
+    kwargs: dict[str, Any] = {"view": "agent_zero", **({"pool": pool} if pool else {})}
+    return {
+        "trajectory_id": tid,
+        "end_timestamp": f"2026-11-29T10:{seed % 60:02d}:{k:02d}Z",
+        "task_context": {
+            "task_id": f"tooluse-{family}/seed-{seed}",
+            "env_id": f"tooluse-{family}",
+            "seed": seed,
+            "env_kwargs": kwargs,
+        },
+        "turns": turns,
+        "metadata": {"outcome": {"task_status": "completed_successfully" if success else "failed"}},
+    }
+
+
+def record(traj: dict[str, Any], total: float, correction: str | None = None) -> Record:
+    reward: dict[str, Any] = {"trajectory_id": traj["trajectory_id"], "total_reward": total}
+    if correction:
+        reward["metadata"] = {"feedback": {"explicit": "thumbs_down", "correction": correction}}
+    return Record(traj, reward)
+
+
+def completions_of(recs: list[Record], tokenizer: Any) -> dict[str, dict[str, Any]]:
+    """The completion log's rows of every reply: its exact tokens (a marker token first, so
+    a test can tell the logged tokens from the text re-tokenised)."""
+    out = {}
+    for r in recs:
+        for turn in r.trajectory.get("turns") or ():
+            action = turn["action"]
+            ids = [7, *tokenizer(action["raw_response"], add_special_tokens=False).input_ids]
+            out[action["completion_id"]] = {"completion_token_ids": ids}
+    return out
+
+
+@pytest.fixture
+def tokenizer(smol_tokenizer: Any) -> Any:
+    return smol_tokenizer  # the tiny model's tokenizer is SmolLM2's
+
+
+def test_the_replay_holds_only_verified_hint_free_uncorrected_successes(tokenizer: Any) -> None:
+    hinted_question = with_hint(generate_task(8, "numbers").question, HINT)
+    recs = [
+        record(attempt("arithmetic", 5, 0, True), 1.0),  # replayed
+        record(attempt("arithmetic", 5, 1, False), 1.0),  # shaped reward 1, env says failed
+        record(attempt("numbers", 8, 0, True, question=hinted_question), 1.0),  # hinted success
+        record(attempt("data", 6, 0, True), 1.0, correction="read the CSV first"),
+        record(attempt("data", 9, 0, True, pool="unseen"), 1.0),  # held-out pool: never
+        record(attempt("data", 10, 0, True, cut=True), 1.0),  # its first reply was cut
+        record(attempt("numbers", 11, 0, True, question="Task: another prompt"), 1.0),
+        Record(FROZENLAKE, {"trajectory_id": "fl", "total_reward": 1.0}),  # another env
+    ]
+    comps = completions_of(recs, tokenizer)
+    job = replay_of_records(tokenizer, recs, JobReplaySettings(), comps)
+    assert job.counts["replay_successes"] == 2 and job.replay.families() == ["arithmetic", "data"]
+    assert job.skipped == {"not_hint_free": 1, "corrected": 1, "other_prompt": 1}
+    items = job.replay.sample(1, torch.Generator().manual_seed(0))
+    by_family = {f: [it for it in items if it.family == f] for f in ("arithmetic", "data")}
+    assert len(by_family["arithmetic"]) == 2  # both replies of the verified success
+    assert len(by_family["data"]) == 1  # the cut reply is no example; the answer is
+    for it in items:
+        prompt = tokenizer.decode(it.prompt_ids)
+        assert "SECRET" not in prompt and "Hint:" not in prompt
+        assert it.mode == "nll" and it.action_ids[0] == 7  # the completion log's tokens
+    arith = generate_task(5, "arithmetic").question
+    first, second = by_family["arithmetic"]
+    assert arith in tokenizer.decode(first.prompt_ids)
+    assert "3 + 4 = 7" in tokenizer.decode(second.prompt_ids)  # the turn's history
+    # past the job's max_length a prompt keeps its newest tokens, as the RL samples do
+    cut = replay_of_records(tokenizer, recs[:1], JobReplaySettings(), comps, max_length=64)
+    for it in cut.replay.sample(1, torch.Generator().manual_seed(0)):
+        assert len(it.prompt_ids) + len(it.action_ids) == 64
+        full = next(x for x in items if x.action_ids == it.action_ids)
+        assert full.prompt_ids[-len(it.prompt_ids) :] == it.prompt_ids
+
+
+def test_a_hinted_success_is_never_replayed_with_its_hint(tokenizer: Any) -> None:
+    """A job's importance step resamples with the hint: those successes train through the
+    importance ratio, never as plain replay; and a logged episode whose prompt held a hint
+    is not a replay example either (its tokens were written with the hint in context)."""
+    from agentrl.learners.tooluse_episodes import EpisodeRecord
+    from agentrl.learners.tooluse_replay import Replay
+
+    q = generate_task(8, "numbers").question
+    recs = [record(attempt("numbers", 8, k, True, question=with_hint(q, HINT)), 1.0)
+            for k in range(3)]  # fmt: skip
+    job = replay_of_records(tokenizer, recs, JobReplaySettings())
+    assert len(job.replay) == 0 and job.skipped == {"not_hint_free": 3}
+    hinted = EpisodeRecord("numbers", 8, q, success=True, hint=HINT)  # `agentrl learn`'s
+    assert Replay().add_episodes([hinted]) == 0
+
+
+def test_the_replay_draws_the_same_count_from_every_family(tokenizer: Any) -> None:
+    recs = [record(attempt("arithmetic", s, 0, True), 1.0) for s in range(5)]
+    recs.append(record(attempt("numbers", 40, 0, True), 1.0))
+    job = replay_of_records(
+        tokenizer, recs, JobReplaySettings(episodes_per_family=3, capacity_per_family=4)
+    )
+    assert job.counts["replay_successes"] == 6 and len(job.replay) == 4 + 1  # newest 4 kept
+    items = job.replay.sample(3, torch.Generator().manual_seed(1))
+    per = {f: sum(it.family == f for it in items) for f in ("arithmetic", "numbers")}
+    assert per == {"arithmetic": 3 * 2, "numbers": 3 * 2}  # 3 episodes x 2 replies each
+
+
+def test_the_warm_starts_verified_episodes_join_the_replay_first(tokenizer: Any) -> None:
+    """With `warm_tasks_per_family` (a loop started from `agentrl learn`'s warm start), the
+    warm start's scripted episodes on its own seeds, verified by the environment, are in the
+    replay before the loop's own successes (the capacity keeps the newest: the loop's)."""
+    settings = JobReplaySettings(warm_tasks_per_family=1, capacity_per_family=1)
+    own = [record(attempt("arithmetic", 5, 0, True), 1.0)]
+    job = replay_of_records(tokenizer, own, settings)
+    assert job.counts["replay_warm"] == 3 and job.counts["replay_successes"] == 1
+    assert job.replay.added == {"warm start": 3, "loop": 1}
+    assert job.replay.families() == ["arithmetic", "data", "numbers"]
+    items = job.replay.sample(1, torch.Generator().manual_seed(0))
+    arith = [it for it in items if it.family == "arithmetic"]
+    assert len(arith) == 2  # the loop's episode (the newest), not the warm start's
+    assert generate_task(5, "arithmetic").question in tokenizer.decode(arith[0].prompt_ids)
+    data = [it for it in items if it.family == "data"]  # a verified scripted solution
+    assert data and '"tool_name": "response"' in tokenizer.decode(data[-1].action_ids)
+
+
+# -- the job --------------------------------------------------------------------------------
+
+
+def run_job(tmp_path: Path, recs: list[Record], **hyper: Any) -> tuple[Any, dict[str, Any]]:
+    """One dataset job of the tool-use loop's kind (GiGPO, PPO-clip, tokens trainer) on
+    `recs`: TokenJob's own load -> samples -> train -> save; the job and its final status."""
+    from agentrl.training.dataset import FilterReport
+    from agentrl.training.jobs import Sample, TokenJob
+    from agentrl.training.jobspec import JobSpec
+    from agentrl.training.progress import Emitter
+    from agentrl.training.requests import fill_request
+    from agentrl.training.settings import TrainingSettings
+
+    req = fill_request(
+        {
+            "training_config": {
+                "base_model": "tiny",
+                "algorithm": "gigpo",
+                "dataset": {"sample_size": len(recs)},
+                "hyperparameters": {
+                    "objective": "pg",
+                    "trainer": "tokens",
+                    "epochs": 2,
+                    "batch_size": 4,
+                    "learning_rate": 1e-2,
+                    **hyper,
+                },
+            },
+            "evaluation": {"enabled": False, "holdout_size": 0.0},
+        },
+        TrainingSettings(),
+    )
+    spec = JobSpec.of({
+        "request": req.model_dump(mode="json"), "job_dir": str(tmp_path),
+        "storage_path": str(tmp_path / "ckpt"), "max_length": 512, "tiny_kwargs": TINY,
+    })  # fmt: skip
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    events = tmp_path / "events.jsonl"
+    report = FilterReport(rewards=len(recs))
+    data = Sample("tokens", list(recs), [], report, {"completions": {}, "corrections": []}, 0.0)
+    job = TokenJob(spec, Emitter(events), data)
+    job.load_model()
+    job.start = [p.detach().clone() for p in trainable(job)]
+    job.samples()
+    job.train()
+    job.save()
+    final = json.loads(events.read_text().splitlines()[-1])
+    assert final["status"] == "completed", final
+    return job, final
+
+
+def trainable(job: Any) -> list[torch.Tensor]:
+    return [p for p in job.trainer.policy.model.parameters() if p.requires_grad]
+
+
+def losses(job: Any) -> list[tuple[float, float]]:
+    return [(m["loss"], m["grad_norm"]) for m in job.history]  # not the timings
+
+
+def mixed_records() -> list[Record]:
+    """Two task groups with a success and failures each (RL has advantages), two families."""
+    recs = [record(attempt("arithmetic", 5, k, k == 0), 1.0 if k == 0 else 0.1) for k in range(3)]
+    recs += [record(attempt("numbers", 8, k, k == 0), 1.0 if k == 0 else 0.0) for k in range(2)]
+    return recs
+
+
+def test_a_job_whose_rl_has_nothing_to_learn_trains_through_the_replay(tmp_path: Path) -> None:
+    """Every attempt succeeded: all advantages are 0, so the RL term has no sample; the
+    replay's supervised steps alone move the weights, after each of the 2 epochs."""
+    from agentrl.errors import TrainingError
+
+    recs = [record(attempt("arithmetic", 5, k, True), 1.0) for k in range(2)]
+    recs += [record(attempt("data", 6, 0, True), 1.0)]
+    with pytest.raises(TrainingError, match="nothing to train on"):  # without the replay
+        run_job(tmp_path / "off", recs)
+    replay = {"steps": 1, "episodes_per_family": 2, "batch_size": 4}
+    job, final = run_job(tmp_path / "on", recs, tooluse_replay=replay)
+    assert job.units == [] and job.history == []  # no RL step
+    assert any(not torch.equal(a, b) for a, b in zip(job.start, trainable(job), strict=True))
+    current = final["metrics"]["current"]
+    # 2 epochs x 1 pass x 2 families x 2 episodes x 2 replies
+    assert current["replayed"] == 2 * 2 * 2 * 2 and current["replay_successes"] == 3
+    assert current["replay_families"] == 2 and current["replay_updates"] == 2 * 2
+    assert job.trainer.global_step == 0  # replay steps are not the job's steps
+
+
+def test_replay_steps_zero_trains_exactly_as_before(tmp_path: Path) -> None:
+    before, status = run_job(tmp_path / "before", mixed_records())
+    assert "replayed" not in status["metrics"]["current"]
+    off, status_off = run_job(tmp_path / "off", mixed_records(), tooluse_replay={"steps": 0})
+    assert off.replay is None and "replayed" not in status_off["metrics"]["current"]
+    assert before.history and losses(off) == losses(before)
+    for a, b in zip(trainable(before), trainable(off), strict=True):
+        assert torch.equal(a, b)
+    # the loop's default (`--replay-steps 1`): the same RL steps, a replay after each epoch
+    from agentrl.app.loop_config import LoopConfig
+    from agentrl.app.loop_tooluse import job_replay
+
+    loops = job_replay(LoopConfig.tooluse())
+    on, status_on = run_job(tmp_path / "on", mixed_records(), tooluse_replay=loops)
+    # 2 epochs x 1 pass x 2 families x 4 episodes x 2 replies
+    assert status_on["metrics"]["current"]["replayed"] == 2 * 2 * 4 * 2
+    assert on.trainer.global_step == before.trainer.global_step  # the same RL steps
+    assert any(not torch.equal(a, b) for a, b in zip(trainable(before), trainable(on), strict=True))
