@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import pytest
+
 from agentrl.bus import Bus, Deferred, Delivery
 from agentrl.bus.bench import sample_trajectory
 from agentrl.contracts.trajectory import TrajectoryEvent
@@ -113,3 +115,32 @@ async def test_a_clean_stop_settles_the_waiting_batch_and_a_restart_sees_nothing
     stop2.set()
     await task
     assert again == []
+
+
+async def test_a_transient_error_is_retried_without_a_warning_or_traceback(
+    bus: Bus, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`TransientError` is a handler's 'come back later' (the training service's reward whose
+    trajectory it has not indexed yet): the batch comes again, logged at INFO in one line,
+    not as a failure with a traceback on the console of every loop."""
+    import logging
+
+    from agentrl.bus import TransientError
+
+    events = [fresh(i) for i in range(5)]
+    await bus.publish_many(events)
+    stop = asyncio.Event()
+    tries: list[int] = []
+
+    async def handle(batch: list[Delivery]) -> None:
+        tries.append(len(batch))
+        if len(tries) == 1:
+            raise TransientError("not indexed yet")
+        if sum(tries[1:]) >= 5:
+            stop.set()
+
+    with caplog.at_level(logging.INFO, logger="agentrl.bus.client"):
+        await bus.consume(SUBJECT, "transient", batch_handler=handle, stop=stop, nak_delay=0.1)
+    assert sum(tries[1:]) == 5
+    records = [r for r in caplog.records if "not indexed yet" in r.getMessage()]
+    assert records and all(r.levelno == logging.INFO and not r.exc_info for r in records)

@@ -863,6 +863,9 @@ class Bus:
         if batch_handler is not None:
             try:
                 return await batch_handler(deliveries)
+            except TransientError as exc:  # asked to come back later: no fault, no traceback
+                log.info("batch handler deferred %d messages: %s", len(deliveries), exc)
+                return [exc] * len(deliveries)
             except Exception as exc:  # the whole batch failed: each message fails with it
                 log.warning("batch handler failed: %s", exc, exc_info=True)
                 return [exc] * len(deliveries)
@@ -873,6 +876,9 @@ class Bus:
             try:
                 await handler(delivery.event)
                 outcomes.append(None)
+            except TransientError as exc:
+                log.info("handler deferred a message on %s: %s", delivery.subject, exc)
+                outcomes.append(exc)
             except Exception as exc:
                 log.warning("handler failed on %s: %s", delivery.subject, exc, exc_info=True)
                 outcomes.append(exc)
