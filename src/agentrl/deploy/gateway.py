@@ -49,7 +49,7 @@ from pydantic import ValidationError
 from agentrl.deploy import split as splitting
 from agentrl.deploy import structured
 from agentrl.deploy.backends import Backend, _accumulate
-from agentrl.deploy.errors import BackendError, DeployError
+from agentrl.deploy.errors import BackendError, DeployError, VersionNotServed
 from agentrl.deploy.openai_types import (
     ChatRequest,
     Generation,
@@ -781,6 +781,10 @@ def _failed(
         return _error(
             429, msg, "rate_limit_exceeded", "busy", headers={**headers, "retry-after": "1"}
         )
+    if isinstance(exc, VersionNotServed):  # resolved, then gone: say what is served now
+        served = ", ".join(m for m in state.models() if m != model_id)
+        msg = f"{msg}. Available models: {served}"
+        return _error(404, msg, "invalid_request_error", exc.code, "model", headers=headers)
     type_ = "server_error" if status >= 500 else "invalid_request_error"
     return _error(
         status, msg, type_, "upstream_timeout" if status == 504 else None, headers=headers
