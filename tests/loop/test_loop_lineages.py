@@ -44,4 +44,8 @@ def test_two_lineages_walk_apart_and_the_drill_rolls_back_in_one(tmp_path: Path)
     for name in names:
         assert f"version {name}-v1: register" in out, out[-3000:]
     assert "rollback -> rolled_back" in out
-    assert (tmp_path / "loop" / "report" / "index.html").exists()
+    page = (tmp_path / "loop" / "report" / "index.html").read_text()
+    for name in names:  # the report's section per lineage: a row and a headline each
+        assert f'<tr data-lineage="{name}">' in page and f"lineage {name}</th>" in page
+        assert f'<p class="headline" data-lineage="{name}">' in page
+    assert (tmp_path / "loop" / "report" / "reward_per_lineage.png").exists()
