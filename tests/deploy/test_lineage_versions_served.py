@@ -1,8 +1,8 @@
 """A request naming a version the gateway does not serve gets a clear 404 (the name, what is
-served), never the base model's answer labelled as that version: through the real gateway
-(uvicorn) and the official openai SDK, the local engine (an adapter unloaded while the
-gateway still routed to it) and an upstream server (a version released). Asked by lineage
-name, by version id and by the base's own id."""
+served), never the base model's answer labelled as that version, nor a retired lineage's
+version: through the real gateway (uvicorn) and the official openai SDK, the local engine
+(an adapter unloaded while the gateway still routed to it) and an upstream server (a version
+released). Asked by lineage name, by version id and by the base's own id."""
 
 from __future__ import annotations
 
@@ -106,6 +106,16 @@ async def test_a_version_not_served_is_a_404_never_the_base(served: Any, engine:
     # a typo of a version id: a 404 that names it and what is served
     message = await _not_found(client, f"{LINEAGE}-v9")
     assert f"{LINEAGE}-v9" in message and LINEAGE in message and "p53-base" in message
+
+    # the lineage retired (its version still loaded, as a spare is): by name and by its
+    # version's id, a 404 that says so
+    state.set_lineages([], {}, {}, {LINEAGE})
+    for model in (LINEAGE, f"{LINEAGE}-v1"):
+        message = await _not_found(client, model)
+        assert "retired" in message and LINEAGE in message, message
+    state.set_lineages([LINEAGE], {}, {}, set())  # and back
+    state.set_split({f"{LINEAGE}-v1": 100.0}, [f"{LINEAGE}-v1"], LINEAGE)
+    assert await _version(client, LINEAGE) == f"{LINEAGE}-v1"
 
     # the adapter goes while the gateway still routes to it (unloaded meanwhile): by id,
     # by lineage name and streamed, a 404 naming the version, not the base's answer
