@@ -71,6 +71,11 @@ async def gateway(engine: Any, checkpoints: list[str], nats_url: str, tmp_path: 
             )
         )
         state.backends[f"p-v{i}"] = local
+    # the base itself, prepared as the serving manager does (checkpoint None): a backend
+    # that prepared versions serves only those (an id it never prepared is a 404)
+    await local.prepare(
+        ModelRecord(model_id="p-base", version=0, public_name="agentrl-policy", base_model="tiny")
+    )
     state.backends["p-base"] = local
     with (
         ScriptedOpenAIServer([ScriptedReply(content="boom", status=500)]) as bad,

@@ -89,7 +89,11 @@ def test_cached_metric_children_follow_a_version_eviction() -> None:
     label = m.MODEL_VERSION(version)
 
     def count() -> float:
-        return float(m.GATEWAY_REQUESTS.labels(model_version=label)._value.get())
+        return float(
+            m.GATEWAY_REQUESTS.labels(
+                lineage=m.lineage_of(version), model_version=label
+            )._value.get()
+        )
 
     before = count()
     obs.gateway_started(version)

@@ -216,6 +216,45 @@ async def test_rollback_in_one_lineage_leaves_the_other_split_untouched(
     assert (await t.d.registry.require_model(vb)).state == "canary"
     served = await t.served(t.a, 10, "after")
     assert set(served.values()) == {f"{t.a}-base"}
+    await _metrics_apart(t, va, vb)
+
+
+async def _metrics_apart(t: Two, va: str, vb: str) -> None:
+    """/metrics (the control API's scrape): each lineage's series apart, labelled by its
+    lineage: a's rollback and failing canary are a's only, b's running canary b's only."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from agentrl.app.api import create_app
+
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(Settings())), base_url="http://api"
+    ) as api:
+        text = (await api.get("/metrics")).text
+    series: dict[str, dict[tuple[str, str, str], float]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if "lineage" in s.labels and s.labels["lineage"] in (t.a, t.b):
+                key = (
+                    s.labels["lineage"],
+                    s.labels.get("model_version", ""),
+                    s.labels.get("status", ""),
+                )
+                series.setdefault(s.name, {})[key] = s.value
+    deploys = series["agent_rl_model_deployments_total"]
+    assert deploys[(t.a, "", "rolled_back")] >= 1 and deploys[(t.b, "", "rolled_back")] == 0
+    assert deploys[(t.b, "", "canary")] >= 1
+    errors = series["agent_rl_gateway_errors_total"]
+    assert errors[(t.a, va, "")] >= 1  # the failing canary's errors, under lineage a
+    assert all(v == 0 for (lin, _, _), v in errors.items() if lin == t.b)
+    requests = series["agent_rl_gateway_requests_total"]
+    assert requests[(t.b, vb, "")] + requests[(t.b, f"{t.b}-base", "")] >= 1
+    for name, values in series.items():  # a version is only ever under its own lineage
+        for lin, version, _ in values:
+            assert version in ("", "other") or version.startswith(f"{lin}-"), (name, version)
+    ratio = series["agent_rl_model_traffic_ratio"]
+    assert ratio[(t.a, f"{t.a}-base", "")] == 1.0 and ratio[(t.a, va, "")] == 0.0
+    assert sum(v for (lin, _, _), v in ratio.items() if lin == t.b) == 1.0
+    assert ratio[(t.b, vb, "")] > 0
 
 
 async def test_bad_lineage_input_gets_clear_4xx_and_writes_nothing(two: Two) -> None:
@@ -357,11 +396,11 @@ async def test_one_lineages_split_write_keeps_the_others_traffic_metric(nats_url
         await registry.update_split(a, split({f"{a}-v1": 10.0, f"{a}-base": 90.0}))
         await registry.update_split(b, split({f"{b}-base": 100.0}))
         ratio = m.MODEL_TRAFFIC_RATIO
-        assert ratio.labels(model_version=f"{a}-v1")._value.get() == 0.1
-        assert ratio.labels(model_version=f"{b}-base")._value.get() == 1.0
+        assert ratio.labels(lineage=a, model_version=f"{a}-v1")._value.get() == 0.1
+        assert ratio.labels(lineage=b, model_version=f"{b}-base")._value.get() == 1.0
         await registry.update_split(a, split({f"{a}-base": 100.0}))  # a's canary left
-        assert ratio.labels(model_version=f"{a}-v1")._value.get() == 0.0
-        assert ratio.labels(model_version=f"{b}-base")._value.get() == 1.0
+        assert ratio.labels(lineage=a, model_version=f"{a}-v1")._value.get() == 0.0
+        assert ratio.labels(lineage=b, model_version=f"{b}-base")._value.get() == 1.0
     finally:
         await bus.close()
 

@@ -11,13 +11,28 @@ from pathlib import Path
 
 from loop_helpers import run_loop_cli
 
-from agentrl.app.loop_lineages import own_split_only, specs
+from agentrl.app.loop_lineages import Drill, at_rest, own_split_only, specs
 
 
 def test_own_split_only_names_versions_of_other_lineages() -> None:
     assert own_split_only("lake/5x5", {"lake/5x5-v2": 50.0, "lake/5x5-base": 50.0}) == set()
     assert own_split_only("lake/5x5", {"lake/4x4-v3": 10.0, "lake/5x5-v2": 90.0}) == {"lake/4x4-v3"}
     assert own_split_only("lake/5x5", {"lake/4x4-v3": 0.0}) == set()
+
+
+def test_a_done_lineage_rests_unless_the_drill_needs_it() -> None:
+    """A done lineage stops acting and is paused (its trajectories would train versions no
+    one counts, on the CPU the other lineage's jobs need), except while the drill runs: its
+    target, and the other lineage whose controller and split the drill watches at work."""
+    assert not at_rest("a", False, None) and at_rest("a", True, None)
+    drill = Drill("a", "b")
+    assert not at_rest("a", True, drill) and not at_rest("b", True, drill)
+    assert at_rest("c", True, drill) and not at_rest("c", False, drill)
+    drill.injected, drill.state = "a-v3", "canary"
+    assert not at_rest("a", True, drill) and not at_rest("b", True, drill)
+    for end in ("rolled_back", "skipped"):
+        drill.state = end
+        assert at_rest("a", True, drill) and at_rest("b", True, drill)
 
 
 def test_two_lineages_walk_apart_and_the_drill_rolls_back_in_one(tmp_path: Path) -> None:
@@ -44,4 +59,8 @@ def test_two_lineages_walk_apart_and_the_drill_rolls_back_in_one(tmp_path: Path)
     for name in names:
         assert f"version {name}-v1: register" in out, out[-3000:]
     assert "rollback -> rolled_back" in out
-    assert (tmp_path / "loop" / "report" / "index.html").exists()
+    page = (tmp_path / "loop" / "report" / "index.html").read_text()
+    for name in names:  # the report's section per lineage: a row and a headline each
+        assert f'<tr data-lineage="{name}">' in page and f"lineage {name}</th>" in page
+        assert f'<p class="headline" data-lineage="{name}">' in page
+    assert (tmp_path / "loop" / "report" / "reward_per_lineage.png").exists()

@@ -83,9 +83,9 @@ def test_reward_batch_records_every_series() -> None:
     instrument.reward_batch(events, rewards, 0.02)
     assert traj._value.get() == before + 2
     assert m.REWARDS_PUBLISHED._value.get() == published + 2
-    child = m.TRAJECTORY_REWARD.labels(model_version=version)
+    child = m.TRAJECTORY_REWARD.labels(**m.version_labels(version))
     assert child._sum.get() == 0.9 + 0.4
-    assert m.TRAJECTORY_SUCCESS.labels(model_version=version)._value.get() == 1
+    assert m.TRAJECTORY_SUCCESS.labels(**m.version_labels(version))._value.get() == 1
     m.set_enabled(False)
     try:
         instrument.reward_batch(events, rewards, 0.02)
@@ -97,9 +97,12 @@ def test_reward_batch_records_every_series() -> None:
 def test_deployment_hook_zeroes_versions_that_left_the_split() -> None:
     instrument.deployment("canary", traffic={"dv1": 0.9, "dv2": 0.1}, rewards={"dv1": 0.7})
     instrument.deployment("rolled_back", traffic={"dv1": 1.0})
-    assert m.MODEL_TRAFFIC_RATIO.labels(model_version="dv2")._value.get() == 0.0
-    assert m.MODEL_TRAFFIC_RATIO.labels(model_version="dv1")._value.get() == 1.0
-    assert m.MODEL_DEPLOYMENTS.labels(status="rolled_back")._value.get() >= 1
+    assert m.MODEL_TRAFFIC_RATIO.labels(**m.version_labels("dv2"))._value.get() == 0.0
+    assert m.MODEL_TRAFFIC_RATIO.labels(**m.version_labels("dv1"))._value.get() == 1.0
+    assert (
+        m.MODEL_DEPLOYMENTS.labels(lineage=m.DEFAULT_LINEAGE[0], status="rolled_back")._value.get()
+        >= 1
+    )
 
 
 def test_bench_metrics_reports_hook_costs() -> None:

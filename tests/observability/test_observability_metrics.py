@@ -3,6 +3,7 @@ against the real embedded nats-server, a failing collector skipped, multiprocess
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import uuid
@@ -65,18 +66,20 @@ def test_seed_metric_names_follow_conventions() -> None:
 def test_helpers_never_raise_and_can_be_switched_off() -> None:
     m.inc(m.GATEWAY_REQUESTS, no_such_label="x")  # wrong labels: logged, swallowed
     m.observe(m.REWARD_LATENCY, "not a number")  # type: ignore[arg-type]
-    before = m.GATEWAY_REQUESTS.labels(model_version="bench-off")._value.get()
+    off = m.version_labels("bench-off")
+    before = m.GATEWAY_REQUESTS.labels(**off)._value.get()
     m.set_enabled(False)
     try:
-        m.inc(m.GATEWAY_REQUESTS, model_version="bench-off")
+        m.inc(m.GATEWAY_REQUESTS, **off)
     finally:
         m.set_enabled(True)
-    assert m.GATEWAY_REQUESTS.labels(model_version="bench-off")._value.get() == before
+    assert m.GATEWAY_REQUESTS.labels(**off)._value.get() == before
     m.versions_changed(*m.MODEL_VERSION.set_split(["bench-on"]))  # in the split: labelled
     m.record_gateway_request("bench-on", 0.2, error=True)
     text = m.exposition().decode()
     got = samples(text)
-    assert got[("agent_rl_gateway_errors_total", (("model_version", "bench-on"),))] == 1.0
+    on = (("lineage", m.DEFAULT_LINEAGE[0]), ("model_version", "bench-on"))  # no -vN: the default
+    assert got[("agent_rl_gateway_errors_total", on)] == 1.0
 
 
 async def test_metrics_endpoint_reports_consumer_lag_and_stream_depth(nats_url: str) -> None:
@@ -163,14 +166,15 @@ from agentrl.observability.multiproc import enable_multiprocess
 enable_multiprocess({path!r}, clean=False)
 assert m.MULTIPROCESS
 m.inc(m.TRAINING_STEPS, 5)
-m.inc(m.GATEWAY_REQUESTS, model_version="late")
+m.inc(m.GATEWAY_REQUESTS, lineage="pol", model_version="late")
 """
 
 
 def test_multiprocess_can_be_enabled_after_import(tmp_path: Path) -> None:
     mp = tmp_path / "mp"
     mp.mkdir()
-    env = {"PATH": "/usr/bin:/bin"}
+    # the tree under test (a worktree's PYTHONPATH), not whichever the venv installed
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     subprocess.run([sys.executable, "-c", LATE.format(path=str(mp))], env=env, check=True)
     out = subprocess.run(
         [sys.executable, "-c", PARENT],
@@ -179,4 +183,5 @@ def test_multiprocess_can_be_enabled_after_import(tmp_path: Path) -> None:
     ).stdout  # fmt: skip
     got = samples(out)
     assert got[("agent_rl_training_steps_total", ())] == 5.0
-    assert got[("agent_rl_gateway_requests_total", (("model_version", "late"),))] == 1.0
+    late = (("lineage", "pol"), ("model_version", "late"))
+    assert got[("agent_rl_gateway_requests_total", late)] == 1.0

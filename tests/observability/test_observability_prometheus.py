@@ -56,15 +56,22 @@ def activity() -> None:
     m.inc(m.TRAINING_STEPS, 10)
     m.set_gauge(m.TRAINING_REWARD, 0.4)
     m.set_gauge(m.TRAINING_LOSS, 1.2)
-    m.versions_changed(*m.MODEL_VERSION.set_split(["v1", "v2"]))
-    for version, ratio, reward in (("v1", 0.9, 0.7), ("v2", 0.1, 0.6)):
-        m.set_gauge(m.MODEL_REWARD_MEAN, reward, model_version=version)
-        m.set_gauge(m.MODEL_TRAFFIC_RATIO, ratio, model_version=version)
-        m.set_gauge(m.MODEL_BENCHMARK_SCORE, 0.5, model_version=version, task_type="sokoban")
-        m.record_gateway_request(version, 0.05, error=version == "v2")
-    m.record_deployment("canary")
-    m.record_deployment("rolled_back")
-    m.record_deployment("promoted")
+    # two lineages (a version id names its lineage): `pa` rolls its canary back, `pb/dev`
+    # promotes; each lineage's split sums to 1
+    split = (("pa-v1", 0.9, 0.7), ("pa-v2", 0.1, 0.6), ("pb/dev-base", 0.5, 0.2))
+    split += (("pb/dev-v1", 0.5, 0.3),)
+    m.versions_changed(*m.MODEL_VERSION.set_split([v for v, _, _ in split]))
+    for version, ratio, reward in split:
+        labels = m.version_labels(version)
+        m.set_gauge(m.MODEL_REWARD_MEAN, reward, **labels)
+        m.set_gauge(m.MODEL_TRAFFIC_RATIO, ratio, **labels)
+        m.set_gauge(m.MODEL_BENCHMARK_SCORE, 0.5, **labels, task_type="sokoban")
+        m.record_gateway_request(version, 0.05, error=version == "pa-v2")
+    m.record_deployment("canary", "pa")
+    m.record_deployment("rolled_back", "pa")
+    m.record_deployment("canary", "pb/dev")
+    m.record_deployment("promoted", "pb/dev")
+    m.record_training_status("completed", "pb/dev")
     m.observe(m.WAREHOUSE_BATCH_ROWS, 100, table="rewards")
     m.observe(m.WAREHOUSE_INSERT_LATENCY, 0.02, table="rewards")
     m.inc(m.WAREHOUSE_ROWS, 100, table="rewards")
@@ -136,6 +143,7 @@ async def run_with_prometheus(
                 names = set((await client.get("/api/v1/label/__name__/values")).json()["data"])
                 exprs = generate.expressions(OPS)
                 for where, expr in exprs:
+                    expr = expr.replace("$lineage", ".*")  # Grafana's All
                     resp = (await client.get("/api/v1/query", params={"query": expr})).json()
                     assert resp["status"] == "success", (where, expr, resp)
                     missing = set(re.findall(r"\bagent_rl_\w+", expr)) - names
@@ -155,6 +163,7 @@ async def run_with_prometheus(
                     )
                 ).json()["data"]["result"]
                 assert float(dlq[0]["value"][1]) >= 1  # the poison message, by the bus
+                await lineages_apart(client)
                 for _ in range(50):  # every rule evaluated, none with an error
                     got = (await client.get("/api/v1/rules")).json()["data"]["groups"][0]
                     if all(r["health"] == "ok" for r in got["rules"]):
@@ -166,6 +175,42 @@ async def run_with_prometheus(
             prom.terminate()
             prom.wait(timeout=20)
             await stack.bus.js.delete_consumer("RL_FEEDBACK", durable)
+
+
+async def lineages_apart(client: httpx.AsyncClient) -> None:
+    """Each lineage's series apart in Prometheus: its split, its rollbacks and promotions,
+    its errors, its jobs (queried by the `lineage` label, as the dashboards do)."""
+
+    async def by_lineage(query: str) -> dict[str, float]:
+        got = (await client.get("/api/v1/query", params={"query": query})).json()
+        return {r["metric"]["lineage"]: float(r["value"][1]) for r in got["data"]["result"]}
+
+    lineages = 'lineage=~"pa|pb/dev"'
+    assert await by_lineage(f"sum by (lineage) (agent_rl_model_traffic_ratio{{{lineages}}})") == {
+        "pa": 1.0,
+        "pb/dev": 1.0,
+    }
+    rolled = await by_lineage(
+        f'agent_rl_model_deployments_total{{status="rolled_back",{lineages}}}'
+    )
+    assert rolled["pa"] >= 1 and rolled["pb/dev"] == 0
+    promoted = await by_lineage(f'agent_rl_model_deployments_total{{status="promoted",{lineages}}}')
+    assert promoted["pb/dev"] >= 1 and promoted["pa"] == 0
+    errors = await by_lineage(f"sum by (lineage) (agent_rl_gateway_errors_total{{{lineages}}})")
+    assert errors["pa"] >= 1 and errors["pb/dev"] == 0
+    jobs = await by_lineage(f'agent_rl_training_jobs_total{{status="completed",{lineages}}}')
+    assert jobs["pb/dev"] >= 1 and jobs["pa"] == 0
+    versions = (
+        await client.get(
+            "/api/v1/query", params={"query": f"agent_rl_model_reward_mean{{{lineages}}}"}
+        )
+    ).json()["data"]["result"]
+    assert {(r["metric"]["lineage"], r["metric"]["model_version"]) for r in versions} == {
+        ("pa", "pa-v1"),
+        ("pa", "pa-v2"),
+        ("pb/dev", "pb/dev-base"),
+        ("pb/dev", "pb/dev-v1"),
+    }
 
 
 async def wait_for_scrapes(

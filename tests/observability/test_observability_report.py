@@ -395,3 +395,122 @@ def test_the_loops_unknown_model_draws_no_version(tmp_path: Path) -> None:
     assert {r["model"] for r in mine} == {"v1"} and left_out == 3
     page = report.write_report(report.ReportData(rewards=sent), tmp_path / "r").read_text()
     assert "unknown" not in page
+
+
+def lineage_table(page: Path) -> dict[str, list[str]]:
+    """The per-lineage table: lineage -> its cells."""
+    text = page.read_text()
+    body = re.search(r'<table id="lineages">.*?<tbody>(.*?)</tbody>', text, re.S)
+    assert body, text[:3000]
+    return {
+        name: [re.sub(r"<[^>]+>", " ", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+        for name, row in re.findall(r'<tr data-lineage="([^"]+)">(.*?)</tr>', body.group(1))
+    }
+
+
+async def test_a_section_per_lineage_from_two_lineages_streams(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """Two lineages created through the real lineage table (each bootstraps its base), one
+    promoting its v1 and the other rolling its v1 back, their jobs' statuses and their
+    versions' rewards on the streams: the page has a row per lineage (versions, live,
+    held-out, promotions, rollbacks, rewards, jobs), a reward curve per lineage, each
+    lineage's headline and the version table grouped by lineage."""
+    from agentrl.deploy.lineage import Lineages
+
+    since = datetime.now(UTC) - timedelta(seconds=1)
+    tag = uuid.uuid4().hex[:8]
+    public, bucket = f"rep-{tag}", f"rep_{tag}"
+    a, b = f"r{tag}/dev", f"r{tag}/research"
+    bus = await Bus.connect(nats_url)
+    try:
+        await bus.ensure_streams()
+        registry = await Registry.open(bus.js, bucket)
+        lineages = Lineages(registry, public)
+        await lineages.create(a, base_model="tiny", agents=[f"coder-{tag}"], by="test", bus=bus)
+        await lineages.create(b, base_model="tiny", agents=[f"reader-{tag}"], by="test", bus=bus)
+        plan = RolloutPlan(strategy="canary", steps=[Step(weight=50, pause_s=0), Step(weight=100)])
+        now = datetime.now(UTC)
+        sent: list = []
+        for lin, promote in ((a, True), (b, False)):
+            d = Deployer(registry, bus, lin)
+            job = f"job-{lin}".replace("/", "_")
+            record = await d.register(
+                checkpoint_path=str(tmp_path / lin / "final"),
+                base_model="tiny",
+                sha256="ab" * 32,
+                training_job_id=job,
+            )
+            rollout = await d.start(record.model_id, plan, by="test")
+            if promote:
+                await d.set_step(rollout, 1, by="test", reason="analysis pass")
+                await d.promote(record.model_id, by="test", reason="every step passed")
+            else:
+                await d.rollback(by="test", reason="reward dropped", model_id=record.model_id)
+            sent += [
+                TrainingStatus(
+                    training_job_id=job,
+                    timestamp=now + timedelta(seconds=j),
+                    status=status,
+                    metadata={"lineage": lin},
+                )
+                for j, status in enumerate(("queued", "running", "completed"))
+            ]
+            for i, (model, reward) in enumerate(
+                ((f"{lin}-base", 0.2), (record.model_id, 0.8 if promote else 0.1)) * 5
+            ):
+                sent.append(
+                    RewardEvent(
+                        trajectory_id=f"{tag}-{lin}-{i}",
+                        session_id=str(uuid.uuid4()),
+                        timestamp=now + timedelta(seconds=i),
+                        reward_components={"task_completion": {"score": reward, "weight": 1.0}},
+                        total_reward=reward,
+                        metadata={"model": model},
+                    )
+                )
+        await bus.publish_many(sent)
+        data = await report.load_from_streams(bus, since, registry_bucket=bucket)
+    finally:
+        await bus.close()
+    data.deployments = [e for e in data.deployments if tag in json.dumps(e)]  # other tests'
+    data.rewards = [r for r in data.rewards if str(r.get("trajectory_id")).startswith(tag)]
+    data.statuses = [s for s in data.statuses if tag in str(s.get("training_job_id"))]
+    assert len(data.rewards) == 20 and len(data.statuses) == 6
+    rows = []
+    for model_id, state, wins in (
+        (f"{a}-base", "retired", 5),
+        (f"{a}-v1", "live", 40),
+        (f"{b}-base", "live", 15),
+        (f"{b}-v1", "rolled_back", 2),
+    ):
+        row = VersionRow(model_id, state)
+        row.heldout_success, row.heldout_n = wins / 50, 50
+        row.ci_low, row.ci_high = wilson(wins, 50)
+        rows.append(row)
+    page = report.write_report(data, tmp_path / "report", heldout=rows)
+
+    table = lineage_table(page)
+    assert list(table) == [a, b]  # the default lineage has no version here: no row
+    # lineage, versions, live, held-out, promotions, rollbacks, rewards (mean), jobs
+    assert table[a][1:3] == ["base, v1", "v1"] and table[a][4:] == ["1", "0", "10 (0.50)", "1"]
+    assert table[b][1:3] == ["base, v1", "base"] and table[b][4:] == ["0", "1", "10 (0.15)", "1"]
+    assert "base 0.10" in table[a][3] and "live: v1 0.80" in table[a][3]
+    assert table[b][3].startswith("base 0.30")  # b's live version is its base again
+    text = page.read_text()
+    for lin in (a, b):  # each lineage's headline; its versions grouped under it
+        assert f'<p class="headline" data-lineage="{lin}">' in text
+        assert f"lineage {lin}</th>" in text
+    assert text.index(f"lineage {a}</th>") < text.index(f"{a}-v1") < text.index(f"lineage {b}</th>")
+    png = (tmp_path / "report" / report.LINEAGE_PLOT[0]).read_bytes()
+    assert png.startswith(b"\x89PNG") and report.LINEAGE_PLOT[0] in images(page)
+    # the curve per lineage: each lineage's rewards, its own versions only
+    of = report.lineages_of(data, [r["model"] for r in report.reward_rows(data.rewards)])
+    assert {of[f"{a}-v1"], of[f"{b}-v1"], of[f"{b}-base"]} == {a, b} and of[f"{a}-base"] == a
+    assert report.version_lineage("v7", {}, public) == public  # an id naming no lineage
+
+
+def test_one_lineage_has_no_lineage_section(tmp_path: Path) -> None:
+    page = report.write_report(report.ReportData(), tmp_path / "r", heldout=heldout())
+    assert 'id="lineages"' not in page.read_text()
+    assert not (tmp_path / "r" / report.LINEAGE_PLOT[0]).exists()

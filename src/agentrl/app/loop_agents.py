@@ -147,17 +147,22 @@ class Agents:
             self.cut[f"{where}_replies"] += replies
 
     async def heldout(
-        self, model_id: str, tasks: list[tuple[str, int]], pool: str = "train"
+        self,
+        model_id: str,
+        tasks: list[tuple[str, int]],
+        pool: str = "train",
+        limit: asyncio.Semaphore | None = None,
     ) -> tuple[int, int, dict[str, tuple[int, int]]]:
         """Greedy episodes of `model_id` (named explicitly) on held-out (family, seed) tasks:
-        wins, episodes, and (wins, episodes) per family."""
+        wins, episodes, and (wins, episodes) per family. `limit`: episodes in flight, shared
+        by evaluations run at once (below the gateway's admission bound)."""
         from agentrl.rollout.worker import RLRolloutWorker
 
         policy = self.policy(model_id, 0.0)
         tools = self.cfg.env == "tooluse"
         # every map at once: the gateway scores the moves of the episodes waiting together in
         # one pass (`LocalEngine.score_batch_size`); tool-use replies decode in batches of 8
-        sem = asyncio.Semaphore(8 if tools else 64)
+        sem = limit or asyncio.Semaphore(8 if tools else 64)
 
         async def one(family: str, seed: int) -> Any:
             task = self.task(seed, family, pool)

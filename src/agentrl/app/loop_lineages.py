@@ -10,6 +10,12 @@ main loop measured, on maps of two sizes. A drill pushes a broken version (torn 
 `inject_bad_candidate`) into the first lineage's canary once that lineage is done; the
 gateway refuses it and it is rolled back, while the other lineage's split is watched for any
 version that is not its own and for any rollback.
+
+On 2 cores the lineages compete for the CPU: a lineage that is done (and that the drill no
+longer needs) stops acting and is paused, so its trajectories no longer trigger jobs and
+validations nobody counts, and the other lineage's jobs, validations and canaries get the
+machine; at the end every lineage's base and live version play their held-out maps at once
+(the engine scores their moves in the same passes).
 """
 
 from __future__ import annotations
@@ -128,6 +134,17 @@ class Drill:
     def rolled_back(self) -> bool:
         return self.injected is not None and self.state == "rolled_back" and self.untouched()
 
+    def finished(self) -> bool:
+        return self.state in ("rolled_back", "live", "retired", "skipped")
+
+
+def at_rest(name: str, done: bool, drill: Drill | None) -> bool:
+    """Pure: a done lineage stops acting and is paused, unless the drill still needs it: its
+    target, and the other lineage (the drill watches its controller and split at work)."""
+    if not done:
+        return False
+    return drill is None or name not in (drill.target, drill.other) or drill.finished()
+
 
 def own_split_only(lineage: str, weights: dict[str, float]) -> set[str]:
     """Pure: the versions in a lineage's split that are not its own (`<lineage>-...`)."""
@@ -190,6 +207,8 @@ class _Track:
     busy: bool = False
     pending: bool = False
     extended: int = 0
+    stop: asyncio.Event = field(default_factory=asyncio.Event)  # its agents stop acting
+    resting: bool = False  # done: not acting, its lineage paused (`at_rest`)
 
 
 async def _wait_live_served(registry: Any, name: str, timeout_s: float = 120.0) -> None:
@@ -299,16 +318,16 @@ async def run_lineages(
                 ),
             ]
             tracks = [_Track(s, LineageAgents(cfg, bus, stack.gateway_url, s, say)) for s in chosen]
-            stop_acting = asyncio.Event()
             t_act = time.monotonic()
-            acting = [asyncio.create_task(t.agents.run(stop_acting)) for t in tracks]
+            acting = [asyncio.create_task(t.agents.run(t.stop)) for t in tracks]
             the_drill = Drill(chosen[0].name, chosen[1].name if n > 1 else None) if drill else None
             result.drill = the_drill
             try:
                 await _watch(cfg, registry, watch, tracks, acting, the_drill, data_dir, bus, say,
-                             t_start)  # fmt: skip
+                             t_start, lineages)  # fmt: skip
             finally:
-                stop_acting.set()
+                for tr in tracks:
+                    tr.stop.set()
                 for task in acting:
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(task, 60)
@@ -318,8 +337,14 @@ async def run_lineages(
             while time.monotonic() - t_tail < 30 and any(t not in watch.rewards for t in published):
                 await asyncio.sleep(0.3)
             t_eval = time.monotonic()
-            for tr in tracks:
-                result.per[tr.spec.name] = await _evaluate(cfg, registry, watch, tr, say)
+            # every lineage's versions at once: their moves scored in the same passes, the
+            # episodes in flight bounded together below the gateway's admission
+            limit = asyncio.Semaphore(HELDOUT_IN_FLIGHT)
+            evaluated = await asyncio.gather(
+                *(_evaluate(cfg, registry, watch, tr, say, limit) for tr in tracks)
+            )
+            for tr, res in zip(tracks, evaluated, strict=True):
+                result.per[tr.spec.name] = res
             stages["heldout_eval"] = time.monotonic() - t_eval
             try:  # the report of `agentrl loop`, every lineage's versions in it
                 from datetime import UTC, datetime, timedelta
@@ -357,9 +382,11 @@ async def _watch(
     bus: Any,
     say: Callable[[str], None],
     t_start: float,
+    lineages: Any = None,
 ) -> None:
     """Each lineage runs `end_rule` on its own versions; the drill follows its target's end;
-    the run ends when every lineage (and the drill) is done or the budget runs out."""
+    a lineage at rest (`at_rest`) stops acting and is paused; the run ends when every
+    lineage (and the drill) is done or the budget runs out."""
     deadline = t_start + cfg.time_budget_s
     grace_until = deadline + cfg.grace_s
     printed: dict[str, int] = {}
@@ -461,16 +488,36 @@ async def _watch(
                 )
                 + f"; {len(watch.rewards)} rewarded"
             )
-        drill_done = drill is None or drill.state in ("rolled_back", "live", "retired", "skipped")
+        drill_done = drill is None or drill.finished()
         if all(t.done for t in tracks) and drill_done:
             return
+        for tr in tracks:  # done and not needed by the drill: leave the CPU to the others
+            if not tr.resting and at_rest(tr.spec.name, tr.done, drill):
+                tr.resting = True
+                tr.stop.set()
+                if lineages is not None:
+                    try:
+                        await lineages.set_state(
+                            tr.spec.name, "paused", by=BY, reason="done: no more jobs", bus=bus
+                        )
+                    except Exception as exc:  # acting stopped all the same
+                        say(f"{tr.spec.name}: not paused ({type(exc).__name__}: {exc})")
+                say(f"lineage {tr.spec.name}: at rest (no acting, paused)")
         if now >= deadline and (not any(t.pending for t in tracks) or now >= grace_until):
             say(f"time budget of {cfg.time_budget_s:.0f}s reached")
             return
 
 
+HELDOUT_IN_FLIGHT = 60  # episodes of all held-out evaluations at once (admission: 64)
+
+
 async def _evaluate(
-    cfg: LoopConfig, registry: Any, watch: Watch, tr: _Track, say: Callable[[str], None]
+    cfg: LoopConfig,
+    registry: Any,
+    watch: Watch,
+    tr: _Track,
+    say: Callable[[str], None],
+    limit: asyncio.Semaphore | None = None,
 ) -> LoopResult:
     """Held-out greedy success of the lineage's base and live versions on its own held-out
     maps, by each version's own name; every version's row with its decision."""
@@ -488,13 +535,17 @@ async def _evaluate(
             if x is not None and model_of(watch, t) == r.model_id
         ]
         row.rewards, row.mean_reward = len(rs), (sum(rs) / len(rs) if rs else None)
-        if r.state == "live" or r.model_id.endswith("-base"):
-            wins, n, _ = await tr.agents.heldout(r.model_id, tasks)
-            row.heldout_success, row.heldout_n = wins / n, n
-            row.ci_low, row.ci_high = wilson(wins, n)
-            say(f"held-out {tr.spec.env_id}: {r.model_id} {wins}/{n} = {wins / n:.2f} "
-                f"[{row.ci_low:.2f}, {row.ci_high:.2f}]")  # fmt: skip
         res.versions.append(row)
+    # the base and the live version at once (and, from the caller, every lineage's)
+    played = [row for row in res.versions if row.state == "live" or row.model_id.endswith("-base")]
+    results = await asyncio.gather(
+        *(tr.agents.heldout(row.model_id, tasks, limit=limit) for row in played)
+    )
+    for row, (wins, n, _) in zip(played, results, strict=True):
+        row.heldout_success, row.heldout_n = wins / n, n
+        row.ci_low, row.ci_high = wilson(wins, n)
+        say(f"held-out {tr.spec.env_id}: {row.model_id} {wins}/{n} = {wins / n:.2f} "
+            f"[{row.ci_low:.2f}, {row.ci_high:.2f}]")  # fmt: skip
     res.trajectories = len(tr.agents.published)
     res.rewards = sum(1 for t in tr.agents.published if t in watch.rewards)
     res.lost = res.trajectories - res.rewards

@@ -10,7 +10,11 @@ The page, top to bottom:
    checkpoint -> validation -> canary steps -> decision, from the training requests and
    statuses (RL_TRAINING), the deployment and validation events (RL_MODELS) and the model
    registry (KV bucket); "n/a" where none of them carries the value;
-3. the supporting plots: reward and success on training traffic (sampled at the agents'
+3. with two lineages or more (`agentrl.deploy.lineage`: a public model name per agent, each
+   with its own versions, canaries and rollbacks), a section per lineage: its versions, live
+   version, held-out result, promotions, rollbacks, rewards and jobs, and the reward curve
+   of each lineage (a line per lineage); the version table is grouped by lineage;
+4. the supporting plots: reward and success on training traffic (sampled at the agents'
    exploring temperature, not held-out), training metrics per job, canary traffic, reward
    components. Time axes count seconds since the first event of the report.
 
@@ -32,6 +36,7 @@ import dataclasses
 import html as htmllib
 import json
 import logging
+import re
 import textwrap
 import time
 from collections.abc import Sequence
@@ -80,6 +85,14 @@ DECISIONS = {
     "refuse_to_serve": "refused to serve",
 }
 COLORS = {"promoted": "tab:blue", "rolled back": "tab:red", "rejected": "tab:red"}
+LINEAGE_PLOT = ("reward_per_lineage.png", "Reward on training traffic per lineage")
+CAPTIONS[LINEAGE_PLOT[0]] = (
+    "Every reward of the agents' traffic, by the lineage of the version that acted (a line "
+    "per lineage, rolling mean; exploring temperature, not held-out)."
+)
+DEFAULT_LINEAGE = "agentrl-policy"  # DeploySettings.public_model's default
+# a version id is `<lineage>-vN` or `<lineage>-base` (`agentrl.deploy.actions`)
+_VERSION_SUFFIX = re.compile(r"-(?:v\d+|base)$")
 
 
 @dataclass
@@ -90,6 +103,7 @@ class ReportData:
     requests: list[dict[str, Any]] = field(default_factory=list)  # training requests
     registry: list[dict[str, Any]] = field(default_factory=list)  # model records
     source: str = "streams"
+    default_lineage: str = DEFAULT_LINEAGE  # the lineage of a version whose id names none
 
 
 # ---- reading -----------------------------------------------------------------------------
@@ -174,6 +188,9 @@ async def load_from_streams(
             rows = [r for r in rows if "training_job_id" in r and "status" in r]
         setattr(data, attr, rows)
     data.registry = await read_registry(bus, registry_bucket)
+    from agentrl.deploy.config import DeploySettings
+
+    data.default_lineage = DeploySettings().public_model
     return data
 
 
@@ -260,6 +277,7 @@ def status_rows(events: list[dict]) -> list[dict[str, Any]]:
                 "loss": cur.get("loss"),
                 "dataset": _dig(ev, "metadata", "dataset"),
                 "train_s": _dig(ev, "resource_usage", "total_training_time_seconds"),
+                "lineage": _dig(ev, "metadata", "lineage"),  # absent: the default lineage's
             }
         )
     return sorted(rows, key=lambda r: r["ts"])
@@ -490,6 +508,82 @@ def lineage_rows(
     return rows
 
 
+# ---- lineages (pure) ------------------------------------------------------------------------
+
+
+def version_lineage(model_id: str, records: dict[str, dict], default: str) -> str:
+    """The lineage of a version: its registry record's public name, else its id without the
+    `-vN` / `-base` suffix, else (an id naming none) the default lineage."""
+    public = (records.get(model_id) or {}).get("public_name")
+    if public:
+        return str(public)
+    head = _VERSION_SUFFIX.sub("", model_id)
+    return head if head and head != model_id else default
+
+
+def lineages_of(data: ReportData, versions: Sequence[str]) -> dict[str, str]:
+    """model_id -> its lineage, for `versions`, the registry's and the rewards' versions."""
+    records = {str(r["model_id"]): r for r in data.registry if r.get("model_id")}
+    ids = dict.fromkeys([*versions, *records])
+    return {m: version_lineage(m, records, data.default_lineage) for m in ids}
+
+
+def lineage_summaries(
+    data: ReportData,
+    rewards: list[dict],
+    statuses: list[dict],
+    deploys: list[dict],
+    heldout: list[dict[str, Any]],
+    provenance: list[dict[str, str]],
+) -> list[dict[str, Any]]:
+    """One row per lineage (in the order its versions first appear): its versions, the live
+    one, its held-out result, promotions and rollbacks (the registry's audit trail, else the
+    deployment events), the rewards of its versions' traffic and its training jobs."""
+    credited = per_version(rewards)[0]
+    of = lineages_of(
+        data,
+        [r["model_id"] for r in provenance]
+        + [str(h.get("model_id")) for h in heldout]
+        + [r["model"] for r in credited],
+    )
+    records = {str(r["model_id"]): r for r in data.registry if r.get("model_id")}
+    held = {str(h.get("model_id")): h for h in heldout}
+    names = list(dict.fromkeys(of[r["model_id"]] for r in provenance))
+    names += [n for n in dict.fromkeys(of.values()) if n not in names]
+    out = []
+    for name in names:
+        versions = [r["model_id"] for r in provenance if of.get(r["model_id"]) == name]
+        mine = [m for m, lin in of.items() if lin == name]
+        trail = [d for m in mine for d in (records.get(m) or {}).get("decisions") or ()]
+        if trail:
+            promotions = sum(d.get("action") == "promote" for d in trail)
+            rollbacks = sum(d.get("action") == "rollback" for d in trail)
+        else:
+            promotions = sum(
+                d["action"] == "promote" and of.get(d["model"]) == name for d in deploys
+            )
+            rollbacks = sum(d["rollback"] and of.get(d["model"]) == name for d in deploys)
+        live = next((m for m in mine if (records.get(m) or {}).get("state") == "live"), None)
+        live = live or next((m for m in mine if held.get(m, {}).get("state") == "live"), None)
+        rs = [r["reward"] for r in credited if of.get(r["model"]) == name]
+        jobs = {s["job"] for s in statuses if (s.get("lineage") or data.default_lineage) == name}
+        rows = [held[m] for m in mine if m in held]
+        out.append(
+            {
+                "lineage": name,
+                "versions": versions or sorted(mine),
+                "live": live or NA,
+                "heldout": _headline(rows) if rows else NA,
+                "promotions": promotions,
+                "rollbacks": rollbacks,
+                "rewards": len(rs),
+                "mean_reward": sum(rs) / len(rs) if rs else None,
+                "jobs": len(jobs),
+            }
+        )
+    return out
+
+
 # ---- plots --------------------------------------------------------------------------------
 
 
@@ -613,6 +707,41 @@ def plot_reward_over_time(rows: list[dict], path: Path, t0: float) -> None:
         ]
         ax.plot([r["ts"] - t0 for r in pts], smooth, label=f"{model} (n={len(pts)})")
     if rows:
+        ax.set_ylabel("reward (rolling mean)")
+        ax.legend(loc="best", fontsize=8)
+        _seconds_axis(ax, t0)
+    _save(fig, path)
+
+
+def _rolling(vals: list[float]) -> list[float]:
+    window = max(1, len(vals) // 20)
+    return [
+        sum(vals[max(0, i - window + 1) : i + 1]) / len(vals[max(0, i - window + 1) : i + 1])
+        for i in range(len(vals))
+    ]
+
+
+def plot_reward_per_lineage(
+    rows: list[dict], lineage_of: dict[str, str], path: Path, t0: float
+) -> None:
+    """A line per lineage: the rolling mean reward of its versions' traffic, in time order
+    (a reward credited to no single version is left out, as on the per-version plot)."""
+    rows, left_out = per_version(rows)
+    fig, ax = _figure(f"{LINEAGE_PLOT[1]} (rolling mean{_left_out(left_out)})")
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        by.setdefault(lineage_of.get(r["model"], r["model"]), []).append(r)
+    if not by:
+        _empty(ax, "rewards")
+    for name in sorted(by):
+        pts = sorted(by[name], key=lambda r: r["ts"])
+        versions = len({r["model"] for r in pts})
+        ax.plot(
+            [r["ts"] - t0 for r in pts],
+            _rolling([r["reward"] for r in pts]),
+            label=f"{name} (n={len(pts)}, {versions} version{'s' if versions > 1 else ''})",
+        )
+    if by:
         ax.set_ylabel("reward (rolling mean)")
         ax.legend(loc="best", fontsize=8)
         _seconds_axis(ax, t0)
@@ -804,8 +933,13 @@ def html_page(
     deploys: list[dict],
     heldout: list[dict[str, Any]] | None = None,
     lineage: list[dict[str, str]] | None = None,
+    lineages: list[dict[str, Any]] | None = None,
 ) -> str:
+    """The page. `lineage`: the version table's rows; `lineages`: one summary per lineage
+    (`lineage_summaries`): with two or more, a section per lineage and the version table
+    grouped by lineage."""
     esc = htmllib.escape
+    several = lineages if lineages and len(lineages) > 1 else None
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     jobs = sorted({s["job"] for s in statuses})
     summary = [
@@ -816,9 +950,17 @@ def html_page(
         ("failed jobs", len({s["job"] for s in statuses if s["status"] == "failed"})),
         ("deployment events", len(deploys)),
         ("rollbacks", sum(d["rollback"] for d in deploys)),
+        ("lineages", len(lineages or ()) or 1),
     ]
     counts = "".join(f"<tr><th>{esc(k)}</th><td>{v}</td></tr>" for k, v in summary)
-    if heldout:
+    if heldout and several:  # each lineage's base -> live on its own held-out tasks
+        result = "".join(
+            f'<p class="headline" data-lineage="{esc(lin["lineage"])}"><b>'
+            f"{esc(lin['lineage'])}</b>: {lin['heldout']}</p>"
+            for lin in several
+            if lin["heldout"] != NA
+        ) + _figure_html(HELDOUT_PLOT[0], HELDOUT_PLOT[1], 900)
+    elif heldout:
         result = f'<p class="headline">{_headline(heldout)}</p>' + _figure_html(
             HELDOUT_PLOT[0], HELDOUT_PLOT[1], 900
         )
@@ -838,28 +980,85 @@ def html_page(
             )
         return f"<td>{esc(row[key])}</td>"
 
-    body = "".join(
-        "<tr>" + "".join(cell(row, key) for key, _ in LINEAGE_COLUMNS) + "</tr>"
-        for row in lineage or ()
-    )
+    def row_html(row: dict[str, str]) -> str:
+        return "<tr>" + "".join(cell(row, key) for key, _ in LINEAGE_COLUMNS) + "</tr>"
+
+    if several:  # grouped: a lineage's header row, then its versions
+        groups = [(lin["lineage"], set(lin["versions"])) for lin in several]
+        body = "".join(
+            f'<tr class="group"><th colspan="{len(LINEAGE_COLUMNS)}">lineage '
+            f"{esc(name)}</th></tr>"
+            + "".join(row_html(r) for r in lineage or () if r["model_id"] in versions)
+            for name, versions in groups
+        )
+    else:
+        body = "".join(row_html(row) for row in lineage or ())
     table = (
         f'<table id="lineage"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
         if lineage
         else '<p id="lineage">No versions in the registry or the deployment events.</p>'
     )
     figures = "".join(_figure_html(name, title) for name, title in PLOTS)
+    per_lineage = _lineages_html(several) if several else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>agentrl report</title>
 <style>{STYLE}</style>{SELF_CHECK}</head>
 <body><h1>agentrl report</h1>
 <p class="muted">Generated {esc(now)} from the {esc(data.source)}.</p>
-<h2>Held-out success per version</h2>{result}
+<h2>Held-out success per version</h2>{result}{per_lineage}
 <h2>Lineage of each version</h2>
 <p class="muted">Data window &rarr; reward version &rarr; training job &rarr; checkpoint &rarr;
 validation &rarr; canary steps &rarr; decision (hover a decision for its reason).</p>{table}
 <h2>Supporting plots</h2>{figures}
 <h2>Counts</h2><table>{counts}</table></body></html>
 """
+
+
+LINEAGES_COLUMNS = (
+    ("lineage", "lineage"),
+    ("versions", "versions"),
+    ("live", "live version"),
+    ("heldout", "held-out (base \u2192 live)"),
+    ("promotions", "promotions"),
+    ("rollbacks", "rollbacks"),
+    ("rewards", "rewards (mean)"),
+    ("jobs", "training jobs"),
+)
+
+
+def _lineages_html(lineages: list[dict[str, Any]]) -> str:
+    """The section per lineage: one row each, then the reward curve per lineage."""
+    esc = htmllib.escape
+
+    def cell(lin: dict[str, Any], key: str) -> str:
+        value = lin[key]
+        if key == "versions":
+            prefix = f"{lin['lineage']}-"
+            text = ", ".join(_short(v, prefix) for v in value) or NA
+        elif key == "live":
+            text = _short(str(value), f"{lin['lineage']}-")
+        elif key == "rewards":
+            mean = lin["mean_reward"]
+            text = f"{value}" + (f" ({mean:.2f})" if mean is not None else "")
+        elif key == "heldout":
+            return f"<td>{value}</td>"  # built escaped by _headline
+        else:
+            text = str(value)
+        return f"<td>{esc(text)}</td>"
+
+    head = "".join(f"<th>{esc(title)}</th>" for _, title in LINEAGES_COLUMNS)
+    body = "".join(
+        f'<tr data-lineage="{esc(lin["lineage"])}">'
+        + "".join(cell(lin, key) for key, _ in LINEAGES_COLUMNS)
+        + "</tr>"
+        for lin in lineages
+    )
+    return (
+        '<h2>Per lineage</h2><p class="muted">Each agent\'s lineage: its own versions, canaries '
+        "and rollbacks over the shared base model.</p>"
+        f'<table id="lineages"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+        + _figure_html(*LINEAGE_PLOT)
+    )
 
 
 def write_report(data: ReportData, out: Path, heldout: Sequence[Any] | None = None) -> Path:
@@ -884,8 +1083,14 @@ def write_report(data: ReportData, out: Path, heldout: Sequence[Any] | None = No
     plot_training_curves(statuses, out / PLOTS[2][0])
     plot_canary(deploys, data.registry, out / PLOTS[3][0], t0)
     plot_components(rewards, out / PLOTS[4][0])
+    lineages = lineage_summaries(data, rewards, statuses, deploys, held, lineage)
+    if len(lineages) > 1:
+        of = lineages_of(data, [r["model"] for r in rewards])
+        plot_reward_per_lineage(rewards, of, out / LINEAGE_PLOT[0], t0)
     page = out / "index.html"
-    page.write_text(html_page(data, rewards, statuses, deploys, held, lineage), encoding="utf-8")
+    page.write_text(
+        html_page(data, rewards, statuses, deploys, held, lineage, lineages), encoding="utf-8"
+    )
     return page
 
 

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import httpx
 import orjson
 
-from agentrl.deploy.errors import BackendError, ChecksumError, DeployError
+from agentrl.deploy.errors import BackendError, ChecksumError, DeployError, VersionNotServed
 from agentrl.deploy.httppool import HTTPError, JsonPool
 from agentrl.deploy.openai_types import ChatRequest, Generation
 from agentrl.deploy.registry import ModelRecord
@@ -93,19 +93,32 @@ def verify_checkpoint(record: ModelRecord, cache_dir: Path) -> Path:
 
 # ---- local ----------------------------------------------------------------------------
 class LocalBackend:
-    """Versions as LoRA adapters over one in-memory base (see `agentrl.deploy.local`)."""
+    """Versions as LoRA adapters over one in-memory base (see `agentrl.deploy.local`).
+
+    Once a version was prepared here, only what was prepared is served: an adapter the
+    engine holds, or a version that is the base itself (no checkpoint). Any other id (an
+    adapter unloaded meanwhile, a version released, one never prepared) is a
+    `VersionNotServed` (404), never the base's answer under that version's name. A backend
+    never asked to prepare anything (built over the base by a bench or a test) serves the
+    base under the names it is given, as before."""
 
     def __init__(self, engine: Any, cache_dir: Path) -> None:
         self.engine = engine
         self.cache_dir = cache_dir
+        self.bases: set[str] = set()  # prepared versions that are the base model itself
+        self.managed = False  # a version was prepared (or released) here
 
     async def prepare(self, record: ModelRecord) -> None:
+        self.managed = True
         if record.checkpoint_path is None:
-            return  # the base model itself
+            self.bases.add(record.model_id)  # the base model itself
+            return
         folder = await asyncio.to_thread(verify_checkpoint, record, self.cache_dir)
         await self.engine.run(self.engine.load_adapter, record.model_id, folder)
 
     async def release(self, model_id: str) -> None:
+        self.managed = True
+        self.bases.discard(model_id)
         await self.engine.run(self.engine.unload_adapter, model_id)
 
     async def generate(self, model_id: str, request: ChatRequest) -> Generation:
@@ -120,7 +133,16 @@ class LocalBackend:
                 yield item
 
     def _version(self, model_id: str) -> str | None:
-        return model_id if model_id in self.engine.adapters else None
+        """The engine's adapter id of `model_id` (None: the base). The engine checks again
+        as it queues the row (an unload between here and there is a 404 there too)."""
+        if model_id in self.engine.adapters:
+            return model_id
+        if model_id in self.bases or not self.managed:
+            return None
+        raise VersionNotServed(
+            f"model version {model_id!r} is not loaded on this gateway (unloaded, retired or "
+            "never prepared here)"
+        )
 
     async def close(self) -> None:
         return None
@@ -163,6 +185,10 @@ class UpstreamBackend:
         self.load_lora = load_lora
         self.default_model = default_model
         self.names: dict[str, str] = {}
+        # versions released here (and not prepared again): asked for one (a request that
+        # resolved it before it left), `_body` says 404 instead of sending the server's
+        # default model (the base) under that version's name
+        self.released: set[str] = set()
 
     async def prepare(self, record: ModelRecord) -> None:
         name = record.serving.get("upstream_model")
@@ -175,6 +201,7 @@ class UpstreamBackend:
                 raise DeployError(f"upstream refused adapter {record.model_id}: {resp.text[:300]}")
             name = record.model_id
         self.names[record.model_id] = name or self.default_model or record.model_id
+        self.released.discard(record.model_id)
 
     async def release(self, model_id: str) -> None:
         if self.load_lora and model_id in self.names:
@@ -182,11 +209,17 @@ class UpstreamBackend:
                 await self.client.post("/unload_lora_adapter", json={"lora_name": model_id})
             except httpx.HTTPError:
                 log.warning("could not unload adapter %s upstream", model_id)
-        self.names.pop(model_id, None)
+        if self.names.pop(model_id, None) is not None:
+            self.released.add(model_id)
 
     def _body(self, model_id: str, request: ChatRequest) -> dict[str, Any]:
+        name = self.names.get(model_id)
+        if name is None and model_id in self.released:
+            raise VersionNotServed(
+                f"model version {model_id!r} is no longer served by {self.base_url} (released)"
+            )
         body = request.model_dump(exclude_none=True, exclude={"episode_id"})
-        body["model"] = self.names.get(model_id, self.default_model or model_id)
+        body["model"] = name or self.default_model or model_id
         if request.logprobs:
             body.setdefault("return_tokens_as_token_ids", True)  # vLLM: ids in the log
         return body

@@ -23,3 +23,12 @@ class BackendError(DeployError):
 
 class UnknownModel(DeployError):
     """An action named a model id the registry does not know (the API answers 404)."""
+
+
+class VersionNotServed(DeployError):
+    """A request named a version the backend does not serve now: never loaded, unloaded
+    meanwhile, or a retired lineage's (404; serving the base under its name instead would
+    label the base's answer as that version)."""
+
+    status = 404
+    code = "model_not_found"

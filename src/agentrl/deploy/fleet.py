@@ -24,6 +24,7 @@ from typing import Any
 from agentrl.deploy.actions import Deployer
 from agentrl.deploy.controller import Controller
 from agentrl.deploy.lineage import Lineage, Lineages
+from agentrl.observability import metrics as obs_metrics
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class Fleet:
         self.plan = plan
         self.cache_dir = cache_dir
         self.default = d.settings.public_model
+        obs_metrics.set_default_lineage(self.default)  # the `lineage` label of odd version ids
         self.lineages = Lineages(d.registry, self.default)
         self.controllers: dict[str, Controller] = {self.default: d.controller}
         self.lease: Any = None

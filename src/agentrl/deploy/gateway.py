@@ -49,7 +49,8 @@ from pydantic import ValidationError
 from agentrl.deploy import split as splitting
 from agentrl.deploy import structured
 from agentrl.deploy.backends import Backend, _accumulate
-from agentrl.deploy.errors import BackendError, DeployError
+from agentrl.deploy.errors import BackendError, DeployError, VersionNotServed
+from agentrl.deploy.lineage import lineage_of_version
 from agentrl.deploy.openai_types import (
     ChatRequest,
     Generation,
@@ -297,8 +298,17 @@ class GatewayState:
                 raise DeployError(f"no version of lineage {name!r} is serving yet")
             return splitting.choose(route[0], route[1], session, name, self.rng)
         if name in self.backends:
+            if self.retired and self.retired_lineage(name):
+                raise KeyError(name)  # a retired lineage's version (still loaded as a spare)
             return name
         raise KeyError(name)
+
+    def retired_lineage(self, name: str) -> str | None:
+        """The retired lineage `name` is, or whose version it is; else None."""
+        if name in self.retired:
+            return name
+        lineage = lineage_of_version(name)
+        return lineage if lineage in self.retired else None
 
 
 _SESSION_KEYS = tuple(h.encode() for h in SESSION_HEADERS)
@@ -503,11 +513,15 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
         try:
             model_id = state.resolve(name, session)
         except KeyError:
-            if name in state.retired:
+            if retired := state.retired_lineage(name):
+                what = (
+                    f"The lineage '{name}' is retired"
+                    if retired == name
+                    else f"The model version '{name}' belongs to the retired lineage '{retired}'"
+                )
                 return _error(
                     404,
-                    f"The lineage '{name}' is retired. Available models: "
-                    f"{', '.join(state.models())}",
+                    f"{what}. Available models: {', '.join(state.models())}",
                     "invalid_request_error",
                     "model_not_found",
                     "model",
@@ -781,6 +795,10 @@ def _failed(
         return _error(
             429, msg, "rate_limit_exceeded", "busy", headers={**headers, "retry-after": "1"}
         )
+    if isinstance(exc, VersionNotServed):  # resolved, then gone: say what is served now
+        served = ", ".join(m for m in state.models() if m != model_id)
+        msg = f"{msg}. Available models: {served}"
+        return _error(404, msg, "invalid_request_error", exc.code, "model", headers=headers)
     type_ = "server_error" if status >= 500 else "invalid_request_error"
     return _error(
         status, msg, type_, "upstream_timeout" if status == 504 else None, headers=headers

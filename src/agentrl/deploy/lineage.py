@@ -48,6 +48,12 @@ class LineageConflict(DeployError):
     """A name already taken, or an agent / profile another lineage claims (409)."""
 
 
+def lineage_of_version(model_id: str) -> str | None:
+    """The lineage a version id names (`<lineage>-vN`, `<lineage>-base`), else None."""
+    head = _MODEL_LIKE.sub("", model_id)
+    return head if head and head != model_id else None
+
+
 def check_name(name: str) -> str:
     """The name, or ValueError saying what a lineage name may be."""
     if not isinstance(name, str) or not name:

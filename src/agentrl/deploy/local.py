@@ -49,7 +49,7 @@ from agentrl.deploy.decoding import (
     DecodeStats,
     PrefixCache,
 )
-from agentrl.deploy.errors import BackendError, DeployError
+from agentrl.deploy.errors import BackendError, DeployError, VersionNotServed
 from agentrl.deploy.lru import ByteLRU
 from agentrl.deploy.multilora import MultiLora
 from agentrl.deploy.openai_types import ChatRequest, Generation, tool_call
@@ -319,9 +319,16 @@ class LocalEngine:
         return self.weights.get(adapter, adapter)
 
     def adapter_of(self, model_id: str | None) -> str:
+        """The adapter of version `model_id` (None: the base). A version not loaded (never,
+        or unloaded meanwhile) is a VersionNotServed, never the base under its name."""
         if model_id is None:
             return BASE_ADAPTER
-        return self.adapters.get(model_id, BASE_ADAPTER)
+        name = self.adapters.get(model_id)
+        if name is None:
+            raise VersionNotServed(
+                f"model version {model_id!r} is not loaded (unloaded meanwhile, or never)"
+            )
+        return name
 
     def _text(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))

@@ -9,17 +9,40 @@ from __future__ import annotations
 
 from typing import Any
 
-from grafana_foundation_sdk.builders.dashboard import AnnotationQuery, Dashboard, Row
+from grafana_foundation_sdk.builders.dashboard import (
+    AnnotationQuery,
+    Dashboard,
+    QueryVariable,
+    Row,
+)
 from grafana_foundation_sdk.builders.heatmap import Panel as Heatmap
 from grafana_foundation_sdk.builders.prometheus import Dataquery
 from grafana_foundation_sdk.builders.stat import Panel as Stat
 from grafana_foundation_sdk.builders.timeseries import Panel as Timeseries
-from grafana_foundation_sdk.models.dashboard import DataSourceRef
+from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableOption, VariableRefresh
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 DATASOURCE_UID = "agentrl-prometheus"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid=DATASOURCE_UID)
 RATE = "[5m]"
+# the lineage variable's selector (a lineage: a public model name with its own versions)
+LIN = '{lineage=~"$lineage"}'
+
+
+def lineage_variable() -> QueryVariable:
+    """`$lineage`: one, several or all lineages (All: `.*`), from the traffic ratios'
+    labels (every served lineage has one), so the per-version panels show them apart."""
+    return (
+        QueryVariable("lineage")
+        .label("Lineage")
+        .datasource(DATASOURCE)
+        .query("label_values(agent_rl_model_traffic_ratio, lineage)")
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+        .current(VariableOption(selected=True, text="All", value="$__all"))
+    )
 
 
 def q(expr: str, legend: str = "", ref: str = "A") -> Dataquery:
@@ -51,8 +74,9 @@ def heat(title: str, query: Dataquery, w: int = 12) -> Heatmap:
     )
 
 
-def base(uid: str, title: str, description: str) -> Dashboard:
-    return (
+def base(uid: str, title: str, description: str, lineages: bool = True) -> Dashboard:
+    """A dashboard; with `lineages`, its `$lineage` variable (panels filter by it)."""
+    board = (
         Dashboard(title)
         .uid(uid)
         .description(description)
@@ -61,6 +85,7 @@ def base(uid: str, title: str, description: str) -> Dashboard:
         .time("now-6h", "now")
         .editable()
     )
+    return board.with_variable(lineage_variable()) if lineages else board
 
 
 def training_overview() -> Dashboard:
@@ -77,21 +102,30 @@ def training_overview() -> Dashboard:
             stat(
                 "Jobs failed (24h)",
                 "short",
-                q('sum(increase(agent_rl_training_jobs_total{status="failed"}[24h]))'),
+                q(
+                    'sum(increase(agent_rl_training_jobs_total{status="failed",'
+                    'lineage=~"$lineage"}[24h]))'
+                ),
             )
         )
         .with_panel(
             stat(
                 "Jobs completed (24h)",
                 "short",
-                q('sum(increase(agent_rl_training_jobs_total{status="completed"}[24h]))'),
+                q(
+                    'sum(increase(agent_rl_training_jobs_total{status="completed",'
+                    'lineage=~"$lineage"}[24h]))'
+                ),
             )
         )
         .with_panel(
             ts(
                 "Job outcomes per hour",
                 "short",
-                q("sum by (status) (increase(agent_rl_training_jobs_total[1h]))", "{{status}}"),
+                q(
+                    f"sum by (lineage, status) (increase(agent_rl_training_jobs_total{LIN}[1h]))",
+                    "{{lineage}} {{status}}",
+                ),
             )
         )
         .with_panel(
@@ -145,7 +179,7 @@ def model_performance() -> Dashboard:
             ts(
                 "Mean reward per version (monitor window)",
                 "short",
-                q("agent_rl_model_reward_mean", "{{model_version}}"),
+                q(f"agent_rl_model_reward_mean{LIN}", "{{lineage}} {{model_version}}"),
             )
         )
         .with_panel(
@@ -153,9 +187,11 @@ def model_performance() -> Dashboard:
                 "Mean trajectory reward per version",
                 "short",
                 q(
-                    f"sum by (model_version) (rate(agent_rl_trajectory_reward_sum{RATE})) / "
-                    f"sum by (model_version) (rate(agent_rl_trajectory_reward_count{RATE}))",
-                    "{{model_version}}",
+                    f"sum by (lineage, model_version) "
+                    f"(rate(agent_rl_trajectory_reward_sum{LIN}{RATE})) / "
+                    f"sum by (lineage, model_version) "
+                    f"(rate(agent_rl_trajectory_reward_count{LIN}{RATE}))",
+                    "{{lineage}} {{model_version}}",
                 ),
             )
         )
@@ -164,9 +200,11 @@ def model_performance() -> Dashboard:
                 "Success rate per version",
                 "percentunit",
                 q(
-                    f"sum by (model_version) (rate(agent_rl_trajectory_success_total{RATE})) / "
-                    f"sum by (model_version) (rate(agent_rl_trajectory_reward_count{RATE}))",
-                    "{{model_version}}",
+                    f"sum by (lineage, model_version) "
+                    f"(rate(agent_rl_trajectory_success_total{LIN}{RATE})) / "
+                    f"sum by (lineage, model_version) "
+                    f"(rate(agent_rl_trajectory_reward_count{LIN}{RATE}))",
+                    "{{lineage}} {{model_version}}",
                 ),
             )
         )
@@ -174,7 +212,10 @@ def model_performance() -> Dashboard:
             ts(
                 "Benchmark score by task type",
                 "percentunit",
-                q("agent_rl_model_benchmark_score", "{{model_version}} {{task_type}}"),
+                q(
+                    f"agent_rl_model_benchmark_score{LIN}",
+                    "{{lineage}} {{model_version}} {{task_type}}",
+                ),
             )
         )
         .with_panel(
@@ -182,9 +223,9 @@ def model_performance() -> Dashboard:
                 "Gateway latency p95 per version",
                 "s",
                 q(
-                    "histogram_quantile(0.95, sum by (le, model_version) "
-                    f"(rate(agent_rl_gateway_request_duration_seconds_bucket{RATE})))",
-                    "{{model_version}}",
+                    "histogram_quantile(0.95, sum by (le, lineage, model_version) "
+                    f"(rate(agent_rl_gateway_request_duration_seconds_bucket{LIN}{RATE})))",
+                    "{{lineage}} {{model_version}}",
                 ),
             )
         )
@@ -193,9 +234,11 @@ def model_performance() -> Dashboard:
                 "Error ratio per version",
                 "percentunit",
                 q(
-                    f"sum by (model_version) (rate(agent_rl_gateway_errors_total{RATE})) / "
-                    f"sum by (model_version) (rate(agent_rl_gateway_requests_total{RATE}))",
-                    "{{model_version}}",
+                    f"sum by (lineage, model_version) "
+                    f"(rate(agent_rl_gateway_errors_total{LIN}{RATE})) / "
+                    f"sum by (lineage, model_version) "
+                    f"(rate(agent_rl_gateway_requests_total{LIN}{RATE}))",
+                    "{{lineage}} {{model_version}}",
                 ),
             )
         )
@@ -208,6 +251,7 @@ def trajectory_quality() -> Dashboard:
             "agentrl-trajectory-quality",
             "Trajectory Quality Metrics",
             "Trajectory volume and length, dead letters, bus lag and reward-service latency.",
+            lineages=False,
         )
         .with_panel(
             ts(
@@ -321,7 +365,10 @@ def reward_distribution() -> Dashboard:
         .with_panel(
             heat(
                 "Trajectory reward distribution",
-                q(f"sum by (le) (increase(agent_rl_trajectory_reward_bucket{RATE}))", "{{le}}"),
+                q(
+                    f"sum by (le) (increase(agent_rl_trajectory_reward_bucket{LIN}{RATE}))",
+                    "{{le}}",
+                ),
             )
         )
         .with_panel(
@@ -358,7 +405,10 @@ def canary_rollout() -> Dashboard:
         .datasource(DATASOURCE)
         .enable(True)
         .icon_color("red")
-        .expr('sum(increase(agent_rl_model_deployments_total{status="rolled_back"}[1m])) > 0')
+        .expr(
+            'sum by (lineage) (increase(agent_rl_model_deployments_total{status="rolled_back",'
+            'lineage=~"$lineage"}[1m])) > 0'
+        )
     )
     promote = (
         AnnotationQuery()
@@ -366,7 +416,10 @@ def canary_rollout() -> Dashboard:
         .datasource(DATASOURCE)
         .enable(True)
         .icon_color("green")
-        .expr('sum(increase(agent_rl_model_deployments_total{status="promoted"}[1m])) > 0')
+        .expr(
+            'sum by (lineage) (increase(agent_rl_model_deployments_total{status="promoted",'
+            'lineage=~"$lineage"}[1m])) > 0'
+        )
     )
     return (
         base(
@@ -378,9 +431,9 @@ def canary_rollout() -> Dashboard:
         .annotation(promote)
         .with_panel(
             ts(
-                "Traffic ratio per version",
+                "Traffic ratio per version (of its lineage's traffic)",
                 "percentunit",
-                q("agent_rl_model_traffic_ratio", "{{model_version}}"),
+                q(f"agent_rl_model_traffic_ratio{LIN}", "{{lineage}} {{model_version}}"),
                 w=24,
             )
         )
@@ -388,7 +441,7 @@ def canary_rollout() -> Dashboard:
             ts(
                 "Reward per version",
                 "short",
-                q("agent_rl_model_reward_mean", "{{model_version}}"),
+                q(f"agent_rl_model_reward_mean{LIN}", "{{lineage}} {{model_version}}"),
             )
         )
         .with_panel(
@@ -396,9 +449,11 @@ def canary_rollout() -> Dashboard:
                 "Error ratio per version",
                 "percentunit",
                 q(
-                    f"sum by (model_version) (rate(agent_rl_gateway_errors_total{RATE})) / "
-                    f"sum by (model_version) (rate(agent_rl_gateway_requests_total{RATE}))",
-                    "{{model_version}}",
+                    f"sum by (lineage, model_version) "
+                    f"(rate(agent_rl_gateway_errors_total{LIN}{RATE})) / "
+                    f"sum by (lineage, model_version) "
+                    f"(rate(agent_rl_gateway_requests_total{LIN}{RATE}))",
+                    "{{lineage}} {{model_version}}",
                 ),
             )
         )
@@ -406,7 +461,11 @@ def canary_rollout() -> Dashboard:
             ts(
                 "Deployments by status per hour",
                 "short",
-                q("sum by (status) (increase(agent_rl_model_deployments_total[1h]))", "{{status}}"),
+                q(
+                    "sum by (lineage, status) "
+                    f"(increase(agent_rl_model_deployments_total{LIN}[1h]))",
+                    "{{lineage}} {{status}}",
+                ),
                 w=24,
             )
         )

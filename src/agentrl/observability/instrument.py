@@ -41,11 +41,16 @@ _children: dict[tuple[int, Any], Any] = {}
 
 def _child(metric: Any, cap: Any, raw: Any) -> Any:
     """The labelled child of `metric` for the raw value `raw` (capped by `cap`), cached:
-    a dict lookup instead of a cap check and a `labels()` call per batch."""
+    a dict lookup instead of a cap check and a `labels()` call per batch. A version's
+    series also carry its lineage (`metrics.version_labels`)."""
     key = (id(metric), raw)
     child = _children.get(key)
     if child is None:
-        child = metric.labels(cap(raw))
+        child = (
+            metric.labels(**m.version_labels(raw))
+            if cap is m.MODEL_VERSION
+            else (metric.labels(cap(raw)))
+        )
         if len(_children) < 10_000:
             _children[key] = child
     return child
@@ -152,10 +157,14 @@ def gateway_request(version: str, seconds: float, error: bool) -> None:
 
 
 def training_status(
-    status: str, duration_s: float | None = None, samples: int | None = None
+    status: str,
+    duration_s: float | None = None,
+    samples: int | None = None,
+    lineage: str | None = None,
 ) -> None:
-    """A job reached `status`; a finished job also reports its duration and sample count."""
-    m.record_training_status(status)
+    """A job of `lineage` (None: the default one) reached `status`; a finished job also
+    reports its duration and sample count."""
+    m.record_training_status(status, lineage)
     if duration_s is not None and status in ("completed", "failed", "cancelled"):
         m.observe(m.TRAINING_DURATION, duration_s)
     if samples:
@@ -196,18 +205,18 @@ def deployment(
         if traffic is not None:
             m.versions_changed(*m.MODEL_VERSION.set_split(traffic))
             for v in m.MODEL_VERSION.previous - m.MODEL_VERSION.current:
-                m.MODEL_TRAFFIC_RATIO.labels(model_version=v).set(0.0)
+                m.MODEL_TRAFFIC_RATIO.labels(lineage=m.lineage_of(v), model_version=v).set(0.0)
             for v, r in traffic.items():
-                m.MODEL_TRAFFIC_RATIO.labels(model_version=m.MODEL_VERSION(v)).set(float(r))
+                m.MODEL_TRAFFIC_RATIO.labels(**m.version_labels(v)).set(float(r))
         for v, _ in scores or {}:
             m.versions_changed(*m.MODEL_VERSION.announce(v))
         for v, value in (rewards or {}).items():
             if value is not None and math.isfinite(value):
-                m.MODEL_REWARD_MEAN.labels(model_version=m.MODEL_VERSION(v)).set(value)
+                m.MODEL_REWARD_MEAN.labels(**m.version_labels(v)).set(value)
         for (v, task), value in (scores or {}).items():
-            m.MODEL_BENCHMARK_SCORE.labels(
-                model_version=m.MODEL_VERSION(v), task_type=m.TASK_TYPE(task)
-            ).set(value)
+            m.MODEL_BENCHMARK_SCORE.labels(**m.version_labels(v), task_type=m.TASK_TYPE(task)).set(
+                value
+            )
 
 
 def split_seen(weights: Mapping[str, float]) -> None:
@@ -256,7 +265,7 @@ def gateway_error(version: str) -> None:
     """A request to `version` failed on the server side (5xx: backend error or timeout)."""
     if m.enabled():
         with m.safe():
-            m.GATEWAY_ERRORS.labels(model_version=m.MODEL_VERSION(version)).inc()
+            m.GATEWAY_ERRORS.labels(**m.version_labels(version)).inc()
 
 
 _DEPLOY_STATUS = {
@@ -270,6 +279,7 @@ _DEPLOY_STATUS = {
 
 
 def deployment_action(action: str | None, model_id: str, weight: float | None = None) -> None:
-    """The deployer published a deployment event for `action` (start/step/promote/rollback)."""
+    """The deployer published a deployment event for `action` (start/step/promote/rollback)
+    of `model_id` (counted under the version's lineage)."""
     status = _DEPLOY_STATUS.get(action or "", action or "unknown")
-    m.record_deployment(status)
+    m.record_deployment(status, m.lineage_of(model_id))

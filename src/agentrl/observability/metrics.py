@@ -29,6 +29,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import sys
 import threading
 from collections import OrderedDict
@@ -182,6 +183,45 @@ class VersionLabels:
 
 
 MODEL_VERSION = VersionLabels(max_values=20)
+# the lineage of a version (`agentrl.deploy.lineage`: a public model name with its own
+# versions): few by design, capped all the same; its value comes from the version id
+LINEAGE = LabelCap("lineage", max_values=32)
+DEFAULT_LINEAGE = ["agentrl-policy"]  # DeploySettings.public_model (`set_default_lineage`)
+# a version id is `<lineage>-vN` or `<lineage>-base` (`deploy.actions`; a lineage name never
+# ends like one, `deploy.lineage.check_name`)
+_VERSION_SUFFIX = re.compile(r"-(?:v\d+|base)$")
+_lineage_of: dict[str, str] = {}
+
+
+def set_default_lineage(name: str) -> None:
+    """The default lineage's name (the deployment's public model): the lineage label of a
+    version whose id names none (a hand-made id such as `v1`)."""
+    if name and name != DEFAULT_LINEAGE[0]:
+        DEFAULT_LINEAGE[0] = name
+        _lineage_of.clear()
+        instrument = sys.modules.get("agentrl.observability.instrument")
+        if instrument is not None:  # its cached children carry the old default
+            instrument._clear_children()
+
+
+def lineage_of(version: Any) -> str:
+    """The `lineage` label of a version id: the id without its `-vN` / `-base` suffix, else
+    the default lineage (capped by `LINEAGE`; cached, a dict lookup per call)."""
+    text = str(version if version not in (None, "") else "unknown")
+    found = _lineage_of.get(text)
+    if found is None:
+        head = _VERSION_SUFFIX.sub("", text)
+        found = LINEAGE(head if head != text and head else DEFAULT_LINEAGE[0])
+        if len(_lineage_of) < 10_000:
+            _lineage_of[text] = found
+    return found
+
+
+def version_labels(version: Any) -> dict[str, str]:
+    """The labels of a per-version series: its lineage and its (bounded) version label."""
+    return {"lineage": lineage_of(version), "model_version": MODEL_VERSION(version)}
+
+
 SUBJECT = LabelCap("subject", max_values=40)
 CONSUMER = LabelCap("consumer", max_values=40)
 STREAM = LabelCap("stream", max_values=20)
@@ -217,8 +257,9 @@ STATUS = LabelCap(
 # Training jobs
 TRAINING_JOBS = Counter(
     "agent_rl_training_jobs_total",
-    "Training jobs that reached a status (queued, started, completed, failed, cancelled).",
-    ["status"],
+    "Training jobs that reached a status (queued, started, completed, failed, cancelled), "
+    "per lineage.",
+    ["lineage", "status"],
 )
 TRAINING_DURATION = Histogram(
     "agent_rl_training_duration_seconds",
@@ -259,13 +300,13 @@ TRAINING_LOSS = Gauge(
 MODEL_REWARD_MEAN = Gauge(
     "agent_rl_model_reward_mean",
     "Mean reward of a model version over the deployment monitor's window.",
-    ["model_version"],
+    ["lineage", "model_version"],
     multiprocess_mode="mostrecent",
 )
 MODEL_BENCHMARK_SCORE = Gauge(
     "agent_rl_model_benchmark_score",
     "Validation/benchmark score of a model version by task type (0-1).",
-    ["model_version", "task_type"],
+    ["lineage", "model_version", "task_type"],
     multiprocess_mode="mostrecent",
 )
 
@@ -283,7 +324,7 @@ TRAJECTORY_LENGTH = Histogram(
 TRAJECTORY_REWARD = Histogram(
     "agent_rl_trajectory_reward",
     "Total reward of a trajectory, per serving model version.",
-    ["model_version"],
+    ["lineage", "model_version"],
     # the seed's buckets; rewards <= 0 fall in le="0.0" (a negative lowest bucket would make
     # prometheus_client drop _sum, and the mean reward per version needs it)
     buckets=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
@@ -291,7 +332,7 @@ TRAJECTORY_REWARD = Histogram(
 TRAJECTORY_SUCCESS = Counter(
     "agent_rl_trajectory_success_total",
     "Trajectories whose outcome was a success, per serving model version.",
-    ["model_version"],
+    ["lineage", "model_version"],
 )
 REWARD_COMPONENT = Histogram(
     "agent_rl_reward_component",
@@ -303,13 +344,13 @@ REWARD_COMPONENT = Histogram(
 # Deployments
 MODEL_DEPLOYMENTS = Counter(
     "agent_rl_model_deployments_total",
-    "Deployment state changes (canary, promoted, rolled_back, failed).",
-    ["status"],
+    "Deployment state changes (canary, promoted, rolled_back, failed), per lineage.",
+    ["lineage", "status"],
 )
 MODEL_TRAFFIC_RATIO = Gauge(
     "agent_rl_model_traffic_ratio",
-    "Share of the public model's traffic routed to a version (0-1).",
-    ["model_version"],
+    "Share of its lineage's traffic (public model name) routed to a version (0-1).",
+    ["lineage", "model_version"],
     multiprocess_mode="mostrecent",
 )
 
@@ -318,17 +359,17 @@ MODEL_TRAFFIC_RATIO = Gauge(
 GATEWAY_REQUESTS = Counter(
     "agent_rl_gateway_requests_total",
     "Chat completion requests served by the gateway, per model version.",
-    ["model_version"],
+    ["lineage", "model_version"],
 )
 GATEWAY_ERRORS = Counter(
     "agent_rl_gateway_errors_total",
     "Chat completion requests that failed, per model version (error rate = errors/requests).",
-    ["model_version"],
+    ["lineage", "model_version"],
 )
 GATEWAY_LATENCY = Histogram(
     "agent_rl_gateway_request_duration_seconds",
     "Gateway request latency per model version.",
-    ["model_version"],
+    ["lineage", "model_version"],
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 REWARD_LATENCY = Histogram(
@@ -549,11 +590,11 @@ def record_gateway_request(version: str, duration_s: float, error: bool) -> None
     if _DISABLED[0]:
         return
     with safe():
-        v = MODEL_VERSION(version)
-        GATEWAY_REQUESTS.labels(model_version=v).inc()
-        GATEWAY_LATENCY.labels(model_version=v).observe(duration_s)
+        labels = version_labels(version)
+        GATEWAY_REQUESTS.labels(**labels).inc()
+        GATEWAY_LATENCY.labels(**labels).observe(duration_s)
         if error:
-            GATEWAY_ERRORS.labels(model_version=v).inc()
+            GATEWAY_ERRORS.labels(**labels).inc()
 
 
 def record_trajectory(
@@ -568,23 +609,46 @@ def record_trajectory(
             agent_type=AGENT_TYPE(agent_type), task_domain=TASK_DOMAIN(task_domain)
         ).inc()
         TRAJECTORY_LENGTH.observe(turns)
-        v = MODEL_VERSION(model_version)
+        labels = version_labels(model_version)
         if reward is not None:
-            TRAJECTORY_REWARD.labels(model_version=v).observe(reward)
+            TRAJECTORY_REWARD.labels(**labels).observe(reward)
         if success:
-            TRAJECTORY_SUCCESS.labels(model_version=v).inc()
+            TRAJECTORY_SUCCESS.labels(**labels).inc()
 
 
 def record_dead_letter(subject: str) -> None:
     inc(BUS_DEAD_LETTERS, subject=SUBJECT(subject))
 
 
-def record_training_status(status: str) -> None:
-    inc(TRAINING_JOBS, status=STATUS(status))
+def record_training_status(status: str, lineage: str | None = None) -> None:
+    inc(TRAINING_JOBS, lineage=_lineage(lineage), status=STATUS(status))
 
 
-def record_deployment(status: str) -> None:
-    inc(MODEL_DEPLOYMENTS, status=STATUS(status))
+def record_deployment(status: str, lineage: str | None = None) -> None:
+    """A deployment state change of `lineage` (None: the default one)."""
+    lin = _lineage(lineage)
+    if lin not in _lineages_seen:  # its statuses at zero from now on, as the default's
+        lineage_seen(lin)
+    inc(MODEL_DEPLOYMENTS, lineage=lin, status=STATUS(status))
+
+
+def _lineage(name: str | None) -> str:
+    return LINEAGE(name or DEFAULT_LINEAGE[0])
+
+
+_lineages_seen: set[str] = set()
+
+
+def lineage_seen(lineage: str) -> None:
+    """Children at zero for a lineage's job and deployment statuses (`rate()` and
+    `absent()` work from its first event on)."""
+    with safe():
+        lin = _lineage(lineage)
+        _lineages_seen.add(lin)
+        for status in JOB_STATUSES:
+            TRAINING_JOBS.labels(lineage=lin, status=STATUS(status))
+        for status in DEPLOY_STATUSES:
+            MODEL_DEPLOYMENTS.labels(lineage=lin, status=STATUS(status))
 
 
 # ---- label values known up front ----------------------------------------------------------
@@ -599,10 +663,8 @@ BENCHMARK_TASK_TYPES = ("tool_usage", "code_generation", "data_analysis", "resea
 def initialise_families() -> None:
     """Children at zero for every label value known before the first event."""
     with safe():
-        for status in JOB_STATUSES:
-            TRAINING_JOBS.labels(status=STATUS(status))
-        for status in DEPLOY_STATUSES:
-            MODEL_DEPLOYMENTS.labels(status=STATUS(status))
+        for lineage in {DEFAULT_LINEAGE[0], *_lineages_seen}:
+            lineage_seen(lineage)
         for domain in TASK_DOMAINS:
             TRAJECTORIES.labels(agent_type=AGENT_TYPE("agent"), task_domain=TASK_DOMAIN(domain))
         versions_changed(sorted(MODEL_VERSION.labelled()), [])
@@ -640,16 +702,15 @@ def versions_changed(new: list[str], evicted: list[str]) -> None:
                 with contextlib.suppress(KeyError):
                     metric.remove(*key)
         for v in new:
-            TRAJECTORY_REWARD.labels(model_version=v)
-            TRAJECTORY_SUCCESS.labels(model_version=v)
-            GATEWAY_REQUESTS.labels(model_version=v)
-            GATEWAY_ERRORS.labels(model_version=v)
-            GATEWAY_LATENCY.labels(model_version=v)
-            MODEL_REWARD_MEAN.labels(model_version=v).set(math.nan)
+            labels = {"lineage": lineage_of(v), "model_version": v}
+            TRAJECTORY_REWARD.labels(**labels)
+            TRAJECTORY_SUCCESS.labels(**labels)
+            GATEWAY_REQUESTS.labels(**labels)
+            GATEWAY_ERRORS.labels(**labels)
+            GATEWAY_LATENCY.labels(**labels)
+            MODEL_REWARD_MEAN.labels(**labels).set(math.nan)
             for task in BENCHMARK_TASK_TYPES:
-                MODEL_BENCHMARK_SCORE.labels(model_version=v, task_type=TASK_TYPE(task)).set(
-                    math.nan
-                )
+                MODEL_BENCHMARK_SCORE.labels(**labels, task_type=TASK_TYPE(task)).set(math.nan)
 
 
 initialise_families()

@@ -17,10 +17,11 @@ LAG_MIN_PENDING = 100
 ALERTS: list[dict[str, Any]] = [
     {
         "alert": "AgentRLTrainingJobFailed",
-        "expr": 'sum(increase(agent_rl_training_jobs_total{status="failed"}[15m])) > 0',
+        "expr": "sum by (lineage) "
+        '(increase(agent_rl_training_jobs_total{status="failed"}[15m])) > 0',
         "labels": {"severity": "warning"},
         "annotations": {
-            "summary": "A training job failed",
+            "summary": "A training job of {{ $labels.lineage }} failed",
             "description": "{{ $value }} training job(s) failed in the last 15 minutes; "
             "see GET /training and the job's error in agent.rl.training.status.v1.",
         },
@@ -50,22 +51,26 @@ ALERTS: list[dict[str, Any]] = [
     },
     {
         "alert": "AgentRLCanaryRewardBelowLive",
-        "expr": "(agent_rl_model_reward_mean and on (model_version) "
+        # each lineage's canary against its own live version (a canary of one agent's
+        # lineage is never compared with another lineage's live reward)
+        "expr": "(agent_rl_model_reward_mean and on (lineage, model_version) "
         "(agent_rl_model_traffic_ratio > 0 and agent_rl_model_traffic_ratio < 0.5)) "
-        "< on () group_left () (max(agent_rl_model_reward_mean and on (model_version) "
-        f"(agent_rl_model_traffic_ratio >= 0.5)) - {CANARY_REWARD_MARGIN})",
+        "< on (lineage) group_left () (max by (lineage) (agent_rl_model_reward_mean and on "
+        "(lineage, model_version) (agent_rl_model_traffic_ratio >= 0.5)) - "
+        f"{CANARY_REWARD_MARGIN})",
         "for": "10m",
         "labels": {"severity": "critical"},
         "annotations": {
-            "summary": "Canary {{ $labels.model_version }} rewards below the live version",
+            "summary": "Canary {{ $labels.model_version }} rewards below the live version "
+            "of {{ $labels.lineage }}",
             "description": "Mean reward {{ $value }} of the canary is more than "
             f"{CANARY_REWARD_MARGIN} below the live version's; the controller should roll back.",
         },
     },
     {
         "alert": "AgentRLVersionErrorRateHigh",
-        "expr": "sum by (model_version) (rate(agent_rl_gateway_errors_total[5m])) / "
-        "sum by (model_version) (rate(agent_rl_gateway_requests_total[5m])) "
+        "expr": "sum by (lineage, model_version) (rate(agent_rl_gateway_errors_total[5m])) / "
+        "sum by (lineage, model_version) (rate(agent_rl_gateway_requests_total[5m])) "
         f"> {ERROR_RATIO_THRESHOLD}",
         "for": "5m",
         "labels": {"severity": "critical"},
@@ -125,16 +130,26 @@ def unit_tests() -> dict[str, Any]:
                 "interval": "1m",
                 "input_series": [
                     {
-                        "series": 'agent_rl_training_jobs_total{status="failed"}',
+                        "series": 'agent_rl_training_jobs_total{lineage="agentrl-policy",status="failed"}',
                         "values": "0 0 0 1 1 1",
-                    }
+                    },
+                    {
+                        "series": 'agent_rl_training_jobs_total{lineage="a0/dev",status="failed"}',
+                        "values": "0 0 0 0 0 0",
+                    },
+                    {
+                        "series": 'agent_rl_training_jobs_total{lineage="a0/dev",status="completed"}',
+                        "values": "0 0 0 1 1 1",
+                    },
                 ],
                 "alert_rule_test": [
                     {"eval_time": "2m", "alertname": "AgentRLTrainingJobFailed", "exp_alerts": []},
                     {
                         "eval_time": "5m",
                         "alertname": "AgentRLTrainingJobFailed",
-                        "exp_alerts": _fires("AgentRLTrainingJobFailed", "1"),
+                        "exp_alerts": _fires(
+                            "AgentRLTrainingJobFailed", "1", lineage="agentrl-policy"
+                        ),
                     },
                 ],
             },
@@ -179,22 +194,40 @@ def unit_tests() -> dict[str, Any]:
             {
                 "name": "canary reward below live",
                 "interval": "1m",
+                # lineage a: its canary falls below a's live version; lineage b: its canary
+                # is above b's own live version (and below a's): quiet
                 "input_series": [
                     {
-                        "series": 'agent_rl_model_traffic_ratio{model_version="v1"}',
+                        "series": 'agent_rl_model_traffic_ratio{lineage="a",model_version="a-v1"}',
                         "values": "0.9x30",
                     },
                     {
-                        "series": 'agent_rl_model_traffic_ratio{model_version="v2"}',
+                        "series": 'agent_rl_model_traffic_ratio{lineage="a",model_version="a-v2"}',
                         "values": "0.1x30",
                     },
                     {
-                        "series": 'agent_rl_model_reward_mean{model_version="v1"}',
+                        "series": 'agent_rl_model_reward_mean{lineage="a",model_version="a-v1"}',
                         "values": "0.8x30",
                     },
                     {
-                        "series": 'agent_rl_model_reward_mean{model_version="v2"}',
+                        "series": 'agent_rl_model_reward_mean{lineage="a",model_version="a-v2"}',
                         "values": "0.8x5 0.5x25",
+                    },
+                    {
+                        "series": 'agent_rl_model_traffic_ratio{lineage="b",model_version="b-v1"}',
+                        "values": "0.9x30",
+                    },
+                    {
+                        "series": 'agent_rl_model_traffic_ratio{lineage="b",model_version="b-v2"}',
+                        "values": "0.1x30",
+                    },
+                    {
+                        "series": 'agent_rl_model_reward_mean{lineage="b",model_version="b-v1"}',
+                        "values": "0.3x30",
+                    },
+                    {
+                        "series": 'agent_rl_model_reward_mean{lineage="b",model_version="b-v2"}',
+                        "values": "0.5x30",
                     },
                 ],
                 "alert_rule_test": [
@@ -207,7 +240,10 @@ def unit_tests() -> dict[str, Any]:
                         "eval_time": "25m",
                         "alertname": "AgentRLCanaryRewardBelowLive",
                         "exp_alerts": _fires(
-                            "AgentRLCanaryRewardBelowLive", "0.5", model_version="v2"
+                            "AgentRLCanaryRewardBelowLive",
+                            "0.5",
+                            lineage="a",
+                            model_version="a-v2",
                         ),
                     },
                 ],
@@ -217,19 +253,19 @@ def unit_tests() -> dict[str, Any]:
                 "interval": "1m",
                 "input_series": [
                     {
-                        "series": 'agent_rl_gateway_requests_total{model_version="v1"}',
+                        "series": 'agent_rl_gateway_requests_total{lineage="p",model_version="p-v1"}',
                         "values": "0+100x30",
                     },
                     {
-                        "series": 'agent_rl_gateway_errors_total{model_version="v1"}',
+                        "series": 'agent_rl_gateway_errors_total{lineage="p",model_version="p-v1"}',
                         "values": "0+1x30",
                     },
                     {
-                        "series": 'agent_rl_gateway_requests_total{model_version="v2"}',
+                        "series": 'agent_rl_gateway_requests_total{lineage="p",model_version="p-v2"}',
                         "values": "0+100x30",
                     },
                     {
-                        "series": 'agent_rl_gateway_errors_total{model_version="v2"}',
+                        "series": 'agent_rl_gateway_errors_total{lineage="p",model_version="p-v2"}',
                         "values": "0+1x10 10+20x20",
                     },
                 ],
@@ -243,7 +279,7 @@ def unit_tests() -> dict[str, Any]:
                         "eval_time": "25m",
                         "alertname": "AgentRLVersionErrorRateHigh",
                         "exp_alerts": _fires(
-                            "AgentRLVersionErrorRateHigh", "20%", model_version="v2"
+                            "AgentRLVersionErrorRateHigh", "20%", lineage="p", model_version="p-v2"
                         ),
                     },
                 ],

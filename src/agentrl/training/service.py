@@ -992,7 +992,8 @@ class TrainingService:
             self.store.set_state({"recent_checkpoint": {"path": final_ckpt, "base_model": base}})
         self.counters[status] = self.counters.get(status, 0) + 1
         took = time.monotonic() - job.started if job is not None else None
-        obs.training_status(status, took, (final or {}).get("samples"))  # never raises
+        lineage = _lineage_of_request(row.request) or self.default_lineage
+        obs.training_status(status, took, (final or {}).get("samples"), lineage)  # never raises
         await self._publish_status(
             row.job_id,
             status,

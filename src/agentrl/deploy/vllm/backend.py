@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.deploy.backends import UpstreamBackend, verify_checkpoint
-from agentrl.deploy.errors import BackendError, DeployError
+from agentrl.deploy.errors import BackendError, DeployError, VersionNotServed
 from agentrl.deploy.openai_types import ChatRequest, Generation
 from agentrl.deploy.registry import ModelRecord
 from agentrl.deploy.vllm.base import same_base
@@ -190,6 +190,10 @@ class VllmBackend(UpstreamBackend):
         return body
 
     def _ready(self, model_id: str) -> None:
+        if model_id not in self.names:  # never prepared, or released: not the base's answer
+            raise VersionNotServed(
+                f"model version {model_id!r} is not loaded in vLLM (released, or never prepared)"
+            )
         if model_id in self.lost:
             raise BackendError(f"adapter {model_id} was lost: {self.lost[model_id]}", 502)
         if self.server.state != "ready":
