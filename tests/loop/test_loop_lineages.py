@@ -64,3 +64,14 @@ def test_two_lineages_walk_apart_and_the_drill_rolls_back_in_one(tmp_path: Path)
         assert f'<tr data-lineage="{name}">' in page and f"lineage {name}</th>" in page
         assert f'<p class="headline" data-lineage="{name}">' in page
     assert (tmp_path / "loop" / "report" / "reward_per_lineage.png").exists()
+
+
+def test_a_lineage_table_has_no_empty_stage_line() -> None:
+    """The run's stages belong to the run's JSON line; a lineage's own table (no stages)
+    printed 'stage wall times (s): ' with nothing after it."""
+    from agentrl.app.loop_results import LoopResult, VersionRow, table
+
+    lineage = LoopResult(versions=[VersionRow("lake/4x4-base", "live")], trajectories=3)
+    assert "stage wall times" not in table(lineage)
+    run = LoopResult(versions=[VersionRow("p-base", "live")], stages={"acting": 1.5})
+    assert table(run).splitlines()[-1] == "stage wall times (s): acting=1.5"

@@ -196,6 +196,9 @@ def table(result: LoopResult) -> str:
         f"trajectories played by more than one version (credited to none): {result.mixed} "
         f"of {result.trajectories}"
     )
-    lines.append("")
-    lines.append("stage wall times (s): " + ", ".join(f"{k}={v}" for k, v in result.stages.items()))
+    if result.stages:  # a lineage's table has none: the run's stages are in its JSON line
+        lines.append("")
+        lines.append(
+            "stage wall times (s): " + ", ".join(f"{k}={v}" for k, v in result.stages.items())
+        )
     return "\n".join(lines)
