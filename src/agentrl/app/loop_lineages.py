@@ -444,7 +444,9 @@ async def _watch(
                 continue
             if stage == "end" and not tr.busy and not tr.done:
                 tr.done = True
-                say(f"lineage {name}: done ({len(decided)} versions decided)")
+                say(
+                    f"lineage {name}: done ({len(decided)} version{'' if len(decided) == 1 else 's'} decided)"
+                )
             if drill is not None and name == drill.target and tr.done and drill.state not in (
                 "rolled_back", "live", "retired", "skipped"
             ):  # fmt: skip
