@@ -43,7 +43,7 @@ from typing import Any
 
 import orjson
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from agentrl.deploy import split as splitting
@@ -692,23 +692,65 @@ class _Admission:
             state.inflight -= 1
 
 
-class _ClosingStream(StreamingResponse):
+class _ClosingStream(Response):
     """A stream that closes its source however it ends: a client that disconnects (or
     times out) mid-stream cancels the generation instead of decoding to max_tokens, and
     `on_cancel` logs what the client was sent (the completion id named at stream start
-    keeps its row in the completion log)."""
+    keeps its row in the completion log).
+
+    Sent by hand rather than by Starlette's `StreamingResponse`, whose anyio task group (two
+    tasks and a cancel scope per stream, for an ASGI 2.3 server such as uvicorn) was a sixth
+    of a streamed request's CPU (py-spy, `agentrl bench gateway --peers` streaming): one
+    asyncio task waits for the client's disconnect and cancels the sending task. The piece
+    sent while `last` is set ends the body in the same write (uvicorn sends a body's last
+    data with its terminating chunk)."""
 
     def __init__(
-        self, content: Any, source: Any, state: GatewayState, on_cancel: Any, **kw: Any
+        self,
+        content: AsyncIterator[bytes],
+        source: Any,
+        state: GatewayState,
+        on_cancel: Any,
+        headers: dict[str, str],
     ) -> None:
-        super().__init__(content, **kw)
+        self.status_code, self.background = 200, None
+        self.raw_headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            *((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
+        ]
+        self.body_iterator = content
         self.source, self.gateway, self.on_cancel = source, state, on_cancel
-        self.finished = False
+        self.last = False  # the next piece is the body's last
+        self.finished = False  # the whole stream was sent
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        gone = False
+
+        async def watch() -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            task.cancel()
+
+        watcher = asyncio.ensure_future(watch())
         try:
-            await super().__call__(scope, receive, send)
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            ended = False
+            async for piece in self.body_iterator:
+                ended = self.last
+                await send({"type": "http.response.body", "body": piece, "more_body": not ended})
+            if not ended:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not gone or task.uncancel() > 0:  # cancelled from outside: not ours to keep
+                raise
+        except OSError:  # an ASGI 2.4 server's send to a client that is gone
+            pass
         finally:
+            watcher.cancel()
             if not self.finished:
                 self.gateway.abandoned += 1
             with contextlib.suppress(BaseException):
@@ -948,10 +990,12 @@ async def _stream(
                 if kind == "token":
                     got_ids.append(value[0])
                     got_lps.append(value[1])
-                if kind == "chunk":  # upstream: pass through under our id and version
-                    value["id"], value["model"] = completion_id, model_id
-                    yield _sse(value)
-                    _accumulate(upto, value)
+                if kind == "chunks":  # upstream: pass through under our id and version
+                    for c in value:  # (the chunks of one read: one write)
+                        c["id"], c["model"] = completion_id, model_id
+                    yield b"".join([_sse(c) for c in value])
+                    for c in value:
+                        _accumulate(upto, c)
                 elif kind == "token" and live_calls is not None and tokenizer is not None:
                     if value[0] not in eos:  # a tools answer: OpenAI's deltas as it decodes
                         ids.append(value[0])
@@ -1035,7 +1079,8 @@ async def _stream(
                     elif state.capture is not None:
                         state.capture.served(completion_id)
                 try:  # a stalled backend is a timeout mid-stream (in-band error below)
-                    item = await asyncio.wait_for(source.__anext__(), state.timeout_s)
+                    async with asyncio.timeout(state.timeout_s):  # (no task, unlike wait_for)
+                        item = await source.__anext__()
                 except StopAsyncIteration:
                     item = None
         except Exception as exc:  # mid-stream failure: tell the client in-band, count it
@@ -1057,10 +1102,9 @@ async def _stream(
                     str(status),
                 )
             )
+        response.last = True
         yield b"data: [DONE]\n\n"
         response.finished = True
 
-    response = _ClosingStream(
-        events(), source, state, cancelled, media_type="text/event-stream", headers=headers
-    )
+    response = _ClosingStream(events(), source, state, cancelled, headers)
     return response
