@@ -107,6 +107,10 @@ class Upstream:
                 b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\n"
                 b"content-length: %d\r\n\r\n%s" % (len(body), body)
             )
+        elif script == "silent":  # no answer at all (the gateway gives up and closes)
+            await reader.read(1)
+            self.closed += 1
+            return False
         elif script == "slow":  # one event, then nothing until the gateway lets go
             writer.write(HEAD + _chunked(EVENTS[0] + EVENTS[1]))
             await writer.drain()
@@ -127,6 +131,8 @@ async def gw():
     backend = UpstreamBackend(f"http://127.0.0.1:{up_port}/v1", timeout_s=10.0)
     for script in ("one-write", "split", "truncated", "notjson", "error", "slow"):
         state.backends[script] = backend
+    quick = UpstreamBackend(f"http://127.0.0.1:{up_port}/v1", timeout_s=0.5)
+    state.backends["silent"] = quick
     state.set_split({"one-write": 100.0}, ["one-write"])
     port = free_port()
     stop = asyncio.Event()
@@ -146,6 +152,7 @@ async def gw():
         stop.set()
         await asyncio.wait_for(task, 20)
         await backend.close()
+        await quick.close()
         server.close()
 
 
@@ -247,13 +254,27 @@ async def test_an_upstream_that_fails_mid_stream_is_an_in_band_502(
     assert all(not c.reader.at_eof() for c in backend.pool.idle)
 
 
-async def test_an_upstream_error_status_is_a_502_before_the_stream(gw: Any) -> None:
-    _state, _up, _backend, port = gw
+@pytest.mark.parametrize(
+    "script, status, why",
+    [("error", 502, "scripted overload"), ("silent", 504, "timed out after 0.5s")],
+)
+async def test_an_upstream_error_or_silence_is_answered_before_the_stream(
+    gw: Any, script: str, status: int, why: str
+) -> None:
+    state, up, _backend, port = gw
+    closed = up.closed
     async with httpx.AsyncClient() as c:
-        body = {"model": "error", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        body = {"model": script, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
         r = await c.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body)
-    assert r.status_code == 502
-    assert "scripted overload" in r.json()["error"]["message"]
+    assert r.status_code == status
+    assert why in r.json()["error"]["message"]
+    assert state.stats_for(script, pinned=True).errors >= 1
+    if script == "silent":  # the connection it gave up on is closed, not pooled
+        for _ in range(100):
+            if up.closed > closed:
+                break
+            await asyncio.sleep(0.02)
+        assert up.closed == closed + 1
 
 
 async def test_a_client_that_closes_early_closes_the_upstream_connection(gw: Any) -> None:

@@ -245,11 +245,9 @@ class UpstreamBackend:
             return
         gen = Generation(content="")
         try:
-            async with contextlib.AsyncExitStack() as stack:
-                async with asyncio.timeout(self.timeout_s):  # to the answer's head
-                    resp = await stack.enter_async_context(
-                        self.pool.stream("/chat/completions", orjson.dumps(body))
-                    )
+            async with self.pool.stream(
+                "/chat/completions", orjson.dumps(body), self.timeout_s
+            ) as resp:
                 if resp.status >= 400:
                     text = (await resp.read()).decode(errors="replace")
                     status = 502 if resp.status >= 500 else resp.status

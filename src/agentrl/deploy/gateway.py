@@ -928,7 +928,8 @@ async def _stream(
     stats = stats or state.stats_for(model_id)
     source = backend.stream(model_id, body).__aiter__()
     try:  # the first item decides the status: a failing backend still gets a 502/504
-        first = await asyncio.wait_for(source.__anext__(), state.timeout_s)
+        async with asyncio.timeout(state.timeout_s):
+            first = await source.__anext__()
     except StopAsyncIteration:
         first = None
     except BaseException as exc:

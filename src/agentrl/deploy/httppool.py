@@ -128,28 +128,38 @@ class JsonPool:
         return status, await reader.readexactly(length), keep
 
     @contextlib.asynccontextmanager
-    async def stream(self, path: str, body: bytes) -> AsyncIterator[EventStream]:
-        """POST `body` and open the answer: `status` once its head is in, then its events.
-        The connection goes back to the pool only when the answer was read to its end; one
-        left early (a client gone, an error, a cancel) is closed. A reused connection that
-        fails before its head is retried once on a new one, as `post` does."""
+    async def stream(self, path: str, body: bytes, timeout: float) -> AsyncIterator[EventStream]:
+        """POST `body` and open the answer: `status` once its head is in (TimeoutError after
+        `timeout` seconds), then its events. The connection goes back to the pool only when
+        the answer was read to its end; one left early (a client gone, an error, a cancel) is
+        closed. A reused connection that fails before its head is retried once on a new one,
+        as `post` does."""
         request = (
             f"POST {self.prefix}{path} HTTP/1.1\r\n{self._head}Content-Length: {len(body)}\r\n\r\n"
         ).encode() + body
+        deadline = asyncio.get_running_loop().time() + timeout
         for attempt in (0, 1):
+            events = None
             idle = self._reusable() if attempt == 0 else None
-            conn = idle if idle is not None else await self._connect()
-            events = EventStream(conn)
             try:
-                conn.writer.write(request)
-                await events.head()
+                async with asyncio.timeout_at(deadline):
+                    conn = idle if idle is not None else await self._connect()
+                    events = EventStream(conn)
+                    conn.writer.write(request)
+                    await events.head()
+            except TimeoutError:  # (an OSError too): no answer's head in time
+                if events is not None:
+                    conn.close()
+                raise
             except (OSError, asyncio.IncompleteReadError, HTTPError) as exc:
-                conn.close()
-                if idle is not None and not events.got_bytes:
+                if events is not None:
+                    conn.close()
+                if idle is not None and events is not None and not events.got_bytes:
                     continue
                 raise exc if isinstance(exc, HTTPError) else HTTPError(repr(exc)) from exc
-            except BaseException:
-                conn.close()
+            except BaseException:  # a timeout, a cancel: the connection's state is unknown
+                if events is not None:
+                    conn.close()
                 raise
             try:
                 yield events
