@@ -643,23 +643,29 @@ async def _within(work: Any, seconds: float) -> Any:
 
 
 async def _unless_gone(request: Request, work: Any) -> Any:
-    """Await `work`, cancelling it (and so its decode) when the client disconnects."""
-    job = asyncio.ensure_future(work)
+    """Await `work`, cancelling it (and so its decode) when the client disconnects. The work
+    runs in the request's own task, which a watcher cancels (a task for the work as well
+    cost a task per request)."""
+    task = asyncio.current_task()
+    assert task is not None
+    gone = False
 
-    async def gone() -> None:
+    async def watch() -> None:
+        nonlocal gone
         while (await request.receive())["type"] != "http.disconnect":
             pass
-        job.cancel()
+        gone = True
+        task.cancel()
 
-    watch = asyncio.ensure_future(gone())
+    watcher = asyncio.ensure_future(watch())
     try:
-        return await job
+        return await work
     except asyncio.CancelledError:
-        if watch.done() and not watch.cancelled() and watch.exception() is None:
+        if gone and task.uncancel() == 0:
             raise _ClientGone() from None
         raise
     finally:
-        watch.cancel()
+        watcher.cancel()
 
 
 class _Admission:
