@@ -252,3 +252,28 @@ async def test_logged_rows_reach_the_bus_as_completion_records(nats_url: str) ->
         assert {r.session_id for r in got} == {"s0", "s1", "s2"}
     finally:
         await bus.close()
+
+
+def test_the_latency_line_has_the_streamed_figures() -> None:
+    """`agentrl bench gateway --latency-only` reports the streamed path beside the plain one
+    (a streamed request cost ~30x the CPU of a plain one and no figure showed it)."""
+    from agentrl.deploy.bench import _latency_line
+
+    def run(p99: float, cpu: float) -> dict[str, Any]:
+        return {
+            "added_p50": p99 / 2,
+            "added_p99": p99,
+            "achieved_rate": 990.0,
+            "gateway_cpu_ms_per_req": cpu,
+            "backend_cpu_ms_per_req": 0.2,
+            "client_cpu_ms_per_req": 0.3,
+            "added_p99_runs": [p99],
+        }
+
+    results = {"lat200": run(1.0, 0.5), "lat1000": run(2.0, 0.4)}
+    assert not any(k.endswith("_stream") for k in _latency_line(results))
+    results |= {"stream200": run(3.0, 0.8), "stream1000": run(4.0, 0.6)}
+    line = _latency_line(results)
+    assert line["added_p99_ms_200rps_stream"] == 3.0 and line["added_p99_ms_1000rps"] == 2.0
+    assert line["gateway_cpu_ms_per_req_1000rps_stream"] == 0.6
+    assert line["gateway_cpu_ms_per_req"] == 0.4
