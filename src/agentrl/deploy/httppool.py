@@ -157,7 +157,7 @@ class JsonPool:
                 if idle is not None and events is not None and not events.got_bytes:
                     continue
                 raise exc if isinstance(exc, HTTPError) else HTTPError(repr(exc)) from exc
-            except BaseException:  # a timeout, a cancel: the connection's state is unknown
+            except BaseException:  # a cancel: the connection's state is unknown
                 if events is not None:
                     conn.close()
                 raise
