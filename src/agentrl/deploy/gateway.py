@@ -957,7 +957,7 @@ async def _stream(
     got_ids: list[int] = []
     got_lps: list[float] = []
     shown = 0
-    upto = Generation(content="")
+    sent_chunks: list[dict[str, Any]] = []  # an upstream's, as they went out (summed on cancel)
     logged = False
 
     def cancelled() -> None:
@@ -967,7 +967,9 @@ async def _stream(
         if hasattr(engine, "partial"):
             gen = engine.partial(body, got_ids[:shown], got_lps[:shown])
         else:  # an upstream's chunks as they went out (token ids where it sends them)
-            gen = upto
+            gen = Generation(content="")
+            for c in sent_chunks:
+                _accumulate(gen, c)
             gen.finish_reason = "cancelled"
         stats.completion_tokens += len(got_ids)
         _log(state, completion_id, model_id, session, gen)
@@ -1001,8 +1003,7 @@ async def _stream(
                     for c in value:  # (the chunks of one read: one write)
                         c["id"], c["model"] = completion_id, model_id
                     yield b"".join([_sse(c) for c in value])
-                    for c in value:
-                        _accumulate(upto, c)
+                    sent_chunks.extend(value)
                 elif kind == "token" and live_calls is not None and tokenizer is not None:
                     if value[0] not in eos:  # a tools answer: OpenAI's deltas as it decodes
                         ids.append(value[0])
