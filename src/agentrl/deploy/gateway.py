@@ -45,6 +45,7 @@ import orjson
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
 
 from agentrl.deploy import split as splitting
 from agentrl.deploy import structured
@@ -484,7 +485,7 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
         if (denied := unauthorized(request, heads)) is not None:
             return denied
         try:
-            body = ChatRequest.model_validate(orjson.loads(await request.body()))
+            body = ChatRequest.model_validate(orjson.loads(await _request_body(request)))
         except (ValueError, ValidationError) as exc:
             msg = (
                 str(exc)
@@ -633,6 +634,24 @@ async def _prepare(backend: Backend, body: ChatRequest) -> None:
         raise structured.CompileBusy("the gateway is busy building constraints; retry") from exc
     if constraint is not None:
         await grammars.template(constraint)
+
+
+async def _request_body(request: Request) -> bytes:
+    """The request's body, read from `receive` as Starlette's `Request.body` does (and kept
+    there for any later reader), without its async generator: a few per cent of the gateway's
+    CPU per request at 1,000 requests/s (py-spy)."""
+    parts: list[bytes] = []
+    while True:
+        message = await request.receive()
+        if message["type"] != "http.request":  # http.disconnect: the client is gone
+            raise ClientDisconnect()
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    raw = parts[0] if len(parts) == 1 else b"".join(parts)
+    request._body = raw  # (Starlette's cache: `await request.body()` answers it)
+    request._stream_consumed = True
+    return raw
 
 
 async def _within(work: Any, seconds: float) -> Any:
