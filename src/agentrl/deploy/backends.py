@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import logging
 import shutil
 import socket
@@ -269,8 +268,43 @@ class UpstreamBackend:
             raise BackendError(f"upstream answer is not a chat completion: {exc!r}", 502) from exc
 
     async def stream(self, model_id: str, request: ChatRequest) -> AsyncIterator[tuple[str, Any]]:
+        """("chunks", [chunk, ...]) per read from the upstream (the events that arrived
+        together, passed on together), then ("done", the accumulated Generation)."""
         body = self._body(model_id, request)
         body["stream"] = True
+        if self.pool is None:
+            async for item in self._stream_httpx(body):
+                yield item
+            return
+        gen = Generation(content="")
+        try:
+            async with self.pool.stream(
+                "/chat/completions", orjson.dumps(body), self.timeout_s
+            ) as resp:
+                if resp.status >= 400:
+                    text = (await resp.read()).decode(errors="replace")
+                    status = 502 if resp.status >= 500 else resp.status
+                    raise BackendError(f"upstream answered {resp.status}: {text[:300]}", status)
+                async for batch in resp.batches():
+                    chunks: list[dict[str, Any]] = []
+                    try:
+                        for payload in batch:
+                            if payload != b"[DONE]":
+                                chunks.append(_chunk(payload))
+                                _accumulate(gen, chunks[-1])
+                    finally:  # a bad chunk: the good ones before it still go out
+                        if chunks:
+                            yield "chunks", chunks
+        except TimeoutError as exc:
+            raise BackendError(
+                f"upstream {self.base_url} timed out after {self.timeout_s}s", 504
+            ) from exc
+        except HTTPError as exc:
+            raise BackendError(f"upstream {self.base_url} failed: {exc}", 502) from exc
+        yield "done", gen
+
+    async def _stream_httpx(self, body: dict[str, Any]) -> AsyncIterator[tuple[str, Any]]:
+        """The stream over httpx (https upstreams)."""
         gen = Generation(content="")
         try:
             async with self.client.stream("POST", "/chat/completions", json=body) as resp:
@@ -288,9 +322,9 @@ class UpstreamBackend:
                         # read on to the end of the body: one left unread makes httpx close
                         # the connection, and every stream paid a new TCP connect
                         continue
-                    chunk = json.loads(payload)
+                    chunk = _chunk(payload.encode())
                     _accumulate(gen, chunk)
-                    yield "chunk", chunk
+                    yield "chunks", [chunk]
         except httpx.TimeoutException as exc:
             raise BackendError(f"upstream {self.base_url} timed out: {exc!r}", 504) from exc
         except httpx.HTTPError as exc:
@@ -301,6 +335,19 @@ class UpstreamBackend:
         if self.pool is not None:
             self.pool.close()
         await self.client.aclose()
+
+
+def _chunk(payload: bytes) -> dict[str, Any]:
+    """One streamed chunk of the upstream's (a JSON object), else a 502."""
+    try:
+        chunk = orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        raise BackendError(
+            f"upstream sent a chunk that is not JSON: {payload[:200]!r}", 502
+        ) from exc
+    if not isinstance(chunk, dict):
+        raise BackendError(f"upstream sent a chunk that is not an object: {payload[:200]!r}", 502)
+    return chunk
 
 
 def _token_id(token: str) -> int | None:

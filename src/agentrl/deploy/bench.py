@@ -3,7 +3,8 @@
 1. Added latency: a fast scripted OpenAI-compatible backend and the gateway (upstream
    backend, completion log on, both in their own processes) are called side by side in one
    run: an open-loop client alternates direct and gateway requests at the target rate for
-   each path, so both see the same machine load. Added = gateway percentile - direct one.
+   each path, so both see the same machine load. Added = gateway percentile - direct one;
+   the same again streamed (server-sent events, to the last byte: keys `..._stream`).
    The gateway's server is uvicorn (httptools); `BENCH_GATEWAY_SERVER=granian` puts the
    same app behind granian's Rust HTTP server instead (`pip install granian` first), and
    `BENCH_GATEWAY_LOG=off` runs it without its completion log (what the log costs).
@@ -715,6 +716,11 @@ def run_bench(
                         console.print(f"latency at {rate:g} requests/s per path ...")
                         runs.append(await latency_run(direct, gateway, rate, duration, pids=pids))
                     results[f"lat{int(rate)}"] = _median_runs(runs)
+                for rate in (200.0, 1000.0):  # server-sent events through both paths
+                    console.print(f"streaming latency at {rate:g} requests/s per path ...")
+                    results[f"stream{int(rate)}"] = await latency_run(
+                        direct, gateway, rate, duration, pids=pids, stream=True
+                    )
                 if latency_only:
                     return
                 console.print(f"rollback with a {period:g} s monitor period ...")
@@ -766,6 +772,13 @@ def run_bench(
             f"{r.get('backend_cpu_ms_per_req', float('nan')):.3f} / "
             f"{r['client_cpu_ms_per_req']:.3f}",
         )
+    for rate in (200, 1000):
+        st = results[f"stream{rate}"]
+        table.add_row(
+            f"{rate} req/s streamed: added p50 / p99 ms; gateway CPU ms per request",
+            f"{st['added_p50']:.2f} / {st['added_p99']:.2f}; "
+            f"{st.get('gateway_cpu_ms_per_req', float('nan')):.3f}",
+        )
     rb, bt, sp = results["rollback"], results["batching"], results["split"]
     table.add_row("rollback: first bad window -> all traffic on live", f"{rb['rollback_s']:.2f} s")
     table.add_row(
@@ -792,8 +805,8 @@ def run_bench(
     )
     table.add_row("TensorZero (published, Rust)", "< 1 ms p99 added at 10,000 QPS")
     console.print(table)
-    unanswered = (
-        results["lat200"]["unanswered"] + results["lat1000"]["unanswered"] + rb["unanswered"]
+    unanswered = rb["unanswered"] + sum(
+        results[k]["unanswered"] for k in ("lat200", "lat1000", "stream200", "stream1000")
     )
     print(
         json.dumps(
@@ -815,7 +828,17 @@ def run_bench(
 
 def _latency_line(results: dict[str, Any]) -> dict[str, Any]:
     hi, lo = results["lat1000"], results["lat200"]
+    streamed: dict[str, Any] = {}
+    for rate in (200, 1000):
+        if (st := results.get(f"stream{rate}")) is not None:
+            streamed[f"added_p50_ms_{rate}rps_stream"] = round(st["added_p50"], 3)
+            streamed[f"added_p99_ms_{rate}rps_stream"] = round(st["added_p99"], 3)
+            streamed[f"achieved_rps_{rate}_stream"] = round(st["achieved_rate"], 1)
+            streamed[f"gateway_cpu_ms_per_req_{rate}rps_stream"] = round(
+                st.get("gateway_cpu_ms_per_req", float("nan")), 3
+            )
     return {
+        **streamed,
         "added_p50_ms_1000rps": round(hi["added_p50"], 3),
         "added_p99_ms_1000rps": round(hi["added_p99"], 3),
         "added_p99_ms_1000rps_runs": [round(x, 3) for x in hi["added_p99_runs"]],
@@ -830,7 +853,9 @@ def _latency_line(results: dict[str, Any]) -> dict[str, Any]:
 
 def _print_latency(results: dict[str, Any], load: tuple[float, float, float]) -> None:
     line = _latency_line(results)
-    line["errors_unanswered"] = results["lat200"]["unanswered"] + results["lat1000"]["unanswered"]
+    line["errors_unanswered"] = sum(
+        results[k]["unanswered"] for k in ("lat200", "lat1000", "stream200", "stream1000")
+    )
     line["load_at_start"] = [round(x, 2) for x in load]
     line["load_at_end"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(line))

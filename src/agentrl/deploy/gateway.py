@@ -43,8 +43,9 @@ from typing import Any
 
 import orjson
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
 
 from agentrl.deploy import split as splitting
 from agentrl.deploy import structured
@@ -494,7 +495,7 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
         if (denied := unauthorized(request, heads)) is not None:
             return denied
         try:
-            body = ChatRequest.model_validate(orjson.loads(await request.body()))
+            body = ChatRequest.model_validate(orjson.loads(await _request_body(request)))
         except (ValueError, ValidationError) as exc:
             msg = (
                 str(exc)
@@ -649,6 +650,24 @@ async def _prepare(backend: Backend, body: ChatRequest) -> None:
         await grammars.template(constraint)
 
 
+async def _request_body(request: Request) -> bytes:
+    """The request's body, read from `receive` as Starlette's `Request.body` does (and kept
+    there for any later reader), without its async generator: a few per cent of the gateway's
+    CPU per request at 1,000 requests/s (py-spy)."""
+    parts: list[bytes] = []
+    while True:
+        message = await request.receive()
+        if message["type"] != "http.request":  # http.disconnect: the client is gone
+            raise ClientDisconnect()
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    raw = parts[0] if len(parts) == 1 else b"".join(parts)
+    request._body = raw  # (Starlette's cache: `await request.body()` answers it)
+    request._stream_consumed = True
+    return raw
+
+
 async def _within(work: Any, seconds: float) -> Any:
     """`work` or TimeoutError after `seconds` (asyncio.timeout: no extra task, unlike
     wait_for, on the per-request path)."""
@@ -657,23 +676,29 @@ async def _within(work: Any, seconds: float) -> Any:
 
 
 async def _unless_gone(request: Request, work: Any) -> Any:
-    """Await `work`, cancelling it (and so its decode) when the client disconnects."""
-    job = asyncio.ensure_future(work)
+    """Await `work`, cancelling it (and so its decode) when the client disconnects. The work
+    runs in the request's own task, which a watcher cancels (a task for the work as well
+    cost a task per request)."""
+    task = asyncio.current_task()
+    assert task is not None
+    gone = False
 
-    async def gone() -> None:
+    async def watch() -> None:
+        nonlocal gone
         while (await request.receive())["type"] != "http.disconnect":
             pass
-        job.cancel()
+        gone = True
+        task.cancel()
 
-    watch = asyncio.ensure_future(gone())
+    watcher = asyncio.ensure_future(watch())
     try:
-        return await job
+        return await work
     except asyncio.CancelledError:
-        if watch.done() and not watch.cancelled() and watch.exception() is None:
+        if gone and task.uncancel() == 0:
             raise _ClientGone() from None
         raise
     finally:
-        watch.cancel()
+        watcher.cancel()
 
 
 class _Admission:
@@ -706,23 +731,65 @@ class _Admission:
             state.inflight -= 1
 
 
-class _ClosingStream(StreamingResponse):
+class _ClosingStream(Response):
     """A stream that closes its source however it ends: a client that disconnects (or
     times out) mid-stream cancels the generation instead of decoding to max_tokens, and
     `on_cancel` logs what the client was sent (the completion id named at stream start
-    keeps its row in the completion log)."""
+    keeps its row in the completion log).
+
+    Sent by hand rather than by Starlette's `StreamingResponse`, whose anyio task group (two
+    tasks and a cancel scope per stream, for an ASGI 2.3 server such as uvicorn) was a sixth
+    of a streamed request's CPU (py-spy, `agentrl bench gateway --peers` streaming): one
+    asyncio task waits for the client's disconnect and cancels the sending task. The piece
+    sent while `last` is set ends the body in the same write (uvicorn sends a body's last
+    data with its terminating chunk)."""
 
     def __init__(
-        self, content: Any, source: Any, state: GatewayState, on_cancel: Any, **kw: Any
+        self,
+        content: AsyncIterator[bytes],
+        source: Any,
+        state: GatewayState,
+        on_cancel: Any,
+        headers: dict[str, str],
     ) -> None:
-        super().__init__(content, **kw)
+        self.status_code, self.background = 200, None
+        self.raw_headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            *((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
+        ]
+        self.body_iterator = content
         self.source, self.gateway, self.on_cancel = source, state, on_cancel
-        self.finished = False
+        self.last = False  # the next piece is the body's last
+        self.finished = False  # the whole stream was sent
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        gone = False
+
+        async def watch() -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            task.cancel()
+
+        watcher = asyncio.ensure_future(watch())
         try:
-            await super().__call__(scope, receive, send)
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            ended = False
+            async for piece in self.body_iterator:
+                ended = self.last
+                await send({"type": "http.response.body", "body": piece, "more_body": not ended})
+            if not ended:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not gone or task.uncancel() > 0:  # cancelled from outside: not ours to keep
+                raise
+        except OSError:  # an ASGI 2.4 server's send to a client that is gone
+            pass
         finally:
+            watcher.cancel()
             if not self.finished:
                 self.gateway.abandoned += 1
             with contextlib.suppress(BaseException):
@@ -904,7 +971,8 @@ async def _stream(
     stats = stats or state.stats_for(model_id)
     source = backend.stream(model_id, body).__aiter__()
     try:  # the first item decides the status: a failing backend still gets a 502/504
-        first = await asyncio.wait_for(source.__anext__(), state.timeout_s)
+        async with asyncio.timeout(state.timeout_s):
+            first = await source.__anext__()
     except StopAsyncIteration:
         first = None
     except BaseException as exc:
@@ -926,7 +994,7 @@ async def _stream(
     got_ids: list[int] = []
     got_lps: list[float] = []
     shown = 0
-    upto = Generation(content="")
+    sent_chunks: list[dict[str, Any]] = []  # an upstream's, as they went out (summed on cancel)
     logged = False
 
     def cancelled() -> None:
@@ -936,7 +1004,9 @@ async def _stream(
         if hasattr(engine, "partial"):
             gen = engine.partial(body, got_ids[:shown], got_lps[:shown])
         else:  # an upstream's chunks as they went out (token ids where it sends them)
-            gen = upto
+            gen = Generation(content="")
+            for c in sent_chunks:
+                _accumulate(gen, c)
             gen.finish_reason = "cancelled"
         stats.completion_tokens += len(got_ids)
         _log(state, completion_id, model_id, session, gen)
@@ -966,10 +1036,11 @@ async def _stream(
                 if kind == "token":
                     got_ids.append(value[0])
                     got_lps.append(value[1])
-                if kind == "chunk":  # upstream: pass through under our id and version
-                    value["id"], value["model"] = completion_id, model_id
-                    yield _sse(value)
-                    _accumulate(upto, value)
+                if kind == "chunks":  # upstream: pass through under our id and version
+                    for c in value:  # (the chunks of one read: one write)
+                        c["id"], c["model"] = completion_id, model_id
+                    yield b"".join([_sse(c) for c in value])
+                    sent_chunks.extend(value)
                 elif kind == "token" and live_calls is not None and tokenizer is not None:
                     if value[0] not in eos:  # a tools answer: OpenAI's deltas as it decodes
                         ids.append(value[0])
@@ -1053,7 +1124,8 @@ async def _stream(
                     elif state.capture is not None:
                         state.capture.served(completion_id)
                 try:  # a stalled backend is a timeout mid-stream (in-band error below)
-                    item = await asyncio.wait_for(source.__anext__(), state.timeout_s)
+                    async with asyncio.timeout(state.timeout_s):  # (no task, unlike wait_for)
+                        item = await source.__anext__()
                 except StopAsyncIteration:
                     item = None
         except Exception as exc:  # mid-stream failure: tell the client in-band, count it
@@ -1075,10 +1147,9 @@ async def _stream(
                     str(status),
                 )
             )
+        response.last = True
         yield b"data: [DONE]\n\n"
         response.finished = True
 
-    response = _ClosingStream(
-        events(), source, state, cancelled, media_type="text/event-stream", headers=headers
-    )
+    response = _ClosingStream(events(), source, state, cancelled, headers)
     return response

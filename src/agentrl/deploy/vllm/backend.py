@@ -226,8 +226,8 @@ class VllmBackend(UpstreamBackend):
     async def stream(self, model_id: str, request: ChatRequest) -> AsyncIterator[tuple[str, Any]]:
         self._ready(model_id)
         async for kind, value in super().stream(model_id, request):
-            if kind == "chunk":
-                value = self._shape(request, value)
+            if kind == "chunks":
+                value = [self._shape(request, v) for v in value]
             elif kind == "done":
                 value.constrained = any(getattr(request, k, None) for k in STRUCTURED)
             yield kind, value
