@@ -56,3 +56,18 @@ def data_dir(tmp_path: Path) -> Path:
     d = tmp_path / "agentrl-data"
     d.mkdir()
     return d
+
+
+@pytest.fixture()
+def fresh_label_caps() -> Iterator[None]:
+    """Empty metric label caps: earlier tests in the same process (the gateway, the deployer,
+    other lineages) may have used up a cap's values, after which a new version or lineage is
+    counted as "other" — correct in production, not what a test of the labels looks at."""
+    from agentrl.observability import instrument, metrics
+
+    for cap in vars(metrics).values():
+        if isinstance(cap, metrics.LabelCap | metrics.VersionLabels):
+            cap.reset()
+    metrics._lineage_of.clear()
+    instrument._clear_children()
+    yield
