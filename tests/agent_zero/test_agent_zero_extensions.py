@@ -10,8 +10,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
 from agentrl.contracts import TrajectoryEvent
 from agentrl.contracts.schemas import wire_schema
 from conftest import Checkout, recording, trajectories_of
@@ -40,6 +38,8 @@ def no_nulls(value: Any) -> bool:
 
 
 def check_wire(payload: dict[str, Any]) -> TrajectoryEvent:
+    import jsonschema  # here, not at the top: ~2 s of CPU in every collecting process
+
     assert set(payload) <= SEED_TOP
     assert no_nulls(payload)
     assert str(uuid.UUID(payload["trajectory_id"])) == payload["trajectory_id"]

@@ -9,11 +9,11 @@ a real nats-server."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
 from test_agent_zero_gateway import LiteLLMChatModel, serve
 
@@ -25,7 +25,11 @@ from agentrl.deploy.structured import constraint_for
 from agentrl.integrations.agent_zero import structured
 from conftest import Checkout, stream_payloads, trajectories_of
 
-pytest.importorskip("litellm")
+# litellm is imported where it is called (test_agent_zero_gateway): ~4 s of CPU otherwise
+# paid by every pytest process collecting this module
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("litellm") is None, reason="litellm (Agent Zero's client)"
+)
 
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_layers": 2}
 TOOLS = {"code_execution_tool", "response", "rl_training"}  # rl_training: the plugin's own
@@ -102,6 +106,8 @@ async def one_turn(
 async def test_structured_outputs_ask_for_agent_zeros_schema_and_the_answer_fits(
     checkout: Checkout, gateway: str, a0_nats: Any
 ) -> None:
+    import jsonschema  # here, not at the top: ~2 s of CPU in every collecting process
+
     agent, model = await one_turn(checkout, gateway, 300, structured_outputs=True)
     fmt = model.kwargs_seen["response_format"]
     assert fmt["type"] == "json_schema" and fmt["json_schema"]["name"] == "agent_zero_response"
@@ -139,6 +145,8 @@ async def test_structured_outputs_off_by_default_send_no_response_format(
 
 
 def test_tool_names_stay_free_when_they_cannot_be_known() -> None:
+    import jsonschema
+
     class NoTools:  # outside Agent Zero (no helpers.subagents): nothing is forbidden
         config = None
 

@@ -206,7 +206,9 @@ async def test_restart_on_same_data_dir_keeps_messages_and_publisher_recovers(
 ) -> None:
     server = EmbeddedNats(data_dir=tmp_path)
     server.start()
-    bus = await Bus.connect(server.url, publish_retries=40)
+    # a 1 s publish timeout (5 s by default): the attempt sent while the server was down is
+    # given up and tried again (same Msg-Id) 1 s after, not 5
+    bus = await Bus.connect(server.url, publish_retries=40, publish_timeout=1.0)
     await bus.ensure_streams()
     await bus.publish_many([sample_trajectory(i) for i in range(50)])
     server.kill()  # a crash, not a clean shutdown

@@ -85,9 +85,11 @@ async def _bus(url: str, data_dir: Path) -> Bus:
 async def test_killed_runner_job_resumes_on_the_other_runner(nats, data_dir):
     bus = await _bus(nats.url, data_dir)
     statuses = await Statuses().start(bus)
-    ts = tsettings(batch_size=2, save_interval=1, sample_size=40)
+    # 20 trajectories: 16 steps, each with its checkpoint (the kill lands at step 2; the
+    # resumed job's 30 more steps of the 40 it had took ~9 s quiet, 3x that under load)
+    ts = tsettings(batch_size=2, save_interval=1, sample_size=20)
     await publish_data(
-        bus, [trajectory(i, task=f"t{i // 4}") for i in range(40)], [(i % 4) / 3 for i in range(40)]
+        bus, [trajectory(i, task=f"t{i // 4}") for i in range(20)], [(i % 4) / 3 for i in range(20)]
     )
     procs = {name: _start(nats.url, data_dir, name, ts) for name in ("runner-a", "runner-b")}
     try:
@@ -137,6 +139,32 @@ async def test_killed_runner_job_resumes_on_the_other_runner(nats, data_dir):
         await bus.close()
 
 
+async def _trigger_owner(kv: Any) -> str:
+    from nats.js.errors import KeyDeletedError, KeyNotFoundError
+
+    try:
+        entry = await kv.get("training.training.triggers")
+    except (KeyNotFoundError, KeyDeletedError):
+        return ""
+    return str(json.loads(entry.value)["owner"])
+
+
+async def _both_counting(bus: Bus, procs: dict[str, Any]) -> None:
+    """Each runner's own reward consumer exists (it counts every reward from then on)."""
+    from nats.js.errors import NotFoundError
+
+    deadline = time.monotonic() + 60
+    for name in procs:
+        while True:
+            assert procs[name].poll() is None, f"{name} exited"
+            try:
+                await bus.js.consumer_info("RL_REWARDS", f"training-threshold-{name}")
+                break
+            except NotFoundError:
+                assert time.monotonic() < deadline, f"{name} never consumed the rewards"
+                await asyncio.sleep(0.05)
+
+
 @pytest.mark.slow
 async def test_threshold_watched_by_two_runners_fires_one_job(nats, data_dir):
     """Ten rewards, threshold ten, two runners: one job. The runner that fired is then
@@ -154,7 +182,7 @@ async def test_threshold_watched_by_two_runners_fires_one_job(nats, data_dir):
     await bus.nc.subscribe("agent.rl.training.request.v1", cb=on_request)
     procs = {name: _start(nats.url, data_dir, name, ts) for name in ("runner-a", "runner-b")}
     try:
-        await asyncio.sleep(3)  # both consuming
+        await _both_counting(bus, procs)  # both consuming (was a fixed 3 s)
         await publish_data(bus, [trajectory(i) for i in range(10)], [0.5] * 10)
 
         def job_ids() -> set[str]:
@@ -170,8 +198,15 @@ async def test_threshold_watched_by_two_runners_fires_one_job(nats, data_dir):
         procs[holder].send_signal(signal.SIGKILL)
         procs[holder].wait(10)
         other = next(n for n in procs if n != holder)
-        await asyncio.sleep(LEASE_TTL_S * 3)
-        owner = json.loads((await kv.get("training.training.triggers")).value)["owner"]
+        # the other takes the triggers once the lease expired (within 3 TTLs), then fires
+        # what it counted at once: a second job would show within a TTL of the take-over
+        # (a fixed 3 TTLs before)
+        deadline = time.monotonic() + LEASE_TTL_S * 3
+        while not (await _trigger_owner(kv)).startswith(f"{other}-"):
+            assert time.monotonic() < deadline, await _trigger_owner(kv)
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(LEASE_TTL_S)
+        owner = await _trigger_owner(kv)
         assert owner.startswith(f"{other}-"), owner
         assert job_ids() == {job_id}, job_ids()
         assert [s["training_job_id"] for s in await all_statuses(bus.js)] == [job_id]

@@ -38,6 +38,11 @@ def training_app(settings: Settings, bus: Any) -> Any:
 @pytest.fixture()
 def api(nats, data_dir) -> Iterator[tuple[str, Settings]]:
     """The router served by uvicorn over real HTTP, with its own event loop and bus."""
+    yield from serve_api(nats, data_dir)
+
+
+def serve_api(nats, data_dir, **bus_kw: Any) -> Iterator[tuple[str, Settings]]:
+    """Serve the router until the generator is closed (`bus_kw`: the API's bus options)."""
     import uvicorn
 
     settings = settings_for(data_dir, nats.url).model_copy(update={"api_tokens": TOKENS})
@@ -47,7 +52,7 @@ def api(nats, data_dir) -> Iterator[tuple[str, Settings]]:
 
     def run() -> None:
         async def main() -> None:
-            bus = await Bus.connect(nats.url, settings=settings)
+            bus = await Bus.connect(nats.url, settings=settings, **bus_kw)
             await bus.ensure_streams()
             config = uvicorn.Config(
                 training_app(settings, bus), host="127.0.0.1", port=port, log_level="warning"

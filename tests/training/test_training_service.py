@@ -283,20 +283,26 @@ async def main():
     await TrainingService(bus, settings).run(asyncio.Event())
 asyncio.run(main())
 """
+RESTART_LEASE_TTL_S = 3.0
 
 
 async def test_killed_service_resumes_the_job_after_restart(nats, data_dir):
     bus = await _bus(nats, data_dir)
     statuses = await Statuses().start(bus)
     settings = settings_for(data_dir, nats.url)
-    ts = tsettings(batch_size=2, save_interval=1, sample_size=40)
+    # 20 trajectories: 16 steps, each with its checkpoint (the kill lands at step 2; the
+    # resumed job's 30 more steps of the 40 it had took ~9 s quiet, 3x that under load)
+    ts = tsettings(batch_size=2, save_interval=1, sample_size=20)
     await publish_data(
-        bus, [trajectory(i, task=f"t{i // 4}") for i in range(40)], [(i % 4) / 3 for i in range(40)]
+        bus, [trajectory(i, task=f"t{i // 4}") for i in range(20)], [(i % 4) / 3 for i in range(20)]
     )
     env = {
         **os.environ,
         "AGENTRL_DATA_DIR": str(data_dir),
         "AGENTRL_NATS_URL": nats.url,
+        # the restarted service takes the job once the killed one's lease has expired: a 3 s
+        # TTL (as the runner-replica tests use) instead of the default 10 s of waiting
+        "AGENTRL_TRAINING_LEASE_TTL_S": str(RESTART_LEASE_TTL_S),
         **{
             f"AGENTRL_TRAINING_{k.upper()}": (
                 json.dumps(v) if isinstance(v, dict | list) else str(v)
@@ -313,7 +319,7 @@ async def test_killed_service_resumes_the_job_after_restart(nats, data_dir):
         await _wait(lambda: _progress_at(statuses, job_id, 2), 180)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-        async with running_service(bus, settings, ts) as svc:
+        async with running_service(bus, settings, ts, lease_ttl_s=RESTART_LEASE_TTL_S) as svc:
             final = await statuses.wait(job_id, ("completed", "failed"), 180)
             states = statuses.states(job_id)
             assert svc.store.get(job_id).status == final["status"], "never left 'running'"

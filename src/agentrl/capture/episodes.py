@@ -303,7 +303,11 @@ class EpisodeBook:
         self, ep: OpenEpisode, msgs: list[dict[str, Any]]
     ) -> tuple[Conversation, list[dict[str, Any]]]:
         """The thread this request continues (or a new one) and its new messages."""
-        last = max((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), default=-1)
+        # the last assistant message, looked for from the end: a request carries the whole
+        # history, and a scan from the start made each turn of a long episode cost its length
+        last = next(
+            (i for i in range(len(msgs) - 1, -1, -1) if msgs[i].get("role") == "assistant"), -1
+        )
         if last >= 0:
             for sig in signatures(msgs[last]):
                 t = ep.answers.get(sig)

@@ -82,7 +82,7 @@ class OffPolicyEstimate:
         }
 
 
-def _weights(logp: np.ndarray, mu: np.ndarray) -> np.ndarray:
+def _weights(logp: np.ndarray, mu: np.ndarray | float) -> np.ndarray:
     w = np.exp(np.clip(logp - mu, -CLIP, CLIP))
     return w / w.mean()
 
@@ -131,25 +131,34 @@ def estimate(
 
     def values(pick: np.ndarray, g: np.ndarray, m: int) -> tuple[float, float, float]:
         """(gain of new, gain of base, standard error of their difference)."""
-        centred = r[pick] - _traj_mean(r[pick], g, m)
-        w_new, w_base = _weights(new[pick], mu[pick]), _weights(base[pick], mu[pick])
+        r_p, mu_p = r[pick], mu[pick]  # each row gathered once (this runs per resample)
+        lr_new, lr_base = new[pick] - mu_p, base[pick] - mu_p
+        centred = r_p - _traj_mean(r_p, g, m)
+        w_new, w_base = _weights(lr_new, 0.0), _weights(lr_base, 0.0)
         gain_new = _gain(w_new, centred, g, m)
         gain_base = _gain(w_base, centred, g, m)
-        psi = _influence(new[pick] - mu[pick], centred, g, m)
-        psi -= _influence(base[pick] - mu[pick], centred, g, m)
+        psi = _influence(lr_new, centred, g, m)
+        psi -= _influence(lr_base, centred, g, m)
         se = float(psi.std(ddof=1) / np.sqrt(m)) if m > 1 else 0.0
         return gain_new, gain_base, se
 
     all_idx = np.arange(len(decisions))
     gain_new, gain_base, se = values(all_idx, group, n)
     diff = gain_new - gain_base
-    members = [np.flatnonzero(group == g) for g in range(n)]
+    # each trajectory's decisions as one block of `order` (ascending, as flatnonzero gives
+    # them): a resample's rows are gathered with array operations, not 2n small ones
+    order = np.argsort(group, kind="stable")
+    lengths = np.bincount(group, minlength=n)
+    starts = np.cumsum(lengths) - lengths
+    slots = np.arange(n)
     rng = np.random.default_rng(seed)
     pivots = []
     for _ in range(resamples):
         draw = rng.integers(0, n, n)
-        pick = np.concatenate([members[g] for g in draw])
-        g = np.concatenate([np.full(len(members[g]), k) for k, g in enumerate(draw)])
+        lens = lengths[draw]
+        g = np.repeat(slots, lens)
+        within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+        pick = order[np.repeat(starts[draw], lens) + within]
         a, c, se_b = values(pick, g, n)
         if se_b > 0.0:
             pivots.append((a - c - diff) / se_b)
