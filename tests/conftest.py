@@ -70,4 +70,7 @@ def fresh_label_caps() -> Iterator[None]:
             cap.reset()
     metrics._lineage_of.clear()
     instrument._clear_children()
+    was_on = metrics.enabled()
+    metrics.set_enabled(True)
     yield
+    metrics.set_enabled(was_on)

@@ -375,6 +375,7 @@ async def test_a_job_status_registers_into_its_lineage_and_a_paused_lineage_wait
     assert not (await t.d.registry.get_rollout(t.a)).paused  # type: ignore[union-attr]
 
 
+@pytest.mark.usefixtures("fresh_label_caps")  # a process's 33rd lineage is "other"
 async def test_one_lineages_split_write_keeps_the_others_traffic_metric(nats_url: str) -> None:
     """The traffic ratio per version (its id names its lineage) of every lineage: a write of
     one lineage's split used to zero every other lineage's versions."""
