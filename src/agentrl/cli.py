@@ -72,7 +72,7 @@ PLUGINS = (
 
 
 def _register_plugins() -> None:
-    from agentrl.plugins import optional_module
+    from agentrl.core.plugins import optional_module
 
     for name in PLUGINS:
         module = optional_module(name)
@@ -89,7 +89,7 @@ def _root(
         help="Log at DEBUG level, every record on the console (loop, learn and soak too).",
     ),
 ) -> None:
-    from agentrl.logs import setup_logging
+    from agentrl.core.logs import setup_logging
 
     setup_logging(logging.DEBUG if verbose else None, verbose=verbose)
 

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from agentrl.cli import app
-from agentrl.configcli import first_sentence
+from agentrl.core.configcli import first_sentence
 from agentrl.integrations.agent_zero.options import (
     FeedbackOptions,
     FlushOptions,

@@ -14,13 +14,13 @@ import pytest
 from a0_standins import LoopData, classes_in, install_standins, make_checkout, remove_standins
 
 from agentrl.bus.server import free_port
+from agentrl.core.settings import Settings
 from agentrl.integrations.agent_zero import hooks, state
 from agentrl.integrations.agent_zero.feedback import (
     feedback_event,
     last_trajectory_id,
     send_feedback,
 )
-from agentrl.settings import Settings
 from conftest import Checkout, recording, stream_payloads
 
 pytest.importorskip(

@@ -17,7 +17,7 @@ from agentrl.bus.bench import failover_drill, sample_trajectory
 from agentrl.bus.server import NatsCluster, free_port
 from agentrl.contracts.streams import StreamSpec
 from agentrl.contracts.trajectory import TrajectoryEvent
-from agentrl.settings import Settings
+from agentrl.core.settings import Settings
 
 SLOW = os.environ.get("AGENTRL_SLOW") == "1"
 

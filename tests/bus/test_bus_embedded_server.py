@@ -81,7 +81,7 @@ def test_no_orphan_server_when_parent_is_killed(tmp_path: Path) -> None:
 
 
 def test_settings_read_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from agentrl.settings import Settings
+    from agentrl.core.settings import Settings
 
     monkeypatch.setenv("AGENTRL_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("NATS_URL", "nats://example:4222")
@@ -93,8 +93,8 @@ def test_token_auth_config_is_enforced(tmp_path: Path) -> None:
     import asyncio
 
     from agentrl.bus import Bus, EmbeddedNats
-    from agentrl.errors import BusError
-    from agentrl.settings import Settings
+    from agentrl.core.errors import BusError
+    from agentrl.core.settings import Settings
 
     settings = Settings(data_dir=tmp_path, nats_token="s3cret-token")
     with EmbeddedNats(settings=settings) as server:

@@ -15,7 +15,7 @@ from agentrl.bus.bench import sample_trajectory
 from agentrl.contracts import model_for
 from agentrl.contracts.streams import StreamSpec
 from agentrl.contracts.trajectory import TrajectoryEvent
-from agentrl.errors import PayloadTooLargeError
+from agentrl.core.errors import PayloadTooLargeError
 
 DATA = Path(__file__).parent.parent / "contracts" / "data"
 SUBJECT = TrajectoryEvent.SUBJECT
@@ -246,7 +246,7 @@ def test_server_log_and_config(tmp_path: Path) -> None:
 
 
 async def test_replicas_on_a_single_server_is_a_clear_error(nats_url: str) -> None:
-    from agentrl.errors import BusError
+    from agentrl.core.errors import BusError
 
     b = await Bus.connect(nats_url, stream_replicas=3)
     try:

@@ -15,7 +15,7 @@ import uvicorn
 
 from agentrl.app.api import create_app
 from agentrl.bus import Bus
-from agentrl.settings import Settings
+from agentrl.core.settings import Settings
 
 
 async def main(url: str, port: int, data_dir: Path) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from agentrl.bus import Bus
 from agentrl.contracts.training import Dataset
-from agentrl.settings import Settings
+from agentrl.core.settings import Settings
 from agentrl.warehouse.backend import open_backend
 from agentrl.warehouse.config import WarehouseSettings
 from agentrl.warehouse.export import clickhouse_load_data, select_dataset

@@ -137,10 +137,10 @@ async def harness(
     from agentrl.app.api import create_app
     from agentrl.capture.service import CaptureService
     from agentrl.capture.settings import CaptureSettings
+    from agentrl.core.settings import Settings
     from agentrl.deploy.backends import LocalBackend
     from agentrl.deploy.gateway import CompletionLog, GatewayState, create_gateway_app
     from agentrl.rewards.service import RewardService
-    from agentrl.settings import Settings
 
     marker = request.node.get_closest_marker("capture")
     overrides = dict(marker.kwargs) if marker else {}

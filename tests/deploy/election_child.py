@@ -24,10 +24,10 @@ async def main(
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
     from agentrl.bus import Bus
+    from agentrl.core.settings import Settings
     from agentrl.deploy.config import DeploySettings, RolloutPlan
     from agentrl.deploy.gateway import create_gateway_app
     from agentrl.deploy.service import build, run_elected
-    from agentrl.settings import Settings
 
     plan = RolloutPlan.model_validate_json(plan_json)
     bus = await Bus.connect(nats_url)

@@ -18,10 +18,10 @@ async def main(nats_url: str, bucket: str, public: str, data_dir: str, plan_json
     import httpx
 
     from agentrl.bus import Bus
+    from agentrl.core.settings import Settings
     from agentrl.deploy.config import DeploySettings, RolloutPlan
     from agentrl.deploy.gateway import create_gateway_app
     from agentrl.deploy.service import build
-    from agentrl.settings import Settings
 
     plan = RolloutPlan.model_validate_json(plan_json)
     bus = await Bus.connect(nats_url)

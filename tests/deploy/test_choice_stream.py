@@ -15,11 +15,11 @@ import torch
 from deploy_helpers import free_port
 from openai import AsyncOpenAI
 
+from agentrl.core.httpserve import serve_http
 from agentrl.deploy.backends import LocalBackend
 from agentrl.deploy.decoding import ChoiceMatcher
 from agentrl.deploy.gateway import GatewayState, create_gateway_app
 from agentrl.deploy.openai_types import ChatRequest
-from agentrl.httpserve import serve_http
 
 MSG = [{"role": "user", "content": "Pick one."}]
 # two long choices (hundreds of tokens each): seconds of decoding on CPU

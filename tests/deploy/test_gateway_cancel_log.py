@@ -16,6 +16,7 @@ from deploy_helpers import free_port
 from openai import AsyncOpenAI
 
 from agentrl.bus import Bus
+from agentrl.core.httpserve import serve_http
 from agentrl.deploy.backends import LocalBackend
 from agentrl.deploy.gateway import (
     COMPLETION_HEADER,
@@ -24,7 +25,6 @@ from agentrl.deploy.gateway import (
     create_gateway_app,
 )
 from agentrl.deploy.openai_types import ChatRequest
-from agentrl.httpserve import serve_http
 
 MSG = [{"role": "user", "content": "Tell me a long story."}]
 LONG = 1500  # seconds of decoding on CPU: the client is gone long before

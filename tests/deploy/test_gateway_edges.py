@@ -16,9 +16,9 @@ import pytest
 from deploy_helpers import free_port
 from openai import AsyncOpenAI
 
+from agentrl.core.httpserve import serve_http
 from agentrl.deploy.backends import LocalBackend
 from agentrl.deploy.gateway import GatewayState, create_gateway_app
-from agentrl.httpserve import serve_http
 
 MSG = [{"role": "user", "content": "Tell me a long story."}]
 LONG = 1900  # the tiny model's context is 2048: long enough to take seconds on CPU

@@ -22,10 +22,10 @@ from openai.types.chat import ChatCompletion
 from agentrl.bus import Bus
 from agentrl.contracts.base import utcnow
 from agentrl.contracts.reward import RewardEvent
+from agentrl.core.settings import Settings
 from agentrl.deploy.config import Analysis, DeploySettings, RolloutPlan, Step
 from agentrl.deploy.gateway import VERSION_HEADER, create_gateway_app
 from agentrl.deploy.service import build
-from agentrl.settings import Settings
 
 MSG = [{"role": "user", "content": "hi"}]
 

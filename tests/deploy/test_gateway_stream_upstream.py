@@ -19,9 +19,9 @@ import orjson
 import pytest
 from deploy_helpers import free_port
 
+from agentrl.core.httpserve import serve_http
 from agentrl.deploy.backends import UpstreamBackend
 from agentrl.deploy.gateway import CompletionLog, GatewayState, create_gateway_app
-from agentrl.httpserve import serve_http
 
 
 def _event(delta: dict[str, Any] | None, finish: str | None = None, usage: bool = False) -> bytes:

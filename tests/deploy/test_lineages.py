@@ -17,12 +17,12 @@ import pytest
 from deploy_helpers import free_port
 
 from agentrl.bus import Bus
+from agentrl.core.settings import Settings
 from agentrl.deploy.config import Analysis, DeploySettings, RolloutPlan, Step
 from agentrl.deploy.gateway import VERSION_HEADER, create_gateway_app
 from agentrl.deploy.lineage import Lineages, check_name
 from agentrl.deploy.service import Deployment, build
 from agentrl.rollout.testing_server import ScriptedOpenAIServer, ScriptedReply
-from agentrl.settings import Settings
 
 
 def _plan(pause: float) -> RolloutPlan:

@@ -214,9 +214,9 @@ async def test_a_restarted_controller_rolls_back_on_evidence_from_before(
 ) -> None:
     """The controller of a fresh process sees a rollout begun by another one: its first
     look reads the rewards since the rollout began and rolls the worse canary back."""
+    from agentrl.core.settings import Settings
     from agentrl.deploy.config import DeploySettings, RolloutPlan, Step
     from agentrl.deploy.service import build
-    from agentrl.settings import Settings
 
     bus = await Bus.connect(nats_url)
     await bus.ensure_streams()

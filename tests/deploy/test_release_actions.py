@@ -36,12 +36,12 @@ import pytest
 from agentrl.bus import Bus
 from agentrl.contracts.base import utcnow
 from agentrl.contracts.reward import RewardEvent
+from agentrl.core.settings import Settings
 from agentrl.deploy.actions import Deployer
 from agentrl.deploy.config import Analysis, DeploySettings, RolloutPlan, Step
 from agentrl.deploy.errors import DeployError
 from agentrl.deploy.registry import Registry
 from agentrl.rollout.testing_server import ScriptedOpenAIServer, ScriptedReply
-from agentrl.settings import Settings
 
 CHILD = Path(__file__).with_name("release_child.py")
 BY = "agentrl-deploy-controller"

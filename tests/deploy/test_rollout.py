@@ -21,11 +21,11 @@ from agentrl.bus.bench import sample_trajectory
 from agentrl.contracts.base import utcnow
 from agentrl.contracts.reward import RewardEvent
 from agentrl.contracts.trajectory import TrajectoryEvent
+from agentrl.core.settings import Settings
 from agentrl.deploy.config import Analysis, DeploySettings, RolloutPlan, Step
 from agentrl.deploy.gateway import VERSION_HEADER, create_gateway_app
 from agentrl.deploy.service import Deployment, build
 from agentrl.rollout.testing_server import ScriptedOpenAIServer, ScriptedReply
-from agentrl.settings import Settings
 
 
 class Harness:

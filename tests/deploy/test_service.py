@@ -12,7 +12,7 @@ from deploy_helpers import free_port
 from openai import AsyncOpenAI
 
 from agentrl.bus import Bus
-from agentrl.settings import Settings
+from agentrl.core.settings import Settings
 
 
 async def test_serve_runs_gateway_and_controller(

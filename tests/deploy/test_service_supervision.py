@@ -14,8 +14,8 @@ from deploy_helpers import free_port
 
 from agentrl.app.stack import ServiceHealth, supervise
 from agentrl.bus import Bus
-from agentrl.settings import Settings
-from agentrl.supervision import InnerTaskFailed, keep_running, run_tasks
+from agentrl.core.settings import Settings
+from agentrl.core.supervision import InnerTaskFailed, keep_running, run_tasks
 
 
 async def test_gateway_port_taken_fails_the_deployment_service_visibly(

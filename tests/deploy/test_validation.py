@@ -15,6 +15,7 @@ from deploy_helpers import TINY
 from agentrl.bus import Bus
 from agentrl.contracts.base import utcnow
 from agentrl.contracts.training import TrainingStatus
+from agentrl.core.settings import Settings
 from agentrl.deploy.config import DeploySettings
 from agentrl.deploy.registry import ModelRecord
 from agentrl.deploy.service import build
@@ -29,7 +30,6 @@ from agentrl.deploy.validation import (
     score_refusal,
     score_toxicity,
 )
-from agentrl.settings import Settings
 
 SEED_KEYS = {"benchmark_passed", "safety_checks_passed", "performance_regression"}
 TYPES = {"tool_usage": ["tooluse-arithmetic"], "research_synthesis": ["frozenlake-4x4"]}

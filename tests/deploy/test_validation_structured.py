@@ -9,6 +9,7 @@ from pathlib import Path
 
 from deploy_helpers import TINY
 
+from agentrl.core.episodes import Message
 from agentrl.deploy.config import DeploySettings
 from agentrl.deploy.engine_policy import EnginePolicy
 from agentrl.deploy.local import LocalEngine
@@ -16,7 +17,6 @@ from agentrl.deploy.registry import ModelRecord
 from agentrl.deploy.validation import Validator
 from agentrl.envs.registry import task_for
 from agentrl.envs.tooluse.agent_prompt import SYSTEM_PROMPT, response_schema
-from agentrl.episodes import Message
 from agentrl.rollout.worker import RLRolloutWorker
 
 FORMAT = {

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl.errors import TrainingError
+from agentrl.core.errors import TrainingError
 from agentrl.llm.checkpoint import (
     MANIFEST,
     STATE_FILE,

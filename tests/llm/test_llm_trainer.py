@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from agentrl.errors import TrainingError
+from agentrl.core.errors import TrainingError
 from agentrl.llm.config import TrainerConfig
 from agentrl.llm.forward import run_head
 from agentrl.llm.loading import load_policy

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.cachedirs import cache_home, models_home
+from agentrl.core.cachedirs import cache_home, models_home
 
 
 def test_the_cache_follows_xdg_and_its_overrides(tmp_path: Path) -> None:
@@ -29,8 +29,8 @@ def test_two_data_dirs_and_two_working_dirs_share_one_conversion(
 ) -> None:
     """`agentrl up --data-dir D` from two directories finds one converted model (it used to
     convert into `./.agentrl/models` under the working directory)."""
+    from agentrl.core.settings import get_settings
     from agentrl.llm.loading import SMOLLM2_DIRNAME, smollm2_dir
-    from agentrl.settings import get_settings
 
     monkeypatch.delenv("AGENTRL_MODELS_DIR", raising=False)
     monkeypatch.delenv("AGENTRL_CACHE_DIR", raising=False)

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from agentrl.errors import TrainingError
+from agentrl.core.errors import TrainingError
 from agentrl.llm.loading import _check_converted
 
 
@@ -30,8 +30,8 @@ def test_a_loops_jobs_load_the_base_its_gateway_converted(
     process with `AGENTRL_MODELS_DIR` looks there. The default is the user cache, the same
     for every data dir (issue 50.8: each new data dir converted again, 6.5 min)."""
     from agentrl.app.loop import LoopConfig, loop_environment
+    from agentrl.core.settings import get_settings
     from agentrl.llm.loading import SMOLLM2_DIRNAME, smollm2_dir
-    from agentrl.settings import get_settings
 
     monkeypatch.delenv("AGENTRL_MODELS_DIR", raising=False)
     monkeypatch.setenv("AGENTRL_CACHE_DIR", str(tmp_path / "cache"))

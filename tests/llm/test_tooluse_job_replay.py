@@ -260,7 +260,7 @@ def mixed_records() -> list[Record]:
 def test_a_job_whose_rl_has_nothing_to_learn_trains_through_the_replay(tmp_path: Path) -> None:
     """Every attempt succeeded: all advantages are 0, so the RL term has no sample; the
     replay's supervised steps alone move the weights, after each of the 2 epochs."""
-    from agentrl.errors import TrainingError
+    from agentrl.core.errors import TrainingError
 
     recs = [record(attempt("arithmetic", 5, k, True), 1.0) for k in range(2)]
     recs += [record(attempt("data", 6, 0, True), 1.0)]

@@ -93,7 +93,7 @@ def test_a_fresh_run_empties_its_folder_but_keeps_the_converted_model(tmp_path: 
 _JOB = """
 import logging, logging.config, sys, warnings
 from pathlib import Path
-from agentrl.logs import audit, log_to_file, setup_logging
+from agentrl.core.logs import audit, log_to_file, setup_logging
 setup_logging(verbose=sys.argv[2] == "verbose")
 print(f"log: {log_to_file(Path(sys.argv[1]))}", flush=True)
 warnings.warn("an old api", FutureWarning)

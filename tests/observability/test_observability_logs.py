@@ -8,7 +8,7 @@ import json
 import logging
 from pathlib import Path
 
-from agentrl.logs import (
+from agentrl.core.logs import (
     ContextFilter,
     JsonFormatter,
     audit,
@@ -87,8 +87,8 @@ def test_audit_log_is_json_lines_with_ids(tmp_path: Path) -> None:
 def test_bind_and_configure_handler(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import contextvars
 
-    from agentrl.logs import bind, configure_handler
-    from agentrl.settings import get_settings
+    from agentrl.core.logs import bind, configure_handler
+    from agentrl.core.settings import get_settings
 
     monkeypatch.setenv("AGENTRL_LOG_JSON", "1")
     get_settings.cache_clear()

@@ -16,9 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agentrl.app.api import create_app
 from agentrl.bus.client import Bus
+from agentrl.core.settings import Settings
 from agentrl.observability import collectors
 from agentrl.observability import metrics as m
-from agentrl.settings import Settings
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -26,9 +26,9 @@ from agentrl.bus.server import EmbeddedNats
 from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.subjects import TRAJECTORY
 from agentrl.contracts.trajectory import TrajectoryEvent
+from agentrl.core.settings import Settings
 from agentrl.observability import generate
 from agentrl.observability import metrics as m
-from agentrl.settings import Settings
 
 OPS = Path(__file__).resolve().parents[2] / "ops"
 PROMETHEUS = shutil.which("prometheus")

@@ -26,10 +26,10 @@ from agentrl.bus.client import Bus
 from agentrl.contracts.deployment import ModelDeployed
 from agentrl.contracts.reward import RewardEvent
 from agentrl.contracts.training import TrainingRequest, TrainingStatus
+from agentrl.core.stats import wilson
 from agentrl.deploy.actions import Deployer
 from agentrl.deploy.config import RolloutPlan, Step
 from agentrl.deploy.registry import Registry
-from agentrl.stats import wilson
 
 PASSED = {"benchmark_passed": True, "safety_checks_passed": True, "performance_regression": False}
 

@@ -17,9 +17,9 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentrl.app.api import create_app
+from agentrl.core.settings import Settings
 from agentrl.observability import instrument
 from agentrl.observability import metrics as m
-from agentrl.settings import Settings
 
 FAMILIES = (
     "agent_rl_training_jobs_total",
@@ -103,7 +103,7 @@ FRESH = textwrap.dedent(
     from agentrl.app.api import create_app
     from agentrl.bus import Bus
     from agentrl.deploy.registry import Registry
-    from agentrl.settings import Settings
+    from agentrl.core.settings import Settings
 
     async def main(url, bucket, public):
         bus = await Bus.connect(url)

@@ -90,7 +90,7 @@ def test_apex_two_actors_two_shards(local_ray: None) -> None:
 
 
 def test_apex_refuses_more_actors_than_the_cluster_can_place(local_ray: None) -> None:
-    from agentrl.errors import ConfigError
+    from agentrl.core.errors import ConfigError
 
     cfg = load_config(CARTPOLE, **{"distributed.actor_num_cpus": 1.0})
     with pytest.raises(ConfigError, match="actor_num_cpus"):

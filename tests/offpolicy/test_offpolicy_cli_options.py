@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from agentrl.cli import app
-from agentrl.configcli import first_sentence
+from agentrl.core.configcli import first_sentence
 from agentrl.offpolicy.cli import CONFIG_OPTIONS
 from agentrl.offpolicy.config import AGMConfigEntity, load_config
 from agentrl.offpolicy.options import DqnBench, DqnRun, PerBench

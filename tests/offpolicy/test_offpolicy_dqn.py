@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from agentrl.errors import ConfigError
+from agentrl.core.errors import ConfigError
 from agentrl.offpolicy.collect import Evaluator, NStepAccumulator, VecEnv
 from agentrl.offpolicy.config import build_config
 from agentrl.offpolicy.dqn import DQNLearner, double_dqn_targets, parameters_checksum, td_loss

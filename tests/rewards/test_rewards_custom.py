@@ -13,7 +13,7 @@ import pytest
 
 from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.trajectory import TrajectoryEvent
-from agentrl.errors import ConfigError
+from agentrl.core.errors import ConfigError
 from agentrl.rewards import EvaluateResult, MetricResult, RewardConfig, StepOutput, reward_function
 from agentrl.rewards.custom import REGISTRY, RewardFunctionError, resolve, trajectory_messages
 from agentrl.rewards.pipeline import Failure, score_payloads

@@ -276,7 +276,7 @@ def test_turn_rewards_reach_gigpo_step_groups_where_no_attempt_succeeded() -> No
     """The reward service's per-turn rewards, put on StepData, give a group of failures
     (equal outcomes) non-zero step advantages at the state they share."""
     from agentrl.advantages.steps import set_turn_rewards, system_apply_gigpo_to_batch_steps
-    from agentrl.episodes import StepData
+    from agentrl.core.episodes import StepData
 
     group = [
         perfect_failure("g1"),

@@ -437,8 +437,8 @@ async def test_rewards_left_in_the_outbox_are_published_at_start(bus: Bus, tmp_p
 async def test_agentrl_up_entry_point_reads_rewards_yaml_from_the_data_dir(
     bus: Bus, tmp_path: Path
 ) -> None:
+    from agentrl.core.settings import Settings
     from agentrl.rewards.service import serve
-    from agentrl.settings import Settings
 
     (tmp_path / "rewards.yaml").write_text("total_reward: normalized\nwindow: 50\n")
     settings = Settings(data_dir=tmp_path)

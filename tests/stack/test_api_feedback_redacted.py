@@ -14,8 +14,8 @@ import httpx
 from agentrl.app.api import create_app
 from agentrl.bus import Bus
 from agentrl.bus.server import free_port
-from agentrl.httpserve import serve_http
-from agentrl.settings import Settings
+from agentrl.core.httpserve import serve_http
+from agentrl.core.settings import Settings
 
 PII = "call me on +1 415 555 0134 or write to jane.doe@example.com"
 

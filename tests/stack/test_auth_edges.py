@@ -14,12 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentrl.apiauth import OpenBindRefused, check_exposure
 from agentrl.app.stack import stack_services
 from agentrl.bus.server import free_port
+from agentrl.core.apiauth import OpenBindRefused, check_exposure
+from agentrl.core.httpserve import serve_http
+from agentrl.core.settings import Settings
 from agentrl.deploy.gateway import GatewayState, create_gateway_app
-from agentrl.httpserve import serve_http
-from agentrl.settings import Settings
 
 TOKENS = {"t-alice": {"name": "alice", "scopes": ["deploy:read"]}}
 
@@ -69,7 +69,7 @@ async def test_gateway_stats_need_a_key_and_health_is_up_down() -> None:
 
 
 def test_token_names_and_reserved_names() -> None:
-    from agentrl.apiauth import token_name
+    from agentrl.core.apiauth import token_name
 
     s = Settings(api_tokens={**TOKENS, "t-old": ["*"]})
     assert token_name(s, "t-alice") == "alice"

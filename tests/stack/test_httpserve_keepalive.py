@@ -12,7 +12,7 @@ import asyncio
 from typing import Any
 
 from agentrl.bus.server import free_port
-from agentrl.httpserve import KEEP_ALIVE_S, serve_http
+from agentrl.core.httpserve import KEEP_ALIVE_S, serve_http
 
 REQUEST = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
 

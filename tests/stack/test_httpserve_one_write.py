@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from agentrl.bus.server import free_port
-from agentrl.httpserve import _OneWriteTransport, serve_http
+from agentrl.core.httpserve import _OneWriteTransport, serve_http
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n"
 

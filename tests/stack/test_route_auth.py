@@ -22,9 +22,9 @@ from agentrl.bus import Bus
 from agentrl.bus.server import free_port
 from agentrl.capture.service import CaptureService
 from agentrl.capture.settings import CaptureSettings
+from agentrl.core.httpserve import serve_http
+from agentrl.core.settings import Settings
 from agentrl.deploy.gateway import GatewayState, create_gateway_app
-from agentrl.httpserve import serve_http
-from agentrl.settings import Settings
 
 # FastAPI's own documentation routes (the schema of the routes, no data) and, per app, the
 # routes meant to answer without credentials: up/down and Prometheus metrics.

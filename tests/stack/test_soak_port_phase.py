@@ -12,9 +12,9 @@ import httpx
 from agentrl.app.soak import SoakResult, _api_port_taken, _take_port
 from agentrl.app.stack import stack_services
 from agentrl.bus.server import free_port
+from agentrl.core.httpserve import serve_http
+from agentrl.core.settings import Settings
 from agentrl.deploy.gateway import GatewayState, create_gateway_app
-from agentrl.httpserve import serve_http
-from agentrl.settings import Settings
 
 
 async def test_soak_phase_api_port_taken(nats_url: str, tmp_path: Path) -> None:

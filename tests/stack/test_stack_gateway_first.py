@@ -18,8 +18,8 @@ import pytest
 
 from agentrl.app import stack
 from agentrl.bus.server import free_port
-from agentrl.httpserve import serve_http
-from agentrl.settings import Settings
+from agentrl.core.httpserve import serve_http
+from agentrl.core.settings import Settings
 
 EVENTS: list[tuple[str, float]] = []
 

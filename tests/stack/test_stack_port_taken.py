@@ -12,7 +12,7 @@ import httpx
 
 from agentrl.app.stack import ServiceHealth, stack_services, supervise
 from agentrl.bus.server import free_port
-from agentrl.settings import Settings
+from agentrl.core.settings import Settings
 
 
 def _hold(port: int) -> socket.socket:

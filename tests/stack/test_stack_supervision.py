@@ -10,7 +10,7 @@ import httpx
 
 from agentrl.app.stack import ServiceHealth, stack_services, supervise
 from agentrl.bus.server import free_port
-from agentrl.settings import Settings
+from agentrl.core.settings import Settings
 
 
 async def test_a_crashing_service_is_restarted_and_its_error_kept() -> None:

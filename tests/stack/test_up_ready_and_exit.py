@@ -23,7 +23,7 @@ import uvicorn
 
 from agentrl.app.stack import Probe, ServiceHealth, answers_http, supervise
 from agentrl.bus.server import free_port
-from agentrl.settings import Settings
+from agentrl.core.settings import Settings
 
 
 async def _ok(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]

@@ -4,7 +4,7 @@ all are read back, joined, and built into samples (two turns each)."""
 from __future__ import annotations
 
 from agentrl.bus import Bus
-from agentrl.settings import Settings
+from agentrl.core.settings import Settings
 from agentrl.training.bench import bench_dataset
 
 

@@ -187,7 +187,7 @@ async def test_load_data_with_a_seed_reads_only_the_sample(nats):
     """The job's loader: with a seed, `sampled` holds the same records as the full read's
     sample; without one (the old call), everything is read."""
     from agentrl.bus import Bus
-    from agentrl.settings import Settings
+    from agentrl.core.settings import Settings
     from agentrl.training.bench import _publish
     from agentrl.training.jobs import load_data
     from agentrl.training.requests import fill_request

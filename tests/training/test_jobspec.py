@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from agentrl.errors import TrainingError
+from agentrl.core.errors import TrainingError
 from agentrl.training.jobspec import TRAINERS, JobSpec
 from agentrl.training.requests import fill_request
 from agentrl.training.settings import TrainingSettings
@@ -108,7 +108,7 @@ def _guided(t: dict[str, Any]) -> dict[str, Any]:
 
 def _publish(url: str, n: int, guided: bool) -> None:
     from agentrl.bus import Bus
-    from agentrl.settings import Settings
+    from agentrl.core.settings import Settings
     from agentrl.training.bench import _reward, _trajectory
 
     async def go() -> None:

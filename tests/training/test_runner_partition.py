@@ -16,9 +16,9 @@ import pytest
 from training_helpers import Statuses, publish_data, settings_for, trajectory, tsettings
 
 from agentrl.bus import Bus
-from agentrl.errors import TrainingError
+from agentrl.core.errors import TrainingError
+from agentrl.core.settings import Settings
 from agentrl.llm.fence import FENCE_ENV, FENCE_FILE, read_fence
-from agentrl.settings import Settings
 from agentrl.training.requests import fill_request
 from agentrl.training.service import TrainingService
 from tcp_proxy import TcpProxy

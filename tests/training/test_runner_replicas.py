@@ -19,14 +19,14 @@ import pytest
 from training_helpers import Statuses, publish_data, trajectory, tsettings
 
 from agentrl.bus import Bus
-from agentrl.settings import Settings
+from agentrl.core.settings import Settings
 from agentrl.training.kv import all_statuses
 from agentrl.training.requests import fill_request
 
 SERVICE = """
 import asyncio
 from agentrl.bus import Bus
-from agentrl.settings import Settings
+from agentrl.core.settings import Settings
 from agentrl.training.service import TrainingService
 async def main():
     settings = Settings()

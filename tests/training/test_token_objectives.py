@@ -23,7 +23,7 @@ from training_helpers import (
 )
 
 from agentrl.bus import Bus
-from agentrl.errors import TrainingError
+from agentrl.core.errors import TrainingError
 from agentrl.llm.losses import policy_gradient_loss
 from agentrl.llm.samples import PolicySample
 from agentrl.training.objectives import shape_samples

@@ -15,7 +15,7 @@ from training_helpers import settings_for
 
 from agentrl.bus import Bus
 from agentrl.bus.server import free_port
-from agentrl.settings import Settings
+from agentrl.core.settings import Settings
 
 TOKENS = {
     "writer": ["training:write", "training:read", "feedback:write"],

@@ -275,7 +275,7 @@ async def test_redelivered_request_is_one_job_and_invalid_is_dead_lettered(nats,
 SERVICE = """
 import asyncio, sys
 from agentrl.bus import Bus
-from agentrl.settings import Settings
+from agentrl.core.settings import Settings
 from agentrl.training.service import TrainingService
 async def main():
     settings = Settings()

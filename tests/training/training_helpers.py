@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.bus import Bus
-from agentrl.settings import Settings
+from agentrl.core.settings import Settings
 from agentrl.training.settings import TrainingSettings
 
 TINY = {

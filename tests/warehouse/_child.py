@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from agentrl.bus import Bus
-from agentrl.settings import Settings
+from agentrl.core.settings import Settings
 from agentrl.warehouse.backend import WarehouseLocked, open_backend
 from agentrl.warehouse.config import WarehouseSettings
 from agentrl.warehouse.queries import Analytics

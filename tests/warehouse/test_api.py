@@ -13,7 +13,7 @@ import pytest
 
 from agentrl.app.api import serve
 from agentrl.contracts.training import Dataset
-from agentrl.settings import Settings
+from agentrl.core.settings import Settings
 from agentrl.warehouse import samples as S
 from agentrl.warehouse.export import clickhouse_source
 

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agentrl.settings import Settings
+from agentrl.core.settings import Settings
 
 
 @pytest.fixture()

@@ -15,7 +15,7 @@ import pytest
 from agentrl.bus import Bus, EmbeddedNats
 from agentrl.contracts.filters import FILTERS
 from agentrl.contracts.training import DatasetFilter, TrainingRequest
-from agentrl.settings import Settings
+from agentrl.core.settings import Settings
 from agentrl.training.dataset import apply_filters, latest_rewards
 from agentrl.training.jobs import load_data
 from agentrl.training.requests import fill_request

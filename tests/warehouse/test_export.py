@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from agentrl.contracts.training import Dataset, DatasetFilter
-from agentrl.settings import Settings
+from agentrl.core.settings import Settings
 from agentrl.warehouse import samples as S
 from agentrl.warehouse.export import (
     clickhouse_load_data,

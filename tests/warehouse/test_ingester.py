@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.bus import Bus, EmbeddedNats
-from agentrl.settings import Settings
+from agentrl.core.settings import Settings
 from agentrl.warehouse import samples as S
 from agentrl.warehouse.backend import ServerBackend, open_backend
 from agentrl.warehouse.config import WarehouseSettings

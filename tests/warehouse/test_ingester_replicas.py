@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.bus import Bus, EmbeddedNats
-from agentrl.settings import Settings
+from agentrl.core.settings import Settings
 from agentrl.warehouse import samples as S
 from agentrl.warehouse.backend import Backend
 from agentrl.warehouse.config import WarehouseSettings

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.settings import Settings
+from agentrl.core.settings import Settings
 from agentrl.warehouse import samples as S
 from agentrl.warehouse import schema
 from agentrl.warehouse.backend import Backend, SchemaTooNew, open_backend

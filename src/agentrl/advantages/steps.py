@@ -17,7 +17,7 @@ import numpy as np
 from agentrl.advantages.gigpo import Combine, EpisodeBaseline, GiGPOResult, Mode, gigpo_advantages
 
 if TYPE_CHECKING:
-    from agentrl.episodes import StepData
+    from agentrl.core.episodes import StepData
 
 DEFAULT_LAST_N_MESSAGES = 2
 

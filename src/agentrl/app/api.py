@@ -3,7 +3,7 @@
 Routers live in their packages (`agentrl.training.api`, `agentrl.warehouse.api`,
 `agentrl.deploy.api`, `agentrl.observability.api`), each exposing `router: APIRouter`;
 this module only mounts those that are installed, like `cli.py` does for commands. A router
-reaches the shared bus and settings through `request.app.state` (see `agentrl.apideps`),
+reaches the shared bus and settings through `request.app.state` (see `agentrl.core.apideps`),
 never by importing another service.
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 
-from agentrl.plugins import optional_module
-from agentrl.settings import Settings
+from agentrl.core.plugins import optional_module
+from agentrl.core.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +32,8 @@ ROUTERS: tuple[str, ...] = (
 def create_app(settings: Settings, bus: Any = None) -> FastAPI:
     """The control API over `bus` (an `agentrl.bus.Bus`, or None for routes that need none).
     Every route needs a token when tokens are configured, except those on the public list
-    (`agentrl.apiauth.PUBLIC_PATHS`): a router that forgets its scope check stays closed."""
-    from agentrl.apiauth import require_token
+    (`agentrl.core.apiauth.PUBLIC_PATHS`): a router that forgets its scope check stays closed."""
+    from agentrl.core.apiauth import require_token
 
     app = FastAPI(
         title="agentrl control API",
@@ -54,8 +54,8 @@ def create_app(settings: Settings, bus: Any = None) -> FastAPI:
         summary="Up or down; every supervised service's state to a caller with a token",
     )
     async def health(request: Request) -> dict[str, Any]:
-        from agentrl.apiauth import authenticated
         from agentrl.app.stack import running_stack
+        from agentrl.core.apiauth import authenticated
 
         stack = running_stack(app.state.bus)
         services = stack.health_report() if stack else {}
@@ -70,8 +70,8 @@ def create_app(settings: Settings, bus: Any = None) -> FastAPI:
 async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:
     """Serve the control API on `settings.api_host:settings.api_port` until `stop` is set.
     A port it cannot bind raises (`ListenError`): the stack restarts it, the rest runs on."""
-    from agentrl.apiauth import check_exposure
-    from agentrl.httpserve import serve_http
+    from agentrl.core.apiauth import check_exposure
+    from agentrl.core.httpserve import serve_http
 
     check_exposure(
         settings.api_host, bool(settings.api_tokens), "the control API", settings.allow_open

@@ -379,10 +379,10 @@ async def run(
     from agentrl.bus import Bus, EmbeddedNats
     from agentrl.capture.service import CaptureService
     from agentrl.capture.settings import CaptureSettings
+    from agentrl.core.settings import Settings
     from agentrl.deploy.backends import LocalBackend, UpstreamBackend
     from agentrl.deploy.gateway import CompletionLog, GatewayState, create_gateway_app
     from agentrl.deploy.local import LocalEngine
-    from agentrl.settings import Settings
 
     async def serve(app: Any, port: int) -> uvicorn.Server:
         server = uvicorn.Server(

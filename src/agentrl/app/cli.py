@@ -143,7 +143,7 @@ def _register_loop(app: typer.Typer) -> None:
     import inspect
 
     from agentrl.app.loop_config import LoopConfig
-    from agentrl.configcli import model_command
+    from agentrl.core.configcli import model_command
 
     own = [
         inspect.Parameter(
@@ -314,7 +314,7 @@ def _up_cluster(size: int, data_dir: str | None, services: bool, replicas: int =
 
     from agentrl.app.stack import run_stack
     from agentrl.bus.server import NatsCluster
-    from agentrl.settings import get_settings
+    from agentrl.core.settings import get_settings
 
     base = Path(data_dir) if data_dir else get_settings().data_dir
     with NatsCluster(base / "cluster", size=size) as nodes:
@@ -342,7 +342,7 @@ def _register_soak(app: typer.Typer) -> None:
     import inspect
 
     from agentrl.app.soak_config import SoakConfig
-    from agentrl.configcli import model_command
+    from agentrl.core.configcli import model_command
 
     own = [
         inspect.Parameter(
@@ -382,7 +382,7 @@ def _soak(overrides: dict[str, object], *, quick: bool, show_config: bool) -> No
 
     from agentrl.app.soak import LOG_FILE, main_json, run_soak, table
     from agentrl.app.soak_config import SoakConfig
-    from agentrl.logs import log_to_file
+    from agentrl.core.logs import log_to_file
 
     try:
         cfg = SoakConfig(**overrides)  # type: ignore[arg-type]

@@ -58,7 +58,7 @@ from agentrl.app.loop_results import (
     model_of,
     table,
 )
-from agentrl.stats import wilson
+from agentrl.core.stats import wilson
 
 __all__ = [  # the loop's names, importable from here as before the split
     "HELDOUT_OFFSET",
@@ -151,13 +151,13 @@ def prepare(run: Run, log_file: str | None) -> Any:
     the environment before they read them; the stack's `Settings`."""
     import logging
 
-    from agentrl.settings import Settings
+    from agentrl.core.settings import Settings
 
     for noisy in ("httpx", "httpx2"):  # one INFO line per agent request drowns the progress
         logging.getLogger(noisy).setLevel(logging.WARNING)
     run.data_dir = prepare_data_dir(Path(run.cfg.data_dir), fresh=run.cfg.fresh)
     if log_file:  # after the wipe of the data dir, before anything logs
-        from agentrl.logs import log_to_file
+        from agentrl.core.logs import log_to_file
 
         run.say(f"log: {log_to_file(run.data_dir / log_file)}")
     if run.cfg.env == "tooluse":

@@ -1,7 +1,7 @@
 """The settings of one `agentrl loop` run, its profiles, and what they set for the services.
 
 Every field's docstring is its `agentrl loop --OPTION` help (the command is drawn from this
-model: `agentrl.configcli`). Why the values are what they are (the measurements behind
+model: `agentrl.core.configcli`). Why the values are what they are (the measurements behind
 them) is in docs/guide/loop.md, "Why the loop's settings are what they are".
 """
 
@@ -357,8 +357,8 @@ def _system_prompt() -> str:
 def loop_task(cfg: LoopConfig, seed: int, family: str = "mixed", pool: str = "train") -> Any:
     """The agents' task: FrozenLake 4x4 (egocentric observations, shaped step rewards) with
     the learning configuration's short system prompt; or a tool-use question (`family`)."""
+    from agentrl.core.episodes import Message
     from agentrl.envs.registry import task_for
-    from agentrl.episodes import Message
 
     if cfg.env == "tooluse":
         from agentrl.app import loop_tooluse

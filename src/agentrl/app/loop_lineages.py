@@ -50,7 +50,7 @@ from agentrl.app.loop import (
     trained_and_decided,
     undecided,
 )
-from agentrl.stats import wilson
+from agentrl.core.stats import wilson
 
 BY = "agentrl-loop"
 
@@ -78,8 +78,8 @@ def specs(n: int) -> list[LineageSpec]:
 
 def lineage_task(cfg: LoopConfig, spec: LineageSpec, seed: int) -> Any:
     """`loop_task` on the lineage's own map size."""
+    from agentrl.core.episodes import Message
     from agentrl.envs.registry import task_for
-    from agentrl.episodes import Message
 
     task = task_for(
         spec.env_id,
@@ -246,10 +246,10 @@ async def run_lineages(
 
     from agentrl.app.stack import stack_services
     from agentrl.bus.server import EmbeddedNats
+    from agentrl.core.settings import Settings
     from agentrl.deploy.config import DeploySettings
     from agentrl.deploy.lineage import Lineages
     from agentrl.deploy.registry import Registry
-    from agentrl.settings import Settings
 
     for noisy in ("httpx", "httpx2"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -261,7 +261,7 @@ async def run_lineages(
     stages: dict[str, float] = {}
     data_dir = prepare_data_dir(Path(cfg.data_dir), fresh=cfg.fresh)
     if log_file:
-        from agentrl.logs import log_to_file
+        from agentrl.core.logs import log_to_file
 
         say(f"log: {log_to_file(data_dir / log_file)}")
     env = loop_environment(cfg)

@@ -45,9 +45,9 @@ def task(seed: int, max_steps: int, family: str = "mixed", pool: str = "train") 
     instead of 234 on the first turn, and not the prompt the warm start was trained on
     (`agent_prompt.messages_for`, what validation and `agentrl learn` send). `pool="unseen"`:
     the held-out pool of phrasings and kinds the training generator never produces."""
+    from agentrl.core.episodes import Message
     from agentrl.envs.registry import task_for
     from agentrl.envs.tooluse.agent_prompt import SYSTEM_PROMPT
-    from agentrl.episodes import Message
 
     env_id = ENV_ID if family == "mixed" else f"{ENV_ID}-{family}"
     kwargs: dict[str, Any] = {"view": "agent_zero"}

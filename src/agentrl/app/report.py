@@ -1100,7 +1100,7 @@ def run_report(
     """The CLI's entry: read the streams and the registry of the running stack (NATS_URL)
     and write the page, with the held-out rows of `out/heldout.json` when it is there."""
     from agentrl.bus.client import Bus
-    from agentrl.errors import ConfigError
+    from agentrl.core.errors import ConfigError
 
     if source not in ("auto", "streams"):
         raise ConfigError(

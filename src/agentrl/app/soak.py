@@ -471,7 +471,7 @@ async def run_soak(cfg: SoakConfig, say: Callable[[str], None] = print) -> SoakR
     from agentrl.app.stack import stack_services
     from agentrl.bus.client import Bus
     from agentrl.bus.server import EmbeddedNats, free_port
-    from agentrl.settings import Settings
+    from agentrl.core.settings import Settings
 
     for noisy in ("httpx", "httpx2"):  # one INFO line per agent request
         logging.getLogger(noisy).setLevel(logging.WARNING)

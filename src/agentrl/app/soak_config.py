@@ -1,5 +1,5 @@
 """The settings of one `agentrl soak` (its options are drawn from this model's fields and
-docstrings: `agentrl.configcli`)."""
+docstrings: `agentrl.core.configcli`)."""
 
 from __future__ import annotations
 

@@ -200,8 +200,8 @@ async def run_replicated_soak(cfg: SoakConfig, say: Callable[[str], None] = prin
 
     from agentrl.bus.client import Bus
     from agentrl.bus.server import EmbeddedNats, NatsCluster
+    from agentrl.core.settings import Settings
     from agentrl.deploy.config import DeploySettings
-    from agentrl.settings import Settings
 
     for noisy in ("httpx", "httpx2"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -32,8 +32,8 @@ from rich.console import Console
 
 from agentrl.bus.client import Bus
 from agentrl.bus.server import EmbeddedNats
-from agentrl.plugins import optional_module
-from agentrl.settings import Settings, get_settings
+from agentrl.core.plugins import optional_module
+from agentrl.core.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -606,7 +606,7 @@ def _run(url: str, settings: Settings, services: bool, console: Console, replica
 def preflight(settings: Settings) -> None:
     """Refuse to start an API beyond loopback with no token (`OpenBindRefused`), before
     anything starts, rather than each service failing on its own."""
-    from agentrl.apiauth import check_exposure
+    from agentrl.core.apiauth import check_exposure
 
     check_exposure(
         settings.api_host, bool(settings.api_tokens), "the control API", settings.allow_open
@@ -620,7 +620,7 @@ def preflight(settings: Settings) -> None:
 def run_stack(
     data_dir: str | None = None, port: int | None = None, services: bool = True, replicas: int = 1
 ) -> None:
-    from agentrl.apiauth import OpenBindRefused
+    from agentrl.core.apiauth import OpenBindRefused
 
     settings = get_settings()
     if data_dir:
@@ -664,7 +664,7 @@ async def _replica_main() -> None:
 
 
 if __name__ == "__main__":
-    from agentrl.logs import setup_logging
+    from agentrl.core.logs import setup_logging
 
     setup_logging()
     asyncio.run(_replica_main())

@@ -38,9 +38,9 @@ from agentrl.bus import deadletter, wire
 from agentrl.contracts.base import Event, utcnow
 from agentrl.contracts.streams import DLQ_PREFIX, STREAMS, StreamSpec, stream_for
 from agentrl.contracts.subjects import model_for
-from agentrl.errors import BusError, PayloadTooLargeError
+from agentrl.core.errors import BusError, PayloadTooLargeError
+from agentrl.core.settings import Settings, get_settings
 from agentrl.observability import instrument as obs
-from agentrl.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 

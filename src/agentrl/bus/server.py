@@ -22,8 +22,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from agentrl.errors import ServerError
-from agentrl.settings import Settings, get_settings
+from agentrl.core.errors import ServerError
+from agentrl.core.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 

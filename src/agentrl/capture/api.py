@@ -35,7 +35,6 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
-from agentrl.apiauth import require_scope
 from agentrl.capture.fit import cut
 from agentrl.capture.index import CALL, COMPLETION
 from agentrl.capture.otlp import (
@@ -54,6 +53,7 @@ from agentrl.capture.otlp import (
 )
 from agentrl.capture.service import ENRICH_SUBJECT, CaptureService, live_services
 from agentrl.capture.settings import CaptureSettings
+from agentrl.core.apiauth import require_scope
 
 log = logging.getLogger(__name__)
 

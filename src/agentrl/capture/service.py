@@ -437,7 +437,7 @@ class CaptureService:
     async def publish_many(self, events: list[TrajectoryEvent]) -> None:
         """Redact, publish (pipelined, Msg-Id = trajectory id) and index trajectories. One
         over the server's max_payload is trimmed or dead-lettered, never retried."""
-        from agentrl.errors import PayloadTooLargeError
+        from agentrl.core.errors import PayloadTooLargeError
         from agentrl.rewards.redact import redact_event
 
         cleaned = []

@@ -21,6 +21,7 @@ from typing import Any
 
 from agentrl.contracts.base import new_id, utcnow
 from agentrl.contracts.deployment import ModelDeployed
+from agentrl.core.logs import audit
 from agentrl.deploy.config import RolloutPlan, Step
 from agentrl.deploy.errors import DeployError
 from agentrl.deploy.registry import (
@@ -31,7 +32,6 @@ from agentrl.deploy.registry import (
     Split,
     check_transition,
 )
-from agentrl.logs import audit
 from agentrl.observability import instrument as obs
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agentrl.apiauth import caller, require_scope
+from agentrl.core.apiauth import caller, require_scope
 from agentrl.deploy.actions import Deployer
 from agentrl.deploy.agent import tensorzero_experimentation
 from agentrl.deploy.config import DeploySettings, Strategy

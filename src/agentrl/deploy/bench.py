@@ -164,7 +164,7 @@ def _serve_gateway(port: int, upstream: str, nats_url: str) -> None:
                 log_enabled=False,
             ).serve()
         else:
-            from agentrl.httpserve import one_write_http
+            from agentrl.core.httpserve import one_write_http
 
             server = uvicorn.Server(
                 uvicorn.Config(
@@ -433,10 +433,10 @@ async def rollback_run(
     import uvicorn
 
     from agentrl.bus import Bus
+    from agentrl.core.settings import Settings
     from agentrl.deploy.config import Analysis, DeploySettings, RolloutPlan, Step
     from agentrl.deploy.gateway import VERSION_HEADER, create_gateway_app
     from agentrl.deploy.service import build
-    from agentrl.settings import Settings
 
     bus = await Bus.connect(nats_url)
     await bus.ensure_streams()

@@ -145,9 +145,9 @@ async def one_run(
     batch: int,
     small: bool = False,
 ) -> Run:
+    from agentrl.core.settings import Settings
     from agentrl.deploy.config import Analysis, DeploySettings, RolloutPlan, Step
     from agentrl.deploy.service import build
-    from agentrl.settings import Settings
 
     plan = RolloutPlan(
         steps=[Step(weight=w, pause_s=0.0) for w in (10.0, 25.0, 50.0, 100.0)],

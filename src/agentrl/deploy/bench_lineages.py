@@ -34,10 +34,10 @@ def _plan() -> RolloutPlan:
 async def _setup(bus: Any, n: int, running: str, tmp: Path) -> Any:
     """A deployment with `n` lineages (the default one included); `running`: which have a
     canary rollout ('all', 'none' or 'half')."""
+    from agentrl.core.settings import Settings
     from agentrl.deploy.actions import Deployer
     from agentrl.deploy.lineage import Lineages
     from agentrl.deploy.service import build
-    from agentrl.settings import Settings
 
     tag = uuid.uuid4().hex[:8]
     deploy = DeploySettings(public_model=f"bench-{tag}", bucket=f"bench_lineages_{tag}")

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrl.cachedirs import cache_home
+from agentrl.core.cachedirs import cache_home
 from agentrl.deploy import bench
 
 RATES = (200.0, 1000.0)

@@ -14,10 +14,10 @@ def _run(coro_fn: Any, nats_url: str | None) -> Any:
     import asyncio
 
     from agentrl.bus import Bus
+    from agentrl.core.settings import get_settings
     from agentrl.deploy.actions import Deployer
     from agentrl.deploy.config import DeploySettings
     from agentrl.deploy.registry import Registry
-    from agentrl.settings import get_settings
 
     async def main() -> Any:
         s = get_settings()
@@ -177,8 +177,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         import signal
 
         from agentrl.bus import Bus
+        from agentrl.core.settings import get_settings
         from agentrl.deploy.service import serve
-        from agentrl.settings import get_settings
 
         async def main() -> None:
             settings = get_settings()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentrl.errors import AgentRLError
+from agentrl.core.errors import AgentRLError
 
 
 class DeployError(AgentRLError):

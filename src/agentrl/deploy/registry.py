@@ -36,9 +36,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.bus.kv import kv_keys, open_bucket
 from agentrl.contracts.base import utcnow
+from agentrl.core.logs import audit
 from agentrl.deploy.config import RolloutPlan
 from agentrl.deploy.errors import DeployError, UnknownModel
-from agentrl.logs import audit
 from agentrl.observability import instrument as obs
 
 State = Literal["candidate", "canary", "live", "retired", "rolled_back", "rejected"]

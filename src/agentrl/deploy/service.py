@@ -30,6 +30,7 @@ from typing import Any
 
 from agentrl.bus.client import TRANSIENT
 from agentrl.bus.lease import Lease, lease_bucket, while_leader
+from agentrl.core.settings import Settings
 from agentrl.deploy.actions import Deployer
 from agentrl.deploy.config import DeploySettings, RolloutPlan
 from agentrl.deploy.controller import BY, Controller
@@ -37,7 +38,6 @@ from agentrl.deploy.gateway import CompletionLog, GatewayState, create_gateway_a
 from agentrl.deploy.monitor import RewardTracker
 from agentrl.deploy.registry import Registry
 from agentrl.deploy.serving import ServingManager
-from agentrl.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ async def run_elected(
     process holds the controller lease of its public name; standing by otherwise. The
     controller checks the lease before every look, so a holder cut off from NATS stops
     acting before its lease can pass to another process."""
-    from agentrl.supervision import keep_running, run_tasks
+    from agentrl.core.supervision import keep_running, run_tasks
 
     ttl = ttl_s or lease_ttl_s()
     kv = await lease_bucket(bus.js, ttl, replicas)
@@ -196,7 +196,7 @@ async def run_elected(
 async def run_gateway(app: Any, host: str, port: int, stop: asyncio.Event) -> None:
     """The gateway's HTTP server until `stop`; a port it cannot bind raises (`ListenError`),
     so the service fails visibly and is restarted (it used to keep running without one)."""
-    from agentrl.httpserve import serve_http
+    from agentrl.core.httpserve import serve_http
 
     await serve_http(app, host, port, stop, "the gateway", lifespan="off", access_log=False)
 
@@ -224,8 +224,8 @@ async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:
     """Run the controller, the monitor and the gateway until `stop` is set. The consumers
     retry with backoff; an inner task that dies for good fails the whole service (the
     stack's supervisor restarts it and `/health` shows the error)."""
-    from agentrl.apiauth import check_exposure
-    from agentrl.supervision import keep_running, run_tasks
+    from agentrl.core.apiauth import check_exposure
+    from agentrl.core.supervision import keep_running, run_tasks
 
     d = await build(bus, settings)
     check_exposure(

@@ -161,8 +161,8 @@ async def run_benchmarks(
 
     `choice_policy(valid_actions)` -> a policy that scores the env's valid actions; used for
     envs that have them when `settings.benchmark_valid_actions` is on."""
+    from agentrl.core.episodes import Message
     from agentrl.envs.registry import make_env, task_for
-    from agentrl.episodes import Message
     from agentrl.rollout.worker import RLRolloutWorker
 
     task_types = task_types or settings.benchmark_tasks or TASK_TYPES

@@ -12,11 +12,11 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from agentrl.core.episodes import Message, TaskDefinition
 from agentrl.envs.base import TextEnv
 from agentrl.envs.frozenlake import FrozenLakeTextEnv
 from agentrl.envs.sokoban import SokobanEnv
 from agentrl.envs.tooluse.env import TOOL_HELP, TOOL_SPECS, ToolUseEnv
-from agentrl.episodes import Message, TaskDefinition
 
 EnvFactory = Callable[..., TextEnv]
 

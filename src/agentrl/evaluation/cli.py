@@ -1,6 +1,6 @@
 """`agentrl bench trainer|learning|learning-freeform`: what measures learning (the trainers
 and learners themselves live in `agentrl.llm`). The options are drawn from the models of
-`agentrl.evaluation.options` (`agentrl.configcli`)."""
+`agentrl.evaluation.options` (`agentrl.core.configcli`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from agentrl.configcli import config_command
+from agentrl.core.configcli import config_command
 from agentrl.evaluation.options import FreeformBench, LearningBench, TrainerBench
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.stats import wilson
+from agentrl.core.stats import wilson
 
 ALGORITHMS = ("gigpo", "grpo", "rloo")
 SETTINGS = ("fl4", "curriculum", "sokoban")

@@ -1,5 +1,5 @@
 """The settings of `agentrl bench trainer|learning|learning-freeform`: their options are
-drawn from these models' fields and docstrings (`agentrl.configcli`)."""
+drawn from these models' fields and docstrings (`agentrl.core.configcli`)."""
 
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentrl.core.stats import wilson
 from agentrl.learners.tooluse import ToolUseConfig, run_tooluse
-from agentrl.stats import wilson
 
 STAGES = ("base", "start", "trained")
 

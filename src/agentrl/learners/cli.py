@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from agentrl.configcli import config_command
+from agentrl.core.configcli import config_command
 from agentrl.learners.options import LearnOptions, PolicyOptions, SFTOptions
 
 
@@ -141,9 +141,9 @@ def _learn(cfg: LearnOptions) -> None:
     """
     from rich.console import Console
 
+    from agentrl.core.logs import log_to_file
     from agentrl.learners.learn import run_learn
     from agentrl.llm.config import is_tooluse_config
-    from agentrl.logs import log_to_file
 
     console = Console(stderr=True)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.episodes import Message, TaskDefinition
+from agentrl.core.episodes import Message, TaskDefinition
 from agentrl.llm.config import TrainerConfig
 from agentrl.llm.samples import PolicySample, sample_from_step
 from agentrl.llm.trainer import PolicyTrainer, PreferencePair

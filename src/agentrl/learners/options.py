@@ -1,6 +1,6 @@
 """The settings of `agentrl learn`, `agentrl train-sft` and the retired `agentrl train-policy`:
 the commands draw their options from these models' fields and docstrings
-(`agentrl.configcli`); `--set FIELD=VALUE` reaches the fields without an option."""
+(`agentrl.core.configcli`); `--set FIELD=VALUE` reaches the fields without an option."""
 
 from __future__ import annotations
 

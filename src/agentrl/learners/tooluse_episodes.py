@@ -228,7 +228,7 @@ def _shows_answer(result: str, env: ToolUseEnv) -> bool:
 
 
 def wilson(successes: int, n: int) -> tuple[float, float]:
-    from agentrl.stats import wilson as _wilson
+    from agentrl.core.stats import wilson as _wilson
 
     return _wilson(successes, n)
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agentrl.stats import wilson
+from agentrl.core.stats import wilson
 
 log = logging.getLogger(__name__)
 

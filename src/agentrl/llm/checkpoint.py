@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 import torch
 
-from agentrl.errors import TrainingError
+from agentrl.core.errors import TrainingError
 from agentrl.llm.loading import BASE_FILE
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agentrl.errors import TrainingError
+from agentrl.core.errors import TrainingError
 
 if TYPE_CHECKING:
     from agentrl.contracts.training import TrainingRequest

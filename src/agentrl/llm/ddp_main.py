@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from agentrl.errors import TrainingError
+from agentrl.core.errors import TrainingError
 from agentrl.llm.config import TrainerConfig
 from agentrl.llm.samples import PolicySample
 

@@ -21,7 +21,7 @@ import json
 import os
 from typing import Any
 
-from agentrl.errors import TrainingError
+from agentrl.core.errors import TrainingError
 
 FENCE_FILE = ".lease.json"
 FENCE_ENV = "AGENTRL_LEASE_FENCE"

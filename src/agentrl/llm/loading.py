@@ -29,9 +29,9 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from agentrl.cachedirs import models_home
-from agentrl.errors import TrainingError
-from agentrl.settings import get_settings
+from agentrl.core.cachedirs import models_home
+from agentrl.core.errors import TrainingError
+from agentrl.core.settings import get_settings
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def smollm2_gguf_path() -> Path:
 def smollm2_dir(data_dir: Path | None = None) -> Path:
     """Where the converted SmolLM2 (model + tokenizer) is cached: the `models_dir` setting
     (`AGENTRL_MODELS_DIR`), else the user cache's `models` (`~/.cache/agentrl/models`, see
-    `agentrl.cachedirs`), one copy for every data dir. `data_dir` is accepted for old
+    `agentrl.core.cachedirs`), one copy for every data dir. `data_dir` is accepted for old
     callers and does not move it: a conversion per data dir cost minutes each time."""
     del data_dir
     models = get_settings().models_dir

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from agentrl.episodes import Message, StepData
+from agentrl.core.episodes import Message, StepData
 
 PROMPT_ID_KEYS = ("prompt_ids", "prompt_token_ids", "input_ids")
 ACTION_ID_KEYS = (

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentrl.errors import TrainingError
+from agentrl.core.errors import TrainingError
 from agentrl.llm.config import TrainerConfig
 from agentrl.llm.distributed import DistContext
 from agentrl.llm.forward import PolicyHead, run_head, score_samples

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from agentrl.apideps import get_bus
+from agentrl.core.apideps import get_bus
 from agentrl.observability import collectors
 from agentrl.observability import metrics as m
 

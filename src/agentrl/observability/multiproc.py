@@ -39,7 +39,7 @@ def enable_for_stack(data_dir: Path | str | None) -> Path:
     if chosen:
         return enable_multiprocess(chosen, clean=True)
     if data_dir is None:
-        from agentrl.settings import get_settings
+        from agentrl.core.settings import get_settings
 
         data_dir = get_settings().data_dir
     return enable_multiprocess(Path(data_dir) / "metrics" / "multiproc")

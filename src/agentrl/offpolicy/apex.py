@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentrl.errors import ConfigError
+from agentrl.core.errors import ConfigError
 from agentrl.offpolicy.config import AGMConfigEntity
 from agentrl.offpolicy.dqn import DQNLearner, parameters_checksum
 from agentrl.offpolicy.early_stop import aggregate_metrics

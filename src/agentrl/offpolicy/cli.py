@@ -2,7 +2,7 @@
 
 `agentrl dqn`'s options are the top-level keys of the training config (`AGMConfigEntity`:
 its docstrings are the help) and how to run it (`agentrl.offpolicy.options.DqnRun`);
-`--set SECTION.KEY=VALUE` reaches every key of the YAML (`agentrl.configcli`)."""
+`--set SECTION.KEY=VALUE` reaches every key of the YAML (`agentrl.core.configcli`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from agentrl.configcli import (
+from agentrl.core.configcli import (
     build,
     config_command,
     flag,
@@ -43,7 +43,7 @@ def _dqn(changes: dict[str, Any], *, show_config: bool, **given: Any) -> None:
     on in the config (kernel_smoothing.enabled, early_stopping.enabled), e.g.
     `--set kernel_smoothing.enabled=true`.
     """
-    from agentrl.errors import ConfigError
+    from agentrl.core.errors import ConfigError
     from agentrl.offpolicy.config import load_config
 
     run = build(DqnRun, overrides(DqnRun, given))

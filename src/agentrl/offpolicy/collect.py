@@ -16,7 +16,7 @@ import gymnasium as gym
 import numpy as np
 from numpy.typing import NDArray
 
-from agentrl.errors import ConfigError
+from agentrl.core.errors import ConfigError
 
 Policy = Callable[[NDArray[np.float32]], NDArray[np.int64]]
 

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from agentrl.errors import ConfigError
+from agentrl.core.errors import ConfigError
 
 SCHEMA_VERSION = 1
 

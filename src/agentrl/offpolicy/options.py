@@ -1,7 +1,7 @@
 """The settings of `agentrl dqn` (besides the training config, `AGMConfigEntity`, whose
 top-level keys are options and whose sections `--set SECTION.KEY=VALUE` reaches) and of
 `agentrl bench dqn|per`: their options are drawn from these models' fields and docstrings
-(`agentrl.configcli`)."""
+(`agentrl.core.configcli`)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from agentrl.errors import AgentRLError
+from agentrl.core.errors import AgentRLError
 
 F = TypeVar("F", bound=Callable[..., Any])
 

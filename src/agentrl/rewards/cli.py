@@ -1,5 +1,5 @@
 """`agentrl rewards ...` and `agentrl bench rewards|redaction`. The options are drawn from
-the models of `agentrl.rewards.options` (`agentrl.configcli`); heavy imports stay inside
+the models of `agentrl.rewards.options` (`agentrl.core.configcli`); heavy imports stay inside
 the commands."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import typer
 
-from agentrl.configcli import argument, config_command
+from agentrl.core.configcli import argument, config_command
 from agentrl.rewards.options import RedactionBench, RewardsBench, ScoreOptions, ServeOptions
 
 HELP = (
@@ -66,9 +66,9 @@ def _serve(cfg: ServeOptions) -> None:
     import signal
 
     from agentrl.bus import Bus
+    from agentrl.core.settings import get_settings
     from agentrl.rewards.config import RewardConfig
     from agentrl.rewards.service import RewardService, config_path
-    from agentrl.settings import get_settings
 
     settings = get_settings()
     if cfg.data_dir is not None:

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrl import pyparse
 from agentrl.contracts.trajectory import TrajectoryEvent
+from agentrl.core import pyparse
 from agentrl.rewards.components import CodeEvidence
 from agentrl.rewards.isolation import ForkedWorker, WorkerCrashed, WorkerTimeout
 

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from agentrl.errors import ConfigError
+from agentrl.core.errors import ConfigError
 from agentrl.rewards.code import DEFAULT_CODE_TOOLS, DEFAULT_LINT_IGNORE, DEFAULT_LINT_RULES
 from agentrl.rewards.components import BUILTIN, PARTIAL
 from agentrl.rewards.redact import KINDS

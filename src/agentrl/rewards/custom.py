@@ -37,7 +37,7 @@ from typing import Any, overload
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentrl.contracts.trajectory import TrajectoryEvent
-from agentrl.errors import AgentRLError, ConfigError
+from agentrl.core.errors import AgentRLError, ConfigError
 from agentrl.rewards.isolation import WorkerPool
 
 

@@ -1,6 +1,6 @@
 """The settings of the reward commands: `agentrl rewards serve|score` and `agentrl bench
 rewards|redaction` draw their options from these models' fields and docstrings
-(`agentrl.configcli`); `--set FIELD=VALUE` reaches the fields without an option."""
+(`agentrl.core.configcli`); `--set FIELD=VALUE` reaches the fields without an option."""
 
 from __future__ import annotations
 

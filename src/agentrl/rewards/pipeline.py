@@ -22,7 +22,7 @@ import pydantic_core
 from pydantic import ValidationError
 
 from agentrl.contracts.trajectory import TrajectoryEvent
-from agentrl.errors import AgentRLError
+from agentrl.core.errors import AgentRLError
 from agentrl.rewards.calculator import Scored, ScoringInput, score_batch
 from agentrl.rewards.code import (
     CodeChecker,

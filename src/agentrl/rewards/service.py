@@ -43,6 +43,7 @@ from agentrl.bus import Bus, ConsumeStats, Deferred, Delivery, PermanentError, T
 from agentrl.contracts.feedback import FeedbackEvent
 from agentrl.contracts.subjects import FEEDBACK, REWARD, TRAJECTORY
 from agentrl.contracts.trajectory import TrajectoryEvent
+from agentrl.core.settings import Settings, get_settings
 from agentrl.observability import instrument as obs
 from agentrl.rewards.calculator import Scored, ScoringInput, rescore_with_feedback, score_batch
 from agentrl.rewards.claims import Claims, Record
@@ -52,7 +53,6 @@ from agentrl.rewards.config import RewardConfig
 from agentrl.rewards.pipeline import Preparer, opt_out_reason
 from agentrl.rewards.store import RewardStore, StoredReward
 from agentrl.rewards.window import WindowState
-from agentrl.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from agentrl.errors import AgentRLError
+from agentrl.core.errors import AgentRLError
 from agentrl.rollout.models import Message
 
 PolicyOutput = tuple[dict[str, Any], str | None, dict[str, Any] | None, float | None]

@@ -16,14 +16,14 @@ from fastapi import APIRouter, Body, Depends, Header, HTTPException, Query, Requ
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agentrl.apiauth import require_scope
 from agentrl.contracts.base import new_id, utcnow
 from agentrl.contracts.feedback import FeedbackEvent
 from agentrl.contracts.filters import declared
 from agentrl.contracts.subjects import TRAINING_REQUEST
 from agentrl.contracts.training import TrainingRequest, TrainingStatus
-from agentrl.errors import BusError
-from agentrl.settings import get_settings
+from agentrl.core.apiauth import require_scope
+from agentrl.core.errors import BusError
+from agentrl.core.settings import get_settings
 from agentrl.training.kv import (
     CANCEL_SUBJECT,
     IDEM_BUCKET,

@@ -344,7 +344,7 @@ def _pct(values: list[float], q: float) -> float | None:
 
 async def _main(trajectories: int, jobs: int, job_seconds: float) -> dict[str, Any]:
     from agentrl.bus import Bus, EmbeddedNats
-    from agentrl.settings import Settings
+    from agentrl.core.settings import Settings
 
     with tempfile.TemporaryDirectory(prefix="agentrl-bench-training-") as tmp:
         server = EmbeddedNats(data_dir=Path(tmp) / "nats")

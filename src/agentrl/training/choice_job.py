@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.errors import TrainingError
+from agentrl.core.errors import TrainingError
 from agentrl.training.jobspec import JobSpec
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from agentrl.configcli import argument, config_command
+from agentrl.core.configcli import argument, config_command
 from agentrl.training.options import (
     Connection,
     ListOptions,
@@ -31,7 +31,7 @@ class Client:
     """The same five calls over HTTP (control API) or NATS."""
 
     def __init__(self, api: str | None, token: str | None, nats_url: str | None) -> None:
-        from agentrl.settings import get_settings
+        from agentrl.core.settings import get_settings
 
         s = get_settings()
         self.nats_url = nats_url
@@ -295,7 +295,7 @@ def _serve(cfg: ServeOptions) -> None:
     import signal
 
     from agentrl.bus import Bus
-    from agentrl.settings import get_settings
+    from agentrl.core.settings import get_settings
     from agentrl.training.service import TrainingService
 
     async def go() -> None:

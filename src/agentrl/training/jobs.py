@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from agentrl.errors import TrainingError
-from agentrl.logs import audit
+from agentrl.core.errors import TrainingError
+from agentrl.core.logs import audit
 from agentrl.training.jobspec import TRAINERS, JobSpec
 from agentrl.training.objectives import policy_loss_of, shape_samples
 from agentrl.training.progress import Emitter, Progress, current_metrics, write_curves
@@ -165,7 +165,7 @@ async def load_data(
     ds = req.training_config.dataset
     start = ds.filter.date_range.start if ds.filter.date_range else None
     from agentrl.bus import Bus
-    from agentrl.settings import Settings
+    from agentrl.core.settings import Settings
 
     try:  # credentials and TLS come from the environment the service passed on
         bus = await Bus.connect(spec.nats_url, settings=Settings(), name="agentrl-training-job")
@@ -314,7 +314,7 @@ def warehouse_data(spec: JobSpec, req: Any, seed: int = 0) -> dict[str, Any]:
     for the job's seed."""
     import os
 
-    from agentrl.settings import Settings
+    from agentrl.core.settings import Settings
     from agentrl.warehouse.export import clickhouse_load_data
 
     settings = Settings()

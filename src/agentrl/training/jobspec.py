@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentrl.contracts.training import TrainingRequest
-from agentrl.errors import TrainingError
+from agentrl.core.errors import TrainingError
 
 OBJECTIVE_ALIASES = {"ppo": "pg"}  # old names still accepted
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from agentrl.errors import TrainingError
+from agentrl.core.errors import TrainingError
 
 OBJECTIVES = ("pg", "awr", "rs")
 

@@ -58,9 +58,9 @@ from agentrl.contracts.base import new_id, utcnow
 from agentrl.contracts.filters import declared
 from agentrl.contracts.subjects import REWARD, TRAINING_REQUEST, TRAINING_STATUS, TRAJECTORY
 from agentrl.contracts.training import TrainingRequest, TrainingStatus
+from agentrl.core.settings import Settings, get_settings
 from agentrl.llm.fence import raise_fence
 from agentrl.observability import instrument as obs
-from agentrl.settings import Settings, get_settings
 from agentrl.training.jobspec import JobSpec
 from agentrl.training.kv import CANCEL_SUBJECT, STATUS_BUCKET, bucket
 from agentrl.training.paths import UnsafePath, checkpoint_base, job_dir

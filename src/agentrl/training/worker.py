@@ -24,9 +24,9 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from agentrl.errors import TrainingError
+from agentrl.core.errors import TrainingError
+from agentrl.core.logs import bind, configure_handler
 from agentrl.llm.fence import FENCE_ENV
-from agentrl.logs import bind, configure_handler
 from agentrl.training.progress import Cancelled, Emitter
 from agentrl.training.spare import SPARE_FLAG, wait_for_job
 

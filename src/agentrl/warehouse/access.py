@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from agentrl.settings import Settings
+from agentrl.core.settings import Settings
 from agentrl.warehouse import schema
 from agentrl.warehouse.backend import Backend, open_backend
 from agentrl.warehouse.config import WarehouseSettings

@@ -15,10 +15,10 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
-from agentrl.apiauth import require_scope
-from agentrl.apideps import get_settings_dep
 from agentrl.contracts.training import DatasetFilter
-from agentrl.settings import Settings
+from agentrl.core.apiauth import require_scope
+from agentrl.core.apideps import get_settings_dep
+from agentrl.core.settings import Settings
 from agentrl.warehouse.backend import (
     WarehouseDown,
     WarehouseError,

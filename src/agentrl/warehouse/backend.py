@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from agentrl.errors import AgentRLError
+from agentrl.core.errors import AgentRLError
 
 log = logging.getLogger(__name__)
 

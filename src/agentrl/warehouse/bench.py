@@ -26,7 +26,7 @@ from typing import Any
 
 from agentrl.bus import Bus, EmbeddedNats
 from agentrl.contracts.training import DatasetFilter
-from agentrl.settings import Settings
+from agentrl.core.settings import Settings
 from agentrl.warehouse import samples as S
 from agentrl.warehouse import schema
 from agentrl.warehouse.backend import Backend, open_backend

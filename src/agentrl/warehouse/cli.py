@@ -3,7 +3,7 @@
 `stats` reads the warehouse directly when this process may (a ClickHouse server, or the
 embedded chdb when no other process owns it) and otherwise asks the control API of the
 running `agentrl up` (`--api`, default http://<api_host>:<api_port>). The options are
-drawn from the models of `agentrl.warehouse.options` (`agentrl.configcli`); heavy imports
+drawn from the models of `agentrl.warehouse.options` (`agentrl.core.configcli`); heavy imports
 stay inside the commands.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import typer
 
-from agentrl.configcli import argument, config_command
+from agentrl.core.configcli import argument, config_command
 from agentrl.warehouse.config import WarehouseSettings
 from agentrl.warehouse.options import ExportOptions, IngesterOptions, StatsQuery, WarehouseBench
 
@@ -38,7 +38,7 @@ QUERY_HELP = {
 def _fetch(name: str, api: str | None, token: str | None, **kw: Any) -> Any:
     """Run query `name` here, or through the control API when asked or when another
     process owns the embedded warehouse."""
-    from agentrl.settings import get_settings
+    from agentrl.core.settings import get_settings
 
     settings = get_settings()
     if api is None:
@@ -153,7 +153,7 @@ def _query(name: str) -> Any:
 
 def _ingester(q: StatsQuery, *, token: str | None) -> None:
     """The running ingester's status (through the control API of `agentrl up`)."""
-    from agentrl.settings import get_settings
+    from agentrl.core.settings import get_settings
 
     settings = get_settings()
     api = q.api or f"http://{settings.api_host}:{settings.api_port}"
@@ -162,7 +162,7 @@ def _ingester(q: StatsQuery, *, token: str | None) -> None:
 
 def _migrate(ws: WarehouseSettings) -> None:
     """Apply the schema migrations (idempotent); refuses a schema newer than this code."""
-    from agentrl.settings import get_settings
+    from agentrl.core.settings import get_settings
     from agentrl.warehouse import schema
     from agentrl.warehouse.backend import open_backend
 
@@ -194,7 +194,7 @@ def _serve(cfg: IngesterOptions) -> None:
     import signal
 
     from agentrl.bus import Bus
-    from agentrl.settings import get_settings
+    from agentrl.core.settings import get_settings
     from agentrl.warehouse.service import IngesterService
 
     async def main() -> None:
@@ -241,7 +241,7 @@ def _export(cfg: ExportOptions, *, out: Path, token: str | None) -> None:
         out.write_bytes(response.content)
         n = int(response.headers.get("x-agentrl-rows", "0"))
     else:
-        from agentrl.settings import get_settings
+        from agentrl.core.settings import get_settings
         from agentrl.warehouse.access import open_migrated
         from agentrl.warehouse.export import export
 

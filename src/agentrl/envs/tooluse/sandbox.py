@@ -35,7 +35,7 @@ from typing import Literal
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from agentrl.errors import AgentRLError
+from agentrl.core.errors import AgentRLError
 
 log = logging.getLogger(__name__)
 

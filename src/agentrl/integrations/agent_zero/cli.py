@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from agentrl.configcli import argument, config_command
+from agentrl.core.configcli import argument, config_command
 from agentrl.integrations.agent_zero.options import (
     FeedbackOptions,
     FlushOptions,

@@ -41,9 +41,10 @@ PACKAGES = ("contracts", "bus", "observability", "rewards", "integrations/agent_
 MODULES = (
     "__init__.py",
     "py.typed",
-    "errors.py",
-    "settings.py",
-    "pyparse.py",
+    "core/__init__.py",
+    "core/errors.py",
+    "core/settings.py",
+    "core/pyparse.py",
     "integrations/__init__.py",
 )
 # files shipped under another name: the structured-outputs setting's schema (deploy/ is not

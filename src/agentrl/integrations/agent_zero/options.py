@@ -1,5 +1,5 @@
 """The settings of `agentrl agent-zero install|flush|feedback|listen`: the commands draw their
-options from these models' fields and docstrings (`agentrl.configcli`); `--set FIELD=VALUE`
+options from these models' fields and docstrings (`agentrl.core.configcli`); `--set FIELD=VALUE`
 reaches the fields without an option."""
 
 from __future__ import annotations

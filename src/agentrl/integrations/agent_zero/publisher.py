@@ -44,7 +44,7 @@ def permanent(exc: BaseException) -> bool:
     import nats.errors
     import nats.js.errors
 
-    from agentrl.errors import PayloadTooLargeError
+    from agentrl.core.errors import PayloadTooLargeError
 
     if isinstance(exc, PayloadTooLargeError | nats.errors.MaxPayloadError):
         return True

@@ -70,7 +70,7 @@ def bind(**ids: Any) -> None:
 def configure_handler(handler: logging.Handler) -> logging.Handler:
     """The JSON formatter when `AGENTRL_LOG_JSON=1`, and the context ids, on `handler`
     (for processes that set up their own handlers, like training jobs)."""
-    from agentrl.settings import get_settings
+    from agentrl.core.settings import get_settings
 
     if get_settings().log_json:
         handler.setFormatter(JsonFormatter())
@@ -111,7 +111,7 @@ _verbose = False  # `agentrl -v`: every record on the console, whatever `log_to_
 
 
 def setup_logging(level: int | None = None, *, verbose: bool = False) -> None:
-    from agentrl.settings import get_settings
+    from agentrl.core.settings import get_settings
 
     global _verbose
     _verbose = verbose
@@ -139,7 +139,7 @@ def log_to_file(path: Path, *, verbose: bool | None = None) -> Path:
     `verbose` (default: `agentrl -v`) keeps the console as it was (every record) and writes
     the file as well. Child processes inherit `HF_HUB_DISABLE_PROGRESS_BARS` and
     `TQDM_DISABLE`; their own output goes to their own log files."""
-    from agentrl.settings import get_settings
+    from agentrl.core.settings import get_settings
 
     verbose = _verbose if verbose is None else verbose
     path = Path(path).resolve()

@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import Request
 
-from agentrl.settings import Settings
+from agentrl.core.settings import Settings
 
 
 def get_bus(request: Request) -> Any:

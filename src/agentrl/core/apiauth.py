@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 from fastapi import HTTPException, Request, status
 
-from agentrl.errors import ConfigError
-from agentrl.settings import Settings
+from agentrl.core.errors import ConfigError
+from agentrl.core.settings import Settings
 
 ANONYMOUS = "api:anonymous"  # the `by` of an action on an open (token-less, loopback) API
 
