@@ -24,6 +24,7 @@ from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.core.settings import Settings
 from agentrl.deploy.config import Analysis, DeploySettings, RolloutPlan, Step
 from agentrl.deploy.gateway import VERSION_HEADER, create_gateway_app
+from agentrl.deploy.openai_types import ChatRequest
 from agentrl.deploy.service import Deployment, build
 from agentrl.rollout.testing_server import ScriptedOpenAIServer, ScriptedReply
 
@@ -520,3 +521,40 @@ async def test_waiting_candidate_worse_than_the_new_live_model_is_rejected(
     assert newer_rec.decisions[-1].action == "reject"
     assert first in newer_rec.decisions[-1].reason and "-0.500" in newer_rec.decisions[-1].reason
     assert all(d.action != "set_weight" for d in newer_rec.decisions)  # never served
+
+
+async def test_a_retired_base_version_stays_servable_when_spares_are_unloaded(
+    harness: Harness, checkpoints: list[str], engine: Any
+) -> None:
+    """Spares beyond `max_loaded` are unloaded oldest first, and a lineage's base version is
+    the oldest: it was unloaded, and the loop's held-out evaluation of the base got a 404 for
+    every episode (the lineage loop's base read 0/50 from errors). A version that is the
+    base model holds no weights: it is never unloaded, nor counted."""
+    from agentrl.deploy.gateway import GatewayState
+    from agentrl.deploy.serving import ServingManager
+
+    h = harness
+    base = f"{h.public}-base"
+    plan_now = RolloutPlan(steps=[Step(weight=100, pause_s=0)])
+    first = await register(h, checkpoints[0])
+    await h.d.deployer.start(first, plan_now, by="test")
+    await h.d.deployer.promote(by="test", reason="live")
+    second = await register(h, checkpoints[1])
+    await h.d.deployer.start(second, plan_now, by="test")
+    await h.d.deployer.promote(by="test", reason="live")
+    assert (await h.d.registry.require_model(base)).state == "retired"
+    fresh = GatewayState(h.public)
+    manager = ServingManager(
+        h.d.registry, fresh, h.d.settings, h.d.manager.cache_dir, engine=engine
+    )
+    for earlier in (base, first):  # served before (spares now), as a running gateway has them
+        await manager._prepare(earlier)
+    manager.max_loaded = 0  # every spare with weights goes
+    await manager.sync(force=True)
+    assert fresh.weights == {second: 100.0}
+    assert first in fresh.backends  # the previous live version: never unloaded
+    assert base in fresh.backends  # the base: weightless, kept
+    answer = await fresh.backends[base].generate(
+        base, ChatRequest(model=base, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    )
+    assert answer.completion_tokens >= 1

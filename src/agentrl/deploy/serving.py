@@ -151,8 +151,12 @@ class ServingManager:
                 await self.registry.drop_serving(gone, self.gateway_id)
         keep = set().union(*self._kept.values()) if self._kept else keep
         if changed:
-            spare = [m for m in self.state.backends if m not in keep]
-            for model_id in spare[: max(0, len(self.state.backends) - self.max_loaded)]:
+            # a version that is the base model itself holds no weights of its own: unloading
+            # it frees nothing and made it unservable (a lineage's base, retired, was a 404
+            # for the loop's held-out evaluation); only versions with weights are counted
+            loaded = [m for m in self.state.backends if not self._weightless(m)]
+            spare = [m for m in loaded if m not in keep]
+            for model_id in spare[: max(0, len(loaded) - self.max_loaded)]:
                 backend = self.state.backends.pop(model_id)
                 try:
                     await backend.release(model_id)
@@ -230,6 +234,10 @@ class ServingManager:
             self._revision = revision
         await self.report(public)
         return keep_loaded, True
+
+    def _weightless(self, model_id: str) -> bool:
+        """True for a version served by the base model itself (no adapter loaded for it)."""
+        return model_id in getattr(self.state.backends.get(model_id), "bases", ())
 
     async def _prepare(self, model_id: str, tell: bool = True) -> bool:
         record = await self.registry.get_model(model_id)
