@@ -434,6 +434,7 @@ async def evaluate_heldout(run: Run, agents: Agents, records: list[Any]) -> None
             await _heldout_row(run, agents, row, tasks, unseen)
         run.result.versions.append(row)
     run.stages["heldout_eval"] = time.monotonic() - t_eval
+    run.result.heldout_errors = sum(agents.heldout_errors.values())
     if cfg.env == "tooluse":
         run.result.extra = _tooluse_extra(run, agents, records)
 
@@ -446,6 +447,9 @@ async def _heldout_row(
     unseen: list[tuple[str, int]],
 ) -> None:
     wins, n, per = await agents.heldout(row.model_id, tasks)
+    if not n:
+        run.say(f"held-out: {row.model_id} not measured (every episode ended on an error)")
+        return
     row.heldout_success, row.heldout_n = wins / n, n
     row.ci_low, row.ci_high = wilson(wins, n)
     row.per_family = per if run.cfg.env == "tooluse" else {}
@@ -456,6 +460,8 @@ async def _heldout_row(
     )
     if unseen:  # the unseen-phrasing pool, reported apart
         uw, un, uper = await agents.heldout(row.model_id, unseen, "unseen")
+        if not un:
+            return
         row.unseen_success, row.unseen_n = uw / un, un
         ufams = ", ".join(f"{f} {w}/{k}" for f, (w, k) in uper.items())
         run.say(f"held-out, unseen pool: {row.model_id} {uw}/{un} ({ufams})")

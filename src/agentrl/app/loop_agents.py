@@ -38,6 +38,7 @@ class Agents:
         self.acting_s = 0.0
         self.paced = False  # a job trains or a version validates: act at a trickle (watcher)
         self.first_published: float | None = None  # unix time of the first trajectory
+        self.heldout_errors: dict[str, int] = {}  # version: held-out episodes ended on an error
         # replies cut by the token cap (tool use), and all replies, while acting / held-out
         self.cut: dict[str, int] = {"acting": 0, "acting_replies": 0, "heldout": 0,
                                     "heldout_replies": 0}  # fmt: skip
@@ -154,7 +155,8 @@ class Agents:
         limit: asyncio.Semaphore | None = None,
     ) -> tuple[int, int, dict[str, tuple[int, int]]]:
         """Greedy episodes of `model_id` (named explicitly) on held-out (family, seed) tasks:
-        wins, episodes, and (wins, episodes) per family. `limit`: episodes in flight, shared
+        wins, episodes measured, and (wins, episodes) per family; episodes that ended on an
+        error are left out (`heldout_errors`). `limit`: episodes in flight, shared
         by evaluations run at once (below the gateway's admission bound)."""
         from agentrl.rollout.worker import RLRolloutWorker
 
@@ -174,15 +176,20 @@ class Agents:
         eps = await asyncio.gather(*(one(f, s) for f, s in tasks))
         for e in eps:
             self._count_cut(e, "heldout")
+        # an episode that ended on an error (a refused request, a gateway away) measured
+        # nothing: it is counted apart, never as a failure of the version
+        errors = sum(1 for e in eps if e.critical_error)
+        self.heldout_errors[model_id] = self.heldout_errors.get(model_id, 0) + errors
+        if errors:
+            self.say(f"held-out {model_id}: {errors} episodes ended on an error (left out)")
         per: dict[str, tuple[int, int]] = {}
         for (family, _), e in zip(tasks, eps, strict=True):
+            if e.critical_error:
+                continue
             w, n = per.get(family, (0, 0))
             per[family] = (w + int(e.success), n + 1)
-        wins = sum(int(e.success) for e in eps)
-        errors = sum(1 for e in eps if e.critical_error)
-        if errors:
-            self.say(f"held-out {model_id}: {errors} episodes ended on an error")
-        return wins, len(eps), per
+        measured = [e for e in eps if not e.critical_error]
+        return sum(int(e.success) for e in measured), len(measured), per
 
     async def close(self) -> None:
         await self.client.close()

@@ -544,10 +544,15 @@ async def _evaluate(
         *(tr.agents.heldout(row.model_id, tasks, limit=limit) for row in played)
     )
     for row, (wins, n, _) in zip(played, results, strict=True):
+        if not n:
+            say(f"held-out {tr.spec.env_id}: {row.model_id} not measured (every episode ended "
+                "on an error)")  # fmt: skip
+            continue
         row.heldout_success, row.heldout_n = wins / n, n
         row.ci_low, row.ci_high = wilson(wins, n)
         say(f"held-out {tr.spec.env_id}: {row.model_id} {wins}/{n} = {wins / n:.2f} "
             f"[{row.ci_low:.2f}, {row.ci_high:.2f}]")  # fmt: skip
+    res.heldout_errors = sum(tr.agents.heldout_errors.values())
     res.trajectories = len(tr.agents.published)
     res.rewards = sum(1 for t in tr.agents.published if t in watch.rewards)
     res.lost = res.trajectories - res.rewards

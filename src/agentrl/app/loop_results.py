@@ -35,6 +35,7 @@ class LoopResult:
     rewards: int = 0
     lost: int = 0
     mixed: int = 0  # trajectories played by more than one version (credited to none)
+    heldout_errors: int = 0  # held-out episodes that ended on an error (left out of the figures)
     wall_s: float = 0.0
     report: str | None = None
     gateway_errors: int = 0
@@ -67,6 +68,7 @@ class LoopResult:
             "rewards": self.rewards,
             "lost": self.lost,
             "mixed_trajectories": self.mixed,
+            "heldout_errors": self.heldout_errors,
             "wall_s": round(self.wall_s, 1),
             **self._start_and_families(live),
             **self.extra,
