@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "bench" / "results.jsonl"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 # the README shows these benchmarks only, in this order
-HEADLINE = ["loop", "tooluse-learn", "soak", "soak-replicas", "bench-canary", "bench-capture",
+HEADLINE = ["loop", "loop-lineages", "tooluse-learn", "soak", "soak-replicas", "bench-canary", "bench-capture",
             "bench-gateway-peers", "test-suite"]  # fmt: skip
 
 
