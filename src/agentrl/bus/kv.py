@@ -75,8 +75,6 @@ async def open_bucket(js: Any, config: Any, *, deadline_s: float = 60.0) -> Any:
     import nats.errors
     import nats.js.errors
 
-    from agentrl.bus.client import TRANSIENT
-
     deadline = time.monotonic() + deadline_s
     while True:
         try:
@@ -85,11 +83,16 @@ async def open_bucket(js: Any, config: Any, *, deadline_s: float = 60.0) -> Any:
             except nats.js.errors.BucketNotFoundError:
                 return await js.create_key_value(config)
         except (
-            *TRANSIENT,
+            nats.errors.TimeoutError,
+            nats.errors.NoRespondersError,
+            nats.js.errors.ServiceUnavailableError,
             nats.js.errors.BucketNotFoundError,  # created by another, not yet visible
             nats.js.errors.BadRequestError,  # created by another meanwhile
             nats.js.errors.ServerError,  # JetStream not ready on a node that just started
         ):
-            if time.monotonic() > deadline:
+            task = asyncio.current_task()
+            # a cancellation that reached a request as its timeout (asyncio.wait_for on
+            # Python 3.11) must stop here, not be asked again until the deadline
+            if time.monotonic() > deadline or (task is not None and task.cancelling()):
                 raise
             await asyncio.sleep(0.5)
