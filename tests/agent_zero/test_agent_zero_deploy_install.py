@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import yaml
-from a0_harness import make_agent, recording, stream_payloads, trajectories_of
 from a0_standins import Driver, Extensions, install_standins, make_checkout, remove_standins
 from typer.testing import CliRunner
 
@@ -25,6 +24,7 @@ from agentrl.integrations.agent_zero.deployment import (
     listen,
 )
 from agentrl.integrations.agent_zero.install import install
+from conftest import make_agent, recording, stream_payloads, trajectories_of
 
 MODEL_CONFIG_DEFAULT = {  # the shape of plugins/_model_config/default_config.yaml upstream
     "allow_chat_override": True,

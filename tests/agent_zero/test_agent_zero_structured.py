@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from a0_harness import Checkout, stream_payloads, trajectories_of
 from test_agent_zero_gateway import LiteLLMChatModel, serve
 
 from agentrl.bus import Bus
@@ -24,6 +23,7 @@ from agentrl.deploy.gateway import CompletionLog, GatewayState, create_gateway_a
 from agentrl.deploy.openai_types import ChatRequest
 from agentrl.deploy.structured import constraint_for
 from agentrl.integrations.agent_zero import structured
+from conftest import Checkout, stream_payloads, trajectories_of
 
 # litellm is imported where it is called (test_agent_zero_gateway): ~4 s of CPU otherwise
 # paid by every pytest process collecting this module
