@@ -68,7 +68,9 @@ async def open_bucket(js: Any, config: Any, *, deadline_s: float = 60.0) -> Any:
     a busy host) the first answer is often not the last: a create that timed out may have
     happened, another replica may be creating it at the same moment ('bad request', then
     'not found' while its stream is not yet visible), and the API can answer 503 or time
-    out. All of those are asked again until `deadline_s`; anything else is raised."""
+    out. All of those are asked again until `deadline_s`; anything else is raised. A bucket
+    is returned once its stream has a leader: a fresh R3 bucket's first write otherwise
+    found no stream to answer it ('no response from stream', seen under load)."""
     import asyncio
     import time
 
@@ -79,9 +81,12 @@ async def open_bucket(js: Any, config: Any, *, deadline_s: float = 60.0) -> Any:
     while True:
         try:
             try:
-                return await js.key_value(config.bucket)
+                kv = await js.key_value(config.bucket)
             except nats.js.errors.BucketNotFoundError:
-                return await js.create_key_value(config)
+                kv = await js.create_key_value(config)
+            if await _has_leader(js, config.bucket):
+                return kv
+            raise nats.js.errors.ServiceUnavailableError  # no leader yet: ask again
         except (
             nats.errors.TimeoutError,
             nats.errors.NoRespondersError,
@@ -96,3 +101,10 @@ async def open_bucket(js: Any, config: Any, *, deadline_s: float = 60.0) -> Any:
             if time.monotonic() > deadline or (task is not None and task.cancelling()):
                 raise
             await asyncio.sleep(0.5)
+
+
+async def _has_leader(js: Any, bucket: str) -> bool:
+    """Whether the bucket's stream has elected a leader (always, on a single server)."""
+    info = await js.stream_info(f"KV_{bucket}")
+    cluster = getattr(info, "cluster", None)
+    return cluster is None or bool(getattr(cluster, "leader", None))
