@@ -163,6 +163,20 @@ async def run_for(
     return status
 
 
+async def _held_down(service: IngesterService) -> bool:
+    """Down, with at least two batches and every trajectory nakked (waited for, not slept
+    for: a fixed 3 s was not enough at load 15)."""
+    from agentrl.warehouse.api import ingester as ingester_route
+
+    status = ingester_route()
+    nakked = int(status.get("nakked_batches", 0) or 0)  # type: ignore[call-overload]
+    return (
+        status.get("state") == "down"
+        and nakked >= 2
+        and service.consume_stats["trajectory"].nakked >= 50
+    )
+
+
 async def _no_pending(bus: Bus, prefix: str) -> bool:
     return await pending(bus, prefix) == 0
 
@@ -181,7 +195,7 @@ async def test_warehouse_down_naks_and_loses_nothing(
     )
     dead = ServerBackend(f"http://127.0.0.1:{closed_port()}")
     service = IngesterService(bus, settings, down, backend=dead, down_hold_s=0.5, nak_delay=0.2)
-    status = await run_for(service, 3.0)
+    status = await run_for(service, 0.5, until=lambda: _held_down(service))
     assert status["state"] == "down", status
     assert "onnect" in str(status["last_error"])  # connection refused, said plainly
     assert status["nakked_batches"] >= 2  # type: ignore[operator]
