@@ -598,8 +598,10 @@ class Bus:
             batch,
             fetch_timeout,
         )
+        task = asyncio.current_task()
         try:
             while True:
+                _raise_lost_cancel(task)
                 if stop.is_set():
                     if feed.settled:
                         break
@@ -658,8 +660,10 @@ class Bus:
     ) -> ConsumeStats:
         """nats-py's own fetch loop (used when the wire fast path is unavailable)."""
         sub = await self.js.pull_subscribe(subject, durable=durable, stream=stream, config=config)
+        task = asyncio.current_task()
         try:
             while not stop.is_set():
+                _raise_lost_cancel(task)
                 try:
                     msgs = await sub.fetch(batch, timeout=fetch_timeout)
                 except (TimeoutError, nats.errors.TimeoutError):
@@ -973,6 +977,18 @@ class Bus:
                 raw = await self.js.get_msg("RL_DLQ", seq)
                 out.append(json.loads(raw.data or b"{}"))
         return out
+
+
+def _raise_lost_cancel(task: asyncio.Task[Any] | None) -> None:
+    """Raise the cancellation a consumer was asked for but never got.
+
+    On Python 3.11 `asyncio.wait_for` (in nats-py's every request, and in the pull feed's wait)
+    returns the result instead of raising when the answer lands in the same loop turn as the
+    cancel: the cancel is gone and the consumer ran on until its stop event. A reward
+    service's TaskGroup, whose other consumer had failed, waited for it forever (a rewards
+    test hung 300 s in the suite). `cancelling()` still counts the request."""
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 async def _confirmed(confirming: list[asyncio.Task[None]]) -> None:
