@@ -229,12 +229,37 @@ async def test_a_failing_consumer_stops_the_whole_service(own_bus: Bus, tmp_path
         await ended(svc.task, 10)
 
 
-async def test_a_consumer_cancelled_as_its_answer_lands_still_stops(bus: Bus) -> None:
+async def cancel_as_the_answer_lands(nc: Any, task: asyncio.Task[Any]) -> None:
+    """Cancel `task` in the loop turn where the answer to its first request lands."""
+    deadline = time.monotonic() + 10
+    while not nc._resp_map:  # nats-py's requests in flight, by inbox token
+        assert time.monotonic() < deadline, "no request was made"
+        await asyncio.sleep(0)
+    answer = next(iter(nc._resp_map.values()))
+    answer.add_done_callback(lambda _: task.cancel())
+
+
+async def test_a_request_cancelled_as_its_answer_lands_is_cancelled(bus: Bus) -> None:
     """Python 3.11's `asyncio.wait_for`, inside nats-py's every request, returns the answer
     and drops the cancellation when both land in the same loop turn. The reward service's
     trajectory consumer lost its TaskGroup's cancel that way (the feedback consumer beside
-    it had failed) and ran on, so the service never stopped: the test above hung 300 s
-    in the suite. Here the cancel is sent as the consumer's first API answer lands."""
+    it had failed) and ran on, so the service never stopped: the failing-consumer test
+    above hung 300 s in the suite. The bus's client raises the cancellation."""
+    task = asyncio.create_task(bus.js.stream_info("RL_REWARDS"))
+    await cancel_as_the_answer_lands(bus.nc, task)
+    assert await ended(task, 5)
+    assert task.cancelled(), f"the request answered {task.result()!r} and was not cancelled"
+
+
+async def test_a_consumer_cancelled_as_its_answer_lands_still_stops(
+    server: EmbeddedNats,
+) -> None:
+    """The same lost cancellation, on a client that is not the bus's own (as Agent Zero's
+    publisher makes): the consumer notices the cancel it never got, instead of running on
+    until its stop event."""
+    import nats
+
+    bus = Bus(await nats.connect(server.url))
     stop = asyncio.Event()
 
     async def handler(batch: list[Any]) -> None:
@@ -244,17 +269,13 @@ async def test_a_consumer_cancelled_as_its_answer_lands_still_stops(bus: Bus) ->
         bus.consume(TRAJECTORY, f"lost-{uuid.uuid4().hex[:8]}", batch_handler=handler, stop=stop)
     )
     try:
-        deadline = time.monotonic() + 10
-        while not bus.nc._resp_map:  # its first request (the consumer's info) is in flight
-            assert time.monotonic() < deadline, "the consumer asked NATS nothing"
-            await asyncio.sleep(0)
-        answer = next(iter(bus.nc._resp_map.values()))
-        answer.add_done_callback(lambda _: task.cancel())
+        await cancel_as_the_answer_lands(bus.nc, task)  # the consumer's info
         assert await ended(task, 5), "the consumer ran on after it was cancelled"
         assert task.cancelled()
     finally:
         stop.set()
         await ended(task, 10)
+        await asyncio.wait_for(bus.close(), 10)
 
 
 async def test_counters_move_only_when_the_batch_commits(bus: Bus, tmp_path: Path) -> None:

@@ -233,8 +233,9 @@ class Bus:
                 cafile=str(settings.nats_tls_ca) if settings.nats_tls_ca else None
             )
             options["tls"] = ctx
+        nc = _Client()
         try:
-            nc = await nats.connect(**options)
+            await nc.connect(**options)
         except Exception as exc:
             raise BusError(f"cannot connect to NATS at {url}: {exc!r}") from exc
         nc.options["max_reconnect_attempts"] = -1
@@ -977,6 +978,27 @@ class Bus:
                 raw = await self.js.get_msg("RL_DLQ", seq)
                 out.append(json.loads(raw.data or b"{}"))
         return out
+
+
+class _Client(NATS):
+    """nats-py's client, except that a request never loses its task's cancellation (see
+    `_raise_lost_cancel`): every JetStream and KV call is a request, so a service cancelled
+    while it opens a bucket, creates a consumer or reads a key stops there."""
+
+    async def request(
+        self,
+        subject: str,
+        payload: bytes = b"",
+        timeout: float = 0.5,
+        old_style: bool = False,
+        headers: dict[str, Any] | None = None,
+    ) -> Msg:
+        task = asyncio.current_task()
+        asked = task.cancelling() if task is not None else 0
+        msg = await super().request(subject, payload, timeout, old_style, headers)
+        if task is not None and task.cancelling() > asked:
+            raise asyncio.CancelledError  # the answer landed with the cancel: 3.11 kept it
+        return msg
 
 
 def _raise_lost_cancel(task: asyncio.Task[Any] | None) -> None:
