@@ -51,6 +51,29 @@ async def bus(server: EmbeddedNats) -> AsyncIterator[Bus]:
     await asyncio.wait_for(b.close(), 10)
 
 
+@pytest.fixture()
+async def own_bus(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Bus]:
+    """A server of this test's own, for a test that breaks a stream: whatever happens to
+    the test (a failure, pytest-timeout's signal, which skips its `finally`), the broken
+    stream is gone with the server and never reaches the module's later tests."""
+    srv = EmbeddedNats(data_dir=tmp_path_factory.mktemp("rewards-once-own-nats"))
+    srv.start()
+    try:
+        b = await Bus.connect(srv.url, name="rewards-once-own")
+        await b.ensure_streams()
+        yield b
+        await asyncio.wait_for(b.close(), 10)
+    finally:
+        srv.stop()
+
+
+async def ended(task: asyncio.Task[Any], timeout: float) -> bool:
+    """Whether `task` ended within `timeout` seconds. Unlike `asyncio.wait_for`, this never
+    waits on: a task that ignores its cancellation is reported, not waited for forever."""
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    return bool(done)
+
+
 async def until(
     cond: Callable[[], Awaitable[bool]],
     what: str,
@@ -102,7 +125,8 @@ class Service:
 
     async def stop(self) -> None:
         self.stop_event.set()
-        await asyncio.wait_for(self.task, 30)
+        assert await ended(self.task, 30), "the service did not stop within 30 s"
+        await self.task  # its error, if it failed
 
 
 async def started(bus: Bus, tmp_path: Path, durable: str) -> Service:
@@ -169,20 +193,22 @@ async def test_outbox_replay_skips_rewards_the_stream_already_holds(
     assert RewardStore(tmp_path / "rewards" / "state.sqlite").outbox() == []
 
 
-async def test_a_failing_consumer_stops_the_whole_service(bus: Bus, tmp_path: Path) -> None:
+async def test_a_failing_consumer_stops_the_whole_service(own_bus: Bus, tmp_path: Path) -> None:
     """The feedback consumer cannot be created (RL_FEEDBACK was made a work-queue stream and
     another consumer already owns its subject): the service must stop with that error, its
     trajectory consumer cancelled, not left running on a closed store."""
+    bus = own_bus
     name = f"once-{uuid.uuid4().hex[:8]}"
     spec = (await bus.js.stream_info("RL_FEEDBACK")).config
     await bus.js.delete_stream("RL_FEEDBACK")
     await bus.js.add_stream(replace(spec, retention=RetentionPolicy.WORK_QUEUE))
     await bus.js.add_consumer("RL_FEEDBACK", ConsumerConfig(durable_name="someone-else"))
+    before = set(asyncio.all_tasks())
+    svc = Service(bus, tmp_path, name)
     try:
-        before = set(asyncio.all_tasks())
-        svc = Service(bus, tmp_path, name)
+        assert await ended(svc.task, 30), "the service ran on after its feedback consumer failed"
         with pytest.raises(nats.js.errors.BadRequestError):
-            await asyncio.wait_for(svc.task, 30)
+            await svc.task
         await asyncio.sleep(0)  # let cancellations land
         left = [
             t.get_name()
@@ -197,9 +223,59 @@ async def test_a_failing_consumer_stops_the_whole_service(bus: Bus, tmp_path: Pa
         assert info.delivered.consumer_seq == 0 and info.num_pending == 1
         with pytest.raises(sqlite3.ProgrammingError):  # closed after its consumers stopped
             svc.service.store.count()
+    finally:  # never a service left running into the next tests
+        svc.stop_event.set()
+        svc.task.cancel()
+        await ended(svc.task, 10)
+
+
+async def cancel_as_the_answer_lands(nc: Any, task: asyncio.Task[Any]) -> None:
+    """Cancel `task` in the loop turn where the answer to its first request lands."""
+    deadline = time.monotonic() + 10
+    while not nc._resp_map:  # nats-py's requests in flight, by inbox token
+        assert time.monotonic() < deadline, "no request was made"
+        await asyncio.sleep(0)
+    answer = next(iter(nc._resp_map.values()))
+    answer.add_done_callback(lambda _: task.cancel())
+
+
+async def test_a_request_cancelled_as_its_answer_lands_is_cancelled(bus: Bus) -> None:
+    """Python 3.11's `asyncio.wait_for`, inside nats-py's every request, returns the answer
+    and drops the cancellation when both land in the same loop turn. The reward service's
+    trajectory consumer lost its TaskGroup's cancel that way (the feedback consumer beside
+    it had failed) and ran on, so the service never stopped: the failing-consumer test
+    above hung 300 s in the suite. The bus's client raises the cancellation."""
+    task = asyncio.create_task(bus.js.stream_info("RL_REWARDS"))
+    await cancel_as_the_answer_lands(bus.nc, task)
+    assert await ended(task, 5)
+    assert task.cancelled(), f"the request answered {task.result()!r} and was not cancelled"
+
+
+async def test_a_consumer_cancelled_as_its_answer_lands_still_stops(
+    server: EmbeddedNats,
+) -> None:
+    """The same lost cancellation, on a client that is not the bus's own (as Agent Zero's
+    publisher makes): the consumer notices the cancel it never got, instead of running on
+    until its stop event."""
+    import nats
+
+    bus = Bus(await nats.connect(server.url))
+    stop = asyncio.Event()
+
+    async def handler(batch: list[Any]) -> None:
+        return None
+
+    task = asyncio.create_task(
+        bus.consume(TRAJECTORY, f"lost-{uuid.uuid4().hex[:8]}", batch_handler=handler, stop=stop)
+    )
+    try:
+        await cancel_as_the_answer_lands(bus.nc, task)  # the consumer's info
+        assert await ended(task, 5), "the consumer ran on after it was cancelled"
+        assert task.cancelled()
     finally:
-        await bus.js.delete_stream("RL_FEEDBACK")
-        await bus.ensure_streams()
+        stop.set()
+        await ended(task, 10)
+        await asyncio.wait_for(bus.close(), 10)
 
 
 async def test_counters_move_only_when_the_batch_commits(bus: Bus, tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """The replicated soak's checks on hand-made data (the soak itself needs minutes and eight
 service processes): decisions recorded twice, stuck jobs, jobs resumed on another runner,
-and the last JSON line's keys."""
+when the drain after the run is over, and the last JSON line's keys."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ import json
 from types import SimpleNamespace
 
 from agentrl.app.soak import SoakResult
-from agentrl.app.soak_replicas import LAST_LINE_KEYS, JobHistory, duplicate_decisions, main_json
+from agentrl.app.soak_replicas import (
+    LAST_LINE_KEYS,
+    Drain,
+    JobHistory,
+    duplicate_decisions,
+    main_json,
+)
 
 
 def _d(action: str, step: int | None, dep: str = "d1") -> object:
@@ -60,6 +66,43 @@ def test_job_history_finds_stuck_jobs_and_jobs_resumed_elsewhere() -> None:
     assert h.stuck() == ["c", "d"]
     # the status bucket is newer than the stream: c ended meanwhile
     assert h.stuck({"c": "completed"}) == ["d"]
+
+
+def test_the_drain_waits_out_the_follow_up_job_a_threshold_fires_when_the_last_job_ends() -> None:
+    """The soak at load 6.5: the drain looked between the last job's final status and the
+    request of the follow-up job it fired (rewards counted while it ran), saw every
+    consumer idle and no job, and ended; the check then found the follow-up running."""
+    d = Drain(quiet_s=60.0, cap_s=180.0)
+    assert d.look(0.0, [], {"a": "running"}, (10, 10, 50)) is None
+    assert d.look(1.0, [], {"a": "running"}, (10, 10, 52)) is None  # a's progress
+    # a completed; its follow-up's request is not out yet: idle, no job, but it just moved
+    assert d.look(2.0, [], {}, (10, 10, 53)) is None
+    assert d.look(3.0, ["training"], {}, (10, 10, 54)) is None  # the request
+    assert d.look(4.0, [], {"b": "queued"}, (10, 10, 55)) is None
+    for t in range(5, 40):
+        assert d.look(float(t), [], {"b": "running"}, (10, 10, 55 + t)) is None
+    assert d.look(40.0, [], {}, (10, 10, 96)) is None  # b completed
+    assert d.look(42.0, [], {}, (10, 10, 96)) is None  # still only 2 s
+    assert d.look(43.0, [], {}, (10, 10, 96)) == "caught up"
+    assert d.waited_for == {"a": "ended", "b": "ended"}
+    assert d.idle_then_more == 1  # the look at 2.0, where the old drain ended
+    assert d.waited() == "job a (ended); job b (ended); consumers training"
+
+
+def test_the_drain_calls_a_job_that_makes_no_progress_stuck_and_bounds_moving_work() -> None:
+    d = Drain(quiet_s=30.0, cap_s=90.0)
+    assert d.look(0.0, [], {"c": "running"}, (5, 5, 5)) is None
+    assert d.look(29.0, [], {"c": "running"}, (5, 5, 5)) is None
+    assert d.look(30.0, [], {"c": "running"}, (5, 5, 5)) == "stuck"
+    assert d.waited() == "job c (running)"
+    # a consumer that never catches up, nothing moving: stuck too
+    d = Drain(quiet_s=30.0, cap_s=90.0)
+    assert d.look(0.0, ["rewards"], {}, (5, 5, 5)) is None
+    assert d.look(31.0, ["rewards"], {}, (5, 5, 5)) == "stuck"
+    # work that keeps moving is waited for, up to the cap
+    d = Drain(quiet_s=30.0, cap_s=90.0)
+    verdicts = [d.look(float(t), [], {"e": "running"}, (1, 1, t)) for t in range(0, 91, 5)]
+    assert verdicts[:-1] == [None] * (len(verdicts) - 1) and verdicts[-1] == "capped"
 
 
 def test_the_last_line_names_the_issue_keys_first() -> None:

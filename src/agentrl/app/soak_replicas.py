@@ -111,6 +111,72 @@ class JobHistory:
         )
 
 
+@dataclass
+class Drain:
+    """When the stack has caught up after the run, from successive looks (pure).
+
+    Caught up: every consumer idle, no job queued or running, and the streams still for
+    `still_s`. Idle and no active job at one look is not enough: a threshold reached while
+    a job ran fires one follow-up job when that job ends, and its request lands a moment
+    after the final status (later still on a loaded host). A look in between saw no job,
+    and the check after the drain found the follow-up running: "stuck" (the soak at load
+    6.5). Work that moves (a new message on a stream: a reward, a job's progress, a status,
+    a request) is waited for; `quiet_s` with nothing moving while work is left is a stuck
+    stack; `cap_s` bounds the whole wait."""
+
+    quiet_s: float
+    cap_s: float
+    still_s: float = 3.0
+    started: float | None = None
+    moved_at: float = 0.0
+    marks: tuple[int, ...] | None = None
+    waited_for: dict[str, str] = field(default_factory=dict)  # job id -> last state seen
+    busy_seen: set[str] = field(default_factory=set)  # consumers seen behind
+    # looks that saw every consumer idle and no job, after which work still came (a
+    # consumer behind, a job): the drain before this one ended at the first of them
+    idle_then_more: int = 0
+    _idle_looks: int = 0
+
+    def look(
+        self, now: float, busy: Iterable[str], active: dict[str, str], marks: tuple[int, ...]
+    ) -> str | None:
+        """One look: `busy` the consumers with messages pending, `active` the jobs queued or
+        running (id -> status), `marks` the streams' last sequence numbers. Returns
+        'caught up', 'stuck' (nothing moved for `quiet_s`), 'capped' (`cap_s` passed while
+        work still moved) or None (look again)."""
+        busy = sorted(busy)
+        if self.started is None:
+            self.started = now
+        if marks != self.marks:
+            self.marks, self.moved_at = marks, now
+        self.busy_seen.update(busy)
+        if busy or active:
+            self.idle_then_more += self._idle_looks
+            self._idle_looks = 0
+        else:
+            self._idle_looks += 1
+        for job, status in active.items():
+            self.waited_for[job] = status
+        for job in self.waited_for.keys() - active.keys():
+            if self.waited_for[job] in ACTIVE:
+                self.waited_for[job] = "ended"
+        still = now - self.moved_at
+        if not busy and not active and still >= self.still_s:
+            return "caught up"
+        if still >= self.quiet_s:
+            return "stuck"
+        if now - self.started >= self.cap_s:
+            return "capped"
+        return None
+
+    def waited(self) -> str:
+        """What the drain waited for, in words."""
+        parts = [f"job {j} ({s})" for j, s in self.waited_for.items()]
+        if self.busy_seen:
+            parts.append("consumers " + ", ".join(sorted(self.busy_seen)))
+        return "; ".join(parts) or "nothing"
+
+
 def last_line(result: SoakResult, replicas: int) -> dict[str, Any]:
     """The soak's last JSON line: the keys the issue names, then the rest of the figures."""
     f = result.figures
@@ -437,6 +503,9 @@ async def _drain(
     result: SoakResult,
     say: Callable[[str], None],
 ) -> None:
+    """Until the rewards, the ingester, the training runners (their requests and reward
+    counts) and every job have caught up (`Drain`): nothing moving for `drain_timeout_s`
+    is stuck; while work moves, at most three times that."""
     t0 = time.monotonic()
     survivor = next(r for r in replicas if _alive_until_end(r))
     prefix = f"warehouse-r{survivor.index}"
@@ -445,18 +514,39 @@ async def _drain(
         ("RL_TRAJECTORIES", f"{prefix}-trajectory"),
         ("RL_REWARDS", f"{prefix}-reward"),
         ("RL_TRAINING", f"{prefix}-training-status"),
+        ("RL_TRAINING", "training"),  # requests not yet turned into queued jobs
     ]
-
-    async def caught_up() -> bool:
-        for stream, durable in durables:
-            if not await consumer_idle(bus, stream, durable):
-                return False
-        return not any(s.get("status") in ACTIVE for s in (await _statuses(bus)).values())
-
-    got = await wait_for(caught_up, cfg.drain_timeout_s, 1.0)
-    result.figures["drain_s"] = round(time.monotonic() - t0, 1)
-    result.checks["caught up after the run (rewards, ingester, job queue)"] = got is not None
-    say(f"soak: drained in {result.figures['drain_s']}s" + ("" if got else " (timed out)"))
+    # the reward counts of the runners still alive (a follow-up job fires from them)
+    durables += [
+        ("RL_REWARDS", f"training-threshold-{r.name}")
+        for r in replicas
+        if r.procs["training"].alive()
+    ]
+    drain = Drain(quiet_s=cfg.drain_timeout_s, cap_s=cfg.drain_timeout_s * 3)
+    verdict: str | None = None
+    while verdict is None:
+        try:
+            busy = [d for stream, d in durables if not await consumer_idle(bus, stream, d)]
+            statuses = await _statuses(bus)
+            seqs = [
+                int((await bus.js.stream_info(name)).state.last_seq)
+                for name in ("RL_TRAJECTORIES", "RL_REWARDS", "RL_TRAINING")
+            ]
+            marks = tuple(seqs)
+        except Exception as exc:  # a look that failed (a node restarting): look again
+            say(f"soak: drain: cannot look ({type(exc).__name__}: {exc})")
+            busy, statuses, marks = ["(no answer)"], {}, (-1, -1, -1)
+        active = {j: str(s.get("status")) for j, s in statuses.items() if s.get("status") in ACTIVE}
+        verdict = drain.look(time.monotonic(), busy, active, marks)
+        if verdict is None:
+            await asyncio.sleep(1.0)
+    f = result.figures
+    f["drain_s"] = round(time.monotonic() - t0, 1)
+    f["drain"] = verdict
+    f["drain_waited_for"] = drain.waited()
+    f["drain_idle_looks_before_more_work"] = drain.idle_then_more
+    result.checks["caught up after the run (rewards, ingester, job queue)"] = verdict == "caught up"
+    say(f"soak: drain {verdict} after {f['drain_s']}s; waited for {drain.waited()}")
 
 
 async def _check_jobs(bus: Any, result: SoakResult, say: Callable[[str], None]) -> None:

@@ -233,8 +233,9 @@ class Bus:
                 cafile=str(settings.nats_tls_ca) if settings.nats_tls_ca else None
             )
             options["tls"] = ctx
+        nc = _Client()
         try:
-            nc = await nats.connect(**options)
+            await nc.connect(**options)
         except Exception as exc:
             raise BusError(f"cannot connect to NATS at {url}: {exc!r}") from exc
         nc.options["max_reconnect_attempts"] = -1
@@ -598,8 +599,10 @@ class Bus:
             batch,
             fetch_timeout,
         )
+        task = asyncio.current_task()
         try:
             while True:
+                _raise_lost_cancel(task)
                 if stop.is_set():
                     if feed.settled:
                         break
@@ -658,8 +661,10 @@ class Bus:
     ) -> ConsumeStats:
         """nats-py's own fetch loop (used when the wire fast path is unavailable)."""
         sub = await self.js.pull_subscribe(subject, durable=durable, stream=stream, config=config)
+        task = asyncio.current_task()
         try:
             while not stop.is_set():
+                _raise_lost_cancel(task)
                 try:
                     msgs = await sub.fetch(batch, timeout=fetch_timeout)
                 except (TimeoutError, nats.errors.TimeoutError):
@@ -973,6 +978,39 @@ class Bus:
                 raw = await self.js.get_msg("RL_DLQ", seq)
                 out.append(json.loads(raw.data or b"{}"))
         return out
+
+
+class _Client(NATS):
+    """nats-py's client, except that a request never loses its task's cancellation (see
+    `_raise_lost_cancel`): every JetStream and KV call is a request, so a service cancelled
+    while it opens a bucket, creates a consumer or reads a key stops there."""
+
+    async def request(
+        self,
+        subject: str,
+        payload: bytes = b"",
+        timeout: float = 0.5,
+        old_style: bool = False,
+        headers: dict[str, Any] | None = None,
+    ) -> Msg:
+        task = asyncio.current_task()
+        asked = task.cancelling() if task is not None else 0
+        msg = await super().request(subject, payload, timeout, old_style, headers)
+        if task is not None and task.cancelling() > asked:
+            raise asyncio.CancelledError  # the answer landed with the cancel: 3.11 kept it
+        return msg
+
+
+def _raise_lost_cancel(task: asyncio.Task[Any] | None) -> None:
+    """Raise the cancellation a consumer was asked for but never got.
+
+    On Python 3.11 `asyncio.wait_for` (in nats-py's every request, and in the pull feed's wait)
+    returns the result instead of raising when the answer lands in the same loop turn as the
+    cancel: the cancel is gone and the consumer ran on until its stop event. A reward
+    service's TaskGroup, whose other consumer had failed, waited for it forever (a rewards
+    test hung 300 s in the suite). `cancelling()` still counts the request."""
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 async def _confirmed(confirming: list[asyncio.Task[None]]) -> None:
