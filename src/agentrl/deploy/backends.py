@@ -14,7 +14,7 @@ import hashlib
 import logging
 import shutil
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -226,12 +226,8 @@ class UpstreamBackend:
     async def generate(self, model_id: str, request: ChatRequest) -> Generation:
         if self.pool is not None:
             return await self._generate_fast(model_id, request)
-        try:
+        with self._errors():
             resp = await self.client.post("/chat/completions", json=self._body(model_id, request))
-        except httpx.TimeoutException as exc:
-            raise BackendError(f"upstream {self.base_url} timed out: {exc!r}", 504) from exc
-        except httpx.HTTPError as exc:
-            raise BackendError(f"upstream {self.base_url} failed: {exc!r}", 502) from exc
         if resp.status_code >= 500:
             raise BackendError(f"upstream answered {resp.status_code}: {resp.text[:300]}", 502)
         if resp.status_code >= 400:
@@ -245,15 +241,9 @@ class UpstreamBackend:
     async def _generate_fast(self, model_id: str, request: ChatRequest) -> Generation:
         assert self.pool is not None
         body = orjson.dumps(self._body(model_id, request))
-        try:
+        with self._errors():
             async with asyncio.timeout(self.timeout_s):  # (no extra task, unlike wait_for)
                 status, data = await self.pool.post("/chat/completions", body)
-        except TimeoutError as exc:
-            raise BackendError(
-                f"upstream {self.base_url} timed out after {self.timeout_s}s", 504
-            ) from exc
-        except HTTPError as exc:
-            raise BackendError(f"upstream {self.base_url} failed: {exc}", 502) from exc
         if status >= 500:
             raise BackendError(
                 f"upstream answered {status}: {data[:300].decode(errors='replace')}", 502
@@ -277,7 +267,7 @@ class UpstreamBackend:
                 yield item
             return
         gen = Generation(content="")
-        try:
+        with self._errors():
             async with self.pool.stream(
                 "/chat/completions", orjson.dumps(body), self.timeout_s
             ) as resp:
@@ -295,18 +285,12 @@ class UpstreamBackend:
                     finally:  # a bad chunk: the good ones before it still go out
                         if chunks:
                             yield "chunks", chunks
-        except TimeoutError as exc:
-            raise BackendError(
-                f"upstream {self.base_url} timed out after {self.timeout_s}s", 504
-            ) from exc
-        except HTTPError as exc:
-            raise BackendError(f"upstream {self.base_url} failed: {exc}", 502) from exc
         yield "done", gen
 
     async def _stream_httpx(self, body: dict[str, Any]) -> AsyncIterator[tuple[str, Any]]:
         """The stream over httpx (https upstreams)."""
         gen = Generation(content="")
-        try:
+        with self._errors():
             async with self.client.stream("POST", "/chat/completions", json=body) as resp:
                 if resp.status_code >= 400:
                     text = (await resp.aread()).decode(errors="replace")
@@ -325,11 +309,22 @@ class UpstreamBackend:
                     chunk = _chunk(payload.encode())
                     _accumulate(gen, chunk)
                     yield "chunks", [chunk]
-        except httpx.TimeoutException as exc:
-            raise BackendError(f"upstream {self.base_url} timed out: {exc!r}", 504) from exc
-        except httpx.HTTPError as exc:
-            raise BackendError(f"upstream {self.base_url} failed: {exc!r}", 502) from exc
         yield "done", gen
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        """A failure of the call to the upstream as the `BackendError` the gateway answers:
+        no answer in time (our own deadline, the pool's or httpx's) 504, a connection or
+        protocol failure 502; a `BackendError` raised inside (the upstream's own status)
+        passes as it is. One mapping for every call: plain, streamed, pool or httpx."""
+        try:
+            yield
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            raise BackendError(
+                f"upstream {self.base_url} timed out after {self.timeout_s}s: {exc!r}", 504
+            ) from exc
+        except (HTTPError, httpx.HTTPError) as exc:
+            raise BackendError(f"upstream {self.base_url} failed: {exc!r}", 502) from exc
 
     async def close(self) -> None:
         if self.pool is not None:
