@@ -9,6 +9,7 @@ import asyncio
 import gc
 import json
 import os
+import threading
 import uuid
 from typing import Any, ClassVar
 
@@ -118,6 +119,32 @@ def test_settle_freezes_start_up_and_still_collects_later_cycles() -> None:
     finally:
         gc.unfreeze()
         gc.set_threshold(*threshold)
+
+
+def test_settle_gives_its_own_thread_a_short_scheduler_slice_and_no_other() -> None:
+    """Issue 54: the gateway's tail was its loop waiting for a core (a third of its wall time
+    inside `send`, almost no system CPU: each send woke a receiver that took the core). The
+    loop's thread asks EEVDF for a short slice (fair class, no privilege): its own thread's
+    only, as the test's main thread shows."""
+    main = gctune.current_slice_us()
+    if not main:  # not Linux, or a kernel before 6.12 (no custom slices of fair tasks)
+        pytest.skip("no EEVDF custom slice here")
+    seen: dict[str, Any] = {}
+
+    def loop_thread() -> None:
+        threshold = gc.get_threshold()
+        try:
+            gctune.settle(slice_us=150)
+            seen["slice"] = gctune.current_slice_us()
+        finally:
+            gc.unfreeze()
+            gc.set_threshold(*threshold)
+
+    worker = threading.Thread(target=loop_thread)
+    worker.start()
+    worker.join()
+    assert seen["slice"] == 150
+    assert gctune.current_slice_us() == main
 
 
 def test_cpu_seconds_of_a_process_grow_with_work() -> None:

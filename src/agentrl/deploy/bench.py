@@ -151,7 +151,9 @@ def _serve_gateway(port: int, upstream: str, nats_url: str) -> None:
         if os.environ.get("BENCH_GATEWAY_GC") != "default":  # as `agentrl up` does
             from agentrl.deploy import gctune
 
-            gctune.settle()
+            # BENCH_GATEWAY_SLICE=<us>: the loop's thread asks for that scheduler slice
+            slice_us = os.environ.get("BENCH_GATEWAY_SLICE")
+            gctune.settle(slice_us=int(slice_us) if slice_us else None)
         if os.environ.get("BENCH_GATEWAY_SERVER") == "granian":  # Rust HTTP, Python app
             from granian.constants import Interfaces
             from granian.server.embed import Server as Granian
