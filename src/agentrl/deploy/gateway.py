@@ -614,10 +614,11 @@ async def serve_chat(state: GatewayState, request: Request) -> Response:
             request.headers if tracked else None,
             stats,
         )
+    work = backend.generate(model_id, body)
+    if (getattr(backend, "deadline_s", None) or float("inf")) > state.timeout_s:
+        work = _within(work, state.timeout_s)  # (else the backend's own deadline comes first)
     try:
-        gen = await _unless_gone(
-            request, _within(backend.generate(model_id, body), state.timeout_s)
-        )
+        gen = await _unless_gone(request, work)
     except _ClientGone:
         state.abandoned += 1
         if tracked:  # a failed turn of its episode, with why
