@@ -575,9 +575,16 @@ def line(results: dict[str, dict[str, Any]], failed: dict[str, str]) -> dict[str
             for rate in (1000, 200):
                 a, b = res[f"plain{rate}"], theirs[f"plain{rate}"]
                 kept = min(a["achieved_rate"], b["achieved_rate"]) >= 0.95 * rate
-                row[f"{name}_ratio_p99_vs_{peer}_{rate}rps"] = (
+                key = f"{name}_ratio_p99_vs_{peer}_{rate}rps"
+                row[key] = (
                     r(a["added_p99"] / b["added_p99"]) if kept and b["added_p99"] > 0 else None
                 )
+                if row[key] is None:
+                    row[key + "_why"] = (
+                        f"one did not keep up with {rate} req/s"
+                        if not kept
+                        else f"{peer}'s added p99 was {b['added_p99']:.3f} ms (<= 0)"
+                    )
     for name, why in failed.items():
         row[f"{name}_error"] = why
     return row
@@ -799,6 +806,11 @@ def interleaved_line(
             key = f"ratio_p99_vs_{name}_{int(rate)}rps"
             row[key] = med(ratios)
             row[key + "_runs"] = [round(x, 3) for x in ratios]
+            if not ratios:
+                row[key + "_why"] = (
+                    f"no round where both kept up with {rate:g} req/s and {name} added a "
+                    "positive p99"
+                )
     for name, why in failed.items():
         row[f"{name}_error"] = why
     return row
