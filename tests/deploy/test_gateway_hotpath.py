@@ -186,6 +186,21 @@ def test_the_upstream_body_is_what_model_dump_gave(doc: dict[str, Any]) -> None:
     assert orjson.dumps(body) == orjson.dumps(want)
 
 
+def test_the_stack_runs_on_uvloop_unless_asked_for_asyncio(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 54: `agentrl up` (and a replica) runs its loop through `gctune.run`: uvloop, a
+    dependency, unless AGENTRL_EVENT_LOOP=asyncio."""
+
+    async def loop_type() -> str:
+        return type(asyncio.get_running_loop()).__module__
+
+    monkeypatch.delenv("AGENTRL_EVENT_LOOP", raising=False)
+    assert gctune.run(loop_type()).startswith("uvloop")
+    monkeypatch.setenv("AGENTRL_EVENT_LOOP", "asyncio")
+    assert gctune.run(loop_type()).startswith("asyncio")
+
+
 def test_cpu_seconds_of_a_process_grow_with_work() -> None:
     before = _cpu_s(os.getpid())
     if before != before:  # NaN: no /proc here
