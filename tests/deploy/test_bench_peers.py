@@ -139,7 +139,7 @@ def test_the_rotation_gives_medians_and_ratios_only_of_rounds_both_kept_up_with(
     runs = {
         "agentrl": {1000.0: [_run(1000, 990, 3.0), _run(1000, 700, 90.0), _run(1000, 995, 1.0)]},
         "tensorzero": {1000.0: [_run(1000, 999, 2.0), _run(1000, 998, 4.0), _run(1000, 990, 2.0)]},
-        "agentrl-uvloop": {1000.0: [_run(1000, 600, 9.0)] * 3},
+        "agentrl-asyncio": {1000.0: [_run(1000, 600, 9.0)] * 3},
     }
     row = interleaved_line(runs, {"litellm": "no venv"})
     assert row["added_p99_ms_1000rps"] == 3.0
@@ -147,8 +147,8 @@ def test_the_rotation_gives_medians_and_ratios_only_of_rounds_both_kept_up_with(
     assert row["tensorzero_added_p99_ms_1000rps"] == 2.0
     assert row["ratio_p99_vs_tensorzero_1000rps_runs"] == [1.5, 0.5]  # round 2: agentrl fell behind
     assert row["ratio_p99_vs_tensorzero_1000rps"] == 1.5  # (the upper median of two)
-    assert row["ratio_p99_vs_agentrl-uvloop_1000rps"] is None
-    assert "kept up" in row["ratio_p99_vs_agentrl-uvloop_1000rps_why"]
+    assert row["ratio_p99_vs_agentrl-asyncio_1000rps"] is None
+    assert "kept up" in row["ratio_p99_vs_agentrl-asyncio_1000rps_why"]
     assert row["litellm_error"] == "no venv"
 
 

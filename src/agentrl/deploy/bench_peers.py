@@ -250,12 +250,11 @@ def start_tensorzero(backend: str, tmp: Path) -> Peer:
 # `bench._serve_gateway`), measured as a peer of the same run: beside the default and the
 # other peers on the same machine, so a change of server is judged by the ratios it gives.
 VARIANTS: dict[str, dict[str, str]] = {
-    "agentrl-uvloop": {"BENCH_GATEWAY_LOOP": "uvloop"},
+    "agentrl-asyncio": {"BENCH_GATEWAY_LOOP": "asyncio"},  # (`agentrl up` runs on uvloop)
     "agentrl-granian": {"BENCH_GATEWAY_SERVER": "granian"},
-    "agentrl-granian-uvloop": {"BENCH_GATEWAY_SERVER": "granian", "BENCH_GATEWAY_LOOP": "uvloop"},
+    "agentrl-granian-asyncio": {"BENCH_GATEWAY_SERVER": "granian", "BENCH_GATEWAY_LOOP": "asyncio"},
     "agentrl-h11": {"BENCH_GATEWAY_HTTP": "h11"},
     "agentrl-slice": {"BENCH_GATEWAY_SLICE": "100"},
-    "agentrl-uvloop-slice": {"BENCH_GATEWAY_LOOP": "uvloop", "BENCH_GATEWAY_SLICE": "100"},
 }
 
 

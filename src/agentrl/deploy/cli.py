@@ -255,8 +255,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         only: str = typer.Option(
             "litellm,portkey,tensorzero",
             help="With --peers: which peers, comma-separated; also agentrl's own gateway under "
-            "another server, loop or scheduler slice: agentrl-uvloop, agentrl-granian, "
-            "agentrl-granian-uvloop, agentrl-h11, agentrl-slice, agentrl-uvloop-slice.",
+            "another server, loop or scheduler slice: agentrl-asyncio, agentrl-granian, "
+            "agentrl-granian-asyncio, agentrl-h11, agentrl-slice.",
         ),
         interleave: int = typer.Option(
             0,

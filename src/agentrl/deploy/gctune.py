@@ -61,8 +61,9 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     Why: the gateway's per-request work is mostly the event loop's own Python (handles,
     timers, transports: 172 -> 120 Python function calls per non-streamed request through
     the chat handler and the upstream pool), and in four side-by-side runs beside TensorZero
-    (`agentrl bench gateway --peers --interleave 3 --only tensorzero,agentrl-uvloop`, load
-    9-16 on 2 cores) the added p99 at 200 requests/s was lower under uvloop in every run."""
+    (`agentrl bench gateway --peers --interleave 3`, uvloop then a variant beside asyncio's
+    loop; now `agentrl-asyncio` is the variant), load 9-16 on 2 cores, the added p99 at 200
+    requests/s was lower under uvloop in every run."""
     if os.environ.get("AGENTRL_EVENT_LOOP", "").lower() != "asyncio":
         try:
             import uvloop
