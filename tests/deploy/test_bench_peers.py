@@ -14,7 +14,7 @@ import uvicorn
 from deploy_helpers import free_port
 
 from agentrl.deploy import bench, bench_peers
-from agentrl.deploy.bench_peers import Peer, line, measure
+from agentrl.deploy.bench_peers import Peer, interleaved_line, line, measure
 
 SERVICE_S = 0.005  # one request at a time: at most ~200 requests/s
 
@@ -131,6 +131,25 @@ def test_the_line_compares_at_the_common_rate_and_says_why_a_ratio_is_missing() 
     for key, value in row.items():  # never a silent null
         if value is None and key.startswith("ratio_"):
             assert row.get(f"{key}_why") or row.get(f"{key.rsplit('_', 1)[0]}_why"), key
+
+
+def test_the_rotation_gives_medians_and_ratios_only_of_rounds_both_kept_up_with() -> None:
+    """`--interleave`: per gateway the median of its rounds (each round listed); the p99
+    ratio of each round where both kept up, their median, and a reason when there is none."""
+    runs = {
+        "agentrl": {1000.0: [_run(1000, 990, 3.0), _run(1000, 700, 90.0), _run(1000, 995, 1.0)]},
+        "tensorzero": {1000.0: [_run(1000, 999, 2.0), _run(1000, 998, 4.0), _run(1000, 990, 2.0)]},
+        "agentrl-asyncio": {1000.0: [_run(1000, 600, 9.0)] * 3},
+    }
+    row = interleaved_line(runs, {"litellm": "no venv"})
+    assert row["added_p99_ms_1000rps"] == 3.0
+    assert row["added_p99_ms_1000rps_runs"] == [3.0, 90.0, 1.0]
+    assert row["tensorzero_added_p99_ms_1000rps"] == 2.0
+    assert row["ratio_p99_vs_tensorzero_1000rps_runs"] == [1.5, 0.5]  # round 2: agentrl fell behind
+    assert row["ratio_p99_vs_tensorzero_1000rps"] == 1.5  # (the upper median of two)
+    assert row["ratio_p99_vs_agentrl-asyncio_1000rps"] is None
+    assert "kept up" in row["ratio_p99_vs_agentrl-asyncio_1000rps_why"]
+    assert row["litellm_error"] == "no venv"
 
 
 async def test_a_peer_that_sustains_nothing_is_compared_at_the_lowest_rate_tried(

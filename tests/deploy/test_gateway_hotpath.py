@@ -9,10 +9,12 @@ import asyncio
 import gc
 import json
 import os
+import threading
 import uuid
 from typing import Any, ClassVar
 
 import httpx
+import orjson
 import pytest
 import uvicorn
 from deploy_helpers import free_port
@@ -21,6 +23,7 @@ from agentrl.deploy import gctune
 from agentrl.deploy.backends import UpstreamBackend
 from agentrl.deploy.bench import _cpu_s, backend_app
 from agentrl.deploy.gateway import VERSION_HEADER, GatewayState, create_gateway_app
+from agentrl.deploy.openai_types import ChatRequest
 from agentrl.observability import instrument as obs
 from agentrl.observability import metrics as m
 
@@ -120,6 +123,84 @@ def test_settle_freezes_start_up_and_still_collects_later_cycles() -> None:
         gc.set_threshold(*threshold)
 
 
+def test_settle_gives_its_own_thread_a_short_scheduler_slice_and_no_other() -> None:
+    """Issue 54: the gateway's tail was its loop waiting for a core (a third of its wall time
+    inside `send`, almost no system CPU: each send woke a receiver that took the core). The
+    loop's thread asks EEVDF for a short slice (fair class, no privilege): its own thread's
+    only, as the test's main thread shows."""
+    main = gctune.current_slice_us()
+    if not main:  # not Linux, or a kernel before 6.12 (no custom slices of fair tasks)
+        pytest.skip("no EEVDF custom slice here")
+    seen: dict[str, Any] = {}
+
+    def loop_thread() -> None:
+        threshold = gc.get_threshold()
+        try:
+            gctune.settle(slice_us=150)
+            seen["slice"] = gctune.current_slice_us()
+        finally:
+            gc.unfreeze()
+            gc.set_threshold(*threshold)
+
+    worker = threading.Thread(target=loop_thread)
+    worker.start()
+    worker.join()
+    assert seen["slice"] == 150
+    assert gctune.current_slice_us() == main
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        {
+            "model": "m",
+            "messages": [
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "f"}]}
+            ],
+            "temperature": 1,
+            "episode_id": "ep-1",
+            "user": None,
+            "logprobs": True,
+            "top_logprobs": 2,
+            "metadata": {"session_id": "s", "none": None},
+            "vendor_extra": None,
+            "guided_choice": ["a", "b"],
+            "response_format": {"type": "json_schema", "json_schema": {"x": None}},
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    ],
+)
+def test_the_upstream_body_is_what_model_dump_gave(doc: dict[str, Any]) -> None:
+    """Issue 54: the upstream's body is built from the validated request without pydantic's
+    dump (~4 % of the gateway's CPU); it must stay what the dump gave, key order included."""
+    request = ChatRequest.model_validate(doc)
+    backend = UpstreamBackend("http://127.0.0.1:9/v1", default_model="served")
+    body = backend._body("v1", request)
+    want = request.model_dump(exclude_none=True, exclude={"episode_id"})
+    want["model"] = "served"
+    if request.logprobs:
+        want.setdefault("return_tokens_as_token_ids", True)
+    assert list(body.items()) == list(want.items())
+    assert orjson.dumps(body) == orjson.dumps(want)
+
+
+def test_the_stack_runs_on_uvloop_unless_asked_for_asyncio(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 54: `agentrl up` (and a replica) runs its loop through `gctune.run`: uvloop, a
+    dependency, unless AGENTRL_EVENT_LOOP=asyncio."""
+
+    async def loop_type() -> str:
+        return type(asyncio.get_running_loop()).__module__
+
+    monkeypatch.delenv("AGENTRL_EVENT_LOOP", raising=False)
+    assert gctune.run(loop_type()).startswith("uvloop")
+    monkeypatch.setenv("AGENTRL_EVENT_LOOP", "asyncio")
+    assert gctune.run(loop_type()).startswith("asyncio")
+
+
 def test_cpu_seconds_of_a_process_grow_with_work() -> None:
     before = _cpu_s(os.getpid())
     if before != before:  # NaN: no /proc here
@@ -136,8 +217,6 @@ async def test_streams_keep_their_upstream_connection() -> None:
     generation."""
     upstream, up_task, up_port = await _serve(backend_app)
     backend = UpstreamBackend(f"http://127.0.0.1:{up_port}/v1", timeout_s=10)
-    from agentrl.deploy.openai_types import ChatRequest
-
     req = ChatRequest(model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=1)
     try:
         for _ in range(3):

@@ -277,6 +277,29 @@ async def test_an_upstream_error_or_silence_is_answered_before_the_stream(
         assert up.closed == closed + 1
 
 
+async def test_a_silent_upstream_is_a_504_by_the_earlier_deadline_non_streamed(gw: Any) -> None:
+    """Issue 54: the gateway sets no timer of its own when the upstream backend's deadline
+    (0.5 s here) comes first; a shorter gateway timeout still applies. Either way a silent
+    upstream is a 504 counted as the version's timeout, and its connection is closed."""
+    state, up, _backend, port = gw
+    body = {"model": "silent", "messages": [{"role": "user", "content": "hi"}]}
+    stats = state.stats_for("silent", pinned=True)
+    for gateway_s, why in ((10.0, "timed out after 0.5s"), (0.2, "did not answer in time")):
+        state.timeout_s, timeouts, closed = gateway_s, stats.timeouts, up.closed
+        try:
+            async with httpx.AsyncClient() as c:
+                r = await c.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body)
+        finally:
+            state.timeout_s = 10.0
+        assert r.status_code == 504 and why in r.json()["error"]["message"], r.text
+        assert stats.timeouts == timeouts + 1
+        for _ in range(100):
+            if up.closed > closed:
+                break
+            await asyncio.sleep(0.02)
+        assert up.closed == closed + 1
+
+
 async def test_a_client_that_closes_early_closes_the_upstream_connection(gw: Any) -> None:
     state, up, backend, port = gw
     closed, abandoned = up.closed, state.abandoned

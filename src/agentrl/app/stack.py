@@ -34,6 +34,7 @@ from agentrl.bus.client import Bus
 from agentrl.bus.server import EmbeddedNats
 from agentrl.core.plugins import optional_module
 from agentrl.core.settings import Settings, get_settings
+from agentrl.deploy import gctune
 
 log = logging.getLogger(__name__)
 
@@ -596,7 +597,7 @@ def exit_past_stragglers(code: int = 0, grace_s: float = 2.0) -> None:
 
 def _run(url: str, settings: Settings, services: bool, console: Console, replicas: int = 1) -> None:
     try:
-        asyncio.run(serve_all(url, settings, services, console, replicas))
+        gctune.run(serve_all(url, settings, services, console, replicas))  # uvloop if there
     except (asyncio.CancelledError, KeyboardInterrupt):
         console.print("[yellow]stopped (forced by a second signal)[/]")
         raise SystemExit(130) from None
@@ -667,5 +668,5 @@ if __name__ == "__main__":
     from agentrl.core.logs import setup_logging
 
     setup_logging()
-    asyncio.run(_replica_main())
+    gctune.run(_replica_main())
     exit_past_stragglers(0)

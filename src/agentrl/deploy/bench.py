@@ -7,7 +7,8 @@
    the same again streamed (server-sent events, to the last byte: keys `..._stream`).
    The gateway's server is uvicorn (httptools); `BENCH_GATEWAY_SERVER=granian` puts the
    same app behind granian's Rust HTTP server instead (`pip install granian` first), and
-   `BENCH_GATEWAY_LOG=off` runs it without its completion log (what the log costs).
+   `BENCH_GATEWAY_LOG=off` runs it without its completion log (what the log costs); its loop
+   is `agentrl up`'s (uvloop), `BENCH_GATEWAY_LOOP=asyncio` asyncio's own.
 2. Rollback time: a canary on a backend that always answers 500, with the gateway under
    traffic; from the first error a client sees to the moment every answer comes from the
    live version again (the monitor period is printed beside it).
@@ -151,7 +152,9 @@ def _serve_gateway(port: int, upstream: str, nats_url: str) -> None:
         if os.environ.get("BENCH_GATEWAY_GC") != "default":  # as `agentrl up` does
             from agentrl.deploy import gctune
 
-            gctune.settle()
+            # BENCH_GATEWAY_SLICE=<us>: the loop's thread asks for that scheduler slice
+            slice_us = os.environ.get("BENCH_GATEWAY_SLICE")
+            gctune.settle(slice_us=int(slice_us) if slice_us else None)
         if os.environ.get("BENCH_GATEWAY_SERVER") == "granian":  # Rust HTTP, Python app
             from granian.constants import Interfaces
             from granian.server.embed import Server as Granian
@@ -183,12 +186,12 @@ def _serve_gateway(port: int, upstream: str, nats_url: str) -> None:
         if log_task is not None:
             await log_task
 
-    if os.environ.get("BENCH_GATEWAY_LOOP") == "uvloop":  # what a uvloop stack would see
-        import uvloop
-
-        uvloop.run(main())
-    else:
+    if os.environ.get("BENCH_GATEWAY_LOOP") == "asyncio":  # asyncio's loop, not `up`'s
         asyncio.run(main())
+    else:  # as `agentrl up` runs it (uvloop when installed)
+        from agentrl.deploy import gctune
+
+        gctune.run(main())
 
 
 def _spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

@@ -246,6 +246,37 @@ def start_tensorzero(backend: str, tmp: Path) -> Peer:
     return peer
 
 
+# agentrl's own gateway under another server or event loop (the bench helper's settings, see
+# `bench._serve_gateway`), measured as a peer of the same run: beside the default and the
+# other peers on the same machine, so a change of server is judged by the ratios it gives.
+VARIANTS: dict[str, dict[str, str]] = {
+    "agentrl-asyncio": {"BENCH_GATEWAY_LOOP": "asyncio"},  # (`agentrl up` runs on uvloop)
+    "agentrl-granian": {"BENCH_GATEWAY_SERVER": "granian"},
+    "agentrl-granian-asyncio": {"BENCH_GATEWAY_SERVER": "granian", "BENCH_GATEWAY_LOOP": "asyncio"},
+    "agentrl-h11": {"BENCH_GATEWAY_HTTP": "h11"},
+    "agentrl-slice": {"BENCH_GATEWAY_SLICE": "100"},
+}
+
+
+def start_variant(name: str, backend: str, nats_url: str) -> Peer:
+    """agentrl's gateway helper with a variant's settings (granian: `pip install granian`)."""
+    env = VARIANTS[name]
+    if env.get("BENCH_GATEWAY_SERVER") == "granian":
+        import importlib.util
+
+        if importlib.util.find_spec("granian") is None:
+            raise RuntimeError("granian is not installed (pip install granian)")
+    port = bench._free_port()
+    proc = bench._spawn("gateway", str(port), backend, nats_url, env=env)
+    return Peer(
+        name,
+        url=f"http://127.0.0.1:{port}/v1/chat/completions",
+        target={"model": "agentrl-policy"},
+        proc=proc,
+        version=", ".join(f"{k}={v}" for k, v in env.items()),
+    )
+
+
 PEERS: dict[str, Callable[[str, Path], Peer]] = {
     "litellm": start_litellm,
     "portkey": start_portkey,
@@ -534,6 +565,25 @@ def line(results: dict[str, dict[str, Any]], failed: dict[str, str]) -> dict[str
             )
         row[f"ratio_p99_vs_{name}"] = headline[1] if headline else None
         row[f"ratio_p99_vs_{name}_rps"] = headline[0] if headline else None
+    for name, res in results.items():  # a variant of agentrl's against each real peer
+        if name not in VARIANTS:
+            continue
+        for peer, theirs in results.items():
+            if peer == "agentrl" or peer in VARIANTS:
+                continue
+            for rate in (1000, 200):
+                a, b = res[f"plain{rate}"], theirs[f"plain{rate}"]
+                kept = min(a["achieved_rate"], b["achieved_rate"]) >= 0.95 * rate
+                key = f"{name}_ratio_p99_vs_{peer}_{rate}rps"
+                row[key] = (
+                    r(a["added_p99"] / b["added_p99"]) if kept and b["added_p99"] > 0 else None
+                )
+                if row[key] is None:
+                    row[key + "_why"] = (
+                        f"one did not keep up with {rate} req/s"
+                        if not kept
+                        else f"{peer}'s added p99 was {b['added_p99']:.3f} ms (<= 0)"
+                    )
     for name, why in failed.items():
         row[f"{name}_error"] = why
     return row
@@ -578,7 +628,10 @@ def run_peers(duration: float = 3.0, only: tuple[str, ...] = tuple(PEERS)) -> di
                     peer: Peer | None = None
                     try:
                         say(f"{name}: installing / starting ...")
-                        peer = await asyncio.to_thread(PEERS[name], backend, tmp)
+                        if name in VARIANTS:
+                            peer = start_variant(name, backend, nats.url)
+                        else:
+                            peer = await asyncio.to_thread(PEERS[name], backend, tmp)
                         if peer.version:
                             versions[name] = peer.version
                         await _ready(peer)
@@ -616,3 +669,147 @@ def _uptime() -> str:
         return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     except OSError:
         return "load average: " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def run_interleaved(
+    duration: float = 3.0,
+    only: tuple[str, ...] = ("tensorzero",),
+    rounds: int = 3,
+    rates: tuple[float, ...] = (1000.0,),
+    stream: bool = False,
+) -> dict[str, Any]:
+    """agentrl's gateway and `only` (peers and agentrl variants) all started at once, then
+    one short run each in turn, `rounds` times, per rate: a shared host's load drifts over
+    the minutes a full `--peers` run takes, and a rotation puts every gateway through the same
+    minutes. Per gateway and rate the median added p50/p99 and CPU per request with every
+    round's value; per peer the median of the per-round p99 ratios (agentrl's / the peer's,
+    a round where either fell behind the rate left out). The last line is one JSON object."""
+    from agentrl.bus.server import EmbeddedNats
+
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    uptime_before = _uptime()
+    tmp = Path(tempfile.mkdtemp(prefix="agentrl-bench-interleave-"))
+    runs: dict[str, dict[float, list[dict[str, Any]]]] = {}
+    failed: dict[str, str] = {}
+    versions: dict[str, str] = {}
+    peers: list[Peer] = []
+    procs: list[subprocess.Popen[bytes]] = []
+    with EmbeddedNats(data_dir=tmp) as nats:
+        try:
+            bp, gp = bench._free_port(), bench._free_port()
+            procs.append(bench._spawn("backend", str(bp)))
+            backend = f"http://127.0.0.1:{bp}/v1"
+            procs.append(bench._spawn("gateway", str(gp), backend, nats.url))
+            direct = f"{backend}/chat/completions"
+            peers.append(
+                Peer(
+                    "agentrl",
+                    url=f"http://127.0.0.1:{gp}/v1/chat/completions",
+                    target={"model": "agentrl-policy"},
+                    proc=procs[1],
+                )
+            )
+
+            async def main() -> None:
+                await bench._wait_http(direct)
+                for name in only:
+                    try:
+                        if name in VARIANTS:
+                            peer = start_variant(name, backend, nats.url)
+                        else:
+                            peer = await asyncio.to_thread(PEERS[name], backend, tmp)
+                        peers.append(peer)
+                    except Exception as exc:  # reported, never dropped
+                        failed[name] = f"{type(exc).__name__}: {exc}"[:800]
+                for peer in list(peers):
+                    try:
+                        await _ready(peer)
+                        if peer.version:
+                            versions[peer.name] = peer.version
+                        await bench.latency_run(direct, peer.url, 200.0, 1.0, target=peer.target)
+                    except Exception as exc:
+                        failed[peer.name] = f"{type(exc).__name__}: {exc}"[:800]
+                        peers.remove(peer)
+                for k in range(rounds):
+                    for rate in rates:
+                        for peer in peers:
+                            say(f"round {k + 1}/{rounds}: {peer.name} at {rate:g} req/s")
+                            pid = peer.proc.pid if peer.proc is not None else os.getpid()
+                            run = await bench.latency_run(
+                                direct,
+                                peer.url,
+                                rate,
+                                duration,
+                                pids={"gateway": pid},
+                                target=peer.target,
+                                stream=stream,
+                                give_up_s=GIVE_UP_S,
+                            )
+                            runs.setdefault(peer.name, {}).setdefault(rate, []).append(run)
+
+            asyncio.run(main())
+        finally:
+            for peer in peers[1:]:
+                stop(peer.proc)
+            for p in procs:
+                stop(p)
+    row = interleaved_line(runs, failed)
+    row["versions"] = versions
+    row["rounds"] = rounds
+    row["stream"] = stream
+    row["duration_s_per_run"] = duration
+    row["cores"] = os.cpu_count()
+    row["uptime_before"] = uptime_before
+    row["uptime_after"] = _uptime()
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps(row))
+    return row
+
+
+def interleaved_line(
+    runs: dict[str, dict[float, list[dict[str, Any]]]], failed: dict[str, str]
+) -> dict[str, Any]:
+    """The rotation's figures (see `run_interleaved`): agentrl's keys plain, others prefixed."""
+
+    def med(xs: list[float]) -> float | None:
+        xs = sorted(xs)
+        return round(xs[len(xs) // 2], 3) if xs else None
+
+    row: dict[str, Any] = {}
+    for name, by_rate in runs.items():
+        pre = "" if name == "agentrl" else f"{name}_"
+        for rate, rs in by_rate.items():
+            tag = f"{int(rate)}rps"
+            for key, field_ in (
+                ("added_p50_ms", "added_p50"),
+                ("added_p99_ms", "added_p99"),
+                ("cpu_ms_per_request", "gateway_cpu_ms_per_req"),
+                ("achieved_rps", "achieved_rate"),
+            ):
+                values = [float(r.get(field_, float("nan"))) for r in rs]
+                row[f"{pre}{key}_{tag}"] = med(values)
+                row[f"{pre}{key}_{tag}_runs"] = [round(v, 3) for v in values]
+            row[f"{pre}errors_{tag}"] = sum(r["unanswered"] for r in rs)
+    ours = runs.get("agentrl", {})
+    for name, by_rate in runs.items():
+        if name == "agentrl":
+            continue
+        for rate, rs in by_rate.items():
+            ratios = [
+                m["added_p99"] / t["added_p99"]
+                for m, t in zip(ours.get(rate, []), rs, strict=False)
+                if t["added_p99"] > 0 and min(m["achieved_rate"], t["achieved_rate"]) >= 0.95 * rate
+            ]
+            key = f"ratio_p99_vs_{name}_{int(rate)}rps"
+            row[key] = med(ratios)
+            row[key + "_runs"] = [round(x, 3) for x in ratios]
+            if not ratios:
+                row[key + "_why"] = (
+                    f"no round where both kept up with {rate:g} req/s and {name} added a "
+                    "positive p99"
+                )
+    for name, why in failed.items():
+        row[f"{name}_error"] = why
+    return row

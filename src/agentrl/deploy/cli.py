@@ -253,10 +253,31 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             "(installed once into ~/.cache/agentrl/bench-peers): added latency, max rate, CPU.",
         ),
         only: str = typer.Option(
-            "litellm,portkey,tensorzero", help="With --peers: which peers, comma-separated."
+            "litellm,portkey,tensorzero",
+            help="With --peers: which peers, comma-separated; also agentrl's own gateway under "
+            "another server, loop or scheduler slice: agentrl-asyncio, agentrl-granian, "
+            "agentrl-granian-asyncio, agentrl-h11, agentrl-slice.",
+        ),
+        interleave: int = typer.Option(
+            0,
+            help="With --peers: agentrl and every peer started at once, then N rounds of one "
+            "short non-streamed run each in turn (medians and each round's figures).",
+        ),
+        rates: str = typer.Option(
+            "1000", help="With --interleave: request rates, comma-separated."
         ),
     ) -> None:
         """Gateway overhead, rollback time, batching factor, split accuracy."""
+        if peers and interleave:
+            from agentrl.deploy.bench_peers import run_interleaved
+
+            run_interleaved(
+                duration=duration,
+                only=tuple(x for x in only.split(",") if x),
+                rounds=interleave,
+                rates=tuple(float(x) for x in rates.split(",") if x),
+            )
+            return
         if peers:
             from agentrl.deploy.bench_peers import run_peers
 

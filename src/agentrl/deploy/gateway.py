@@ -42,7 +42,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from fastapi import Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
@@ -392,12 +392,8 @@ class _Unauthorized(Exception):
 
 
 def create_gateway_app(state: GatewayState) -> FastAPI:
-    async def require_key(request: Request) -> None:
-        route = request.scope.get("route")
-        if getattr(route, "path", None) in PUBLIC_PATHS or unauthorized(request) is None:
-            return
-        raise _Unauthorized()
-
+    """The gateway's FastAPI app over `state`: the module's `router`, the key check on every
+    route, admission, and the chat route's direct path (`_GatewayApp`)."""
     app = _GatewayApp(
         title="agentrl gateway",
         description="OpenAI-compatible chat completions.",
@@ -406,198 +402,247 @@ def create_gateway_app(state: GatewayState) -> FastAPI:
     )
     app.state.gateway = state
     app.add_middleware(_Admission, state=state)
-
-    async def refuse(_request: Request, _exc: Exception) -> JSONResponse:
-        return _error(
-            401,
-            "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
-            "invalid_request_error",
-            "invalid_api_key",
-        )
-
-    app.add_exception_handler(_Unauthorized, refuse)
+    app.add_exception_handler(_Unauthorized, _refuse)
     if state.capture is not None:  # POST /v1/episodes/{id}/end, GET /v1/episodes/stats
         app.include_router(state.capture.router(state))
+    app.include_router(router)
+    app.chat_fast = _Admission(ChatEndpoint(state), state)
+    return app
 
-    def unauthorized(request: Request, heads: dict[bytes, bytes] | None = None) -> Any:
-        if not state.api_keys:
-            return None
-        if heads is None:
-            auth = request.headers.get("authorization", "")
-        else:
-            auth = heads.get(b"authorization", b"").decode("latin-1")
-        scheme, _, token = auth.partition(" ")
-        token = token.strip()
-        if scheme.lower() == "bearer" and any(
-            hmac.compare_digest(token.encode(), k.encode()) for k in state.api_keys
-        ):
-            return None
-        return _error(
-            401,
-            "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
-            "invalid_request_error",
-            "invalid_api_key",
-        )
 
-    @app.get("/health", response_model=None)
-    async def health(request: Request) -> Any:
-        if unauthorized(request) is not None:  # up/down only: the split is not public
-            return {"status": "ok"}
-        return {"status": "ok", "weights": state.weights}
+def gateway_state(request: Request) -> GatewayState:
+    """The state the app serving `request` routes by (`create_gateway_app` puts it there)."""
+    return request.app.state.gateway  # type: ignore[no-any-return]
 
-    @app.get("/v1/stats", response_model=None)
-    async def stats(request: Request) -> Any:
-        if (denied := unauthorized(request)) is not None:
-            return denied
-        return {
-            "weights": state.weights,
-            "lineages": {name: route[0] for name, route in state.routes.items()},
-            "versions": {k: v.snapshot() for k, v in state.stats.items()},
-            "pinned": {k: v.snapshot() for k, v in state.pinned.items()},
-            "refused": state.refused,
-            "compiles": {  # structured-output compiles in flight, and requests turned away
-                "busy": structured.SLOTS.busy,
-                "refused": structured.SLOTS.refused,
-            },
-            "completion_log": None
-            if state.completion_log is None
-            else {
-                "published": state.completion_log.published,
-                "dropped": state.completion_log.dropped,
-                "queued": len(state.completion_log.queue),
-                "queued_bytes": state.completion_log.bytes,
-            },
-            "admission": {
-                "inflight": state.inflight,
-                "max_inflight": state.max_inflight,
-                "shed": state.shed,
-                "abandoned": state.abandoned,
-            },
-        }
 
-    @app.get("/v1/models", response_model=None)
-    async def models(request: Request) -> Any:
-        if (denied := unauthorized(request)) is not None:
-            return denied
-        now = int(time.time())
-        return {
-            "object": "list",
-            "data": [  # max_model_len as vLLM names it (clients size their history by it)
-                {"id": m, "object": "model", "created": now, "owned_by": "agentrl"}
-                | ({"max_model_len": c} if (c := state.context_of(m)) else {})
-                for m in state.models()
-            ],
-        }
+async def require_key(request: Request) -> None:
+    """Every route but `PUBLIC_PATHS` needs one of the gateway's keys (when it has any)."""
+    route = request.scope.get("route")
+    if (
+        getattr(route, "path", None) in PUBLIC_PATHS
+        or unauthorized(gateway_state(request), request) is None
+    ):
+        return
+    raise _Unauthorized()
 
-    @app.post("/v1/chat/completions", response_model=None)
-    async def chat(request: Request) -> Any:
-        heads = _heads(request.scope)
-        if (denied := unauthorized(request, heads)) is not None:
-            return denied
-        try:
-            body = ChatRequest.model_validate(orjson.loads(await _request_body(request)))
-        except (ValueError, ValidationError) as exc:
-            msg = (
-                str(exc)
-                if not isinstance(exc, ValidationError)
-                else "; ".join(
-                    f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5]
-                )
+
+async def _refuse(_request: Request, _exc: Exception) -> JSONResponse:
+    return _error(
+        401,
+        "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
+        "invalid_request_error",
+        "invalid_api_key",
+    )
+
+
+def unauthorized(
+    state: GatewayState, request: Request, heads: dict[bytes, bytes] | None = None
+) -> JSONResponse | None:
+    """None when the request may pass (no keys configured, or one of them as its bearer
+    token), else the 401 to answer."""
+    if not state.api_keys:
+        return None
+    if heads is None:
+        auth = request.headers.get("authorization", "")
+    else:
+        auth = heads.get(b"authorization", b"").decode("latin-1")
+    scheme, _, token = auth.partition(" ")
+    token = token.strip()
+    if scheme.lower() == "bearer" and any(
+        hmac.compare_digest(token.encode(), k.encode()) for k in state.api_keys
+    ):
+        return None
+    return _error(
+        401,
+        "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
+        "invalid_request_error",
+        "invalid_api_key",
+    )
+
+
+# The gateway's routes, apart from the app that serves them (as vLLM keeps its router apart
+# from its serving class): each handler reads the `GatewayState` of the app it runs in.
+router = APIRouter()
+
+
+@router.get("/health", response_model=None)
+async def health(request: Request) -> Any:
+    state = gateway_state(request)
+    if unauthorized(state, request) is not None:  # up/down only: the split is not public
+        return {"status": "ok"}
+    return {"status": "ok", "weights": state.weights}
+
+
+@router.get("/v1/stats", response_model=None)
+async def stats(request: Request) -> Any:
+    state = gateway_state(request)
+    if (denied := unauthorized(state, request)) is not None:
+        return denied
+    return {
+        "weights": state.weights,
+        "lineages": {name: route[0] for name, route in state.routes.items()},
+        "versions": {k: v.snapshot() for k, v in state.stats.items()},
+        "pinned": {k: v.snapshot() for k, v in state.pinned.items()},
+        "refused": state.refused,
+        "compiles": {  # structured-output compiles in flight, and requests turned away
+            "busy": structured.SLOTS.busy,
+            "refused": structured.SLOTS.refused,
+        },
+        "completion_log": None
+        if state.completion_log is None
+        else {
+            "published": state.completion_log.published,
+            "dropped": state.completion_log.dropped,
+            "queued": len(state.completion_log.queue),
+            "queued_bytes": state.completion_log.bytes,
+        },
+        "admission": {
+            "inflight": state.inflight,
+            "max_inflight": state.max_inflight,
+            "shed": state.shed,
+            "abandoned": state.abandoned,
+        },
+    }
+
+
+@router.get("/v1/models", response_model=None)
+async def models(request: Request) -> Any:
+    state = gateway_state(request)
+    if (denied := unauthorized(state, request)) is not None:
+        return denied
+    now = int(time.time())
+    return {
+        "object": "list",
+        "data": [  # max_model_len as vLLM names it (clients size their history by it)
+            {"id": m, "object": "model", "created": now, "owned_by": "agentrl"}
+            | ({"max_model_len": c} if (c := state.context_of(m)) else {})
+            for m in state.models()
+        ],
+    }
+
+
+@router.post(CHAT_PATH, response_model=None)
+async def chat(request: Request) -> Any:
+    """Declared for the OpenAPI schema and any app that mounts `router` alone; the gateway's
+    own app answers this path by `ChatEndpoint` (`_GatewayApp`)."""
+    return await serve_chat(gateway_state(request), request)
+
+
+class ChatEndpoint:
+    """`POST /v1/chat/completions` as a bare ASGI app over one `GatewayState`."""
+
+    def __init__(self, state: GatewayState) -> None:
+        self.state = state
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        response = await serve_chat(self.state, Request(scope, receive))
+        await response(scope, receive, send)
+
+
+async def serve_chat(state: GatewayState, request: Request) -> Response:
+    """One chat completion: key, body, routing, the backend's answer (or stream), the
+    counters, the completion log and capture."""
+    heads = _heads(request.scope)
+    if (denied := unauthorized(state, request, heads)) is not None:
+        return denied
+    try:
+        body = ChatRequest.model_validate(orjson.loads(await _request_body(request)))
+    except (ValueError, ValidationError) as exc:
+        msg = (
+            str(exc)
+            if not isinstance(exc, ValidationError)
+            else "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5]
             )
-            return _error(400, f"invalid request: {msg}", "invalid_request_error")
-        session = _session_key(heads, body)
-        capture = state.capture
-        tracked = capture is not None and capture.wants(request.headers, body)
-        name = body.model
-        if state.by_agent or state.by_profile:  # agents mapped to lineages
-            name = state.lineage_for(name, _text(heads, _AGENT_KEY), _text(heads, _PROFILE_KEY))
-        try:
-            model_id = state.resolve(name, session)
-        except KeyError:
-            if retired := state.retired_lineage(name):
-                what = (
-                    f"The lineage '{name}' is retired"
-                    if retired == name
-                    else f"The model version '{name}' belongs to the retired lineage '{retired}'"
-                )
-                return _error(
-                    404,
-                    f"{what}. Available models: {', '.join(state.models())}",
-                    "invalid_request_error",
-                    "model_not_found",
-                    "model",
-                )
+        )
+        return _error(400, f"invalid request: {msg}", "invalid_request_error")
+    session = _session_key(heads, body)
+    capture = state.capture
+    tracked = capture is not None and capture.wants(request.headers, body)
+    name = body.model
+    if state.by_agent or state.by_profile:  # agents mapped to lineages
+        name = state.lineage_for(name, _text(heads, _AGENT_KEY), _text(heads, _PROFILE_KEY))
+    try:
+        model_id = state.resolve(name, session)
+    except KeyError:
+        if retired := state.retired_lineage(name):
+            what = (
+                f"The lineage '{name}' is retired"
+                if retired == name
+                else f"The model version '{name}' belongs to the retired lineage '{retired}'"
+            )
             return _error(
                 404,
-                f"The model '{body.model}' does not exist. Available models: "
-                f"{', '.join(state.models())}",
+                f"{what}. Available models: {', '.join(state.models())}",
                 "invalid_request_error",
                 "model_not_found",
                 "model",
             )
-        except DeployError as exc:
-            return _error(503, str(exc), "service_unavailable")
-        backend = state.backends[model_id]
-        # a request naming a version by its id is pinned; one routed by a split is evidence
-        stats = state.stats_for(model_id, pinned=model_id == body.model)
-        completion_id = new_completion_id()
-        headers = {VERSION_HEADER: model_id, COMPLETION_HEADER: completion_id}
-        stats.requests += 1
-        obs.gateway_started(model_id)
-        started = time.perf_counter()
-        structured.CALLER.set(_caller(heads, request.scope.get("client")))
-        try:
-            await _prepare(backend, body)
-        except Exception as exc:  # StructuredOutputError: 400 / 429, uncounted
-            return _failed(state, stats, exc, model_id, headers)
-        if body.stream:
-            return await _stream(
-                state,
-                backend,
-                model_id,
-                body,
-                completion_id,
-                session,
-                headers,
-                started,
-                request.headers if tracked else None,
-                stats,
-            )
-        try:
-            gen = await _unless_gone(
-                request, _within(backend.generate(model_id, body), state.timeout_s)
-            )
-        except _ClientGone:
-            state.abandoned += 1
-            if tracked:  # a failed turn of its episode, with why
-                capture.failed(request.headers, body, 499, CLIENT_GONE, completion_id, model_id)
-            return Response(status_code=499, headers=headers)
-        except (TimeoutError, BackendError, DeployError, Exception) as exc:
-            failure = _failed(state, stats, exc, model_id, headers)
-            if tracked:  # a failed turn of its episode, never a lost episode
-                _capture_failed(capture, request.headers, body, failure, completion_id, model_id)
-            return failure
-        stats.latency_ms.append((time.perf_counter() - started) * 1000)
-        obs.gateway_done(model_id, time.perf_counter() - started)
-        stats.completion_tokens += gen.completion_tokens
-        if gen.raw is not None:
-            out = dict(gen.raw)
-            out["id"], out["model"] = completion_id, model_id
-        else:
-            out = completion_body(gen, completion_id, model_id, body)
-        _log(state, completion_id, model_id, session, gen)
-        if tracked:
-            capture.observe(request.headers, body, gen, completion_id, model_id)
-        elif capture is not None:
-            capture.served(completion_id)
-        return _JSONAnswer(orjson.dumps(out), headers)
-
-    async def chat_direct(scope: Any, receive: Any, send: Any) -> None:
-        response = await chat(Request(scope, receive))
-        await response(scope, receive, send)
-
-    app.chat_fast = _Admission(chat_direct, state)
-    return app
+        return _error(
+            404,
+            f"The model '{body.model}' does not exist. Available models: "
+            f"{', '.join(state.models())}",
+            "invalid_request_error",
+            "model_not_found",
+            "model",
+        )
+    except DeployError as exc:
+        return _error(503, str(exc), "service_unavailable")
+    backend = state.backends[model_id]
+    # a request naming a version by its id is pinned; one routed by a split is evidence
+    stats = state.stats_for(model_id, pinned=model_id == body.model)
+    completion_id = new_completion_id()
+    headers = {VERSION_HEADER: model_id, COMPLETION_HEADER: completion_id}
+    stats.requests += 1
+    obs.gateway_started(model_id)
+    started = time.perf_counter()
+    structured.CALLER.set(_caller(heads, request.scope.get("client")))
+    try:
+        await _prepare(backend, body)
+    except Exception as exc:  # StructuredOutputError: 400 / 429, uncounted
+        return _failed(state, stats, exc, model_id, headers)
+    if body.stream:
+        return await _stream(
+            state,
+            backend,
+            model_id,
+            body,
+            completion_id,
+            session,
+            headers,
+            started,
+            request.headers if tracked else None,
+            stats,
+        )
+    work = backend.generate(model_id, body)
+    if (getattr(backend, "deadline_s", None) or float("inf")) > state.timeout_s:
+        work = _within(work, state.timeout_s)  # (else the backend's own deadline comes first)
+    try:
+        gen = await _unless_gone(request, work)
+    except _ClientGone:
+        state.abandoned += 1
+        if tracked:  # a failed turn of its episode, with why
+            capture.failed(request.headers, body, 499, CLIENT_GONE, completion_id, model_id)
+        return Response(status_code=499, headers=headers)
+    except (TimeoutError, BackendError, DeployError, Exception) as exc:
+        failure = _failed(state, stats, exc, model_id, headers)
+        if tracked:  # a failed turn of its episode, never a lost episode
+            _capture_failed(capture, request.headers, body, failure, completion_id, model_id)
+        return failure
+    stats.latency_ms.append((time.perf_counter() - started) * 1000)
+    obs.gateway_done(model_id, time.perf_counter() - started)
+    stats.completion_tokens += gen.completion_tokens
+    if gen.raw is not None:
+        out = dict(gen.raw)
+        out["id"], out["model"] = completion_id, model_id
+    else:
+        out = completion_body(gen, completion_id, model_id, body)
+    _log(state, completion_id, model_id, session, gen)
+    if tracked:
+        capture.observe(request.headers, body, gen, completion_id, model_id)
+    elif capture is not None:
+        capture.served(completion_id)
+    return _JSONAnswer(orjson.dumps(out), headers)
 
 
 CLIENT_GONE = "the client disconnected before the answer was ready"
