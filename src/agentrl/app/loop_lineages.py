@@ -267,8 +267,6 @@ async def run_lineages(
     env = loop_environment(cfg)
     # each lineage's trigger counts and filters its own agents' trajectories
     env["AGENTRL_TRAINING_THRESHOLD_SCOPE"] = "lineage"
-    if not cfg.finish_in_flight:  # the quick run: each lineage's generations and a spare
-        env["AGENTRL_TRAINING_THRESHOLD_MAX_JOBS"] = str(n * (cfg.generations + 1))
     os.environ.update(env)
     settings = Settings(
         data_dir=data_dir,
