@@ -195,7 +195,7 @@ class LoopConfig(BaseModel):
                 max_reward_drop=2.0,
                 inconclusive_deadline_s=300.0,  # a cap: the canary ends when it decides
                 epochs=1,
-                max_tokens=48,
+                max_tokens=24,  # a random model fills any cap: the chain, not its replies
                 benchmark_episodes=1,
                 finish_in_flight=False,
                 task_repeats=1,
