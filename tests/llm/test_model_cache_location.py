@@ -86,4 +86,6 @@ def test_the_bundled_gguf_maps_onto_every_llama_weight() -> None:
     if config.tie_word_embeddings:
         expected.pop("lm_head.weight")
     assert {k: v.shape for k, v in weights.items()} == expected
-    assert all(v.dtype == torch.float32 and torch.isfinite(v).all() for v in weights.values())
+    # a NaN or an infinity anywhere makes the sum non-finite (weights this small cannot
+    # overflow it): one pass, no boolean copy of 135M values (2.2 of the test's 17 CPU-s)
+    assert all(v.dtype == torch.float32 and torch.isfinite(v.sum()) for v in weights.values())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from loop_helpers import run_loop_cli
 
-from agentrl.app.loop_lineages import Drill, at_rest, own_split_only, specs
+from agentrl.app.loop_lineages import Drill, at_rest, own_split_only, paced, specs
 
 
 def test_own_split_only_names_versions_of_other_lineages() -> None:
@@ -33,6 +33,14 @@ def test_a_done_lineage_rests_unless_the_drill_needs_it() -> None:
     for end in ("rolled_back", "skipped"):
         drill.state = end
         assert at_rest("a", True, drill) and at_rest("b", True, drill)
+
+
+def test_a_lineage_acts_at_a_trickle_unless_its_canary_needs_sessions() -> None:
+    # done, busy, validating, a job active
+    assert not paced(False, False, False, False)  # acting for its next job's trajectories
+    assert paced(False, False, True, False) and paced(False, False, False, True)
+    assert not paced(False, True, True, True)  # its canary: full speed
+    assert paced(True, False, False, False) and paced(True, True, False, False)  # the drill's
 
 
 def test_two_lineages_walk_apart_and_the_drill_rolls_back_in_one(tmp_path: Path) -> None:

@@ -98,6 +98,9 @@ def _stop(proc: subprocess.Popen[str], sig: int, timeout: float = 60) -> float:
     return time.monotonic() - t
 
 
+NO_EXTRAS = ("--no-prefix", "--no-multilora")
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_bench_serving_stops_its_vllm(tmp_path: Path, sig: int) -> None:
     python = standin_vllm(tmp_path)
@@ -111,7 +114,9 @@ def test_bench_serving_stops_its_vllm(tmp_path: Path, sig: int) -> None:
     log = tmp_path / "bench.log"
     with open(log, "w") as fh:
         proc = subprocess.Popen(
-            [AGENTRL, "bench", "serving", "--model", "tiny", "--prompts", "4", "--no-prefix"],
+            # the multi-LoRA part comes before vLLM and starts nothing (its own test:
+            # tests/deploy/test_bench_multilora.py): 5-6 CPU-s of decoding skipped here
+            [AGENTRL, "bench", "serving", "--model", "tiny", "--prompts", "4", *NO_EXTRAS],
             stdout=fh,
             stderr=subprocess.STDOUT,
             text=True,

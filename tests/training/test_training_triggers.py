@@ -163,6 +163,8 @@ async def test_threshold_max_jobs_caps_the_firings_of_one_run(nats, data_dir):
         await publish_data(bus, [trajectory(i) for i in range(35)], [0.5] * 35)
         async with running_service(bus, settings, ts) as svc:
             await _wait(lambda: len(svc.store.jobs()) == 1, 20)
+            # the trigger's last job is out: no spare process is started for a next one
+            assert not svc.more_jobs_may_come()
             await _wait(lambda: bool(svc.store.get_state("threshold_deferred")), 20)
             first = svc.store.jobs()[0]
             assert await svc.cancel(first.job_id)
@@ -171,5 +173,35 @@ async def test_threshold_max_jobs_caps_the_firings_of_one_run(nats, data_dir):
             await asyncio.sleep(0.5)
             assert len(svc.store.jobs()) == 1, "the cap: one job"
             assert svc.counters["threshold_triggers"] == 1
+    finally:
+        await bus.close()
+
+
+async def test_threshold_max_jobs_caps_each_key_on_its_own(nats, data_dir):
+    """Per domain (as per lineage, the lineage loop's cap): the domain that fires first
+    does not use up the other's jobs; each gets its one job, no more."""
+    from training_helpers import publish_data, trajectory
+
+    bus = await Bus.connect(nats.url, settings=settings_for(data_dir, nats.url))
+    await bus.ensure_streams()
+    settings = settings_for(data_dir, nats.url)
+    ts = tsettings(threshold=10, threshold_scope="domain", threshold_max_jobs=1, devices=[])
+    trajs = [trajectory(i, domain=("coding", "research")[i % 2]) for i in range(60)]
+    try:
+        await publish_data(bus, trajs, [0.5] * 60)
+        async with running_service(bus, settings, ts) as svc:
+            await _wait(lambda: len(svc.store.jobs()) == 2, 20)
+            # a domain not seen yet may still fire: a spare would still be of use
+            assert svc.more_jobs_may_come()
+            for job in svc.store.jobs():
+                assert await svc.cancel(job.job_id)
+            await _wait(lambda: svc.store.get_state("threshold_deferred") == {}, 20)
+            await asyncio.sleep(0.5)
+            domains = sorted(
+                j.request["training_config"]["dataset"]["filter"]["task_domains"][0]
+                for j in svc.store.jobs()
+            )
+            assert domains == ["coding", "research"], "one job per domain, no more"
+            assert svc.fired == {"coding": 1, "research": 1}
     finally:
         await bus.close()

@@ -195,7 +195,7 @@ class LoopConfig(BaseModel):
                 max_reward_drop=2.0,
                 inconclusive_deadline_s=300.0,  # a cap: the canary ends when it decides
                 epochs=1,
-                max_tokens=48,
+                max_tokens=24,  # a random model fills any cap: the chain, not its replies
                 benchmark_episodes=1,
                 finish_in_flight=False,
                 task_repeats=1,
@@ -340,9 +340,10 @@ def loop_environment(cfg: LoopConfig) -> dict[str, str]:
     if cfg.backend == "vllm":  # vLLM's LoRA slots sized to the jobs' adapters (see on_vllm)
         env["AGENTRL_VLLM_MAX_LORA_RANK"] = str(cfg.lora_r)
         env["AGENTRL_VLLM_MAX_LORAS"] = "2"  # live and canary in one batch
-    if not cfg.finish_in_flight:  # a quick run ends at its first decided version: its
-        # generations' jobs and one spare (a version rejected)
-        env["AGENTRL_TRAINING_THRESHOLD_MAX_JOBS"] = str(cfg.generations + 1)
+    if not cfg.finish_in_flight:  # a quick run ends at its first decided version (a
+        # rejected one counts): its generations' jobs only; a job more trained, validated
+        # (and, with lineages, canaried before the drill could start) for nothing
+        env["AGENTRL_TRAINING_THRESHOLD_MAX_JOBS"] = str(cfg.generations)
     if cfg.model == "tiny":  # a random tiny model's safety scores are noise: no drop check
         env["AGENTRL_DEPLOY_SAFETY_MAX_DROP"] = "1.0"
     return {k: v for k, v in env.items() if k not in os.environ}

@@ -146,6 +146,14 @@ def at_rest(name: str, done: bool, drill: Drill | None) -> bool:
     return drill is None or name not in (drill.target, drill.other) or drill.finished()
 
 
+def paced(done: bool, busy: bool, validating: bool, job_active: bool) -> bool:
+    """Pure: a lineage acts at a trickle while its job trains or its version validates (a
+    canary gets full speed: its analysis needs sessions); and once it is done: it acts on
+    only for the drill, which needs its split and controller at work, not its CPU (at full
+    speed the two done lineages played 450 trajectories while the drill ran)."""
+    return done or (not busy and (validating or job_active))
+
+
 def own_split_only(lineage: str, weights: dict[str, float]) -> set[str]:
     """Pure: the versions in a lineage's split that are not its own (`<lineage>-...`)."""
     return {m for m, w in weights.items() if w > 0 and not m.startswith(f"{lineage}-")}
@@ -267,8 +275,6 @@ async def run_lineages(
     env = loop_environment(cfg)
     # each lineage's trigger counts and filters its own agents' trajectories
     env["AGENTRL_TRAINING_THRESHOLD_SCOPE"] = "lineage"
-    if not cfg.finish_in_flight:  # the quick run: each lineage's generations and a spare
-        env["AGENTRL_TRAINING_THRESHOLD_MAX_JOBS"] = str(n * (cfg.generations + 1))
     os.environ.update(env)
     settings = Settings(
         data_dir=data_dir,
@@ -430,8 +436,8 @@ async def _watch(
                 for r in records
             )
             tr.pending = tr.busy or validating
-            tr.agents.paced = (
-                cfg.pace and not tr.busy and (validating or jobs_by_lineage.get(name, False))
+            tr.agents.paced = cfg.pace and paced(
+                tr.done, tr.busy, validating, jobs_by_lineage.get(name, False)
             )
             bench = live_benchmark(records)
             stage = end_rule(cfg, len(decided), bench)

@@ -44,6 +44,7 @@ import signal
 import socket
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -214,6 +215,7 @@ class TrainingService:
             "fenced_writes": 0,
             "spare_jobs": 0,
         }
+        self.fired: Counter[str] = Counter()  # threshold jobs fired per key, this run
         self.spare = (
             SpareWorker(self.root / "spare.log", self._job_env(), _die_with_parent)
             if self.ts.warm_worker
@@ -282,6 +284,14 @@ class TrainingService:
             await asyncio.gather(stopped, *tasks, return_exceptions=True)
             await self._stop_jobs()
             self.store.close()
+
+    def more_jobs_may_come(self) -> bool:
+        """False once a capped threshold trigger (the only trigger: no schedule) fired its
+        last job: a spare started then imported torch for nothing (the quick loop's last,
+        ~5 CPU-s). A job asked for through the API still runs, in a process of its own."""
+        cap = self.ts.threshold_max_jobs
+        capped = cap and self.ts.threshold_scope == "global" and self.fired["*"] >= cap
+        return not capped or self.schedule is not None
 
     async def _kv(self) -> Any:
         return await bucket(self.bus.js, STATUS_BUCKET)
@@ -823,8 +833,8 @@ class TrainingService:
             finally:
                 with contextlib.suppress(Exception):
                     log_fh.close()
-        if self.spare is not None:  # the next job's process, started ahead
-            await self.spare.start()
+        if self.spare is not None and self.more_jobs_may_come():
+            await self.spare.start()  # the next job's process, started ahead
         row.status, row.device = "running", device
         job = RunningJob(row, proc, folder)
         job.offset = offset
@@ -1299,9 +1309,10 @@ class TrainingService:
 
     async def _fire_threshold(self, key: str, n: int, state: dict[str, Any]) -> None:
         cap = self.ts.threshold_max_jobs
-        if cap and self.counters["threshold_triggers"] >= cap:
+        if cap and self.fired[key] >= cap:
             # a quick loop needs its first jobs only: the ones after them trained and
-            # validated beside its canary for nothing (the firing is dropped, not kept)
+            # validated beside its canary for nothing (the firing is dropped, not kept);
+            # per key: a lineage that fires first never takes another lineage's jobs
             log.info("threshold reached for %s: %d jobs fired, the cap: not fired", key, cap)
             self.store.set_state(state)
             return
@@ -1328,6 +1339,7 @@ class TrainingService:
             ),
         )
         self.counters["threshold_triggers"] += 1
+        self.fired[key] += 1
         await self._emit_request(req, {**state, f"threshold_job:{key}": req.training_job_id})
 
     async def lineage_routing(self) -> Any:

@@ -23,7 +23,10 @@ class TrainingSettings(BaseSettings):
         "globally.",
     )
     threshold_max_jobs: int = Field(
-        0, ge=0, description="Threshold jobs one run of the service fires at most; 0: no cap."
+        0,
+        ge=0,
+        description="Threshold jobs one run of the service fires at most, per threshold "
+        "key (all, a domain, an agent or a lineage: `threshold_scope`); 0: no cap.",
     )
     schedule: str = Field("0 2 * * *", description="Cron expression (UTC); empty: off.")
     # Queue and jobs
