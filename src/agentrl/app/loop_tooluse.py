@@ -206,6 +206,10 @@ def job_hints(cfg: Any) -> dict[str, Any] | None:
     }
 
 
+REPLAY_ROUNDS = 1
+REPLAY_SUCCESS_BAR = 0.5
+
+
 def job_replay(cfg: Any) -> dict[str, Any] | None:
     """The jobs' replay settings (`learners.tooluse_job_replay.JobReplaySettings`), None when off
     (`--replay-steps 0`, or `replay_episodes_per_family=0`: the ablation)."""
@@ -213,7 +217,15 @@ def job_replay(cfg: Any) -> dict[str, Any] | None:
     per_family = int(getattr(cfg, "replay_episodes_per_family", 0))
     if steps <= 0 or per_family <= 0:
         return None
-    out: dict[str, Any] = {"steps": steps, "episodes_per_family": per_family}
+    # one round a job (after its first RL epoch), on the families below half solved: a round
+    # is forward and backward passes over whole multi-turn prompts (144 s at load 4-7, after
+    # each of 2 epochs), and a family the policy solves gets its successes from the RL steps
+    out: dict[str, Any] = {
+        "steps": steps,
+        "episodes_per_family": per_family,
+        "rounds": REPLAY_ROUNDS,
+        "success_bar": REPLAY_SUCCESS_BAR,
+    }
     warm = int(getattr(cfg, "replay_warm_tasks_per_family", 0))
     if warm > 0:  # the warm start's verified scripted episodes join it
         out.update(warm_tasks_per_family=warm, max_steps=max(2, cfg.max_steps))
