@@ -191,6 +191,21 @@ def test_the_warm_starts_verified_episodes_join_the_replay_first(tokenizer: Any)
     assert data and '"tool_name": "response"' in tokenizer.decode(data[-1].action_ids)
 
 
+def test_the_replay_leaves_out_families_the_policy_already_solves(tokenizer: Any) -> None:
+    """`success_bar`: a family whose verified success among the job's trajectories is at
+    or above it is not replayed (its successes come from the RL steps themselves), the warm
+    start's episodes of it neither; the others are, as before."""
+    recs = [record(attempt("arithmetic", 5, k, k < 3), 1.0) for k in range(4)]  # 3 of 4
+    recs += [record(attempt("numbers", 8, k, k == 0), 1.0) for k in range(4)]  # 1 of 4
+    every = replay_of_records(tokenizer, recs, JobReplaySettings())
+    assert every.replay.families() == ["arithmetic", "numbers"]
+    bar = JobReplaySettings(success_bar=0.5, warm_tasks_per_family=1)
+    job = replay_of_records(tokenizer, recs, bar)
+    assert job.replay.families() == ["data", "numbers"]  # data: the warm start's only
+    assert job.counts["replay_families_solved"] == 1 and job.skipped == {"family_solved": 3}
+    assert job.replay.added == {"warm start": 2, "loop": 1}
+
+
 # -- the job --------------------------------------------------------------------------------
 
 
@@ -291,7 +306,9 @@ def test_replay_steps_zero_trains_exactly_as_before(tmp_path: Path) -> None:
 
     loops = job_replay(LoopConfig.tooluse())
     on, status_on = run_job(tmp_path / "on", mixed_records(), tooluse_replay=loops)
-    # 2 epochs x 1 pass x 2 families x 4 episodes x 2 replies
-    assert status_on["metrics"]["current"]["replayed"] == 2 * 2 * 4 * 2
+    # `rounds: 1`: one round (after the first of the 2 epochs) x 1 pass x 1 family x 4 episodes x 2 replies: numbers
+    # (1 of 2 solved) is at the loop's success bar of 0.5, so only arithmetic (1 of 3) replays
+    current = status_on["metrics"]["current"]
+    assert current["replayed"] == 1 * 1 * 4 * 2 and current["replay_families_solved"] == 1
     assert on.trainer.global_step == before.trainer.global_step  # the same RL steps
     assert any(not torch.equal(a, b) for a, b in zip(trainable(before), trainable(on), strict=True))

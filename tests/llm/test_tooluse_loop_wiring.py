@@ -169,7 +169,8 @@ def test_the_ablation_switches_reach_the_jobs_and_the_reward_service(tmp_path: A
     assert (on.hints, on.partial_credit, on.replay_steps) == ("distill", True, 1)
     hyper, rewards = wiring(on)
     assert hyper["tooluse_hints"]["mode"] == "distill"
-    assert hyper["tooluse_replay"] == {"steps": 1, "episodes_per_family": 4}
+    once = {"rounds": 1, "success_bar": 0.5}  # one round a job, families below half solved
+    assert hyper["tooluse_replay"] == {"steps": 1, "episodes_per_family": 4, **once}
     assert rewards.partial_credit is not None
     off = config("--hints", "off", "--no-partial-credit", "--replay-steps", "0")
     hyper, rewards = wiring(off)
@@ -181,7 +182,7 @@ def test_the_ablation_switches_reach_the_jobs_and_the_reward_service(tmp_path: A
     assert same == {k: v for k, v in on.model_dump().items() if k in same}
     # the replay's other knob, through --set; 0 turns it off too
     two = config("--set", "replay_episodes_per_family=2")
-    assert wiring(two)[0]["tooluse_replay"] == {"steps": 1, "episodes_per_family": 2}
+    assert wiring(two)[0]["tooluse_replay"] == {"steps": 1, "episodes_per_family": 2, **once}
     assert wiring(config("--set", "replay_episodes_per_family=0"))[0]["tooluse_replay"] is None
     warm = wiring(config("--set", "replay_warm_tasks_per_family=8"))[0]["tooluse_replay"]
     assert warm["warm_tasks_per_family"] == 8 and warm["max_steps"] >= 2

@@ -163,8 +163,11 @@ class Agents:
         policy = self.policy(model_id, 0.0)
         tools = self.cfg.env == "tooluse"
         # every map at once: the gateway scores the moves of the episodes waiting together in
-        # one pass (`LocalEngine.score_batch_size`); tool-use replies decode in batches of 8
-        sem = limit or asyncio.Semaphore(8 if tools else 64)
+        # one pass (`LocalEngine.score_batch_size`); tool-use replies decode in the gateway's
+        # batches (`loop_tooluse.HELDOUT_IN_FLIGHT`: as many episodes as a batch holds)
+        from agentrl.app import loop_tooluse
+
+        sem = limit or asyncio.Semaphore(loop_tooluse.HELDOUT_IN_FLIGHT if tools else 64)
 
         async def one(family: str, seed: int) -> Any:
             task = self.task(seed, family, pool)

@@ -161,7 +161,9 @@ class LoopConfig(BaseModel):
             model="smollm2",
             generations=3,
             until_benchmark=0.0,
-            agents=8,  # sessions of one episode (docs/guide/loop.md)
+            # sessions of one episode (docs/guide/loop.md); 16 in flight decode 1.2-1.5x the
+            # tokens a second of 8 (`loop_tooluse.SERVE_MAX_BATCH`): the canary's episodes
+            agents=16,
             group_size=1,
             task_repeats=4,  # each task in 4 sessions: a job's GiGPO group (issue 52)
             threshold=64,

@@ -151,13 +151,63 @@ async def run_safety(
     return results
 
 
+Tally = dict[str, tuple[int, int, int]]  # task type -> (successes, played, planned)
+
+
+def benchmark_bounds(tally: Tally) -> tuple[float, float]:
+    """The lowest and highest benchmark mean still possible: every episode not played yet
+    failing, or succeeding (the mean is over task types of each type's success rate)."""
+    if not tally:
+        return 0.0, 0.0
+    lo = [s / n if n else 0.0 for s, _, n in tally.values()]
+    hi = [(s + n - p) / n if n else 0.0 for s, p, n in tally.values()]
+    return sum(lo) / len(lo), sum(hi) / len(hi)
+
+
+def settled_verdict(
+    mine: tuple[float, float],
+    ref: tuple[float, float] | None,
+    threshold: float,
+    tolerance: float,
+) -> str | None:
+    """Pure: "pass" or "fail" once the benchmark's verdict cannot change whatever the
+    episodes left do, else None. `mine`/`ref`: the (lowest, highest) benchmark mean the
+    candidate and the live model can still end with (`benchmark_bounds`; a finished
+    benchmark's are its mean twice). The rules are `decide`'s: the mean >= `threshold`, and
+    candidate − live >= −`tolerance` (no live model: the threshold alone)."""
+    lo, hi = mine
+    if hi < threshold or (ref is not None and hi - ref[0] < -tolerance - 1e-9):
+        return "fail"
+    if lo >= threshold and (ref is None or lo - ref[1] >= -tolerance - 1e-9):
+        return "pass"
+    return None
+
+
+def recorded_bounds(details: dict[str, Any] | None) -> tuple[float, float] | None:
+    """The (lowest, highest) mean a recorded validation's benchmark could have ended with:
+    its `bounds` when it stopped early, else its mean twice; None without a benchmark."""
+    mean = benchmark_mean(details)
+    if mean is None:
+        return None
+    bounds = (details or {})["benchmark"].get("bounds")
+    return (float(bounds[0]), float(bounds[1])) if bounds else (mean, mean)
+
+
 async def run_benchmarks(
     policy: Any,
     settings: DeploySettings,
     task_types: dict[str, list[str]] | None = None,
     choice_policy: Callable[[list[str]], Any] | None = None,
+    stop: Callable[[Tally], bool] | None = None,
 ) -> dict[str, Any]:
     """Success rate per task type over held-out episodes, and their mean.
+
+    Every episode of every type is played at once (a batching engine decodes them
+    together). `stop(tally)`, asked after each episode ends once every type has one, may end
+    the benchmark early when its verdict is settled (`settled_verdict`): the episodes still
+    playing are cancelled, and each type's score is then its rate over the episodes played
+    (within `bounds`, the means still possible when it stopped, recorded beside it: a later
+    candidate is judged against those while it plays, against the rate at its end).
 
     `choice_policy(valid_actions)` -> a policy that scores the env's valid actions; used for
     envs that have them when `settings.benchmark_valid_actions` is on."""
@@ -166,43 +216,65 @@ async def run_benchmarks(
     from agentrl.rollout.worker import RLRolloutWorker
 
     task_types = task_types or settings.benchmark_tasks or TASK_TYPES
-    scores: dict[str, float] = {}
-    episodes: dict[str, int] = {}
+    runs: dict[asyncio.Task[Any], str] = {}
     for task_type, env_ids in task_types.items():
-        successes, total = 0, 0
         for env_id in env_ids:
             kwargs = settings.benchmark_env_kwargs.get(env_id, {})
             player = policy
             valid = getattr(make_env(env_id, **kwargs), "valid_actions", None)
             if settings.benchmark_valid_actions and choice_policy is not None and valid:
                 player = choice_policy(list(valid()))
-            runs = []
             for i in range(settings.benchmark_episodes):
                 task = task_for(env_id, settings.benchmark_seed + i, **kwargs)
                 if settings.benchmark_system_prompt:
                     task.initial_messages = [
                         Message(role="system", content=settings.benchmark_system_prompt)
                     ]
-                runs.append(
-                    RLRolloutWorker(
-                        task,
-                        player,
-                        history_window=0 if player is not policy else 2,
-                        max_episode_steps=min(task.max_episode_steps, settings.benchmark_max_steps),
-                    ).run()
+                worker = RLRolloutWorker(
+                    task,
+                    player,
+                    history_window=0 if player is not policy else 2,
+                    max_episode_steps=min(task.max_episode_steps, settings.benchmark_max_steps),
                 )
-            for episode in await asyncio.gather(*runs):
-                successes += int(episode.success)
-                total += 1
-        scores[task_type] = successes / total if total else 0.0
-        episodes[task_type] = total
+                runs[asyncio.ensure_future(worker.run())] = task_type
+    planned = {t: 0 for t in task_types}
+    for t in runs.values():
+        planned[t] += 1
+    won = dict.fromkeys(task_types, 0)
+    played = dict.fromkeys(task_types, 0)
+    pending: set[asyncio.Task[Any]] = set(runs)
+    stopped = False
+    try:
+        while pending and not stopped:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for fut in done:
+                won[runs[fut]] += int(fut.result().success)
+                played[runs[fut]] += 1
+            tally = {t: (won[t], played[t], planned[t]) for t in task_types}
+            # asked once every type has a finished episode: each score is then a rate
+            stopped = (
+                bool(pending)
+                and stop is not None
+                and all(played[t] for t in task_types if planned[t])
+                and stop(tally)
+            )
+    finally:
+        for fut in pending:
+            fut.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+    scores = {t: won[t] / played[t] if played[t] else 0.0 for t in task_types}
     mean = sum(scores.values()) / len(scores) if scores else 0.0
-    return {
+    out: dict[str, Any] = {
         "scores": scores,
         "mean": mean,
         "episodes_per_env": settings.benchmark_episodes,
-        "episodes": episodes,
+        "episodes": planned,
     }
+    if stopped:
+        tally = {t: (won[t], played[t], planned[t]) for t in task_types}
+        out.update(stopped_early=True, played=played, bounds=list(benchmark_bounds(tally)))
+    return out
 
 
 def _hf_policy(folder_or_name: str, spec: dict[str, Any] | None, max_new_tokens: int = 48) -> Any:
@@ -252,12 +324,17 @@ class Validator:
         self.task_types = task_types or settings.benchmark_tasks or TASK_TYPES
         self.prompts = prompts
         self._engines: dict[str, Any] = {}  # base spec -> LocalEngine (structured benchmarks)
+        self._engine_lock = asyncio.Lock()
 
-    async def evaluate(self, record: ModelRecord) -> dict[str, Any]:
+    async def evaluate(
+        self, record: ModelRecord, stop: Callable[[Tally], bool] | None = None
+    ) -> dict[str, Any]:
+        """Benchmarks and safety of one version; `stop` may end its benchmark early
+        (`run_benchmarks`)."""
         from agentrl.deploy.backends import verify_checkpoint
 
         if self.settings.benchmark_response_format is not None:
-            return await self._evaluate_structured(record)
+            return await self._evaluate_structured(record, stop)
         if record.checkpoint_path is None:  # the base model: loading is seconds, off the loop
             policy = await asyncio.to_thread(
                 _hf_policy,
@@ -276,19 +353,23 @@ class Validator:
 
             return ChoicePolicy(policy.model, policy.tokenizer, valid, temperature=0.0)
 
-        bench = await run_benchmarks(policy, self.settings, self.task_types, choices)
+        bench = await run_benchmarks(policy, self.settings, self.task_types, choices, stop)
         obs.deployment(scores={(record.model_id, t): v for t, v in bench["scores"].items()})
         safety = await run_safety(_generator(policy), self.settings, self.prompts)
         return {"benchmark": bench, "safety": safety}
 
-    async def _evaluate_structured(self, record: ModelRecord) -> dict[str, Any]:
+    async def _evaluate_structured(
+        self, record: ModelRecord, stop: Callable[[Tally], bool] | None = None
+    ) -> dict[str, Any]:
         """Benchmarks through a local engine under the response format (the version's
-        adapter loaded for the run, then dropped); safety as free text, as usual."""
+        adapter loaded for the run, then dropped); safety as free text, as usual, decoded
+        in the same batches as the benchmark's replies."""
         from agentrl.deploy.backends import verify_checkpoint
         from agentrl.deploy.engine_policy import EnginePolicy
 
         spec = record.serving.get("base_spec") or {"name": record.base_model}
-        engine = await asyncio.to_thread(self._engine, spec)
+        async with self._engine_lock:  # the candidate and the live model share one engine
+            engine = await asyncio.to_thread(self._engine, spec)
         adapter: str | None = None
         if record.checkpoint_path is not None:
             folder = await asyncio.to_thread(verify_checkpoint, record, self.cache_dir)
@@ -301,15 +382,17 @@ class Validator:
                 response_format=self.settings.benchmark_response_format,
                 max_tokens=self.settings.benchmark_max_tokens,
             )
-            bench = await run_benchmarks(policy, self.settings, self.task_types)
-            safety = await run_safety(
-                _generator(
-                    EnginePolicy(
-                        engine, adapter, max_tokens=self.settings.validation_max_new_tokens
-                    )
+            bench, safety = await asyncio.gather(
+                run_benchmarks(policy, self.settings, self.task_types, stop=stop),
+                run_safety(
+                    _generator(
+                        EnginePolicy(
+                            engine, adapter, max_tokens=self.settings.validation_max_new_tokens
+                        )
+                    ),
+                    self.settings,
+                    self.prompts,
                 ),
-                self.settings,
-                self.prompts,
             )
         finally:
             if adapter is not None:
@@ -327,26 +410,72 @@ class Validator:
                 str(spec.get("name") or "smollm2"),
                 seed=int(spec.get("seed") or 0),
                 tiny_kwargs=spec.get("tiny_kwargs"),
-                max_batch_size=16,
+                # the candidate's and the live model's benchmark episodes and both safety
+                # suites decode together: 32 rows decode 1.5-2x the tokens a second of 8
+                max_batch_size=32,
             )
         return self._engines[key]
 
     async def __call__(
         self, record: ModelRecord, live: ModelRecord | None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        mine = await self.evaluate(record)
+        """The candidate's benchmark stops as soon as its verdict against the threshold and
+        the live model is settled (`settled_verdict`); a live model never validated is
+        benchmarked beside it (one engine, one batch), both stopping at the same moment. A
+        first version (no live model) plays its whole benchmark: it is the next one's
+        reference."""
         ref: dict[str, Any] | None = None
-        if live is not None:
-            ref = live.validation_details if live.validation_details.get("benchmark") else None
-            if ref is None:
-                ref = await self.evaluate(live)
-                if self.registry is not None:
+        tolerance = regression_tolerance({"episodes": self._planned_episodes()}, self.settings)
+        threshold = self.settings.benchmark_threshold
+        if live is not None and live.validation_details.get("benchmark"):
+            ref = live.validation_details
+            fixed = recorded_bounds(ref)
 
-                    def store(r: ModelRecord, ref: dict[str, Any] = ref) -> None:
-                        r.validation_details = {**r.validation_details, **ref}
+            def alone(tally: Tally) -> bool:
+                verdict = settled_verdict(benchmark_bounds(tally), fixed, threshold, tolerance)
+                return verdict is not None
 
-                    await self.registry.update_model(live.model_id, store)
+            mine = await self.evaluate(record, alone)
+        elif live is None:  # the first version: played whole, the reference of the next
+            mine = await self.evaluate(record)
+        else:
+            tallies: dict[str, Tally] = {}
+            settled = False
+
+            def side(name: str) -> Callable[[Tally], bool]:
+                def stop(tally: Tally) -> bool:
+                    nonlocal settled
+                    tallies[name] = tally
+                    if not settled and len(tallies) == 2:
+                        settled = (
+                            settled_verdict(
+                                benchmark_bounds(tallies["mine"]),
+                                benchmark_bounds(tallies["ref"]),
+                                threshold,
+                                tolerance,
+                            )
+                            is not None
+                        )
+                    return settled
+
+                return stop
+
+            mine, theirs = await asyncio.gather(
+                self.evaluate(record, side("mine")), self.evaluate(live, side("ref"))
+            )
+            ref = theirs
+            if self.registry is not None:
+
+                def store(r: ModelRecord, ref: dict[str, Any] = theirs) -> None:
+                    r.validation_details = {**r.validation_details, **ref}
+
+                await self.registry.update_model(live.model_id, store)
         return decide(mine, ref, self.settings)
+
+    def _planned_episodes(self) -> dict[str, int]:
+        """Benchmark episodes per task type (what the regression tolerance is sized by)."""
+        n = self.settings.benchmark_episodes
+        return {t: n * len(envs) for t, envs in self.task_types.items()}
 
 
 def regression_vs_live(

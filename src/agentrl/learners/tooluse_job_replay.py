@@ -50,6 +50,21 @@ class JobReplaySettings(BaseModel):
         "verified by the environment) join the replay first; 0: the loop's own successes only",
     )
     max_steps: int = Field(4, ge=2, description="turns of a scripted warm-start episode")
+    rounds: int = Field(
+        0,
+        ge=0,
+        description="replay rounds a job takes (after its first `rounds` RL epochs); 0: after "
+        "every epoch. Each round is forward and backward passes over whole multi-turn prompts: "
+        "144 s a round on 2 cores at load 4-7 (2026-11-29)",
+    )
+    success_bar: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="replay only the families whose verified success among the job's "
+        "tool-use trajectories is below this (a family the policy already solves gets its "
+        "successes from the RL steps themselves); None: every family",
+    )
 
     @property
     def on(self) -> bool:
@@ -70,12 +85,14 @@ class JobReplay:
             "replay_successes": 0,
             "replay_warm": 0,
             "replay_families": 0,
+            "replay_families_solved": 0,
             "replay_updates": 0,
             "replayed": 0,
         }
     )
     skipped: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    rounds_done: int = 0
 
     def train(self, trainer: Any) -> dict[str, float]:
         """One round (after an RL epoch): `steps` passes of plain NLL on fresh family-balanced
@@ -85,6 +102,9 @@ class JobReplay:
 
         if not len(self.replay) or not self.settings.on:
             return {}
+        if self.settings.rounds and self.rounds_done >= self.settings.rounds:
+            return {}
+        self.rounds_done += 1
         t0 = time.perf_counter()
         step0 = trainer.global_step
         out: dict[str, float] = {}
@@ -118,7 +138,9 @@ def replay_of_records(
     logged tokens of the reply (the completion log's, else the text re-tokenised). With
     `warm_tasks_per_family`, the warm start's verified scripted episodes go in first. Past
     `max_length` the prompt keeps its newest tokens, as the job's RL samples do
-    (`llm.samples.truncate`); a reply longer than that alone is left out."""
+    (`llm.samples.truncate`); a reply longer than that alone is left out. With
+    `success_bar`, a family whose verified success among the records is at or above it is
+    left out (`replay_families_solved`)."""
     from agentrl.envs.tooluse.tasks import generate_task
     from agentrl.llm.samples import render_prompt
 
@@ -129,12 +151,17 @@ def replay_of_records(
     def skip(why: str) -> None:
         job.skipped[why] = job.skipped.get(why, 0) + 1
 
+    solved = solved_families(records, s.success_bar)
+    job.counts["replay_families_solved"] = len(solved)
     if s.warm_tasks_per_family:  # first: the loop's own successes are the newest
-        job.counts["replay_warm"] = add_warm_start(job.replay, tokenizer, s, max_length)
+        job.counts["replay_warm"] = add_warm_start(job.replay, tokenizer, s, max_length, solved)
     newest = sorted(records, key=lambda r: str(r.trajectory.get("end_timestamp") or ""))
     for r in newest:
         key = task_key(r.trajectory)
         if key is None or not succeeded(r):
+            continue
+        if generate_task(key[1], key[0]).family in solved:
+            skip("family_solved")
             continue
         if r.hint:  # verified, yet a user said what it should have done: not a model answer
             skip("corrected")
@@ -167,8 +194,30 @@ def replay_of_records(
     return job
 
 
+def solved_families(records: Sequence[Any], bar: float | None) -> set[str]:
+    """The families whose verified success among the records' training-pool tool-use
+    trajectories is at or above `bar` (none when `bar` is None)."""
+    from agentrl.envs.tooluse.tasks import generate_task
+
+    if bar is None:
+        return set()
+    tally: dict[str, list[int]] = {}
+    for r in records:
+        key = task_key(r.trajectory)
+        if key is None:
+            continue
+        won_n = tally.setdefault(generate_task(key[1], key[0]).family, [0, 0])
+        won_n[0] += int(succeeded(r))
+        won_n[1] += 1
+    return {f for f, (won, n) in tally.items() if n and won / n >= bar}
+
+
 def add_warm_start(
-    replay: Replay, tokenizer: Any, settings: JobReplaySettings, max_length: int | None = None
+    replay: Replay,
+    tokenizer: Any,
+    settings: JobReplaySettings,
+    max_length: int | None = None,
+    leave_out: set[str] | frozenset[str] = frozenset(),
 ) -> int:
     """The warm start's scripted episodes (`agentrl learn`'s warm seeds: the first
     `warm_tasks_per_family` of each family, its question kinds in turn), only those the
@@ -179,7 +228,7 @@ def add_warm_start(
     n = settings.warm_tasks_per_family
     tasks = [(f, s) for f in FAMILIES for s in seeds_by_kind(f, n, WARM_SEED_BASE)]
     added = 0
-    for ep in solved_episodes(settings.max_steps, tasks):
+    for ep in solved_episodes(settings.max_steps, [t for t in tasks if t[0] not in leave_out]):
         items = solved_items(tokenizer, ep)
         if max_length is not None:
             items = [_fit(it, max_length) for it in items if len(it.action_ids) < max_length]
