@@ -142,9 +142,9 @@ async def own_stack(stop: asyncio.Event) -> tuple[str, str, list[Any]]:
     from agentrl.bus import Bus, EmbeddedNats
     from agentrl.capture.service import CaptureService
     from agentrl.core.settings import Settings
-    from agentrl.deploy.backends import LocalBackend
-    from agentrl.deploy.gateway import CompletionLog, GatewayState, create_gateway_app
-    from agentrl.deploy.local import LocalEngine
+    from agentrl.serving.backends import LocalBackend
+    from agentrl.serving.gateway import CompletionLog, GatewayState, create_gateway_app
+    from agentrl.serving.local import LocalEngine
 
     def port() -> int:
         with socket.socket() as s:

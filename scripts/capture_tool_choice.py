@@ -85,9 +85,9 @@ async def own_gateway(model: str) -> tuple[str, Any]:
 
     import uvicorn
 
-    from agentrl.deploy.backends import LocalBackend
-    from agentrl.deploy.gateway import GatewayState, create_gateway_app
-    from agentrl.deploy.local import LocalEngine
+    from agentrl.serving.backends import LocalBackend
+    from agentrl.serving.gateway import GatewayState, create_gateway_app
+    from agentrl.serving.local import LocalEngine
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# the tiny engine and checkpoints of the serving, release and bench tests
+pytest_plugins = ["deploy_fixtures"]
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -16,7 +19,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The file whose one test is the longest (the tool-use quick loop, 1-1.5 minutes): handed out
 # first, beside the other worker's largest file, instead of last (xdist gives out files by
 # their number of tests, most first, and a one-test file at the end kept the other worker idle)
-FIRST = ("tests/loop/test_loop_tooluse.py",)
+FIRST = ("tests/app/test_loop_tooluse.py",)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,7 +1,7 @@
 """The `agentrl` command.
 
 Each package contributes its commands through a small `cli` module with a
-`register(app, bench)` function; this file only assembles them, so packages stay
+`register(app)` function; this file only assembles them, so packages stay
 independent and the command starts fast (heavy imports live inside commands).
 """
 
@@ -42,32 +42,21 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_show_locals=False,
 )
-bench_app = typer.Typer(
-    help=(
-        "Benchmarks. Each prints a readable table and, as its last line, one JSON object of "
-        "named figures (record them in BENCHMARKS.md)."
-    ),
-    no_args_is_help=True,
-)
-app.add_typer(bench_app, name="bench")
 
 # Modules that contribute commands; a missing one is skipped so a partial install still works.
 PLUGINS = (
-    "agentrl.bus.cli",
     "agentrl.contracts.cli",
     "agentrl.rewards.cli",
-    "agentrl.advantages.cli",
-    "agentrl.rollout.cli",
     "agentrl.learners.cli",
-    "agentrl.evaluation.cli",
     "agentrl.offpolicy.cli",
     "agentrl.training.cli",
     "agentrl.warehouse.cli",
-    "agentrl.deploy.cli",
-    "agentrl.deploy.vllm.cli",
+    "agentrl.release.cli",
+    "agentrl.serving.vllm.cli",
     "agentrl.observability.cli",
     "agentrl.integrations.agent_zero.cli",
     "agentrl.app.cli",
+    "agentrl.bench.cli",
 )
 
 
@@ -77,7 +66,7 @@ def _register_plugins() -> None:
     for name in PLUGINS:
         module = optional_module(name)
         if module is not None:
-            module.register(app, bench_app)
+            module.register(app)
 
 
 @app.callback()

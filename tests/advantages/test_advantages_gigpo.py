@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentrl.advantages import gigpo_advantages
-from agentrl.advantages.bench import naive_gigpo, synthetic_batch
+from agentrl.bench.gigpo import naive_gigpo, synthetic_batch
 
 # A small batch used by several hand computations (gamma = 0.5):
 #   group 0, episode A: anchors s0, s1      rewards 0, 1     score 1  -> returns 0.5, 1.0

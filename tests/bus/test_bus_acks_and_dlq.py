@@ -7,8 +7,8 @@ import asyncio
 import json
 import uuid
 
+from agentrl.bench.bus import sample_trajectory
 from agentrl.bus import Bus, ConsumeStats, Delivery
-from agentrl.bus.bench import sample_trajectory
 from agentrl.contracts.trajectory import TrajectoryEvent
 
 SUBJECT = TrajectoryEvent.SUBJECT

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.bench.bus import failover_drill, sample_trajectory
 from agentrl.bus import Bus, Delivery
-from agentrl.bus.bench import failover_drill, sample_trajectory
 from agentrl.bus.server import NatsCluster, free_port
 from agentrl.contracts.streams import StreamSpec
 from agentrl.contracts.trajectory import TrajectoryEvent

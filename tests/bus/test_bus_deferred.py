@@ -10,8 +10,8 @@ import uuid
 
 import pytest
 
+from agentrl.bench.bus import sample_trajectory
 from agentrl.bus import Bus, Deferred, Delivery
-from agentrl.bus.bench import sample_trajectory
 from agentrl.contracts.trajectory import TrajectoryEvent
 
 SUBJECT = TrajectoryEvent.SUBJECT

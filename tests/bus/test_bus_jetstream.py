@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.bench.bus import sample_trajectory
 from agentrl.bus import Bus, EmbeddedNats, PermanentError, TransientError
-from agentrl.bus.bench import sample_trajectory
 from agentrl.contracts import model_for
 from agentrl.contracts.streams import StreamSpec
 from agentrl.contracts.trajectory import TrajectoryEvent

@@ -53,7 +53,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
 
 @pytest.fixture(scope="session")
 def engine() -> Any:
-    from agentrl.deploy.local import LocalEngine
+    from agentrl.serving.local import LocalEngine
 
     return LocalEngine(
         "tiny", seed=0, tiny_kwargs=TINY, max_batch_size=8, max_wait_ms=2.0, default_max_tokens=8
@@ -138,9 +138,9 @@ async def harness(
     from agentrl.capture.service import CaptureService
     from agentrl.capture.settings import CaptureSettings
     from agentrl.core.settings import Settings
-    from agentrl.deploy.backends import LocalBackend
-    from agentrl.deploy.gateway import CompletionLog, GatewayState, create_gateway_app
     from agentrl.rewards.service import RewardService
+    from agentrl.serving.backends import LocalBackend
+    from agentrl.serving.gateway import CompletionLog, GatewayState, create_gateway_app
 
     marker = request.node.get_closest_marker("capture")
     overrides = dict(marker.kwargs) if marker else {}

@@ -70,7 +70,7 @@ async def failed_turns(h: Harness, session: str, want: int, timeout: float = 20.
 async def test_a_client_that_disconnects_mid_stream_or_before_the_answer_is_a_failed_turn(
     harness: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from agentrl.deploy.backends import UpstreamBackend
+    from agentrl.serving.backends import UpstreamBackend
 
     server, task, port = await serve(stalling_model())
     harness.state.backends["p-slow"] = UpstreamBackend(f"http://127.0.0.1:{port}/v1", timeout_s=60)

@@ -144,7 +144,7 @@ def test_another_conversation_under_a_key_is_a_linked_thread_of_the_same_episode
 
 
 def test_the_canary_monitor_leaves_a_mixed_version_episode_out() -> None:
-    from agentrl.deploy.monitor import RewardTracker
+    from agentrl.release.monitor import RewardTracker
 
     book = EpisodeBook()
     run(book, "m", 1, model="v1")
@@ -162,7 +162,7 @@ def test_the_canary_monitor_leaves_a_mixed_version_episode_out() -> None:
 
 
 def test_capture_is_off_per_deployment_by_setting(monkeypatch: Any) -> None:
-    from agentrl.deploy.service import _capture
+    from agentrl.release.service import _capture
 
     assert _capture(object()) is not None
     monkeypatch.setenv("AGENTRL_CAPTURE_ENABLED", "false")

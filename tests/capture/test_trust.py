@@ -262,7 +262,7 @@ async def test_a_timed_out_request_is_a_failed_turn_and_end_tells_the_truth(
 ) -> None:
     from fastapi import FastAPI
 
-    from agentrl.deploy.backends import UpstreamBackend
+    from agentrl.serving.backends import UpstreamBackend
 
     slow = FastAPI()
     # the backend answers only when the test is done: uvicorn's shutdown waits for the

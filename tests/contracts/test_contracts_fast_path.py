@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from agentrl.bus.bench import sample_trajectory
+from agentrl.bench.bus import sample_trajectory
 from agentrl.contracts import RewardEvent, TrajectoryEvent, base
 from agentrl.contracts.base import Event
 

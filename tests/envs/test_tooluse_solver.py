@@ -70,7 +70,7 @@ def test_scripted_solutions_succeed_in_the_environment(
 def test_scripted_replies_fit_the_schema_token_by_token(
     solved: dict[str, list[SolvedEpisode]], tokenizer
 ) -> None:
-    from agentrl.deploy.structured import Constraint, GrammarCompiler, _json_grammar, spec_hash
+    from agentrl.serving.structured import Constraint, GrammarCompiler, _json_grammar, spec_hash
 
     schema = response_schema()
     validator = jsonschema_rs.validator_for(schema)

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from agentrl.deploy.openai_types import ChatRequest
 from agentrl.llm.forward import BITMASK_KEY, PolicyHead, run_head
 from agentrl.llm.samples import PolicySample, collate
+from agentrl.serving.openai_types import ChatRequest
 from agentrl.training.dataset import Record
 from agentrl.training.masks import GrammarBook
 from agentrl.training.samples import build_samples
@@ -45,7 +45,7 @@ SPEC: dict[str, Any] = {
 
 @pytest.fixture(scope="module")
 def engine() -> Any:
-    from agentrl.deploy.local import LocalEngine
+    from agentrl.serving.local import LocalEngine
 
     return LocalEngine("tiny", seed=3, tiny_kwargs=TINY, max_batch_size=4, default_max_tokens=48)
 

@@ -177,7 +177,7 @@ def test_every_stage_runs_and_the_checkpoint_loads_in_the_gateway(tmp_path: Path
     assert record["hints"] == "importance" and record["hinted_tasks"] >= 0
     assert (run_dir := tmp_path / "bench" / "seed-0" / "unseen_trained.jsonl").exists()
     assert all(json.loads(x)["pool"] == "unseen" for x in run_dir.read_text().splitlines())
-    from agentrl.deploy.local import LocalEngine
+    from agentrl.serving.local import LocalEngine
 
     engine = LocalEngine("tiny", seed=0)
     run = tmp_path / "bench" / "seed-0"

@@ -15,8 +15,8 @@ import pytest
 
 from agentrl.app.loop import LoopConfig, loop_environment
 from agentrl.app.loop_tooluse import response_format
-from agentrl.deploy.openai_types import ChatRequest
 from agentrl.llm.forward import BITMASK_KEY
+from agentrl.serving.openai_types import ChatRequest
 from agentrl.training.dataset import Record
 from agentrl.training.samples import build_samples
 
@@ -30,7 +30,7 @@ def job_settings(**kw: Any) -> tuple[dict[str, str], dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def engine() -> Any:
-    from agentrl.deploy.local import LocalEngine
+    from agentrl.serving.local import LocalEngine
 
     return LocalEngine("tiny", seed=3, tiny_kwargs=TINY, max_batch_size=2, default_max_tokens=32)
 

@@ -106,7 +106,7 @@ def test_deployment_hook_zeroes_versions_that_left_the_split() -> None:
 
 
 def test_bench_metrics_reports_hook_costs() -> None:
-    from agentrl.observability.bench import run_metrics_benchmark
+    from agentrl.bench.metrics import run_metrics_benchmark
 
     res = run_metrics_benchmark(batch=16, batches=2)
     assert set(res) == {

@@ -27,9 +27,9 @@ from agentrl.contracts.deployment import ModelDeployed
 from agentrl.contracts.reward import RewardEvent
 from agentrl.contracts.training import TrainingRequest, TrainingStatus
 from agentrl.core.stats import wilson
-from agentrl.deploy.actions import Deployer
-from agentrl.deploy.config import RolloutPlan, Step
-from agentrl.deploy.registry import Registry
+from agentrl.release.actions import Deployer
+from agentrl.serving.config import RolloutPlan, Step
+from agentrl.serving.registry import Registry
 
 PASSED = {"benchmark_passed": True, "safety_checks_passed": True, "performance_regression": False}
 
@@ -416,7 +416,7 @@ async def test_a_section_per_lineage_from_two_lineages_streams(
     versions' rewards on the streams: the page has a row per lineage (versions, live,
     held-out, promotions, rollbacks, rewards, jobs), a reward curve per lineage, each
     lineage's headline and the version table grouped by lineage."""
-    from agentrl.deploy.lineage import Lineages
+    from agentrl.release.lineage import Lineages
 
     since = datetime.now(UTC) - timedelta(seconds=1)
     tag = uuid.uuid4().hex[:8]

@@ -102,7 +102,7 @@ FRESH = textwrap.dedent(
     import httpx
     from agentrl.app.api import create_app
     from agentrl.bus import Bus
-    from agentrl.deploy.registry import Registry
+    from agentrl.serving.registry import Registry
     from agentrl.core.settings import Settings
 
     async def main(url, bucket, public):
@@ -121,8 +121,8 @@ FRESH = textwrap.dedent(
 
 async def test_a_fresh_process_shows_every_family_from_the_first_scrape(nats_url: str) -> None:
     from agentrl.bus import Bus
-    from agentrl.deploy.actions import Deployer
-    from agentrl.deploy.registry import Registry
+    from agentrl.release.actions import Deployer
+    from agentrl.serving.registry import Registry
 
     tag = uuid.uuid4().hex[:8]
     bus = await Bus.connect(nats_url)
@@ -155,7 +155,7 @@ async def test_a_fresh_process_shows_every_family_from_the_first_scrape(nats_url
 
 
 def test_benchmark_task_types_are_the_validators() -> None:
-    from agentrl.deploy.validation import TASK_TYPES
+    from agentrl.release.validation import TASK_TYPES
 
     assert tuple(TASK_TYPES) == m.BENCHMARK_TASK_TYPES
 

@@ -60,7 +60,7 @@ def test_help_teaches() -> None:
 
 def test_bench_dqn_reports_every_figure(tmp_path: Path) -> None:
     """A miniature `bench dqn` (tiny budgets): three agents run and every JSON figure is there."""
-    from agentrl.offpolicy.bench import bench_dqn
+    from agentrl.bench.dqn import bench_dqn
     from agentrl.offpolicy.config import load_config
 
     cfg = load_config(REPO / "configs" / "cartpole.yaml")

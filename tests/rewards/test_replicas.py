@@ -23,12 +23,12 @@ from typing import Any
 import orjson
 import pytest
 
+from agentrl.bench.rewards import read_stream
 from agentrl.bus import Bus, EmbeddedNats
 from agentrl.bus.kv import kv_keys
 from agentrl.contracts.feedback import FeedbackEvent
 from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.trajectory import TrajectoryEvent
-from agentrl.rewards.bench import read_stream
 from agentrl.rewards.claims import bucket_name
 
 pytestmark = pytest.mark.slow

@@ -68,7 +68,7 @@ def test_score_runs_on_the_drawn_options() -> None:
 
 
 def test_the_bench_figures_come_from_the_phase_rows() -> None:
-    from agentrl.rewards.bench import phase_figures, replica_figures
+    from agentrl.bench.rewards import phase_figures, replica_figures
 
     def row(per_s: float, cpu: float, replicas: int = 1) -> dict[str, object]:
         return {"per_s": per_s, "service_cpu_us": cpu, "lost": 0, "duplicates": 0,

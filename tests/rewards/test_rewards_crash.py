@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.bench.rewards import read_stream
 from agentrl.bus import Bus, EmbeddedNats
 from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.trajectory import TrajectoryEvent
-from agentrl.rewards.bench import read_stream
 from agentrl.rewards.store import RewardStore
 
 pytestmark = pytest.mark.slow

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.bench.rewards import read_stream
 from agentrl.bus import Bus, EmbeddedNats
 from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.subjects import TRAJECTORY
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.envs import make_env, task_for
-from agentrl.rewards.bench import read_stream
 from agentrl.rewards.edge import publish_redacted
 from agentrl.rollout import run_group
 from agentrl.rollout.convert import episode_to_trajectory

@@ -20,12 +20,12 @@ import orjson
 import pytest
 from nats.js.api import ConsumerConfig, RetentionPolicy
 
+from agentrl.bench.rewards import read_stream
 from agentrl.bus import Bus, EmbeddedNats
 from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.subjects import REWARD, TRAJECTORY
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.rewards import RewardConfig, ScoringInput, score_batch
-from agentrl.rewards.bench import read_stream
 from agentrl.rewards.service import RewardService
 from agentrl.rewards.store import RewardStore
 from agentrl.rewards.window import WindowState

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentrl.bench.redaction import score_corpus
 from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.rewards import RewardConfig
-from agentrl.rewards.pii_bench import score_corpus
 from agentrl.rewards.pipeline import Preparer
 from agentrl.rewards.redact import (
     KINDS,

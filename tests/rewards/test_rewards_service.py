@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import pytest
 
+from agentrl.bench.rewards import read_stream
 from agentrl.bus import Bus, EmbeddedNats
 from agentrl.contracts.feedback import FeedbackEvent
 from agentrl.contracts.reward import RewardEvent
@@ -21,7 +22,6 @@ from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.subjects import FEEDBACK, REWARD, TRAJECTORY
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.rewards import RewardConfig, ScoringInput, reward_function, score_batch
-from agentrl.rewards.bench import read_stream
 from agentrl.rewards.custom import REGISTRY, EvaluateResult
 from agentrl.rewards.service import RewardService
 from agentrl.rewards.store import RewardStore

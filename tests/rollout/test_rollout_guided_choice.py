@@ -10,15 +10,15 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from agentrl.llm.choices import score_choices
-from agentrl.llm.loading import load_policy
-from agentrl.rollout.policies import OpenAIAgentPolicy
-from agentrl.rollout.policies.choice_policy import ChoicePolicy
-from agentrl.rollout.testing_server import (
+from agentrl.bench.testing_server import (
     ScriptedOpenAIServer,
     ScriptedReply,
     choice_responder,
 )
+from agentrl.llm.choices import score_choices
+from agentrl.llm.loading import load_policy
+from agentrl.rollout.policies import OpenAIAgentPolicy
+from agentrl.rollout.policies.choice_policy import ChoicePolicy
 
 MOVES = ["up", "down", "left", "right"]
 MESSAGES = [{"role": "user", "content": "You are at row 0, column 0. Your move?"}]

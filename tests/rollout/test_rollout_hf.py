@@ -200,8 +200,8 @@ async def test_tiny_model_served_over_http_batches_concurrent_requests(
 ) -> None:
     """OpenAIAgentPolicy -> real HTTP -> policy_responder -> HFAgentPolicy: a tiny
     OpenAI-compatible model server whose concurrent requests are generated as one batch."""
+    from agentrl.bench.testing_server import ScriptedOpenAIServer, policy_responder
     from agentrl.rollout.policies import OpenAIAgentPolicy
-    from agentrl.rollout.testing_server import ScriptedOpenAIServer, policy_responder
 
     model, tokenizer = tiny
     local = HFAgentPolicy(model, tokenizer, max_new_tokens=5, max_wait_ms=300, seed=1)

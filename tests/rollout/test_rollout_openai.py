@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from agentrl.bench.testing_server import ScriptedOpenAIServer, ScriptedReply, tool_call
 from agentrl.rollout import Message, PolicyError, RLRolloutWorker, TaskDefinition
 from agentrl.rollout.policies import OpenAIAgentPolicy
-from agentrl.rollout.testing_server import ScriptedOpenAIServer, ScriptedReply, tool_call
 from agentrl.rollout.worker import CRITICAL_ERROR
 
 TOOLS = [

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from agentrl.advantages import system_apply_gigpo_to_batch_steps
+from agentrl.bench.testing_server import ScriptedOpenAIServer, ScriptedReply, tool_call
 from agentrl.envs import make_env, task_for
 from agentrl.llm.loading import load_smollm2_tokenizer, tiny_causal_lm
 from agentrl.rollout import RLRolloutWorker, run_group
 from agentrl.rollout.policies import HFAgentPolicy, OpenAIAgentPolicy, ScriptedPolicy
-from agentrl.rollout.testing_server import ScriptedOpenAIServer, ScriptedReply, tool_call
 
 
 @pytest.fixture(scope="module")

@@ -3,9 +3,9 @@ all are read back, joined, and built into samples (two turns each)."""
 
 from __future__ import annotations
 
+from agentrl.bench.training import bench_dataset
 from agentrl.bus import Bus
 from agentrl.core.settings import Settings
-from agentrl.training.bench import bench_dataset
 
 
 async def test_bench_dataset_builds_every_trajectory(nats, data_dir):

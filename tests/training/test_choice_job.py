@@ -103,7 +103,7 @@ async def test_warm_start_reads_the_registry(nats: Any, tmp_path: Path) -> None:
     service's last completed checkpoint (`recent`) wins for 'latest' until the registry
     knows it (a job started the moment its predecessor ended), unless it was rejected."""
     from agentrl.bus import Bus
-    from agentrl.deploy.registry import ModelRecord, Registry
+    from agentrl.serving.registry import ModelRecord, Registry
 
     def ckpt(name: str, valid_action: bool = True) -> str:
         folder = tmp_path / name

@@ -186,9 +186,9 @@ async def test_any_doubt_reads_everything(nats):
 async def test_load_data_with_a_seed_reads_only_the_sample(nats):
     """The job's loader: with a seed, `sampled` holds the same records as the full read's
     sample; without one (the old call), everything is read."""
+    from agentrl.bench.training import _publish
     from agentrl.bus import Bus
     from agentrl.core.settings import Settings
-    from agentrl.training.bench import _publish
     from agentrl.training.jobs import load_data
     from agentrl.training.requests import fill_request
     from agentrl.training.settings import TrainingSettings

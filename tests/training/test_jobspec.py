@@ -107,9 +107,9 @@ def _guided(t: dict[str, Any]) -> dict[str, Any]:
 
 
 def _publish(url: str, n: int, guided: bool) -> None:
+    from agentrl.bench.training import _reward, _trajectory
     from agentrl.bus import Bus
     from agentrl.core.settings import Settings
-    from agentrl.training.bench import _reward, _trajectory
 
     async def go() -> None:
         bus = await Bus.connect(url, settings=Settings(nats_url=url))

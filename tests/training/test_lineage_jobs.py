@@ -14,8 +14,8 @@ from training_helpers import publish_data, running_service, settings_for, trajec
 
 from agentrl.bus import Bus, PermanentError
 from agentrl.contracts.training import DatasetFilter
-from agentrl.deploy.lineage import Lineages, Routing
-from agentrl.deploy.registry import Registry
+from agentrl.release.lineage import Lineages, Routing
+from agentrl.serving.registry import Registry
 from agentrl.training.dataset import Record, apply_filters
 
 

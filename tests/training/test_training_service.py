@@ -102,7 +102,7 @@ async def test_threshold_job_completes_and_model_is_listed(nats, data_dir):
             ]
             assert steps and all("eta_seconds" in p for p in steps)
             # what the job's wall time was made of (bench training's overhead parts)
-            from agentrl.training.bench import job_parts
+            from agentrl.bench.training import job_parts
 
             parts = job_parts(svc.root / "jobs" / job_id / "events.jsonl")
             assert set(parts) == {"data_s", "model_s", "steps_s", "between_steps_s", "end_s"}

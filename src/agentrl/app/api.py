@@ -1,7 +1,7 @@
 """The control API (FastAPI): one app assembled from each package's router.
 
 Routers live in their packages (`agentrl.training.api`, `agentrl.warehouse.api`,
-`agentrl.deploy.api`, `agentrl.observability.api`), each exposing `router: APIRouter`;
+`agentrl.release.api`, `agentrl.observability.api`), each exposing `router: APIRouter`;
 this module only mounts those that are installed, like `cli.py` does for commands. A router
 reaches the shared bus and settings through `request.app.state` (see `agentrl.core.apideps`),
 never by importing another service.
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 ROUTERS: tuple[str, ...] = (
     "agentrl.training.api",
     "agentrl.warehouse.api",
-    "agentrl.deploy.api",
+    "agentrl.release.api",
     "agentrl.observability.api",
     "agentrl.capture.api",
 )

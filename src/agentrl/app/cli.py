@@ -13,28 +13,11 @@ from typing import Any
 import typer
 
 
-def register(app: typer.Typer, bench: typer.Typer) -> None:
+def register(app: typer.Typer) -> None:
     _register_loop(app)
     _register_up(app)
-    _register_soak(app)
     _register_report(app)
-    _register_bench_capture(bench)
-    _register_bench_startup(bench)
-    _register_bench_choice(bench)
     _register_retired(app)
-
-
-def _register_bench_startup(bench: typer.Typer) -> None:
-    @bench.command("startup")
-    def bench_startup(
-        keep: bool = typer.Option(False, help="Keep the data dirs and logs of both starts."),
-    ) -> None:
-        """`agentrl up` from an empty model cache and from a warm one to the first token
-        streamed through the gateway, each service's ready time, and SIGINT to exit
-        (targets on 2 cores: warm <= 30 s, cold <= 3 min, exit <= 5 s)."""
-        from agentrl.app.bench_startup import run
-
-        run(keep=keep)
 
 
 def _register_report(app: typer.Typer) -> None:
@@ -55,45 +38,6 @@ def _register_report(app: typer.Typer) -> None:
 
         page = run_report(out, source=source, nats_url=nats_url, hours=hours)
         typer.echo(f"report: {page}")
-
-
-def _register_bench_choice(bench: typer.Typer) -> None:
-    @bench.command("choice")
-    def bench_choice(
-        model: str = typer.Option("smollm2", help="Local model: smollm2 or tiny (random)."),
-        prompts: int = typer.Option(64, help="Distinct FrozenLake prompts per peer."),
-        seed: int = typer.Option(0, help="Seed of the episodes and the model."),
-    ) -> None:
-        """guided_choice scoring on the local backend: prompts/s one at a time, batched at 8
-        and 32 in flight, and the path before batching, on the loop's own prompts."""
-        from agentrl.app.bench_choice import print_choice_bench
-
-        print_choice_bench(model=model, prompts=prompts, seed=seed)
-
-
-def _register_bench_capture(bench: typer.Typer) -> None:
-    @bench.command("capture")
-    def bench_capture(
-        sessions: int = typer.Option(1000, min=1, help="Concurrent sessions (episodes)."),
-        turns: int = typer.Option(5, min=1, help="Requests per session (the last is text)."),
-        connections: int = typer.Option(64, min=1, help="HTTP connections of the clients."),
-        otlp_traces: int = typer.Option(2000, min=100, help="GenAI traces posted as OTLP."),
-        extra: int = typer.Option(
-            20,
-            min=1,
-            help="Runs of each hard case: gateway + OTLP, threads, timeout, one user's two "
-            "conversations, an oversized episode.",
-        ),
-    ) -> None:
-        """Episodes at the gateway under load (published = sent, tracking cost per request),
-        the cases that used to duplicate, split, merge or lose episodes, and the OTLP
-        receiver's spans per second."""
-        from agentrl.app.bench_capture import main
-
-        out = main(sessions, turns, connections, otlp_traces, extra)
-        bad = ("lost", "failed_requests", "duplicate_episodes", "split_episodes")
-        if any(out[k] for k in (*bad, "merged_episodes")):
-            raise typer.Exit(1)
 
 
 def _register_retired(app: typer.Typer) -> None:
@@ -327,37 +271,6 @@ def _up_cluster(size: int, data_dir: str | None, services: bool, replicas: int =
         run_stack(data_dir=data_dir, services=services, replicas=replicas)
 
 
-SOAK_OPTIONS = (
-    "data_dir",
-    "agents",
-    "threshold",
-    "restart_delay_s",
-    "recover_timeout_s",
-    "replicas",
-    "cluster",
-)
-
-
-def _register_soak(app: typer.Typer) -> None:
-    import inspect
-
-    from agentrl.app.soak_config import SoakConfig
-    from agentrl.core.configcli import model_command
-
-    own = [
-        inspect.Parameter(
-            "quick",
-            inspect.Parameter.KEYWORD_ONLY,
-            default=typer.Option(
-                False, "--quick", help="With --replicas: shorter waits, a smaller threshold."
-            ),
-            annotation=bool,
-        ),
-        _show_config_option(),
-    ]
-    app.command("soak")(model_command(SoakConfig, SOAK_OPTIONS, _soak, own))
-
-
 def _show_config_option() -> Any:
     import inspect
 
@@ -367,61 +280,3 @@ def _show_config_option() -> Any:
         default=typer.Option(False, "--show-config", help="Print the settings as JSON and exit."),
         annotation=bool,
     )
-
-
-def _soak(overrides: dict[str, object], *, quick: bool, show_config: bool) -> None:
-    """Run the loop on a stack whose services are separate processes (tiny model, loopback
-    only) and kill, once each, the reward service, the warehouse ingester, a running
-    training job's process and nats-server (SIGKILL), restarting each. Then check that
-    every trajectory has exactly one reward per version, the warehouse matches the
-    streams, no job is stuck and every gateway error was counted. Prints the recovery
-    times and checks; the last line is one JSON object; exit code 1 if a check failed."""
-    import asyncio
-
-    from pydantic import ValidationError
-
-    from agentrl.app.soak import LOG_FILE, main_json, run_soak, table
-    from agentrl.app.soak_config import SoakConfig
-    from agentrl.core.logs import log_to_file
-
-    try:
-        cfg = SoakConfig(**overrides)  # type: ignore[arg-type]
-    except ValidationError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from exc
-    if show_config:
-        print(cfg.model_dump_json(indent=2))
-        return
-
-    def say(line: str) -> None:
-        print(line, flush=True)
-
-    folder = cfg.data_dir.resolve()  # refused before its log file is written into it
-    if folder.exists() and any(p.name != LOG_FILE for p in folder.iterdir()):
-        typer.echo(f"error: {folder} is not empty: give the soak a fresh folder", err=True)
-        raise typer.Exit(2)
-    say(f"log: {log_to_file(folder / LOG_FILE)}")
-    if cfg.replicas > 1:
-        from agentrl.app.soak_replicas import main_json as replicas_json
-        from agentrl.app.soak_replicas import run_replicated_soak
-
-        if quick:
-            cfg.agents, cfg.threshold, cfg.settle_s = 1, min(cfg.threshold, 8), 3.0
-            cfg.job_wait_s, cfg.drain_timeout_s = 180.0, 120.0
-        replicas = cfg.replicas
-        run, as_json = run_replicated_soak, lambda r: replicas_json(r, replicas)
-    else:
-        run, as_json = run_soak, main_json
-    try:
-        result = asyncio.run(run(cfg, say))
-    except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from exc
-    except (asyncio.CancelledError, KeyboardInterrupt) as exc:
-        typer.echo("soak stopped before the end (its services are stopped)", err=True)
-        raise typer.Exit(130) from exc
-    print(table(result), flush=True)
-    sys.stdout.write(as_json(result) + "\n")
-    sys.stdout.flush()
-    if not result.ok:
-        raise typer.Exit(1)

@@ -176,8 +176,8 @@ def prepare(run: Run, log_file: str | None) -> Any:
 async def start_stack(run: Run, stack: Any) -> None:
     """Wait until the gateway answers, open the registry, make a warm start live, and watch
     rewards and training statuses on the bus."""
-    from agentrl.deploy.config import DeploySettings
-    from agentrl.deploy.registry import Registry
+    from agentrl.serving.config import DeploySettings
+    from agentrl.serving.registry import Registry
 
     ds = DeploySettings()
     run.stack, run.bus, run.public = stack, stack.bus, ds.public_model
@@ -274,7 +274,7 @@ async def start_from(
 ) -> str:
     """Make `cfg.init_checkpoint` (a warm start) the live version before the agents act:
     registered and promoted by hand, as an operator would (`agentrl deploy promote`)."""
-    from agentrl.deploy.actions import Deployer, checkpoint_sha
+    from agentrl.release.actions import Deployer, checkpoint_sha
 
     ckpt = str(cfg.init_checkpoint)
     sha = await asyncio.to_thread(checkpoint_sha, ckpt, data_dir / "checkpoint-cache")

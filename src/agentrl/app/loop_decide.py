@@ -31,7 +31,7 @@ def trained_and_decided(records: list[Any], not_trained: set[str | None]) -> lis
 def live_benchmark(records: list[Any]) -> float | None:
     """The live version's own validation benchmark mean (None: no live version, or one
     never validated, such as the base)."""
-    from agentrl.deploy.validation import benchmark_mean
+    from agentrl.release.validation import benchmark_mean
 
     live = next((r for r in records if r.state == "live"), None)
     return None if live is None else benchmark_mean(live.validation_details)
@@ -78,9 +78,9 @@ async def inject_bad_candidate(bus: Any, public: str, data_dir: Path, say: Any) 
     mistake): a copy of the live checkpoint whose weights no longer match their manifest.
     The gateway refuses to serve it and rolls it back on its own. None: nothing to break;
     "": not now (another version's rollout is on)."""
-    from agentrl.deploy.actions import Deployer
-    from agentrl.deploy.config import DeploySettings
-    from agentrl.deploy.registry import Registry
+    from agentrl.release.actions import Deployer
+    from agentrl.serving.config import DeploySettings
+    from agentrl.serving.registry import Registry
 
     ds = DeploySettings()
     registry = await Registry.open(bus.js, ds.bucket)
@@ -89,8 +89,8 @@ async def inject_bad_candidate(bus: Any, public: str, data_dir: Path, say: Any) 
     if live is None or not live.checkpoint_path:
         say("bad candidate: no trained live version to break; skipped")
         return None
-    from agentrl.deploy.errors import DeployError
-    from agentrl.deploy.registry import ACTIVE
+    from agentrl.serving.errors import DeployError
+    from agentrl.serving.registry import ACTIVE
 
     async def rollout_on() -> bool:
         current = await registry.get_rollout(public)

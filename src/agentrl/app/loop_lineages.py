@@ -1,5 +1,5 @@
 """`agentrl loop --lineages 2`: two agents with different tasks sharing one base model, each
-in its own lineage (`agentrl.deploy.lineage`): its own versions, split, validation benchmark,
+in its own lineage (`agentrl.release.lineage`): its own versions, split, validation benchmark,
 training trigger and canary.
 
 Built from `agentrl.app.loop`'s pieces: the same embedded stack, agents, watcher, end rule
@@ -233,7 +233,7 @@ async def _wait_live_served(registry: Any, name: str, timeout_s: float = 120.0) 
 
 
 def _job_lineage(evs: list[Any]) -> str | None:
-    from agentrl.deploy.fleet import lineage_of_status
+    from agentrl.release.fleet import lineage_of_status
 
     for e in evs:
         name = lineage_of_status(e)
@@ -255,9 +255,9 @@ async def run_lineages(
     from agentrl.app.stack import stack_services
     from agentrl.bus.server import EmbeddedNats
     from agentrl.core.settings import Settings
-    from agentrl.deploy.config import DeploySettings
-    from agentrl.deploy.lineage import Lineages
-    from agentrl.deploy.registry import Registry
+    from agentrl.release.lineage import Lineages
+    from agentrl.serving.config import DeploySettings
+    from agentrl.serving.registry import Registry
 
     for noisy in ("httpx", "httpx2"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

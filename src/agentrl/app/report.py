@@ -10,7 +10,7 @@ The page, top to bottom:
    checkpoint -> validation -> canary steps -> decision, from the training requests and
    statuses (RL_TRAINING), the deployment and validation events (RL_MODELS) and the model
    registry (KV bucket); "n/a" where none of them carries the value;
-3. with two lineages or more (`agentrl.deploy.lineage`: a public model name per agent, each
+3. with two lineages or more (`agentrl.release.lineage`: a public model name per agent, each
    with its own versions, canaries and rollbacks), a section per lineage: its versions, live
    version, held-out result, promotions, rollbacks, rewards and jobs, and the reward curve
    of each lineage (a line per lineage); the version table is grouped by lineage;
@@ -91,7 +91,7 @@ CAPTIONS[LINEAGE_PLOT[0]] = (
     "per lineage, rolling mean; exploring temperature, not held-out)."
 )
 DEFAULT_LINEAGE = "agentrl-policy"  # DeploySettings.public_model's default
-# a version id is `<lineage>-vN` or `<lineage>-base` (`agentrl.deploy.actions`)
+# a version id is `<lineage>-vN` or `<lineage>-base` (`agentrl.release.actions`)
 _VERSION_SUFFIX = re.compile(r"-(?:v\d+|base)$")
 
 
@@ -156,8 +156,8 @@ async def read_registry(bus: Any, bucket: str | None = None) -> list[dict[str, A
     not created here)."""
     import nats.js.errors
 
-    from agentrl.deploy.config import DeploySettings
-    from agentrl.deploy.registry import Registry
+    from agentrl.serving.config import DeploySettings
+    from agentrl.serving.registry import Registry
 
     bucket = bucket or DeploySettings().bucket
     try:
@@ -188,7 +188,7 @@ async def load_from_streams(
             rows = [r for r in rows if "training_job_id" in r and "status" in r]
         setattr(data, attr, rows)
     data.registry = await read_registry(bus, registry_bucket)
-    from agentrl.deploy.config import DeploySettings
+    from agentrl.serving.config import DeploySettings
 
     data.default_lineage = DeploySettings().public_model
     return data

@@ -34,7 +34,7 @@ from agentrl.bus.client import Bus
 from agentrl.bus.server import EmbeddedNats
 from agentrl.core.plugins import optional_module
 from agentrl.core.settings import Settings, get_settings
-from agentrl.deploy import gctune
+from agentrl.serving import gctune
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ SERVICES: tuple[tuple[str, str], ...] = (
     ("reward service", "agentrl.rewards.service:serve"),
     ("warehouse ingester", "agentrl.warehouse.service:serve"),
     ("training service", "agentrl.training.service:serve"),
-    ("deployment controller", "agentrl.deploy.service:serve"),
+    ("deployment controller", "agentrl.release.service:serve"),
     ("control API", "agentrl.app.api:serve"),
 )
 
@@ -296,7 +296,7 @@ async def stack_services(
     # forward passes, validation episodes, checkpoint checks. Python's default of cpu + 4
     # workers (6 here) let one service's long calls queue every other service's short ones.
     # Work a caller can make long does not run here: structured-output compiles and
-    # constraint building have bounded pools of their own (`agentrl.deploy.structured`:
+    # constraint building have bounded pools of their own (`agentrl.serving.structured`:
     # six distinct 15,000-property schemas once held this pool's threads and CPU while an
     # ordinary request waited 25-42 s).
     from concurrent.futures import ThreadPoolExecutor
@@ -612,7 +612,7 @@ def preflight(settings: Settings) -> None:
     check_exposure(
         settings.api_host, bool(settings.api_tokens), "the control API", settings.allow_open
     )
-    config = optional_module("agentrl.deploy.config")
+    config = optional_module("agentrl.serving.config")
     if config is not None:
         keys = config.DeploySettings().api_keys
         check_exposure(settings.gateway_host, bool(keys), "the gateway", settings.allow_open)

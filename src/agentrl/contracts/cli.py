@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 
-def register(app: typer.Typer, bench: typer.Typer) -> None:
+def register(app: typer.Typer) -> None:
     schemas = typer.Typer(help="Event contracts as JSON Schema.", no_args_is_help=True)
     app.add_typer(schemas, name="schemas")
 

@@ -75,7 +75,7 @@ def authenticated(request: Request) -> bool:
 # Routes of the control API that answer without a token: up/down and Prometheus metrics
 # (counts with bounded labels). Every other route needs a known token when tokens are
 # configured (`require_token`, mounted app-wide), whatever its own scope check says or
-# forgets; tests/stack/test_route_auth.py walks every route to keep it so.
+# forgets; tests/app/test_route_auth.py walks every route to keep it so.
 PUBLIC_PATHS = frozenset({"/health", "/metrics"})
 
 

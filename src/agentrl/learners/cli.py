@@ -14,7 +14,7 @@ from agentrl.core.configcli import config_command
 from agentrl.learners.options import LearnOptions, PolicyOptions, SFTOptions
 
 
-def register(app: typer.Typer, bench: typer.Typer) -> None:
+def register(app: typer.Typer) -> None:
     policy = config_command(PolicyOptions, list(PolicyOptions.model_fields), _train_policy)
     app.command("train-policy", hidden=True, deprecated=True)(policy)
     app.command("train-sft")(config_command(SFTOptions, list(SFTOptions.model_fields), _train_sft))

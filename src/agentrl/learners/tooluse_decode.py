@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from agentrl.deploy.decoding import MIN_PREFIX, BatchDecoder, DecodeRow, PrefixCache, decode_all
+from agentrl.serving.decoding import MIN_PREFIX, BatchDecoder, DecodeRow, PrefixCache, decode_all
 
 MIN_SHARED_PREFIX = MIN_PREFIX
 
@@ -58,7 +58,7 @@ def generate(
     autocast: Any = None,
 ) -> list[Generated]:
     """Decode every prompt; rows with a matcher only ever sample tokens it allows. The
-    decode core is the gateway's (`agentrl.deploy.decoding`): finished rows leave the batch
+    decode core is the gateway's (`agentrl.serving.decoding`): finished rows leave the batch
     and the cache; the shared prefix is prefilled once (a prefix cache for this call)."""
     shared = shared_prefix(prompts)
     rows = [

@@ -71,7 +71,7 @@ class SchemaMatchers:
     """The reply schema compiled once against the tokenizer; a fresh matcher per reply."""
 
     def __init__(self, tokenizer: Any, vocab_size: int) -> None:
-        from agentrl.deploy.structured import (
+        from agentrl.serving.structured import (
             Constraint,
             GrammarCompiler,
             _json_grammar,

@@ -8,13 +8,12 @@ from pathlib import Path
 import typer
 
 
-def register(app: typer.Typer, bench: typer.Typer) -> None:
+def register(app: typer.Typer) -> None:
     obs = typer.Typer(
         help="Observability: Grafana dashboards and Prometheus alert rules (generated files).",
         no_args_is_help=True,
     )
     app.add_typer(obs, name="observability")
-    _register_bench(bench)
 
     @obs.command("generate")
     def generate_cmd(
@@ -33,20 +32,3 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             return
         for path in generate.write(out):
             typer.echo(f"wrote {path}")
-
-
-def _register_bench(bench: typer.Typer) -> None:
-    @bench.command("metrics")
-    def bench_metrics(
-        batch: int = typer.Option(256, help="Messages per batch (the services' batch size)."),
-    ) -> None:
-        """CPU cost of the metrics hooks per trajectory / message / request, and of a scrape."""
-        from agentrl.benchmarks.report import report
-        from agentrl.observability.bench import run_metrics_benchmark
-
-        res = run_metrics_benchmark(batch=batch)
-        report(
-            "metrics hooks (CPU time, best of 7)",
-            [{"hook": k, "value": v} for k, v in res.items()],
-            res,
-        )

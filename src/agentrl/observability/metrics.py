@@ -183,12 +183,12 @@ class VersionLabels:
 
 
 MODEL_VERSION = VersionLabels(max_values=20)
-# the lineage of a version (`agentrl.deploy.lineage`: a public model name with its own
+# the lineage of a version (`agentrl.release.lineage`: a public model name with its own
 # versions): few by design, capped all the same; its value comes from the version id
 LINEAGE = LabelCap("lineage", max_values=32)
 DEFAULT_LINEAGE = ["agentrl-policy"]  # DeploySettings.public_model (`set_default_lineage`)
-# a version id is `<lineage>-vN` or `<lineage>-base` (`deploy.actions`; a lineage name never
-# ends like one, `deploy.lineage.check_name`)
+# a version id is `<lineage>-vN` or `<lineage>-base` (`release.actions`; a lineage name never
+# ends like one, `release.lineage.check_name`)
 _VERSION_SUFFIX = re.compile(r"-(?:v\d+|base)$")
 _lineage_of: dict[str, str] = {}
 

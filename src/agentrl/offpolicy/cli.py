@@ -12,26 +12,22 @@ import typer
 
 from agentrl.core.configcli import (
     build,
-    config_command,
     flag,
     model_command,
     option_parameters,
     overrides,
 )
 from agentrl.offpolicy.config import AGMConfigEntity
-from agentrl.offpolicy.options import DqnBench, DqnRun, PerBench
+from agentrl.offpolicy.options import DqnRun
 
 RUN_FLAGS = {"config": ["--config", "-c"], "out": ["--out", "-o"], "metrics_format": ["--format"]}
 CONFIG_OPTIONS = ("env_id", "seed", "total_steps", "num_envs")
 
 
-def register(app: typer.Typer, bench: typer.Typer) -> None:
+def register(app: typer.Typer) -> None:
     run = option_parameters(DqnRun, list(DqnRun.model_fields), RUN_FLAGS)
     show = flag("show_config", "Print the resolved training config as JSON and exit.")
     app.command("dqn")(model_command(AGMConfigEntity, CONFIG_OPTIONS, _dqn, [*run, show]))
-    dqn = list(DqnBench.model_fields)
-    bench.command("dqn")(config_command(DqnBench, dqn, _bench_dqn, flags=RUN_FLAGS))
-    bench.command("per")(config_command(PerBench, list(PerBench.model_fields), _bench_per))
 
 
 def _dqn(changes: dict[str, Any], *, show_config: bool, **given: Any) -> None:
@@ -112,48 +108,3 @@ def _train(cfg: AGMConfigEntity, run: DqnRun) -> None:
         console.print(f"early stop at step {result.stop_step}: {result.stop_reason}")
     for name, path in paths.items():
         console.print(f"  {name:<11} {path}")
-
-
-def _bench_dqn(cfg: DqnBench) -> None:
-    """CartPole-v1: our Double DQN + PER, with and without smoothing + early stop, and SB3 DQN.
-
-    Measures env steps and wall seconds until a greedy 10-episode evaluation first
-    averages >= 475, steps per second, area under the learning curve, TD-error
-    variance, and for (b) where early stopping fired. Last line: JSON figures
-    (ours_wall_s_to_475, sb3_wall_s_to_475, ratio_vs_sb3, ours_steps_to_475, solved_seeds).
-    """
-    from rich.console import Console
-
-    from agentrl.benchmarks.report import report
-    from agentrl.offpolicy.bench import RunFigures, bench_dqn
-
-    console = Console()
-
-    def on_run(r: RunFigures) -> None:
-        solved = (
-            f"solved at {r.solved_step} steps / {r.solved_wall_s:.1f}s"
-            if r.solved_step
-            else "not solved"
-        )
-        console.print(
-            f"  seed {r.seed} {r.agent}: {solved}; ran {r.env_steps} steps in {r.wall_s:.1f}s"
-        )
-
-    with console.status("running agents..."):
-        rows, figures = bench_dqn(
-            cfg.config, seeds=cfg.seeds, quick=cfg.quick, with_sb3=cfg.sb3, on_run=on_run
-        )
-    report("offpolicy-dqn-cartpole", rows, figures, Console(width=max(console.width, 160)))
-
-
-def _bench_per(cfg: PerBench) -> None:
-    """Prioritized replay: one sample + priority update of a batch from a full memory (goal <= 0.3 ms)."""
-    from rich.console import Console
-
-    from agentrl.benchmarks.report import report
-    from agentrl.offpolicy.bench import bench_per
-
-    console = Console()
-    with console.status("filling the memory and timing..."):
-        rows, figures = bench_per(cfg.capacity, cfg.batch, cfg.iters)
-    report("offpolicy-per", rows, figures, Console(width=max(console.width, 120)))

@@ -5,16 +5,14 @@ the commands."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import typing
 from pathlib import Path
-from typing import Any
 
 import typer
 
 from agentrl.core.configcli import argument, config_command
-from agentrl.rewards.options import RedactionBench, RewardsBench, ScoreOptions, ServeOptions
+from agentrl.rewards.options import ScoreOptions, ServeOptions
 
 HELP = (
     "The reward pipeline: score trajectories (task completion, efficiency, code quality, "
@@ -23,7 +21,7 @@ HELP = (
 )
 
 
-def register(app: typer.Typer, bench: typer.Typer) -> None:
+def register(app: typer.Typer) -> None:
     rewards = typer.Typer(help=HELP, no_args_is_help=True)
     app.add_typer(rewards, name="rewards")
     serve = ("nats_url", "data_dir", "config", "durable", "batch", "ack_wait")
@@ -36,9 +34,6 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     )
     rewards.command("score")(config_command(ScoreOptions, ("config", "demo"), _score, [path]))
     rewards.command("redact")(_redact)
-    bench.command("redaction")(config_command(RedactionBench, ("n",), _bench_redaction))
-    fields = ("n", "n_code", "url", "replicas")
-    bench.command("rewards")(config_command(RewardsBench, fields, _bench_rewards))
 
 
 def _serve(cfg: ServeOptions) -> None:
@@ -146,86 +141,3 @@ def _redact(path: Path = typer.Argument(..., help="A JSON file ('-' = stdin)."))
     cleaned, report = redact_payload(data)
     typer.echo(json.dumps(cleaned, indent=2))
     typer.echo(f"redacted: {dict(report.counts)}", err=True)
-
-
-def _bench_redaction(cfg: RedactionBench) -> None:
-    """PII redaction: precision and recall on the labelled corpus (agentrl.rewards.pii_corpus,
-    207 hand-written strings, about half of them near-misses), and the cost of redacting at the
-    edge (`redact_event`, what producers call before publishing) per trajectory in µs."""
-    from agentrl.benchmarks.report import report
-    from agentrl.rewards.pii_bench import edge_cost, score_corpus
-
-    scores = score_corpus()
-    cost = edge_cost(cfg.n)
-    rows: list[dict[str, Any]] = [
-        {"kind": kind, "positives": v["positives"], "recall": round(v["recall"], 3)}
-        for kind, v in scores["per_kind"].items()
-    ]
-    rows.append(
-        {
-            "kind": "all",
-            "positives": scores["positives"],
-            "recall": round(scores["recall"], 3),
-            "precision": round(scores["precision"], 3),
-            "false_positives": scores["false_positives"],
-        }
-    )
-    for miss in scores["misses"]:
-        typer.echo(f"missed: {miss!r}", err=True)
-    for alarm in scores["false_alarms"]:
-        typer.echo(f"false alarm: {alarm!r}", err=True)
-    figures = {
-        "precision": round(scores["precision"], 4),
-        "recall": round(scores["recall"], 4),
-        "corpus_strings": scores["strings"],
-        "false_positives": scores["false_positives"],
-        "false_negatives": scores["false_negatives"],
-        "edge_redaction_us_per_trajectory": round(cost["us_per_trajectory"], 1),
-        "edge_redaction_us_median": round(cost["us_per_trajectory_median"], 1),
-        "edge_redaction_us_clean": round(cost["us_clean_median"], 1),
-        "edge_redaction_us_with_pii": round(cost["us_with_pii_median"], 1),
-    }
-    report("redaction", rows, figures)
-
-
-def _bench_rewards(cfg: RewardsBench) -> None:
-    """End to end through the running reward service: trajectories in, rewards out.
-
-    Publishes trajectories to the embedded NATS and counts the rewards that come back.
-    Targets on 2 cores: >= 5,000 trajectories/s without code, >= 200/s with code (ruff +
-    bandit), lost 0, duplicates 0. The peer is a raw nats-py service that answers every
-    trajectory with a fixed reward.
-
-    With --replicas N: one service against N replicas sharing the durable, on this
-    machine, side by side. On one small machine the replicas share its cores, so the
-    ratio shows the cost of coordinating them, not scale-out."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    from agentrl.benchmarks.report import report
-    from agentrl.rewards import bench
-
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
-    with Progress(*columns, transient=True) as bar:
-        task = bar.add_task("starting", total=None)
-
-        def progress(message: str) -> None:
-            bar.update(task, description=message)
-
-        if cfg.replicas > 1:
-            rows = bench.run_replicas_benchmark(
-                cfg.n, cfg.replicas, cfg.url, paced_s=cfg.paced_s, progress=progress
-            )
-        else:
-            rows = bench.run_rewards_benchmark(
-                cfg.n, cfg.n_code, cfg.url, paced_s=cfg.paced_s, progress=progress
-            )
-    if cfg.replicas > 1:
-        typer.echo(
-            f"{cfg.replicas} replicas on one {os.cpu_count() or 1}-core machine share its "
-            "cores: the ratio is the cost of coordination (claims in NATS KV, shared "
-            "consumer), it cannot show scale-out; that needs a host per replica.",
-            err=True,
-        )
-        report("rewards", rows, bench.replica_figures(rows, cfg.replicas, cfg.n))
-    else:
-        report("rewards", rows, bench.phase_figures(rows, cfg.n, cfg.n_code))

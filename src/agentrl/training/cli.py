@@ -21,7 +21,6 @@ from agentrl.training.options import (
     ServeOptions,
     StartOptions,
     StatusOptions,
-    TrainingBench,
 )
 
 TERMINAL = ("completed", "failed", "cancelled")
@@ -172,7 +171,7 @@ def _print_status(s: dict[str, Any]) -> None:
     Console().print_json(json.dumps(s, default=str))
 
 
-def register(app: typer.Typer, bench: typer.Typer) -> None:
+def register(app: typer.Typer) -> None:
     train = typer.Typer(
         help="Training jobs: start one, watch its progress, cancel it, list jobs, run the service.",
         no_args_is_help=True,
@@ -189,8 +188,6 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     train.command("cancel")(config_command(Connection, conn, _cancel, [job_id]))
     train.command("list")(config_command(ListOptions, ("status", *conn), _list))
     train.command("serve")(config_command(ServeOptions, ("nats",), _serve))
-    fields = ("trajectories", "jobs", "job_seconds")
-    bench.command("training")(config_command(TrainingBench, fields, _bench_training))
 
 
 def _client(cfg: Connection) -> Client:
@@ -311,10 +308,3 @@ def _serve(cfg: ServeOptions) -> None:
             await bus.close()
 
     asyncio.run(go())
-
-
-def _bench_training(cfg: TrainingBench) -> None:
-    """Dataset loading rate, request->running and cancel latencies, job overhead."""
-    from agentrl.training.bench import run_bench
-
-    run_bench(trajectories=cfg.trajectories, jobs=cfg.jobs, job_seconds=cfg.job_seconds)

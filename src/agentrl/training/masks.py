@@ -13,7 +13,7 @@ ratio below 1 on every constrained token, and the clip saw a policy change that 
 
 Which grammars a job can rebuild: those of the requests it is told about (`constraints`:
 request-like dicts, e.g. the loop's `{"response_format": ...}`), hashed exactly as the
-gateway hashes them (`deploy.structured.constraint_for`). A row whose hash is unknown, or
+gateway hashes them (`serving.structured.constraint_for`). A row whose hash is unknown, or
 whose tokens the rebuilt grammar rejects, falls back to the old rule (its logged log-probs
 are not used as old log-probs; the policy's own become them), counted in `unmatched`.
 """
@@ -53,8 +53,8 @@ class GrammarBook:
     def add_request(self, request: Mapping[str, Any]) -> str | None:
         """Register the constraint of a request-like dict (`response_format`, `guided_json`,
         `structured_outputs`, `tools` + `tool_choice`, ...); returns its hash (None: none)."""
-        from agentrl.deploy.openai_types import ChatRequest
-        from agentrl.deploy.structured import constraint_for
+        from agentrl.serving.openai_types import ChatRequest
+        from agentrl.serving.structured import constraint_for
 
         body = {"model": "m", "messages": [{"role": "user", "content": ""}], **dict(request)}
         constraint = constraint_for(ChatRequest.model_validate(body))
@@ -64,7 +64,7 @@ class GrammarBook:
         return str(constraint.key)
 
     def _matcher(self, schema_hash: str) -> Any:
-        from agentrl.deploy.structured import GrammarCompiler
+        from agentrl.serving.structured import GrammarCompiler
 
         if self._compiler is None:
             self._compiler = GrammarCompiler(self.tokenizer, self.vocab_size)
@@ -84,7 +84,7 @@ class GrammarBook:
             return None
         from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
 
-        from agentrl.deploy.structured import advance
+        from agentrl.serving.structured import advance
 
         matcher = self._matcher(schema_hash)
         out = allocate_token_bitmask(len(action_ids), self.vocab_size)

@@ -225,7 +225,7 @@ class TrainingService:
         self._flush_error: Exception | None = None
         self.schedule = CronSchedule(self.ts.schedule, clock) if self.ts.schedule else None
         self._torch_version = _version("torch")
-        # lineages (`agentrl.deploy.lineage`, threshold_scope="lineage"): the deployment
+        # lineages (`agentrl.release.lineage`, threshold_scope="lineage"): the deployment
         # registry's lineage table, re-read at most every LINEAGE_TTL_S
         self.registry_bucket = os.environ.get("AGENTRL_DEPLOY_BUCKET") or "agentrl_models"
         self.default_lineage = os.environ.get("AGENTRL_DEPLOY_PUBLIC_MODEL") or "agentrl-policy"
@@ -1343,12 +1343,12 @@ class TrainingService:
         await self._emit_request(req, {**state, f"threshold_job:{key}": req.training_job_id})
 
     async def lineage_routing(self) -> Any:
-        """The deployment's lineages (`agentrl.deploy.lineage.Routing`); no registry or no
+        """The deployment's lineages (`agentrl.release.lineage.Routing`); no registry or no
         lineage table: everything belongs to the default lineage."""
         now = time.monotonic()
         if self._routing is not None and now - self._routing_at < LINEAGE_TTL_S:
             return self._routing
-        from agentrl.deploy.lineage import KEY, LineageTable, Routing
+        from agentrl.release.lineage import KEY, LineageTable, Routing
 
         table = LineageTable()
         try:

@@ -19,7 +19,7 @@ import typer
 
 from agentrl.core.configcli import argument, config_command
 from agentrl.warehouse.config import WarehouseSettings
-from agentrl.warehouse.options import ExportOptions, IngesterOptions, StatsQuery, WarehouseBench
+from agentrl.warehouse.options import ExportOptions, IngesterOptions, StatsQuery
 
 QUERY_HELP = {
     "rewards": "Reward distribution per model version and domain (latest reward version).",
@@ -114,7 +114,7 @@ TOKEN = inspect.Parameter(
 STATS_FIELDS = ("as_json", "since", "until", "model", "domain", "bucket_s", "limit", "api")
 
 
-def register(app: typer.Typer, bench: typer.Typer) -> None:
+def register(app: typer.Typer) -> None:
     stats = typer.Typer(
         help="Warehouse analytics: rewards per model version, success over time, tools, "
         "feedback, jobs and deployments.",
@@ -141,7 +141,6 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     export = [f for f in ExportOptions.model_fields]
     flags = {"include_raw": ["--no-raw"]}
     wh.command("export")(config_command(ExportOptions, export, _export, [out, TOKEN], flags))
-    bench.command("warehouse")(config_command(WarehouseBench, ("n", "repeat"), _bench))
 
 
 def _query(name: str) -> Any:
@@ -257,24 +256,3 @@ def _export(cfg: ExportOptions, *, out: Path, token: str | None) -> None:
             include_raw=cfg.include_raw,
         )
     typer.echo(f"wrote {n:,} trajectories to {out} in {time.perf_counter() - t0:.2f}s")
-
-
-def _bench(cfg: WarehouseBench) -> None:
-    """Ingest from JetStream into chdb (>= 20,000 turns/s), analytics queries on
-    1,000,000 turns (p50 < 200 ms, p99 < 1 s), export of 100,000 filtered trajectories
-    to Parquet (< 2 s). Last line: turns_per_s, query_p50_ms, query_p99_ms, export_s, lost."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    from agentrl.benchmarks.report import report
-    from agentrl.warehouse import bench
-
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
-    with Progress(*columns, transient=True) as bar:
-        task = bar.add_task("starting", total=None)
-        rows, figs = bench.run(
-            cfg.n,
-            cfg.trajectories,
-            cfg.repeat,
-            progress=lambda m: bar.update(task, description=m),
-        )
-    report("warehouse", bench.report_rows(rows, figs), bench.figures(rows, figs))

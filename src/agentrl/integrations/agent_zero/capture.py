@@ -37,7 +37,7 @@ VERSION_HEADER = "x-agentrl-model-version"
 COMPLETION_HEADER = "x-agentrl-completion-id"
 CAPTURE_HEADER = "x-agentrl-capture"  # "off": the gateway assembles no episode of its own
 # who asks: the gateway sends an agent / Agent Zero profile to its lineage (a public model
-# name of its own, `agentrl.deploy.lineage`); unmapped ones stay on the asked model
+# name of its own, `agentrl.release.lineage`); unmapped ones stay on the asked model
 AGENT_HEADER = "x-agentrl-agent"
 PROFILE_HEADER = "x-agentrl-profile"
 VERSION_HEADERS = ("llm_provider-x-agentrl-model-version", VERSION_HEADER)

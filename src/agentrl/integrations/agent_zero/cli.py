@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from agentrl.integrations.agent_zero.config import AgentZeroConfig
 
 
-def register(app: typer.Typer, bench: typer.Typer) -> None:
+def register(app: typer.Typer) -> None:
     a0 = typer.Typer(
         help=(
             "Agent Zero integration: a plugin that publishes every monologue as "

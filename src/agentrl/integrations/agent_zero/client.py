@@ -50,7 +50,10 @@ MODULES = (
 # files shipped under another name: the structured-outputs setting's schema (deploy/ is not
 # the client's; integrations/agent_zero/structured.py reads it beside itself in the client)
 RENAMED = (
-    ("deploy/schemas/agent_zero_response.json", "integrations/agent_zero/agent_zero_response.json"),
+    (
+        "serving/schemas/agent_zero_response.json",
+        "integrations/agent_zero/agent_zero_response.json",
+    ),
 )
 # folders of the shipped packages that are not the client's (CLIs import typer)
 LEAVE_OUT = ("cli.py",)

@@ -1,7 +1,7 @@
 """Structured outputs for Agent Zero's main chat call (setting `structured_outputs`, off by
 default): the call asks agentrl's gateway for OpenAI's `response_format` with Agent Zero's
 response schema (`thoughts`, `headline`, `tool_name`, `tool_args`; shipped as
-agentrl/deploy/schemas/agent_zero_response.json), so every answer is a well-formed tool
+agentrl/serving/schemas/agent_zero_response.json), so every answer is a well-formed tool
 request, decoded under the grammar (issue 30). `tool_name` is narrowed to the agent's own
 tools (a name, or `name:method`) when they can be listed: the `tools/*.py` files of the folders Agent Zero's `get_tool`
 searches (`helpers.subagents.get_paths(agent, "tools")`: the agent's profile, plugins, user
@@ -26,10 +26,10 @@ log = logging.getLogger("agentrl.agent_zero")
 
 SCHEMA_NAME = "agent_zero_response"
 HERE = Path(__file__).resolve().parent
-# the client wheel ships the schema beside this file; a full install has it under deploy/
+# the client wheel ships the schema beside this file; a full install has it under serving/
 SCHEMA_FILES = (
     HERE / f"{SCHEMA_NAME}.json",
-    HERE.parents[1] / "deploy" / "schemas" / f"{SCHEMA_NAME}.json",
+    HERE.parents[1] / "serving" / "schemas" / f"{SCHEMA_NAME}.json",
 )
 NOT_TOOLS = frozenset({"__init__", "unknown"})  # Agent Zero's fallback for unknown names
 

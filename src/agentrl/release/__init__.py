@@ -1,0 +1,1 @@
+"""The release path: what decides which model version serves."""
