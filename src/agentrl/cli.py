@@ -1,8 +1,8 @@
 """The `agentrl` command.
 
-Each package contributes its commands through a small `cli` module with a
-`register(app)` function; this file only assembles them, so packages stay
-independent and the command starts fast (heavy imports live inside commands).
+Each package contributes its commands through a small `cli` module with a `register(app)`
+function (every benchmark's is `agentrl.bench.cli`); this file only assembles them, so
+packages stay independent and the command starts fast (heavy imports live inside commands).
 """
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""The application: what a user runs (`agentrl up | loop | soak | report`), composed of the services below."""
+"""The application: what a user runs (`agentrl up | loop | report`), composed of the services below."""

@@ -1,7 +1,7 @@
 """The application's commands: `agentrl up` (the stack), `agentrl loop` (the main job: the
-whole feedback loop on it), `agentrl soak` (the loop under faults), `agentrl report` and
-`agentrl bench capture` (the gateway and the capture service together). Heavy imports live
-inside the commands, so `agentrl --help` stays fast."""
+whole feedback loop on it) and `agentrl report` (`agentrl soak` and the benchmarks are
+`agentrl.bench.cli`'s). Heavy imports live inside the commands, so `agentrl --help` stays
+fast."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""`agentrl observability generate` (dashboards, provisioning, alert rules) and `agentrl bench
-metrics`. Heavy imports stay inside."""
+"""`agentrl observability generate` (dashboards, provisioning, alert rules). Heavy imports stay
+inside."""
 
 from __future__ import annotations
 

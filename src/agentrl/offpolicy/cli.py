@@ -1,4 +1,4 @@
-"""`agentrl dqn`, `agentrl bench dqn` and `agentrl bench per` (imports stay light: typer only).
+"""`agentrl dqn` (`agentrl bench dqn|per` are `agentrl.bench.cli`'s; imports stay light: typer only).
 
 `agentrl dqn`'s options are the top-level keys of the training config (`AGMConfigEntity`:
 its docstrings are the help) and how to run it (`agentrl.offpolicy.options.DqnRun`);

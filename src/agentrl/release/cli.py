@@ -1,6 +1,6 @@
 """`agentrl deploy ...` (registry, split, promote / rollback / pause / resume / weight,
-TensorZero export, `serve`: the controller and gateway without the rest of `agentrl up`) and
-`agentrl bench gateway`. Heavy imports stay inside the commands."""
+TensorZero export, `serve`: the controller and gateway without the rest of `agentrl up`).
+Heavy imports stay inside the commands."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`agentrl rewards ...` and `agentrl bench rewards|redaction`. The options are drawn from
+"""`agentrl rewards ...` (`agentrl bench rewards|redaction` are `agentrl.bench.cli`'s). The options are drawn from
 the models of `agentrl.rewards.options` (`agentrl.core.configcli`); heavy imports stay inside
 the commands."""
 

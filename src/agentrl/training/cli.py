@@ -1,4 +1,4 @@
-"""`agentrl train start|status|cancel|list|serve` and `agentrl bench training`.
+"""`agentrl train start|status|cancel|list|serve`.
 
 The commands talk to the control API (default http://127.0.0.1:8600, bearer token from
 --token or AGENTRL_API_TOKEN) or, with --nats URL, straight to the bus (request and cancel

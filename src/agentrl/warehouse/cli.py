@@ -1,4 +1,4 @@
-"""`agentrl stats ...`, `agentrl warehouse ...` and `agentrl bench warehouse`.
+"""`agentrl stats ...` and `agentrl warehouse ...`.
 
 `stats` reads the warehouse directly when this process may (a ClickHouse server, or the
 embedded chdb when no other process owns it) and otherwise asks the control API of the

@@ -1,5 +1,6 @@
-"""`agentrl vllm setup` (vLLM's own environment in one command) and `agentrl bench serving`
-(the local backend and vLLM side by side). Heavy imports stay inside the commands."""
+"""`agentrl vllm setup` (vLLM's own environment in one command; `agentrl bench serving`, the
+local backend and vLLM side by side, is `agentrl.bench.cli`'s). Heavy imports stay inside the
+commands."""
 
 from __future__ import annotations
 
