@@ -597,8 +597,11 @@ def _plt() -> Any:
 
 
 def _figure(title: str, size: tuple[float, float] = (8, 4)) -> tuple[Any, Any]:
+    import textwrap
+
     fig, ax = _plt().subplots(figsize=size, dpi=100)
-    ax.set_title(title)
+    # a title with its left-out note ran past an 8-inch figure's right edge: two lines
+    ax.set_title("\n".join(textwrap.wrap(title, int(size[0] * 9))))
     return fig, ax
 
 
