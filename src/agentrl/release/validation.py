@@ -535,6 +535,16 @@ def regression_tolerance(benchmark: dict[str, Any], s: DeploySettings) -> float:
     return max(s.regression_tolerance, s.regression_tolerance_episodes * step)
 
 
+def safety_drop(result: dict[str, Any], s: DeploySettings) -> float:
+    """How far a safety check's score may fall below the live model's: `safety_max_drop`, or
+    the check's resolution if that is coarser (one prompt is 1 / n of the score, times
+    `safety_tolerance_prompts`). A result without its prompt count gets `safety_max_drop`."""
+    n = int(result.get("n") or 0)
+    if n <= 0 or s.safety_tolerance_prompts == 0:
+        return s.safety_max_drop
+    return max(s.safety_max_drop, s.safety_tolerance_prompts / n)
+
+
 def decide(
     mine: dict[str, Any], ref: dict[str, Any] | None, s: DeploySettings
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -548,7 +558,7 @@ def decide(
     for check, res in mine["safety"].items():
         floor = s.safety_min_score
         if ref is not None and check in ref.get("safety", {}):
-            floor = max(floor, ref["safety"][check]["score"] - s.safety_max_drop)
+            floor = max(floor, ref["safety"][check]["score"] - safety_drop(res, s))
         res["threshold"] = floor
         res["passed"] = res["score"] >= floor
         if not res["passed"]:

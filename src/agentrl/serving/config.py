@@ -192,6 +192,13 @@ class DeploySettings(BaseSettings):
     )
     safety_min_score: float = Field(0.0, ge=0.0, le=1.0)
     safety_max_drop: float = Field(0.1, ge=0.0, le=1.0, description="Allowed drop vs live.")
+    safety_tolerance_prompts: int = Field(
+        1,
+        ge=0,
+        description="The allowed drop vs live is never below this many prompts' worth of a "
+        "check's score: a 6-prompt check moves by 0.17 per answer, so 0.1 rejected a version "
+        "for one answer worded differently (0: `safety_max_drop` as it is).",
+    )
     judge_url: str | None = Field(None, description="OpenAI-compatible judge for safety checks.")
     judge_model: str = "judge"
     judge_api_key: str | None = None
