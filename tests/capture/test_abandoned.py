@@ -15,12 +15,11 @@ from typing import Any
 
 import openai
 import pytest
+from capture_kit import Harness, serve
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from openai import AsyncOpenAI
 from toolkit import TASK
-
-from conftest import Harness, serve
 
 
 def stalling_model() -> FastAPI:

@@ -16,12 +16,12 @@ import uuid
 from pathlib import Path
 
 import httpx
+from capture_kit import Harness
 from test_gateway_episodes import tool_loop
 from test_otlp import _tid, openinference_trace
 
 from agentrl.contracts.training import DatasetFilter
 from agentrl.training.dataset import apply_filters, latest_rewards
-from conftest import Harness
 
 CHILD = str(Path(__file__).with_name("_warehouse_child.py"))
 FIX_API = "call add with a=2 and b=3 first, then answer 5"

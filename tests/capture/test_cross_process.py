@@ -20,11 +20,11 @@ from typing import Any
 
 import httpx
 import pytest
+from capture_kit import Harness, free_port
 from openai import AsyncOpenAI
 from toolkit import CALL, FINAL, TASK, TOOLS, add, steer
 
 from agentrl.bus import EmbeddedNats
-from conftest import Harness, free_port
 
 CHILD = str(Path(__file__).with_name("_api_child.py"))
 

@@ -18,9 +18,8 @@ import uuid
 from typing import Any
 
 import pytest
+from capture_kit import VERSION, Harness
 from toolkit import CALL, FINAL, SYSTEM, TASK, TOOLS, add, assert_tool_episode, steer
-
-from conftest import VERSION, Harness
 
 
 async def feedback_gives_version_2(h: Harness, session: str, tid: str) -> None:

@@ -11,10 +11,9 @@ from typing import Any
 
 import httpx
 import pytest
+from capture_kit import VERSION, Harness, stream_docs
 from openai import AsyncOpenAI
 from toolkit import CALL, FINAL, SYSTEM, TASK, TOOLS, add, assert_tool_episode, steer
-
-from conftest import VERSION, Harness, stream_docs
 
 
 async def tool_loop(

@@ -12,10 +12,9 @@ from typing import Any
 
 import httpx
 import pytest
+from capture_kit import VERSION, Harness
 from openai import AsyncOpenAI
 from toolkit import CALL, FINAL, SYSTEM, TASK, TOOLS, add, assert_tool_episode, steer
-
-from conftest import VERSION, Harness
 
 
 async def test_the_openllmetry_recipe_makes_one_token_exact_trajectory(harness: Harness) -> None:

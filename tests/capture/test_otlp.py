@@ -12,11 +12,11 @@ from typing import Any
 
 import httpx
 import pytest
+from capture_kit import VERSION, Harness, stream_docs
 from openai import AsyncOpenAI
 from toolkit import CALL, FINAL, SYSTEM, TASK, TOOLS, add, assert_tool_episode, steer
 
 from agentrl.capture.otlp import NAMESPACE
-from conftest import VERSION, Harness, stream_docs
 
 
 def _tid(trace_hex: str) -> str:

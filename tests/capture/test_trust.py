@@ -16,10 +16,9 @@ from typing import Any
 
 import httpx
 import pytest
+from capture_kit import VERSION, Harness, serve, stream_docs
 from openai import AsyncOpenAI
 from toolkit import CALL, FINAL, SYSTEM, TASK, TOOLS, add, steer
-
-from conftest import VERSION, Harness, serve, stream_docs
 
 
 async def ask(

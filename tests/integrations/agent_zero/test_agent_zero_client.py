@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from a0_kit import Checkout, trajectories_of
 from typer.testing import CliRunner
 
 import agentrl
 from agentrl.cli import app
 from agentrl.integrations.agent_zero import client
-from conftest import Checkout, trajectories_of
 
 HERE = Path(__file__).parent
 

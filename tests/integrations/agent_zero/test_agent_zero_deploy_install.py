@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+from a0_kit import make_agent, recording, stream_payloads, trajectories_of
 from a0_standins import Driver, Extensions, install_standins, make_checkout, remove_standins
 from typer.testing import CliRunner
 
@@ -24,7 +25,6 @@ from agentrl.integrations.agent_zero.deployment import (
     listen,
 )
 from agentrl.integrations.agent_zero.install import install
-from conftest import make_agent, recording, stream_payloads, trajectories_of
 
 MODEL_CONFIG_DEFAULT = {  # the shape of plugins/_model_config/default_config.yaml upstream
     "allow_chat_override": True,

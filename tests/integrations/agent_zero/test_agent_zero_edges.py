@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from a0_kit import Checkout, stream_payloads, trajectories_of
 from a0_standins import MISFORMAT, REPEAT, Extensions
 
 from agentrl.bus.server import EmbeddedNats
@@ -21,7 +22,6 @@ from agentrl.contracts import TrajectoryEvent
 from agentrl.contracts.base import new_id, utcnow
 from agentrl.integrations.agent_zero import hooks
 from agentrl.integrations.agent_zero.publisher import Outbox
-from conftest import Checkout, stream_payloads, trajectories_of
 
 HERE = Path(__file__).parent
 

@@ -10,9 +10,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from a0_kit import Checkout, recording, trajectories_of
+
 from agentrl.contracts import TrajectoryEvent
 from agentrl.contracts.schemas import wire_schema
-from conftest import Checkout, recording, trajectories_of
 
 SEED_TOP = {
     "trajectory_id",

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from a0_kit import Checkout, recording, stream_payloads, trajectories_of
 from a0_standins import Message, import_file
 
 from agentrl.bus.server import free_port
-from conftest import Checkout, recording, stream_payloads, trajectories_of
 
 
 def handler(checkout: Checkout) -> Any:

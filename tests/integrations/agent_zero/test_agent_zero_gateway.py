@@ -11,13 +11,13 @@ import json
 from typing import Any
 
 import pytest
+from a0_kit import Checkout, recording, stream_payloads, trajectories_of
 from a0_standins import parse_tool_request
 
 from agentrl.bus import Bus
 from agentrl.bus.server import free_port
 from agentrl.serving.backends import UpstreamBackend
 from agentrl.serving.gateway import CompletionLog, GatewayState, create_gateway_app
-from conftest import Checkout, recording, stream_payloads, trajectories_of
 
 # Agent Zero's own client library, imported where it is called: its import is ~4 s of CPU
 # that every pytest process paid while collecting this module

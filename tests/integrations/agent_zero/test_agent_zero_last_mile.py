@@ -16,11 +16,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from a0_kit import Checkout, recording, stream_payloads, trajectories_of
 from a0_standins import ChatModel, Extensions, import_file
 from test_agent_zero_edges import answer, monologue, step
 
 from agentrl.bus.server import free_port
-from conftest import Checkout, recording, stream_payloads, trajectories_of
 
 # values the PII redactor leaves alone: only the secrets masking can catch them
 SECRETS = {"DB_PASS": "correct-horse-battery-staple-42", "QUOTED": 'open"sesame-77'}

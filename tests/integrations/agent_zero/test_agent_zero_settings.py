@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from a0_kit import Checkout, recording, stream_payloads, trajectories_of
 from typer.testing import CliRunner
 
 from agentrl.cli import app
 from agentrl.integrations.agent_zero import hooks, state
 from agentrl.integrations.agent_zero.config import AgentZeroConfig
-from conftest import Checkout, recording, stream_payloads, trajectories_of
 
 
 async def test_a_projects_opt_out_is_honoured(checkout: Checkout, a0_nats: Any) -> None:

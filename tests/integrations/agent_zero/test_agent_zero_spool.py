@@ -7,13 +7,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from a0_kit import Checkout, recording, stream_payloads
 from a0_standins import install_standins, make_checkout, remove_standins
 
 from agentrl.bus.server import EmbeddedNats, free_port
 from agentrl.contracts import TrajectoryEvent
 from agentrl.integrations.agent_zero import hooks, state
 from agentrl.integrations.agent_zero.publisher import Outbox
-from conftest import Checkout, recording, stream_payloads
 
 
 async def test_nats_down_then_up_every_event_once_in_order(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from a0_kit import Checkout, recording, stream_payloads
 from a0_standins import LoopData, classes_in, install_standins, make_checkout, remove_standins
 
 from agentrl.bus.server import free_port
@@ -21,7 +22,6 @@ from agentrl.integrations.agent_zero.feedback import (
     last_trajectory_id,
     send_feedback,
 )
-from conftest import Checkout, recording, stream_payloads
 
 pytest.importorskip(
     "agentrl.training.api", reason="agentrl.training.api (the training control API) is missing"

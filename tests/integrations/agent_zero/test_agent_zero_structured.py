@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from a0_kit import Checkout, stream_payloads, trajectories_of
 from test_agent_zero_gateway import LiteLLMChatModel, serve
 
 from agentrl.bus import Bus
@@ -23,7 +24,6 @@ from agentrl.serving.backends import LocalBackend
 from agentrl.serving.gateway import CompletionLog, GatewayState, create_gateway_app
 from agentrl.serving.openai_types import ChatRequest
 from agentrl.serving.structured import constraint_for
-from conftest import Checkout, stream_payloads, trajectories_of
 
 # litellm is imported where it is called (test_agent_zero_gateway): ~4 s of CPU otherwise
 # paid by every pytest process collecting this module
