@@ -28,7 +28,7 @@ from test_release_actions import (  # noqa: F401 - env and live are fixtures
     publish_rewards,
 )
 
-CHILD = Path(__file__).with_name("election_child.py")
+CHILD = Path(__file__).with_name("release_child.py")
 TTL_S = 2.0
 
 
