@@ -4,8 +4,10 @@ The suite is CPU-bound on two cores, so wall time per test hides where the cost 
 waiting on a subprocess shows wall, the subprocess burns CPU). Per file this records
 user+sys of the pytest process and of every child it started and reaped (`getrusage`'s
 RUSAGE_CHILDREN covers grandchildren whose parents waited on them); a process's start-up and
-collection come as a line of their own. With xdist each worker appends its own JSON lines;
-`python tests/cpu_report.py PATH` ranks them.
+collection come as a line of their own. A child a test never waited on is counted where
+it is reaped (often the next file's first `subprocess.Popen`), so compare files, not tests
+next to each other, and check a surprise with the file alone. With xdist each worker appends its own JSON lines;
+`.venv/bin/python tests/cpu_report.py PATH` ranks them.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import time
 from collections.abc import Generator
 from pathlib import Path
 
-import psutil
 import pytest
 
 
@@ -50,6 +51,8 @@ class _Recorder:
         # the process's own start-up (imports, plugins) and collection, up to its first test
         self.file: str | None = "(start-up and collection)"
         self.start = (0.0, 0.0)
+        import psutil
+
         self.wall = time.monotonic() - (time.time() - psutil.Process().create_time())
         self.tests = 0
 
