@@ -1,13 +1,12 @@
 """Opt-in `--cpu-report PATH`: CPU seconds per test file, to rank what the suite spends.
 
-The suite is CPU-bound on two cores, so wall time per test hides where the cost is (a test
-waiting on a subprocess shows wall, the subprocess burns CPU). Per file this records
-user+sys of the pytest process and of every child it started and reaped (`getrusage`'s
-RUSAGE_CHILDREN covers grandchildren whose parents waited on them); a process's start-up and
-collection come as a line of their own. A child a test never waited on is counted where
-it is reaped (often the next file's first `subprocess.Popen`), so compare files, not tests
-next to each other, and check a surprise with the file alone. With xdist each worker appends its own JSON lines;
-`.venv/bin/python tests/cpu_report.py PATH` ranks them.
+Wall time per test hides where the CPU goes (a test waiting on a subprocess shows wall, the
+subprocess burns CPU). Per file this records user+sys of the pytest process and of every
+child it started and reaped (`getrusage`'s RUSAGE_CHILDREN covers grandchildren whose parents
+waited on them); a process's start-up and collection come as a line of their own. A child a
+test never waited on is counted where it is reaped (often at the next `subprocess.Popen`), so
+check a surprise with the file alone. `--cpu-report-by test` records per test. With xdist
+each worker appends its own JSON lines; `.venv/bin/python tests/cpu_report.py PATH` ranks them.
 """
 
 from __future__ import annotations
