@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 # the tiny engine and checkpoints of the serving, release and bench tests
-pytest_plugins = ["deploy_fixtures"]
+pytest_plugins = ["deploy_fixtures", "cpu_report"]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

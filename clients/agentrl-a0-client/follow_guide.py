@@ -98,8 +98,9 @@ def main() -> int:
         AGENTRL_GATEWAY_PORT=ports["8700"],
         AGENTRL_API_PORT=ports["8600"],
     )
-    # the model `agentrl up` converts once: kept where the repo's own stack keeps it
-    env.setdefault("AGENTRL_MODELS_DIR", str(ROOT / ".agentrl" / "models"))
+    # the converted model stays where a user's `agentrl up` keeps it (AGENTRL_MODELS_DIR if
+    # set, else the user cache the test suite's stacks share): a folder of the clone's own
+    # made each fresh clone convert SmolLM2 from its GGUF again (~15 CPU-s beside pytest)
 
     def concrete(line: str) -> list[str]:
         line = line.replace("/path/to/agent-zero", str(a0))
