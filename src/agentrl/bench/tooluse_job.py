@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -32,13 +33,17 @@ from pathlib import Path
 from typing import Any
 
 VARIANTS: dict[str, dict[str, Any]] = {
-    # the loop job as it was (loop_config.tooluse: pg, 2 epochs, lr 5e-4, GiGPO, partial credit)
+    # the loop job now (loop_config.tooluse: pg, 2 epochs, lr 5e-4, GiGPO, partial credit,
+    # advantages not divided by the group's std, adapters on the start's layers)
     "job": {},
+    # the loop job before issue 52's fixes of session 20: adapters on every layer, std scale
+    "old": {"all_layers": True, "advantage_scale": "std"},
+    "std": {"advantage_scale": "std"},
+    "all-layers": {"all_layers": True},
     "lr1e-4": {"learning_rate": 1e-4},
     "epochs1": {"epochs": 1},
     "no-partial-credit": {"partial_credit": False},
     "grpo": {"estimator": "grpo"},
-    "scale-none": {"advantage_scale": "none"},
     "success-only": {"success_only_groups": True},
 }
 
@@ -188,7 +193,9 @@ def records_of(
 # -- the job's trainer and update -------------------------------------------------------------
 
 
-def job_trainer(start: str, lr: float, seed: int, max_length: int = 1024) -> Any:
+def job_trainer(
+    start: str, lr: float, seed: int, max_length: int = 1024, all_layers: bool = False
+) -> Any:
     """A PolicyTrainer as a loop job builds one (`jobs.trainer_config` + `continue_from`)."""
     from agentrl.llm.config import TrainerConfig
     from agentrl.llm.trainer import PolicyTrainer
@@ -209,7 +216,10 @@ def job_trainer(start: str, lr: float, seed: int, max_length: int = 1024) -> Any
         "policy_loss": "ppo_clip",
         "storage_path": "/tmp/agentrl-toolusejob",
     }
-    config = TrainerConfig(**{**kw, **init_lora_shape(start)})
+    shape = init_lora_shape(start)
+    if all_layers:  # what a job did before it read the start's layers
+        shape.pop("lora_layers", None)
+    config = TrainerConfig(**{**kw, **shape})
     trainer = PolicyTrainer.from_config(config, None)
     continue_from(trainer, start)
     return trainer
@@ -335,8 +345,10 @@ def heldout_kl(
                 model.load_state_dict(state, strict=False)
                 ids = mb.input_ids.to(trainer.device)
                 mask = mb.attention_mask.to(trainer.device)
-                logits = model(input_ids=ids, attention_mask=mask).logits
-                rows = logits[mb.pred_b.to(trainer.device), mb.pred_t.to(trainer.device)]
+                base = model.get_base_model()  # LoRA layers are in it; the head only on rows
+                hidden = base.model(input_ids=ids, attention_mask=mask).last_hidden_state
+                picked = hidden[mb.pred_b.to(trainer.device), mb.pred_t.to(trainer.device)]
+                rows = base.lm_head(picked)
                 lps.append(torch.log_softmax(rows.float(), -1))
             new, old = lps
             total += float((new.exp() * (new - old)).sum())
@@ -407,9 +419,6 @@ def run(settings: Settings, variants: list[str], say: Any = print) -> list[dict[
     t0 = time.perf_counter()
     trainer = job_trainer(settings.start, 5e-4, settings.seed)
     say(f"loaded {settings.start} ({time.perf_counter() - t0:.0f}s, load {os.getloadavg()})")
-    start_state = {
-        k: v.detach().clone() for k, v in trainer.policy.model.state_dict().items() if "lora_" in k
-    }
     logged = out / "episodes.jsonl"
     if logged.exists():
         episodes = load_episodes(logged)
@@ -441,11 +450,20 @@ def run(settings: Settings, variants: list[str], say: Any = print) -> list[dict[
             "epochs": 2,
             "estimator": "gigpo",
             "partial_credit": True,
-            "advantage_scale": "std",
+            "advantage_scale": "none",
+            "all_layers": False,
             **VARIANTS[name.split("@")[0]],
         }
-        trainer.policy.model.load_state_dict(start_state, strict=False)
-        trainer = job_trainer(settings.start, v["learning_rate"], settings.seed)
+        del trainer
+        gc.collect()
+        trainer = job_trainer(
+            settings.start, v["learning_rate"], settings.seed, all_layers=v["all_layers"]
+        )
+        old_state = {
+            k: x.detach().clone()
+            for k, x in trainer.policy.model.state_dict().items()
+            if "lora_" in k
+        }
         t = time.perf_counter()
         records, completions = records_of(episodes, key, v["partial_credit"])
         units, stats = job_samples(
@@ -461,7 +479,7 @@ def run(settings: Settings, variants: list[str], say: Any = print) -> list[dict[
         ratios = first_ratios(trainer, units)
         hist = job_update(trainer, units, v["epochs"], settings.seed)
         update_s = time.perf_counter() - t
-        kl = heldout_kl(trainer, start_state, before)
+        kl = heldout_kl(trainer, old_state, before)
         t = time.perf_counter()
         after = play(trainer, settings, heldout_tasks(settings.heldout_per_family), 0.0)
         save_episodes(out / f"heldout_{name}.jsonl", after)
