@@ -33,11 +33,12 @@ from pathlib import Path
 from typing import Any
 
 VARIANTS: dict[str, dict[str, Any]] = {
-    # the loop job now (loop_config.tooluse: pg, 2 epochs, lr 5e-4, GiGPO, partial credit,
+    # the loop job now (`loop_job_settings`: pg, 2 epochs, lr 2e-4, GiGPO, partial credit,
     # advantages not divided by the group's std, adapters on the start's layers)
     "job": {},
     # the loop job before issue 52's fixes of session 20: adapters on every layer, std scale
-    "old": {"all_layers": True, "advantage_scale": "std"},
+    "old": {"all_layers": True, "advantage_scale": "std", "learning_rate": 5e-4},
+    "lr5e-4": {"learning_rate": 5e-4},
     "std": {"advantage_scale": "std"},
     "all-layers": {"all_layers": True},
     "lr1e-4": {"learning_rate": 1e-4},
@@ -46,6 +47,21 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "grpo": {"estimator": "grpo"},
     "success-only": {"success_only_groups": True},
 }
+
+
+def loop_job_settings() -> dict[str, Any]:
+    """What `agentrl loop --env tooluse` gives its jobs (`loop_config`, `loop_tooluse`)."""
+    from agentrl.app.loop_config import LoopConfig, loop_environment
+
+    cfg = LoopConfig.tooluse()
+    env = loop_environment(cfg)
+    hyper = json.loads(env["AGENTRL_TRAINING_HYPERPARAMETERS"])
+    return {
+        "learning_rate": float(env["AGENTRL_TRAINING_LEARNING_RATE"]),
+        "epochs": int(env["AGENTRL_TRAINING_EPOCHS"]),
+        "estimator": env["AGENTRL_TRAINING_ADVANTAGE_ESTIMATOR"],
+        "advantage_scale": str(hyper.get("advantage_scale", "std")),
+    }
 
 
 @dataclasses.dataclass
@@ -446,11 +462,8 @@ def run(settings: Settings, variants: list[str], say: Any = print) -> list[dict[
     results = []
     for name in variants:
         v = {
-            "learning_rate": 5e-4,
-            "epochs": 2,
-            "estimator": "gigpo",
+            **loop_job_settings(),
             "partial_credit": True,
-            "advantage_scale": "none",
             "all_layers": False,
             **VARIANTS[name.split("@")[0]],
         }

@@ -98,8 +98,10 @@ def init_lora_shape(folder: str | None) -> dict[str, Any]:
     if not folder or not (Path(folder) / "trainer_config.json").exists():
         return {}
     saved = json.loads((Path(folder) / "trainer_config.json").read_text())
-    keys = ("lora_r", "lora_alpha", "lora_target_modules", "lora_layers")
-    out = {k: saved[k] for k in keys if saved.get(k) is not None}
+    keys = ("lora_r", "lora_alpha", "lora_target_modules")
+    out = {k: saved[k] for k in keys if k in saved}
+    if isinstance(saved.get("lora_layers"), list):  # (a choices job's is a count, not these)
+        out["lora_layers"] = [int(x) for x in saved["lora_layers"]]
     adapter = Path(folder) / "adapter_config.json"
     if "lora_layers" not in out and adapter.exists():
         layers = json.loads(adapter.read_text()).get("layers_to_transform")
