@@ -27,7 +27,12 @@ def adapted_layers(model: torch.nn.Module) -> set[int]:
 
 def test_a_job_continuing_a_top_layers_start_adapts_only_its_layers(tmp_path: Path) -> None:
     cfg = ToolUseConfig(
-        model="tiny", threads=0, warm_start=False, lora_layers=1, out_dir=str(tmp_path / "w")
+        model="tiny",
+        threads=0,
+        warm_start=False,
+        lora_layers=1,
+        structured=False,
+        out_dir=str(tmp_path / "w"),
     )  # type: ignore[call-arg]
     start = ToolUseLearner(cfg)
     layers = int(start.model.config.num_hidden_layers)
