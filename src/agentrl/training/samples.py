@@ -52,8 +52,9 @@ BASELINE_ALPHA = 0.1
 # any difference becomes about +-1 however small. "none" (Dr. GRPO, Liu et al. 2025): not
 # divided, so an advantage is as large as the reward difference behind it. With shaped
 # rewards (the tool-use loop's partial credit, < 0.5 for a failure) "std" gave a group of
-# four failures that differ by 0.17 of partial credit advantages of +3.0 and -1.0: more
-# than a success earns in its group (+1.5), so the job learned the checklist, not the task.
+# four failures that differ by 0.17 of partial credit first-turn advantages of +3.0 and
+# -1.0 (GiGPO), as large as a success's in its group (+3.0): the job learned the checklist
+# as hard as the task (`tests/training/test_tooluse_advantage_scale.py`).
 ADVANTAGE_SCALES = ("std", "none")
 
 
