@@ -129,6 +129,10 @@ def environment(cfg: Any) -> dict[str, str]:
         "objective": cfg.objective,
         "min_reward": cfg.min_reward,
         "awr_beta": 0.5,
+        # advantages as large as the reward differences behind them (Dr. GRPO), not divided
+        # by each group's std: a group of failures that differ by a little partial credit
+        # got advantages as large as a success's (`training.samples.ADVANTAGE_SCALES`)
+        "advantage_scale": "none",
         # constrained completions train against the masked distribution they came from
         "constraints": [{"response_format": response_format()}] if cfg.structured else [],
         # hints for the task groups whose every attempt failed (`learners.tooluse_job`)

@@ -216,6 +216,7 @@ class ToolUseLearner:
             lora_r=config.lora_r,
             lora_alpha=config.lora_alpha,
             lora_target_modules=list(config.lora_targets),
+            lora_layers=lora_layers_of(policy),
             learning_rate=config.warm_learning_rate,
             batch_size=config.rl_batch_size,
             epochs=config.rl_epochs,
@@ -326,6 +327,13 @@ def lora_settings(config: ToolUseConfig, layers: int) -> Any:
         target_modules=tuple(config.lora_targets),
         layers=None if top is None else tuple(top),
     )
+
+
+def lora_layers_of(policy: Any) -> list[int] | None:
+    """The decoder layers the policy's adapters sit on (None: all, or not known)."""
+    lora = getattr(policy, "lora", None)
+    layers = getattr(lora, "layers", None)
+    return None if layers is None else [int(x) for x in layers]
 
 
 def resolve_device(name: str) -> str:

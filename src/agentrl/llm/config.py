@@ -35,6 +35,9 @@ class TrainerConfig(BaseModel):
     lora_target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
     )
+    lora_layers: list[int] | None = Field(
+        None, description="Decoder layers with adapters (None: all), e.g. a continued start's."
+    )
     dtype: Literal["fp32", "bf16"] = "fp32"
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
     device: str = "cpu"

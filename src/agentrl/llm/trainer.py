@@ -143,6 +143,7 @@ class PolicyTrainer:
                 alpha=config.lora_alpha,
                 dropout=config.lora_dropout,
                 target_modules=tuple(config.lora_target_modules),
+                layers=None if config.lora_layers is None else tuple(config.lora_layers),
             )
             if config.is_lora
             else None

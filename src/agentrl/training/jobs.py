@@ -89,13 +89,27 @@ def trainer_config(spec: JobSpec | dict[str, Any], algorithm: str) -> TrainerCon
 
 
 def init_lora_shape(folder: str | None) -> dict[str, Any]:
-    """The LoRA shape of a token-level checkpoint to continue from (its trainer_config.json):
-    the job's adapter must have that shape to load its weights. {} without one."""
+    """The LoRA shape of a token-level checkpoint to continue from (its trainer_config.json,
+    and the layers its adapters sit on from adapter_config.json): the job's adapter must have
+    that shape to load its weights, and no more. Without the layers a job continuing the
+    tool-use warm start (adapters on the top 8 of 30 layers) trained fresh adapters on all 30
+    (the missing ones load as zeros, silently): 3.75 times the adapted layers, each moved a
+    full Adam step from the first update. {} without a checkpoint."""
     if not folder or not (Path(folder) / "trainer_config.json").exists():
         return {}
     saved = json.loads((Path(folder) / "trainer_config.json").read_text())
     keys = ("lora_r", "lora_alpha", "lora_target_modules")
-    return {k: saved[k] for k in keys if k in saved}
+    out = {k: saved[k] for k in keys if k in saved}
+    if isinstance(saved.get("lora_layers"), list):  # (a choices job's is a count, not these)
+        out["lora_layers"] = [int(x) for x in saved["lora_layers"]]
+    adapter = Path(folder) / "adapter_config.json"
+    if "lora_layers" not in out and adapter.exists():
+        layers = json.loads(adapter.read_text()).get("layers_to_transform")
+        if isinstance(layers, int):
+            layers = [layers]
+        if isinstance(layers, list) and layers:
+            out["lora_layers"] = [int(x) for x in layers]
+    return out
 
 
 def continue_from(trainer: PolicyTrainer, folder: str) -> None:
@@ -572,6 +586,7 @@ class TokenJob:
             samples, self.bstats = build_samples(
                 data.train, tok, estimator=self.est, completions=completions,
                 constraints=opts.constraints or (),
+                advantage_scale=str((opts.model_extra or {}).get("advantage_scale", "std")),
             )  # fmt: skip
             shaped = shape_samples(
                 samples, self.objective, beta=opts.awr_beta, max_weight=opts.awr_max_weight,

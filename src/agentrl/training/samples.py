@@ -48,6 +48,14 @@ from agentrl.training.dataset import Record, gc_paused
 from agentrl.training.prompt_ids import encode_dialogues, render
 
 BASELINE_ALPHA = 0.1
+# How a group's centred rewards are scaled. "std" (GRPO): divided by the group's std, so
+# any difference becomes about +-1 however small. "none" (Dr. GRPO, Liu et al. 2025): not
+# divided, so an advantage is as large as the reward difference behind it. With shaped
+# rewards (the tool-use loop's partial credit, < 0.5 for a failure) "std" gave a group of
+# four failures that differ by 0.17 of partial credit first-turn advantages of +3.0 and
+# -1.0 (GiGPO), as large as a success's in its group (+3.0): the job learned the checklist
+# as hard as the task (`tests/training/test_tooluse_advantage_scale.py`).
+ADVANTAGE_SCALES = ("std", "none")
 
 
 @dataclass
@@ -154,9 +162,12 @@ def episode_advantages(
     estimator: str,
     scores: Sequence[float] | None = None,
     tasks: Sequence[str] | None = None,
+    scale: str = "std",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per record: its advantage and whether it came from a group (True) or the baseline.
-    `scores` and `tasks`: the records' scores and task ids where the caller has them."""
+    `scores` and `tasks`: the records' scores and task ids where the caller has them.
+    `scale`: "std" divides a group's centred rewards by its std (GRPO), "none" does not
+    (Dr. GRPO: see `ADVANTAGE_SCALES`)."""
     from agentrl.advantages import grpo_advantages, rloo_advantages
 
     values = np.array([r.score for r in records] if scores is None else scores, dtype=np.float64)
@@ -171,8 +182,12 @@ def episode_advantages(
     if grouped.any():
         idx = np.flatnonzero(grouped)
         gids = [ids[int(i)] for i in idx]
-        fn = rloo_advantages if estimator == "rloo" else grpo_advantages
-        adv[idx] = fn(values[idx], gids)
+        if estimator == "rloo":
+            adv[idx] = rloo_advantages(values[idx], gids)
+        else:
+            adv[idx] = grpo_advantages(
+                values[idx], gids, scale="none" if scale == "none" else "group"
+            )
     adv[~grouped] = running_baseline(
         [records[int(i)] for i in np.flatnonzero(~grouped)], values[~grouped]
     )
@@ -199,7 +214,7 @@ def running_baseline(records: Sequence[Record], scores: np.ndarray) -> np.ndarra
 
 
 def gigpo_step_advantages(
-    records: Sequence[Record], turns: Sequence[Sequence[Turn | Step]]
+    records: Sequence[Record], turns: Sequence[Sequence[Turn | Step]], scale: str = "std"
 ) -> list[list[float]]:
     """GiGPO per turn for grouped records (anchor = identical observation text). A turn's
     reward is its share of the reward (`Record.turn_rewards`: the partial credit it earned,
@@ -227,8 +242,9 @@ def gigpo_step_advantages(
                 rewards.append(r.score if k == len(ts) - 1 else 0.0)
             ep_scores.append(r.score)
     res = gigpo_advantages(
-        gids, eids, anchors, rewards, ep_scores, gamma=0.95, omega=1.0, combine="additive"
-    )
+        gids, eids, anchors, rewards, ep_scores, gamma=0.95, omega=1.0, combine="additive",
+        mode="mean_norm" if scale == "none" else "mean_std_norm",
+    )  # fmt: skip
     out: list[list[float]] = []
     pos = 0
     for ts in turns:
@@ -246,6 +262,7 @@ def build_samples(
     stats: BuildStats | None = None,
     grammars: Any = None,
     constraints: Sequence[dict[str, Any]] = (),
+    advantage_scale: str = "std",
 ) -> tuple[list[PolicySample], BuildStats]:
     """Policy-gradient samples of every turn of every record (see the module doc). Built
     for a job that keeps them to its end: the collector is paused, and what is alive at the
@@ -253,15 +270,19 @@ def build_samples(
 
     `grammars` (a `training.masks.GrammarBook`), or `constraints` (request-like dicts such
     as `{"response_format": ...}`, hashed as the gateway does): the grammars whose
-    constrained completions are trained with masked ratios."""
+    constrained completions are trained with masked ratios. `advantage_scale`: one of
+    `ADVANTAGE_SCALES`."""
+    if advantage_scale not in ADVANTAGE_SCALES:
+        raise ValueError(f"advantage_scale {advantage_scale!r}: use one of {ADVANTAGE_SCALES}")
     if grammars is None and constraints:
         from agentrl.training.masks import GrammarBook
 
         grammars = GrammarBook.from_requests(tokenizer, len(tokenizer), constraints)
     with gc_paused(freeze=True):
         return _build_samples(
-            records, tokenizer, estimator, completions or {}, stats or BuildStats(), grammars
-        )
+            records, tokenizer, estimator, completions or {}, stats or BuildStats(), grammars,
+            advantage_scale,
+        )  # fmt: skip
 
 
 def _build_samples(
@@ -271,6 +292,7 @@ def _build_samples(
     completions: dict[str, dict[str, Any]],
     stats: BuildStats,
     grammars: Any = None,
+    scale: str = "std",
 ) -> tuple[list[PolicySample], BuildStats]:
     stats.trajectories = len(records)
     turns = [trajectory_steps(r.trajectory) for r in records]
@@ -281,13 +303,14 @@ def _build_samples(
         "rloo" if estimator == "rloo" else "grpo",
         [f[1] for f in facts],
         [f[2] for f in facts],
+        scale,
     )
     stats.grouped_trajectories = int(grouped.sum())
     stats.baseline_trajectories = int((~grouped).sum())
     step_adv: list[list[float]] | None = None
     if estimator == "gigpo" and grouped.any():
         gi = [i for i in range(len(records)) if grouped[i]]
-        per = gigpo_step_advantages([records[i] for i in gi], [turns[i] for i in gi])
+        per = gigpo_step_advantages([records[i] for i in gi], [turns[i] for i in gi], scale)
         step_adv = [[float(adv[i])] * len(turns[i]) for i in range(len(records))]
         for j, i in enumerate(gi):
             step_adv[i] = per[j]

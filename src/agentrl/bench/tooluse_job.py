@@ -1,0 +1,573 @@
+"""A fixed harness for the tool-use loop's training job (issue 52): one start checkpoint, one
+set of logged episodes (sampled once, saved, reused), one job update per named variant, and
+the same greedy held-out before and after, per family with Wilson intervals, plus cheap
+diagnostics of the update (KL(new || old) on held-out prompts, mean |ratio - 1| and the clip
+fraction at the first step, answer rate, tool calls, replies cut by the token cap).
+
+    python -m agentrl.bench.tooluse_job --start runs/tooluse-light/checkpoints/warmstart \\
+        --out runs/tooluse-job --variant job --variant lr1e-4
+
+The update is the loop job's own path: the episodes become trajectories shaped as
+`rollout.convert` writes the tool-use environment's, scored by the reward service's
+calculator with the loop's reward config (task completion + partial credit per turn,
+`loop_tooluse.write_reward_config`), with a completion log of their exact tokens, masked
+behaviour log-probs and schema hash; `training.samples.build_samples` (GiGPO, the grammar
+rebuilt from the loop's response_format) and `training.objectives.shape_samples` make the
+samples; a `PolicyTrainer` with the job's settings (`training.jobs.trainer_config`: batch 8,
+clip 0.2, the loop's learning rate and epochs) trains them in the job's order. The policy
+is loaded as a job loads it (`jobs.continue_from`: the start's adapters into a fresh LoRA).
+Hints and replay are other engineers' or later steps: variants here change the RL update.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    # the loop job now (`loop_job_settings`: pg, 2 epochs, lr 2e-4, GiGPO, partial credit,
+    # advantages not divided by the group's std, adapters on the start's layers)
+    "job": {},
+    # the loop job before issue 52's fixes of session 20: adapters on every layer, std scale
+    "old": {"all_layers": True, "advantage_scale": "std", "learning_rate": 5e-4},
+    "lr5e-4": {"learning_rate": 5e-4},
+    "std": {"advantage_scale": "std"},
+    "all-layers": {"all_layers": True},
+    "lr1e-4": {"learning_rate": 1e-4},
+    "epochs1": {"epochs": 1},
+    "no-partial-credit": {"partial_credit": False},
+    "grpo": {"estimator": "grpo"},
+    "success-only": {"success_only_groups": True},
+}
+
+
+def loop_job_settings() -> dict[str, Any]:
+    """What `agentrl loop --env tooluse` gives its jobs (`loop_config`, `loop_tooluse`)."""
+    from agentrl.app.loop_config import LoopConfig, loop_environment
+
+    cfg = LoopConfig.tooluse()
+    env = loop_environment(cfg)
+    hyper = json.loads(env["AGENTRL_TRAINING_HYPERPARAMETERS"])
+    return {
+        "learning_rate": float(env["AGENTRL_TRAINING_LEARNING_RATE"]),
+        "epochs": int(env["AGENTRL_TRAINING_EPOCHS"]),
+        "estimator": env["AGENTRL_TRAINING_ADVANTAGE_ESTIMATOR"],
+        "advantage_scale": str(hyper.get("advantage_scale", "std")),
+    }
+
+
+@dataclasses.dataclass
+class Settings:
+    start: str
+    out: str
+    train_per_family: int = 9
+    group: int = 4
+    heldout_per_family: int = 30
+    max_steps: int = 4
+    max_new_tokens: int = 256
+    batch: int = 32
+    threads: int = 1
+    seed: int = 0
+
+
+# -- episodes on disk -------------------------------------------------------------------------
+
+
+def save_episodes(path: Path, episodes: Sequence[Any]) -> None:
+    with path.open("w") as fh:
+        for ep in episodes:
+            fh.write(json.dumps(dataclasses.asdict(ep)) + "\n")
+
+
+def load_episodes(path: Path) -> list[Any]:
+    from agentrl.learners.tooluse_episodes import EpisodeRecord, TurnRecord
+
+    out = []
+    for line in path.read_text().splitlines():
+        d = json.loads(line)
+        turns = [TurnRecord(**t) for t in d.pop("turns")]
+        out.append(EpisodeRecord(**d, turns=turns))
+    return out
+
+
+# -- episodes -> the job's records ------------------------------------------------------------
+
+
+def trajectory_of(ep: Any, tid: str, answer: Any) -> dict[str, Any]:
+    """The episode as `rollout.convert` writes a tool-use trajectory (the env's info in
+    `step_info`, the answer in `task_context.ground_truth`), with its completion ids."""
+    turns = []
+    for k, t in enumerate(ep.turns):
+        obs = ep.question if k == 0 else str(ep.turns[k - 1].result)
+        if t.tool_name == "response" and not t.invalid:
+            action = {
+                "type": "response",
+                "tool_name": "response",
+                "tool_args": {"text": t.answer or ""},
+            }
+        elif t.tool_name and not t.invalid:
+            action = {"type": "tool_call", "tool_name": t.tool_name, "tool_args": {}}
+        else:
+            action = {"type": "response", "tool_args": {"text": t.text}}
+        action["raw_response"] = t.text
+        action["completion_id"] = f"{tid}-{k}"
+        turns.append(
+            {
+                "turn_id": k + 1,
+                "timestamp": f"2026-01-01T00:00:{k:02d}Z",
+                "observation": {
+                    "type": "user_message" if k == 0 else "tool_result",
+                    "content": obs,
+                },
+                "action": action,
+                "result": {
+                    "success": not t.invalid,
+                    "output": t.result or "",
+                    "error": "invalid action" if t.invalid else None,
+                },
+                "step_info": {
+                    "invalid_action": t.invalid,
+                    "tool_name": t.tool_name,
+                    "tool_error": t.tool_error,
+                    "answer": t.answer,
+                },
+                "logprobs": {"finish_reason": t.finish},
+            }
+        )
+    env_id = f"tooluse-{ep.family}"
+    return {
+        "trajectory_id": tid,
+        "session_id": tid,
+        "agent_id": "a",
+        "start_timestamp": "2026-01-01T00:00:00Z",
+        "end_timestamp": "2026-01-01T00:01:00Z",
+        "turns": turns,
+        "task_context": {
+            "task_id": f"{env_id}-{ep.seed}",
+            "instructions": ep.question,
+            "env_id": env_id,
+            "seed": ep.seed,
+            "ground_truth": answer,
+            "domain": "general",
+        },
+        "metadata": {
+            "model": "m",
+            "outcome": {
+                "task_status": "completed_successfully" if ep.success else "failed",
+                "completion_percentage": 1.0 if ep.success else 0.0,
+            },
+        },
+    }
+
+
+def records_of(
+    episodes: Sequence[Any], schema_hash: str, partial_credit: bool = True
+) -> tuple[list[Any], dict[str, dict[str, Any]]]:
+    """The job's records (trajectory + the reward service's reward) and completion log."""
+    from agentrl.contracts.trajectory import TrajectoryEvent
+    from agentrl.envs.tooluse.tasks import generate_task
+    from agentrl.rewards import RewardConfig, ScoringInput, score_batch
+    from agentrl.rewards.window import WindowState
+    from agentrl.training.dataset import Record
+
+    text = "weights: {task_completion: 1.0, efficiency: 0.0, code_quality: 0.0, user_feedback: 0.0}"
+    import yaml
+
+    cfg_d = yaml.safe_load(text)
+    if partial_credit:
+        from agentrl.app.loop_tooluse import PARTIAL_CREDIT_CAP
+
+        cfg_d["partial_credit"] = {"cap": PARTIAL_CREDIT_CAP}
+    config = RewardConfig(**cfg_d)
+    trajs, completions = [], {}
+    for i, ep in enumerate(episodes):
+        tid = f"t{i:05d}"
+        trajs.append(trajectory_of(ep, tid, generate_task(ep.seed, ep.family).answer))
+        for k, t in enumerate(ep.turns):
+            completions[f"{tid}-{k}"] = {
+                "prompt_token_ids": list(t.prompt_ids),
+                "completion_token_ids": list(t.action_ids),
+                "completion_logprobs": list(t.logprobs),
+                "constrained": True,
+                "schema_hash": schema_hash,
+                "finish_reason": t.finish,
+            }
+    items = [ScoringInput(TrajectoryEvent.model_validate(t)) for t in trajs]
+    scored, _ = score_batch(items, WindowState(config.window, config.efficiency_window), config)
+    records = [Record(t, json.loads(s.to_json())) for t, s in zip(trajs, scored, strict=True)]
+    return records, completions
+
+
+# -- the job's trainer and update -------------------------------------------------------------
+
+
+def job_trainer(
+    start: str, lr: float, seed: int, max_length: int = 1024, all_layers: bool = False
+) -> Any:
+    """A PolicyTrainer as a loop job builds one (`jobs.trainer_config` + `continue_from`)."""
+    from agentrl.llm.config import TrainerConfig
+    from agentrl.llm.trainer import PolicyTrainer
+    from agentrl.training.jobs import continue_from, init_lora_shape
+
+    kw: dict[str, Any] = {
+        "algorithm": "grpo",
+        "model": "smollm2",
+        "learning_rate": lr,
+        "batch_size": 8,
+        "epochs": 1,
+        "clip_epsilon": 0.2,
+        "max_length": max_length,
+        "skip_zero_advantage": False,
+        "seed": seed,
+        "lora_r": 16,
+        "kl_coef": 0.0,
+        "policy_loss": "ppo_clip",
+        "storage_path": "/tmp/agentrl-toolusejob",
+    }
+    shape = init_lora_shape(start)
+    if all_layers:  # what a job did before it read the start's layers
+        shape.pop("lora_layers", None)
+    config = TrainerConfig(**{**kw, **shape})
+    trainer = PolicyTrainer.from_config(config, None)
+    continue_from(trainer, start)
+    return trainer
+
+
+def response_format_hash(tokenizer: Any) -> tuple[Any, str]:
+    from agentrl.app.loop_tooluse import response_format
+    from agentrl.training.masks import GrammarBook
+
+    book = GrammarBook.from_requests(tokenizer, len(tokenizer), [])
+    key = book.add_request({"response_format": response_format()})
+    assert key is not None
+    return book, key
+
+
+def job_samples(
+    trainer: Any,
+    records: list[Any],
+    completions: dict[str, Any],
+    book: Any,
+    estimator: str,
+    advantage_scale: str = "std",
+) -> tuple[list[Any], Any]:
+    from agentrl.training.objectives import shape_samples
+    from agentrl.training.samples import build_samples
+
+    samples, stats = build_samples(
+        records,
+        trainer.policy.tokenizer,
+        estimator=estimator,
+        completions=completions,
+        grammars=book,
+        advantage_scale=advantage_scale,
+    )
+    from agentrl.llm.samples import truncate
+
+    kept = []
+    for s in shape_samples(samples, "pg"):
+        try:
+            kept.append(truncate(s, trainer.config.max_length))
+        except ValueError:
+            continue
+    return kept, stats
+
+
+def first_ratios(trainer: Any, samples: list[Any]) -> dict[str, float]:
+    """|ratio - 1| of the policy before any step against the logged (masked) log-probs: 0
+    when the job scores the behaviour's own tokens as they were sampled."""
+    import torch
+
+    from agentrl.llm.forward import run_head
+    from agentrl.llm.samples import make_microbatches
+
+    devs, n = [], 0
+    was = trainer.module.training
+    trainer.module.eval()
+    with torch.no_grad():
+        for mb in make_microbatches(samples, trainer.config.micro_batch_tokens, trainer.pad_id):
+            out = run_head(trainer.module, mb, trainer.device)
+            old = mb.cat_token_field("old_logprobs")
+            if old is None:
+                continue
+            d = (out["logp"].float() - old.float()).exp() - 1
+            devs.append(d.abs())
+            n += int(d.numel())
+    trainer.module.train(was)
+    if not devs:
+        return {"ratio_dev_mean": math.nan, "ratio_dev_max": math.nan, "ratio_tokens": 0}
+    allv = torch.cat(devs)
+    return {
+        "ratio_dev_mean": float(allv.mean()),
+        "ratio_dev_max": float(allv.max()),
+        "ratio_tokens": n,
+    }
+
+
+def job_update(trainer: Any, units: list[Any], epochs: int, seed: int) -> list[dict[str, float]]:
+    """`TokenJob.train`'s loop: a permutation per epoch, batches of the trainer's size."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    batch = trainer.config.batch_size
+    per_epoch = math.ceil(len(units) / batch)
+    history = []
+    for _ in range(epochs):
+        order = rng.permutation(len(units))
+        for b in range(per_epoch):
+            chunk = [units[i] for i in order[b * batch : (b + 1) * batch]]
+            metrics = trainer.train_on_samples(chunk, allow_empty=True)
+            if metrics:
+                history.append(metrics[-1])
+    return history
+
+
+# -- measuring --------------------------------------------------------------------------------
+
+
+def heldout_kl(
+    trainer: Any, old_state: dict[str, Any], episodes: Sequence[Any], tokens: int = 32
+) -> float:
+    """Mean exact KL(new || old) over the vocabulary at the first `tokens` positions of each
+    held-out episode's first reply (the start's greedy reply), unmasked."""
+    import torch
+
+    from agentrl.llm.samples import PolicySample, make_microbatches
+
+    model = trainer.policy.model
+    lora = {k: v for k, v in model.state_dict().items() if "lora_" in k}
+    new_state = {k: v.detach().clone() for k, v in lora.items()}
+    samples = [
+        PolicySample(
+            list(ep.turns[0].prompt_ids), list(ep.turns[0].action_ids[:tokens]), advantage=0.0
+        )
+        for ep in episodes
+        if ep.turns
+    ]
+    total, count = 0.0, 0
+    model.eval()
+    with torch.no_grad():
+        for mb in make_microbatches(samples, 4096, trainer.pad_id):
+            lps = []
+            for state in (new_state, old_state):
+                model.load_state_dict(state, strict=False)
+                ids = mb.input_ids.to(trainer.device)
+                mask = mb.attention_mask.to(trainer.device)
+                base = model.get_base_model()  # LoRA layers are in it; the head only on rows
+                hidden = base.model(input_ids=ids, attention_mask=mask).last_hidden_state
+                picked = hidden[mb.pred_b.to(trainer.device), mb.pred_t.to(trainer.device)]
+                rows = base.lm_head(picked)
+                lps.append(torch.log_softmax(rows.float(), -1))
+            new, old = lps
+            total += float((new.exp() * (new - old)).sum())
+            count += int(new.shape[0])
+    model.load_state_dict(new_state, strict=False)
+    model.train()
+    return total / max(1, count)
+
+
+def summary(episodes: Sequence[Any]) -> dict[str, Any]:
+    from agentrl.learners.tooluse_episodes import summarise
+
+    s = summarise(episodes)
+    calls = sum(t.tool_name in ("calculator", "code_exe") for e in episodes for t in e.turns)
+    s["all"]["tool_calls_per_episode"] = calls / max(1, len(episodes))
+    return s
+
+
+def play(
+    trainer: Any,
+    settings: Settings,
+    tasks: list[tuple[str, int]],
+    temperature: float,
+    groups: list[int] | None = None,
+) -> list[Any]:
+    from agentrl.learners.tooluse import ToolUseConfig, ToolUseLearner
+
+    cfg = ToolUseConfig(
+        model="tiny",
+        max_steps=settings.max_steps,
+        threads=0,
+        max_new_tokens=settings.max_new_tokens,
+        batch_size=settings.batch,
+        seed=settings.seed,
+    )
+    return ToolUseLearner.from_trainer(trainer, cfg).play(tasks, temperature, groups=groups)
+
+
+def heldout_tasks(n: int) -> list[tuple[str, int]]:
+    from agentrl.envs.tooluse.tasks import FAMILIES, distinct_seeds
+    from agentrl.learners.tooluse import HELDOUT_OFFSET
+
+    return [(f, s) for f in FAMILIES for s in distinct_seeds(f, n, HELDOUT_OFFSET)]
+
+
+def train_tasks(n: int) -> list[tuple[str, int]]:
+    from agentrl.envs.tooluse.tasks import FAMILIES
+    from agentrl.learners.tooluse import RL_SEED_BASE
+
+    return [(f, RL_SEED_BASE + 7_000 + j) for j in range(n) for f in FAMILIES]
+
+
+def _line(name: str, s: dict[str, Any]) -> str:
+    fams = " ".join(f"{f} {s[f]['success']:.2f}" for f in s if f != "all")
+    a = s["all"]
+    return (
+        f"{name}: {a['success']:.3f} {a['ci']} {fams}; answered {a['answered']:.2f}, "
+        f"tool calls/ep {a['tool_calls_per_episode']:.2f}, cut {a['cut_by_token_cap']}"
+    )
+
+
+def run(settings: Settings, variants: list[str], say: Any = print) -> list[dict[str, Any]]:
+    import torch
+
+    torch.set_num_threads(settings.threads)
+    out = Path(settings.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    trainer = job_trainer(settings.start, 5e-4, settings.seed)
+    say(f"loaded {settings.start} ({time.perf_counter() - t0:.0f}s, load {os.getloadavg()})")
+    logged = out / "episodes.jsonl"
+    if logged.exists():
+        episodes = load_episodes(logged)
+    else:
+        t = time.perf_counter()
+        tasks = train_tasks(settings.train_per_family)
+        batch = [x for x in tasks for _ in range(settings.group)]
+        groups = [j for j in range(len(tasks)) for _ in range(settings.group)]
+        torch.manual_seed(settings.seed)
+        episodes = play(trainer, settings, batch, 1.0, groups)
+        save_episodes(logged, episodes)
+        say(f"sampled {len(episodes)} episodes in {time.perf_counter() - t:.0f}s")
+    say(_line("logged (temperature 1)", summary(episodes)))
+    before_path = out / "heldout_before.jsonl"
+    if before_path.exists():
+        before = load_episodes(before_path)
+    else:
+        t = time.perf_counter()
+        before = play(trainer, settings, heldout_tasks(settings.heldout_per_family), 0.0)
+        save_episodes(before_path, before)
+        say(f"held-out before in {time.perf_counter() - t:.0f}s")
+    s_before = summary(before)
+    say(_line("before", s_before))
+    book, key = response_format_hash(trainer.policy.tokenizer)
+    results = []
+    for name in variants:
+        v = {
+            **loop_job_settings(),
+            "partial_credit": True,
+            "all_layers": False,
+            **VARIANTS[name.split("@")[0]],
+        }
+        del trainer
+        gc.collect()
+        trainer = job_trainer(
+            settings.start, v["learning_rate"], settings.seed, all_layers=v["all_layers"]
+        )
+        old_state = {
+            k: x.detach().clone()
+            for k, x in trainer.policy.model.state_dict().items()
+            if "lora_" in k
+        }
+        t = time.perf_counter()
+        records, completions = records_of(episodes, key, v["partial_credit"])
+        units, stats = job_samples(
+            trainer, records, completions, book, v["estimator"], v["advantage_scale"]
+        )
+        if v.get("success_only_groups"):
+            ok = {
+                r.task_id
+                for r in records
+                if r.trajectory["metadata"]["outcome"]["task_status"] == "completed_successfully"
+            }
+            units = [u for u in units if u.group_id in ok]
+        ratios = first_ratios(trainer, units)
+        hist = job_update(trainer, units, v["epochs"], settings.seed)
+        update_s = time.perf_counter() - t
+        kl = heldout_kl(trainer, old_state, before)
+        t = time.perf_counter()
+        after = play(trainer, settings, heldout_tasks(settings.heldout_per_family), 0.0)
+        save_episodes(out / f"heldout_{name}.jsonl", after)
+        s_after = summary(after)
+        say(_line(f"after {name}", s_after))
+        rec = {
+            "variant": name,
+            **{
+                k: v[k]
+                for k in (
+                    "learning_rate",
+                    "epochs",
+                    "estimator",
+                    "partial_credit",
+                    "advantage_scale",
+                )
+            },
+            "units": len(units),
+            "masked_samples": stats.extra.get("masked_samples", 0),
+            "unmasked_constrained_samples": stats.extra.get("unmasked_constrained_samples", 0),
+            "steps": len(hist),
+            **{k: round(x, 4) for k, x in ratios.items()},
+            "clip_fraction_mean": round(
+                sum(m["clip_fraction"] for m in hist) / max(1, len(hist)), 4
+            ),
+            "approx_kl_last": round(hist[-1]["approx_kl"], 4) if hist else None,
+            "heldout_kl_new_old": round(kl, 4),
+            "before": s_before["all"]["success"],
+            "before_ci": s_before["all"]["ci"],
+            "after": s_after["all"]["success"],
+            "after_ci": s_after["all"]["ci"],
+            **{f"before_{f}": s_before[f]["success"] for f in s_before if f != "all"},
+            **{f"after_{f}": s_after[f]["success"] for f in s_after if f != "all"},
+            "answered_before": round(s_before["all"]["answered"], 3),
+            "answered_after": round(s_after["all"]["answered"], 3),
+            "tool_calls_before": round(s_before["all"]["tool_calls_per_episode"], 3),
+            "tool_calls_after": round(s_after["all"]["tool_calls_per_episode"], 3),
+            "cut_before": s_before["all"]["cut_by_token_cap"],
+            "cut_after": s_after["all"]["cut_by_token_cap"],
+            "update_s": round(update_s, 1),
+            "eval_s": round(time.perf_counter() - t, 1),
+            "heldout_tasks": len(after),
+            "logged_episodes": len(episodes),
+            "load": [round(x, 2) for x in os.getloadavg()],
+        }
+        say(json.dumps(rec))
+        with (out / "results.jsonl").open("a") as fh:
+            fh.write(json.dumps(rec) + "\n")
+        results.append(rec)
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--start", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--variant", action="append", default=[])
+    p.add_argument("--train-per-family", type=int, default=9)
+    p.add_argument("--heldout-per-family", type=int, default=30)
+    p.add_argument("--threads", type=int, default=1)
+    a = p.parse_args(argv)
+    for v in a.variant:
+        if v.split("@")[0] not in VARIANTS:
+            p.error(f"unknown variant {v!r}: use {', '.join(VARIANTS)}")
+    run(
+        Settings(
+            a.start,
+            a.out,
+            a.train_per_family,
+            heldout_per_family=a.heldout_per_family,
+            threads=a.threads,
+        ),
+        a.variant,
+    )
+
+
+if __name__ == "__main__":
+    main()

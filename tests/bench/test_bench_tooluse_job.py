@@ -1,0 +1,73 @@
+"""The tool-use job harness (`python -m agentrl.bench.tooluse_job`): logged episodes survive
+the disk, become the job's records with the reward service's partial credit and a
+completion log of their exact tokens, and its `job` variant is what the loop gives its jobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agentrl.bench.tooluse_job import (
+    VARIANTS,
+    load_episodes,
+    loop_job_settings,
+    records_of,
+    save_episodes,
+)
+from agentrl.envs.tooluse.tasks import generate_task
+from agentrl.learners.tooluse_episodes import EpisodeRecord, TurnRecord
+
+SEED = 100_000
+
+
+def turn(tool: str, text: str, result: str | None, answer: str | None = None) -> TurnRecord:
+    return TurnRecord(
+        prompt_ids=[1, 2, 3],
+        action_ids=[4, 5, 6],
+        logprobs=[-0.1, -0.2, -0.3],
+        text=text,
+        finish="stop",
+        tool_name=tool,
+        result=result,
+        answer=answer,
+    )
+
+
+def episodes() -> list[EpisodeRecord]:
+    task = generate_task(SEED, "arithmetic")
+    right = str(task.answer)
+    calc = turn("calculator", '{"tool_name": "calculator"}', f"calculator: = {right}")
+    won = EpisodeRecord(
+        "arithmetic", SEED, task.question, [calc, turn("response", "{}", None, right)]
+    )
+    won.success = won.answered = True
+    lost = EpisodeRecord(
+        "arithmetic", SEED, task.question, [calc, turn("response", "{}", None, "7")]
+    )
+    lost.answered = True
+    return [won, lost]  # fmt: skip
+
+
+def test_episodes_round_trip_and_score_as_the_loop_scores_them(tmp_path: Path) -> None:
+    path = tmp_path / "episodes.jsonl"
+    save_episodes(path, episodes())
+    again = load_episodes(path)
+    assert [e.turns[1].answer for e in again] == [e.turns[1].answer for e in episodes()]
+    records, completions = records_of(again, "h-1")
+    won, lost = records
+    assert won.score == 1.0
+    # the failure: a valid call that ran and showed a needed value, and an answer given
+    assert 0.0 < lost.score < 0.5
+    assert lost.turn_rewards is not None and abs(sum(lost.turn_rewards) - lost.score) < 1e-6
+    assert lost.turn_rewards[0] > lost.turn_rewards[1] > 0  # the call earned the most
+    assert won.task_id == lost.task_id  # one GiGPO group
+    row = completions[lost.trajectory["turns"][0]["action"]["completion_id"]]
+    assert row["completion_token_ids"] == [4, 5, 6] and row["schema_hash"] == "h-1"
+    plain, _ = records_of(again, "h-1", partial_credit=False)
+    assert [r.score for r in plain] == [1.0, 0.0]
+
+
+def test_the_job_variant_is_the_loops_job() -> None:
+    job = loop_job_settings()
+    assert VARIANTS["job"] == {}
+    assert job["estimator"] == "gigpo" and job["advantage_scale"] == "none"
+    assert VARIANTS["old"]["advantage_scale"] == "std" and VARIANTS["old"]["all_layers"]
