@@ -190,6 +190,12 @@ def _register_up(app: typer.Typer) -> None:
             help="Run this many of every service on this machine (replica i: its own "
             "processes, AGENTRL_REPLICA_ID=replica-i, API and gateway at the base port + i).",
         ),
+        gateway_workers: int = typer.Option(
+            0,
+            min=0,
+            help="Gateway processes sharing the gateway's port (SO_REUSEPORT; needs "
+            "AGENTRL_CAPTURE_ENABLED=false). 0: AGENTRL_DEPLOY_GATEWAY_WORKERS, default 1.",
+        ),
     ) -> None:
         """Start the whole embedded stack: nats-server with JetStream and all streams,
         the reward service, the warehouse ingester, the training service with its
@@ -239,6 +245,8 @@ def _register_up(app: typer.Typer) -> None:
         # the console is the status panel's: no weight-loading progress bars (the main
         # job's console has none either); a user's own setting wins
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        if gateway_workers:  # read by the deploy service (DeploySettings), replicas' too
+            os.environ["AGENTRL_DEPLOY_GATEWAY_WORKERS"] = str(gateway_workers)
         from agentrl.app.stack import run_stack
         from agentrl.observability.multiproc import enable_for_stack
 

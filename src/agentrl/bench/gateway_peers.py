@@ -255,6 +255,9 @@ VARIANTS: dict[str, dict[str, str]] = {
     "agentrl-granian-asyncio": {"BENCH_GATEWAY_SERVER": "granian", "BENCH_GATEWAY_LOOP": "asyncio"},
     "agentrl-h11": {"BENCH_GATEWAY_HTTP": "h11"},
     "agentrl-slice": {"BENCH_GATEWAY_SLICE": "100"},
+    # `agentrl up --gateway-workers N`: N processes on the port (SO_REUSEPORT)
+    "agentrl-w2": {"BENCH_GATEWAY_WORKERS": "2"},
+    "agentrl-w3": {"BENCH_GATEWAY_WORKERS": "3"},
 }
 
 
