@@ -8,6 +8,7 @@ them reads this worker's counters from the subject it publishes them on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -22,6 +23,8 @@ from agentrl.serving.gateway import CompletionLog, GatewayState, create_gateway_
 from agentrl.serving.registry import Registry
 
 log = logging.getLogger(__name__)
+
+READY_WAIT_S = 300.0  # listen without a routable split after this long (503s, as the first)
 
 
 async def serve_worker(stop: asyncio.Event) -> None:
@@ -52,7 +55,17 @@ async def serve_worker(stop: asyncio.Event) -> None:
     sock = gw.reuse_port_socket(settings.gateway_host, settings.gateway_port)
     worker = f"{index}-{os.getpid()}"
     try:
-        await manager.sync(force=True)
+        # listen once the split can be served (the deploy service may still be bootstrapping)
+        deadline = asyncio.get_running_loop().time() + READY_WAIT_S
+        while not stop.is_set():
+            try:
+                await manager.sync(force=True)
+            except Exception:  # the registry not ready yet: tried again
+                log.warning("gateway worker %s: registry not readable yet", index, exc_info=True)
+            if state.weights or asyncio.get_running_loop().time() > deadline:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.2)
         coros = {
             "serving": manager.run(stop),
             "stats": gw.publish_stats(bus, subject, worker, state, stop),

@@ -210,29 +210,35 @@ async def run_gateway(
 
 def _workers(
     d: Deployment, bus: Any, settings: Settings, stop: asyncio.Event
-) -> tuple[Any, dict[str, Any]]:
-    """With `gateway_workers` > 1: the shared socket, and the tasks that run the worker
-    processes and fold their counters into the controller's evidence."""
+) -> tuple[Any, Any, dict[str, Any]]:
+    """With `gateway_workers` > 1: the shared socket, the worker processes (started now) and
+    the tasks that keep them running and fold their counters into the controller's
+    evidence; else (None, None, {})."""
     from agentrl.core.httpserve import ListenError
 
     count = d.settings.gateway_workers
     gateway_workers.check(count, d.settings.backend, d.state.capture is not None)
     if count <= 1:
-        return None, {}
+        return None, None, {}
+    fleet = d.controller.stats
+    assert isinstance(fleet, gateway_workers.FleetStats)  # (what `build` gives it)
     host, port = settings.gateway_host, settings.gateway_port
     try:
         sock = gateway_workers.reuse_port_socket(host, port)
     except OSError as exc:
         raise ListenError(f"the gateway could not listen on {host}:{port}: {exc}") from exc
-    fleet = d.controller.stats
-    assert isinstance(fleet, gateway_workers.FleetStats)  # (what `build` gives it)
     subject = gateway_workers.new_subject()
     env = gateway_workers.worker_env(settings, gateway_workers.bus_url(bus, settings), subject)
     pool = gateway_workers.WorkerPool(count, env, Path(settings.data_dir).resolve() / "logs")
-    return sock, {
-        "gateway-stats": gateway_workers.collect_stats(bus, subject, fleet, stop),
-        "gateway-workers": pool.run(stop),
-    }
+    pool.start_all()
+    return (
+        sock,
+        pool,
+        {
+            "gateway-stats": gateway_workers.collect_stats(bus, subject, fleet, stop),
+            "gateway-workers": pool.run(stop),
+        },
+    )
 
 
 async def _at_start_up(
@@ -265,42 +271,51 @@ async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:
     check_exposure(
         settings.gateway_host, bool(d.settings.api_keys), "the gateway", settings.allow_open
     )
-    await _at_start_up(lambda: d.deployer.bootstrap(d.settings.base_model, by=BY), stop)
-    await _at_start_up(lambda: d.manager.sync(force=True), stop)
-    sock, workers = _workers(d, bus, settings, stop)
-    coros = {
-        "deploy-serving": d.manager.run(stop),
-        "deploy-controller": run_elected(d, bus, stop, replicas=settings.stream_replicas),
-        "deploy-rewards": keep_running("reward tracker", lambda: d.tracker.run(bus, stop), stop),
-        "gateway": run_gateway(
-            create_gateway_app(d.state), settings.gateway_host, settings.gateway_port, stop, sock
-        ),
-        **workers,
-    }
-    if d.completion_log is not None:
-        coros["completion-log"] = d.completion_log.run(stop)
-
-    async def stop_decoding() -> None:  # open streams end now, so the gateway stops at once
-        await stop.wait()
-        engine = getattr(d.manager, "engine", None)
-        if engine is not None:
-            engine.cancel_all()
-
-    coros["stop-decoding"] = stop_decoding()
-    if d.state.capture is not None:
-        coros["capture"] = d.state.capture.run(stop)
-    log.info(
-        "gateway on http://%s:%s/v1 (%d process(es))",
-        settings.gateway_host,
-        settings.gateway_port,
-        max(1, d.settings.gateway_workers),
-    )
-    from agentrl.serving import gctune
-
-    gctune.settle()  # start-up is done: no full collection walks it again (the tail)
+    # the gateway's worker processes (if any) start now: their start-up overlaps this one's
+    sock, pool, workers = _workers(d, bus, settings, stop)
     try:
+        await _at_start_up(lambda: d.deployer.bootstrap(d.settings.base_model, by=BY), stop)
+        await _at_start_up(lambda: d.manager.sync(force=True), stop)
+        coros = {
+            "deploy-serving": d.manager.run(stop),
+            "deploy-controller": run_elected(d, bus, stop, replicas=settings.stream_replicas),
+            "deploy-rewards": keep_running(
+                "reward tracker", lambda: d.tracker.run(bus, stop), stop
+            ),
+            "gateway": run_gateway(
+                create_gateway_app(d.state),
+                settings.gateway_host,
+                settings.gateway_port,
+                stop,
+                sock,
+            ),
+            **workers,
+        }
+        if d.completion_log is not None:
+            coros["completion-log"] = d.completion_log.run(stop)
+
+        async def stop_decoding() -> None:  # open streams end now: the gateway stops at once
+            await stop.wait()
+            engine = getattr(d.manager, "engine", None)
+            if engine is not None:
+                engine.cancel_all()
+
+        coros["stop-decoding"] = stop_decoding()
+        if d.state.capture is not None:
+            coros["capture"] = d.state.capture.run(stop)
+        log.info(
+            "gateway on http://%s:%s/v1 (%d process(es))",
+            settings.gateway_host,
+            settings.gateway_port,
+            max(1, d.settings.gateway_workers),
+        )
+        from agentrl.serving import gctune
+
+        gctune.settle()  # start-up is done: no full collection walks it again (the tail)
         await run_tasks(coros, stop)
     finally:
+        if pool is not None:  # (stopped by its task already, unless start-up failed)
+            await asyncio.to_thread(pool.stop)
         if sock is not None:
             sock.close()
         engine = getattr(d.manager, "engine", None)

@@ -223,13 +223,18 @@ class WorkerPool:
                 preexec_fn=_die_with_parent,  # a killed `agentrl up` leaves no worker behind
             )
 
+    def start_all(self) -> None:
+        """Start the workers not started yet."""
+        for i in range(1, self.count):
+            if i not in self.procs:
+                self.start(i)
+
     async def run(self, stop: asyncio.Event) -> None:
         """Keep the workers running until `stop`, then stop them."""
         failures: dict[int, int] = {}
         due: dict[int, float] = {}
         try:
-            for i in range(1, self.count):
-                self.start(i)
+            self.start_all()
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 0.5)
