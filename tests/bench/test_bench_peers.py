@@ -141,8 +141,13 @@ def test_the_rotation_gives_medians_and_ratios_only_of_rounds_both_kept_up_with(
         "agentrl": {1000.0: [_run(1000, 990, 3.0), _run(1000, 700, 90.0), _run(1000, 995, 1.0)]},
         "tensorzero": {1000.0: [_run(1000, 999, 2.0), _run(1000, 998, 4.0), _run(1000, 990, 2.0)]},
         "agentrl-asyncio": {1000.0: [_run(1000, 600, 9.0)] * 3},
+        "agentrl-w2": {1000.0: [_run(1000, 990, 1.0), _run(1000, 999, 2.0), _run(1000, 990, 4.0)]},
     }
     row = interleaved_line(runs, {"litellm": "no venv"})
+    # a variant (e.g. two gateway processes) against each real peer, round by round
+    assert row["agentrl-w2_ratio_p99_vs_tensorzero_1000rps_runs"] == [0.5, 0.5, 2.0]
+    assert row["agentrl-w2_ratio_p99_vs_tensorzero_1000rps"] == 0.5
+    assert "agentrl-w2_ratio_p99_vs_agentrl-asyncio_1000rps" not in row  # variants: vs peers
     assert row["added_p99_ms_1000rps"] == 3.0
     assert row["added_p99_ms_1000rps_runs"] == [3.0, 90.0, 1.0]
     assert row["tensorzero_added_p99_ms_1000rps"] == 2.0
