@@ -15,14 +15,17 @@ its worker), a real nats-server, real HTTP through the openai SDK, a real script
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -159,6 +162,7 @@ def _merged(directory: Path, name: str) -> float:
     return sum(s.value for fam in reg.collect() for s in fam.samples if s.name == name)
 
 
+@pytest.mark.slow  # two processes start, one is killed and restarts (8 s quiet, 16 s at load 12)
 async def test_two_gateway_processes_on_one_port(nats_url: str, tmp_path: Path) -> None:
     public = f"gw-{uuid.uuid4().hex[:6]}"
     bus = await Bus.connect(nats_url)
@@ -275,6 +279,20 @@ async def test_two_gateway_processes_on_one_port(nats_url: str, tmp_path: Path) 
         # and stays so on every process (each answered some of these)
         answers = await asyncio.gather(*(_chat(port, public, f"q-{i}") for i in range(24)))
         assert {a.json()["model"] for a in answers} == {base}, took
+        # a worker killed: the port keeps answering, and the worker comes back
+        worker = await _process(port, lambda p: p["pid"] != proc.pid)
+        assert worker["worker"] == 1
+        os.kill(worker["pid"], signal.SIGKILL)
+        # (dead once its sockets are closed: a connection queued on its listener meanwhile
+        # is reset, as for any SO_REUSEPORT listener that dies; Linux's tcp_migrate_req
+        # moves them to a live one)
+        await _dead(worker["pid"])
+        answers = await asyncio.gather(*(_chat(port, public, f"k-{i}") for i in range(24)))
+        assert all(a.status_code == 200 for a in answers)
+        back = await _process(port, lambda p: p["pid"] not in (proc.pid, worker["pid"]))
+        assert back["worker"] == 1
+        main = await _process(port, lambda p: p["pid"] == proc.pid)
+        assert main["workers"] == {"count": 2, "alive": 2, "restarts": 1}
     finally:
         proc.terminate()
         if port in _CLIENT:
@@ -292,6 +310,33 @@ async def test_two_gateway_processes_on_one_port(nats_url: str, tmp_path: Path) 
 
 
 GATEWAY_REQUESTS = "agent_rl_gateway_requests_total"
+
+
+async def _dead(pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return
+        if state in ("Z", "X"):
+            return
+        assert time.monotonic() < deadline, f"process {pid} still alive ({state})"
+        await asyncio.sleep(0.02)
+
+
+async def _process(port: int, want: Any, timeout: float = 30.0) -> dict[str, Any]:
+    """The `process` block of /v1/stats from the first process answering that `want`s it
+    (each request on a fresh connection, so any process may answer)."""
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0)) as c:
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                r = await c.get(f"http://127.0.0.1:{port}/v1/stats")
+                if want(p := r.json()["process"]):
+                    return p  # type: ignore[no-any-return]
+            assert time.monotonic() < deadline, "no such gateway process answered"
+            await asyncio.sleep(0.05)
 
 
 async def _logged(bus: Bus, ids: set[str], first: int) -> Counter[str]:

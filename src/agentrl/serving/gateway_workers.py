@@ -52,6 +52,7 @@ STATS_ENV = "AGENTRL_GATEWAY_STATS_SUBJECT"  # where a worker publishes its coun
 STATS_PREFIX = "agentrl.gateway.stats"
 STATS_EVERY_S = 0.5
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+STEADY_S = 60.0  # a worker that ran this long before it died restarts after the first delay
 
 
 class WorkersRefused(ValueError):
@@ -208,10 +209,12 @@ class WorkerPool:
     module: str = "agentrl.release.gateway_worker"
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
     restarts: int = 0
+    started: dict[int, float] = field(default_factory=dict)  # index -> time.monotonic()
 
     def start(self, i: int) -> None:
         from agentrl.bus.server import _die_with_parent
 
+        self.started[i] = time.monotonic()
         self.logs.mkdir(parents=True, exist_ok=True)
         with open(self.logs / f"gateway-worker-{i}.log", "ab") as fh:
             self.procs[i] = subprocess.Popen(
@@ -222,6 +225,11 @@ class WorkerPool:
                 stdin=subprocess.DEVNULL,
                 preexec_fn=_die_with_parent,  # a killed `agentrl up` leaves no worker behind
             )
+
+    def status(self) -> dict[str, Any]:
+        """How many workers run, and how often they were restarted (/v1/stats)."""
+        alive = sum(1 for p in self.procs.values() if p.poll() is None)
+        return {"count": self.count, "alive": 1 + alive, "restarts": self.restarts}
 
     def start_all(self) -> None:
         """Start the workers not started yet."""
@@ -244,6 +252,8 @@ class WorkerPool:
                     if code is None or stop.is_set():
                         continue
                     if i not in due:
+                        if now - self.started.get(i, now) > STEADY_S:  # had run for a while
+                            failures[i] = 0
                         failures[i] = failures.get(i, 0) + 1
                         delay = BACKOFF_S[min(failures[i] - 1, len(BACKOFF_S) - 1)]
                         due[i] = now + delay
@@ -251,7 +261,8 @@ class WorkerPool:
                         log.warning(
                             "gateway worker %d exited (%s): restarting in %.0f s", i, code, delay
                         )
-                    elif now >= due.pop(i):
+                    elif now >= due[i]:
+                        del due[i]
                         self.restarts += 1
                         self.start(i)
         finally:
