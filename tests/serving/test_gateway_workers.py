@@ -68,6 +68,24 @@ def test_workers_refused_where_a_process_would_disagree() -> None:
         gw.check(2, "vllm", False)
 
 
+def test_up_refuses_gateway_workers_with_capture_on_before_starting_anything(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    monkeypatch.setenv("AGENTRL_CAPTURE_ENABLED", "true")
+    monkeypatch.delenv("AGENTRL_DEPLOY_GATEWAY_WORKERS", raising=False)
+    monkeypatch.setenv("AGENTRL_DEPLOY_GATEWAY_WORKERS", "1")  # (the option sets it)
+    result = CliRunner().invoke(
+        app, ["up", "--gateway-workers", "2", "--data-dir", str(tmp_path / "d")]
+    )
+    assert result.exit_code == 2, result.output
+    assert "capture off" in result.output
+    assert not (tmp_path / "d").exists()  # nothing started
+
+
 def test_two_sockets_share_a_port() -> None:
     port = free_port()
     a = gw.reuse_port_socket("127.0.0.1", port)
