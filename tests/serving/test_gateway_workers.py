@@ -313,15 +313,18 @@ async def test_two_gateway_processes_on_one_port(nats_url: str, tmp_path: Path) 
         assert main["workers"] == {"count": 2, "alive": 2, "restarts": 1}
     finally:
         proc.terminate()
+        stopping = time.monotonic()
         if port in _CLIENT:
             await _CLIENT.pop(port).aclose()
         try:
             proc.wait(30)
+            stopped_s = time.monotonic() - stopping
         finally:
             backend.terminate()
             backend.wait(10)
             await bus.close()
     assert proc.returncode == 0, logs()
+    assert stopped_s < 5, stopped_s  # SIGTERM: the service and its worker gone (0.8 s seen)
     # the worker stopped with its parent (nothing left listening)
     with pytest.raises(httpx.HTTPError):
         await _chat(port, public, "after")
