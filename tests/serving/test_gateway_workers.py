@@ -273,6 +273,15 @@ async def test_two_gateway_processes_on_one_port(nats_url: str, tmp_path: Path) 
             assert time.monotonic() < deadline, (_merged(metrics, GATEWAY_REQUESTS), sent)
             await asyncio.sleep(0.1)
         assert _merged(metrics, GATEWAY_REQUESTS) == sent
+        # the controller's evidence is every process's: worker 0's view sums both
+        deadline = time.monotonic() + 10
+        while True:
+            main = await _process(port, lambda p: p["pid"] == proc.pid)
+            fleet = sum(v["requests"] for v in main["fleet"].values())
+            if fleet == sent:
+                break
+            assert time.monotonic() < deadline, (main, sent)
+            await asyncio.sleep(0.1)
         # the completion log holds each completion once
         deadline = time.monotonic() + 20
         logged: Counter[str] = Counter()

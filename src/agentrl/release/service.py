@@ -231,7 +231,7 @@ def _workers(
     env = gateway_workers.worker_env(settings, gateway_workers.bus_url(bus, settings), subject)
     pool = gateway_workers.WorkerPool(count, env, Path(settings.data_dir).resolve() / "logs")
     pool.start_all()
-    d.state.workers = pool
+    d.state.workers, d.state.fleet = pool, fleet
     return (
         sock,
         pool,

@@ -218,6 +218,7 @@ class GatewayState:
         # the others (`workers`: their WorkerPool, for /v1/stats)
         self.worker = int(os.environ.get("AGENTRL_GATEWAY_WORKER") or 0)
         self.workers: Any = None
+        self.fleet: Any = None  # every process's counters per version (the controller's view)
 
     def set_split(
         self, weights: dict[str, float], order: list[str], lineage: str | None = None
@@ -510,7 +511,16 @@ async def stats(request: Request) -> Any:
         # the process that answered (with several on the port, each counts its own; the
         # controller and /metrics see them all)
         "process": {"worker": state.worker, "pid": os.getpid()}
-        | ({"workers": state.workers.status()} if state.workers is not None else {}),
+        | ({"workers": state.workers.status()} if state.workers is not None else {})
+        | (
+            {
+                "fleet": {
+                    m: {"requests": s.requests, "errors": s.errors} for m, s in state.fleet.items()
+                }
+            }
+            if state.fleet is not None
+            else {}
+        ),
     }
 
 
