@@ -137,9 +137,9 @@ async def test_worker_counters_reach_the_controllers_view_over_nats(nats_url: st
 _CLIENT: dict[int, httpx.AsyncClient] = {}
 
 
-async def _chat(port: int, public: str, session: str) -> httpx.Response:
+async def _chat(port: int, public: str, session: str, tries: int = 1) -> httpx.Response:
     """One request on a connection of its own (the kernel picks the process per connection:
-    the client keeps none alive)."""
+    the client keeps none alive); `tries` > 1 retries a connection error."""
     c = _CLIENT.get(port)
     if c is None:
         c = _CLIENT[port] = httpx.AsyncClient(
@@ -147,11 +147,17 @@ async def _chat(port: int, public: str, session: str) -> httpx.Response:
             timeout=10,
             limits=httpx.Limits(max_keepalive_connections=0),
         )
-    return await c.post(
-        "/chat/completions",
-        json={"model": public, "messages": [{"role": "user", "content": "hi"}]},
-        headers={"x-agentrl-session": session},
-    )
+    for attempt in range(tries):
+        try:
+            return await c.post(
+                "/chat/completions",
+                json={"model": public, "messages": [{"role": "user", "content": "hi"}]},
+                headers={"x-agentrl-session": session},
+            )
+        except (httpx.ConnectError, httpx.ReadError):
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _metric_by_pid(directory: Path, name: str) -> dict[int, float]:
@@ -290,6 +296,7 @@ async def test_two_gateway_processes_on_one_port(nats_url: str, tmp_path: Path) 
             await asyncio.sleep(0.2)
         assert logged == Counter({cid: 1 for cid in ids})
         # a rollback: every process stops routing to the canary within its poll
+        worker = await _process(port, lambda p: p["pid"] != proc.pid)
         rolled = time.monotonic()
 
         def rollback(s: object) -> None:
@@ -297,24 +304,24 @@ async def test_two_gateway_processes_on_one_port(nats_url: str, tmp_path: Path) 
             s.canary = None  # type: ignore[attr-defined]
 
         await registry.update_split(public, rollback)
-        while True:
-            answers = await asyncio.gather(*(_chat(port, public, f"r-{i}") for i in range(12)))
-            if {a.json()["model"] for a in answers} == {base}:
-                break
-            assert time.monotonic() - rolled < 5, "a process still routes to the canary"
+        for pid in (proc.pid, worker["pid"]):  # each process routes by the new split
+            await _stats(
+                port,
+                lambda st, pid=pid: st["process"]["pid"] == pid and st["weights"] == {base: 100.0},
+            )
         took = time.monotonic() - rolled
-        # and stays so on every process (each answered some of these)
+        assert took < 5, took  # (a 0.2 s poll each)
         answers = await asyncio.gather(*(_chat(port, public, f"q-{i}") for i in range(24)))
         assert {a.json()["model"] for a in answers} == {base}, took
         # a worker killed: the port keeps answering, and the worker comes back
-        worker = await _process(port, lambda p: p["pid"] != proc.pid)
         assert worker["worker"] == 1
         os.kill(worker["pid"], signal.SIGKILL)
-        # (dead once its sockets are closed: a connection queued on its listener meanwhile
-        # is reset, as for any SO_REUSEPORT listener that dies; Linux's tcp_migrate_req
-        # moves them to a live one)
         await _dead(worker["pid"])
-        answers = await asyncio.gather(*(_chat(port, public, f"k-{i}") for i in range(24)))
+        # (a connection being set up on the dead one's listener as it dies is reset, as for
+        # any SO_REUSEPORT listener; seen here 2 in 12 runs under load: the client retries
+        # once, as the openai SDK does a connection error. Linux's tcp_migrate_req moves
+        # such connections to a live listener.)
+        answers = await asyncio.gather(*(_chat(port, public, f"k-{i}", 2) for i in range(24)))
         assert all(a.status_code == 200 for a in answers)
         back = await _process(port, lambda p: p["pid"] not in (proc.pid, worker["pid"]))
         assert back["worker"] == 1
@@ -355,18 +362,24 @@ async def _dead(pid: int) -> None:
         await asyncio.sleep(0.02)
 
 
-async def _process(port: int, want: Any, timeout: float = 30.0) -> dict[str, Any]:
-    """The `process` block of /v1/stats from the first process answering that `want`s it
-    (each request on a fresh connection, so any process may answer)."""
+async def _stats(port: int, want: Any, timeout: float = 30.0) -> dict[str, Any]:
+    """/v1/stats from the first process answering that `want`s it (each request on a fresh
+    connection, so any process may answer)."""
     deadline = time.monotonic() + timeout
     async with httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0)) as c:
         while True:
             with contextlib.suppress(httpx.HTTPError):
                 r = await c.get(f"http://127.0.0.1:{port}/v1/stats")
-                if want(p := r.json()["process"]):
-                    return p  # type: ignore[no-any-return]
+                if want(st := r.json()):
+                    return st  # type: ignore[no-any-return]
             assert time.monotonic() < deadline, "no such gateway process answered"
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.02)
+
+
+async def _process(port: int, want: Any, timeout: float = 30.0) -> dict[str, Any]:
+    """The `process` block of /v1/stats from the first process whose block `want`s it."""
+    st = await _stats(port, lambda st: want(st["process"]), timeout)
+    return st["process"]  # type: ignore[no-any-return]
 
 
 async def _logged(bus: Bus, ids: set[str], first: int) -> Counter[str]:
@@ -377,7 +390,7 @@ async def _logged(bus: Bus, ids: set[str], first: int) -> Counter[str]:
             msg = await bus.js.get_msg("RL_COMPLETIONS", seq)
         except Exception:  # deleted by the stream's limits
             continue
-        cid = json.loads(msg.data)["completion_id"]
+        cid = json.loads(msg.data or b"{}").get("completion_id")
         if cid in ids:
             seen[cid] += 1
     return seen
