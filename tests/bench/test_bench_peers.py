@@ -141,8 +141,13 @@ def test_the_rotation_gives_medians_and_ratios_only_of_rounds_both_kept_up_with(
         "agentrl": {1000.0: [_run(1000, 990, 3.0), _run(1000, 700, 90.0), _run(1000, 995, 1.0)]},
         "tensorzero": {1000.0: [_run(1000, 999, 2.0), _run(1000, 998, 4.0), _run(1000, 990, 2.0)]},
         "agentrl-asyncio": {1000.0: [_run(1000, 600, 9.0)] * 3},
+        "agentrl-w2": {1000.0: [_run(1000, 990, 1.0), _run(1000, 999, 2.0), _run(1000, 990, 4.0)]},
     }
     row = interleaved_line(runs, {"litellm": "no venv"})
+    # a variant (e.g. two gateway processes) against each real peer, round by round
+    assert row["agentrl-w2_ratio_p99_vs_tensorzero_1000rps_runs"] == [0.5, 0.5, 2.0]
+    assert row["agentrl-w2_ratio_p99_vs_tensorzero_1000rps"] == 0.5
+    assert "agentrl-w2_ratio_p99_vs_agentrl-asyncio_1000rps" not in row  # variants: vs peers
     assert row["added_p99_ms_1000rps"] == 3.0
     assert row["added_p99_ms_1000rps_runs"] == [3.0, 90.0, 1.0]
     assert row["tensorzero_added_p99_ms_1000rps"] == 2.0
@@ -181,3 +186,33 @@ async def test_a_peer_that_sustains_nothing_is_compared_at_the_lowest_rate_tried
     assert results["slow"]["common_rps"] == 20.0
     assert results["slow"]["common_rps_sustained"] is False
     assert set(results["agentrl"]["at"]) == {20.0} and set(results["slow"]["at"]) == {20.0}
+
+
+async def test_the_two_process_variant_serves_from_two_processes(nats_url: str) -> None:
+    """`--only agentrl-w2`: the benchmark's gateway helper as `agentrl up --gateway-workers 2`
+    serves it, two processes on one port (each answers; the second is the first's child, so
+    the CPU per request counts both) and none left once it is stopped."""
+    import httpx
+    import psutil
+
+    bp = free_port()
+    backend = bench._spawn("backend", str(bp))
+    peer = bench_peers.start_variant("agentrl-w2", f"http://127.0.0.1:{bp}/v1", nats_url)
+    assert peer.proc is not None
+    try:
+        await bench_peers._ready(peer, timeout=60)
+        children = psutil.Process(peer.proc.pid).children()
+        assert len(children) == 1  # started before the first serves: both listen now
+        pids: set[int] = set()
+        stats = peer.url.replace("/chat/completions", "/stats")
+        async with httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0)) as c:
+            for _ in range(60):  # a fresh connection each: the kernel picks the process
+                pids.add((await c.get(stats)).json()["process"]["pid"])
+                if len(pids) == 2:
+                    break
+        assert pids == {peer.proc.pid, children[0].pid}
+    finally:
+        bench_peers.stop(peer.proc)
+        bench_peers.stop(backend)
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive  # the second process stopped with the first

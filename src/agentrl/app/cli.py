@@ -190,6 +190,12 @@ def _register_up(app: typer.Typer) -> None:
             help="Run this many of every service on this machine (replica i: its own "
             "processes, AGENTRL_REPLICA_ID=replica-i, API and gateway at the base port + i).",
         ),
+        gateway_workers: int = typer.Option(
+            0,
+            min=0,
+            help="Gateway processes sharing the gateway's port (SO_REUSEPORT; needs "
+            "AGENTRL_CAPTURE_ENABLED=false). 0: AGENTRL_DEPLOY_GATEWAY_WORKERS, default 1.",
+        ),
     ) -> None:
         """Start the whole embedded stack: nats-server with JetStream and all streams,
         the reward service, the warehouse ingester, the training service with its
@@ -239,6 +245,9 @@ def _register_up(app: typer.Typer) -> None:
         # the console is the status panel's: no weight-loading progress bars (the main
         # job's console has none either); a user's own setting wins
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        if gateway_workers:  # read by the deploy service (DeploySettings), replicas' too
+            os.environ["AGENTRL_DEPLOY_GATEWAY_WORKERS"] = str(gateway_workers)
+        _check_gateway_workers()
         from agentrl.app.stack import run_stack
         from agentrl.observability.multiproc import enable_for_stack
 
@@ -248,6 +257,21 @@ def _register_up(app: typer.Typer) -> None:
             _up_cluster(cluster, data_dir, not no_services, replicas)
             return
         run_stack(data_dir=data_dir, port=port or None, services=not no_services, replicas=replicas)
+
+
+def _check_gateway_workers() -> None:
+    """Refuse, before anything starts, gateway workers this deployment cannot serve right
+    (the deploy service would fail with the same reason, restarted without end)."""
+    from agentrl.capture.settings import CaptureSettings
+    from agentrl.serving.config import DeploySettings
+    from agentrl.serving.gateway_workers import WorkersRefused, check
+
+    deploy = DeploySettings()
+    try:
+        check(deploy.gateway_workers, deploy.backend, CaptureSettings().enabled)
+    except WorkersRefused as exc:
+        typer.echo(f"error: --gateway-workers {deploy.gateway_workers}: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _up_cluster(size: int, data_dir: str | None, services: bool, replicas: int = 1) -> None:

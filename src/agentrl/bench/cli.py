@@ -596,7 +596,8 @@ def _register_gateway(bench: typer.Typer) -> None:
             "litellm,portkey,tensorzero",
             help="With --peers: which peers, comma-separated; also agentrl's own gateway under "
             "another server, loop or scheduler slice: agentrl-asyncio, agentrl-granian, "
-            "agentrl-granian-asyncio, agentrl-h11, agentrl-slice.",
+            "agentrl-granian-asyncio, agentrl-h11, agentrl-slice, agentrl-w2 and agentrl-w3 "
+            "(2 or 3 gateway processes on one port: `agentrl up --gateway-workers`).",
         ),
         interleave: int = typer.Option(
             0,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -169,6 +170,36 @@ def _serve_gateway(port: int, upstream: str, nats_url: str) -> None:
         else:
             from agentrl.core.httpserve import one_write_http
 
+            # BENCH_GATEWAY_WORKERS=N: N processes on the port (SO_REUSEPORT), as `agentrl up
+            # --gateway-workers N` serves it; this one starts the others (its children, so
+            # the CPU per request counts them)
+            workers = int(os.environ.get("BENCH_GATEWAY_WORKERS") or 1)
+            sockets = None
+            if workers > 1 or os.environ.get("BENCH_GATEWAY_REUSEPORT"):
+                from agentrl.serving.gateway_workers import reuse_port_socket
+
+                sockets = [reuse_port_socket("127.0.0.1", port)]
+            ready = Path(tempfile.mkdtemp(prefix="agentrl-bench-workers-"))
+            children = [
+                _spawn(
+                    "gateway",
+                    str(port),
+                    upstream,
+                    nats_url,
+                    env={
+                        "BENCH_GATEWAY_WORKERS": "1",
+                        "BENCH_GATEWAY_REUSEPORT": "1",
+                        "BENCH_GATEWAY_READY": str(ready / str(i)),
+                    },
+                )
+                for i in range(workers - 1)
+            ]
+            # serve once every other process listens: a run measures them all, warm
+            while len(list(ready.iterdir())) < len(children):
+                if any(c.poll() is not None for c in children):
+                    raise RuntimeError("a gateway worker exited at start-up")
+                await asyncio.sleep(0.05)
+            shutil.rmtree(ready, ignore_errors=True)
             server = uvicorn.Server(
                 uvicorn.Config(
                     create_gateway_app(state),
@@ -181,7 +212,19 @@ def _serve_gateway(port: int, upstream: str, nats_url: str) -> None:
                     http=os.environ.get("BENCH_GATEWAY_HTTP") or one_write_http(),
                 )
             )
-            await server.serve()
+            if os.environ.get("BENCH_GATEWAY_READY"):  # (a worker: say when it listens)
+
+                async def say_ready() -> None:
+                    while not server.started:
+                        await asyncio.sleep(0.02)
+                    Path(os.environ["BENCH_GATEWAY_READY"]).touch()
+
+                stop.ready = asyncio.ensure_future(say_ready())  # type: ignore[attr-defined]
+            try:
+                await server.serve(sockets=sockets)
+            finally:
+                for child in children:
+                    child.terminate()
         stop.set()
         if log_task is not None:
             await log_task

@@ -255,6 +255,9 @@ VARIANTS: dict[str, dict[str, str]] = {
     "agentrl-granian-asyncio": {"BENCH_GATEWAY_SERVER": "granian", "BENCH_GATEWAY_LOOP": "asyncio"},
     "agentrl-h11": {"BENCH_GATEWAY_HTTP": "h11"},
     "agentrl-slice": {"BENCH_GATEWAY_SLICE": "100"},
+    # `agentrl up --gateway-workers N`: N processes on the port (SO_REUSEPORT)
+    "agentrl-w2": {"BENCH_GATEWAY_WORKERS": "2"},
+    "agentrl-w3": {"BENCH_GATEWAY_WORKERS": "3"},
 }
 
 
@@ -792,17 +795,19 @@ def interleaved_line(
                 row[f"{pre}{key}_{tag}"] = med(values)
                 row[f"{pre}{key}_{tag}_runs"] = [round(v, 3) for v in values]
             row[f"{pre}errors_{tag}"] = sum(r["unanswered"] for r in rs)
-    ours = runs.get("agentrl", {})
-    for name, by_rate in runs.items():
-        if name == "agentrl":
-            continue
-        for rate, rs in by_rate.items():
+    # agentrl against every other gateway; each agentrl variant against every real peer
+    pairs = [("agentrl", n) for n in runs if n != "agentrl"] + [
+        (v, n) for v in runs if v in VARIANTS for n in runs if n != "agentrl" and n not in VARIANTS
+    ]
+    for mine, name in pairs:
+        pre = "" if mine == "agentrl" else f"{mine}_"
+        for rate, rs in runs[name].items():
             ratios = [
                 m["added_p99"] / t["added_p99"]
-                for m, t in zip(ours.get(rate, []), rs, strict=False)
+                for m, t in zip(runs[mine].get(rate, []), rs, strict=False)
                 if t["added_p99"] > 0 and min(m["achieved_rate"], t["achieved_rate"]) >= 0.95 * rate
             ]
-            key = f"ratio_p99_vs_{name}_{int(rate)}rps"
+            key = f"{pre}ratio_p99_vs_{name}_{int(rate)}rps"
             row[key] = med(ratios)
             row[key + "_runs"] = [round(x, 3) for x in ratios]
             if not ratios:

@@ -114,10 +114,17 @@ class ListenError(RuntimeError):
 
 
 async def serve_http(
-    app: Any, host: str, port: int, stop: asyncio.Event, what: str, **config: Any
+    app: Any,
+    host: str,
+    port: int,
+    stop: asyncio.Event,
+    what: str,
+    sock: Any = None,
+    **config: Any,
 ) -> None:
     """Serve `app` on host:port until `stop` is set; raise `ListenError` when it cannot bind
-    (the stack's supervisor restarts the service with backoff and shows the error)."""
+    (the stack's supervisor restarts the service with backoff and shows the error). `sock`:
+    a socket already bound (several gateway processes share a port through SO_REUSEPORT)."""
     server = _Server(
         uvicorn.Config(
             app,
@@ -138,7 +145,7 @@ async def serve_http(
 
     async def guarded() -> None:
         try:
-            await server.serve()
+            await server.serve(sockets=[sock] if sock is not None else None)
         except SystemExit as exc:  # must not escape the task: it would end the event loop
             raise ListenError(
                 f"{what} could not listen on {host}:{port} (port in use?) [uvicorn exit {exc.code}]"

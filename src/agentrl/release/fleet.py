@@ -81,7 +81,7 @@ class Fleet:
         c = Controller(
             Deployer(self.d.registry, self.bus, lin.name, self.endpoint),
             settings or self.d.settings,
-            stats=self.d.state.stats,
+            stats=self.d.controller.stats,  # every gateway process's counters
             tracker=self.d.tracker,
             cache_dir=self.cache_dir,
             validate=self._validator(lin),

@@ -35,6 +35,7 @@ from agentrl.release.actions import Deployer
 from agentrl.release.controller import BY, Controller
 from agentrl.release.monitor import RewardTracker
 from agentrl.release.serving_manager import ServingManager
+from agentrl.serving import gateway_workers
 from agentrl.serving.config import DeploySettings, RolloutPlan
 from agentrl.serving.gateway import CompletionLog, GatewayState, create_gateway_app
 from agentrl.serving.registry import Registry
@@ -116,7 +117,8 @@ async def build(
     controller = Controller(
         deployer,
         deploy,
-        stats=state.stats,
+        # every gateway process's counters (worker processes publish theirs)
+        stats=gateway_workers.FleetStats(state.stats),
         tracker=tracker,
         cache_dir=cache,
         validate=validate,
@@ -193,12 +195,51 @@ async def run_elected(
     await while_leader(lease, lead, stop)
 
 
-async def run_gateway(app: Any, host: str, port: int, stop: asyncio.Event) -> None:
+async def run_gateway(
+    app: Any, host: str, port: int, stop: asyncio.Event, sock: Any = None
+) -> None:
     """The gateway's HTTP server until `stop`; a port it cannot bind raises (`ListenError`),
-    so the service fails visibly and is restarted (it used to keep running without one)."""
+    so the service fails visibly and is restarted (it used to keep running without one).
+    `sock`: bound already, shared with the gateway's worker processes (SO_REUSEPORT)."""
     from agentrl.core.httpserve import serve_http
 
-    await serve_http(app, host, port, stop, "the gateway", lifespan="off", access_log=False)
+    await serve_http(
+        app, host, port, stop, "the gateway", sock=sock, lifespan="off", access_log=False
+    )
+
+
+def _workers(
+    d: Deployment, bus: Any, settings: Settings, stop: asyncio.Event
+) -> tuple[Any, Any, dict[str, Any]]:
+    """With `gateway_workers` > 1: the shared socket, the worker processes (started now) and
+    the tasks that keep them running and fold their counters into the controller's
+    evidence; else (None, None, {})."""
+    from agentrl.core.httpserve import ListenError
+
+    count = d.settings.gateway_workers
+    gateway_workers.check(count, d.settings.backend, d.state.capture is not None)
+    if count <= 1:
+        return None, None, {}
+    fleet = d.controller.stats
+    assert isinstance(fleet, gateway_workers.FleetStats)  # (what `build` gives it)
+    host, port = settings.gateway_host, settings.gateway_port
+    try:
+        sock = gateway_workers.reuse_port_socket(host, port)
+    except OSError as exc:
+        raise ListenError(f"the gateway could not listen on {host}:{port}: {exc}") from exc
+    subject = gateway_workers.new_subject()
+    env = gateway_workers.worker_env(settings, gateway_workers.bus_url(bus, settings), subject)
+    pool = gateway_workers.WorkerPool(count, env, Path(settings.data_dir).resolve() / "logs")
+    pool.start_all()
+    d.state.workers, d.state.fleet = pool, fleet
+    return (
+        sock,
+        pool,
+        {
+            "gateway-stats": gateway_workers.collect_stats(bus, subject, fleet, stop),
+            "gateway-workers": pool.run(stop),
+        },
+    )
 
 
 async def _at_start_up(
@@ -231,35 +272,53 @@ async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:
     check_exposure(
         settings.gateway_host, bool(d.settings.api_keys), "the gateway", settings.allow_open
     )
-    await _at_start_up(lambda: d.deployer.bootstrap(d.settings.base_model, by=BY), stop)
-    await _at_start_up(lambda: d.manager.sync(force=True), stop)
-    coros = {
-        "deploy-serving": d.manager.run(stop),
-        "deploy-controller": run_elected(d, bus, stop, replicas=settings.stream_replicas),
-        "deploy-rewards": keep_running("reward tracker", lambda: d.tracker.run(bus, stop), stop),
-        "gateway": run_gateway(
-            create_gateway_app(d.state), settings.gateway_host, settings.gateway_port, stop
-        ),
-    }
-    if d.completion_log is not None:
-        coros["completion-log"] = d.completion_log.run(stop)
-
-    async def stop_decoding() -> None:  # open streams end now, so the gateway stops at once
-        await stop.wait()
-        engine = getattr(d.manager, "engine", None)
-        if engine is not None:
-            engine.cancel_all()
-
-    coros["stop-decoding"] = stop_decoding()
-    if d.state.capture is not None:
-        coros["capture"] = d.state.capture.run(stop)
-    log.info("gateway on http://%s:%s/v1", settings.gateway_host, settings.gateway_port)
-    from agentrl.serving import gctune
-
-    gctune.settle()  # start-up is done: no full collection walks it again (the tail)
+    # the gateway's worker processes (if any) start now: their start-up overlaps this one's
+    sock, pool, workers = _workers(d, bus, settings, stop)
     try:
+        await _at_start_up(lambda: d.deployer.bootstrap(d.settings.base_model, by=BY), stop)
+        await _at_start_up(lambda: d.manager.sync(force=True), stop)
+        coros = {
+            "deploy-serving": d.manager.run(stop),
+            "deploy-controller": run_elected(d, bus, stop, replicas=settings.stream_replicas),
+            "deploy-rewards": keep_running(
+                "reward tracker", lambda: d.tracker.run(bus, stop), stop
+            ),
+            "gateway": run_gateway(
+                create_gateway_app(d.state),
+                settings.gateway_host,
+                settings.gateway_port,
+                stop,
+                sock,
+            ),
+            **workers,
+        }
+        if d.completion_log is not None:
+            coros["completion-log"] = d.completion_log.run(stop)
+
+        async def stop_decoding() -> None:  # open streams end now: the gateway stops at once
+            await stop.wait()
+            engine = getattr(d.manager, "engine", None)
+            if engine is not None:
+                engine.cancel_all()
+
+        coros["stop-decoding"] = stop_decoding()
+        if d.state.capture is not None:
+            coros["capture"] = d.state.capture.run(stop)
+        log.info(
+            "gateway on http://%s:%s/v1 (%d process(es))",
+            settings.gateway_host,
+            settings.gateway_port,
+            max(1, d.settings.gateway_workers),
+        )
+        from agentrl.serving import gctune
+
+        gctune.settle()  # start-up is done: no full collection walks it again (the tail)
         await run_tasks(coros, stop)
     finally:
+        if pool is not None:  # (stopped by its task already, unless start-up failed)
+            await asyncio.to_thread(pool.stop)
+        if sock is not None:
+            sock.close()
         engine = getattr(d.manager, "engine", None)
         if engine is not None:  # decodes in flight stop now, not at max_tokens
             engine.cancel_all()

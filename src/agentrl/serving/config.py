@@ -231,6 +231,13 @@ class DeploySettings(BaseSettings):
     max_inflight: int = Field(
         64, ge=1, description="Chat requests in flight at once; beyond, 429 + Retry-After."
     )
+    gateway_workers: int = Field(
+        1,
+        ge=1,
+        description="Gateway processes sharing the port (SO_REUSEPORT); 1: one process. More "
+        "need capture off and an upstream or local backend (`agentrl.serving.gateway_workers`); "
+        "max_inflight is per process.",
+    )
     prompt_cache_mb: float = Field(
         256.0, ge=0.0, description="Bytes the local backend's prompt caches hold (LRU)."
     )

@@ -33,6 +33,7 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import random
 import time
 from collections import deque
@@ -213,6 +214,11 @@ class GatewayState:
         self.by_agent: dict[str, str] = {}
         self.by_profile: dict[str, str] = {}
         self.retired: frozenset[str] = frozenset()
+        # which gateway process this is (`agentrl.serving.gateway_workers`): worker 0 runs
+        # the others (`workers`: their WorkerPool, for /v1/stats)
+        self.worker = int(os.environ.get("AGENTRL_GATEWAY_WORKER") or 0)
+        self.workers: Any = None
+        self.fleet: Any = None  # every process's counters per version (the controller's view)
 
     def set_split(
         self, weights: dict[str, float], order: list[str], lineage: str | None = None
@@ -502,6 +508,19 @@ async def stats(request: Request) -> Any:
             "shed": state.shed,
             "abandoned": state.abandoned,
         },
+        # the process that answered (with several on the port, each counts its own; the
+        # controller and /metrics see them all)
+        "process": {"worker": state.worker, "pid": os.getpid()}
+        | ({"workers": state.workers.status()} if state.workers is not None else {})
+        | (
+            {
+                "fleet": {
+                    m: {"requests": s.requests, "errors": s.errors} for m, s in state.fleet.items()
+                }
+            }
+            if state.fleet is not None
+            else {}
+        ),
     }
 
 

@@ -35,13 +35,15 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
-import torch
 
 from agentrl.serving.errors import DeployError
+
+if TYPE_CHECKING:  # (imported where logits are masked: a gateway process needs no torch)
+    import torch
 
 # Compact, fixed separators (json.dumps's): a constrained model cannot spin on whitespace.
 JSON_OPTIONS: Any = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -642,6 +644,7 @@ def mask_logits(logits: torch.Tensor, rows: list[int], matchers: list[Any]) -> l
     `@torch.compile` at import, which imports torch._dynamo: 7-15 s holding the GIL on a
     busy host, paid by the first constrained request in the decode thread (the whole
     gateway stood still)."""
+    import torch
     from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
     started = time.perf_counter()
