@@ -71,3 +71,19 @@ def test_the_job_variant_is_the_loops_job() -> None:
     assert VARIANTS["job"] == {}
     assert job["estimator"] == "gigpo" and job["advantage_scale"] == "none"
     assert VARIANTS["old"]["advantage_scale"] == "std" and VARIANTS["old"]["all_layers"]
+
+
+def test_agentrl_bench_passes_every_argument_to_the_harness() -> None:
+    """`agentrl bench tooluse-job` is the harness's own command line: `--help` shows its
+    options, and a missing required one is its error, not typer's."""
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    runner = CliRunner()
+    shown = runner.invoke(app, ["bench", "tooluse-job", "--help"])
+    assert shown.exit_code == 0, shown.output
+    assert "--start" in shown.output and "--variant" in shown.output
+    assert "fixed harness" in runner.invoke(app, ["bench", "--help"]).output
+    missing = runner.invoke(app, ["bench", "tooluse-job", "--out", "x"])
+    assert missing.exit_code == 2 and "--start" in missing.output

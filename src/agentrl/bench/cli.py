@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -62,6 +63,8 @@ def register(app: typer.Typer) -> None:
     _register_capture(bench)
     _register_startup(bench)
     _register_choice(bench)
+    _register_argparse(bench, "tooluse-job", "agentrl.bench.tooluse_job")
+    _register_argparse(bench, "tooluse-hints", "agentrl.bench.tooluse_hints")
 
 
 def _register_bus(bench: typer.Typer) -> None:
@@ -744,6 +747,27 @@ def _register_startup(bench: typer.Typer) -> None:
         from agentrl.bench.startup import run
 
         run(keep=keep)
+
+
+def _register_argparse(bench: typer.Typer, name: str, module: str) -> None:
+    """A benchmark whose module parses its own arguments (`main(argv)`): every argument,
+    `--help` included, goes to it. The help line is the module docstring's first line."""
+    import ast
+    import importlib
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)  # its docstring without importing it (torch)
+    source = Path(spec.origin).read_text() if spec and spec.origin else ""
+    first = (ast.get_docstring(ast.parse(source)) or name).split("\n\n")[0]
+
+    @bench.command(
+        name,
+        help=" ".join(first.split()) + " (`--help` lists its options)",
+        add_help_option=False,
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )
+    def run(ctx: typer.Context) -> None:
+        importlib.import_module(module).main(list(ctx.args))
 
 
 def _register_choice(bench: typer.Typer) -> None:
