@@ -43,3 +43,56 @@ def test_a_users_correction_is_the_hint_and_the_question_comes_first() -> None:
     assert "The task needs" not in hint
     assert "The task needs" in hint_for(task, [], correction="   ")  # blank: the env's words
     assert with_hint("Q?", hint) == f"Q?\n\n{hint}" and with_hint("Q?", None) == "Q?"
+
+
+def _planned_call(hint: str) -> dict:  # type: ignore[type-arg]
+    """The call the plan hint asks for (the JSON after "Reply with ")."""
+    import json
+
+    call, _ = json.JSONDecoder().raw_decode(hint.split("Reply with ", 1)[1])
+    return dict(call)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_following_the_plan_hint_solves_the_task_and_it_never_holds_the_answer(
+    family: str,
+) -> None:
+    """The plan names the tool and the call's shape; a model that copies it and fills R
+    with the table's rows in the order it names solves the task in the real environment
+    (a hint that named the wrong columns or method would fail here), and the answer is
+    never in it."""
+    from agentrl.envs.tooluse import ToolUseEnv
+    from agentrl.envs.tooluse.agent_prompt import reply
+    from agentrl.envs.tooluse.solver import answer_from, table_literal
+    from agentrl.envs.tooluse.tasks import _COLUMNS
+
+    env = ToolUseEnv(family=family, max_steps=4)
+    for seed in range(1_000_000, 1_000_012):
+        task = generate_task(seed, family)
+        hint = hint_for(task, [Attempt(answer="7")], plan=True)
+        truth = str(task.answer)
+        if len(truth) >= 3 and truth not in task.question:
+            assert truth not in hint, hint
+        call = _planned_call(hint)
+        args = dict(call["tool_args"])
+        if family == "data":  # the model's part: the rows, in the order the hint names
+            first, rest = args["code"].split("\n", 1)
+            assert first.startswith("R=[(") and first.endswith("), ...]")
+            assert f"as {first[3:-6]} in that order" in hint
+            named = [c.strip() for c in first[4:-7].split(",")]
+            canonical = list(_COLUMNS[task.spec["table"]])  # the spec rows' order
+            rows = [tuple(r[canonical.index(c)] for c in named) for r in task.spec["rows"]]
+            args["code"] = table_literal(rows) + "\n" + rest
+        env.reset(seed)
+        obs, _, done, info = env.step(reply("t", call["tool_name"], **args))
+        assert not done and not info.get("tool_error"), obs["text"]
+        _, _, done, info = env.step(reply("t", "response", text=answer_from(str(obs["text"]))))
+        assert done and info["success"], (hint, obs["text"])
+
+
+def test_the_plan_hint_is_shorter_than_the_checker_hint_plus_its_call() -> None:
+    """With the plan the tool sentence of the needs is left out (one way to say it)."""
+    task = generate_task(1_000_002, "data")
+    plain, plan = hint_for(task, []), hint_for(task, [], plan=True)
+    assert "use code_exe with a program" in plain and "use code_exe with a program" not in plan
+    assert plan.count("code_exe") == 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from agentrl.envs.tooluse.phrasings import CITY_COLUMNS, DATA_KINDS_OF, SHIFT_COLUMNS, STOCK_COLUMNS
 from agentrl.envs.tooluse.tasks import ToolTask, check_answer
 
 HINT_PREFIX = "Hint: "
@@ -37,6 +38,9 @@ _NEEDS = {  # data and numbers kinds: what the answer is, in the checker's words
     "divisor_count": "the number of divisors of {n}",
     "collatz_steps": "the number of Collatz steps from {n} down to 1",
 }
+
+
+_TABLE_COLUMNS = {"stock": STOCK_COLUMNS, "city": CITY_COLUMNS, "shift": SHIFT_COLUMNS}
 
 
 @dataclass(frozen=True)
@@ -72,15 +76,22 @@ def what_was_wrong(task: ToolTask, attempts: Sequence[Attempt]) -> str:
     return "; ".join(notes) if notes else "the attempts did not solve the task"
 
 
-def what_the_task_needs(task: ToolTask) -> str:
-    """The quantity asked for and how to get it, from the task's spec (not its answer)."""
+def quantity(task: ToolTask) -> str | None:
+    """The quantity the question asks for, in the checker's words (None: unknown kind)."""
     spec = task.spec
     if task.family == "arithmetic" and "expression" in spec:
-        return f"the value of {spec['expression']}: use the calculator with that expression"
+        return f"the value of {spec['expression']}"
     need = _NEEDS.get(task.kind)
+    return None if need is None else need.format(**{k: v for k, v in spec.items() if k != "rows"})
+
+
+def what_the_task_needs(task: ToolTask) -> str:
+    """The quantity asked for and how to get it, from the task's spec (not its answer)."""
+    need = quantity(task)
+    if task.family == "arithmetic" and "expression" in task.spec:
+        return f"{need}: use the calculator with that expression"
     if need is None:
         return "compute the answer with a tool, then give it with the response tool"
-    need = need.format(**{k: v for k, v in spec.items() if k != "rows"})
     if task.family == "data":
         return (
             f"{need}; use code_exe with a program that holds the table's rows in a list "
@@ -89,12 +100,40 @@ def what_the_task_needs(task: ToolTask) -> str:
     return f"{need}; use code_exe with a short program that prints it"
 
 
+def call_shape(task: ToolTask) -> str:
+    """The shape of the first call, as the reply the model should write: the tool, its
+    argument, and the one line that computes the quantity (the scripted solver's method,
+    `solver.first_action`), with the table's rows left for the model to copy in the order
+    the hint names. It names the method, never the value the method prints."""
+    import json
+
+    from agentrl.envs.tooluse.solver import _DATA_LAST, _NUMBERS_CODE
+
+    spec = task.spec
+    if task.family == "arithmetic" and "expression" in spec:
+        tool, key, arg = "calculator", "expression", str(spec["expression"])
+    elif task.family == "data" and task.kind in _DATA_LAST:
+        cols = ", ".join(_TABLE_COLUMNS[DATA_KINDS_OF[task.kind]])
+        last = _DATA_LAST[task.kind].format(threshold=spec.get("threshold"))
+        tool, key, arg = "code_exe", "code", f"R=[({cols}), ...]\n{last}"
+    elif task.family == "numbers" and task.kind in _NUMBERS_CODE:
+        tool, key, arg = "code_exe", "code", _NUMBERS_CODE[task.kind].format(**spec)
+    else:
+        return ""
+    call = json.dumps({"tool_name": tool, "tool_args": {key: arg}}, ensure_ascii=False)
+    out = f"Reply with {call}"
+    if task.family == "data":
+        out += f", R holding every row of the table as ({cols}) in that order"
+    return out + "; then reply with response and the value the tool printed."
+
+
 def hint_for(
     task: ToolTask,
     attempts: Sequence[Attempt] = (),
     *,
     reveal_answer: bool = False,
     correction: str | None = None,
+    plan: bool = False,
 ) -> str:
     """The hint for a task whose samples all failed. A user's `correction` (free text sent
     with feedback) takes the place of what the environment says the task needs, since in
@@ -104,6 +143,8 @@ def hint_for(
         parts.append(f"Earlier attempts failed: {what_was_wrong(task, attempts)}.")
     if correction and correction.strip():
         parts.append(f"A user's correction: {correction.strip()}")
+    elif plan and (shape := call_shape(task)):  # the quantity, then the call's shape
+        parts.append(f"The task needs {quantity(task)}. {shape}")
     else:
         parts.append(f"The task needs {what_the_task_needs(task)}.")
     if reveal_answer:
