@@ -51,11 +51,11 @@ def hint_of(level: str, task: Any, attempts: Sequence[Any]) -> str | None:
     )
 
 
-def _learner(start: str, batch_size: int, seed: int = 0, threads: int = 2) -> Any:
+def _learner(start: str, batch_size: int, seed: int = 0) -> Any:
     from agentrl.learners.tooluse import ToolUseConfig, ToolUseLearner
 
     cfg = ToolUseConfig(
-        model=start, max_steps=4, max_new_tokens=256, structured=True, threads=threads,
+        model=start, max_steps=4, max_new_tokens=256, structured=True, threads=0,
         batch_size=batch_size, seed=seed, out_dir="/tmp/agentrl-bench-tooluse-hints",
         hints="importance",
     )  # fmt: skip
@@ -133,9 +133,32 @@ def measure(
     return out
 
 
+def solution_logprob(learner: Any, tasks: Sequence[tuple[str, int]]) -> dict[str, Any]:
+    """Teacher-forced: the hint-free policy's mean per-token log-prob of the scripted
+    solver's first call (the computation, the step every failed attempt got wrong) on
+    held-out tasks, per family. A cheap, dense stand-in for greedy success where decoding
+    a held-out set per arm does not fit the time (2 shared CPU cores)."""
+    from agentrl.learners.tooluse import solved_episodes, solved_items
+    from agentrl.learners.tooluse_hints import _logprobs
+
+    items = [solved_items(learner.tokenizer, ep)[0] for ep in solved_episodes(4, tasks)]
+    lps = _logprobs(learner.trainer, items, hinted=False, grad=False)
+    out: dict[str, Any] = {}
+    for fam in sorted({it.family for it in items}):
+        mine = [lp for it, lp in zip(items, lps, strict=True) if it.family == fam]
+        tokens = sum(len(lp) for lp in mine)
+        out[fam] = {
+            "tasks": len(mine),
+            "logp_per_token": round(sum(float(lp.sum()) for lp in mine) / tokens, 4),
+            "logp_per_call": round(sum(float(lp.sum()) for lp in mine) / len(mine), 2),
+        }
+    return out
+
+
 def compare(
     start: str, families: Sequence[str], train_n: int, samples: int, level: str, n: int,
     batch_size: int, modes: Sequence[str], epochs: int, lr: float, emit: Any,
+    group: int = 2, evaluate: str = "greedy",
 ) -> None:  # fmt: skip
     """The same failed attempts, each mode's items trained from the same start; greedy
     held-out success after (the start's own greedy figure is `measure`'s level none)."""
@@ -155,7 +178,10 @@ def compare(
     held = heldout(families, n)
     first = _learner(start, batch_size, seed=1)
     t0 = time.perf_counter()
-    plain = first.play([k for k in train for _ in range(2)], 1.0)  # a group of 2 per task
+    if evaluate == "logprob":
+        emit({"bench": "tooluse-hints", "part": "compare", "mode": "start",
+              "solution_logprob": solution_logprob(first, held)})  # fmt: skip
+    plain = first.play([k for k in train for _ in range(group)], 1.0)
     by_task: dict[tuple[str, int], list[Any]] = {}
     for ep in plain:
         by_task.setdefault((ep.family, ep.seed), []).append(ep)
@@ -188,13 +214,18 @@ def compare(
         for _ in range(epochs):
             stats = train_items(learner.trainer, items, 8, 1.0, gen)
         t2 = time.perf_counter()
-        after = learner.play(held, 0.0)
         row: dict[str, Any] = {
             "bench": "tooluse-hints", "part": "compare", "mode": mode, "level": level,
             "items": len(items), **counts, "train": stats, "epochs": epochs, "lr": lr,
             "prepare_train_s": round(t2 - t1, 1),
-            "eval_s": round(time.perf_counter() - t2, 1),
         }  # fmt: skip
+        if evaluate == "logprob":
+            row["solution_logprob"] = solution_logprob(learner, held)
+            row["eval_s"] = round(time.perf_counter() - t2, 1)
+            emit(row)
+            continue
+        after = learner.play(held, 0.0)
+        row["eval_s"] = round(time.perf_counter() - t2, 1)
         for fam in families:
             mine = [e for e in after if e.family == fam]
             row[fam] = rate(sum(e.success for e in mine), len(mine))
@@ -216,7 +247,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--level", default="plan", choices=list(LEVELS)[1:])
     p.add_argument("--modes", nargs="+", default=["importance", "distill"])
     p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--group", type=int, default=2, help="compare: hint-free attempts per task")
+    p.add_argument("--evaluate", choices=["greedy", "logprob"], default="greedy")
     p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1 on a loaded host)")
     p.add_argument("--out", type=Path, default=None, help="also append the JSON lines here")
     a = p.parse_args(argv)
 
@@ -227,11 +261,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             with a.out.open("a") as f:
                 f.write(line + "\n")
 
+    import torch
+
+    torch.set_num_threads(a.threads)
     if a.part == "measure":
         measure(a.start, a.families, a.n, a.levels, a.temps, a.batch_size, emit)
     else:
         compare(a.start, a.families, a.train_n, a.samples, a.level, a.n, a.batch_size,
-                a.modes, a.epochs, a.lr, emit)  # fmt: skip
+                a.modes, a.epochs, a.lr, emit, a.group, a.evaluate)  # fmt: skip
 
 
 if __name__ == "__main__":
