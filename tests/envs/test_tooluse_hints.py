@@ -93,6 +93,6 @@ def test_following_the_plan_hint_solves_the_task_and_it_never_holds_the_answer(
 def test_the_plan_hint_is_shorter_than_the_checker_hint_plus_its_call() -> None:
     """With the plan the tool sentence of the needs is left out (one way to say it)."""
     task = generate_task(1_000_002, "data")
-    plain, plan = hint_for(task, []), hint_for(task, [], plan=True)
+    plain, plan = hint_for(task, [], plan=False), hint_for(task, [])
     assert "use code_exe with a program" in plain and "use code_exe with a program" not in plan
     assert plan.count("code_exe") == 1

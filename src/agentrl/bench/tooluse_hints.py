@@ -25,10 +25,10 @@ from typing import Any
 LEVELS = {
     "none": "no hint: the question alone",
     "checker": "what was wrong with the hint-free attempt + the quantity the task needs and "
-    "the tool for it (hint_for, the pre-plan default)",
+    "the tool for it, in words (hint_for plan=False, the default before the plan)",
     "plan": "checker + the shape of the first call: the tool, its argument with the one "
-    "line that computes the quantity, the table's column order (hint_for plan=True)",
-    "answer": "checker + 'The right answer is ...' (reveal_answer=True)",
+    "line that computes the quantity, the table's column order (hint_for's default)",
+    "answer": "plan + 'The right answer is ...' (reveal_answer=True)",
     "correction": "what was wrong + a short user-style correction in place of the needs",
 }
 CORRECTIONS = {  # what a user types into "what should it have done?"
@@ -45,7 +45,7 @@ def hint_of(level: str, task: Any, attempts: Sequence[Any]) -> str | None:
     if level == "none":
         return None
     if level == "correction":
-        return hint_for(task, attempts, correction=CORRECTIONS[task.family])
+        return hint_for(task, attempts, correction=CORRECTIONS[task.family], plan=False)
     return hint_for(
         task, attempts, reveal_answer=level == "answer", plan=level in ("plan", "answer")
     )

@@ -3,9 +3,11 @@ with its attempts, and what the task needs. A learner puts this (or a user's cor
 in the context of a task whose samples all failed and samples again (issue 52, "hints where
 every sample failed"); the hint never enters the prompt it then trains.
 
-Two levels: by default the hint says what was wrong and what the task needs (the quantity
-to compute, the tool that computes it, the expression or the numbers to use) but never the
-answer; `reveal_answer=True` adds the answer itself. The two are measured apart.
+Levels: by default the hint says what was wrong, the quantity the task needs, and the shape
+of the first call (the tool, its argument, the one line of code that computes the quantity,
+a table's column order: `call_shape`), never the answer; `plan=False` says the quantity and
+the tool in words only; `reveal_answer=True` adds the answer itself. Each is measured apart
+(`python -m agentrl.bench.tooluse_hints measure`).
 """
 
 from __future__ import annotations
@@ -133,11 +135,14 @@ def hint_for(
     *,
     reveal_answer: bool = False,
     correction: str | None = None,
-    plan: bool = False,
+    plan: bool = True,
 ) -> str:
     """The hint for a task whose samples all failed. A user's `correction` (free text sent
     with feedback) takes the place of what the environment says the task needs, since in
-    production a user's words are all there is; the checker's verdict stays beside it."""
+    production a user's words are all there is; the checker's verdict stays beside it.
+    `plan` (the default) adds the shape of the first call (`call_shape`); without it the
+    hint says the quantity and the tool in words only (measured apart: bench
+    tooluse_hints, levels "checker" and "plan")."""
     parts = []
     if attempts:
         parts.append(f"Earlier attempts failed: {what_was_wrong(task, attempts)}.")
