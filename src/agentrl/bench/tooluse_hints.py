@@ -51,6 +51,15 @@ def hint_of(level: str, task: Any, attempts: Sequence[Any]) -> str | None:
     )
 
 
+def episode_json(ep: Any, level: str, temperature: float) -> str:
+    """One played episode for the record (what the model wrote under which hint)."""
+    return json.dumps({
+        "level": level, "temperature": temperature, "family": ep.family, "seed": ep.seed,
+        "success": ep.success, "hint": ep.hint,
+        "turns": [{"reply": t.text, "result": t.result, "finish": t.finish} for t in ep.turns],
+    })  # fmt: skip
+
+
 def _learner(start: str, batch_size: int, seed: int = 0) -> Any:
     from agentrl.learners.tooluse import ToolUseConfig, ToolUseLearner
 
@@ -83,10 +92,10 @@ def heldout(families: Sequence[str], n: int) -> list[tuple[str, int]]:
 
 def measure(
     start: str, families: Sequence[str], n: int, levels: Sequence[str], temps: Sequence[float],
-    batch_size: int, emit: Any,
+    batch_size: int, emit: Any, dump: Path | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Hint-free first (its attempts feed the checker's verdict), then every hinted level
-    of every task in one batched play per temperature."""
+    """Hint-free first (its attempts feed the checker's verdict), then each hinted level
+    (one batched play a level: figures as soon as each is done on a slow host)."""
     from agentrl.envs.tooluse.tasks import generate_task
     from agentrl.learners.tooluse_hints import attempts_of
 
@@ -94,20 +103,18 @@ def measure(
     tasks = heldout(families, n)
     out: dict[str, Any] = {}
     for temp in temps:
-        t0 = time.perf_counter()
-        plain = learner.play(tasks, temp)
-        results = {"none": plain}
-        hinted = [lv for lv in levels if lv != "none"]
-        batch, hints = [], []
-        for lv in hinted:
-            for key, ep in zip(tasks, plain, strict=True):
-                batch.append(key)
-                hints.append(hint_of(lv, generate_task(key[1], key[0]), attempts_of([ep])))
-        again = learner.play(batch, temp, hints=hints) if batch else []
-        for j, lv in enumerate(hinted):
-            results[lv] = again[j * len(tasks) : (j + 1) * len(tasks)]
-        failed = {(ep.family, ep.seed) for ep in plain if not ep.success}
-        for lv, eps in results.items():
+        plain: list[Any] = []
+        for lv in ["none", *[lv for lv in levels if lv != "none"]]:  # one play a level:
+            t0 = time.perf_counter()  # its figures come out as soon as it is done
+            if lv == "none":
+                eps = plain = learner.play(tasks, temp)
+            else:
+                hints = [
+                    hint_of(lv, generate_task(key[1], key[0]), attempts_of([ep]))
+                    for key, ep in zip(tasks, plain, strict=True)
+                ]
+                eps = learner.play(tasks, temp, hints=hints)
+            failed = {(ep.family, ep.seed) for ep in plain if not ep.success}
             for fam in families:
                 mine = [e for e in eps if e.family == fam]
                 on_failed = [e for e in mine if (e.family, e.seed) in failed]
@@ -116,20 +123,23 @@ def measure(
                     "temperature": temp, "family": fam, "level": lv,
                     **rate(sum(e.success for e in mine), len(mine)),
                     "on_failed": rate(sum(e.success for e in on_failed), len(on_failed)),
+                    "answered": sum(e.answered for e in mine),
+                    "answer_in_result": sum(e.answer_in_result for e in mine),
                     "cut_by_token_cap": sum(t.finish == "length" for e in mine for t in e.turns),
                     "hint_chars_mean": round(
                         sum(len(e.hint or "") for e in mine) / max(1, len(mine)), 1),
+                    "wall_s": round(time.perf_counter() - t0, 1),
                 }  # fmt: skip
                 emit(row)
                 out[f"{temp}/{lv}/{fam}"] = row
-        emit({"bench": "tooluse-hints", "part": "measure", "temperature": temp,
-              "episodes": len(tasks) + len(batch),
-              "wall_s": round(time.perf_counter() - t0, 1)})  # fmt: skip
-        for lv in levels:  # one example of each level's hint, for the record
-            ep = next((e for e in results[lv] if e.hint), None)
-            if ep is not None:
-                emit({"bench": "tooluse-hints", "example_hint": lv, "family": ep.family,
-                      "seed": ep.seed, "hint": ep.hint})  # fmt: skip
+            ex = next((e for e in eps if e.hint and e.family == "data"), None)
+            if ex is not None:  # one example of the level's hint, for the record
+                emit({"bench": "tooluse-hints", "example_hint": lv, "family": ex.family,
+                      "seed": ex.seed, "hint": ex.hint})  # fmt: skip
+            if dump is not None:
+                with dump.open("a") as f:
+                    for e in eps:
+                        f.write(episode_json(e, lv, temp) + "\n")
     return out
 
 
@@ -251,6 +261,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--evaluate", choices=["greedy", "logprob"], default="greedy")
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 on a loaded host)")
+    p.add_argument("--episodes", type=Path, default=None, help="measure: episodes as JSONL")
     p.add_argument("--out", type=Path, default=None, help="also append the JSON lines here")
     a = p.parse_args(argv)
 
@@ -265,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     torch.set_num_threads(a.threads)
     if a.part == "measure":
-        measure(a.start, a.families, a.n, a.levels, a.temps, a.batch_size, emit)
+        measure(a.start, a.families, a.n, a.levels, a.temps, a.batch_size, emit, a.episodes)
     else:
         compare(a.start, a.families, a.train_n, a.samples, a.level, a.n, a.batch_size,
                 a.modes, a.epochs, a.lr, emit, a.group, a.evaluate)  # fmt: skip
