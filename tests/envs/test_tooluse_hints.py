@@ -96,3 +96,22 @@ def test_the_plan_hint_is_shorter_than_the_checker_hint_plus_its_call() -> None:
     plain, plan = hint_for(task, [], plan=False), hint_for(task, [])
     assert "use code_exe with a program" in plain and "use code_exe with a program" not in plan
     assert plan.count("code_exe") == 1
+
+
+def test_the_bench_levels_say_what_they_claim() -> None:
+    """`bench tooluse_hints` levels: only "answer" gives the answer; "plan" adds the call's
+    shape to "checker"; "correction" puts the user's words in place of the needs."""
+    from agentrl.bench.tooluse_hints import CORRECTIONS, LEVELS, hint_of
+
+    for seed in range(1_000_000, 1_000_010):
+        task = generate_task(seed, "numbers")
+        tries = [Attempt(answer="1", tools=("code_exe",))]
+        got = {lv: hint_of(lv, task, tries) for lv in LEVELS}
+        assert got["none"] is None
+        truth = str(task.answer)
+        for lv in ("checker", "plan", "correction"):
+            if len(truth) >= 3 and truth not in task.question:
+                assert truth not in str(got[lv]), (lv, got[lv])
+        assert f"The right answer is {truth}." in str(got["answer"])
+        assert "Reply with {" in str(got["plan"]) and "Reply with" not in str(got["checker"])
+        assert CORRECTIONS["numbers"] in str(got["correction"])

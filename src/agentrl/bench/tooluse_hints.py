@@ -83,16 +83,17 @@ def rate(successes: int, n: int) -> dict[str, Any]:
     }
 
 
-def heldout(families: Sequence[str], n: int) -> list[tuple[str, int]]:
+def heldout(families: Sequence[str], n: int, skip: int = 0) -> list[tuple[str, int]]:
+    """`n` held-out tasks a family after the first `skip` (runs that add tasks to a set)."""
     from agentrl.envs.tooluse.tasks import distinct_seeds
     from agentrl.learners.tooluse import HELDOUT_OFFSET
 
-    return [(f, s) for f in families for s in distinct_seeds(f, n, HELDOUT_OFFSET)]
+    return [(f, s) for f in families for s in distinct_seeds(f, skip + n, HELDOUT_OFFSET)[skip:]]
 
 
 def measure(
     start: str, families: Sequence[str], n: int, levels: Sequence[str], temps: Sequence[float],
-    batch_size: int, emit: Any, dump: Path | None = None,
+    batch_size: int, emit: Any, dump: Path | None = None, skip: int = 0,
 ) -> dict[str, Any]:  # fmt: skip
     """Hint-free first (its attempts feed the checker's verdict), then each hinted level
     (one batched play a level: figures as soon as each is done on a slow host)."""
@@ -100,7 +101,7 @@ def measure(
     from agentrl.learners.tooluse_hints import attempts_of
 
     learner = _learner(start, batch_size)
-    tasks = heldout(families, n)
+    tasks = heldout(families, n, skip)
     out: dict[str, Any] = {}
     for temp in temps:
         plain: list[Any] = []
@@ -249,6 +250,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--start", required=True, help="a tool-use checkpoint folder")
     p.add_argument("--families", nargs="+", default=["data", "numbers"])
     p.add_argument("--n", type=int, default=30, help="held-out tasks per family")
+    p.add_argument("--skip", type=int, default=0, help="measure: after the first SKIP tasks")
     p.add_argument("--levels", nargs="+", default=list(LEVELS), choices=list(LEVELS))
     p.add_argument("--temps", nargs="+", type=float, default=[0.0, 1.0])
     p.add_argument("--batch-size", type=int, default=48)
@@ -276,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     torch.set_num_threads(a.threads)
     if a.part == "measure":
-        measure(a.start, a.families, a.n, a.levels, a.temps, a.batch_size, emit, a.episodes)
+        measure(a.start, a.families, a.n, a.levels, a.temps, a.batch_size, emit, a.episodes, a.skip)
     else:
         compare(a.start, a.families, a.train_n, a.samples, a.level, a.n, a.batch_size,
                 a.modes, a.epochs, a.lr, emit, a.group, a.evaluate)  # fmt: skip
