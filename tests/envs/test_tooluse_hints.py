@@ -53,38 +53,30 @@ def _planned_call(hint: str) -> dict:  # type: ignore[type-arg]
     return dict(call)
 
 
+@pytest.mark.parametrize("pool", ["train", "unseen"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_following_the_plan_hint_solves_the_task_and_it_never_holds_the_answer(
-    family: str,
+    family: str, pool: str
 ) -> None:
-    """The plan names the tool and the call's shape; a model that copies it and fills R
-    with the table's rows in the order it names solves the task in the real environment
-    (a hint that named the wrong columns or method would fail here), and the answer is
-    never in it."""
+    """The plan is the first reply to write, thought first (the warm start picks its tool
+    from its thought); copying it and answering with what the tool printed solves the
+    task in the real environment, and the answer is never in the hint."""
     from agentrl.envs.tooluse import ToolUseEnv
     from agentrl.envs.tooluse.agent_prompt import reply
-    from agentrl.envs.tooluse.solver import answer_from, table_literal
-    from agentrl.envs.tooluse.tasks import _COLUMNS
+    from agentrl.envs.tooluse.solver import answer_from
 
-    env = ToolUseEnv(family=family, max_steps=4)
-    for seed in range(1_000_000, 1_000_012):
-        task = generate_task(seed, family)
-        hint = hint_for(task, [Attempt(answer="7")], plan=True)
+    env = ToolUseEnv(family=family, max_steps=4, pool=pool)
+    for seed in range(1_000_000, 1_000_008):
+        task = generate_task(seed, family, pool)
+        hint = hint_for(task, [Attempt(answer="7")])
         truth = str(task.answer)
         if len(truth) >= 3 and truth not in task.question:
             assert truth not in hint, hint
         call = _planned_call(hint)
-        args = dict(call["tool_args"])
-        if family == "data":  # the model's part: the rows, in the order the hint names
-            first, rest = args["code"].split("\n", 1)
-            assert first.startswith("R=[(") and first.endswith("), ...]")
-            assert f"as {first[3:-6]} in that order" in hint
-            named = [c.strip() for c in first[4:-7].split(",")]
-            canonical = list(_COLUMNS[task.spec["table"]])  # the spec rows' order
-            rows = [tuple(r[canonical.index(c)] for c in named) for r in task.spec["rows"]]
-            args["code"] = table_literal(rows) + "\n" + rest
+        assert list(call)[:2] == ["thoughts", "tool_name"]
         env.reset(seed)
-        obs, _, done, info = env.step(reply("t", call["tool_name"], **args))
+        obs, _, done, info = env.step(reply(call["thoughts"][0], call["tool_name"],
+                                            **call["tool_args"]))  # fmt: skip
         assert not done and not info.get("tool_error"), obs["text"]
         _, _, done, info = env.step(reply("t", "response", text=answer_from(str(obs["text"]))))
         assert done and info["success"], (hint, obs["text"])

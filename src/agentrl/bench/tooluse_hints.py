@@ -26,8 +26,8 @@ LEVELS = {
     "none": "no hint: the question alone",
     "checker": "what was wrong with the hint-free attempt + the quantity the task needs and "
     "the tool for it, in words (hint_for plan=False, the default before the plan)",
-    "plan": "checker + the shape of the first call: the tool, its argument with the one "
-    "line that computes the quantity, the table's column order (hint_for's default)",
+    "plan": "checker's verdict + the quantity + the first reply to write, thought first "
+    "(the solver's call from what the question shows; hint_for's default)",
     "answer": "plan + 'The right answer is ...' (reveal_answer=True)",
     "correction": "what was wrong + a short user-style correction in place of the needs",
 }

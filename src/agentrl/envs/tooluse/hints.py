@@ -3,9 +3,9 @@ with its attempts, and what the task needs. A learner puts this (or a user's cor
 in the context of a task whose samples all failed and samples again (issue 52, "hints where
 every sample failed"); the hint never enters the prompt it then trains.
 
-Levels: by default the hint says what was wrong, the quantity the task needs, and the shape
-of the first call (the tool, its argument, the one line of code that computes the quantity,
-a table's column order: `call_shape`), never the answer; `plan=False` says the quantity and
+Levels: by default the hint says what was wrong, the quantity the task needs, and the first
+call to make (the tool, its argument: the expression, or a program that holds the table's
+rows and computes the quantity: `call_shape`), never the answer; `plan=False` says the quantity and
 the tool in words only; `reveal_answer=True` adds the answer itself. Each is measured apart
 (`python -m agentrl.bench.tooluse_hints measure`).
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agentrl.envs.tooluse.phrasings import CITY_COLUMNS, DATA_KINDS_OF, SHIFT_COLUMNS, STOCK_COLUMNS
 from agentrl.envs.tooluse.tasks import ToolTask, check_answer
 
 HINT_PREFIX = "Hint: "
@@ -40,9 +39,6 @@ _NEEDS = {  # data and numbers kinds: what the answer is, in the checker's words
     "divisor_count": "the number of divisors of {n}",
     "collatz_steps": "the number of Collatz steps from {n} down to 1",
 }
-
-
-_TABLE_COLUMNS = {"stock": STOCK_COLUMNS, "city": CITY_COLUMNS, "shift": SHIFT_COLUMNS}
 
 
 @dataclass(frozen=True)
@@ -103,30 +99,20 @@ def what_the_task_needs(task: ToolTask) -> str:
 
 
 def call_shape(task: ToolTask) -> str:
-    """The shape of the first call, as the reply the model should write: the tool, its
-    argument, and the one line that computes the quantity (the scripted solver's method,
-    `solver.first_action`), with the table's rows left for the model to copy in the order
-    the hint names. It names the method, never the value the method prints."""
-    import json
+    """The first call to make, as the exact reply the model writes (thought first: the
+    light warm start picks its tool from its thought, and with only the call's JSON in the
+    hint it ran the right program in the calculator): the scripted solver's first reply,
+    written from what the question shows (`solver.first_action`: the expression, the
+    table's rows as a Python literal in a fixed column order, the loop), never from the
+    answer, which only running the call shows. With a placeholder for the rows
+    (`R=[(item, price, quantity), ...]`) the model copied the placeholder verbatim."""
+    from agentrl.envs.tooluse.solver import first_reply
 
-    from agentrl.envs.tooluse.solver import _DATA_LAST, _NUMBERS_CODE
-
-    spec = task.spec
-    if task.family == "arithmetic" and "expression" in spec:
-        tool, key, arg = "calculator", "expression", str(spec["expression"])
-    elif task.family == "data" and task.kind in _DATA_LAST:
-        cols = ", ".join(_TABLE_COLUMNS[DATA_KINDS_OF[task.kind]])
-        last = _DATA_LAST[task.kind].format(threshold=spec.get("threshold"))
-        tool, key, arg = "code_exe", "code", f"R=[({cols}), ...]\n{last}"
-    elif task.family == "numbers" and task.kind in _NUMBERS_CODE:
-        tool, key, arg = "code_exe", "code", _NUMBERS_CODE[task.kind].format(**spec)
-    else:
+    try:
+        call = first_reply(task)
+    except (ValueError, KeyError):
         return ""
-    call = json.dumps({"tool_name": tool, "tool_args": {key: arg}}, ensure_ascii=False)
-    out = f"Reply with {call}"
-    if task.family == "data":
-        out += f", R holding every row of the table as ({cols}) in that order"
-    return out + "; then reply with response and the value the tool printed."
+    return f"Reply with {call} then reply with response and the value the tool printed."
 
 
 def hint_for(
