@@ -105,14 +105,16 @@ def call_shape(task: ToolTask) -> str:
     written from what the question shows (`solver.first_action`: the expression, the
     table's rows as a Python literal in a fixed column order, the loop), never from the
     answer, which only running the call shows. With a placeholder for the rows
-    (`R=[(item, price, quantity), ...]`) the model copied the placeholder verbatim."""
+    (`R=[(item, price, quantity), ...]`) the model copied the placeholder verbatim; with
+    "then reply with response and the value the tool printed" after the call it wrote the
+    response's thought and, for 4 of 6 numbers tasks, sent the program as its answer."""
     from agentrl.envs.tooluse.solver import first_reply
 
     try:
         call = first_reply(task)
     except (ValueError, KeyError):
         return ""
-    return f"Reply with {call} then reply with response and the value the tool printed."
+    return f"Reply with {call}"
 
 
 def hint_for(
