@@ -43,7 +43,8 @@ def test_a_task_no_hinted_resample_solved_is_distilled_not_dropped(tmp_path: Pat
     ))  # fmt: skip
     tok = learner.tokenizer
     records = [logged(i, "data", 7) for i in range(2)] + [logged(2, "numbers", 9)]
-    settings = {"mode": "importance", "samples": 1, "max_new_tokens": 8, "max_steps": 2}
+    settings = {"mode": "importance", "samples": 1, "max_new_tokens": 8, "max_steps": 2,
+                "fallback_distill": True}  # fmt: skip
     step = hint_step(learner.trainer, records, settings)
     # the tiny random model solves nothing, hinted or not
     assert step.counts["hinted_tasks"] == 2 and step.counts["hinted_successes"] == 0

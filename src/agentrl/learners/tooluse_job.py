@@ -47,9 +47,10 @@ class JobHints(BaseModel):
         True, description="the hint also shows the first call's shape (hints.call_shape)"
     )
     fallback_distill: bool = Field(
-        True,
+        False,
         description="importance: a task none of whose hinted resamples succeeded is "
-        "distilled on its failed attempts instead of training nothing",
+        "distilled on its failed attempts instead of training nothing (off: distillation "
+        "moved the light warm start away from the solutions, bench tooluse_hints compare)",
     )
     samples: int = Field(4, gt=0, description="hinted resamples per task (importance)")
     max_tasks: int = Field(8, gt=0, description="hinted tasks per job (its time is bounded)")
