@@ -1,7 +1,7 @@
 """A loop job's hint step on its own (issue 52), with the tiny model and hand-made logged
-trajectories: which failed tasks a job hints (the families in turn), and a task whose
-hinted resamples all failed still teaches (distilled on its own failed attempts) instead
-of the job training nothing on it, with no hint in any trained prompt."""
+trajectories: which failed tasks a job hints (the families in turn), and, with
+`fallback_distill`, a task whose hinted resamples all failed is distilled on its own failed
+attempts instead of training nothing, with no hint in any trained prompt."""
 
 from __future__ import annotations
 
