@@ -43,3 +43,67 @@ def test_a_users_correction_is_the_hint_and_the_question_comes_first() -> None:
     assert "The task needs" not in hint
     assert "The task needs" in hint_for(task, [], correction="   ")  # blank: the env's words
     assert with_hint("Q?", hint) == f"Q?\n\n{hint}" and with_hint("Q?", None) == "Q?"
+
+
+def _planned_call(hint: str) -> dict:  # type: ignore[type-arg]
+    """The call the plan hint asks for (the JSON after "Reply with ")."""
+    import json
+
+    call, _ = json.JSONDecoder().raw_decode(hint.split("Reply with ", 1)[1])
+    return dict(call)
+
+
+@pytest.mark.parametrize("pool", ["train", "unseen"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_following_the_plan_hint_solves_the_task_and_it_never_holds_the_answer(
+    family: str, pool: str
+) -> None:
+    """The plan is the first reply to write, thought first (the warm start picks its tool
+    from its thought); copying it and answering with what the tool printed solves the
+    task in the real environment, and the answer is never in the hint."""
+    from agentrl.envs.tooluse import ToolUseEnv
+    from agentrl.envs.tooluse.agent_prompt import reply
+    from agentrl.envs.tooluse.solver import answer_from
+
+    env = ToolUseEnv(family=family, max_steps=4, pool=pool)
+    for seed in range(1_000_000, 1_000_008):
+        task = generate_task(seed, family, pool)
+        hint = hint_for(task, [Attempt(answer="7")])
+        truth = str(task.answer)
+        if len(truth) >= 3 and truth not in task.question:
+            assert truth not in hint, hint
+        call = _planned_call(hint)
+        assert list(call)[:2] == ["thoughts", "tool_name"]
+        env.reset(seed)
+        obs, _, done, info = env.step(reply(call["thoughts"][0], call["tool_name"],
+                                            **call["tool_args"]))  # fmt: skip
+        assert not done and not info.get("tool_error"), obs["text"]
+        _, _, done, info = env.step(reply("t", "response", text=answer_from(str(obs["text"]))))
+        assert done and info["success"], (hint, obs["text"])
+
+
+def test_the_plan_hint_is_shorter_than_the_checker_hint_plus_its_call() -> None:
+    """With the plan the tool sentence of the needs is left out (one way to say it)."""
+    task = generate_task(1_000_002, "data")
+    plain, plan = hint_for(task, [], plan=False), hint_for(task, [])
+    assert "use code_exe with a program" in plain and "use code_exe with a program" not in plan
+    assert plan.count("code_exe") == 1
+
+
+def test_the_bench_levels_say_what_they_claim() -> None:
+    """`bench tooluse_hints` levels: only "answer" gives the answer; "plan" adds the call's
+    shape to "checker"; "correction" puts the user's words in place of the needs."""
+    from agentrl.bench.tooluse_hints import CORRECTIONS, LEVELS, hint_of
+
+    for seed in range(1_000_000, 1_000_010):
+        task = generate_task(seed, "numbers")
+        tries = [Attempt(answer="1", tools=("code_exe",))]
+        got = {lv: hint_of(lv, task, tries) for lv in LEVELS}
+        assert got["none"] is None
+        truth = str(task.answer)
+        for lv in ("checker", "plan", "correction"):
+            if len(truth) >= 3 and truth not in task.question:
+                assert truth not in str(got[lv]), (lv, got[lv])
+        assert f"The right answer is {truth}." in str(got["answer"])
+        assert "Reply with {" in str(got["plan"]) and "Reply with" not in str(got["checker"])
+        assert CORRECTIONS["numbers"] in str(got["correction"])

@@ -43,6 +43,15 @@ class JobHints(BaseModel):
 
     mode: Literal["importance", "distill"] = "importance"
     reveal_answer: bool = False
+    plan: bool = Field(
+        True, description="the hint also shows the first call's shape (hints.call_shape)"
+    )
+    fallback_distill: bool = Field(
+        False,
+        description="importance: a task none of whose hinted resamples succeeded is "
+        "distilled on its failed attempts instead of training nothing (off: distillation "
+        "moved the light warm start away from the solutions, bench tooluse_hints compare)",
+    )
     samples: int = Field(4, gt=0, description="hinted resamples per task (importance)")
     max_tasks: int = Field(8, gt=0, description="hinted tasks per job (its time is bounded)")
     max_steps: int = Field(4, ge=1)
@@ -66,6 +75,7 @@ class HintStep:
             "hinted_samples": 0,
             "corrections_used": 0,
             "hint_items": 0,
+            "distilled_tasks": 0,
         }
     )
     hints: dict[Key, str] = field(default_factory=dict)
@@ -104,6 +114,26 @@ def succeeded(record: Any) -> bool:
     meta = record.trajectory.get("metadata") or {}
     status = (meta.get("outcome") or {}).get("task_status")
     return status == "completed_successfully"
+
+
+def pick_tasks(groups: dict[Key, list[Any]], limit: int) -> list[Key]:
+    """At most `limit` of the failed tasks, the families in turn (first-seen order within
+    a family): a job's first failed groups were mostly one family's, and the hinted
+    families are the ones the policy fails most (data, numbers). A "mixed" task's family
+    is the one its seed draws."""
+    from agentrl.envs.tooluse.tasks import FAMILIES, generate_task
+
+    by_family: dict[str, list[Key]] = {}
+    for key in groups:
+        fam = key[0] if key[0] in FAMILIES else generate_task(key[1], key[0]).family
+        by_family.setdefault(fam, []).append(key)
+    out: list[Key] = []
+    queues = list(by_family.values())
+    while len(out) < limit and any(queues):
+        for q in queues:
+            if q and len(out) < limit:
+                out.append(q.pop(0))
+    return out
 
 
 def failed_groups(records: Sequence[Any]) -> dict[Key, list[Any]]:
@@ -230,7 +260,7 @@ def hint_step(
     s = settings if isinstance(settings, JobHints) else JobHints.model_validate(settings)
     step = HintStep()
     groups = failed_groups(records)
-    keys = list(groups)[: s.max_tasks]
+    keys = pick_tasks(groups, s.max_tasks)
     if not keys:
         return step
     config = ToolUseConfig(
@@ -259,6 +289,7 @@ def hint_step(
             [attempt_of(r.trajectory) for r in groups[k]],
             reveal_answer=s.reveal_answer,
             correction=correction,
+            plan=s.plan,
         )
     step.counts["hinted_tasks"] = len(step.hints)
     families = {k: tasks[k].family for k in keys}
@@ -275,6 +306,15 @@ def hint_step(
         step.items = importance_items(again)
         for it, fam in zip(step.items, _families_of(again, families), strict=True):
             it.family = fam
+        solved = {(ep.family, ep.seed) for ep in again if ep.success}
+        unsolved = {k: step.hints[k] for k in keys if k not in solved}
+        if s.fallback_distill and unsolved:  # no hinted success: the teacher's view instead
+            questions = {k: tasks[k].question for k in unsolved}
+            extra = distill_items_from_records(
+                learner.tokenizer, groups, unsolved, questions, families, completions or {}
+            )
+            step.counts["distilled_tasks"] = len(unsolved)
+            step.items += extra
     step.counts["hint_items"] = len(step.items)
     step.seconds = time.perf_counter() - t0
     return step

@@ -3,9 +3,11 @@ with its attempts, and what the task needs. A learner puts this (or a user's cor
 in the context of a task whose samples all failed and samples again (issue 52, "hints where
 every sample failed"); the hint never enters the prompt it then trains.
 
-Two levels: by default the hint says what was wrong and what the task needs (the quantity
-to compute, the tool that computes it, the expression or the numbers to use) but never the
-answer; `reveal_answer=True` adds the answer itself. The two are measured apart.
+Levels: by default the hint says what was wrong, the quantity the task needs, and the first
+call to make (the tool, its argument: the expression, or a program that holds the table's
+rows and computes the quantity: `call_shape`), never the answer; `plan=False` says the quantity and
+the tool in words only; `reveal_answer=True` adds the answer itself. Each is measured apart
+(`python -m agentrl.bench.tooluse_hints measure`).
 """
 
 from __future__ import annotations
@@ -72,15 +74,22 @@ def what_was_wrong(task: ToolTask, attempts: Sequence[Attempt]) -> str:
     return "; ".join(notes) if notes else "the attempts did not solve the task"
 
 
-def what_the_task_needs(task: ToolTask) -> str:
-    """The quantity asked for and how to get it, from the task's spec (not its answer)."""
+def quantity(task: ToolTask) -> str | None:
+    """The quantity the question asks for, in the checker's words (None: unknown kind)."""
     spec = task.spec
     if task.family == "arithmetic" and "expression" in spec:
-        return f"the value of {spec['expression']}: use the calculator with that expression"
+        return f"the value of {spec['expression']}"
     need = _NEEDS.get(task.kind)
+    return None if need is None else need.format(**{k: v for k, v in spec.items() if k != "rows"})
+
+
+def what_the_task_needs(task: ToolTask) -> str:
+    """The quantity asked for and how to get it, from the task's spec (not its answer)."""
+    need = quantity(task)
+    if task.family == "arithmetic" and "expression" in task.spec:
+        return f"{need}: use the calculator with that expression"
     if need is None:
         return "compute the answer with a tool, then give it with the response tool"
-    need = need.format(**{k: v for k, v in spec.items() if k != "rows"})
     if task.family == "data":
         return (
             f"{need}; use code_exe with a program that holds the table's rows in a list "
@@ -89,21 +98,46 @@ def what_the_task_needs(task: ToolTask) -> str:
     return f"{need}; use code_exe with a short program that prints it"
 
 
+def call_shape(task: ToolTask) -> str:
+    """The first call to make, as the exact reply the model writes (thought first: the
+    light warm start picks its tool from its thought, and with only the call's JSON in the
+    hint it ran the right program in the calculator): the scripted solver's first reply,
+    written from what the question shows (`solver.first_action`: the expression, the
+    table's rows as a Python literal in a fixed column order, the loop), never from the
+    answer, which only running the call shows. With a placeholder for the rows
+    (`R=[(item, price, quantity), ...]`) the model copied the placeholder verbatim; with
+    "then reply with response and the value the tool printed" after the call it wrote the
+    response's thought and, for 4 of 6 numbers tasks, sent the program as its answer."""
+    from agentrl.envs.tooluse.solver import first_reply
+
+    try:
+        call = first_reply(task)
+    except (ValueError, KeyError):
+        return ""
+    return f"Reply with {call}"
+
+
 def hint_for(
     task: ToolTask,
     attempts: Sequence[Attempt] = (),
     *,
     reveal_answer: bool = False,
     correction: str | None = None,
+    plan: bool = True,
 ) -> str:
     """The hint for a task whose samples all failed. A user's `correction` (free text sent
     with feedback) takes the place of what the environment says the task needs, since in
-    production a user's words are all there is; the checker's verdict stays beside it."""
+    production a user's words are all there is; the checker's verdict stays beside it.
+    `plan` (the default) adds the shape of the first call (`call_shape`); without it the
+    hint says the quantity and the tool in words only (measured apart: bench
+    tooluse_hints, levels "checker" and "plan")."""
     parts = []
     if attempts:
         parts.append(f"Earlier attempts failed: {what_was_wrong(task, attempts)}.")
     if correction and correction.strip():
         parts.append(f"A user's correction: {correction.strip()}")
+    elif plan and (shape := call_shape(task)):  # the quantity, then the call's shape
+        parts.append(f"The task needs {quantity(task)}. {shape}")
     else:
         parts.append(f"The task needs {what_the_task_needs(task)}.")
     if reveal_answer:
