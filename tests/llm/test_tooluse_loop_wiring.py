@@ -139,6 +139,17 @@ def test_the_jobs_hint_failed_tasks_as_the_loop_says() -> None:
         "importance"
     )
     assert job_settings(hints="off")[1]["tooluse_hints"] is None
+    # the plan (the scripted solver's first call) by default; off for a run with no
+    # scripted solution anywhere, where a hint is the checker's words only
+    assert hints.plan
+    words = JobHints.model_validate(job_settings(hint_plan=False)[1]["tooluse_hints"])
+    assert not words.plan
+    from agentrl.envs.tooluse.hints import hint_for
+    from agentrl.envs.tooluse.tasks import generate_task
+
+    task = generate_task(100_000, "data")
+    assert "Reply with" in hint_for(task, plan=hints.plan)
+    assert "Reply with" not in hint_for(task, plan=words.plan)
 
 
 def test_the_ablation_switches_reach_the_jobs_and_the_reward_service(tmp_path: Any) -> None:

@@ -128,6 +128,12 @@ class LoopConfig(BaseModel):
     ablation."""
     hint_reveals_answer: bool = False
     """Tool use: the hint also gives the answer."""
+    hint_plan: bool = True
+    """Tool use: the environment's hint also shows the first reply to write.
+
+    It is the scripted solver's first call (never the answer): words alone taught SmolLM2
+    nothing (0 of 24 hinted episodes). false for a run with no scripted solution anywhere:
+    the checker's words and users' corrections only."""
     partial_credit: bool = True
     """Partial credit (tool use).
 

@@ -210,6 +210,7 @@ def job_hints(cfg: Any) -> dict[str, Any] | None:
     return {
         "mode": mode,
         "reveal_answer": bool(getattr(cfg, "hint_reveals_answer", False)),
+        "plan": bool(getattr(cfg, "hint_plan", True)),
         "max_steps": cfg.max_steps,
         "max_new_tokens": cfg.max_tokens,
         "temperature": cfg.temperature,

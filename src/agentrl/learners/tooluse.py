@@ -111,6 +111,11 @@ class ToolUseConfig(BaseModel):
         "hint is the teacher on the failed samples' own tokens; off: no hints",
     )
     hint_reveals_answer: bool = Field(False, description="the hint also gives the answer")
+    hint_plan: bool = Field(
+        True,
+        description="the hint also shows the first reply to write (the scripted solver's "
+        "call, never the answer); false: the checker's words only",
+    )
     hint_samples: int | None = Field(None, gt=0, description="hinted resamples (group_size)")
     hint_clip: float = Field(1.0, gt=0, description="importance-ratio cap / advantage clip")
     # keeping what was learned (`learners.tooluse_replay`)
@@ -532,7 +537,7 @@ def hint_round(
         out["corrections_used"] += int(correction is not None)
         hints[key] = hint_for(generate_task(key[1], key[0]), attempts_of(eps),
                               reveal_answer=cfg.hint_reveals_answer,
-                              correction=correction)  # fmt: skip
+                              correction=correction, plan=cfg.hint_plan)  # fmt: skip
     out["hinted_tasks"] = len(hints)
     if not hints:
         return out
@@ -689,6 +694,7 @@ def final_record(config: ToolUseConfig, res: ToolUseResult) -> dict[str, Any]:
         "rl_iterations": len(res.curve),
         "hints": config.hints,
         "hint_reveals_answer": config.hint_reveals_answer,
+        "hint_plan": config.hint_plan,
         "replay_steps": config.replay_steps,
         "unseen_tasks": fig("unseen_trained", field="episodes"),
         "rl_cut_by_token_cap": sum(r.get("cut_by_token_cap", 0) for r in res.curve),

@@ -271,6 +271,7 @@ def hint_step(
         threads=0,
         hints=s.mode,
         hint_reveals_answer=s.reveal_answer,
+        hint_plan=s.plan,
         hint_samples=s.samples,
         group_size=s.samples,
         temperature=s.temperature,
