@@ -1,4 +1,5 @@
-"""Shared fixtures: one real embedded nats-server (JetStream) per test session."""
+"""Shared fixtures: one real embedded nats-server (JetStream) per test session, SmolLM2's
+tokenizer."""
 
 from __future__ import annotations
 
@@ -77,3 +78,12 @@ def fresh_label_caps() -> Iterator[None]:
     metrics.set_enabled(True)
     yield
     metrics.set_enabled(was_on)
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer():  # type: ignore[no-untyped-def]
+    """SmolLM2's tokenizer (from the packaged GGUF; seconds, no network): the llm, learners,
+    app and training tests' prompts and tokens."""
+    from agentrl.llm.loading import load_smollm2_tokenizer
+
+    return load_smollm2_tokenizer()
