@@ -16,10 +16,11 @@ from pathlib import Path
 
 from agentrl.bus.client import Bus
 from agentrl.core.settings import get_settings
+from agentrl.release.service import gateway_state
 from agentrl.release.serving_manager import ServingManager
 from agentrl.serving import gateway_workers as gw
 from agentrl.serving.config import DeploySettings
-from agentrl.serving.gateway import CompletionLog, GatewayState, create_gateway_app
+from agentrl.serving.gateway import create_gateway_app
 from agentrl.serving.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -38,18 +39,7 @@ async def serve_worker(stop: asyncio.Event) -> None:
     subject = os.environ[gw.STATS_ENV]
     bus = await Bus.connect(settings=settings, name=f"agentrl-gateway-{index}")
     registry = await Registry.open(bus.js, deploy.bucket, replicas=settings.stream_replicas)
-    completion_log = (
-        CompletionLog(bus, max_bytes=int(deploy.completion_log_max_mb * 2**20))
-        if deploy.completion_log
-        else None
-    )
-    state = GatewayState(
-        deploy.public_model,
-        api_keys=deploy.api_keys,
-        completion_log=completion_log,
-        timeout_s=deploy.backend_timeout_s,
-    )
-    state.max_inflight = deploy.max_inflight
+    state = gateway_state(bus, deploy)  # no capture: workers refuse it
     cache = deploy.cache_dir or Path(settings.data_dir) / "deploy" / "checkpoints"
     manager = ServingManager(registry, state, deploy, cache)  # refusals: the main process's
     sock = gw.reuse_port_socket(settings.gateway_host, settings.gateway_port)
@@ -80,8 +70,8 @@ async def serve_worker(stop: asyncio.Event) -> None:
                 access_log=False,
             ),
         }
-        if completion_log is not None:
-            coros["completion-log"] = completion_log.run(stop)
+        if state.completion_log is not None:
+            coros["completion-log"] = state.completion_log.run(stop)
         gctune.settle()
         log.info("gateway worker %s serving on %s:%s", index, *sock.getsockname()[:2])
         await run_tasks(coros, stop)

@@ -76,19 +76,7 @@ async def build(
     registry = await Registry.open(bus.js, deploy.bucket, replicas=settings.stream_replicas)
     endpoint = f"http://{settings.gateway_host}:{settings.gateway_port}/v1/chat/completions"
     deployer = Deployer(registry, bus, deploy.public_model, endpoint)
-    completion_log = (
-        CompletionLog(bus, max_bytes=int(deploy.completion_log_max_mb * 2**20))
-        if deploy.completion_log
-        else None
-    )
-    state = GatewayState(
-        deploy.public_model,
-        api_keys=deploy.api_keys,
-        completion_log=completion_log,
-        timeout_s=deploy.backend_timeout_s,
-        capture=_capture(bus),
-    )
-    state.max_inflight = deploy.max_inflight
+    state = gateway_state(bus, deploy, capture=_capture(bus))
     tracker = RewardTracker(*deploy.reward_range)
     if validate == "default":
         from agentrl.release.validation import Validator
@@ -126,9 +114,30 @@ async def build(
     )
     from agentrl.release.fleet import Fleet
 
-    d = Deployment(registry, deployer, state, manager, controller, tracker, completion_log, deploy)
+    d = Deployment(
+        registry, deployer, state, manager, controller, tracker, state.completion_log, deploy
+    )
     d.fleet = Fleet(d, bus, endpoint, validate, plan, cache)
     return d
+
+
+def gateway_state(bus: Any, deploy: DeploySettings, capture: Any = None) -> GatewayState:
+    """The gateway's state as `deploy` configures it (keys, completion log, timeout, in-flight
+    cap): the deploy service's and each gateway worker process's."""
+    completion_log = (
+        CompletionLog(bus, max_bytes=int(deploy.completion_log_max_mb * 2**20))
+        if deploy.completion_log
+        else None
+    )
+    state = GatewayState(
+        deploy.public_model,
+        api_keys=deploy.api_keys,
+        completion_log=completion_log,
+        timeout_s=deploy.backend_timeout_s,
+        capture=capture,
+    )
+    state.max_inflight = deploy.max_inflight
+    return state
 
 
 def _capture(bus: Any) -> Any:
