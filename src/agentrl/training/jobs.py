@@ -586,7 +586,7 @@ class TokenJob:
             samples, self.bstats = build_samples(
                 data.train, tok, estimator=self.est, completions=completions,
                 constraints=opts.constraints or (),
-                advantage_scale=str((opts.model_extra or {}).get("advantage_scale", "std")),
+                advantage_scale=opts.advantage_scale,
             )  # fmt: skip
             shaped = shape_samples(
                 samples, self.objective, beta=opts.awr_beta, max_weight=opts.awr_max_weight,

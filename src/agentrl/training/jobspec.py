@@ -70,6 +70,10 @@ class JobOptions(BaseModel):
     min_reward: float = 1.0
     kl_coef: float = 0.0
     constraints: list[Any] = Field(default_factory=list)
+    advantage_scale: Literal["std", "none"] = "std"
+    """A group's centred rewards divided by its std (GRPO) or not (Dr. GRPO; the tool-use
+    loop's, whose partial credit made small differences as large as a success's):
+    `training.samples.ADVANTAGE_SCALES`."""
 
     @field_validator("objective", mode="before")
     @classmethod
