@@ -15,7 +15,9 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,24 @@ async def keep_running(
             log.warning("%s failed (%s); retrying in %.1f s", name, exc, delay, exc_info=True)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
+
+
+async def until_stopped(work: Awaitable[T], stop: asyncio.Event) -> T | None:
+    """`work`'s result, or None as soon as `stop` is set (`work` is cancelled then). Why: an
+    await on a thread (a cold model load: tens of seconds of GGUF conversion) does not see
+    `stop`, and a service waiting in it held `agentrl up` past SIGINT for the stack's whole
+    stop grace; the thread itself runs on, unwaited (`app.stack.exit_past_stragglers`)."""
+    task = asyncio.ensure_future(work)
+    waiter = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    return None if task.cancelled() else task.result()
 
 
 async def run_tasks(

@@ -256,11 +256,15 @@ async def _at_start_up(
 ) -> None:
     """A registry call at start-up, retried while NATS is away or a cluster still elects
     the bucket's leader (a replica started beside a forming cluster used to die here on
-    `nats: timeout`, and nothing outside `agentrl up` restarted it)."""
+    `nats: timeout`, and nothing outside `agentrl up` restarted it). A call still running
+    when `stop` is set is let go (the first sync loads the model: a cold GGUF conversion
+    held `agentrl up` past SIGINT for the stack's whole stop grace)."""
+    from agentrl.core.supervision import until_stopped
+
     deadline = asyncio.get_running_loop().time() + patience_s
     for attempt in itertools.count():
         try:
-            await call()
+            await until_stopped(call(), stop)
             return
         except TRANSIENT as exc:
             if stop.is_set() or asyncio.get_running_loop().time() > deadline:

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from agentrl.core.supervision import until_stopped
 from agentrl.serving.backends import Backend, LocalBackend, UpstreamBackend
 from agentrl.serving.config import DeploySettings
 from agentrl.serving.gateway import GatewayState
@@ -304,7 +305,7 @@ class ServingManager:
     async def run(self, stop: asyncio.Event, poll_s: float = 0.2) -> None:
         while not stop.is_set():
             try:
-                await self.sync()
+                await until_stopped(self.sync(), stop)  # a cold model load ends with stop
                 if time.monotonic() - self._reported_at >= self.report_every_s:
                     await self.report()  # the heartbeat
             except Exception:
