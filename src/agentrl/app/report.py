@@ -763,7 +763,11 @@ def plot_success_rate(rows: list[dict], path: Path) -> None:
             sum(r["success"] for r in rows if r["model"] == m) / n
             for m, n in zip(models, counts, strict=True)
         ]
-        ax.bar(models, rates, color="tab:olive")
+        # short names (base, v1, ...): the full ids ran into one another under the bars
+        prefix = _prefix(models)
+        ax.bar([_short(m, prefix) for m in models], rates, color="tab:olive")
+        if prefix:
+            ax.set_xlabel(f"version ({prefix}...)")
         for i, (rate, n) in enumerate(zip(rates, counts, strict=True)):
             ax.text(i, rate + 0.02, f"{rate:.2f} (n={n})", ha="center", fontsize=9)
         ax.set_ylim(0, 1)
