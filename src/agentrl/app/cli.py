@@ -7,53 +7,46 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
+if TYPE_CHECKING:
+    from agentrl.app.options import ReportOptions, UpOptions
+
 
 def register(app: typer.Typer) -> None:
-    _register_loop(app)
-    _register_up(app)
-    _register_report(app)
-    _register_retired(app)
+    from agentrl.app.loop_config import LoopConfig
+    from agentrl.app.options import ReportOptions, UpOptions
+    from agentrl.core.configcli import config_command, flag, model_command
+
+    own = [
+        flag("quick", "The short profile: tiny model."),
+        flag("show_config", "Print the settings as JSON and exit."),
+    ]
+    app.command("loop")(model_command(LoopConfig, LOOP_OPTIONS, _loop, own))
+    app.command("up")(config_command(UpOptions, None, _up))
+    app.command("report")(config_command(ReportOptions, None, _report))
+    retired = model_command(LoopConfig, ("data_dir",), _demo)
+    app.command("demo", hidden=True, deprecated=True)(retired)
 
 
-def _register_report(app: typer.Typer) -> None:
-    @app.command("report")
-    def report_cmd(
-        out: Path = typer.Option(..., "--out", help="Directory for index.html and the PNG plots."),
-        source: str = typer.Option(
-            "auto",
-            help="Where the data comes from: auto (warehouse, else streams), warehouse, streams.",
-        ),
-        nats_url: str = typer.Option(
-            None, help="NATS server for --source streams (default: NATS_URL)."
-        ),
-        hours: float = typer.Option(24 * 7, help="How far back to read."),
-    ) -> None:
-        """Write an HTML report: held-out success per version (DIR/heldout.json), lineage, plots."""
-        from agentrl.app.report import run_report
+def _report(cfg: ReportOptions) -> None:
+    """Write an HTML report: held-out success per version (DIR/heldout.json), lineage, plots."""
+    from agentrl.app.report import run_report
 
-        page = run_report(out, source=source, nats_url=nats_url, hours=hours)
-        typer.echo(f"report: {page}")
+    page = run_report(cfg.out, source=cfg.source, nats_url=cfg.nats_url, hours=cfg.hours)
+    typer.echo(f"report: {page}")
 
 
-def _register_retired(app: typer.Typer) -> None:
-    @app.command("demo", hidden=True, deprecated=True)
-    def demo(
-        data_dir: Path = typer.Option(None, help="A folder of the loop's own for this run."),
-    ) -> None:
-        """Retired: the first closed loop, superseded by `agentrl loop --quick` (which it runs)."""
-        typer.echo(
-            "agentrl demo is retired: it runs `agentrl loop --quick` now (the same chain on "
-            "the whole stack); use that command.",
-            err=True,
-        )
-        loop = typer.main.get_command(app).get_command(None, "loop")  # type: ignore[attr-defined]
-        args = ["--quick"] + (["--data-dir", str(data_dir)] if data_dir else [])
-        loop.main(args, standalone_mode=False)
+def _demo(overrides: dict[str, object]) -> None:
+    """Retired: the first closed loop, superseded by `agentrl loop --quick` (which it runs)."""
+    typer.echo(
+        "agentrl demo is retired: it runs `agentrl loop --quick` now (the same chain on "
+        "the whole stack); use that command.",
+        err=True,
+    )
+    _loop(overrides, quick=True, show_config=False)
 
 
 # `agentrl loop`'s options: these fields of `LoopConfig` (their docstrings are the help);
@@ -81,24 +74,6 @@ LOOP_OPTIONS = (
     "replay_steps",
     "lineages",
 )
-
-
-def _register_loop(app: typer.Typer) -> None:
-    import inspect
-
-    from agentrl.app.loop_config import LoopConfig
-    from agentrl.core.configcli import model_command
-
-    own = [
-        inspect.Parameter(
-            "quick",
-            inspect.Parameter.KEYWORD_ONLY,
-            default=typer.Option(False, "--quick", help="The short profile: tiny model."),
-            annotation=bool,
-        ),
-        _show_config_option(),
-    ]
-    app.command("loop")(model_command(LoopConfig, LOOP_OPTIONS, _loop, own))
 
 
 def _loop(overrides: dict[str, object], *, quick: bool, show_config: bool) -> None:
@@ -169,94 +144,67 @@ def _finish(run: Any, table: Any) -> None:
     sys.stdout.flush()
 
 
-def _register_up(app: typer.Typer) -> None:
-    @app.command()
-    def up(
-        data_dir: str = typer.Option(
-            None, help="Data dir (default AGENTRL_DATA_DIR or ./.agentrl)."
-        ),
-        port: int = typer.Option(0, help="NATS port; 0 picks a free one."),
-        no_services: bool = typer.Option(
-            False, "--no-services", help="Only the NATS server and its streams."
-        ),
-        cluster: int = typer.Option(
-            0,
-            help="Start a JetStream cluster of this many nats-servers on loopback (e.g. 3) "
-            "with streams replicated min(3, N) times, instead of one server.",
-        ),
-        replicas: int = typer.Option(
-            1,
-            min=1,
-            help="Run this many of every service on this machine (replica i: its own "
-            "processes, AGENTRL_REPLICA_ID=replica-i, API and gateway at the base port + i).",
-        ),
-        gateway_workers: int = typer.Option(
-            0,
-            min=0,
-            help="Gateway processes sharing the gateway's port (SO_REUSEPORT; needs "
-            "AGENTRL_CAPTURE_ENABLED=false). 0: AGENTRL_DEPLOY_GATEWAY_WORKERS, default 1.",
-        ),
-    ) -> None:
-        """Start the whole embedded stack: nats-server with JetStream and all streams,
-        the reward service, the warehouse ingester, the training service with its
-        triggers, the deployment controller with the OpenAI-compatible gateway, and
-        the control API with /metrics and /health; each service supervised
-        (restarted with backoff). It prints every URL it serves and shows a live
-        status panel. Ctrl-C stops everything cleanly.
+def _up(cfg: UpOptions) -> None:
+    """Start the whole embedded stack: nats-server with JetStream and all streams,
+    the reward service, the warehouse ingester, the training service with its
+    triggers, the deployment controller with the OpenAI-compatible gateway, and
+    the control API with /metrics and /health; each service supervised
+    (restarted with backoff). It prints every URL it serves and shows a live
+    status panel. Ctrl-C stops everything cleanly.
 
-        \b
-        Ports: AGENTRL_API_PORT (8600), AGENTRL_GATEWAY_PORT (8700), loopback.
-        --data-dir keeps several stacks apart (give each its own ports).
+    \b
+    Ports: AGENTRL_API_PORT (8600), AGENTRL_GATEWAY_PORT (8700), loopback.
+    --data-dir keeps several stacks apart (give each its own ports).
 
-        \b
-        "agentrl is up" is printed once the gateway serves; until then it says
-        what it waits for (the first start converts the bundled model: minutes).
-        The converted model is cached once for every data dir in
-        ~/.cache/agentrl/models ($XDG_CACHE_HOME; AGENTRL_MODELS_DIR moves it).
+    \b
+    "agentrl is up" is printed once the gateway serves; until then it says
+    what it waits for (the first start converts the bundled model: minutes).
+    The converted model is cached once for every data dir in
+    ~/.cache/agentrl/models ($XDG_CACHE_HOME; AGENTRL_MODELS_DIR moves it).
 
-        \b
-        An OpenAI client: one model name, split across the versions; the
-        response's `model` names the version that answered.
-          from openai import OpenAI
-          client = OpenAI(base_url="http://127.0.0.1:8700/v1", api_key="x")
-          client.chat.completions.create(
-              model="agentrl-policy", messages=[...])
-        AGENTRL_DEPLOY_API_KEYS='["k"]' requires keys; the header x-session-id
-        keeps a session on one version; extra_body={"guided_choice": [...]}
-        answers with one of the choices.
+    \b
+    An OpenAI client: one model name, split across the versions; the
+    response's `model` names the version that answered.
+      from openai import OpenAI
+      client = OpenAI(base_url="http://127.0.0.1:8700/v1", api_key="x")
+      client.chat.completions.create(
+          model="agentrl-policy", messages=[...])
+    AGENTRL_DEPLOY_API_KEYS='["k"]' requires keys; the header x-session-id
+    keeps a session on one version; extra_body={"guided_choice": [...]}
+    answers with one of the choices.
 
-        \b
-        Capture: requests with a session key (header x-agentrl-session) form
-        one episode until POST /v1/episodes/{key}/end or 300 s idle
-        (AGENTRL_CAPTURE_IDLE_TIMEOUT_S). A request waits at most
-        AGENTRL_DEPLOY_BACKEND_TIMEOUT_S (300) for its answer, then gets a
-        504 (logged; the episode keeps it as a failed turn): raise it when a
-        big model on a CPU answers slower.
+    \b
+    Capture: requests with a session key (header x-agentrl-session) form
+    one episode until POST /v1/episodes/{key}/end or 300 s idle
+    (AGENTRL_CAPTURE_IDLE_TIMEOUT_S). A request waits at most
+    AGENTRL_DEPLOY_BACKEND_TIMEOUT_S (300) for its answer, then gets a
+    504 (logged; the episode keeps it as a failed turn): raise it when a
+    big model on a CPU answers slower.
 
-        \b
-        Agent Zero: `agentrl agent-zero install PATH_TO_AGENT_ZERO` copies the
-        plugin and prints the chat model settings: provider OpenAI-compatible
-        ("other"), model "agentrl-policy", API base http://127.0.0.1:8700/v1.
-        Its trajectories then flow to NATS_URL (printed below) and train the
-        next version.
-        """
-        import os
+    \b
+    Agent Zero: `agentrl agent-zero install PATH_TO_AGENT_ZERO` copies the
+    plugin and prints the chat model settings: provider OpenAI-compatible
+    ("other"), model "agentrl-policy", API base http://127.0.0.1:8700/v1.
+    Its trajectories then flow to NATS_URL (printed below) and train the
+    next version.
+    """
+    import os
 
-        # the console is the status panel's: no weight-loading progress bars (the main
-        # job's console has none either); a user's own setting wins
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        if gateway_workers:  # read by the deploy service (DeploySettings), replicas' too
-            os.environ["AGENTRL_DEPLOY_GATEWAY_WORKERS"] = str(gateway_workers)
-        _check_gateway_workers()
-        from agentrl.app.stack import run_stack
-        from agentrl.observability.multiproc import enable_for_stack
+    # the console is the status panel's: no weight-loading progress bars (the main
+    # job's console has none either); a user's own setting wins
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if cfg.gateway_workers is not None:  # read by the deploy service, replicas' too
+        os.environ["AGENTRL_DEPLOY_GATEWAY_WORKERS"] = str(cfg.gateway_workers)
+    _check_gateway_workers()
+    from agentrl.app.stack import run_stack
+    from agentrl.observability.multiproc import enable_for_stack
 
-        enable_for_stack(data_dir)  # job child processes report to the one /metrics
-
-        if cluster:
-            _up_cluster(cluster, data_dir, not no_services, replicas)
-            return
-        run_stack(data_dir=data_dir, port=port or None, services=not no_services, replicas=replicas)
+    data_dir = None if cfg.data_dir is None else str(cfg.data_dir)
+    enable_for_stack(data_dir)  # job child processes report to the one /metrics
+    if cfg.cluster is not None:
+        _up_cluster(cfg.cluster, data_dir, cfg.services, cfg.replicas)
+        return
+    run_stack(data_dir=data_dir, port=cfg.port, services=cfg.services, replicas=cfg.replicas)
 
 
 def _check_gateway_workers() -> None:
@@ -296,11 +244,7 @@ def _up_cluster(size: int, data_dir: str | None, services: bool, replicas: int =
 
 
 def _show_config_option() -> Any:
-    import inspect
+    """`--show-config` (kept for `agentrl.bench.cli`, which imports it)."""
+    from agentrl.core.configcli import flag
 
-    return inspect.Parameter(
-        "show_config",
-        inspect.Parameter.KEYWORD_ONLY,
-        default=typer.Option(False, "--show-config", help="Print the settings as JSON and exit."),
-        annotation=bool,
-    )
+    return flag("show_config", "Print the settings as JSON and exit.")

@@ -6,7 +6,9 @@ profile's) as it is, so no option needs a "0 means default" value.
 A field that defaults to True becomes a `--no-FIELD` flag, one that defaults to False a
 `--FIELD` flag. `--set FIELD=VALUE` reaches every other field of the model.
 `config_command` adds `--show-config` (and `--quick` where the model has a `quick()`
-profile) and turns a value the model refuses into exit status 2 with the reason.
+profile) and turns a value the model refuses into exit status 2 with the reason. A field
+named in `arguments` is a positional argument instead (required where the field is); a
+required field that is an option is a required option.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def _option(
     elif not literal and base not in SCALARS:
         raise TypeError(f"{model.__name__}.{name}: no command-line type for {ann!r}")
     option = typer.Option(
-        None,
+        ... if info.is_required() else None,
         *(decls or [flag]),
         help=help_ + (" Repeatable." if many else ""),
         show_default=False,
@@ -84,6 +86,25 @@ def option_parameters(
     """One typer parameter per field of `fields` (`flags` names a field's own flags); the
     values they receive become the model's fields through `overrides(model, values)`."""
     return [_option(model, name, (flags or {}).get(name, ()))[0] for name in fields]
+
+
+def argument_parameters(model: type[BaseModel], fields: Sequence[str]) -> list[inspect.Parameter]:
+    """One positional typer argument per field of `fields`, in that order: its help the
+    docstring's first sentence, required where the field is. Its value reaches the model through `overrides` like an option's."""
+    out = []
+    for name in fields:
+        param, _ = _option(model, name)
+        info = model.model_fields[name]
+        out.append(
+            param.replace(
+                default=typer.Argument(
+                    ... if info.is_required() else None,
+                    help=first_sentence(info.description),
+                    show_default=False,
+                )
+            )
+        )
+    return out
 
 
 def _set_option() -> inspect.Parameter:
@@ -152,11 +173,17 @@ def model_command(
     body: Callable[..., None],
     extra: Sequence[inspect.Parameter] = (),
     flags: Mapping[str, Sequence[str]] | None = None,
+    arguments: Sequence[str] = (),
 ) -> Callable[..., None]:
-    """A function typer can register: `extra` parameters (the command's own), then one
-    option per field of `fields` (`flags` names a field's own flags), then `--set`. It
-    calls `body(overrides, **extra_values)`."""
-    params = [*extra, *option_parameters(model, fields, flags), _set_option()]
+    """A function typer can register: the `arguments` fields as positional arguments, then
+    `extra` parameters (the command's own), then one option per field of `fields` (`flags`
+    names a field's own flags), then `--set`. It calls `body(overrides, **extra_values)`."""
+    params = [
+        *argument_parameters(model, arguments),
+        *extra,
+        *option_parameters(model, fields, flags),
+        _set_option(),
+    ]
     own = {p.name for p in extra}
 
     def command(**kwargs: Any) -> None:
@@ -210,16 +237,20 @@ def shown(cfg: BaseModel) -> str:
 
 def config_command(
     model: type[BaseModel],
-    fields: Sequence[str],
+    fields: Sequence[str] | None,
     run: Callable[..., None],
     extra: Sequence[inspect.Parameter] = (),
     flags: Mapping[str, Sequence[str]] | None = None,
+    arguments: Sequence[str] = (),
 ) -> Callable[..., None]:
     """`model_command` for a command that runs on one validated config: `run(cfg, **extra)`.
+    `fields` None: every field not in `arguments` is an option.
 
     It adds `--show-config` (print the settings as JSON, run nothing) and, where `model`
     has a `quick(**overrides)` classmethod, `--quick` (that profile, its docstring the help).
     """
+    if fields is None:
+        fields = [name for name in model.model_fields if name not in arguments]
     own = [*extra, flag("show_config", "Print the settings as JSON and exit.")]
     quick = getattr(model, "quick", None)
     if quick is not None:
@@ -234,4 +265,4 @@ def config_command(
         run(cfg, **mine)
 
     body.__doc__ = run.__doc__
-    return model_command(model, fields, body, own, flags)
+    return model_command(model, fields, body, own, flags, arguments)

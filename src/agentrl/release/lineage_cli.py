@@ -1,16 +1,47 @@
 """`agentrl lineage list|create|pause|resume|retire|map|promote|rollback`: the lifecycle of lineages
 (`agentrl.release.lineage`) straight on the registry, with the same checks as the control
-API (a refused action exits 2 and says why; nothing is written)."""
+API (a refused action exits 2 and says why; nothing is written). Each command is a plain
+function of its options model (`agentrl.release.options`)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import typer
 
+from agentrl.core.configcli import config_command
+from agentrl.release.options import (
+    Connection,
+    LineageCreate,
+    LineageMap,
+    LineagePause,
+    LineagePromote,
+    LineageRef,
+    LineageResume,
+    LineageRetire,
+    LineageRollback,
+)
 
-def _run(fn: Any, nats_url: str | None) -> Any:
+Action = Callable[[Any, Any, Any], Awaitable[Any]]  # (lineages, deploy settings, bus) -> answer
+
+
+def register(app: typer.Typer) -> None:
+    lineage = typer.Typer(
+        help="Lineages: one public model name per agent, each with its own versions, split, "
+        "canary, validation and training.",
+        no_args_is_help=True,
+    )
+    app.add_typer(lineage, name="lineage")
+    for name, model, run in COMMANDS:
+        arguments = [f for f in ("name", "model_id") if f in model.model_fields]
+        flags = {"parent": ["--from"]}
+        command = config_command(model, None, run, flags=flags, arguments=arguments)
+        lineage.command(name)(command)
+
+
+def _run(fn: Action, nats_url: str | None) -> Any:
     import asyncio
 
     from agentrl.bus import Bus
@@ -31,11 +62,12 @@ def _run(fn: Any, nats_url: str | None) -> Any:
     return asyncio.run(main())
 
 
-def _act(fn: Any, nats_url: str | None) -> None:
+def _act(cfg: Connection, fn: Action) -> None:
+    """Run `fn`, print its answer as JSON; a refused action exits 2 with the reason."""
     from agentrl.serving.errors import DeployError
 
     try:
-        out = _run(fn, nats_url)
+        out = _run(fn, cfg.nats_url)
     except (DeployError, ValueError) as exc:
         typer.echo(f"refused: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -54,140 +86,125 @@ def _brief(lin: Any) -> dict[str, Any]:
     }
 
 
-def register(app: typer.Typer) -> None:
-    lineage = typer.Typer(
-        help="Lineages: one public model name per agent, each with its own versions, split, "
-        "canary, validation and training.",
-        no_args_is_help=True,
-    )
-    app.add_typer(lineage, name="lineage")
-    url_opt = typer.Option(None, "--nats-url", help="NATS server (default: NATS_URL).")
+def _list(cfg: Connection) -> None:
+    """Every lineage (the default first) with its state, agents and live version."""
 
-    @lineage.command("list")
-    def list_(nats_url: str = url_opt) -> None:
-        """Every lineage (the default first) with its state, agents and live version."""
-
-        async def fn(lins: Any, _deploy: Any, _bus: Any) -> Any:
-            out = []
-            for lin in await lins.all():
-                split, _ = await lins.registry.get_split(lin.name)
-                rollout = await lins.registry.get_rollout(lin.name)
-                out.append(
-                    {
-                        **_brief(lin),
-                        "live": split.live if split else None,
-                        "weights": split.weights if split else {},
-                        "rollout": None
-                        if rollout is None
-                        else {
-                            "model_id": rollout.model_id,
-                            "status": rollout.status,
-                            "step": rollout.step,
-                            "paused": rollout.paused,
-                        },
-                    }
-                )
-            return out
-
-        _act(fn, nats_url)
-
-    @lineage.command("create")
-    def create(
-        name: str,
-        agent: list[str] = typer.Option([], "--agent", help="An agent id routed to it."),
-        profile: list[str] = typer.Option([], "--profile", help="An Agent Zero profile."),
-        from_lineage: str = typer.Option(
-            None, "--from", help="Start from this lineage's live version (default: the base)."
-        ),
-        validation: str = typer.Option(
-            None, "--validation", help="JSON of validation settings (benchmark_tasks, ...)."
-        ),
-        reason: str = "created by cli",
-        nats_url: str = url_opt,
-    ) -> None:
-        """Create a lineage starting from the base model or another lineage's live one."""
-        from agentrl.release.lineage import check_name
-
-        overrides = json.loads(validation) if validation else {}
-
-        async def fn(lins: Any, deploy: Any, bus: Any) -> Any:
-            check_name(name)
-            return _brief(
-                await lins.create(
-                    name,
-                    base_model=deploy.base_model,
-                    agents=list(agent),
-                    profiles=list(profile),
-                    parent=from_lineage,
-                    validation=overrides,
-                    by="cli",
-                    reason=reason,
-                    bus=bus,
-                )
+    async def fn(lins: Any, _deploy: Any, _bus: Any) -> Any:
+        out = []
+        for lin in await lins.all():
+            split, _ = await lins.registry.get_split(lin.name)
+            rollout = await lins.registry.get_rollout(lin.name)
+            out.append(
+                {
+                    **_brief(lin),
+                    "live": split.live if split else None,
+                    "weights": split.weights if split else {},
+                    "rollout": None
+                    if rollout is None
+                    else {
+                        "model_id": rollout.model_id,
+                        "status": rollout.status,
+                        "step": rollout.step,
+                        "paused": rollout.paused,
+                    },
+                }
             )
+        return out
 
-        _act(fn, nats_url)
+    _act(cfg, fn)
 
-    def state_command(cmd: str, state: str, doc: str) -> None:
-        def command(name: str, reason: str = f"{cmd} by cli", nats_url: str = url_opt) -> None:
-            async def fn(lins: Any, _deploy: Any, bus: Any) -> Any:
-                return _brief(await lins.set_state(name, state, by="cli", reason=reason, bus=bus))
 
-            _act(fn, nats_url)
+def _create(cfg: LineageCreate) -> None:
+    """Create a lineage starting from the base model or another lineage's live one."""
+    from agentrl.release.lineage import check_name
 
-        command.__doc__ = doc
-        lineage.command(cmd)(command)
-
-    state_command("pause", "paused", "Pause a lineage: served as it is, nothing new deployed.")
-    state_command("resume", "active", "Resume a paused lineage.")
-    state_command("retire", "retired", "Retire a lineage: no longer routed (404).")
-
-    @lineage.command("map")
-    def map_(
-        name: str,
-        agent: list[str] = typer.Option([], "--agent"),
-        profile: list[str] = typer.Option([], "--profile"),
-        reason: str = "mapped by cli",
-        nats_url: str = url_opt,
-    ) -> None:
-        """Route agents / Agent Zero profiles to lineage NAME."""
-
-        async def fn(lins: Any, _deploy: Any, _bus: Any) -> Any:
-            return _brief(
-                await lins.assign(
-                    name, agents=list(agent), profiles=list(profile), by="cli", reason=reason
-                )
+    async def fn(lins: Any, deploy: Any, bus: Any) -> Any:
+        check_name(cfg.name)
+        return _brief(
+            await lins.create(
+                cfg.name,
+                base_model=deploy.base_model,
+                agents=cfg.agent,
+                profiles=cfg.profile,
+                parent=cfg.parent,
+                validation=cfg.validation_settings(),
+                by="cli",
+                reason=cfg.reason,
+                bus=bus,
             )
+        )
 
-        _act(fn, nats_url)
+    _act(cfg, fn)
 
-    def deployer(lins: Any, bus: Any, name: str) -> Any:
-        from agentrl.release.actions import Deployer
 
-        return Deployer(lins.registry, bus, name)
+def _set_state(cfg: LineageRef, state: str) -> None:
+    async def fn(lins: Any, _deploy: Any, bus: Any) -> Any:
+        return _brief(await lins.set_state(cfg.name, state, by="cli", reason=cfg.reason, bus=bus))
 
-    @lineage.command("rollback")
-    def rollback(name: str, reason: str = "manual rollback", nats_url: str = url_opt) -> None:
-        """Traffic of lineage NAME back to its previous version (its split only)."""
+    _act(cfg, fn)
 
-        async def fn(lins: Any, _deploy: Any, bus: Any) -> Any:
-            await lins.get(name)
-            return (await deployer(lins, bus, name).rollback(by="cli", reason=reason)).model_id
 
-        _act(fn, nats_url)
+def _pause(cfg: LineagePause) -> None:
+    """Pause a lineage: served as it is, nothing new deployed."""
+    _set_state(cfg, "paused")
 
-    @lineage.command("promote")
-    def promote(
-        name: str,
-        model_id: str = typer.Argument(None),
-        reason: str = "manual promote",
-        nats_url: str = url_opt,
-    ) -> None:
-        """Give lineage NAME's running canary (or its MODEL_ID) all of its traffic now."""
 
-        async def fn(lins: Any, _deploy: Any, bus: Any) -> Any:
-            await lins.get(name)
-            d = deployer(lins, bus, name)
-            return (await d.promote(model_id, by="cli", reason=reason)).model_id
+def _resume(cfg: LineageResume) -> None:
+    """Resume a paused lineage."""
+    _set_state(cfg, "active")
 
-        _act(fn, nats_url)
+
+def _retire(cfg: LineageRetire) -> None:
+    """Retire a lineage: no longer routed (404)."""
+    _set_state(cfg, "retired")
+
+
+def _map(cfg: LineageMap) -> None:
+    """Route agents / Agent Zero profiles to lineage NAME."""
+
+    async def fn(lins: Any, _deploy: Any, _bus: Any) -> Any:
+        lin = await lins.assign(
+            cfg.name, agents=cfg.agent, profiles=cfg.profile, by="cli", reason=cfg.reason
+        )
+        return _brief(lin)
+
+    _act(cfg, fn)
+
+
+def _deployer(lins: Any, bus: Any, name: str) -> Any:
+    from agentrl.release.actions import Deployer
+
+    return Deployer(lins.registry, bus, name)
+
+
+def _rollback(cfg: LineageRollback) -> None:
+    """Traffic of lineage NAME back to its previous version (its split only)."""
+
+    async def fn(lins: Any, _deploy: Any, bus: Any) -> Any:
+        await lins.get(cfg.name)
+        return (await _deployer(lins, bus, cfg.name).rollback(by="cli", reason=cfg.reason)).model_id
+
+    _act(cfg, fn)
+
+
+def _promote(cfg: LineagePromote) -> None:
+    """Give lineage NAME's running canary (or its MODEL_ID) all of its traffic now."""
+
+    async def fn(lins: Any, _deploy: Any, bus: Any) -> Any:
+        await lins.get(cfg.name)
+        d = _deployer(lins, bus, cfg.name)
+        return (await d.promote(cfg.model_id, by="cli", reason=cfg.reason)).model_id
+
+    _act(cfg, fn)
+
+
+COMMANDS: list[tuple[str, type[Connection], Callable[..., None]]] = [
+    ("list", Connection, _list),
+    ("create", LineageCreate, _create),
+    ("pause", LineagePause, _pause),
+    ("resume", LineageResume, _resume),
+    ("retire", LineageRetire, _retire),
+    ("map", LineageMap, _map),
+    ("rollback", LineageRollback, _rollback),
+    ("promote", LineagePromote, _promote),
+]
