@@ -80,6 +80,15 @@ def _option(
     ), name
 
 
+def _drawable(model: type[BaseModel], name: str) -> bool:
+    """Whether field `name` has a command-line type (a scalar, a choice, a list of scalars)."""
+    try:
+        _option(model, name)
+    except TypeError:
+        return False
+    return True
+
+
 def option_parameters(
     model: type[BaseModel], fields: Sequence[str], flags: Mapping[str, Sequence[str]] | None = None
 ) -> list[inspect.Parameter]:
@@ -244,13 +253,14 @@ def config_command(
     arguments: Sequence[str] = (),
 ) -> Callable[..., None]:
     """`model_command` for a command that runs on one validated config: `run(cfg, **extra)`.
-    `fields` None: every field not in `arguments` is an option.
+    `fields` None: every field not in `arguments` with a command-line type is an option
+    (a section, a field that is itself a model, stays `--set`'s).
 
     It adds `--show-config` (print the settings as JSON, run nothing) and, where `model`
     has a `quick(**overrides)` classmethod, `--quick` (that profile, its docstring the help).
     """
     if fields is None:
-        fields = [name for name in model.model_fields if name not in arguments]
+        fields = [n for n in model.model_fields if n not in arguments and _drawable(model, n)]
     own = [*extra, flag("show_config", "Print the settings as JSON and exit.")]
     quick = getattr(model, "quick", None)
     if quick is not None:
