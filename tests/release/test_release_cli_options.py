@@ -104,3 +104,37 @@ def test_bad_input_exits_2_with_the_reason_before_reaching_nats(args: list[str],
     # no --show-config: the command runs, so it must refuse before connecting anywhere
     result = RUNNER.invoke(app, [*args, "--nats-url", "nats://127.0.0.1:1"])
     assert result.exit_code == 2 and why in result.output, result.output
+
+
+def test_each_command_body_runs_on_a_real_registry(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commands the other CLI tests leave out, through a real NATS registry: models,
+    split, tensorzero, pause / resume / weight without a rollout (refused, exit 2), and a
+    lineage's map, pause and resume."""
+    import uuid
+
+    tag = uuid.uuid4().hex[:8]
+    monkeypatch.setenv("AGENTRL_DEPLOY_PUBLIC_MODEL", f"pol-{tag}")
+    monkeypatch.setenv("AGENTRL_DEPLOY_BUCKET", f"models_{tag}")
+
+    def cli(*args: str) -> Any:
+        return RUNNER.invoke(app, [*args, "--nats-url", nats_url])
+
+    res = cli("deploy", "models")
+    assert res.exit_code == 0 and json.loads(res.output) == [], res.output
+    res = cli("deploy", "split")
+    assert json.loads(res.output) == {"split": None, "rollout": None}, res.output
+    res = cli("deploy", "tensorzero", "--function", "fn")
+    assert res.exit_code == 0 and "[functions.fn.experimentation]" in res.output, res.output
+    for args in (["pause"], ["resume"], ["weight", "40"]):
+        res = cli("deploy", *args)
+        assert res.exit_code == 2 and "refused" in res.output, (args, res.output)
+    assert cli("lineage", "create", "team/a").exit_code == 0
+    res = cli("lineage", "map", "team/a", "--agent", "coder", "--profile", "dev")
+    assert res.exit_code == 0, res.output
+    assert (json.loads(res.output)["agents"], json.loads(res.output)["profiles"]) == (
+        ["coder"], ["dev"],
+    )  # fmt: skip
+    assert json.loads(cli("lineage", "pause", "team/a").output)["state"] == "paused"
+    assert json.loads(cli("lineage", "resume", "team/a").output)["state"] == "active"
