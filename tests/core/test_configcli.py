@@ -75,6 +75,33 @@ def test_fields_are_arguments_and_options_helped_by_their_docstrings() -> None:
     assert first_sentence(Opts.model_fields["workers"].description) in text
     assert "Off: wait between steps." in text and "A tag. Repeatable." in text
     assert "--out" in text and "[required]" in text
+    assert "How it runs. [default: fast]" in text  # a value; None, [] and flags show none
+    assert "[default: None]" not in text and "[default: []]" not in text
+
+
+class Sized(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    rows: int = 1000
+    """Rows to write."""
+
+    @classmethod
+    def quick(cls, **kw: int) -> Sized:
+        """A few rows."""
+        return cls(**{"rows": 10, **kw})
+
+
+def test_a_quick_profile_hides_the_defaults_it_changes() -> None:
+    seen: list[Sized] = []
+    app = typer.Typer()
+    app.command("go")(config_command(Sized, None, seen.append))
+    app.command("other")(lambda: None)
+    page = RUNNER.invoke(app, ["go", "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert "Rows to write." in page.output and "[default:" not in page.output
+    assert "A few rows." in page.output  # --quick's help
+    assert RUNNER.invoke(app, ["go", "--quick", "--rows", "5"]).exit_code == 0
+    assert RUNNER.invoke(app, ["go", "--quick"]).exit_code == 0
+    assert [s.rows for s in seen] == [5, 10]
 
 
 def test_nothing_given_keeps_the_defaults_and_each_value_lands_in_its_field() -> None:

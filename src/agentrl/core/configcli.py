@@ -37,10 +37,11 @@ def first_sentence(text: str | None) -> str:
 
 
 def _option(
-    model: type[BaseModel], name: str, decls: Sequence[str] = ()
+    model: type[BaseModel], name: str, decls: Sequence[str] = (), defaults: bool = False
 ) -> tuple[inspect.Parameter, str]:
     """The typer parameter of field `name` (its flags `decls`, else `--field-name`), and the
-    parameter's name in the function."""
+    parameter's name in the function. `defaults`: its help shows the field's default (where
+    it is a value: not None, not an empty list, not a flag's)."""
     info = model.model_fields[name]
     ann = info.annotation
     help_ = first_sentence(info.description)
@@ -65,6 +66,9 @@ def _option(
         base = list[typing.get_args(base)[0]]  # type: ignore[misc]
     elif not literal and base not in SCALARS:
         raise TypeError(f"{model.__name__}.{name}: no command-line type for {ann!r}")
+    value = None if info.is_required() else info.get_default(call_default_factory=True)
+    if defaults and value not in (None, []):  # as typer writes one (escaped: not markup)
+        help_ += f" \\[default: {value}]"
     option = typer.Option(
         ... if info.is_required() else None,
         *(decls or [flag]),
@@ -90,11 +94,15 @@ def _drawable(model: type[BaseModel], name: str) -> bool:
 
 
 def option_parameters(
-    model: type[BaseModel], fields: Sequence[str], flags: Mapping[str, Sequence[str]] | None = None
+    model: type[BaseModel],
+    fields: Sequence[str],
+    flags: Mapping[str, Sequence[str]] | None = None,
+    defaults: bool = False,
 ) -> list[inspect.Parameter]:
-    """One typer parameter per field of `fields` (`flags` names a field's own flags); the
-    values they receive become the model's fields through `overrides(model, values)`."""
-    return [_option(model, name, (flags or {}).get(name, ()))[0] for name in fields]
+    """One typer parameter per field of `fields` (`flags` names a field's own flags; with
+    `defaults` its help shows the field's default); the values they receive become the
+    model's fields through `overrides(model, values)`."""
+    return [_option(model, name, (flags or {}).get(name, ()), defaults)[0] for name in fields]
 
 
 def argument_parameters(model: type[BaseModel], fields: Sequence[str]) -> list[inspect.Parameter]:
@@ -183,14 +191,16 @@ def model_command(
     extra: Sequence[inspect.Parameter] = (),
     flags: Mapping[str, Sequence[str]] | None = None,
     arguments: Sequence[str] = (),
+    defaults: bool = False,
 ) -> Callable[..., None]:
     """A function typer can register: the `arguments` fields as positional arguments, then
     `extra` parameters (the command's own), then one option per field of `fields` (`flags`
-    names a field's own flags), then `--set`. It calls `body(overrides, **extra_values)`."""
+    names a field's own flags; `defaults`: the help shows the model's defaults, right where
+    no profile changes them), then `--set`. It calls `body(overrides, **extra_values)`."""
     params = [
         *argument_parameters(model, arguments),
         *extra,
-        *option_parameters(model, fields, flags),
+        *option_parameters(model, fields, flags, defaults),
         _set_option(),
     ]
     own = {p.name for p in extra}
@@ -257,7 +267,8 @@ def config_command(
     (a section, a field that is itself a model, stays `--set`'s).
 
     It adds `--show-config` (print the settings as JSON, run nothing) and, where `model`
-    has a `quick(**overrides)` classmethod, `--quick` (that profile, its docstring the help).
+    has a `quick(**overrides)` classmethod, `--quick` (that profile, its docstring the help);
+    without one, each option's help shows the model's default.
     """
     if fields is None:
         fields = [n for n in model.model_fields if n not in arguments and _drawable(model, n)]
@@ -275,4 +286,5 @@ def config_command(
         run(cfg, **mine)
 
     body.__doc__ = run.__doc__
-    return model_command(model, fields, body, own, flags, arguments)
+    # a `--quick` profile changes the defaults: the help shows them only without one
+    return model_command(model, fields, body, own, flags, arguments, defaults=quick is None)
