@@ -57,15 +57,10 @@ def _option(
             default=typer.Option(False, *(decls or [flag]), help=help_, show_default=False),
             annotation=bool,
         ), param
-    union = typing.get_origin(ann) in (typing.Union, types.UnionType)
-    args = [a for a in typing.get_args(ann) if a is not type(None)] if union else []
-    base = args[0] if len(args) == 1 else ann
-    literal = typing.get_origin(base) is typing.Literal  # typer makes it a choice
-    many = typing.get_origin(base) in (list, tuple) and typing.get_args(base)[0] in SCALARS
-    if many:  # a repeatable option
-        base = list[typing.get_args(base)[0]]  # type: ignore[misc]
-    elif not literal and base not in SCALARS:
+    kind = _cli_type(ann)
+    if kind is None:
         raise TypeError(f"{model.__name__}.{name}: no command-line type for {ann!r}")
+    base, literal, many = kind
     value = None if info.is_required() else info.get_default(call_default_factory=True)
     if defaults and value not in (None, []):  # as typer writes one (escaped: not markup)
         help_ += f" \\[default: {value}]"
@@ -84,13 +79,26 @@ def _option(
     ), name
 
 
+def _cli_type(ann: Any) -> tuple[Any, bool, bool] | None:
+    """The option's type of a field typed `ann` (Optional unwrapped), whether it is a choice
+    (a `Literal`) and whether it repeats (a list of scalars); None: no command-line type."""
+    union = typing.get_origin(ann) in (typing.Union, types.UnionType)
+    args = [a for a in typing.get_args(ann) if a is not type(None)] if union else []
+    base = args[0] if len(args) == 1 else ann
+    literal = typing.get_origin(base) is typing.Literal  # typer makes it a choice
+    many = typing.get_origin(base) in (list, tuple) and typing.get_args(base)[0] in SCALARS
+    if many:  # a repeatable option
+        return list[typing.get_args(base)[0]], False, True  # type: ignore[misc]
+    if not literal and base not in SCALARS:
+        return None
+    return base, literal, False
+
+
 def _drawable(model: type[BaseModel], name: str) -> bool:
-    """Whether field `name` has a command-line type (a scalar, a choice, a list of scalars)."""
-    try:
-        _option(model, name)
-    except TypeError:
-        return False
-    return True
+    """Whether field `name` has a command-line type (a flag, a scalar, a choice, a list of
+    scalars)."""
+    ann = model.model_fields[name].annotation
+    return ann is bool or _cli_type(ann) is not None
 
 
 def option_parameters(
@@ -107,7 +115,8 @@ def option_parameters(
 
 def argument_parameters(model: type[BaseModel], fields: Sequence[str]) -> list[inspect.Parameter]:
     """One positional typer argument per field of `fields`, in that order: its help the
-    docstring's first sentence, required where the field is. Its value reaches the model through `overrides` like an option's."""
+    docstring's first sentence, required where the field is. Its value reaches the model
+    through `overrides` like an option's."""
     out = []
     for name in fields:
         param, _ = _option(model, name)
