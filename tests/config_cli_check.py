@@ -43,7 +43,8 @@ def check_fields(
         assert info.description or not all_described, f"{model.__name__}.{name}: no docstring"
         negated = every_option and f"--no-{flag} " in text  # a flag whose default is on
         if f"--{flag} " in text or negated:  # an option, helped by its docstring
-            assert info.description and first_sentence(info.description) in text, name
+            help_ = first_sentence(info.description).lower()  # "Off: ..." for --no-FIELD
+            assert info.description and help_ in text.lower(), name
         else:  # the others through --set
             assert not every_option, f"{name} is not an option"
             value = json.dumps(defaults[name])

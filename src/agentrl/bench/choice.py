@@ -23,7 +23,10 @@ import json
 import random
 import statistics
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentrl.bench.options import ChoiceBench
 
 MOVES = ["up", "down", "left", "right"]
 
@@ -116,3 +119,8 @@ def print_choice_bench(**kwargs: Any) -> dict[str, Any]:
         print(f"{key:>28}  {value}")
     print(json.dumps(out))
     return out
+
+
+def command(cfg: ChoiceBench) -> None:
+    """`agentrl bench choice`."""
+    print_choice_bench(**cfg.model_dump())

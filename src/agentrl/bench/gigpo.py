@@ -14,9 +14,12 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from agentrl.bench.options import GigpoBench
 
 EPISODES_PER_GROUP = 8
 MAX_EPISODE_STEPS = 15
@@ -250,3 +253,11 @@ def _label(n: int) -> str:
     if n >= 1000 and n % 1000 == 0:
         return f"{n // 1000}k"
     return str(n)
+
+
+def command(cfg: GigpoBench) -> None:
+    """`agentrl bench gigpo` (one BLAS thread: its table entry sets that before numpy loads)."""
+    from agentrl.bench.options import comma_list
+
+    sizes = [int(s) for s in comma_list(cfg.sizes)]
+    run_gigpo_benchmark(sizes, repeats=cfg.repeats, peer_max_rows=cfg.peer_max_rows, seed=cfg.seed)

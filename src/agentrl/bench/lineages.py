@@ -18,9 +18,12 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.serving.config import Analysis, DeploySettings, RolloutPlan, Step
+
+if TYPE_CHECKING:
+    from agentrl.bench.options import LineagesBench
 
 
 def _plan() -> RolloutPlan:
@@ -152,3 +155,8 @@ def run_bench(many: int = 100, rounds: int = 5) -> dict[str, Any]:
     out = {"bench": "lineages", **out}
     print(json.dumps(out))
     return out
+
+
+def command(cfg: LineagesBench) -> None:
+    """`agentrl bench lineages`."""
+    run_bench(many=cfg.many, rounds=cfg.rounds)

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.observability import instrument
 from agentrl.observability import metrics as m
+
+if TYPE_CHECKING:
+    from agentrl.bench.options import MetricsBench
 
 
 def _best_cpu_per_item(fn: Any, items: int, repeats: int = 7) -> float:
@@ -69,3 +72,12 @@ def run_metrics_benchmark(batch: int = 256, batches: int = 40) -> dict[str, Any]
         "scrape_ms": round(scrape_ms, 2),
         "scrape_bytes": len(text),
     }
+
+
+def command(cfg: MetricsBench) -> None:
+    """`agentrl bench metrics`: the table and the JSON line."""
+    from agentrl.bench.report import report
+
+    res = run_metrics_benchmark(batch=cfg.batch)
+    rows = [{"hook": k, "value": v} for k, v in res.items()]
+    report("metrics hooks (CPU time, best of 7)", rows, res)

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.progress import Progress
 
 from agentrl.bench.report import report
 from agentrl.rollout.models import Message, TaskDefinition
 from agentrl.rollout.worker import EnvFactory, run_group
+
+if TYPE_CHECKING:
+    from agentrl.bench.options import RolloutBench
 
 SYSTEM = "You are playing a puzzle. Answer with one move: up, down, left or right."
 
@@ -158,3 +161,17 @@ def run_rollout_benchmark(
         "goal_batched_speedup": 4.0,
     }
     return report("rollout: group of episodes, batched vs one-at-a-time generation", rows, figures)
+
+
+def command(cfg: RolloutBench) -> None:
+    """`agentrl bench rollout`."""
+    run_rollout_benchmark(
+        env_id=cfg.env,
+        group=cfg.group,
+        steps=cfg.steps,
+        max_new_tokens=cfg.max_new_tokens,
+        history_window=cfg.history_window,
+        repeats=cfg.repeats,
+        seed=cfg.seed,
+        threads=cfg.threads,
+    )

@@ -23,11 +23,14 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from agentrl.bus.server import _die_with_parent, free_port
+
+if TYPE_CHECKING:
+    from agentrl.bench.options import StartupBench
 
 TARGETS = {"warm_to_first_token_s": 30.0, "cold_to_first_token_s": 180.0, "sigint_to_exit_s": 5.0}
 
@@ -250,3 +253,8 @@ def run(keep: bool = False) -> dict[str, Any]:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(line))
     return line
+
+
+def command(cfg: StartupBench) -> None:
+    """`agentrl bench startup`."""
+    run(keep=cfg.keep)

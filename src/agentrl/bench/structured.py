@@ -17,7 +17,10 @@ import random
 import statistics
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentrl.bench.options import StructuredBench
 
 SCALARS = ("integer", "enum", "boolean", "string", "array", "nullable")
 
@@ -197,3 +200,8 @@ def print_structured_bench(**kwargs: Any) -> dict[str, Any]:
         print(f"{key:>28}  {shown}")
     print(json.dumps(out))
     return out
+
+
+def command(cfg: StructuredBench) -> None:
+    """`agentrl bench structured`."""
+    print_structured_bench(**cfg.model_dump())

@@ -37,10 +37,13 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from agentrl.training.options import TrainingBench
 
 TINY = {
     "hidden_size": 32,
@@ -415,3 +418,8 @@ def run_bench(trajectories: int, jobs: int, job_seconds: float) -> None:
             }
         )
     )
+
+
+def command(cfg: TrainingBench) -> None:
+    """`agentrl bench training`."""
+    run_bench(trajectories=cfg.trajectories, jobs=cfg.jobs, job_seconds=cfg.job_seconds)

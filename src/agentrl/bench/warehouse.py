@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.bus import Bus, EmbeddedNats
 from agentrl.contracts.training import DatasetFilter
@@ -33,6 +33,9 @@ from agentrl.warehouse.backend import Backend, open_backend
 from agentrl.warehouse.config import WarehouseSettings
 from agentrl.warehouse.queries import Analytics
 from agentrl.warehouse.service import IngesterService
+
+if TYPE_CHECKING:
+    from agentrl.warehouse.options import WarehouseBench
 
 TOOLS = (
     ("search", True, 12.0),
@@ -336,3 +339,21 @@ def figures(rows: list[dict[str, Any]], figs: dict[str, Any]) -> dict[str, Any]:
         "export_s": round(figs["export_s"], 3),
         "lost": figs["ingest"]["lost"],
     }
+
+
+def command(cfg: WarehouseBench) -> None:
+    """`agentrl bench warehouse`: the run with a spinner, the table and the JSON line."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from agentrl.bench.report import report
+
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, transient=True) as bar:
+        task = bar.add_task("starting", total=None)
+        rows, figs = run(
+            cfg.n,
+            cfg.trajectories,
+            cfg.repeat,
+            progress=lambda m: bar.update(task, description=m),
+        )
+    report("warehouse", report_rows(rows, figs), figures(rows, figs))
