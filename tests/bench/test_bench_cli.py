@@ -121,3 +121,23 @@ def _generate_options() -> type:
     from agentrl.observability.cli import GenerateOptions
 
     return GenerateOptions
+
+
+def test_the_command_tree_loads_no_benchmark_and_no_numeric_library() -> None:
+    """`agentrl --help` stays fast: building every command (the benchmarks' options
+    included) imports no benchmark module, no numpy or torch, and not the reward core."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, typer; from agentrl.cli import app; typer.main.get_command(app); "
+        "print(' '.join(sorted(sys.modules)))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+    ours = {"agentrl.bench", "agentrl.bench.cli", "agentrl.bench.options"}
+    benches = [m for m in loaded if m.startswith("agentrl.bench") and m not in ours]
+    assert benches == ["agentrl.bench.soak_config"]  # `agentrl soak`'s options
+    heavy = {"numpy", "torch", "agentrl.rewards.calculator"} & set(loaded)
+    assert not heavy, heavy
