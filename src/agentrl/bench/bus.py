@@ -12,16 +12,14 @@ import uuid
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from agentrl.bench.options import BusBench
 from agentrl.bus import client
 from agentrl.bus.client import Bus, ConsumeStats, Delivery
 from agentrl.bus.server import EmbeddedNats, NatsCluster
 from agentrl.contracts.reward import RewardEvent
 from agentrl.contracts.trajectory import TrajectoryEvent
-
-if TYPE_CHECKING:
-    from agentrl.bench.options import BusBench
 
 log = logging.getLogger(__name__)
 

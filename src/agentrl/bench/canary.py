@@ -42,10 +42,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from agentrl.bench.options import CanaryBench
+from agentrl.bench.options import CanaryBench
 
 ALPHA = 0.05
 DROP = 0.3

@@ -33,10 +33,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from agentrl.bench.options import CaptureBench
+from agentrl.bench.options import CaptureBench
 
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_layers": 2}
 CALL = json.dumps({"name": "add", "arguments": {"a": 2, "b": 3}})

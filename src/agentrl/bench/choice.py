@@ -23,10 +23,9 @@ import json
 import random
 import statistics
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from agentrl.bench.options import ChoiceBench
+from agentrl.bench.options import ChoiceBench
 
 MOVES = ["up", "down", "left", "right"]
 

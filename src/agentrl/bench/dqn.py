@@ -22,14 +22,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from agentrl.offpolicy.config import AGMConfigEntity, load_config
-
-if TYPE_CHECKING:
-    from agentrl.offpolicy.options import DqnBench, PerBench
+from agentrl.offpolicy.options import DqnBench, PerBench
 
 # rl-baselines3-zoo hyperparams/dqn.yml, CartPole-v1 ("Almost Tuned").
 SB3_ZOO_CARTPOLE: dict[str, Any] = {

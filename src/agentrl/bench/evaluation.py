@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 
-if TYPE_CHECKING:
-    from agentrl.evaluation.options import FreeformBench, LearningBench, TrainerBench
+from agentrl.evaluation.options import FreeformBench, LearningBench, TrainerBench
 
 
 def trainer(cfg: TrainerBench) -> None:

@@ -14,12 +14,11 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from agentrl.bench.options import GigpoBench
+from agentrl.bench.options import GigpoBench, comma_list
 
 EPISODES_PER_GROUP = 8
 MAX_EPISODE_STEPS = 15
@@ -257,7 +256,5 @@ def _label(n: int) -> str:
 
 def command(cfg: GigpoBench) -> None:
     """`agentrl bench gigpo` (one BLAS thread: its table entry sets that before numpy loads)."""
-    from agentrl.bench.options import comma_list
-
     sizes = [int(s) for s in comma_list(cfg.sizes)]
     run_gigpo_benchmark(sizes, repeats=cfg.repeats, peer_max_rows=cfg.peer_max_rows, seed=cfg.seed)

@@ -18,12 +18,10 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from agentrl.bench.options import LineagesBench
 from agentrl.serving.config import Analysis, DeploySettings, RolloutPlan, Step
-
-if TYPE_CHECKING:
-    from agentrl.bench.options import LineagesBench
 
 
 def _plan() -> RolloutPlan:

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import random
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from agentrl.bench.options import MetricsBench
 from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.observability import instrument
 from agentrl.observability import metrics as m
-
-if TYPE_CHECKING:
-    from agentrl.bench.options import MetricsBench
 
 
 def _best_cpu_per_item(fn: Any, items: int, repeats: int = 7) -> float:

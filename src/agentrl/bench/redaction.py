@@ -16,13 +16,11 @@ import statistics
 import sys
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from agentrl.rewards.options import RedactionBench
 from agentrl.rewards.pii_corpus import CORPUS
 from agentrl.rewards.redact import KINDS, RedactionReport, Redactor, redact_event
-
-if TYPE_CHECKING:
-    from agentrl.rewards.options import RedactionBench
 
 
 def score_corpus(redactor: Redactor | None = None) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import orjson
@@ -35,9 +35,7 @@ import orjson
 from agentrl.bus import wire
 from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.subjects import REWARD, TRAJECTORY
-
-if TYPE_CHECKING:
-    from agentrl.rewards.options import RewardsBench
+from agentrl.rewards.options import RewardsBench
 
 TRAJ_STREAM = "RL_TRAJECTORIES"
 ECHO_DURABLE = "echo-peer"

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.progress import Progress
 
+from agentrl.bench.options import RolloutBench
 from agentrl.bench.report import report
 from agentrl.rollout.models import Message, TaskDefinition
 from agentrl.rollout.worker import EnvFactory, run_group
-
-if TYPE_CHECKING:
-    from agentrl.bench.options import RolloutBench
 
 SYSTEM = "You are playing a puzzle. Answer with one move: up, down, left or right."
 

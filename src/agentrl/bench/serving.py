@@ -10,15 +10,13 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
+from agentrl.bench.options import ServingBench, comma_list
 from agentrl.serving.errors import BackendError, DeployError
 from agentrl.serving.vllm.base import VLLM_TINY
-
-if TYPE_CHECKING:
-    from agentrl.bench.options import ServingBench
 
 
 class _NoVllm(Exception):
@@ -233,7 +231,6 @@ def command(cfg: ServingBench) -> None:
     import json
 
     from agentrl.bench.multilora import multilora_run
-    from agentrl.bench.options import comma_list
     from agentrl.bench.prefix import prefix_run
 
     budget_s = cfg.budget_s

@@ -23,14 +23,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
+from agentrl.bench.options import StartupBench
 from agentrl.bus.server import _die_with_parent, free_port
-
-if TYPE_CHECKING:
-    from agentrl.bench.options import StartupBench
 
 TARGETS = {"warm_to_first_token_s": 30.0, "cold_to_first_token_s": 180.0, "sigint_to_exit_s": 5.0}
 

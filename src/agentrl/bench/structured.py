@@ -17,10 +17,9 @@ import random
 import statistics
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from agentrl.bench.options import StructuredBench
+from agentrl.bench.options import StructuredBench
 
 SCALARS = ("integer", "enum", "boolean", "string", "array", "nullable")
 

@@ -37,13 +37,12 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-if TYPE_CHECKING:
-    from agentrl.training.options import TrainingBench
+from agentrl.training.options import TrainingBench
 
 TINY = {
     "hidden_size": 32,

@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentrl.bus import Bus, EmbeddedNats
 from agentrl.contracts.training import DatasetFilter
@@ -31,11 +31,9 @@ from agentrl.warehouse import samples as S
 from agentrl.warehouse import schema
 from agentrl.warehouse.backend import Backend, open_backend
 from agentrl.warehouse.config import WarehouseSettings
+from agentrl.warehouse.options import WarehouseBench
 from agentrl.warehouse.queries import Analytics
 from agentrl.warehouse.service import IngesterService
-
-if TYPE_CHECKING:
-    from agentrl.warehouse.options import WarehouseBench
 
 TOOLS = (
     ("search", True, 12.0),
