@@ -12,12 +12,7 @@ from agentrl.core.configcli import config_command
 
 
 class GenerateOptions(BaseModel):
-    """Write the five dashboards, Grafana provisioning files and Prometheus rules (+ tests).
-
-    \b
-    Check that the committed files are current (the test suite does):
-      agentrl observability generate --check
-    """
+    """`agentrl observability generate`: where the files go, or only check them."""
 
     model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid")
 
@@ -37,7 +32,14 @@ def register(app: typer.Typer) -> None:
 
 
 def generate(cfg: GenerateOptions) -> None:
-    """Write the generated files into OUT, or (--check) exit 1 naming the stale ones."""
+    """Write the five dashboards, Grafana provisioning files and Prometheus rules (+ tests).
+
+    With --check, write nothing: exit status 1 naming the files in OUT that are stale.
+
+    \b
+    Check that the committed files are current (the test suite does):
+      agentrl observability generate --check
+    """
     from agentrl.observability import generate as files
 
     if cfg.check:
