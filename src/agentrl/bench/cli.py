@@ -60,7 +60,10 @@ BENCHES: tuple[Bench | Harness, ...] = (
     Bench("bus", o.BusBench, "agentrl.bench.bus:command"),
     Bench("redaction", RedactionBench, "agentrl.bench.redaction:command"),
     Bench(
-        "rewards", RewardsBench, "agentrl.bench.rewards:command", ("n", "n_code", "url", "replicas")
+        "rewards",
+        RewardsBench,
+        "agentrl.bench.rewards:command",
+        fields=("n", "n_code", "url", "replicas"),
     ),
     Bench("gigpo", o.GigpoBench, "agentrl.bench.gigpo:command", env=ONE_THREAD),
     Bench("rollout", o.RolloutBench, "agentrl.bench.rollout:command"),
@@ -70,7 +73,7 @@ BENCHES: tuple[Bench | Harness, ...] = (
     Bench("dqn", DqnBench, "agentrl.bench.dqn:command", flags={"config": ["--config", "-c"]}),
     Bench("per", PerBench, "agentrl.bench.dqn:per_command"),
     Bench("training", TrainingBench, "agentrl.bench.training:command"),
-    Bench("warehouse", WarehouseBench, "agentrl.bench.warehouse:command", ("n", "repeat")),
+    Bench("warehouse", WarehouseBench, "agentrl.bench.warehouse:command", fields=("n", "repeat")),
     Bench("lineages", o.LineagesBench, "agentrl.bench.lineages:command"),
     Bench("canary", o.CanaryBench, "agentrl.bench.canary:command"),
     Bench("gateway", o.GatewayBench, "agentrl.bench.cli:gateway"),
@@ -99,6 +102,7 @@ SOAK_OPTIONS = (
     "replicas",
     "cluster",
 )
+SOAK = Bench("soak", SoakConfig, "agentrl.bench.cli:soak", fields=SOAK_OPTIONS)
 
 
 def register(app: typer.Typer) -> None:
@@ -109,12 +113,14 @@ def register(app: typer.Typer) -> None:
         if isinstance(row, Harness):
             _harness(bench, row)
         else:
-            fields = row.fields or list(row.options.model_fields)
-            bench.command(row.name)(
-                config_command(row.options, fields, runner(row), flags=row.flags)
-            )
-    soak = Bench("soak", SoakConfig, "agentrl.bench.cli:soak")
-    app.command("soak")(config_command(SoakConfig, SOAK_OPTIONS, runner(soak)))
+            bench.command(row.name)(command(row))
+    app.command("soak")(command(SOAK))
+
+
+def command(row: Bench) -> Callable[..., None]:
+    """The typer command of a row: its model's options, `row.run` its body."""
+    fields = row.fields or list(row.options.model_fields)
+    return config_command(row.options, fields, runner(row), flags=row.flags)
 
 
 def runner(row: Bench) -> Callable[[BaseModel], None]:
