@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
+from agentrl.bench.options import BusBench
 from agentrl.bus import client
 from agentrl.bus.client import Bus, ConsumeStats, Delivery
 from agentrl.bus.server import EmbeddedNats, NatsCluster
@@ -512,3 +513,91 @@ async def _stored_ids(bus: Bus, n: int) -> dict[str, int]:
     await task
     await bus._retry(partial(bus.js.delete_consumer, "RL_TRAJECTORIES", durable))
     return stored
+
+
+def command(cfg: BusBench) -> None:
+    """`agentrl bench bus`: the run, its table and its JSON line."""
+    from agentrl.bench.report import report
+
+    cluster = cfg.cluster or 0
+    res = run_bus_benchmark(cfg.n, cfg.url, cluster=cluster, failover_n=cfg.failover_n)
+    rows = [
+        {
+            "path": "agentrl Bus.publish_many (contract objects, serialised), median of "
+            f"3 rounds {res['publish_rounds_msgs_per_s']}",
+            "msgs/s": res["publish_msgs_per_s"],
+        },
+        {
+            "path": "raw nats-py publish_async (peer), median of 3 rounds "
+            f"{res['raw_rounds_msgs_per_s']} (order: ours, peer, peer, ours, ours, peer)",
+            "msgs/s": res["raw_nats_py_publish_msgs_per_s"],
+        },
+        {
+            "path": "agentrl Bus.publish_many on the same pre-serialised bytes",
+            "msgs/s": res["publish_many_preserialised_msgs_per_s"],
+        },
+        {"path": "agentrl Bus.consume + ack", "msgs/s": res["consume_msgs_per_s"]},
+        {
+            "path": "CPU us/msg: publish_many | raw peer | consume",
+            "msgs/s": f"{res['publish_cpu_us_per_msg']:.1f} | "
+            f"{res['raw_publish_cpu_us_per_msg']:.1f} | {res['consume_cpu_us_per_msg']:.1f}",
+        },
+    ]
+    rows.append(
+        {
+            "path": "metrics on | off: msgs/s (publish+consume), CPU us/msg",
+            "msgs/s": f"{res['metrics_on_msgs_per_s']:,.0f} | {res['metrics_off_msgs_per_s']:,.0f}"
+            f", {res['metrics_on_cpu_us_per_msg']:.1f} | {res['metrics_off_cpu_us_per_msg']:.1f}"
+            f" (overhead {res['metrics_overhead_fraction']:.1%})",
+        }
+    )
+    if cluster:
+        rows += [
+            {
+                "path": f"cluster x{cluster} R3 publish_many",
+                "msgs/s": res["cluster_publish_msgs_per_s"],
+            },
+            {
+                "path": f"cluster x{cluster} R3 consume + ack",
+                "msgs/s": res["cluster_consume_msgs_per_s"],
+            },
+            {
+                "path": "leader SIGKILL -> publishing resumed (s)",
+                "msgs/s": res["leader_failover_s"],
+            },
+            {
+                "path": "leader SIGKILL -> consuming resumed (s)",
+                "msgs/s": res["consume_failover_s"],
+            },
+            {
+                "path": "consumer redeliveries in the drill",
+                "msgs/s": res["cluster_redelivered"],
+            },
+        ]
+    keys = [
+        "messages",
+        "message_bytes",
+        "publish_msgs_per_s",
+        "consume_msgs_per_s",
+        "published",
+        "consumed",
+        "acked",
+        "ack_pending_after",
+        "lost",
+        "duplicates",
+        "raw_nats_py_publish_msgs_per_s",
+        "publish_rounds_msgs_per_s",
+        "raw_rounds_msgs_per_s",
+        "metrics_on_msgs_per_s",
+        "metrics_off_msgs_per_s",
+        "metrics_overhead_fraction",
+    ]
+    if cluster:
+        keys += [
+            "cluster_publish_msgs_per_s",
+            "cluster_consume_msgs_per_s",
+            "leader_failover_s",
+            "cluster_lost",
+            "cluster_duplicates",
+        ]
+    report("bus", rows, {k: res[k] for k in keys})

@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentrl.bench.options import CanaryBench
+
 ALPHA = 0.05
 DROP = 0.3
 SMALL_AGENTS = 5
@@ -393,3 +395,15 @@ def run_bench(
     )
     print(json.dumps(out))
     return out
+
+
+def command(cfg: CanaryBench) -> None:
+    """`agentrl bench canary`."""
+    run_bench(
+        runs=cfg.runs,
+        worse_runs=cfg.worse_runs,
+        cap=cfg.cap,
+        batch=cfg.batch,
+        small_runs=(cfg.small_runs, cfg.small_worse_runs, cfg.small_better_runs),
+        small_cap=cfg.small_cap,
+    )

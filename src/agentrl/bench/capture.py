@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentrl.bench.options import CaptureBench
+
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_layers": 2}
 CALL = json.dumps({"name": "add", "arguments": {"a": 2, "b": 3}})
 TOOLS = [
@@ -578,3 +580,14 @@ def main(
     Console().print(table)
     print(json.dumps(out))
     return out
+
+
+def command(cfg: CaptureBench) -> None:
+    """`agentrl bench capture`: exit status 1 when an episode was lost, failed,
+    duplicated, split or merged."""
+    import typer
+
+    out = main(cfg.sessions, cfg.turns, cfg.connections, cfg.otlp_traces, cfg.extra)
+    bad = ("lost", "failed_requests", "duplicate_episodes", "split_episodes")
+    if any(out[k] for k in (*bad, "merged_episodes")):
+        raise typer.Exit(1)

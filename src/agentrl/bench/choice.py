@@ -25,6 +25,8 @@ import statistics
 import time
 from typing import Any
 
+from agentrl.bench.options import ChoiceBench
+
 MOVES = ["up", "down", "left", "right"]
 
 
@@ -116,3 +118,8 @@ def print_choice_bench(**kwargs: Any) -> dict[str, Any]:
         print(f"{key:>28}  {value}")
     print(json.dumps(out))
     return out
+
+
+def command(cfg: ChoiceBench) -> None:
+    """`agentrl bench choice`."""
+    print_choice_bench(**cfg.model_dump())

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from agentrl.offpolicy.config import AGMConfigEntity, load_config
+from agentrl.offpolicy.options import DqnBench, PerBench
 
 # rl-baselines3-zoo hyperparams/dqn.yml, CartPole-v1 ("Almost Tuned").
 SB3_ZOO_CARTPOLE: dict[str, Any] = {
@@ -465,3 +466,40 @@ def bench_per(
         "meets_goal": total_ms <= 0.3,
     }
     return rows, figures
+
+
+def command(cfg: DqnBench) -> None:
+    """`agentrl bench dqn`: one line per run, the table and the JSON line."""
+    from rich.console import Console
+
+    from agentrl.bench.report import report
+
+    console = Console()
+
+    def on_run(r: RunFigures) -> None:
+        solved = (
+            f"solved at {r.solved_step} steps / {r.solved_wall_s:.1f}s"
+            if r.solved_step
+            else "not solved"
+        )
+        console.print(
+            f"  seed {r.seed} {r.agent}: {solved}; ran {r.env_steps} steps in {r.wall_s:.1f}s"
+        )
+
+    with console.status("running agents..."):
+        rows, figures = bench_dqn(
+            cfg.config, seeds=cfg.seeds, quick=cfg.quick, with_sb3=cfg.sb3, on_run=on_run
+        )
+    report("offpolicy-dqn-cartpole", rows, figures, Console(width=max(console.width, 160)))
+
+
+def per_command(cfg: PerBench) -> None:
+    """`agentrl bench per`: the table and the JSON line."""
+    from rich.console import Console
+
+    from agentrl.bench.report import report
+
+    console = Console()
+    with console.status("filling the memory and timing..."):
+        rows, figures = bench_per(cfg.capacity, cfg.batch, cfg.iters)
+    report("offpolicy-per", rows, figures, Console(width=max(console.width, 120)))

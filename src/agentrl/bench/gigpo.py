@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from agentrl.bench.options import GigpoBench, comma_list
+
 EPISODES_PER_GROUP = 8
 MAX_EPISODE_STEPS = 15
 _INTERIOR = 4  # a 6x6 room has a 4x4 floor
@@ -250,3 +252,9 @@ def _label(n: int) -> str:
     if n >= 1000 and n % 1000 == 0:
         return f"{n // 1000}k"
     return str(n)
+
+
+def command(cfg: GigpoBench) -> None:
+    """`agentrl bench gigpo` (one BLAS thread: its table entry sets that before numpy loads)."""
+    sizes = [int(s) for s in comma_list(cfg.sizes)]
+    run_gigpo_benchmark(sizes, repeats=cfg.repeats, peer_max_rows=cfg.peer_max_rows, seed=cfg.seed)

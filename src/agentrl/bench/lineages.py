@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from agentrl.bench.options import LineagesBench
 from agentrl.serving.config import Analysis, DeploySettings, RolloutPlan, Step
 
 
@@ -152,3 +153,8 @@ def run_bench(many: int = 100, rounds: int = 5) -> dict[str, Any]:
     out = {"bench": "lineages", **out}
     print(json.dumps(out))
     return out
+
+
+def command(cfg: LineagesBench) -> None:
+    """`agentrl bench lineages`."""
+    run_bench(many=cfg.many, rounds=cfg.rounds)

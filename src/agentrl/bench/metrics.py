@@ -12,6 +12,7 @@ import random
 import time
 from typing import Any
 
+from agentrl.bench.options import MetricsBench
 from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.observability import instrument
@@ -69,3 +70,12 @@ def run_metrics_benchmark(batch: int = 256, batches: int = 40) -> dict[str, Any]
         "scrape_ms": round(scrape_ms, 2),
         "scrape_bytes": len(text),
     }
+
+
+def command(cfg: MetricsBench) -> None:
+    """`agentrl bench metrics`: the table and the JSON line."""
+    from agentrl.bench.report import report
+
+    res = run_metrics_benchmark(batch=cfg.batch)
+    rows = [{"hook": k, "value": v} for k, v in res.items()]
+    report("metrics hooks (CPU time, best of 7)", rows, res)

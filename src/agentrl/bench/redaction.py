@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import random
 import statistics
+import sys
 import time
 from collections import Counter
 from typing import Any
 
+from agentrl.rewards.options import RedactionBench
 from agentrl.rewards.pii_corpus import CORPUS
 from agentrl.rewards.redact import KINDS, RedactionReport, Redactor, redact_event
 
@@ -101,3 +103,41 @@ def edge_cost(n: int = 2000, repeats: int = 3, seed: int = 7) -> dict[str, float
         "us_with_pii_median": statistics.median(dirty) * 1e6 if dirty else float("nan"),
         "trajectories": float(n),
     }
+
+
+def command(cfg: RedactionBench) -> None:
+    """`agentrl bench redaction`: the per-kind table, misses and false alarms on stderr, the
+    JSON line."""
+    from agentrl.bench.report import report
+
+    scores = score_corpus()
+    cost = edge_cost(cfg.n)
+    rows: list[dict[str, Any]] = [
+        {"kind": kind, "positives": v["positives"], "recall": round(v["recall"], 3)}
+        for kind, v in scores["per_kind"].items()
+    ]
+    rows.append(
+        {
+            "kind": "all",
+            "positives": scores["positives"],
+            "recall": round(scores["recall"], 3),
+            "precision": round(scores["precision"], 3),
+            "false_positives": scores["false_positives"],
+        }
+    )
+    for miss in scores["misses"]:
+        print(f"missed: {miss!r}", file=sys.stderr)
+    for alarm in scores["false_alarms"]:
+        print(f"false alarm: {alarm!r}", file=sys.stderr)
+    figures = {
+        "precision": round(scores["precision"], 4),
+        "recall": round(scores["recall"], 4),
+        "corpus_strings": scores["strings"],
+        "false_positives": scores["false_positives"],
+        "false_negatives": scores["false_negatives"],
+        "edge_redaction_us_per_trajectory": round(cost["us_per_trajectory"], 1),
+        "edge_redaction_us_median": round(cost["us_per_trajectory_median"], 1),
+        "edge_redaction_us_clean": round(cost["us_clean_median"], 1),
+        "edge_redaction_us_with_pii": round(cost["us_with_pii_median"], 1),
+    }
+    report("redaction", rows, figures)

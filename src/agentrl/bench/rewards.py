@@ -35,6 +35,7 @@ import orjson
 from agentrl.bus import wire
 from agentrl.contracts.samples import sample_trajectory
 from agentrl.contracts.subjects import REWARD, TRAJECTORY
+from agentrl.rewards.options import RewardsBench
 
 TRAJ_STREAM = "RL_TRAJECTORIES"
 ECHO_DURABLE = "echo-peer"
@@ -485,3 +486,40 @@ if __name__ == "__main__":  # the echo peer's process: python -m agentrl.bench.r
         asyncio.run(echo_service(sys.argv[2]))
     else:
         raise SystemExit("usage: python -m agentrl.bench.rewards echo NATS_URL")
+
+
+def command(cfg: RewardsBench) -> None:
+    """`agentrl bench rewards`: the phases (or the replicas) with a spinner, the table and
+    the JSON line."""
+    import os
+    import sys
+
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from agentrl.bench.report import report
+
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, transient=True) as bar:
+        task = bar.add_task("starting", total=None)
+
+        def progress(message: str) -> None:
+            bar.update(task, description=message)
+
+        if cfg.replicas > 1:
+            rows = run_replicas_benchmark(
+                cfg.n, cfg.replicas, cfg.url, paced_s=cfg.paced_s, progress=progress
+            )
+        else:
+            rows = run_rewards_benchmark(
+                cfg.n, cfg.n_code, cfg.url, paced_s=cfg.paced_s, progress=progress
+            )
+    if cfg.replicas > 1:
+        print(
+            f"{cfg.replicas} replicas on one {os.cpu_count() or 1}-core machine share its "
+            "cores: the ratio is the cost of coordination (claims in NATS KV, shared "
+            "consumer), it cannot show scale-out; that needs a host per replica.",
+            file=sys.stderr,
+        )
+        report("rewards", rows, replica_figures(rows, cfg.replicas, cfg.n))
+    else:
+        report("rewards", rows, phase_figures(rows, cfg.n, cfg.n_code))

@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.progress import Progress
 
+from agentrl.bench.options import RolloutBench
 from agentrl.bench.report import report
 from agentrl.rollout.models import Message, TaskDefinition
 from agentrl.rollout.worker import EnvFactory, run_group
@@ -158,3 +159,17 @@ def run_rollout_benchmark(
         "goal_batched_speedup": 4.0,
     }
     return report("rollout: group of episodes, batched vs one-at-a-time generation", rows, figures)
+
+
+def command(cfg: RolloutBench) -> None:
+    """`agentrl bench rollout`."""
+    run_rollout_benchmark(
+        env_id=cfg.env,
+        group=cfg.group,
+        steps=cfg.steps,
+        max_new_tokens=cfg.max_new_tokens,
+        history_window=cfg.history_window,
+        repeats=cfg.repeats,
+        seed=cfg.seed,
+        threads=cfg.threads,
+    )

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from agentrl.bench.options import ServingBench, comma_list
 from agentrl.serving.errors import BackendError, DeployError
 from agentrl.serving.vllm.base import VLLM_TINY
 
@@ -222,3 +223,35 @@ async def run_bench(
     )
     out["errors"] = sum(r["errors"] for rows in results.values() for r in rows)
     return out
+
+
+def command(cfg: ServingBench) -> None:
+    """`agentrl bench serving`: the multi-LoRA part, the prefix part, then vLLM and the
+    load levels in what is left of the budget; one JSON line."""
+    import json
+
+    from agentrl.bench.multilora import multilora_run
+    from agentrl.bench.prefix import prefix_run
+
+    budget_s = cfg.budget_s
+    prompt = str(cfg.agent_zero_prompt) if cfg.agent_zero_prompt else None
+    out: dict[str, object] = {}
+    spent = 0.0  # the multi-LoRA and prefix parts' seconds, out of the budget
+    if (cfg.multilora or cfg.multilora_only) and not cfg.prefix_only:
+        started = time.monotonic()
+        share = budget_s / 3 if budget_s and not cfg.multilora_only else None
+        out.update(asyncio.run(multilora_run(cfg.model, max_tokens=cfg.max_tokens, budget_s=share)))
+        out["multilora_s"] = spent = round(time.monotonic() - started, 1)
+        if cfg.multilora_only:
+            print(json.dumps(out), flush=True)
+            return
+    if cfg.prefix or cfg.prefix_only:
+        started = time.monotonic()
+        out["prefix"] = asyncio.run(prefix_run(cfg.model, prompt))
+        spent += round(time.monotonic() - started, 1)
+    if not cfg.prefix_only:
+        levels = [int(x) for x in comma_list(cfg.concurrency)]
+        left = max(1.0, budget_s - spent) if budget_s else None
+        run = run_bench(cfg.model, cfg.prompts, levels, cfg.max_tokens, left)
+        out = {**asyncio.run(run), **out}
+    print(json.dumps(out), flush=True)

@@ -4,12 +4,19 @@ docstrings: `agentrl.core.configcli`)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 
 class SoakConfig(BaseModel):
-    """One soak; defaults fit a few minutes on 2 shared cores with the tiny model."""
+    """Run the loop on a stack whose services are separate processes (tiny model, loopback
+    only) and kill, once each, the reward service, the warehouse ingester, a running
+    training job's process and nats-server (SIGKILL), restarting each. Then check that
+    every trajectory has exactly one reward per version, the warehouse matches the
+    streams, no job is stuck and every gateway error was counted. Prints the recovery
+    times and checks; the last line is one JSON object; exit code 1 if a check failed.
+    The defaults fit a few minutes on 2 shared cores."""
 
     model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid")
 
@@ -46,9 +53,22 @@ class SoakConfig(BaseModel):
     replicas: int = Field(1, ge=1)
     """Run this many of every service and kill one of each kind. The replicated soak
     (`agentrl.bench.soak_replicas`): each replica its own processes."""
-    cluster: int = 0
-    """With --replicas: a NATS cluster of this many nodes; its leader is killed. 0: one
-    server."""
+    cluster: int | None = Field(None, ge=2)
+    """With --replicas: a NATS cluster of this many nodes, whose leader is killed (unset:
+    one server)."""
     lease_ttl_s: float = 10.0
     """Training job and controller leases in the replicated soak. Longer than a NATS leader
     election (about 5 s here), else a node kill looks like a dead runner."""
+
+    @classmethod
+    def quick(cls, **kw: Any) -> SoakConfig:
+        """With --replicas: shorter waits, a smaller threshold."""
+        if int(kw.get("replicas", 1)) <= 1:
+            return cls(**kw)
+        short = {"agents": 1, "threshold": 8, "settle_s": 3.0}
+        return cls(**{**short, "job_wait_s": 180.0, "drain_timeout_s": 120.0, **kw})
+
+    @property
+    def nats_nodes(self) -> int:
+        """nats-servers of the replicated soak: the cluster's, else one."""
+        return self.cluster or 1

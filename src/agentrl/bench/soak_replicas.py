@@ -278,12 +278,12 @@ async def run_replicated_soak(cfg: SoakConfig, say: Callable[[str], None] = prin
         raise ValueError(f"{data} is not empty: give the soak a fresh folder")
     (data / "logs").mkdir()
     nodes: Any = (
-        NatsCluster(data / "cluster", size=cfg.cluster)
-        if cfg.cluster > 1
+        NatsCluster(data / "cluster", size=cfg.nats_nodes)
+        if cfg.nats_nodes > 1
         else EmbeddedNats(settings=Settings(data_dir=data / "nats", nats_url=None))
     )
     nodes.start()
-    streams = min(3, cfg.cluster) if cfg.cluster > 1 else 1
+    streams = min(3, cfg.nats_nodes)
     url = nodes.url
     os.environ.update(soak_environment(cfg))
     os.environ["AGENTRL_STREAM_REPLICAS"] = str(streams)
@@ -473,7 +473,7 @@ async def _kill_controller(
     from agentrl.bus.lease import holder, lease_bucket
     from agentrl.serving.config import DeploySettings
 
-    kv = await lease_bucket(bus.js, cfg.lease_ttl_s, min(3, max(1, cfg.cluster)))
+    kv = await lease_bucket(bus.js, cfg.lease_ttl_s, min(3, cfg.nats_nodes))
     key = "deploy." + re.sub(r"[^A-Za-z0-9_-]", "_", DeploySettings().public_model) + ".controller"
     active = await holder(kv, key)
     victim = next((r for r in replicas if active and active.startswith(r.name + "-")), None)

@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from agentrl.bench.options import StartupBench
 from agentrl.bus.server import _die_with_parent, free_port
 
 TARGETS = {"warm_to_first_token_s": 30.0, "cold_to_first_token_s": 180.0, "sigint_to_exit_s": 5.0}
@@ -250,3 +251,8 @@ def run(keep: bool = False) -> dict[str, Any]:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(line))
     return line
+
+
+def command(cfg: StartupBench) -> None:
+    """`agentrl bench startup`."""
+    run(keep=cfg.keep)

@@ -19,6 +19,8 @@ import sys
 import time
 from typing import Any
 
+from agentrl.bench.options import StructuredBench
+
 SCALARS = ("integer", "enum", "boolean", "string", "array", "nullable")
 
 
@@ -197,3 +199,8 @@ def print_structured_bench(**kwargs: Any) -> dict[str, Any]:
         print(f"{key:>28}  {shown}")
     print(json.dumps(out))
     return out
+
+
+def command(cfg: StructuredBench) -> None:
+    """`agentrl bench structured`."""
+    print_structured_bench(**cfg.model_dump())

@@ -42,6 +42,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from agentrl.training.options import TrainingBench
+
 TINY = {
     "hidden_size": 32,
     "num_layers": 1,
@@ -415,3 +417,8 @@ def run_bench(trajectories: int, jobs: int, job_seconds: float) -> None:
             }
         )
     )
+
+
+def command(cfg: TrainingBench) -> None:
+    """`agentrl bench training`."""
+    run_bench(trajectories=cfg.trajectories, jobs=cfg.jobs, job_seconds=cfg.job_seconds)

@@ -31,6 +31,7 @@ from agentrl.warehouse import samples as S
 from agentrl.warehouse import schema
 from agentrl.warehouse.backend import Backend, open_backend
 from agentrl.warehouse.config import WarehouseSettings
+from agentrl.warehouse.options import WarehouseBench
 from agentrl.warehouse.queries import Analytics
 from agentrl.warehouse.service import IngesterService
 
@@ -336,3 +337,21 @@ def figures(rows: list[dict[str, Any]], figs: dict[str, Any]) -> dict[str, Any]:
         "export_s": round(figs["export_s"], 3),
         "lost": figs["ingest"]["lost"],
     }
+
+
+def command(cfg: WarehouseBench) -> None:
+    """`agentrl bench warehouse`: the run with a spinner, the table and the JSON line."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from agentrl.bench.report import report
+
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, transient=True) as bar:
+        task = bar.add_task("starting", total=None)
+        rows, figs = run(
+            cfg.n,
+            cfg.trajectories,
+            cfg.repeat,
+            progress=lambda m: bar.update(task, description=m),
+        )
+    report("warehouse", report_rows(rows, figs), figures(rows, figs))

@@ -34,6 +34,7 @@ def _train_policy(cfg: PolicyOptions) -> None:
     Example: agentrl train-policy --env frozenlake-4x4 --algorithm gigpo --model smollm2
     --iterations 10
     """
+    import dataclasses
     import os
     import sys
 
@@ -47,34 +48,16 @@ def _train_policy(cfg: PolicyOptions) -> None:
     from agentrl.learners.onpolicy import LoopSettings, run_training
     from agentrl.llm.config import TrainerConfig
 
+    # the options named like the trainer's and the loop's settings are theirs
+    trainer = cfg.model_dump(include=set(TrainerConfig.model_fields) - {"storage_path"})
     config = TrainerConfig(
+        **trainer,
         distributed=int(os.environ.get("WORLD_SIZE", "1")) > 1,
-        algorithm=cfg.algorithm,
-        model=cfg.model,
-        lora_r=cfg.lora_r,
-        learning_rate=cfg.learning_rate,
-        batch_size=cfg.batch_size,
-        epochs=cfg.epochs,
-        kl_coef=cfg.kl_coef,
-        temperature=cfg.temperature,
-        history_window=cfg.history_window,
-        seed=cfg.seed,
-        save_interval=cfg.save_interval,
-        max_checkpoints=cfg.max_checkpoints,
         storage_path=cfg.storage_path or str(cfg.out / "checkpoints"),
         storage_options={"endpoint_url": cfg.s3_endpoint} if cfg.s3_endpoint else {},
     )
-    loop = LoopSettings(
-        env_id=cfg.env,
-        iterations=cfg.iterations,
-        tasks_per_iteration=cfg.tasks_per_iteration,
-        group_size=cfg.group_size,
-        max_steps=cfg.max_steps,
-        max_new_tokens=cfg.max_new_tokens,
-        eval_episodes=cfg.eval_episodes,
-        resume=cfg.resume,
-        out_dir=cfg.out,
-    )
+    loop_fields = {f.name for f in dataclasses.fields(LoopSettings)}
+    loop = LoopSettings(env_id=cfg.env, out_dir=cfg.out, **cfg.model_dump(include=loop_fields))
     result = run_training(config, loop, show_progress=True)
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(result.summary(), default=float))
@@ -92,26 +75,12 @@ def _train_sft(cfg: SFTOptions) -> None:
     from agentrl.llm.config import TrainerConfig
 
     config = TrainerConfig(
-        model=cfg.model,
-        lora_r=cfg.lora_r,
-        learning_rate=cfg.learning_rate,
-        batch_size=cfg.batch_size,
-        seed=cfg.seed,
+        **cfg.model_dump(include={"model", "lora_r", "learning_rate", "batch_size", "seed"}),
         storage_path=str(cfg.out / "checkpoints"),
         mixed_precision="bf16",  # SFT has no behaviour/training ratio to keep exact
     )
-    settings = SFTSettings(
-        env_id=cfg.env,
-        obs_format=cfg.obs_format,
-        train_maps=cfg.train_maps,
-        heldout_maps=cfg.heldout_maps,
-        epochs=cfg.epochs,
-        batch_size=cfg.batch_size,
-        max_steps=cfg.max_steps,
-        max_new_tokens=cfg.max_new_tokens,
-        seed=cfg.seed,
-        out_dir=cfg.out,
-    )
+    rest = cfg.model_dump(exclude={"env", "out", "model", "lora_r", "learning_rate"})
+    settings = SFTSettings(env_id=cfg.env, out_dir=cfg.out, **rest)
     result = run_sft_job(config, settings)
     b, a = result["before"], result["after"]
     print(f"{'':24}{'before':>10}{'after':>10}")
@@ -160,15 +129,7 @@ def _learn(cfg: LearnOptions) -> None:
         log_in(ToolUseConfig.from_file(cfg.config, **tooluse).out_dir)
         run_main(cfg.config, tooluse, console)
         return
-    overrides = {
-        "iterations": cfg.iterations,
-        "algorithm": cfg.algorithm,
-        "model": cfg.model,
-        "heldout_seeds": cfg.heldout_seeds,
-        "time_budget_s": cfg.time_budget_s,
-        "seed": cfg.seed,
-        "out_dir": cfg.out,
-    }
+    overrides = {**cfg.model_dump(exclude={"config", "out"}), "out_dir": cfg.out}
     from agentrl.learners.valid_action import ValidActionConfig
 
     log_in(ValidActionConfig.from_file(cfg.config, **overrides).out_dir)

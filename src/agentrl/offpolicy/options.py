@@ -37,7 +37,13 @@ class DqnRun(_Options):
 
 
 class DqnBench(_Options):
-    """`agentrl bench dqn`."""
+    """CartPole-v1: our Double DQN + PER, with and without smoothing + early stop, and SB3 DQN.
+
+    Measures env steps and wall seconds until a greedy 10-episode evaluation first
+    averages >= 475, steps per second, area under the learning curve, TD-error
+    variance, and for (b) where early stopping fired. Last line: JSON figures
+    (ours_wall_s_to_475, sb3_wall_s_to_475, ratio_vs_sb3, ours_steps_to_475, solved_seeds).
+    """
 
     config: Path = DEFAULT_CONFIG
     """Config of agents (a) and (b)."""
@@ -51,7 +57,7 @@ class DqnBench(_Options):
 
 
 class PerBench(_Options):
-    """`agentrl bench per`."""
+    """Prioritized replay: one sample + priority update of a batch from a full memory (goal <= 0.3 ms)."""
 
     capacity: int = Field(1_000_000, ge=256)
     """Transitions in the memory."""

@@ -10,16 +10,46 @@ the bus. Import what you need from here:
 
 from __future__ import annotations
 
-from agentrl.rewards.calculator import ScoringInput, reward_id, score_batch, score_trajectory
-from agentrl.rewards.config import RewardConfig
-from agentrl.rewards.custom import (
-    EvaluateResult,
-    MetricResult,
-    RewardFunction,
-    StepOutput,
-    reward_function,
-)
-from agentrl.rewards.redact import Redactor, redact_payload
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentrl.rewards.calculator import ScoringInput, reward_id, score_batch, score_trajectory
+    from agentrl.rewards.config import RewardConfig
+    from agentrl.rewards.custom import (
+        EvaluateResult,
+        MetricResult,
+        RewardFunction,
+        StepOutput,
+        reward_function,
+    )
+    from agentrl.rewards.redact import Redactor, redact_payload
+
+# Each name from its module on first use: a command that only reads the reward options
+# (`agentrl --help` among them) does not load the scoring core and numpy.
+_WHERE = {
+    "ScoringInput": "calculator",
+    "reward_id": "calculator",
+    "score_batch": "calculator",
+    "score_trajectory": "calculator",
+    "RewardConfig": "config",
+    "EvaluateResult": "custom",
+    "MetricResult": "custom",
+    "RewardFunction": "custom",
+    "StepOutput": "custom",
+    "reward_function": "custom",
+    "Redactor": "redact",
+    "redact_payload": "redact",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "EvaluateResult",

@@ -74,7 +74,7 @@ class ServeOptions(BaseModel):
 
 
 class TrainingBench(BaseModel):
-    """`agentrl bench training`: the full size; `quick()` the smoke run."""
+    """Dataset loading rate, request->running and cancel latencies, job overhead."""
 
     model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid")
 

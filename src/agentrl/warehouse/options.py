@@ -104,7 +104,9 @@ class ExportOptions(_Options):
 
 
 class WarehouseBench(_Options):
-    """`agentrl bench warehouse`: the full size; `quick()` the short one."""
+    """Ingest from JetStream into chdb (>= 20,000 turns/s), analytics queries on
+    1,000,000 turns (p50 < 200 ms, p99 < 1 s), export of 100,000 filtered trajectories
+    to Parquet (< 2 s). Last line: turns_per_s, query_p50_ms, query_p99_ms, export_s, lost."""
 
     n: int = Field(20_000, ge=1)
     """Trajectories to ingest."""
