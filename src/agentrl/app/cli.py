@@ -241,10 +241,3 @@ def _up_cluster(size: int, data_dir: str | None, services: bool, replicas: int =
         for node in nodes.nodes:
             print(f"  {node.server_name} listening on {node.url}  log: {node.log_file}")
         run_stack(data_dir=data_dir, services=services, replicas=replicas)
-
-
-def _show_config_option() -> Any:
-    """`--show-config` (kept for `agentrl.bench.cli`, which imports it)."""
-    from agentrl.core.configcli import flag
-
-    return flag("show_config", "Print the settings as JSON and exit.")
