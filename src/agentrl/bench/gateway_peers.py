@@ -267,7 +267,7 @@ VARIANTS: dict[str, dict[str, str]] = {
 FRONTS: dict[str, int] = {"agentrl-rust": 1, "agentrl-rust-t2": 2}
 
 
-def ours(name: str) -> bool:
+def is_ours(name: str) -> bool:
     """A variant of agentrl's own gateway (compared with each real peer), not a peer."""
     return name in VARIANTS or name in FRONTS
 
@@ -618,10 +618,10 @@ def line(results: dict[str, dict[str, Any]], failed: dict[str, str]) -> dict[str
         row[f"ratio_p99_vs_{name}"] = headline[1] if headline else None
         row[f"ratio_p99_vs_{name}_rps"] = headline[0] if headline else None
     for name, res in results.items():  # a variant of agentrl's against each real peer
-        if not ours(name):
+        if not is_ours(name):
             continue
         for peer, theirs in results.items():
-            if peer == "agentrl" or ours(peer):
+            if peer == "agentrl" or is_ours(peer):
                 continue
             for rate in (1000, 200):
                 a, b = res[f"plain{rate}"], theirs[f"plain{rate}"]
@@ -680,7 +680,7 @@ def run_peers(duration: float = 3.0, only: tuple[str, ...] = tuple(PEERS)) -> di
                     peer: Peer | None = None
                     try:
                         say(f"{name}: installing / starting ...")
-                        if ours(name):
+                        if is_ours(name):
                             peer = start_ours(name, backend, nats.url, tmp)
                         else:
                             peer = await asyncio.to_thread(PEERS[name], backend, tmp)
@@ -768,7 +768,7 @@ def run_interleaved(
                 await bench._wait_http(direct)
                 for name in only:
                     try:
-                        if ours(name):
+                        if is_ours(name):
                             peer = start_ours(name, backend, nats.url, tmp)
                         else:
                             peer = await asyncio.to_thread(PEERS[name], backend, tmp)
@@ -846,7 +846,7 @@ def interleaved_line(
             row[f"{pre}errors_{tag}"] = sum(r["unanswered"] for r in rs)
     # agentrl against every other gateway; each agentrl variant against every real peer
     pairs = [("agentrl", n) for n in runs if n != "agentrl"] + [
-        (v, n) for v in runs if ours(v) for n in runs if n != "agentrl" and not ours(n)
+        (v, n) for v in runs if is_ours(v) for n in runs if n != "agentrl" and not is_ours(n)
     ]
     for mine, name in pairs:
         pre = "" if mine == "agentrl" else f"{mine}_"

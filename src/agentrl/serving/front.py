@@ -50,7 +50,9 @@ def route_table(state: Any, generation: int = 0) -> dict[str, Any]:
         names = getattr(backend, "names", {})
         served = names.get(model_id) or getattr(backend, "default_model", None) or model_id
         versions[model_id] = {"backend": str(base), "served_name": str(served)}
-    lineages = {state.public_name: {"weights": dict(state.weights), "order": list(state.order)}}
+    lineages: dict[str, dict[str, Any]] = {
+        state.public_name: {"weights": dict(state.weights), "order": list(state.order)}
+    }
     for name, (weights, order) in state.routes.items():
         lineages[name] = {"weights": dict(weights), "order": list(order)}
     for name, split in lineages.items():
