@@ -298,11 +298,11 @@ async fn chat(state: Arc<State>, req: Request<Body>) -> Response<Body> {
     state.count(&version, pinned, |s| s.requests += 1);
     let started = Instant::now();
     let url = format!("{}/chat/completions", target.backend.trim_end_matches('/'));
-    let upstream = Request::builder()
-        .method(Method::POST)
-        .uri(&url)
-        .header(CONTENT_TYPE, "application/json")
-        .body(Body::from(serde_json::to_vec(&body).unwrap_or_default()));
+    let mut upstream = Request::builder().method(Method::POST).uri(&url).header(CONTENT_TYPE, "application/json");
+    if let Some(auth) = &target.authorization {
+        upstream = upstream.header(hyper::header::AUTHORIZATION, auth.as_str());
+    }
+    let upstream = upstream.body(Body::from(serde_json::to_vec(&body).unwrap_or_default()));
     let upstream = match upstream {
         Ok(r) => r,
         Err(e) => return failed(&state, &version, pinned, &cid, 502, &format!("bad backend URL {url}: {e}")),

@@ -36,8 +36,8 @@ impl Publisher {
     pub fn start(url: &str, capacity: usize) -> Publisher {
         let (tx, rx) = mpsc::channel(capacity);
         let counters = Arc::new(Counters::default());
-        let addr = url.trim_start_matches("nats://").trim_end_matches('/').to_string();
-        tokio::spawn(run(addr, rx, counters.clone()));
+        let (addr, hello) = connect_line(url);
+        tokio::spawn(run(addr, hello, rx, counters.clone()));
         Publisher { tx, counters }
     }
 
@@ -58,13 +58,36 @@ fn frame(out: &mut Vec<u8>, r: &Record) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// (host:port, the CONNECT line and a PING) for nats://[user[:pass]@ | token@]host:port.
+pub fn connect_line(url: &str) -> (String, Vec<u8>) {
+    let rest = url.trim_start_matches("nats://").trim_end_matches('/');
+    let (creds, addr) = match rest.rsplit_once('@') {
+        Some((c, a)) => (Some(c), a),
+        None => (None, rest),
+    };
+    let mut opts = serde_json::json!({
+        "verbose": false, "pedantic": false, "headers": true, "no_responders": false,
+        "lang": "rust", "version": "0.1.0", "name": "agentrl-gateway-front", "protocol": 1,
+    });
+    match creds.map(|c| c.split_once(':')) {
+        Some(Some((user, pass))) => {
+            opts["user"] = user.into();
+            opts["pass"] = pass.into();
+        }
+        Some(None) => opts["auth_token"] = creds.unwrap_or_default().into(),
+        None => {}
+    }
+    let line = format!("CONNECT {opts}\r\nPING\r\n").into_bytes();
+    (addr.to_string(), line)
+}
+
 async fn connect(addr: &str) -> std::io::Result<TcpStream> {
     let stream = TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
     Ok(stream)
 }
 
-async fn run(addr: String, mut rx: mpsc::Receiver<Record>, counters: Arc<Counters>) {
+async fn run(addr: String, hello: Vec<u8>, mut rx: mpsc::Receiver<Record>, counters: Arc<Counters>) {
     let mut backoff = Duration::from_millis(100);
     let mut pending: Option<Record> = None; // taken from the queue when a connection broke
     loop {
@@ -93,8 +116,7 @@ async fn run(addr: String, mut rx: mpsc::Receiver<Record>, counters: Arc<Counter
                 continue;
             }
         }
-        let hello = b"CONNECT {\"verbose\":false,\"pedantic\":false,\"headers\":true,\"no_responders\":false,\"lang\":\"rust\",\"version\":\"0.1.0\",\"name\":\"agentrl-gateway-front\",\"protocol\":1}\r\nPING\r\n";
-        if write.write_all(hello).await.is_err() {
+        if write.write_all(&hello).await.is_err() {
             continue;
         }
         counters.connected.store(1, Ordering::Relaxed);
@@ -158,5 +180,22 @@ async fn run(addr: String, mut rx: mpsc::Receiver<Record>, counters: Arc<Counter
             return;
         }
         eprintln!("gateway-front: NATS connection to {addr} lost; reconnecting");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::connect_line;
+
+    #[test]
+    fn credentials_go_in_connect() {
+        let (addr, line) = connect_line("nats://alice:s3cret@127.0.0.1:4222");
+        let text = String::from_utf8(line).unwrap();
+        assert_eq!(addr, "127.0.0.1:4222");
+        assert!(text.contains("\"user\":\"alice\"") && text.contains("\"pass\":\"s3cret\""), "{text}");
+        let (_, line) = connect_line("nats://tok@h:1");
+        assert!(String::from_utf8(line).unwrap().contains("\"auth_token\":\"tok\""));
+        let (addr, _) = connect_line("nats://h:1");
+        assert_eq!(addr, "h:1");
     }
 }

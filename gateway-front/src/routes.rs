@@ -14,6 +14,9 @@ pub struct Version {
     pub backend: String,
     /// The `model` the backend knows the version by.
     pub served_name: String,
+    /// The Authorization header the backend wants (an upstream's API key), if any.
+    #[serde(default)]
+    pub authorization: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Clone, Default)]

@@ -15,6 +15,7 @@ Skipped, with how to build it, when the front is not built (scripts/build-gatewa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import subprocess
@@ -397,3 +398,97 @@ def test_route_table_from_a_gateway_state(upstreams: dict[str, Upstream]) -> Non
     state.weights["v3"] = 10.0
     with pytest.raises(ValueError, match="no upstream URL"):
         front.route_table(state)
+
+
+async def test_up_with_the_rust_front_serves_the_split_and_a_rollback_within_a_poll(
+    nats_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    upstreams: dict[str, Upstream],
+) -> None:
+    """`agentrl up`'s deploy service with `gateway_front = "rust"`: the front answers on the
+    gateway's port (the official SDK), a canary gets its sessions under its served name, and
+    a rollback stops routing to it within the serving manager's poll and the front's."""
+    import uuid
+
+    from openai import AsyncOpenAI
+
+    from agentrl.bus import Bus
+    from agentrl.core.settings import Settings
+    from agentrl.release.actions import Deployer
+    from agentrl.release.service import serve
+    from agentrl.serving.config import DeploySettings
+    from agentrl.serving.registry import Registry
+    from deploy_helpers import free_port
+
+    env = {
+        "BACKEND": "upstream",
+        "UPSTREAM_URL": f"http://127.0.0.1:{upstreams['u2'].port}/v1",
+        "GATEWAY_FRONT": "rust",
+        "PUBLIC_MODEL": "front-policy",
+        "BUCKET": "front_models",
+        "BASE_MODEL": "tiny",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(f"AGENTRL_DEPLOY_{k}", v)
+    monkeypatch.setenv("AGENTRL_CAPTURE_ENABLED", "false")
+    bus = await Bus.connect(nats_url)
+    await bus.ensure_streams()
+    settings = Settings(data_dir=tmp_path, gateway_port=free_port())
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(bus, stop, settings))
+    base = f"http://127.0.0.1:{settings.gateway_port}/v1"
+    client = AsyncOpenAI(base_url=base, api_key="x", max_retries=0)
+
+    async def versions(keys: list[str]) -> dict[str, str]:
+        out = {}
+        for k in keys:
+            raw = await client.chat.completions.with_raw_response.create(
+                model="front-policy", messages=[{"role": "user", "content": "hi"}], user=k
+            )
+            out[k] = raw.headers["x-agentrl-model-version"]
+            assert raw.parse().model == out[k]
+        return out
+
+    try:
+        deadline = time.monotonic() + 60
+        models: list[str] = []
+        while "front-policy-base" not in models:
+            assert not task.done(), task.exception()
+            assert time.monotonic() < deadline, "the front never served the base version"
+            with contextlib.suppress(Exception):  # not up yet
+                models = [m.id async for m in client.models.list()]
+            await asyncio.sleep(0.1)
+        registry = await Registry.open(bus.js, "front_models")
+        deployer = Deployer(registry, bus, "front-policy", f"{base}/chat/completions")
+        record = await deployer.register(
+            checkpoint_path="",
+            base_model="tiny",
+            sha256="",
+            training_job_id=str(uuid.uuid4()),
+            serving={"kind": "upstream", "upstream_model": "m-canary"},
+        )
+        canary = record.model_id
+        await registry.update_model(canary, lambda r: setattr(r, "checkpoint_path", None))
+        seen = len(upstreams["u2"].seen)
+        await deployer.start(canary, DeploySettings().plan(), by="test")
+        keys = [f"user-{i}" for i in range(60)]
+        deadline = time.monotonic() + 20
+        while canary not in (await versions(keys)).values():
+            assert time.monotonic() < deadline, "the canary never got traffic through the front"
+        got = await versions(keys)  # (the round above may have straddled the table's change)
+        assert set(got.values()) == {"front-policy-base", canary}
+        assert await versions(keys) == got  # sticky
+        served = {b["model"] for b in upstreams["u2"].seen[seen:]}
+        assert served == {"front-policy-base", "m-canary"}
+        await deployer.rollback(by="test", reason="test rollback", model_id=canary)
+        rolled = time.monotonic()
+        while canary in (await versions(keys)).values():
+            # the manager's poll (0.2 s) then the front's (0.05 s), on a loaded host
+            assert time.monotonic() - rolled < 3.0, "still routed to the rolled-back version"
+        assert set((await versions(keys)).values()) == {"front-policy-base"}
+    finally:
+        await client.close()
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await bus.close()

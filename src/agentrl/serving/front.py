@@ -50,6 +50,10 @@ def route_table(state: Any, generation: int = 0) -> dict[str, Any]:
         names = getattr(backend, "names", {})
         served = names.get(model_id) or getattr(backend, "default_model", None) or model_id
         versions[model_id] = {"backend": str(base), "served_name": str(served)}
+        client = getattr(backend, "client", None)
+        auth = client.headers.get("authorization") if client is not None else None
+        if auth:  # the upstream's API key (`upstream_api_key`)
+            versions[model_id]["authorization"] = str(auth)
     lineages: dict[str, dict[str, Any]] = {
         state.public_name: {"weights": dict(state.weights), "order": list(state.order)}
     }
@@ -128,6 +132,8 @@ class Front:
         cmd += ["--threads", str(self.threads), "--poll-ms", str(self.poll_ms)]
         if self.nats_url:
             cmd += ["--nats", self.nats_url]
+        if self.log:
+            self.log.parent.mkdir(parents=True, exist_ok=True)
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
         try:
             self.proc = subprocess.Popen(
@@ -185,3 +191,116 @@ class Front:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def check(settings: Any, capture: bool) -> None:
+    """What the front cannot do, refused at start-up with why (`gateway_front = "rust"`)."""
+    if settings.backend == "local":
+        raise ValueError(
+            "gateway_front=rust forwards to OpenAI-compatible servers: set "
+            "AGENTRL_DEPLOY_BACKEND=upstream or vllm (the local engine lives in the Python "
+            "gateway's process)"
+        )
+    if capture:
+        raise ValueError(
+            "gateway_front=rust does not capture episodes: set AGENTRL_CAPTURE_ENABLED=false "
+            "or use the Python gateway"
+        )
+    if settings.gateway_workers > 1:
+        raise ValueError("gateway_front=rust is one process: leave gateway_workers at 1")
+    if binary() is None:
+        raise ValueError(f"gateway_front=rust but the front is not built: {BUILD_HINT}")
+
+
+def counters(doc: dict[str, Any]) -> dict[str, list[int]]:
+    """The front's split-routed counters as `FleetStats` holds a worker's: version ->
+    [requests, errors, timeouts, completion tokens] (pinned requests are no evidence)."""
+    return {
+        str(v): [
+            int(s.get(k) or 0) for k in ("requests", "errors", "timeouts", "completion_tokens")
+        ]
+        for v, s in (doc.get("stats") or {}).items()
+    }
+
+
+class FrontRunner:
+    """`agentrl up` with `gateway_front = "rust"`: the front serves the gateway's port; every
+    `poll_s` the route table is rewritten when the state changed (the serving manager keeps
+    the state current) and the front's counters are folded into the controller's evidence
+    (`FleetStats`, as a gateway worker's). A front that exits is started again (its counters
+    start from zero under a new name, so the sum never goes back)."""
+
+    def __init__(
+        self,
+        state: Any,
+        fleet: Any,
+        routes: Path,
+        listen: str,
+        nats_url: str | None,
+        poll_s: float = 0.2,
+        log: Path | None = None,
+    ) -> None:
+        self.state, self.fleet, self.routes = state, fleet, routes
+        self.listen, self.nats_url, self.poll_s, self.log = listen, nats_url, poll_s, log
+        self.generation = 0
+        self.written: dict[str, Any] | None = None
+        self.front: Front | None = None
+        self.restarts = 0
+
+    def sync_routes(self) -> bool:
+        """Rewrite the table when what it routes by changed; True when written."""
+        table = route_table(self.state, self.generation)
+        if self.written is not None and {**table, "generation": 0} == {
+            **self.written,
+            "generation": 0,
+        }:
+            return False
+        self.generation += 1
+        table["generation"] = self.generation
+        write_routes(self.routes, table)
+        self.written = table
+        return True
+
+    def _start(self) -> None:
+        self.front = Front(
+            self.routes, listen=self.listen, nats_url=self.nats_url, poll_ms=50, log=self.log
+        )
+        self.front.start()
+
+    async def run(self, stop: Any) -> None:
+        import asyncio
+        import logging
+
+        import httpx
+
+        log = logging.getLogger(__name__)
+        self.sync_routes()
+        await asyncio.to_thread(self._start)
+        log.info("gateway front (Rust) on %s", self.front.url if self.front else "?")
+        try:
+            async with httpx.AsyncClient(timeout=5.0) as client:
+                while not stop.is_set():
+                    try:
+                        self.sync_routes()
+                    except (ValueError, OSError) as exc:  # the last table stays in force
+                        log.warning("front route table not written: %s", exc)
+                    front = self.front
+                    assert front is not None and front.proc is not None
+                    if front.proc.poll() is not None:
+                        self.restarts += 1
+                        log.warning(
+                            "gateway front exited (%s); starting it again", front.proc.returncode
+                        )
+                        await asyncio.to_thread(self._start)
+                        continue
+                    try:
+                        doc = (await client.get(f"{front.url}/stats")).json()
+                        key = f"front-{front.proc.pid}-{self.restarts}"
+                        self.fleet.remote[key] = counters(doc)
+                    except (httpx.HTTPError, ValueError) as exc:
+                        log.warning("front counters not read: %s", exc)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), self.poll_s)
+        finally:
+            if self.front is not None:
+                await asyncio.to_thread(self.front.stop)
