@@ -492,3 +492,54 @@ async def test_up_with_the_rust_front_serves_the_split_and_a_rollback_within_a_p
         stop.set()
         await asyncio.wait_for(task, 30)
         await bus.close()
+
+
+async def test_the_runner_keeps_the_table_and_folds_the_counters_into_the_evidence(
+    tmp_path: Path, upstreams: dict[str, Upstream]
+) -> None:
+    """`FrontRunner`: a split changed in the state reaches the front within its poll, and
+    the front's split-routed counters are the controller's (`FleetStats`) evidence."""
+    from agentrl.serving.backends import UpstreamBackend
+    from agentrl.serving.gateway import GatewayState
+    from agentrl.serving.gateway_workers import FleetStats
+    from deploy_helpers import free_port
+
+    state = GatewayState("agentrl-policy")
+    up = UpstreamBackend(f"http://127.0.0.1:{upstreams['u1'].port}/v1")
+    state.backends = {"v1": up, "v2": up}
+    state.set_split({"v1": 100.0}, ["v1"])
+    fleet = FleetStats(state.stats)
+    runner = front.FrontRunner(
+        state, fleet, tmp_path / "routes.json", f"127.0.0.1:{free_port()}", None, poll_s=0.05
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run(stop))
+    try:
+        async with httpx.AsyncClient(timeout=10) as c:
+            while runner.front is None:
+                await asyncio.sleep(0.02)
+            url = f"{runner.front.url}/v1/chat/completions"
+            body = {"model": "agentrl-policy", "messages": [{"role": "user", "content": "x"}]}
+
+            async def ask() -> str:
+                r = await c.post(url, json=body)
+                assert r.status_code == 200, r.text
+                return str(r.headers["x-agentrl-model-version"])
+
+            assert {await ask() for _ in range(5)} == {"v1"}
+            state.set_split({"v2": 100.0}, ["v2"])  # as the serving manager does
+            deadline = time.monotonic() + 3
+            while await ask() != "v2":
+                assert time.monotonic() < deadline, "the new split never reached the front"
+            n2 = 1 + sum([await ask() == "v2" for _ in range(3)])
+            deadline = time.monotonic() + 3
+            while "v2" not in fleet or fleet["v2"].requests < n2:
+                assert time.monotonic() < deadline, dict(fleet.remote)
+                await asyncio.sleep(0.02)
+            assert fleet["v1"].requests >= 5 and fleet["v2"].requests == n2
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+        await up.close()
+    assert runner.front is not None and runner.front.proc is not None
+    assert runner.front.proc.returncode == 0  # stopped with the service, cleanly

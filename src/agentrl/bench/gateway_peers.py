@@ -263,8 +263,13 @@ VARIANTS: dict[str, dict[str, str]] = {
 
 # agentrl's compiled front (`gateway-front/`, `agentrl.serving.front`): the same split,
 # counters and completion log (to the same NATS) in Rust, with a route table of one version
-# on the same backend; name -> its tokio worker threads (1: a current-thread runtime).
-FRONTS: dict[str, int] = {"agentrl-rust": 1, "agentrl-rust-t2": 2}
+# on the same backend; name -> (its tokio worker threads (1: a current-thread runtime), its
+# completion log on); agentrl-rust-nolog: what the log costs it.
+FRONTS: dict[str, tuple[int, bool]] = {
+    "agentrl-rust": (1, True),
+    "agentrl-rust-t2": (2, True),
+    "agentrl-rust-nolog": (1, False),
+}
 
 
 def is_ours(name: str) -> bool:
@@ -286,12 +291,10 @@ def start_front(name: str, backend: str, nats_url: str, tmp: Path) -> Peer:
             "timeout_s": 30.0,
         },
     )
-    logged = os.environ.get("BENCH_GATEWAY_LOG") != "off"
+    threads, logged = FRONTS[name]
+    logged = logged and os.environ.get("BENCH_GATEWAY_LOG") != "off"
     proc = front.Front(
-        routes,
-        nats_url=nats_url if logged else None,
-        threads=FRONTS[name],
-        log=tmp / f"{name}.log",
+        routes, nats_url=nats_url if logged else None, threads=threads, log=tmp / f"{name}.log"
     )
     url = proc.start()
     return Peer(
@@ -299,7 +302,7 @@ def start_front(name: str, backend: str, nats_url: str, tmp: Path) -> Peer:
         url=f"{url}/v1/chat/completions",
         target={"model": "agentrl-policy"},
         proc=proc.proc,
-        version=f"gateway-front 0.1.0, threads={FRONTS[name]}, log={'on' if logged else 'off'}",
+        version=f"gateway-front 0.1.0, threads={threads}, log={'on' if logged else 'off'}",
         log=tmp / f"{name}.log",
     )
 

@@ -262,10 +262,11 @@ class FrontRunner:
         return True
 
     def _start(self) -> None:
-        self.front = Front(
+        front = Front(
             self.routes, listen=self.listen, nats_url=self.nats_url, poll_ms=50, log=self.log
         )
-        self.front.start()
+        front.start()
+        self.front = front  # (set once it answers)
 
     async def run(self, stop: Any) -> None:
         import asyncio
