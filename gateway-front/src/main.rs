@@ -85,7 +85,18 @@ struct Stats {
     refused: u64,
 }
 
+/// One admitted chat request (released when its answer, or its stream, is done).
+struct Admitted(Arc<State>);
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 struct State {
+    inflight: AtomicU64,
+    shed: AtomicU64,
     table: RwLock<Arc<routes::Table>>,
     stats: Mutex<Stats>,
     client: Client<HttpConnector, Body>,
@@ -178,7 +189,24 @@ fn constant_eq(a: &[u8], b: &[u8]) -> bool {
 async fn handle(state: Arc<State>, req: Request<Body>) -> Result<Response<Body>, Infallible> {
     let path = req.uri().path();
     Ok(match (req.method(), path) {
-        (&Method::POST, "/v1/chat/completions") => chat(state, req).await,
+        (&Method::POST, "/v1/chat/completions") => {
+            let max = state.table().max_inflight as u64;
+            if state.inflight.fetch_add(1, Ordering::Relaxed) >= max {
+                state.inflight.fetch_sub(1, Ordering::Relaxed);
+                state.shed.fetch_add(1, Ordering::Relaxed);
+                let mut r = error(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "the gateway is at its limit of requests in flight; retry shortly",
+                    "rate_limit_exceeded",
+                    Some("busy"),
+                );
+                r.headers_mut().insert("retry-after", HeaderValue::from_static("1"));
+                r
+            } else {
+                let admitted = Admitted(state.clone());
+                chat(state, req, admitted).await
+            }
+        }
         (&Method::GET, "/health") => json_response(&json!({"status": "ok"})),
         (&Method::GET, "/stats") => stats(&state),
         (&Method::GET, "/v1/models") => {
@@ -214,6 +242,7 @@ fn stats(state: &State) -> Response<Body> {
     };
     let mut out = json!({
         "stats": snap(&s.split), "pinned": snap(&s.pinned), "refused": s.refused,
+        "inflight": state.inflight.load(Ordering::Relaxed), "shed": state.shed.load(Ordering::Relaxed),
         "generation": state.table().generation,
     });
     if let Some(log) = &state.log {
@@ -228,7 +257,7 @@ fn stats(state: &State) -> Response<Body> {
     json_response(&out)
 }
 
-async fn chat(state: Arc<State>, req: Request<Body>) -> Response<Body> {
+async fn chat(state: Arc<State>, req: Request<Body>, admitted: Admitted) -> Response<Body> {
     let table = state.table();
     if !authorized(&req, &table.api_keys) {
         return unauthorized();
@@ -336,7 +365,7 @@ async fn chat(state: Arc<State>, req: Request<Body>) -> Response<Body> {
         return failed(&state, &version, pinned, &cid, code, &msg);
     }
     match bytes {
-        None => stream_answer(state.clone(), resp, version, pinned, cid, session, started),
+        None => stream_answer(state.clone(), resp, version, pinned, cid, session, started, admitted),
         Some(bytes) => {
             let mut data: Value = match serde_json::from_slice(&bytes) {
                 Ok(v @ Value::Object(_)) if v.get("choices").and_then(Value::as_array).map(|a| !a.is_empty()).unwrap_or(false) => v,
@@ -419,6 +448,7 @@ struct Relay {
     session: Option<String>,
     started: Instant,
     done: bool,
+    _admitted: Admitted, // in flight until the stream ends
 }
 
 impl Relay {
@@ -488,6 +518,7 @@ fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
     None
 }
 
+#[allow(clippy::too_many_arguments)]
 fn stream_answer(
     state: Arc<State>,
     resp: Response<Body>,
@@ -496,6 +527,7 @@ fn stream_answer(
     cid: String,
     session: Option<String>,
     started: Instant,
+    admitted: Admitted,
 ) -> Response<Body> {
     use futures_util::StreamExt;
     let (parts, upstream) = resp.into_parts();
@@ -510,6 +542,7 @@ fn stream_answer(
         session,
         started,
         done: false,
+        _admitted: admitted,
     };
     let events = futures_util::stream::unfold(relay, |mut r| async move {
         if r.done {
@@ -652,6 +685,8 @@ async fn serve(args: Args) {
     connector.set_nodelay(true);
     let client = Client::builder().pool_max_idle_per_host(512).build(connector);
     let state = Arc::new(State {
+        inflight: AtomicU64::new(0),
+        shed: AtomicU64::new(0),
         table: RwLock::new(Arc::new(table)),
         stats: Mutex::new(Stats::default()),
         client,

@@ -45,6 +45,9 @@ pub struct Table {
     /// seconds a backend has to answer (the gateway's `timeout_s`)
     #[serde(default = "default_timeout")]
     pub timeout_s: f64,
+    /// chat requests in flight at once; beyond, 429 + Retry-After (the gateway's max_inflight)
+    #[serde(default = "default_inflight")]
+    pub max_inflight: usize,
     /// a counter the writer bumps per write (diagnostics: which table is loaded)
     #[serde(default)]
     pub generation: u64,
@@ -56,6 +59,10 @@ fn default_public() -> String {
 
 fn default_timeout() -> f64 {
     60.0
+}
+
+fn default_inflight() -> usize {
+    64
 }
 
 pub enum Resolved<'a> {

@@ -46,6 +46,7 @@ class Upstream:
         self.name = name
         self.seen: list[dict[str, Any]] = []
         self.port = 0
+        self.release = asyncio.Event()  # (made in the loop's thread: Python >= 3.10)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -58,6 +59,8 @@ class Upstream:
                 )
                 body = json.loads(await reader.readexactly(length))
                 self.seen.append(body)
+                if body["model"] == "slow":  # held until the test lets it answer
+                    await self.release.wait()
                 writer.write(self.answer(body))
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -156,6 +159,7 @@ def table(upstreams: dict[str, Upstream], weights: dict[str, float], gen: int) -
         "v1": {"backend": f"http://127.0.0.1:{upstreams['u1'].port}/v1", "served_name": "m1"},
         "v2": {"backend": f"http://127.0.0.1:{upstreams['u2'].port}/v1", "served_name": "m2"},
         "v3": {"backend": f"http://127.0.0.1:{upstreams['u1'].port}/v1", "served_name": "boom"},
+        "v4": {"backend": f"http://127.0.0.1:{upstreams['u2'].port}/v1", "served_name": "slow"},
     }
     return {
         "public_name": "agentrl-policy",
@@ -348,6 +352,41 @@ def test_errors_count_as_the_gateway_counts_them(running: tuple[front.Front, Pat
     after = proc.stats()
     assert after["pinned"]["v3"]["errors"] == before["pinned"].get("v3", {}).get("errors", 0) + 1
     assert after["stats"] == before["stats"]  # nothing of the split's evidence moved
+
+
+def test_past_max_inflight_a_429_with_retry_after(
+    loop: Loop, running: tuple[front.Front, Path], upstreams: dict[str, Upstream]
+) -> None:
+    """Admission as the gateway's: at most `max_inflight` chat requests at once (a stream
+    until it ends); beyond, 429 `rate_limit_exceeded` with Retry-After, counted as shed."""
+    proc, routes = running
+    front.write_routes(
+        routes, {**table(upstreams, {"v1": 30.0, "v2": 70.0}, 10), "max_inflight": 1}
+    )
+    wait_for(lambda: proc.stats()["generation"] == 10, timeout=2.0)
+    body = {"model": "v4", "messages": [{"role": "user", "content": "x"}]}
+    held: dict[str, Any] = {}
+    first = threading.Thread(
+        target=lambda: held.update(
+            r=httpx.post(f"{proc.url}/v1/chat/completions", json=body, timeout=10)
+        )
+    )
+    first.start()
+    try:
+        wait_for(lambda: proc.stats()["inflight"] == 1)
+        busy = httpx.post(
+            f"{proc.url}/v1/chat/completions", json={**body, "model": "v1"}, timeout=10
+        )
+        assert busy.status_code == 429 and busy.headers["retry-after"] == "1"
+        assert busy.json()["error"]["type"] == "rate_limit_exceeded"
+        assert proc.stats()["shed"] >= 1
+    finally:
+        loop.loop.call_soon_threadsafe(upstreams["u2"].release.set)
+        first.join(10)
+    assert held["r"].status_code == 200
+    assert proc.stats()["inflight"] == 0
+    front.write_routes(routes, table(upstreams, {"v1": 30.0, "v2": 70.0}, 11))
+    wait_for(lambda: proc.stats()["generation"] == 11, timeout=2.0)
 
 
 def test_a_rollback_stops_routing_to_the_version_within_a_poll(

@@ -74,6 +74,7 @@ def route_table(state: Any, generation: int = 0) -> dict[str, Any]:
         "by_profile": dict(state.by_profile),
         "api_keys": list(state.api_keys),
         "timeout_s": float(state.timeout_s),
+        "max_inflight": int(state.max_inflight),
         "generation": generation,
     }
 
