@@ -587,16 +587,22 @@ fn stream_answer(
     out
 }
 
-/// Re-read the route table when its file changed (a bad file keeps the table in force).
+/// Re-read the route table when its content changed. Read every poll (a few KB from the page
+/// cache, microseconds): two writes within the file system's timestamp tick keep the same
+/// mtime, and a swap of two weights the same size. A bad file keeps the table in force.
 async fn watch(state: Arc<State>, path: PathBuf, every: Duration) {
-    let mut seen = None;
+    let mut seen: Option<Vec<u8>> = None;
     loop {
-        let now = routes::stamp(&path);
-        if now.is_some() && now != seen {
-            seen = now;
-            match std::fs::read(&path).map_err(|e| e.to_string()).and_then(|b| routes::Table::parse(&b)) {
-                Ok(t) => *state.table.write().unwrap() = Arc::new(t),
-                Err(e) => eprintln!("gateway-front: route table {} not loaded (the last one stays): {e}", path.display()),
+        if let Ok(bytes) = std::fs::read(&path) {
+            if seen.as_deref() != Some(bytes.as_slice()) {
+                match routes::Table::parse(&bytes) {
+                    Ok(t) => *state.table.write().unwrap() = Arc::new(t),
+                    Err(e) => eprintln!(
+                        "gateway-front: route table {} not loaded (the last one stays): {e}",
+                        path.display()
+                    ),
+                }
+                seen = Some(bytes);
             }
         }
         tokio::time::sleep(every).await;

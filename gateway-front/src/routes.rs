@@ -5,8 +5,6 @@
 
 use serde::Deserialize;
 use std::collections::HashMap;
-use std::path::Path;
-use std::time::SystemTime;
 
 #[derive(Debug, Deserialize, Clone)]
 pub struct Version {
@@ -131,12 +129,6 @@ impl Table {
         versions.sort();
         std::iter::once(&self.public_name).chain(lineages).chain(versions).cloned().collect()
     }
-}
-
-/// The file's modification time and length: a rename changes them (checked every poll).
-pub fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
-    let meta = std::fs::metadata(path).ok()?;
-    Some((meta.modified().ok()?, meta.len()))
 }
 
 #[cfg(test)]
