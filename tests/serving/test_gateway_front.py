@@ -582,3 +582,30 @@ async def test_the_runner_keeps_the_table_and_folds_the_counters_into_the_eviden
         await up.close()
     assert runner.front is not None and runner.front.proc is not None
     assert runner.front.proc.returncode == 0  # stopped with the service, cleanly
+
+
+@pytest.mark.parametrize(
+    ("env", "why"),
+    [
+        ({"AGENTRL_DEPLOY_BACKEND": "local"}, "AGENTRL_DEPLOY_BACKEND=upstream"),
+        ({"AGENTRL_DEPLOY_BACKEND": "upstream"}, "AGENTRL_CAPTURE_ENABLED=false"),
+    ],
+)
+def test_up_refuses_a_front_it_cannot_run_before_starting_anything(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, env: dict[str, str], why: str
+) -> None:
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    monkeypatch.setenv("AGENTRL_CAPTURE_ENABLED", "true")
+    monkeypatch.setenv("AGENTRL_DEPLOY_GATEWAY_WORKERS", "1")
+    monkeypatch.setenv("AGENTRL_DEPLOY_GATEWAY_FRONT", "python")  # (the option sets it)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    result = CliRunner().invoke(
+        app, ["up", "--gateway-front", "rust", "--data-dir", str(tmp_path / "d")]
+    )
+    assert result.exit_code == 2, result.output
+    assert why in result.output
+    assert not (tmp_path / "d").exists()  # nothing started

@@ -196,6 +196,12 @@ def _register_up(app: typer.Typer) -> None:
             help="Gateway processes sharing the gateway's port (SO_REUSEPORT; needs "
             "AGENTRL_CAPTURE_ENABLED=false). 0: AGENTRL_DEPLOY_GATEWAY_WORKERS, default 1.",
         ),
+        gateway_front: str = typer.Option(
+            "",
+            help="rust: the compiled front (gateway-front/, scripts/build-gateway-front.sh) "
+            "serves the gateway's port; needs an upstream or vllm backend and "
+            "AGENTRL_CAPTURE_ENABLED=false. Default: AGENTRL_DEPLOY_GATEWAY_FRONT, python.",
+        ),
     ) -> None:
         """Start the whole embedded stack: nats-server with JetStream and all streams,
         the reward service, the warehouse ingester, the training service with its
@@ -248,6 +254,9 @@ def _register_up(app: typer.Typer) -> None:
         if gateway_workers:  # read by the deploy service (DeploySettings), replicas' too
             os.environ["AGENTRL_DEPLOY_GATEWAY_WORKERS"] = str(gateway_workers)
         _check_gateway_workers()
+        if gateway_front:
+            os.environ["AGENTRL_DEPLOY_GATEWAY_FRONT"] = gateway_front
+        _check_gateway_front()
         from agentrl.app.stack import run_stack
         from agentrl.observability.multiproc import enable_for_stack
 
@@ -271,6 +280,24 @@ def _check_gateway_workers() -> None:
         check(deploy.gateway_workers, deploy.backend, CaptureSettings().enabled)
     except WorkersRefused as exc:
         typer.echo(f"error: --gateway-workers {deploy.gateway_workers}: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _check_gateway_front() -> None:
+    """Refuse, before anything starts, a front this deployment cannot run (not built, the
+    local backend, capture on): the deploy service would fail on it, restarted without end."""
+    from pydantic import ValidationError
+
+    from agentrl.capture.settings import CaptureSettings
+    from agentrl.serving import front
+    from agentrl.serving.config import DeploySettings
+
+    try:
+        deploy = DeploySettings()
+        if deploy.gateway_front == "rust":
+            front.check(deploy, CaptureSettings().enabled)
+    except (ValueError, ValidationError) as exc:
+        typer.echo(f"error: --gateway-front: {exc}", err=True)
         raise typer.Exit(2) from None
 
 
