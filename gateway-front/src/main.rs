@@ -208,7 +208,13 @@ async fn handle(state: Arc<State>, req: Request<Body>) -> Result<Response<Body>,
             }
         }
         (&Method::GET, "/health") => json_response(&json!({"status": "ok"})),
-        (&Method::GET, "/stats") => stats(&state),
+        (&Method::GET, "/stats") => {
+            if authorized(&req, &state.table().api_keys) {
+                stats(&state)
+            } else {
+                unauthorized()
+            }
+        }
         (&Method::GET, "/v1/models") => {
             let t = state.table();
             if !authorized(&req, &t.api_keys) {

@@ -543,7 +543,7 @@ async def test_the_runner_keeps_the_table_and_folds_the_counters_into_the_eviden
     from agentrl.serving.gateway_workers import FleetStats
     from deploy_helpers import free_port
 
-    state = GatewayState("agentrl-policy")
+    state = GatewayState("agentrl-policy", api_keys=["sk-front"])  # (its /stats needs one)
     up = UpstreamBackend(f"http://127.0.0.1:{upstreams['u1'].port}/v1")
     state.backends = {"v1": up, "v2": up}
     state.set_split({"v1": 100.0}, ["v1"])
@@ -560,8 +560,10 @@ async def test_the_runner_keeps_the_table_and_folds_the_counters_into_the_eviden
             url = f"{runner.front.url}/v1/chat/completions"
             body = {"model": "agentrl-policy", "messages": [{"role": "user", "content": "x"}]}
 
+            assert (await c.get(f"{runner.front.url}/stats")).status_code == 401
+
             async def ask() -> str:
-                r = await c.post(url, json=body)
+                r = await c.post(url, json=body, headers={"Authorization": "Bearer sk-front"})
                 assert r.status_code == 200, r.text
                 return str(r.headers["x-agentrl-model-version"])
 

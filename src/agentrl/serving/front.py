@@ -121,6 +121,13 @@ class Front:
 
     def start(self, timeout: float = 30.0) -> str:
         """Start it; its base URL (http://host:port) once it listens."""
+        self.spawn()
+        self.wait_ready(timeout)
+        return self.url
+
+    def spawn(self) -> None:
+        """Start the process (call it from a thread that outlives the front: the child is
+        sent SIGTERM when the thread that forked it ends, PR_SET_PDEATHSIG)."""
         from agentrl.bus.server import _die_with_parent
 
         if self.listen.endswith(":0"):  # a free port, chosen here (the front prints its own)
@@ -148,10 +155,9 @@ class Front:
             if self.log:
                 out.close()  # type: ignore[union-attr]
         self.url = f"http://{self.listen}"
-        self._wait(timeout)
-        return self.url
 
-    def _wait(self, timeout: float) -> None:
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until it answers `/health` (RuntimeError when it exits or does not in time)."""
         import httpx
 
         deadline = time.monotonic() + timeout
@@ -169,11 +175,13 @@ class Front:
         self.stop()
         raise RuntimeError(f"gateway-front not listening after {timeout:.0f} s: {last}")
 
-    def stats(self) -> dict[str, Any]:
-        """The front's counters: {"stats": {version: snapshot}, "pinned": ..., "refused"}."""
+    def stats(self, key: str | None = None) -> dict[str, Any]:
+        """The front's counters: {"stats": {version: snapshot}, "pinned": ..., "refused"}
+        (`key`: one of the gateway's keys, when it has any)."""
         import httpx
 
-        out: dict[str, Any] = httpx.get(f"{self.url}/stats", timeout=5.0).json()
+        headers = {"Authorization": f"Bearer {key}"} if key else None
+        out: dict[str, Any] = httpx.get(f"{self.url}/stats", headers=headers, timeout=5.0).json()
         return out
 
     def stop(self) -> None:
@@ -262,11 +270,22 @@ class FrontRunner:
         self.written = table
         return True
 
-    def _start(self) -> None:
+    def _spawn(self) -> Front:
         front = Front(
             self.routes, listen=self.listen, nats_url=self.nats_url, poll_ms=50, log=self.log
         )
-        front.start()
+        front.spawn()  # (in the loop's thread: a worker thread's end would SIGTERM it)
+        return front
+
+    async def _start(self) -> None:
+        import asyncio
+
+        front = self._spawn()
+        try:
+            await asyncio.to_thread(front.wait_ready)
+        except BaseException:
+            front.stop()
+            raise
         self.front = front  # (set once it answers)
 
     async def run(self, stop: Any) -> None:
@@ -277,7 +296,7 @@ class FrontRunner:
 
         log = logging.getLogger(__name__)
         self.sync_routes()
-        await asyncio.to_thread(self._start)
+        await self._start()
         log.info("gateway front (Rust) on %s", self.front.url if self.front else "?")
         try:
             async with httpx.AsyncClient(timeout=5.0) as client:
@@ -293,10 +312,12 @@ class FrontRunner:
                         log.warning(
                             "gateway front exited (%s); starting it again", front.proc.returncode
                         )
-                        await asyncio.to_thread(self._start)
+                        await self._start()
                         continue
+                    keys = self.state.api_keys
+                    auth = {"Authorization": f"Bearer {keys[0]}"} if keys else None
                     try:
-                        doc = (await client.get(f"{front.url}/stats")).json()
+                        doc = (await client.get(f"{front.url}/stats", headers=auth)).json()
                         key = f"front-{front.proc.pid}-{self.restarts}"
                         self.fleet.remote[key] = counters(doc)
                     except (httpx.HTTPError, ValueError) as exc:
