@@ -304,6 +304,45 @@ def test_sessions_reach_the_versions_the_split_chooses_and_are_logged(
         assert doc["finish_reason"] == "stop" and doc["timestamp"].endswith("Z")
 
 
+def test_jetstream_keeps_the_front_s_records_once_each(
+    loop: Loop, running: tuple[front.Front, Path], nats_url: str
+) -> None:
+    """The completion log's stream captures the front's core publishes, and a record sent
+    again under the same Nats-Msg-Id is dropped (what a replayed publish would do)."""
+    from agentrl.bus import Bus
+
+    proc, _ = running
+
+    async def setup() -> Any:
+        bus = await Bus.connect(nats_url)
+        await bus.ensure_streams()
+        return bus
+
+    bus = loop.run(setup())
+    try:
+        body = {"model": "agentrl-policy", "messages": [{"role": "user", "content": "x"}]}
+        r = httpx.post(f"{proc.url}/v1/chat/completions", json=body, timeout=10)
+        cid = r.headers["x-agentrl-completion-id"]
+
+        async def last() -> Any:
+            try:
+                m = await bus.js.get_last_msg("RL_COMPLETIONS", SUBJECT)
+            except Exception:  # none stored yet
+                return None
+            return m if (m.headers or {}).get("Nats-Msg-Id") == cid else None
+
+        msg = wait_for(lambda: loop.run(last()))
+        assert json.loads(msg.data)["completion_id"] == cid
+
+        async def again() -> Any:  # the same record, the same id: a duplicate
+            ack = await bus.js.publish(SUBJECT, msg.data, headers={"Nats-Msg-Id": cid})
+            return ack.duplicate
+
+        assert loop.run(again()) is True
+    finally:
+        loop.run(bus.close())
+
+
 def test_a_stream_passes_through_named_by_the_version(
     running: tuple[front.Front, Path], records: list[Any]
 ) -> None:
