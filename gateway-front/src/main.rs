@@ -371,7 +371,7 @@ async fn chat(state: Arc<State>, req: Request<Body>, admitted: Admitted) -> Resp
         return failed(&state, &version, pinned, &cid, code, &msg);
     }
     match bytes {
-        None => stream_answer(state.clone(), resp, version, pinned, cid, session, started, admitted),
+        None => stream_answer(state.clone(), resp, version, pinned, cid, session, started, admitted, deadline),
         Some(bytes) => {
             let mut data: Value = match serde_json::from_slice(&bytes) {
                 Ok(v @ Value::Object(_)) if v.get("choices").and_then(Value::as_array).map(|a| !a.is_empty()).unwrap_or(false) => v,
@@ -454,6 +454,8 @@ struct Relay {
     session: Option<String>,
     started: Instant,
     done: bool,
+    timeout: Duration,        // the longest wait for the next read (a stalled backend)
+    failed: Option<String>,   // a chunk that was not a JSON object: the stream ends there
     _admitted: Admitted, // in flight until the stream ends
 }
 
@@ -472,9 +474,8 @@ impl Relay {
                         out.extend_from_slice(b"\n\n");
                     }
                     _ => {
-                        self.gen.invalid = true;
-                        out.extend_from_slice(event);
-                        out.extend_from_slice(b"\n\n");
+                        let shown = String::from_utf8_lossy(&payload[..payload.len().min(200)]);
+                        self.failed = Some(format!("upstream sent a chunk that is not a JSON object: {shown}"));
                     }
                 }
             }
@@ -483,6 +484,24 @@ impl Relay {
                 out.extend_from_slice(b"\n\n");
             }
         }
+    }
+
+    /// The in-band end of a stream that failed mid-way, as the gateway's: an error event
+    /// (counted as the version's error; a timeout also as a timeout), then [DONE].
+    fn fail(&mut self, status: u16, msg: &str) -> Bytes {
+        self.finish(false);
+        if status == 504 {
+            self.state.count(&self.version, self.pinned, |s| s.timeouts += 1);
+        }
+        eprintln!("gateway-front: stream of {} failed ({status}): {msg}", self.version);
+        let err = json!({"error": {
+            "message": format!("model version {} failed mid-stream: {msg}", self.version),
+            "type": "server_error", "param": Value::Null, "code": status.to_string(),
+        }});
+        let mut out = b"data: ".to_vec();
+        out.extend_from_slice(&serde_json::to_vec(&err).unwrap_or_default());
+        out.extend_from_slice(b"\n\ndata: [DONE]\n\n");
+        Bytes::from(out)
     }
 
     fn finish(&mut self, ok: bool) {
@@ -534,6 +553,7 @@ fn stream_answer(
     session: Option<String>,
     started: Instant,
     admitted: Admitted,
+    timeout: Duration,
 ) -> Response<Body> {
     use futures_util::StreamExt;
     let (parts, upstream) = resp.into_parts();
@@ -548,6 +568,8 @@ fn stream_answer(
         session,
         started,
         done: false,
+        timeout,
+        failed: None,
         _admitted: admitted,
     };
     let events = futures_util::stream::unfold(relay, |mut r| async move {
@@ -555,23 +577,37 @@ fn stream_answer(
             return None;
         }
         loop {
-            match r.upstream.next().await {
+            let next = match tokio::time::timeout(r.timeout, r.upstream.next()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    r.done = true;
+                    let msg = format!("no data from the backend for {:?}", r.timeout);
+                    let end = r.fail(504, &msg);
+                    return Some((Ok::<Bytes, std::io::Error>(end), r));
+                }
+            };
+            match next {
                 Some(Ok(data)) => {
                     r.buf.extend_from_slice(&data);
                     let mut out = Vec::with_capacity(data.len() + 128);
                     while let Some((end, used)) = find_event_end(&r.buf) {
                         let event: Vec<u8> = r.buf.drain(..used).collect();
                         r.event(&event[..end], &mut out);
+                        if let Some(msg) = r.failed.take() {
+                            r.done = true;
+                            let end = r.fail(502, &msg);
+                            out.extend_from_slice(&end);
+                            return Some((Ok(Bytes::from(out)), r));
+                        }
                     }
                     if !out.is_empty() {
-                        return Some((Ok::<Bytes, std::io::Error>(Bytes::from(out)), r));
+                        return Some((Ok(Bytes::from(out)), r));
                     }
                 }
                 Some(Err(e)) => {
                     r.done = true;
-                    r.finish(false);
-                    eprintln!("gateway-front: stream of {} broke: {e}", r.version);
-                    return Some((Err(std::io::Error::new(std::io::ErrorKind::Other, e)), r));
+                    let end = r.fail(502, &format!("the backend's stream broke: {e}"));
+                    return Some((Ok(end), r));
                 }
                 None => {
                     r.done = true;

@@ -61,6 +61,15 @@ class Upstream:
                 self.seen.append(body)
                 if body["model"] == "slow":  # held until the test lets it answer
                     await self.release.wait()
+                if body["model"] in ("stall", "garbage"):  # a stream that fails mid-way
+                    first = b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n'
+                    bad = b"data: <html>oops</html>\n\n" if body["model"] == "garbage" else b""
+                    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                    writer.write(head + b"transfer-encoding: chunked\r\n\r\n")
+                    writer.write(b"%x\r\n%s\r\n" % (len(first + bad), first + bad))
+                    await writer.drain()
+                    await asyncio.sleep(5)  # stalled (the front gives up first)
+                    break
                 writer.write(self.answer(body))
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -160,6 +169,8 @@ def table(upstreams: dict[str, Upstream], weights: dict[str, float], gen: int) -
         "v2": {"backend": f"http://127.0.0.1:{upstreams['u2'].port}/v1", "served_name": "m2"},
         "v3": {"backend": f"http://127.0.0.1:{upstreams['u1'].port}/v1", "served_name": "boom"},
         "v4": {"backend": f"http://127.0.0.1:{upstreams['u2'].port}/v1", "served_name": "slow"},
+        "v5": {"backend": f"http://127.0.0.1:{upstreams['u2'].port}/v1", "served_name": "stall"},
+        "v6": {"backend": f"http://127.0.0.1:{upstreams['u2'].port}/v1", "served_name": "garbage"},
     }
     return {
         "public_name": "agentrl-policy",
@@ -426,6 +437,37 @@ def test_past_max_inflight_a_429_with_retry_after(
     assert proc.stats()["inflight"] == 0
     front.write_routes(routes, table(upstreams, {"v1": 30.0, "v2": 70.0}, 11))
     wait_for(lambda: proc.stats()["generation"] == 11, timeout=2.0)
+
+
+def test_a_stream_that_stalls_or_breaks_ends_in_band_counted(
+    running: tuple[front.Front, Path], upstreams: dict[str, Upstream]
+) -> None:
+    """As the gateway's: a backend silent for the timeout mid-stream is a 504 error event
+    (a timeout and an error of the version), a chunk that is not JSON a 502 one; both end
+    with [DONE], after the events that came before."""
+    proc, routes = running
+    front.write_routes(routes, {**table(upstreams, {"v1": 30.0, "v2": 70.0}, 20), "timeout_s": 0.3})
+    wait_for(lambda: proc.stats()["generation"] == 20, timeout=2.0)
+    try:
+        for version, code in (("v5", "504"), ("v6", "502")):
+            before = proc.stats()["pinned"].get(version, {})
+            body = {
+                "model": version,
+                "stream": True,
+                "messages": [{"role": "user", "content": "x"}],
+            }
+            r = httpx.post(f"{proc.url}/v1/chat/completions", json=body, timeout=10)
+            events = [e for e in r.text.split("\n\n") if e]
+            assert json.loads(events[0][6:])["choices"][0]["delta"]["content"] == "a"
+            error = json.loads(events[-2][6:])["error"]
+            assert error["code"] == code and error["type"] == "server_error", events
+            assert events[-1] == "data: [DONE]"
+            after = proc.stats()["pinned"][version]
+            assert after["errors"] == before.get("errors", 0) + 1
+            assert after["timeouts"] == before.get("timeouts", 0) + (code == "504")
+    finally:
+        front.write_routes(routes, table(upstreams, {"v1": 30.0, "v2": 70.0}, 21))
+        wait_for(lambda: proc.stats()["generation"] == 21, timeout=2.0)
 
 
 def test_a_rollback_stops_routing_to_the_version_within_a_poll(
