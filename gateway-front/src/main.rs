@@ -120,22 +120,27 @@ impl State {
 }
 
 fn error(status: StatusCode, message: &str, type_: &str, code: Option<&str>) -> Response<Body> {
-    let body = json!({"error": {"message": message, "type": type_, "param": Value::Null, "code": code}});
+    let body =
+        json!({"error": {"message": message, "type": type_, "param": Value::Null, "code": code}});
     let mut r = Response::new(Body::from(serde_json::to_vec(&body).unwrap_or_default()));
     *r.status_mut() = status;
-    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r
 }
 
 fn json_response(value: &Value) -> Response<Body> {
     let mut r = Response::new(Body::from(serde_json::to_vec(value).unwrap_or_default()));
-    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r
 }
 
 /// A header as the gateway reads it: bytes decoded as latin-1 (so the key hashes the same).
 fn header_text(req: &Request<Body>, name: &str) -> Option<String> {
-    req.headers().get(name).map(|v| v.as_bytes().iter().map(|&b| b as char).collect())
+    req.headers()
+        .get(name)
+        .map(|v| v.as_bytes().iter().map(|&b| b as char).collect())
 }
 
 /// The session key, as `gateway._session_key`: the first non-empty session header, else
@@ -179,7 +184,9 @@ fn authorized(req: &Request<Body>, keys: &[String]) -> bool {
     let (scheme, token) = auth.split_once(' ').unwrap_or((&auth, ""));
     let token = token.trim();
     scheme.eq_ignore_ascii_case("bearer")
-        && keys.iter().fold(false, |ok, k| ok | constant_eq(k.as_bytes(), token.as_bytes()))
+        && keys.iter().fold(false, |ok, k| {
+            ok | constant_eq(k.as_bytes(), token.as_bytes())
+        })
 }
 
 fn constant_eq(a: &[u8], b: &[u8]) -> bool {
@@ -200,7 +207,8 @@ async fn handle(state: Arc<State>, req: Request<Body>) -> Result<Response<Body>,
                     "rate_limit_exceeded",
                     Some("busy"),
                 );
-                r.headers_mut().insert("retry-after", HeaderValue::from_static("1"));
+                r.headers_mut()
+                    .insert("retry-after", HeaderValue::from_static("1"));
                 r
             } else {
                 let admitted = Admitted(state.clone());
@@ -228,7 +236,12 @@ async fn handle(state: Arc<State>, req: Request<Body>) -> Result<Response<Body>,
                 json_response(&json!({"object": "list", "data": data}))
             }
         }
-        _ => error(StatusCode::NOT_FOUND, "no such route", "invalid_request_error", None),
+        _ => error(
+            StatusCode::NOT_FOUND,
+            "no such route",
+            "invalid_request_error",
+            None,
+        ),
     })
 }
 
@@ -275,47 +288,123 @@ async fn chat(state: Arc<State>, req: Request<Body>, admitted: Admitted) -> Resp
         .map(|n| n > MAX_BODY)
         .unwrap_or(false);
     if too_long {
-        return error(StatusCode::PAYLOAD_TOO_LARGE, "request body too large", "invalid_request_error", None);
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request body too large",
+            "invalid_request_error",
+            None,
+        );
     }
-    let session_heads: Vec<Option<String>> =
-        [AGENT_HEADER, PROFILE_HEADER].iter().map(|h| header_text(&req, h)).collect();
+    let session_heads: Vec<Option<String>> = [AGENT_HEADER, PROFILE_HEADER]
+        .iter()
+        .map(|h| header_text(&req, h))
+        .collect();
     let (parts, body) = req.into_parts();
     let req_head = Request::from_parts(parts, Body::empty());
     let raw = match hyper::body::to_bytes(body).await {
         Ok(b) if b.len() as u64 <= MAX_BODY => b,
-        Ok(_) => return error(StatusCode::PAYLOAD_TOO_LARGE, "request body too large", "invalid_request_error", None),
-        Err(e) => return error(StatusCode::BAD_REQUEST, &format!("could not read the body: {e}"), "invalid_request_error", None),
+        Ok(_) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request body too large",
+                "invalid_request_error",
+                None,
+            )
+        }
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("could not read the body: {e}"),
+                "invalid_request_error",
+                None,
+            )
+        }
     };
     let mut body: Map<String, Value> = match serde_json::from_slice(&raw) {
         Ok(Value::Object(m)) => m,
-        Ok(_) => return error(StatusCode::BAD_REQUEST, "invalid request: the body is not a JSON object", "invalid_request_error", None),
-        Err(e) => return error(StatusCode::BAD_REQUEST, &format!("invalid request: {e}"), "invalid_request_error", None),
+        Ok(_) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid request: the body is not a JSON object",
+                "invalid_request_error",
+                None,
+            )
+        }
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("invalid request: {e}"),
+                "invalid_request_error",
+                None,
+            )
+        }
     };
     let asked = match body.get("model") {
         Some(Value::String(s)) => s.clone(),
-        _ => return error(StatusCode::BAD_REQUEST, "invalid request: model: Field required (a string)", "invalid_request_error", None),
+        _ => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid request: model: Field required (a string)",
+                "invalid_request_error",
+                None,
+            )
+        }
     };
     if !matches!(body.get("messages"), Some(Value::Array(_))) {
-        return error(StatusCode::BAD_REQUEST, "invalid request: messages: Field required (a list)", "invalid_request_error", None);
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid request: messages: Field required (a list)",
+            "invalid_request_error",
+            None,
+        );
     }
     for f in ["user", "episode_id"] {
-        if !matches!(body.get(f), None | Some(Value::Null) | Some(Value::String(_))) {
-            return error(StatusCode::BAD_REQUEST, &format!("invalid request: {f}: Input should be a valid string"), "invalid_request_error", None);
+        if !matches!(
+            body.get(f),
+            None | Some(Value::Null) | Some(Value::String(_))
+        ) {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("invalid request: {f}: Input should be a valid string"),
+                "invalid_request_error",
+                None,
+            );
         }
     }
     let session = session_key(&req_head, &body);
     let name = if table.by_agent.is_empty() && table.by_profile.is_empty() {
         asked.as_str()
     } else {
-        table.lineage_for(&asked, session_heads[0].as_deref(), session_heads[1].as_deref())
+        table.lineage_for(
+            &asked,
+            session_heads[0].as_deref(),
+            session_heads[1].as_deref(),
+        )
     };
     let (version, pinned) = match table.resolve(name, session.as_deref()) {
         routes::Resolved::Version(v, pinned) => (v.to_string(), pinned),
-        routes::Resolved::NotServing(msg) => return error(StatusCode::SERVICE_UNAVAILABLE, &msg, "service_unavailable", None),
+        routes::Resolved::NotServing(msg) => {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &msg,
+                "service_unavailable",
+                None,
+            )
+        }
         routes::Resolved::Unknown => {
-            let msg = format!("The model '{asked}' does not exist. Available models: {}", table.models().join(", "));
-            let mut r = error(StatusCode::NOT_FOUND, &msg, "invalid_request_error", Some("model_not_found"));
-            if let Ok(b) = serde_json::to_vec(&json!({"error": {"message": msg, "type": "invalid_request_error", "param": "model", "code": "model_not_found"}})) {
+            let msg = format!(
+                "The model '{asked}' does not exist. Available models: {}",
+                table.models().join(", ")
+            );
+            let mut r = error(
+                StatusCode::NOT_FOUND,
+                &msg,
+                "invalid_request_error",
+                Some("model_not_found"),
+            );
+            if let Ok(b) = serde_json::to_vec(
+                &json!({"error": {"message": msg, "type": "invalid_request_error", "param": "model", "code": "model_not_found"}}),
+            ) {
                 *r.body_mut() = Body::from(b);
             }
             return r;
@@ -324,23 +413,39 @@ async fn chat(state: Arc<State>, req: Request<Body>, admitted: Admitted) -> Resp
     let target = &table.versions[&version];
     // the upstream's body: as `UpstreamBackend._body` (None fields and episode_id left out)
     body.retain(|k, v| !v.is_null() && k != "episode_id");
-    body.insert("model".to_string(), Value::String(target.served_name.clone()));
+    body.insert(
+        "model".to_string(),
+        Value::String(target.served_name.clone()),
+    );
     let stream = matches!(body.get("stream"), Some(Value::Bool(true)));
     if matches!(body.get("logprobs"), Some(Value::Bool(true))) {
-        body.entry("return_tokens_as_token_ids").or_insert(Value::Bool(true));
+        body.entry("return_tokens_as_token_ids")
+            .or_insert(Value::Bool(true));
     }
     let cid = completion_id();
     state.count(&version, pinned, |s| s.requests += 1);
     let started = Instant::now();
     let url = format!("{}/chat/completions", target.backend.trim_end_matches('/'));
-    let mut upstream = Request::builder().method(Method::POST).uri(&url).header(CONTENT_TYPE, "application/json");
+    let mut upstream = Request::builder()
+        .method(Method::POST)
+        .uri(&url)
+        .header(CONTENT_TYPE, "application/json");
     if let Some(auth) = &target.authorization {
         upstream = upstream.header(hyper::header::AUTHORIZATION, auth.as_str());
     }
     let upstream = upstream.body(Body::from(serde_json::to_vec(&body).unwrap_or_default()));
     let upstream = match upstream {
         Ok(r) => r,
-        Err(e) => return failed(&state, &version, pinned, &cid, 502, &format!("bad backend URL {url}: {e}")),
+        Err(e) => {
+            return failed(
+                &state,
+                &version,
+                pinned,
+                &cid,
+                502,
+                &format!("bad backend URL {url}: {e}"),
+            )
+        }
     };
     let deadline = Duration::from_secs_f64(table.timeout_s.max(0.001));
     let call = async {
@@ -358,25 +463,53 @@ async fn chat(state: Arc<State>, req: Request<Body>, admitted: Admitted) -> Resp
             return failed(&state, &version, pinned, &cid, 504, &msg);
         }
         Ok(Err(e)) => {
-            let msg = format!("model version {version} failed: upstream {} failed: {e}", target.backend);
+            let msg = format!(
+                "model version {version} failed: upstream {} failed: {e}",
+                target.backend
+            );
             return failed(&state, &version, pinned, &cid, 502, &msg);
         }
         Ok(Ok(x)) => x,
     };
     let status = resp.status();
     if status != StatusCode::OK {
-        let text = bytes.map(|b| String::from_utf8_lossy(&b[..b.len().min(500)]).into_owned()).unwrap_or_default();
-        let code = if status.as_u16() >= 500 { 502 } else { status.as_u16() };
+        let text = bytes
+            .map(|b| String::from_utf8_lossy(&b[..b.len().min(500)]).into_owned())
+            .unwrap_or_default();
+        let code = if status.as_u16() >= 500 {
+            502
+        } else {
+            status.as_u16()
+        };
         let msg = format!("model version {version} failed: upstream answered {status}: {text}");
         return failed(&state, &version, pinned, &cid, code, &msg);
     }
     match bytes {
-        None => stream_answer(state.clone(), resp, version, pinned, cid, session, started, admitted, deadline),
+        None => stream_answer(
+            state.clone(),
+            resp,
+            version,
+            pinned,
+            cid,
+            session,
+            started,
+            admitted,
+            deadline,
+        ),
         Some(bytes) => {
             let mut data: Value = match serde_json::from_slice(&bytes) {
-                Ok(v @ Value::Object(_)) if v.get("choices").and_then(Value::as_array).map(|a| !a.is_empty()).unwrap_or(false) => v,
+                Ok(v @ Value::Object(_))
+                    if v.get("choices")
+                        .and_then(Value::as_array)
+                        .map(|a| !a.is_empty())
+                        .unwrap_or(false) =>
+                {
+                    v
+                }
                 _ => {
-                    let msg = format!("model version {version} failed: upstream answer is not a chat completion");
+                    let msg = format!(
+                        "model version {version} failed: upstream answer is not a chat completion"
+                    );
                     return failed(&state, &version, pinned, &cid, 502, &msg);
                 }
             };
@@ -408,19 +541,36 @@ fn tag(r: &mut Response<Body>, version: &str, cid: &str) {
     }
 }
 
-fn log_completion(state: &State, cid: &str, version: &str, session: Option<&str>, gen: &record::Gen) {
+fn log_completion(
+    state: &State,
+    cid: &str,
+    version: &str,
+    session: Option<&str>,
+    gen: &record::Gen,
+) {
     let Some(log) = &state.log else { return };
     match record::wire(cid, version, session, gen) {
         Some(payload) => {
             state.submitted.fetch_add(1, Ordering::Relaxed);
-            log.submit(nats::Record { subject: record::SUBJECT, msg_id: cid.to_string(), payload });
+            log.submit(nats::Record {
+                subject: record::SUBJECT,
+                msg_id: cid.to_string(),
+                payload,
+            });
         }
         None => eprintln!("gateway-front: completion {cid} not logged: invalid record"),
     }
 }
 
 /// A failed request: >= 500 is the version's error (counted), < 500 the input's (uncounted).
-fn failed(state: &State, version: &str, pinned: bool, cid: &str, status: u16, msg: &str) -> Response<Body> {
+fn failed(
+    state: &State,
+    version: &str,
+    pinned: bool,
+    cid: &str,
+    status: u16,
+    msg: &str,
+) -> Response<Body> {
     if status >= 500 {
         state.count(version, pinned, |s| {
             s.errors += 1;
@@ -428,14 +578,32 @@ fn failed(state: &State, version: &str, pinned: bool, cid: &str, status: u16, ms
                 s.timeouts += 1;
             }
         });
-        eprintln!("gateway-front: backend of {version} answered {status}: {}", &msg[..msg.len().min(300)]);
+        eprintln!(
+            "gateway-front: backend of {version} answered {status}: {}",
+            &msg[..msg.len().min(300)]
+        );
     } else {
-        state.count(version, pinned, |s| s.requests = s.requests.saturating_sub(1));
+        state.count(version, pinned, |s| {
+            s.requests = s.requests.saturating_sub(1)
+        });
         state.stats.lock().unwrap().refused += 1;
     }
-    let type_ = if status >= 500 { "server_error" } else { "invalid_request_error" };
-    let code = if status == 504 { Some("upstream_timeout") } else { None };
-    let mut r = error(StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY), msg, type_, code);
+    let type_ = if status >= 500 {
+        "server_error"
+    } else {
+        "invalid_request_error"
+    };
+    let code = if status == 504 {
+        Some("upstream_timeout")
+    } else {
+        None
+    };
+    let mut r = error(
+        StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+        msg,
+        type_,
+        code,
+    );
     tag(&mut r, version, cid);
     r
 }
@@ -454,14 +622,16 @@ struct Relay {
     session: Option<String>,
     started: Instant,
     done: bool,
-    timeout: Duration,        // the longest wait for the next read (a stalled backend)
-    failed: Option<String>,   // a chunk that was not a JSON object: the stream ends there
+    timeout: Duration, // the longest wait for the next read (a stalled backend)
+    failed: Option<String>, // a chunk that was not a JSON object: the stream ends there
     _admitted: Admitted, // in flight until the stream ends
 }
 
 impl Relay {
     fn event(&mut self, event: &[u8], out: &mut Vec<u8>) {
-        let text = event.strip_prefix(b"data: ").or_else(|| event.strip_prefix(b"data:"));
+        let text = event
+            .strip_prefix(b"data: ")
+            .or_else(|| event.strip_prefix(b"data:"));
         match text {
             Some(payload) if payload.trim_ascii() != b"[DONE]" => {
                 match serde_json::from_slice::<Value>(payload) {
@@ -475,7 +645,9 @@ impl Relay {
                     }
                     _ => {
                         let shown = String::from_utf8_lossy(&payload[..payload.len().min(200)]);
-                        self.failed = Some(format!("upstream sent a chunk that is not a JSON object: {shown}"));
+                        self.failed = Some(format!(
+                            "upstream sent a chunk that is not a JSON object: {shown}"
+                        ));
                     }
                 }
             }
@@ -491,9 +663,13 @@ impl Relay {
     fn fail(&mut self, status: u16, msg: &str) -> Bytes {
         self.finish(false);
         if status == 504 {
-            self.state.count(&self.version, self.pinned, |s| s.timeouts += 1);
+            self.state
+                .count(&self.version, self.pinned, |s| s.timeouts += 1);
         }
-        eprintln!("gateway-front: stream of {} failed ({status}): {msg}", self.version);
+        eprintln!(
+            "gateway-front: stream of {} failed ({status}): {msg}",
+            self.version
+        );
         let err = json!({"error": {
             "message": format!("model version {} failed mid-stream: {msg}", self.version),
             "type": "server_error", "param": Value::Null, "code": status.to_string(),
@@ -519,7 +695,13 @@ impl Relay {
             }
         });
         if ok {
-            log_completion(&self.state, &self.cid, &self.version, self.session.as_deref(), &self.gen);
+            log_completion(
+                &self.state,
+                &self.cid,
+                &self.version,
+                self.session.as_deref(),
+                &self.gen,
+            );
         }
     }
 }
@@ -530,7 +712,11 @@ fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
     let mut i = 0;
     while i + 1 < buf.len() {
         if buf[i] == b'\n' {
-            let end = if i > 0 && buf[i - 1] == b'\r' { i - 1 } else { i };
+            let end = if i > 0 && buf[i - 1] == b'\r' {
+                i - 1
+            } else {
+                i
+            };
             if buf[i + 1] == b'\n' {
                 return Some((end, i + 2));
             }
@@ -622,9 +808,14 @@ fn stream_answer(
         }
     });
     let mut out = Response::new(Body::wrap_stream(events));
-    let ct = parts.headers.get(CONTENT_TYPE).cloned().unwrap_or(HeaderValue::from_static("text/event-stream"));
+    let ct = parts
+        .headers
+        .get(CONTENT_TYPE)
+        .cloned()
+        .unwrap_or(HeaderValue::from_static("text/event-stream"));
     out.headers_mut().insert(CONTENT_TYPE, ct);
-    out.headers_mut().insert("cache-control", HeaderValue::from_static("no-cache"));
+    out.headers_mut()
+        .insert("cache-control", HeaderValue::from_static("no-cache"));
     tag(&mut out, &version, &cid);
     out
 }
@@ -658,7 +849,8 @@ fn split_check() {
     for line in stdin.lock().lines() {
         let line = line.expect("stdin");
         let q: Value = serde_json::from_str(&line).expect("a JSON line");
-        let weights: HashMap<String, f64> = serde_json::from_value(q["weights"].clone()).unwrap_or_default();
+        let weights: HashMap<String, f64> =
+            serde_json::from_value(q["weights"].clone()).unwrap_or_default();
         let order: Vec<String> = serde_json::from_value(q["order"].clone()).unwrap_or_default();
         let key = q["key"].as_str();
         let salt = q["salt"].as_str().unwrap_or("");
@@ -693,7 +885,9 @@ fn args() -> Result<Args, String> {
         }
     }
     Ok(Args {
-        listen: listen.parse().map_err(|e| format!("--listen {listen}: {e}"))?,
+        listen: listen
+            .parse()
+            .map_err(|e| format!("--listen {listen}: {e}"))?,
         routes: routes.ok_or("--routes is required")?,
         nats,
         threads: threads.max(1),
@@ -713,16 +907,24 @@ fn main() {
         }
     };
     let rt = if args.threads == 1 {
-        tokio::runtime::Builder::new_current_thread().enable_all().build()
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
     } else {
-        tokio::runtime::Builder::new_multi_thread().worker_threads(args.threads).enable_all().build()
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.threads)
+            .enable_all()
+            .build()
     }
     .expect("tokio runtime");
     rt.block_on(serve(args));
 }
 
 async fn serve(args: Args) {
-    let table = match std::fs::read(&args.routes).map_err(|e| e.to_string()).and_then(|b| routes::Table::parse(&b)) {
+    let table = match std::fs::read(&args.routes)
+        .map_err(|e| e.to_string())
+        .and_then(|b| routes::Table::parse(&b))
+    {
         Ok(t) => t,
         Err(e) => {
             eprintln!("gateway-front: route table {}: {e}", args.routes.display());
@@ -731,14 +933,19 @@ async fn serve(args: Args) {
     };
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
-    let client = Client::builder().pool_max_idle_per_host(512).build(connector);
+    let client = Client::builder()
+        .pool_max_idle_per_host(512)
+        .build(connector);
     let state = Arc::new(State {
         inflight: AtomicU64::new(0),
         shed: AtomicU64::new(0),
         table: RwLock::new(Arc::new(table)),
         stats: Mutex::new(Stats::default()),
         client,
-        log: args.nats.as_deref().map(|u| nats::Publisher::start(u, 20_000)),
+        log: args
+            .nats
+            .as_deref()
+            .map(|u| nats::Publisher::start(u, 20_000)),
         submitted: AtomicU64::new(0),
     });
     tokio::spawn(watch(state.clone(), args.routes.clone(), args.poll));
@@ -768,7 +975,9 @@ async fn serve(args: Args) {
         let c = &log.counters;
         let until = Instant::now() + Duration::from_secs(2);
         while Instant::now() < until
-            && c.published.load(Ordering::Relaxed) + c.dropped.load(Ordering::Relaxed) + c.failed.load(Ordering::Relaxed)
+            && c.published.load(Ordering::Relaxed)
+                + c.dropped.load(Ordering::Relaxed)
+                + c.failed.load(Ordering::Relaxed)
                 < state.submitted.load(Ordering::Relaxed)
         {
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -51,7 +51,13 @@ impl Publisher {
 fn frame(out: &mut Vec<u8>, r: &Record) {
     let head = format!("NATS/1.0\r\nNats-Msg-Id: {}\r\n\r\n", r.msg_id);
     out.extend_from_slice(
-        format!("HPUB {} {} {}\r\n", r.subject, head.len(), head.len() + r.payload.len()).as_bytes(),
+        format!(
+            "HPUB {} {} {}\r\n",
+            r.subject,
+            head.len(),
+            head.len() + r.payload.len()
+        )
+        .as_bytes(),
     );
     out.extend_from_slice(head.as_bytes());
     out.extend_from_slice(&r.payload);
@@ -87,7 +93,12 @@ async fn connect(addr: &str) -> std::io::Result<TcpStream> {
     Ok(stream)
 }
 
-async fn run(addr: String, hello: Vec<u8>, mut rx: mpsc::Receiver<Record>, counters: Arc<Counters>) {
+async fn run(
+    addr: String,
+    hello: Vec<u8>,
+    mut rx: mpsc::Receiver<Record>,
+    counters: Arc<Counters>,
+) {
     let mut backoff = Duration::from_millis(100);
     let mut pending: Option<Record> = None; // taken from the queue when a connection broke
     loop {
@@ -192,9 +203,14 @@ mod tests {
         let (addr, line) = connect_line("nats://alice:s3cret@127.0.0.1:4222");
         let text = String::from_utf8(line).unwrap();
         assert_eq!(addr, "127.0.0.1:4222");
-        assert!(text.contains("\"user\":\"alice\"") && text.contains("\"pass\":\"s3cret\""), "{text}");
+        assert!(
+            text.contains("\"user\":\"alice\"") && text.contains("\"pass\":\"s3cret\""),
+            "{text}"
+        );
         let (_, line) = connect_line("nats://tok@h:1");
-        assert!(String::from_utf8(line).unwrap().contains("\"auth_token\":\"tok\""));
+        assert!(String::from_utf8(line)
+            .unwrap()
+            .contains("\"auth_token\":\"tok\""));
         let (addr, _) = connect_line("nats://h:1");
         assert_eq!(addr, "h:1");
     }

@@ -148,7 +148,11 @@ pub fn accumulate(gen: &mut Gen, chunk: &Value) {
             }
         }
     }
-    if let Some(n) = chunk.get("usage").and_then(|u| u.get("completion_tokens")).and_then(Value::as_u64) {
+    if let Some(n) = chunk
+        .get("usage")
+        .and_then(|u| u.get("completion_tokens"))
+        .and_then(Value::as_u64)
+    {
         gen.completion_tokens = n;
     }
 }
@@ -174,7 +178,9 @@ pub fn wire(completion_id: &str, model: &str, session: Option<&str>, gen: &Gen) 
 
 /// Now as RFC 3339 with microseconds and a Z, as orjson writes `datetime.now(UTC)`.
 pub fn now_utc() -> String {
-    let t = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
     let secs = t.as_secs() as i64;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // days since 1970-01-01 -> civil date (Howard Hinnant's algorithm)
@@ -217,7 +223,8 @@ mod tests {
 
     #[test]
     fn a_float_id_is_refused() {
-        let a: Value = serde_json::from_str(r#"{"prompt_token_ids": [1.5], "choices": [{}]}"#).unwrap();
+        let a: Value =
+            serde_json::from_str(r#"{"prompt_token_ids": [1.5], "choices": [{}]}"#).unwrap();
         assert!(wire("c", "m", None, &from_answer(&a)).is_none());
     }
 

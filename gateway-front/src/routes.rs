@@ -78,7 +78,9 @@ impl Table {
         for (name, split) in &t.lineages {
             for v in split.order.iter().chain(split.weights.keys()) {
                 if !t.versions.contains_key(v) {
-                    return Err(format!("lineage {name:?} names version {v:?} with no backend"));
+                    return Err(format!(
+                        "lineage {name:?} names version {v:?} with no backend"
+                    ));
                 }
             }
         }
@@ -87,14 +89,24 @@ impl Table {
 
     /// The lineage a request for `name` goes to (an agent/profile mapped to a lineage that
     /// routes: there), as `GatewayState.lineage_for`.
-    pub fn lineage_for<'a>(&'a self, name: &'a str, agent: Option<&str>, profile: Option<&str>) -> &'a str {
+    pub fn lineage_for<'a>(
+        &'a self,
+        name: &'a str,
+        agent: Option<&str>,
+        profile: Option<&str>,
+    ) -> &'a str {
         if name == self.public_name && (agent.is_some() || profile.is_some()) {
             let mapped = agent
                 .and_then(|a| self.by_agent.get(a))
                 .filter(|l| !l.is_empty())
                 .or_else(|| profile.and_then(|p| self.by_profile.get(p)));
             if let Some(l) = mapped {
-                if self.lineages.get(l).map(|s| s.weights.values().any(|w| *w > 0.0)).unwrap_or(false) {
+                if self
+                    .lineages
+                    .get(l)
+                    .map(|s| s.weights.values().any(|w| *w > 0.0))
+                    .unwrap_or(false)
+                {
                     return l.as_str();
                 }
             }
@@ -110,7 +122,9 @@ impl Table {
                 None if name == self.public_name => {
                     Resolved::NotServing("no model version is serving yet".to_string())
                 }
-                None => Resolved::NotServing(format!("no version of lineage '{name}' is serving yet")),
+                None => {
+                    Resolved::NotServing(format!("no version of lineage '{name}' is serving yet"))
+                }
             };
         }
         if name == self.public_name {
@@ -123,11 +137,19 @@ impl Table {
     }
 
     pub fn models(&self) -> Vec<String> {
-        let mut lineages: Vec<&String> = self.lineages.keys().filter(|l| **l != self.public_name).collect();
+        let mut lineages: Vec<&String> = self
+            .lineages
+            .keys()
+            .filter(|l| **l != self.public_name)
+            .collect();
         lineages.sort();
         let mut versions: Vec<&String> = self.versions.keys().collect();
         versions.sort();
-        std::iter::once(&self.public_name).chain(lineages).chain(versions).cloned().collect()
+        std::iter::once(&self.public_name)
+            .chain(lineages)
+            .chain(versions)
+            .cloned()
+            .collect()
     }
 }
 
@@ -148,8 +170,14 @@ mod tests {
                  "versions": {"v1": {"backend": "http://x/v1", "served_name": "m"}}}"#,
         )
         .unwrap();
-        assert!(matches!(t.resolve("v1", None), Resolved::Version("v1", true)));
-        assert!(matches!(t.resolve("agentrl-policy", Some("k")), Resolved::Version("v1", false)));
+        assert!(matches!(
+            t.resolve("v1", None),
+            Resolved::Version("v1", true)
+        ));
+        assert!(matches!(
+            t.resolve("agentrl-policy", Some("k")),
+            Resolved::Version("v1", false)
+        ));
         assert!(matches!(t.resolve("nope", None), Resolved::Unknown));
     }
 }
