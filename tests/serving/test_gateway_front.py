@@ -522,9 +522,17 @@ def test_route_table_from_a_gateway_state(upstreams: dict[str, Upstream]) -> Non
     assert t["versions"]["v1"]["served_name"] == "base"
     assert t["versions"]["v2"]["served_name"] == "adapter-v2"
     assert t["api_keys"] == ["sk-1"] and t["generation"] == 7
+    tls = UpstreamBackend("https://api.example.invalid/v1")
+    state.backends["v9"] = tls  # a spare over https: left out (pinning it is a 404)
+    assert "v9" not in front.route_table(state)["versions"]
+    state.weights["v9"] = 10.0  # with traffic: the table cannot be written
+    with pytest.raises(ValueError, match="plain-HTTP"):
+        front.route_table(state)
+    del state.backends["v9"], state.weights["v9"]
+    asyncio.run(tls.close())
     state.backends["v3"] = object()  # type: ignore[assignment]  # (an in-process engine)
     state.weights["v3"] = 10.0
-    with pytest.raises(ValueError, match="no upstream URL"):
+    with pytest.raises(ValueError, match="no plain-HTTP upstream URL"):
         front.route_table(state)
 
 

@@ -45,7 +45,7 @@ def route_table(state: Any, generation: int = 0) -> dict[str, Any]:
     versions: dict[str, dict[str, str]] = {}
     for model_id, backend in state.backends.items():
         base = getattr(backend, "base_url", None)
-        if not base:
+        if not base or not str(base).startswith("http://"):  # (it speaks plain HTTP)
             continue
         names = getattr(backend, "names", {})
         served = names.get(model_id) or getattr(backend, "default_model", None) or model_id
@@ -63,8 +63,8 @@ def route_table(state: Any, generation: int = 0) -> dict[str, Any]:
         far = [v for v, w in split["weights"].items() if w > 0 and v not in versions]
         if far:
             raise ValueError(
-                f"lineage {name!r}: versions {far} have no upstream URL; the front forwards "
-                "only to OpenAI-compatible servers"
+                f"lineage {name!r}: versions {far} have no plain-HTTP upstream URL; the front "
+                "forwards only to OpenAI-compatible servers over http://"
             )
     return {
         "public_name": state.public_name,
@@ -209,6 +209,11 @@ def check(settings: Any, capture: bool) -> None:
             "gateway_front=rust forwards to OpenAI-compatible servers: set "
             "AGENTRL_DEPLOY_BACKEND=upstream or vllm (the local engine lives in the Python "
             "gateway's process)"
+        )
+    if (settings.upstream_url or "").startswith("https://"):
+        raise ValueError(
+            "gateway_front=rust speaks plain HTTP to backends: the upstream is https "
+            f"({settings.upstream_url})"
         )
     if capture:
         raise ValueError(
