@@ -300,6 +300,7 @@ class FrontRunner:
         import httpx
 
         log = logging.getLogger(__name__)
+        refused: str | None = None
         self.sync_routes()
         await self._start()
         log.info("gateway front (Rust) on %s", self.front.url if self.front else "?")
@@ -308,8 +309,11 @@ class FrontRunner:
                 while not stop.is_set():
                     try:
                         self.sync_routes()
+                        refused = None
                     except (ValueError, OSError) as exc:  # the last table stays in force
-                        log.warning("front route table not written: %s", exc)
+                        if str(exc) != refused:  # (said once, not every poll)
+                            log.warning("front route table not written: %s", exc)
+                        refused = str(exc)
                     front = self.front
                     assert front is not None and front.proc is not None
                     if front.proc.poll() is not None:
