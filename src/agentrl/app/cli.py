@@ -196,6 +196,9 @@ def _up(cfg: UpOptions) -> None:
     if cfg.gateway_workers is not None:  # read by the deploy service, replicas' too
         os.environ["AGENTRL_DEPLOY_GATEWAY_WORKERS"] = str(cfg.gateway_workers)
     _check_gateway_workers()
+    if cfg.gateway_front is not None:
+        os.environ["AGENTRL_DEPLOY_GATEWAY_FRONT"] = cfg.gateway_front
+    _check_gateway_front()
     from agentrl.app.stack import run_stack
     from agentrl.observability.multiproc import enable_for_stack
 
@@ -219,6 +222,24 @@ def _check_gateway_workers() -> None:
         check(deploy.gateway_workers, deploy.backend, CaptureSettings().enabled)
     except WorkersRefused as exc:
         typer.echo(f"error: --gateway-workers {deploy.gateway_workers}: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _check_gateway_front() -> None:
+    """Refuse, before anything starts, a front this deployment cannot run (not built, the
+    local backend, capture on): the deploy service would fail on it, restarted without end."""
+    from pydantic import ValidationError
+
+    from agentrl.capture.settings import CaptureSettings
+    from agentrl.serving import front
+    from agentrl.serving.config import DeploySettings
+
+    try:
+        deploy = DeploySettings()
+        if deploy.gateway_front == "rust":
+            front.check(deploy, CaptureSettings().enabled)
+    except (ValueError, ValidationError) as exc:
+        typer.echo(f"error: --gateway-front: {exc}", err=True)
         raise typer.Exit(2) from None
 
 

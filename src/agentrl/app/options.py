@@ -33,6 +33,10 @@ class UpOptions(_Options):
     gateway_workers: int | None = Field(None, ge=1)
     """Gateway processes sharing the gateway's port (SO_REUSEPORT; needs
     AGENTRL_CAPTURE_ENABLED=false; default: AGENTRL_DEPLOY_GATEWAY_WORKERS, else 1)."""
+    gateway_front: Literal["python", "rust"] | None = None
+    """What serves the gateway's port: python (the gateway) or rust (the compiled front,
+    gateway-front/, built by scripts/build-gateway-front.sh; needs an upstream or vllm backend
+    and AGENTRL_CAPTURE_ENABLED=false; default: AGENTRL_DEPLOY_GATEWAY_FRONT, else python)."""
 
 
 class ReportOptions(_Options):

@@ -261,6 +261,58 @@ VARIANTS: dict[str, dict[str, str]] = {
 }
 
 
+# agentrl's compiled front (`gateway-front/`, `agentrl.serving.front`): the same split,
+# counters and completion log (to the same NATS) in Rust, with a route table of one version
+# on the same backend; name -> (its tokio worker threads (1: a current-thread runtime), its
+# completion log on); agentrl-rust-nolog: what the log costs it.
+FRONTS: dict[str, tuple[int, bool]] = {
+    "agentrl-rust": (1, True),
+    "agentrl-rust-t2": (2, True),
+    "agentrl-rust-nolog": (1, False),
+}
+
+
+def is_ours(name: str) -> bool:
+    """A variant of agentrl's own gateway (compared with each real peer), not a peer."""
+    return name in VARIANTS or name in FRONTS
+
+
+def start_front(name: str, backend: str, nats_url: str, tmp: Path) -> Peer:
+    """The compiled front on a free port; `BENCH_GATEWAY_LOG=off`: without its NATS log."""
+    from agentrl.serving import front
+
+    routes = tmp / f"{name}-routes.json"
+    front.write_routes(
+        routes,
+        {
+            "public_name": "agentrl-policy",
+            "lineages": {"agentrl-policy": {"weights": {"v1": 100.0}, "order": ["v1"]}},
+            "versions": {"v1": {"backend": backend, "served_name": "v1"}},
+            "timeout_s": 30.0,
+        },
+    )
+    threads, logged = FRONTS[name]
+    logged = logged and os.environ.get("BENCH_GATEWAY_LOG") != "off"
+    proc = front.Front(
+        routes, nats_url=nats_url if logged else None, threads=threads, log=tmp / f"{name}.log"
+    )
+    url = proc.start()
+    return Peer(
+        name,
+        url=f"{url}/v1/chat/completions",
+        target={"model": "agentrl-policy"},
+        proc=proc.proc,
+        version=f"gateway-front 0.1.0, threads={threads}, log={'on' if logged else 'off'}",
+        log=tmp / f"{name}.log",
+    )
+
+
+def start_ours(name: str, backend: str, nats_url: str, tmp: Path) -> Peer:
+    if name in FRONTS:
+        return start_front(name, backend, nats_url, tmp)
+    return start_variant(name, backend, nats_url)
+
+
 def start_variant(name: str, backend: str, nats_url: str) -> Peer:
     """agentrl's gateway helper with a variant's settings (granian: `pip install granian`)."""
     env = VARIANTS[name]
@@ -569,10 +621,10 @@ def line(results: dict[str, dict[str, Any]], failed: dict[str, str]) -> dict[str
         row[f"ratio_p99_vs_{name}"] = headline[1] if headline else None
         row[f"ratio_p99_vs_{name}_rps"] = headline[0] if headline else None
     for name, res in results.items():  # a variant of agentrl's against each real peer
-        if name not in VARIANTS:
+        if not is_ours(name):
             continue
         for peer, theirs in results.items():
-            if peer == "agentrl" or peer in VARIANTS:
+            if peer == "agentrl" or is_ours(peer):
                 continue
             for rate in (1000, 200):
                 a, b = res[f"plain{rate}"], theirs[f"plain{rate}"]
@@ -631,8 +683,8 @@ def run_peers(duration: float = 3.0, only: tuple[str, ...] = tuple(PEERS)) -> di
                     peer: Peer | None = None
                     try:
                         say(f"{name}: installing / starting ...")
-                        if name in VARIANTS:
-                            peer = start_variant(name, backend, nats.url)
+                        if is_ours(name):
+                            peer = start_ours(name, backend, nats.url, tmp)
                         else:
                             peer = await asyncio.to_thread(PEERS[name], backend, tmp)
                         if peer.version:
@@ -719,8 +771,8 @@ def run_interleaved(
                 await bench._wait_http(direct)
                 for name in only:
                     try:
-                        if name in VARIANTS:
-                            peer = start_variant(name, backend, nats.url)
+                        if is_ours(name):
+                            peer = start_ours(name, backend, nats.url, tmp)
                         else:
                             peer = await asyncio.to_thread(PEERS[name], backend, tmp)
                         peers.append(peer)
@@ -797,7 +849,7 @@ def interleaved_line(
             row[f"{pre}errors_{tag}"] = sum(r["unanswered"] for r in rs)
     # agentrl against every other gateway; each agentrl variant against every real peer
     pairs = [("agentrl", n) for n in runs if n != "agentrl"] + [
-        (v, n) for v in runs if v in VARIANTS for n in runs if n != "agentrl" and n not in VARIANTS
+        (v, n) for v in runs if is_ours(v) for n in runs if n != "agentrl" and not is_ours(n)
     ]
     for mine, name in pairs:
         pre = "" if mine == "agentrl" else f"{mine}_"

@@ -251,6 +251,23 @@ def _workers(
     )
 
 
+def _front(d: Deployment, bus: Any, settings: Settings) -> Any:
+    """`gateway_front = "rust"`: the compiled front on the gateway's port, its routes and
+    counters kept by `agentrl.serving.front.FrontRunner`."""
+    from agentrl.serving import front
+
+    front.check(d.settings, d.state.capture is not None)
+    data = Path(settings.data_dir).resolve()
+    return front.FrontRunner(
+        d.state,
+        d.controller.stats,
+        data / "deploy" / "front-routes.json",
+        f"{settings.gateway_host}:{settings.gateway_port}",
+        gateway_workers.bus_url(bus, settings) if d.completion_log is not None else None,
+        log=data / "logs" / "gateway-front.log",
+    )
+
+
 async def _at_start_up(
     call: Callable[[], Awaitable[Any]], stop: asyncio.Event, patience_s: float = 180.0
 ) -> None:
@@ -302,7 +319,9 @@ async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:
                 settings.gateway_port,
                 stop,
                 sock,
-            ),
+            )
+            if d.settings.gateway_front == "python"
+            else _front(d, bus, settings).run(stop),
             **workers,
         }
         if d.completion_log is not None:

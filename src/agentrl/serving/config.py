@@ -238,6 +238,12 @@ class DeploySettings(BaseSettings):
         "need capture off and an upstream or local backend (`agentrl.serving.gateway_workers`); "
         "max_inflight is per process.",
     )
+    gateway_front: Literal["python", "rust"] = Field(
+        "python",
+        description="rust: the compiled front (gateway-front/, scripts/build-gateway-front.sh) "
+        "serves the gateway's port: the same sticky split, counters and completion log, "
+        "forwarding to upstream/vLLM servers (no capture, no local engine, one process).",
+    )
     prompt_cache_mb: float = Field(
         256.0, ge=0.0, description="Bytes the local backend's prompt caches hold (LRU)."
     )
