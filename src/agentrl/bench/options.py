@@ -156,7 +156,9 @@ class GatewayBench(_Options):
     """With --peers: which peers, comma-separated; also agentrl's own gateway under another
     server, loop or scheduler slice: agentrl-asyncio, agentrl-granian,
     agentrl-granian-asyncio, agentrl-h11, agentrl-slice, agentrl-w2 and agentrl-w3 (2 or 3
-    gateway processes on one port: `agentrl up --gateway-workers`)."""
+    gateway processes on one port: `agentrl up --gateway-workers`); and the compiled front
+    (`agentrl up --gateway-front rust`): agentrl-rust, agentrl-rust-t2 (two threads),
+    agentrl-rust-nolog (no completion log)."""
     interleave: int | None = Field(None, ge=1)
     """With --peers: agentrl and every peer started at once, then N rounds of one short
     non-streamed run each in turn (medians and each round's figures)."""
