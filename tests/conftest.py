@@ -16,6 +16,14 @@ pytest_plugins = ["deploy_fixtures", "cpu_report"]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One torch (OpenMP) thread in the test processes and every process they start, unless a
+# process sets its own: the suite runs two workers on two cores, and OpenMP's second thread
+# waits on barriers against the other worker (the product's own finding: `pick_threads`,
+# `engine_threads`). It also ends an order dependence: a test that called
+# torch.set_num_threads(1) made every later test of its worker single-threaded. Measured at
+# load 5-6 (CPU-s, 2 threads -> 1): tests/learners/test_tooluse_learn.py 40.7 -> 16.0, the
+# training service's two heaviest tests 36.5 -> 29.8, tests/llm/test_llm_ddp.py 15.7 -> 12.4.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # The file whose one test is the longest (the tool-use quick loop, 1-1.5 minutes): handed out
 # first, beside the other worker's largest file, instead of last (xdist gives out files by
