@@ -50,8 +50,10 @@ set +e
 # wait on processes and I/O, so the suite takes ~14 instead of ~21 minutes on 2 cores.
 # Measured worse (2026-11-27): three workers (890 s, Ray's start timed out), and the slowest
 # files first (1,156 s: the two quick loops ran side by side at 2-3x their time). xdist's own
-# order (files with the most tests first) keeps the heavy one-test files beside light ones,
-# except the longest (tests/conftest.py `FIRST`): it starts at once instead of ending the run.
+# order (files with the most tests first) keeps the heavy files beside light ones, except
+# the longest (tests/conftest.py `FIRST`), which starts at once, and the long files of a few
+# tests (`LONG`), handed out in the first quarter instead of ending the run. Each test
+# process runs one OpenMP thread (tests/conftest.py): two on two busy cores only spin.
 # AGENTRL_TEST_WORKERS=0 runs it in one process.
 .venv/bin/pytest -q -p no:cacheprovider --durations=30 \
   -n "${AGENTRL_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"

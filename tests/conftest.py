@@ -16,16 +16,53 @@ pytest_plugins = ["deploy_fixtures", "cpu_report"]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One torch (OpenMP) thread in the test processes and every process they start, unless a
+# process sets its own: the suite runs two workers on two cores, and OpenMP's second thread
+# waits on barriers against the other worker (the product's own finding: `pick_threads`,
+# `engine_threads`). It also ends an order dependence: a test that called
+# torch.set_num_threads(1) made every later test of its worker single-threaded. Measured at
+# load 5-6 (CPU-s, 2 threads -> 1): tests/learners/test_tooluse_learn.py 40.7 -> 16.0, the
+# training service's two heaviest tests 36.5 -> 29.8, tests/llm/test_llm_ddp.py 15.7 -> 12.4.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # The file whose one test is the longest (the tool-use quick loop, 1-1.5 minutes): handed out
 # first, beside the other worker's largest file, instead of last (xdist gives out files by
 # their number of tests, most first, and a one-test file at the end kept the other worker idle)
 FIRST = ("tests/app/test_loop_tooluse.py",)
 
+# Files of one to four tests that take 25 s or more (wall on 2 cores at load 6-10,
+# `--cpu-report`, 2026-11-29): in xdist's order they came last (a one-minute file of one test
+# at the end of the run is a minute of one worker alone). Each counts as LONG_COUNT tests,
+# which hands them out in the first quarter of the run, between files of other kinds, and
+# leaves the short files for the end. (All of the long files first was measured worse
+# on 2026-11-27: the quick loops ran side by side.)
+LONG = (
+    "tests/training/test_runner_replicas.py",
+    "tests/app/test_loop_quick.py",
+    "tests/offpolicy/test_offpolicy_apex.py",
+    "tests/serving/test_gateway_replicas.py",
+    "tests/app/test_up_replicas.py",
+    "tests/rewards/test_replicas.py",
+    "tests/integrations/agent_zero/test_agent_zero_client.py",
+    "tests/training/test_runner_partition.py",
+    "tests/llm/test_llm_ddp.py",
+    "tests/warehouse/test_ingester.py",
+    "tests/rollout/test_rollout_bench_cli.py",
+    "tests/warehouse/test_ingester_replicas.py",
+    "tests/rewards/test_rewards_crash.py",
+    "tests/capture/test_stack_capture.py",
+    "tests/bench/test_bench_choice.py",
+    "tests/app/test_up.py",
+    "tests/training/test_tooluse_job_hints.py",
+    "tests/bench/test_bench_canary.py",
+    "tests/app/test_up_sigint_under_load.py",
+)
+LONG_COUNT = 8
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Files in xdist's own order (most tests first, `scripts/test.sh` passes
-    `--no-loadscope-reorder`), except `FIRST` at the front."""
+    `--no-loadscope-reorder`), `FIRST` at the front and `LONG` counted as `LONG_COUNT`."""
 
     def file_of(item: pytest.Item) -> str:
         return item.nodeid.split("::")[0]
@@ -33,7 +70,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     count = Counter(file_of(item) for item in items)
 
     def rank(item: pytest.Item) -> tuple[int, int]:
-        return (0 if file_of(item) in FIRST else 1, -count[file_of(item)])
+        name = file_of(item)
+        n = max(count[name], LONG_COUNT) if name in LONG else count[name]
+        return (0 if name in FIRST else 1, -n)
 
     items.sort(key=rank)  # stable: the tests of a file keep their order
 

@@ -59,9 +59,13 @@ async def test_clean_stop_confirms_acks_and_restart_sees_no_redelivery(bus: Bus)
         bus.consume(SUBJECT, "restart", batch_handler=handle2, batch=64, ack_wait=3.0, stop=stop2)
     )
     await wait_for(lambda: len(first) + len(second) >= 600)
-    await asyncio.sleep(6.5)  # > 2 x ack_wait: an unapplied ack would be redelivered by now
     stop2.set()
-    await task
+    stats2 = await task
+    # every ack of both runs applied by the server and none redelivered: with nothing
+    # pending, nothing can come again (was a fixed 6.5 s, 2 x ack_wait, watching for one)
+    info = await bus.js.consumer_info("RL_TRAJECTORIES", "restart")
+    assert info.num_ack_pending == 0 and info.num_redelivered == 0, info
+    assert stats2.acked == len(second) and stats2.unconfirmed_batches == 0
     ids1 = [d.event.trajectory_id for d in first]
     ids2 = [d.event.trajectory_id for d in second]
     assert not set(ids1) & set(ids2), "a message handled before the stop came again"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import shutil
 import subprocess
 import textwrap
@@ -87,8 +88,10 @@ def test_install_into_a_python_312_without_torch(
         print("FROM", hooks.__file__)
         """
     )
+    # Agent Zero's own Python: not this checkout's PYTHONPATH (a worktree's tests set it)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     done = subprocess.run(
-        [str(a0_python), "-c", script], capture_output=True, text=True, timeout=300
+        [str(a0_python), "-c", script], capture_output=True, text=True, timeout=300, env=env
     )
     assert done.returncode == 0, done.stderr
     assert "ANSWER The sum of [1, 2, 3] is 6." in done.stdout

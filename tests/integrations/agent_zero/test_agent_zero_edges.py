@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -97,6 +98,8 @@ def test_without_agentrl_a_chat_still_answers(checkout: Checkout) -> None:
         capture_output=True,
         text=True,
         timeout=120,
+        # a Python without agentrl: not this checkout's PYTHONPATH (a worktree's tests set it)
+        env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")},
     )
     assert out.returncode == 0, out.stderr
     assert "ANSWER The sum of [1, 2, 3] is 6." in out.stdout
