@@ -39,6 +39,17 @@ if [ -n "$py312" ]; then
 else
   echo "[test] no Python 3.12: the agentrl-a0-client step is skipped" > "$a0_log"
 fi
+# the compiled gateway front (gateway-front/, Rust) builds beside pytest where cargo is
+# (offline, from Debian's crate packages, apt-installed as root: scripts/build-gateway-front.sh);
+# its tests run last and wait for this build, or skip with its log's last lines
+front_log="$(mktemp)"
+front_done="$(mktemp -u)"
+if command -v cargo >/dev/null 2>&1 || [ -x "$HOME/.cargo/bin/cargo" ]; then
+  ( bash scripts/build-gateway-front.sh > "$front_log" 2>&1; echo $? > "$front_done" ) &
+  export AGENTRL_FRONT_BUILD_DONE="$front_done" AGENTRL_FRONT_BUILD_LOG="$front_log"
+else
+  echo "[test] no cargo: the gateway front is not built (its tests skip)"
+fi
 # mypy checks beside pytest (one core for ~2.5 minutes from a cold cache); its report
 # follows pytest's and a type error fails the check as before
 mypy_log="$(mktemp)"
@@ -71,4 +82,8 @@ if [ -n "$a0_pid" ]; then
 fi
 cat "$a0_log"
 rm -f "$a0_log"
+if [ -f "$front_done" ]; then
+  echo "[test] gateway front build: exit $(cat "$front_done") ($(tail -1 "$front_log"))"
+fi
+rm -f "$front_log" "$front_done"
 exit "$status"

@@ -59,10 +59,15 @@ LONG = (
 )
 LONG_COUNT = 8
 
+# Files that wait for something `scripts/test.sh` starts beside pytest: last, when it is done
+# (the compiled gateway front's build, ~1-2 min from a cold target dir)
+LAST = ("tests/serving/test_gateway_front.py",)
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Files in xdist's own order (most tests first, `scripts/test.sh` passes
-    `--no-loadscope-reorder`), `FIRST` at the front and `LONG` counted as `LONG_COUNT`."""
+    `--no-loadscope-reorder`), `FIRST` at the front, `LAST` at the end and `LONG` counted
+    as `LONG_COUNT`."""
 
     def file_of(item: pytest.Item) -> str:
         return item.nodeid.split("::")[0]
@@ -72,7 +77,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     def rank(item: pytest.Item) -> tuple[int, int]:
         name = file_of(item)
         n = max(count[name], LONG_COUNT) if name in LONG else count[name]
-        return (0 if name in FIRST else 1, -n)
+        return (0 if name in FIRST else 2 if name in LAST else 1, -n)
 
     items.sort(key=rank)  # stable: the tests of a file keep their order
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import random
 import subprocess
 import threading
@@ -33,12 +34,27 @@ from openai import OpenAI
 from agentrl.serving import front, split
 
 EXE = front.binary()
+# `scripts/test.sh` builds the front beside pytest and names the file its build's exit
+# status lands in (and its log): these tests wait for that build rather than skip
+BUILD_DONE, BUILD_LOG = "AGENTRL_FRONT_BUILD_DONE", "AGENTRL_FRONT_BUILD_LOG"
+BUILD_WAIT_S = 900.0
 
 
 def need_front() -> None:
-    """Skip, saying how to build it, where the front is not built (CI may not build it)."""
+    """Wait for a build `scripts/test.sh` started; skip, saying why (the build's last lines,
+    or how to build it), where the front is not built."""
+    global EXE
+    done = os.environ.get(BUILD_DONE)
+    if EXE is None and done:
+        deadline = time.monotonic() + BUILD_WAIT_S
+        while not Path(done).exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        EXE = front.binary()
     if EXE is None:
-        pytest.skip(f"the gateway front is not built: {front.BUILD_HINT}")
+        log = Path(os.environ.get(BUILD_LOG, "/nonexistent"))
+        tail = " | ".join(log.read_text().splitlines()[-3:]) if log.is_file() else ""
+        why = f"its build failed: {tail}" if tail else front.BUILD_HINT
+        pytest.skip(f"the gateway front is not built: {why}")
 
 
 SUBJECT = "agent.rl.completion.v1"
