@@ -72,6 +72,17 @@ def alive(pid: int) -> bool:
         return False
 
 
+def left_running(kids: list[psutil.Process], grace: float) -> list[tuple[int, str]]:
+    """The processes of `kids` still alive after up to `grace` seconds (a child being reaped
+    after its parent's exit gets that long); each is SIGKILLed, so no test leaves one."""
+    _, alive_ = psutil.wait_procs(kids, timeout=grace)
+    left = [(k.pid, k.name()) for k in alive_ if alive(k.pid)]
+    for pid, _ in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+    return left
+
+
 def wait_file(path: Path, proc: subprocess.Popen[str], timeout: float, log: Path) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -3,7 +3,6 @@ process they started on SIGTERM and on SIGINT."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -14,9 +13,9 @@ import psutil
 import pytest
 from stop_kit import (
     AGENTRL,
-    alive,
     free_port_here,
     fresh_env,
+    left_running,
     signal_when,
     stop,
 )
@@ -121,10 +120,6 @@ def test_bench_startup_stops_the_up_it_started(tmp_path: Path, sig: int) -> None
     finally:
         if proc.poll() is None:
             proc.kill()
-    time.sleep(1.0)
-    left = [(k.pid, k.name()) for k in kids if alive(k.pid)]
-    for pid, _ in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    left = left_running(kids, grace=1.0)
     assert not left, f"left running after {signal.Signals(sig).name}: {left}"
     assert took < 30, f"exit took {took:.1f} s"

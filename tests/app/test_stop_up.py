@@ -3,7 +3,6 @@ nats-server, vLLM (the stand-in of tests/app/stop_kit.py) and its job process.""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -17,6 +16,7 @@ from stop_kit import (
     alive,
     free_port_here,
     fresh_env,
+    left_running,
     signal_when,
     standin_vllm,
     stop,
@@ -116,10 +116,6 @@ def test_up_stops_its_job_process_and_everything_else_it_started(tmp_path: Path,
     finally:
         if proc.poll() is None:
             proc.kill()
-    time.sleep(0.5)
-    left = [(k.pid, k.name()) for k in kids if alive(k.pid)]
-    for pid, _ in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    left = left_running(kids, grace=0.5)
     assert not left, f"left running after {signal.Signals(sig).name}: {left}"
     assert took < 30, f"exit took {took:.1f} s"
