@@ -120,11 +120,12 @@ class LoopConfig(BaseModel):
     task_repeats: int = 1
     """Each task acted this many times, one single-episode session each: a job's GiGPO
     group (tool use)."""
-    hints: Literal["importance", "distill", "off"] = "distill"
+    hints: Literal["importance", "distill", "sft", "off"] = "distill"
     """Tool use: hints for failed tasks.
 
     Where all attempts of a task failed. With importance the job resamples with the hint and trains the hint-free prompt; with
-    distill the model with the hint is the teacher, on the logged tokens; off is the
+    distill the model with the hint is the teacher, on the logged tokens; sft resamples as
+    importance does and trains the hinted successes as plain NLL (ReLIFT); off is the
     ablation."""
     hint_reveals_answer: bool = False
     """Tool use: the hint also gives the answer."""

@@ -96,6 +96,12 @@ class Settings:
     seed: int = 0
     hint_tasks: int = 18  # failed logged tasks hinted (JobHints.max_tasks), families in turn
     hint_samples: int = 3  # hinted resamples per task (JobHints.samples)
+    hint_temperature: float | None = None  # JobHints.temperature (None: the loop's, 1.0)
+    # more failed tasks for the hint step only (not the RL update): per family of
+    # `hint_extra_families`, played hint-free `hint_extra_group` times at T=1 and logged
+    hint_extra_per_family: int = 0
+    hint_extra_families: tuple[str, ...] = ("data",)
+    hint_extra_group: int = 2
 
 
 # -- episodes on disk -------------------------------------------------------------------------
@@ -365,7 +371,38 @@ def hint_settings(settings: Settings, mode: str) -> Any:
         max_steps=settings.max_steps,
         max_new_tokens=settings.max_new_tokens,
     )
+    if settings.hint_temperature is not None:
+        d["temperature"] = settings.hint_temperature
     return JobHints.model_validate(d)
+
+
+def extra_hint_episodes(trainer: Any, settings: Settings, episodes: list[Any]) -> list[Any]:
+    """The logged episodes plus, when asked, hint-free attempts of more training tasks of the
+    hinted families (seeds after the logged ones'), sampled once and saved: what the hint
+    step sees. The RL update keeps the logged episodes alone."""
+    if settings.hint_extra_per_family <= 0:
+        return list(episodes)
+    import torch
+
+    from agentrl.learners.tooluse import RL_SEED_BASE
+
+    path = Path(settings.out) / "extra_episodes.jsonl"
+    if path.exists():
+        return list(episodes) + load_episodes(path)
+    tasks = [
+        (f, RL_SEED_BASE + 8_000 + j)
+        for j in range(settings.hint_extra_per_family)
+        for f in settings.hint_extra_families
+    ]
+    g = settings.hint_extra_group
+    batch = [x for x in tasks for _ in range(g)]
+    groups = [1000 + j for j in range(len(tasks)) for _ in range(g)]
+    torch.manual_seed(settings.seed + 1)
+    extra = play(trainer, settings, batch, 1.0, groups)
+    tmp = path.with_suffix(".tmp")
+    save_episodes(tmp, extra)
+    tmp.rename(path)
+    return list(episodes) + extra
 
 
 def hinted_resamples(
@@ -532,7 +569,7 @@ def run(
     book, key = response_format_hash(trainer.policy.tokenizer)
     if stage == "hints":
         t = time.perf_counter()
-        recs, comps = records_of(episodes, key)
+        recs, comps = records_of(extra_hint_episodes(trainer, settings, episodes), key)
         resampled = hinted_resamples(trainer, settings, recs, comps)
         say(_line(f"hinted resamples ({time.perf_counter() - t:.0f}s)", summary(resampled)))
         return []
@@ -557,10 +594,14 @@ def run(
             from agentrl.learners.tooluse_job import hint_step
 
             hs = hint_settings(settings, v["hints"])
+            h_recs, h_comps = records, completions
+            if settings.hint_extra_per_family > 0:
+                more = extra_hint_episodes(trainer, settings, episodes)
+                h_recs, h_comps = records_of(more, key, v["partial_credit"])
             hinted: list[Any] | None = None
             if v["hints"] != "distill":
-                hinted = hinted_resamples(trainer, settings, records, completions)
-            step = hint_step(trainer, records, hs, completions, settings.seed, hinted=hinted)
+                hinted = hinted_resamples(trainer, settings, h_recs, h_comps)
+            step = hint_step(trainer, h_recs, hs, h_comps, settings.seed, hinted=hinted)
         units, stats = job_samples(
             trainer, records, completions, book, v["estimator"], v["advantage_scale"]
         )
@@ -666,6 +707,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--hint-tasks", type=int, default=18)
     p.add_argument("--hint-samples", type=int, default=3)
+    p.add_argument("--hint-temperature", type=float, default=None)
+    p.add_argument("--hint-extra-per-family", type=int, default=0)
     p.add_argument(
         "--stage",
         choices=("all", "rl", "hints"),
@@ -685,6 +728,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             threads=a.threads,
             hint_tasks=a.hint_tasks,
             hint_samples=a.hint_samples,
+            hint_temperature=a.hint_temperature,
+            hint_extra_per_family=a.hint_extra_per_family,
         ),
         a.variant,
         stage=a.stage,
