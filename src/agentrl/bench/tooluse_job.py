@@ -61,6 +61,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "hint-importance": {"hints": "importance"},
     "hint-sft": {"hints": "sft"},
     "hint-distill": {"hints": "distill"},
+    "hint-sft-x3": {"hints": "sft", "hint_epochs": 3},  # three passes over the hint items
     # the hint step alone (no RL step: what the hint items do by themselves)
     "sft-only": {"hints": "sft", "rl": False},
     "importance-only": {"hints": "importance", "rl": False},
@@ -594,6 +595,7 @@ def run(
             from agentrl.learners.tooluse_job import hint_step
 
             hs = hint_settings(settings, v["hints"])
+            hs.epochs = int(v.get("hint_epochs", hs.epochs))
             h_recs, h_comps = records, completions
             if settings.hint_extra_per_family > 0:
                 more = extra_hint_episodes(trainer, settings, episodes)
