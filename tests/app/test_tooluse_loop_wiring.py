@@ -139,6 +139,11 @@ def test_the_jobs_hint_failed_tasks_as_the_loop_says() -> None:
         "importance"
     )
     assert job_settings(hints="off")[1]["tooluse_hints"] is None
+    sft = job_settings(hints="sft")[1]["tooluse_hints"]  # ReLIFT-style NLL on hinted successes
+    assert JobHints.model_validate(sft).mode == "sft"
+    assert hints.temperature == LoopConfig.tooluse().temperature  # by default: acting's
+    cool = job_settings(hints="sft", hint_temperature=0.3)[1]["tooluse_hints"]
+    assert JobHints.model_validate(cool).temperature == 0.3
     # the plan (the scripted solver's first call) by default; off for a run with no
     # scripted solution anywhere, where a hint is the checker's words only
     assert hints.plan

@@ -87,3 +87,25 @@ def test_agentrl_bench_passes_every_argument_to_the_harness() -> None:
     assert "fixed harness" in runner.invoke(app, ["bench", "--help"]).output
     missing = runner.invoke(app, ["bench", "tooluse-job", "--out", "x"])
     assert missing.exit_code == 2 and "--start" in missing.output
+
+
+def test_hint_variants_run_the_loops_hint_step_on_one_shared_rl_update() -> None:
+    """The hint variants use the loop's hint settings (`loop_tooluse.job_hints`) with the
+    harness's task and resample counts, and share the `job` variant's RL update (one saved
+    update per RL settings: a different learning rate is another one)."""
+    from agentrl.bench.tooluse_job import Settings, hint_settings, rl_key
+
+    s = Settings("start", "out", hint_tasks=12, hint_samples=2)
+    for name, mode in (
+        ("hint-importance", "importance"),
+        ("hint-sft", "sft"),
+        ("hint-distill", "distill"),
+    ):
+        assert VARIANTS[name]["hints"] == mode
+        hs = hint_settings(s, mode)
+        assert (hs.mode, hs.max_tasks, hs.samples) == (mode, 12, 2)
+        assert hs.plan and not hs.reveal_answer  # the loop's hint: the plan, never the answer
+    base = {**loop_job_settings(), "partial_credit": True, "all_layers": False}
+    assert rl_key({**base, **VARIANTS["hint-sft"]}) == rl_key({**base, **VARIANTS["job"]})
+    assert rl_key({**base, **VARIANTS["lr1e-4"]}) != rl_key(base)
+    assert VARIANTS["sft-only"]["rl"] is False

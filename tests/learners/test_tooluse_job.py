@@ -138,3 +138,48 @@ def test_no_failed_group_no_hints(trainer: Any) -> None:
     ok = [record(tooluse_trajectory("data", 6, 0, True))]
     step = hint_step(trainer, ok, JobHints())
     assert step.items == [] and step.counts["hinted_tasks"] == 0
+
+
+def hinted_success(trainer: Any, family: str, seed: int, hint: str) -> Any:
+    """A hinted resample that succeeded: its turn's prompt holds the hint, its free prompt not."""
+    from agentrl.learners.tooluse_episodes import EpisodeRecord, TurnRecord
+
+    tok = trainer.policy.tokenizer
+    q = generate_task(seed, family).question
+    turn = TurnRecord(
+        prompt_ids=tok.encode(f"{q}\n\n{hint}"),
+        action_ids=tok.encode('{"tool_name": "response"}'),
+        logprobs=[-0.5] * 6,
+        text="{}",
+        finish="stop",
+        tool_name="response",
+        free_prompt_ids=tok.encode(q),
+    )
+    return EpisodeRecord(family, seed, q, [turn], success=True, answered=True, hint=hint)
+
+
+@pytest.mark.parametrize(("mode", "item_mode"), [("sft", "nll"), ("importance", "importance")])
+def test_given_resamples_are_reused_and_sft_trains_them_as_plain_nll(
+    trainer: Any, mode: str, item_mode: str
+) -> None:
+    """A bench passes the hinted resamples it saved (`hinted=`): nothing is sampled again,
+    only the hinted tasks' resamples count, and sft trains the hinted successes' tokens on
+    the hint-free prompt with weight 1 (no importance ratio, no hinted prompt needed)."""
+    tok = trainer.policy.tokenizer
+    given = [
+        hinted_success(trainer, "arithmetic", 5, "Hint: x"),
+        hinted_success(trainer, "data", 6, "Hint: y"),  # data 6 had a success: not hinted
+    ]
+    settings = JobHints(mode=mode, samples=1, max_tasks=1)
+    step = hint_step(trainer, records(), settings, hinted=given)
+    assert step.counts["hinted_tasks"] == 1
+    assert step.counts["hinted_samples"] == 1 and step.counts["hinted_successes"] == 1
+    assert [it.mode for it in step.items] == [item_mode]
+    (it,) = step.items
+    assert "Hint:" not in tok.decode(it.prompt_ids)
+    assert it.prompt_ids == given[0].turns[0].free_prompt_ids
+    assert it.action_ids == given[0].turns[0].action_ids
+    out = step.train(trainer, settings)
+    assert out["steps"] == 1
+    if mode == "sft":
+        assert out["mean_coef"] == pytest.approx(1.0)  # plain NLL

@@ -170,9 +170,9 @@ def test_partial_credit_never_adds_up_to_a_success() -> None:
         p_s, p_f, p_n = scored([success, fail, nothing], cap=cap)
         assert p_s["total_reward"] == pytest.approx(1.0)  # a success keeps its reward
         assert p_f["total_reward"] < p_s["total_reward"]
-        # weights 1,1,2,1,1: a failure ticks 5 of 6 (not answer_right) -> cap x 5/6
-        assert p_f["total_reward"] == pytest.approx(cap * 5 / 6)
-        assert p_f["metadata"]["partial_credit"]["bonus"] == pytest.approx(cap * 5 / 6)
+        # weights 1,1,2,2,1: a failure ticks 6 of 7 (not answer_right) -> cap x 6/7
+        assert p_f["total_reward"] == pytest.approx(cap * 6 / 7)
+        assert p_f["metadata"]["partial_credit"]["bonus"] == pytest.approx(cap * 6 / 7)
         assert p_n["total_reward"] == pytest.approx(0.0)  # nothing right: nothing earned
     with pytest.raises(ValueError):
         PartialCreditConfig(cap=1.0)
@@ -186,8 +186,8 @@ def test_components_are_reported_with_their_weights() -> None:
     assert comps["needed_value"]["weight"] == 3.0 and comps["needed_value"]["score"] == 1.0
     assert comps["answer_right"]["score"] == 0.0
     assert comps["tool_call_valid"]["reasoning"].startswith("1 of 1")
-    # P = (1 + 1 + 3 + 1 + 0) / 7
-    assert p["metadata"]["partial_credit"]["score"] == pytest.approx(6 / 7)
+    # P = (1 + 1 + 3 + 2 + 0) / 8
+    assert p["metadata"]["partial_credit"]["score"] == pytest.approx(7 / 8)
 
 
 def test_turn_rewards_place_the_credit_on_the_turns_and_sum_to_the_total() -> None:
@@ -204,13 +204,13 @@ def test_turn_rewards_place_the_credit_on_the_turns_and_sum_to_the_total() -> No
     (p,) = scored([fail], cap=0.6)
     turns = p["metadata"]["turn_rewards"]
     assert sum(turns) == pytest.approx(p["total_reward"])
-    w = 6.0  # 1 + 1 + 2 + 1 + 1
+    w = 7.0  # 1 + 1 + 2 + 2 + 1
     valid, ran = 1 / 3, 1 / 2  # a valid call's share of each fraction
     want = [
         0.6 * (valid + ran) / w,
         0.0,
         0.6 * (valid + ran + 2.0) / w,
-        0.6 * 1.0 / w,
+        0.6 * 2.0 / w,
     ]
     assert turns == pytest.approx(want)
     rows = p["metadata"]["step_rewards"]["partial_credit"]
@@ -225,6 +225,32 @@ def test_turn_rewards_place_the_credit_on_the_turns_and_sum_to_the_total() -> No
     (q,) = scored([success])
     assert sum(q["metadata"]["turn_rewards"]) == pytest.approx(1.0)
     assert q["metadata"]["turn_rewards"][0] > 0
+
+
+def test_an_answer_pays_at_least_calls_that_never_answer() -> None:
+    """The default weights' order on failures (hand-made, cap 0.5): a wrong answer with no
+    call is paid at least as much as a call that ran and never answered (it was 0.125
+    against 0.167); a call then a wrong answer more than either; the needed value found
+    and a wrong answer the most; none reaches the success reward."""
+    calc = ("calculator", {"expression": "418 - 37"}, "calculator: 418 - 37 = 381")
+    right = ("calculator", {"expression": "(418 - 37) * 26 + 905"}, "= 10811")
+    cases = {
+        "call_no_answer": [call(*calc)],
+        "wrong_answer_no_call": [answer("9000", "not correct")],
+        "call_then_wrong_answer": [call(*calc), answer("9000", "not correct")],
+        "needed_value_no_answer": [call(*right)],
+        "needed_value_wrong_answer": [call(*right), answer("10812", "not correct")],
+    }
+    trajs = [trajectory(s, status="failed", tid=k) for k, s in cases.items()]
+    got = dict(zip(cases, (p["total_reward"] for p in scored(trajs)), strict=True))
+    assert got["wrong_answer_no_call"] > got["call_no_answer"] > 0.0
+    assert got["call_then_wrong_answer"] > got["wrong_answer_no_call"]
+    assert got["needed_value_no_answer"] > got["call_no_answer"]
+    assert got["needed_value_wrong_answer"] > got["needed_value_no_answer"]
+    assert got["needed_value_wrong_answer"] > got["call_then_wrong_answer"]
+    assert max(got.values()) <= 0.5
+    assert got["call_no_answer"] == pytest.approx(0.5 * 2 / 7)
+    assert got["wrong_answer_no_call"] == pytest.approx(0.5 * 2 / 5)
 
 
 def test_a_group_without_a_success_still_differs() -> None:
@@ -369,7 +395,7 @@ def test_the_environments_own_notes_are_not_tool_output() -> None:
 
 def test_with_other_components_a_failure_stays_below_the_same_trajectory_succeeded() -> None:
     """Under the default weights (task completion 0.4 of 1.0) an absolute bonus of cap x P
-    (0.5 x 5/6 = 0.42) would exceed what succeeding adds (0.4): the bonus is scaled by
+    (0.5 x 6/7 = 0.43) would exceed what succeeding adds (0.4): the bonus is scaled by
     that gain, so the failure ends below the same trajectory succeeded."""
     steps = [
         call("calculator", {"expression": "(418 - 37) * 26 + 905"}, "= 10811"),
@@ -384,7 +410,7 @@ def test_with_other_components_a_failure_stays_below_the_same_trajectory_succeed
     assert f["total_reward"] < w["total_reward"] and p["total_reward"] < w["total_reward"]
     gain = f["metadata"]["partial_credit"]["gain"]
     assert 0.0 < gain < 1.0  # task completion's share of the applicable base weights
-    assert f["metadata"]["partial_credit"]["bonus"] == pytest.approx(0.9 * gain * 5 / 6)
+    assert f["metadata"]["partial_credit"]["bonus"] == pytest.approx(0.9 * gain * 6 / 7)
     # a partial completion (task completion 0.5) can gain only half as much
     assert p["metadata"]["partial_credit"]["gain"] == pytest.approx(gain / 2)
     assert sum(f["metadata"]["turn_rewards"]) == pytest.approx(f["total_reward"])

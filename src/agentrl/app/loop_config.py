@@ -120,14 +120,22 @@ class LoopConfig(BaseModel):
     task_repeats: int = 1
     """Each task acted this many times, one single-episode session each: a job's GiGPO
     group (tool use)."""
-    hints: Literal["importance", "distill", "off"] = "distill"
+    hints: Literal["importance", "distill", "sft", "off"] = "distill"
     """Tool use: hints for failed tasks.
 
     Where all attempts of a task failed. With importance the job resamples with the hint and trains the hint-free prompt; with
-    distill the model with the hint is the teacher, on the logged tokens; off is the
+    distill the model with the hint is the teacher, on the logged tokens; sft resamples as
+    importance does and trains the hinted successes as plain NLL (ReLIFT); off is the
     ablation."""
     hint_reveals_answer: bool = False
     """Tool use: the hint also gives the answer."""
+    hint_temperature: float | None = Field(None, gt=0)
+    """Tool use: the temperature of the jobs' hinted resamples (importance, sft).
+
+    None: the acting temperature. The light warm start's hinted resamples of 7 failed tasks
+    succeeded 1 of 21 times at 1.0 (it miscopies the plan's table rows) and 4 of 21 at 0.3,
+    and 9 of 24 on 8 more data tasks at 0.3 (bench tooluse_job, 2026-11-29). The importance ratio is between the hint-free and the hinted
+    policy, so it does not depend on the sampling temperature."""
     hint_plan: bool = True
     """Tool use: the environment's hint also shows the first reply to write.
 

@@ -213,7 +213,7 @@ def job_hints(cfg: Any) -> dict[str, Any] | None:
         "plan": bool(getattr(cfg, "hint_plan", True)),
         "max_steps": cfg.max_steps,
         "max_new_tokens": cfg.max_tokens,
-        "temperature": cfg.temperature,
+        "temperature": getattr(cfg, "hint_temperature", None) or cfg.temperature,
         "structured": cfg.structured,
     }
 

@@ -16,7 +16,18 @@ rebuilt from the loop's response_format) and `training.objectives.shape_samples`
 samples; a `PolicyTrainer` with the job's settings (`training.jobs.trainer_config`: batch 8,
 clip 0.2, the loop's learning rate and epochs) trains them in the job's order. The policy
 is loaded as a job loads it (`jobs.continue_from`: the start's adapters into a fresh LoRA).
-Hints and replay are other engineers' or later steps: variants here change the RL update.
+Variants change the RL update, or add the job's hint step (`learners.tooluse_job`, as
+`hyperparameters.tooluse_hints` runs it): hints for the logged tasks whose every attempt
+failed, hinted resamples by the start (sampled once, saved to `hinted.jsonl`, reused by
+every hint variant), and the hint items trained after the RL steps (`hint-importance`,
+`hint-sft`: the hinted successes' tokens on the hint-free prompt with the importance weight
+or as plain NLL; `hint-distill`: the hinted model as teacher on the failed attempts' own
+tokens). Variants with the same RL settings share the RL update (saved once per settings
+in `rl-*.pt`): it is deterministic on CPU from the same seed, and it was most of a
+variant's time.
+
+    python -m agentrl.bench.tooluse_job ... --stage rl --variant job   # the RL update only
+    python -m agentrl.bench.tooluse_job ... --stage hints              # hinted resamples only
 """
 
 from __future__ import annotations
@@ -46,6 +57,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "no-partial-credit": {"partial_credit": False},
     "grpo": {"estimator": "grpo"},
     "success-only": {"success_only_groups": True},
+    # the job's hint step after its RL steps (`learners.tooluse_job.JobHints.mode`)
+    "hint-importance": {"hints": "importance"},
+    "hint-sft": {"hints": "sft"},
+    "hint-distill": {"hints": "distill"},
+    "hint-sft-x3": {"hints": "sft", "hint_epochs": 3},  # three passes over the hint items
+    # the hint step alone (no RL step: what the hint items do by themselves)
+    "sft-only": {"hints": "sft", "rl": False},
+    "importance-only": {"hints": "importance", "rl": False},
 }
 
 
@@ -76,6 +95,14 @@ class Settings:
     batch: int = 32
     threads: int = 1
     seed: int = 0
+    hint_tasks: int = 18  # failed logged tasks hinted (JobHints.max_tasks), families in turn
+    hint_samples: int = 3  # hinted resamples per task (JobHints.samples)
+    hint_temperature: float | None = None  # JobHints.temperature (None: the loop's, 1.0)
+    # more failed tasks for the hint step only (not the RL update): per family of
+    # `hint_extra_families`, played hint-free `hint_extra_group` times at T=1 and logged
+    hint_extra_per_family: int = 0
+    hint_extra_families: tuple[str, ...] = ("data",)
+    hint_extra_group: int = 2
 
 
 # -- episodes on disk -------------------------------------------------------------------------
@@ -330,6 +357,86 @@ def job_update(trainer: Any, units: list[Any], epochs: int, seed: int) -> list[d
     return history
 
 
+def hint_settings(settings: Settings, mode: str) -> Any:
+    """The job's hint settings as the loop sends them (`loop_tooluse.job_hints`), with the
+    harness's number of hinted tasks and resamples."""
+    from agentrl.app.loop_config import LoopConfig
+    from agentrl.app.loop_tooluse import job_hints
+    from agentrl.learners.tooluse_job import JobHints
+
+    d = job_hints(LoopConfig.tooluse()) or {}
+    d.update(
+        mode=mode,
+        max_tasks=settings.hint_tasks,
+        samples=settings.hint_samples,
+        max_steps=settings.max_steps,
+        max_new_tokens=settings.max_new_tokens,
+    )
+    if settings.hint_temperature is not None:
+        d["temperature"] = settings.hint_temperature
+    return JobHints.model_validate(d)
+
+
+def extra_hint_episodes(trainer: Any, settings: Settings, episodes: list[Any]) -> list[Any]:
+    """The logged episodes plus, when asked, hint-free attempts of more training tasks of the
+    hinted families (seeds after the logged ones'), sampled once and saved: what the hint
+    step sees. The RL update keeps the logged episodes alone."""
+    if settings.hint_extra_per_family <= 0:
+        return list(episodes)
+    import torch
+
+    from agentrl.learners.tooluse import RL_SEED_BASE
+
+    path = Path(settings.out) / "extra_episodes.jsonl"
+    if path.exists():
+        return list(episodes) + load_episodes(path)
+    tasks = [
+        (f, RL_SEED_BASE + 8_000 + j)
+        for j in range(settings.hint_extra_per_family)
+        for f in settings.hint_extra_families
+    ]
+    g = settings.hint_extra_group
+    batch = [x for x in tasks for _ in range(g)]
+    groups = [1000 + j for j in range(len(tasks)) for _ in range(g)]
+    torch.manual_seed(settings.seed + 1)
+    extra = play(trainer, settings, batch, 1.0, groups)
+    tmp = path.with_suffix(".tmp")
+    save_episodes(tmp, extra)
+    tmp.rename(path)
+    return list(episodes) + extra
+
+
+def hinted_resamples(
+    trainer: Any, settings: Settings, records: list[Any], completions: dict[str, Any]
+) -> list[Any]:
+    """The start's hinted resamples of the failed logged tasks, sampled once (the job's
+    `hint_step`, importance mode) and saved; every hint variant reuses them."""
+    from agentrl.learners.tooluse_job import hint_step
+
+    path = Path(settings.out) / "hinted.jsonl"
+    if path.exists():
+        return load_episodes(path)
+    step = hint_step(
+        trainer, records, hint_settings(settings, "importance"), completions, settings.seed
+    )
+    tmp = path.with_suffix(".tmp")
+    save_episodes(tmp, step.episodes)
+    tmp.rename(path)
+    return step.episodes
+
+
+def rl_key(v: dict[str, Any]) -> str:
+    keys = ("learning_rate", "epochs", "estimator", "advantage_scale", "partial_credit")
+    parts = [str(v[k]) for k in keys] + [str(v["all_layers"]), str(v.get("success_only_groups"))]
+    return "rl-" + "-".join(parts).replace("/", "_") + ".pt"
+
+
+def lora_state(trainer: Any) -> dict[str, Any]:
+    return {
+        k: x.detach().clone() for k, x in trainer.policy.model.state_dict().items() if "lora_" in k
+    }
+
+
 # -- measuring --------------------------------------------------------------------------------
 
 
@@ -426,7 +533,9 @@ def _line(name: str, s: dict[str, Any]) -> str:
     )
 
 
-def run(settings: Settings, variants: list[str], say: Any = print) -> list[dict[str, Any]]:
+def run(
+    settings: Settings, variants: list[str], say: Any = print, stage: str = "all"
+) -> list[dict[str, Any]]:
     import torch
 
     torch.set_num_threads(settings.threads)
@@ -459,6 +568,12 @@ def run(settings: Settings, variants: list[str], say: Any = print) -> list[dict[
     s_before = summary(before)
     say(_line("before", s_before))
     book, key = response_format_hash(trainer.policy.tokenizer)
+    if stage == "hints":
+        t = time.perf_counter()
+        recs, comps = records_of(extra_hint_episodes(trainer, settings, episodes), key)
+        resampled = hinted_resamples(trainer, settings, recs, comps)
+        say(_line(f"hinted resamples ({time.perf_counter() - t:.0f}s)", summary(resampled)))
+        return []
     results = []
     for name in variants:
         v = {
@@ -472,13 +587,23 @@ def run(settings: Settings, variants: list[str], say: Any = print) -> list[dict[
         trainer = job_trainer(
             settings.start, v["learning_rate"], settings.seed, all_layers=v["all_layers"]
         )
-        old_state = {
-            k: x.detach().clone()
-            for k, x in trainer.policy.model.state_dict().items()
-            if "lora_" in k
-        }
+        old_state = lora_state(trainer)
         t = time.perf_counter()
         records, completions = records_of(episodes, key, v["partial_credit"])
+        step = None
+        if v.get("hints"):  # built before any update, from the start (as a job does)
+            from agentrl.learners.tooluse_job import hint_step
+
+            hs = hint_settings(settings, v["hints"])
+            hs.epochs = int(v.get("hint_epochs", hs.epochs))
+            h_recs, h_comps = records, completions
+            if settings.hint_extra_per_family > 0:
+                more = extra_hint_episodes(trainer, settings, episodes)
+                h_recs, h_comps = records_of(more, key, v["partial_credit"])
+            hinted: list[Any] | None = None
+            if v["hints"] != "distill":
+                hinted = hinted_resamples(trainer, settings, h_recs, h_comps)
+            step = hint_step(trainer, h_recs, hs, h_comps, settings.seed, hinted=hinted)
         units, stats = job_samples(
             trainer, records, completions, book, v["estimator"], v["advantage_scale"]
         )
@@ -490,8 +615,32 @@ def run(settings: Settings, variants: list[str], say: Any = print) -> list[dict[
             }
             units = [u for u in units if u.group_id in ok]
         ratios = first_ratios(trainer, units)
-        hist = job_update(trainer, units, v["epochs"], settings.seed)
+        hist: list[dict[str, float]] = []
+        cached = out / rl_key(v)
+        reused = False
+        if not v.get("rl", True):
+            units = []
+        elif cached.exists():  # the same RL settings' update, saved by an earlier variant
+            import torch
+
+            trainer.policy.model.load_state_dict(torch.load(cached), strict=False)
+            hist = json.loads(cached.with_suffix(".json").read_text())
+            reused = True
+        else:
+            hist = job_update(trainer, units, v["epochs"], settings.seed)
+            import torch
+
+            torch.save(lora_state(trainer), cached.with_suffix(".tmp"))
+            cached.with_suffix(".json").write_text(json.dumps(hist))
+            cached.with_suffix(".tmp").rename(cached)
+        rl_s = time.perf_counter() - t
+        hint_train: dict[str, float] = {}
+        if step is not None:
+            hint_train = step.train(trainer, hs, settings.seed)
         update_s = time.perf_counter() - t
+        if stage == "rl":
+            say(f"{name}: RL update saved to {cached} ({rl_s:.0f}s)")
+            continue
         kl = heldout_kl(trainer, old_state, before)
         t = time.perf_counter()
         after = play(trainer, settings, heldout_tasks(settings.heldout_per_family), 0.0)
@@ -533,6 +682,11 @@ def run(settings: Settings, variants: list[str], say: Any = print) -> list[dict[
             "cut_before": s_before["all"]["cut_by_token_cap"],
             "cut_after": s_after["all"]["cut_by_token_cap"],
             "update_s": round(update_s, 1),
+            "rl_s": round(rl_s, 1),
+            "rl_reused": reused,
+            "hint_mode": v.get("hints"),
+            **(step.counts if step is not None else {}),
+            **{f"hint_{k}": round(float(x), 4) for k, x in hint_train.items()},
             "eval_s": round(time.perf_counter() - t, 1),
             "heldout_tasks": len(after),
             "logged_episodes": len(episodes),
@@ -553,6 +707,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--train-per-family", type=int, default=9)
     p.add_argument("--heldout-per-family", type=int, default=30)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--hint-tasks", type=int, default=18)
+    p.add_argument("--hint-samples", type=int, default=3)
+    p.add_argument("--hint-temperature", type=float, default=None)
+    p.add_argument("--hint-extra-per-family", type=int, default=0)
+    p.add_argument(
+        "--stage",
+        choices=("all", "rl", "hints"),
+        default="all",
+        help="rl: the variants' RL updates only (saved); hints: the hinted resamples only",
+    )
     a = p.parse_args(argv)
     for v in a.variant:
         if v.split("@")[0] not in VARIANTS:
@@ -564,8 +728,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             a.train_per_family,
             heldout_per_family=a.heldout_per_family,
             threads=a.threads,
+            hint_tasks=a.hint_tasks,
+            hint_samples=a.hint_samples,
+            hint_temperature=a.hint_temperature,
+            hint_extra_per_family=a.hint_extra_per_family,
         ),
         a.variant,
+        stage=a.stage,
     )
 
 

@@ -105,6 +105,13 @@ def importance_items(hinted: Sequence[EpisodeRecord]) -> list[TokenItem]:
     return out
 
 
+def sft_items(hinted: Sequence[EpisodeRecord]) -> list[TokenItem]:
+    """The hinted successes' replies as plain NLL on the hint-free prompt (ReLIFT-style
+    supervised steps; no importance weight, so a token the hint-free policy would rarely
+    write is learned as much as any other)."""
+    return [TokenItem(it.prompt_ids, it.action_ids, it.family) for it in importance_items(hinted)]
+
+
 def distill_items(
     tokenizer: Any, failed: Sequence[EpisodeRecord], hints: dict[tuple[str, int], str]
 ) -> list[TokenItem]:

@@ -13,7 +13,9 @@ succeeded the hint is a user's correction of one of its trajectories (`Record.hi
     update) samples the task again with the hint in context; the hinted successes' tokens
     train the hint-free prompt with the truncated importance ratio;
   - distill: the same model with the hint in context is the teacher on the failed
-    attempts' own logged tokens (per-token advantage log pi(a | x + hint) - log pi(a | x)).
+    attempts' own logged tokens (per-token advantage log pi(a | x + hint) - log pi(a | x));
+  - sft: as importance, the hinted successes' tokens on the hint-free prompt, but as plain
+    NLL (ReLIFT's supervised steps on the hardest items, interleaved with the RL update).
 
 Every trained prompt is hint-free (tested); the hint is only ever the other policy's
 context. The counts (`hinted_tasks`, `hinted_successes`, `corrections_used`) go into the
@@ -41,7 +43,7 @@ class JobHints(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    mode: Literal["importance", "distill"] = "importance"
+    mode: Literal["importance", "distill", "sft"] = "importance"
     reveal_answer: bool = False
     plan: bool = Field(
         True, description="the hint also shows the first call's shape (hints.call_shape)"
@@ -79,6 +81,7 @@ class HintStep:
         }
     )
     hints: dict[Key, str] = field(default_factory=dict)
+    episodes: list[Any] = field(default_factory=list)  # the hinted resamples (importance, sft)
     seconds: float = 0.0
 
     def train(self, trainer: Any, settings: JobHints, seed: int = 0) -> dict[str, float]:
@@ -249,12 +252,14 @@ def hint_step(
     settings: JobHints | dict[str, Any],
     completions: dict[str, dict[str, Any]] | None = None,
     seed: int = 0,
+    hinted: Sequence[Any] | None = None,
 ) -> HintStep:
     """Hints for the failed groups among `records` and the items they train (not trained
-    yet: `HintStep.train`). Importance mode samples with the trainer's current policy."""
+    yet: `HintStep.train`). Importance and sft modes sample with the trainer's current
+    policy, unless `hinted` gives the resamples already played (a bench reusing them)."""
     from agentrl.envs.tooluse.tasks import generate_task
     from agentrl.learners.tooluse import ToolUseConfig, ToolUseLearner
-    from agentrl.learners.tooluse_hints import importance_items
+    from agentrl.learners.tooluse_hints import importance_items, sft_items
 
     t0 = time.perf_counter()
     s = settings if isinstance(settings, JobHints) else JobHints.model_validate(settings)
@@ -269,7 +274,7 @@ def hint_step(
         max_new_tokens=s.max_new_tokens,
         structured=s.structured,
         threads=0,
-        hints=s.mode,
+        hints="distill" if s.mode == "distill" else "importance",
         hint_reveals_answer=s.reveal_answer,
         hint_plan=s.plan,
         hint_samples=s.samples,
@@ -300,11 +305,15 @@ def hint_step(
             learner.tokenizer, groups, step.hints, questions, families, completions or {}
         )
     else:
-        batch = [k for k in keys for _ in range(s.samples)]
-        again = learner.play(batch, s.temperature, hints=[step.hints[k] for k in batch])
+        if hinted is None:
+            batch = [k for k in keys for _ in range(s.samples)]
+            again = learner.play(batch, s.temperature, hints=[step.hints[k] for k in batch])
+        else:
+            again = [ep for ep in hinted if (ep.family, ep.seed) in step.hints]
+        step.episodes = list(again)
         step.counts["hinted_samples"] = len(again)
         step.counts["hinted_successes"] = sum(ep.success for ep in again)
-        step.items = importance_items(again)
+        step.items = importance_items(again) if s.mode == "importance" else sft_items(again)
         for it, fam in zip(step.items, _families_of(again, families), strict=True):
             it.family = fam
         solved = {(ep.family, ep.seed) for ep in again if ep.success}

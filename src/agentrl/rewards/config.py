@@ -12,7 +12,7 @@ Example `rewards.yaml`:
     opt_out_users: [user-123]
     opt_out_sessions: []
     partial_credit:              # tool use: credit per turn for what went right (off if absent)
-      weights: {tool_call_valid: 1, tool_call_ran: 1, needed_value: 2, answer_given: 1, answer_right: 1}
+      weights: {tool_call_valid: 1, tool_call_ran: 1, needed_value: 2, answer_given: 2, answer_right: 1}
       cap: 0.5                   # the most a failed trajectory earns (< 1, the success reward)
 
 The calculator version (part of every reward id) includes a hash of the settings that change
@@ -55,11 +55,16 @@ class CustomFunctionSpec(BaseModel):
     timeout_s: float = Field(5.0, gt=0)
 
 
+# answer_given weighs as much as the needed value, so a failure that gave an answer (a
+# wrong one, even with no call) earns at least as much as calls that never end in one
+# unless those found the needed value. With answer_given 1 a call that ran and never
+# answered (0.5 x 2/6 = 0.167) beat a wrong answer (0.5 x 1/4 = 0.125): a group's advantages
+# then pushed away from answering, and without an answer no task can succeed.
 DEFAULT_PARTIAL_WEIGHTS = {
     "tool_call_valid": 1.0,
     "tool_call_ran": 1.0,
     "needed_value": 2.0,
-    "answer_given": 1.0,
+    "answer_given": 2.0,
     "answer_right": 1.0,
 }
 

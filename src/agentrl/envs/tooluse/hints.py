@@ -98,6 +98,9 @@ def what_the_task_needs(task: ToolTask) -> str:
     return f"{need}; use code_exe with a short program that prints it"
 
 
+NUMBERS_RUN = "Run this program with the code_exe tool first, then answer with what it prints:"
+
+
 def call_shape(task: ToolTask) -> str:
     """The first call to make, as the exact reply the model writes (thought first: the
     light warm start picks its tool from its thought, and with only the call's JSON in the
@@ -107,10 +110,20 @@ def call_shape(task: ToolTask) -> str:
     answer, which only running the call shows. With a placeholder for the rows
     (`R=[(item, price, quantity), ...]`) the model copied the placeholder verbatim; with
     "then reply with response and the value the tool printed" after the call it wrote the
-    response's thought and, for 4 of 6 numbers tasks, sent the program as its answer."""
-    from agentrl.envs.tooluse.solver import first_reply
+    response's thought and, for 4 of 6 numbers tasks, sent the program as its answer.
+
+    Numbers: the program in plain text after `NUMBERS_RUN`, not a JSON reply. With a reply's
+    JSON in the user message the light warm start answered at once with `response` (greedy,
+    the 3 failed numbers training tasks: 3 of 3 under each of four JSON forms: with and
+    without the checker's verdict, the wrong answers quoted or not, the hint before the
+    question; at T=1, 8 of 9 hinted resamples): it read the call as already made. With the
+    program in plain text it called a tool first in 3 of 3 (the calculator, so still no
+    success: 2026-11-29, `bench tooluse_job`'s hinted resamples and greedy probes)."""
+    from agentrl.envs.tooluse.solver import first_action, first_reply
 
     try:
+        if task.family == "numbers":
+            return f"{NUMBERS_RUN}\n{first_action(task)[2]}"
         call = first_reply(task)
     except (ValueError, KeyError):
         return ""
