@@ -133,17 +133,17 @@ def test_the_jobs_hint_failed_tasks_as_the_loop_says() -> None:
 
     _, hyper = job_settings()
     hints = JobHints.model_validate(hyper["tooluse_hints"])
-    assert hints.mode == "distill" and not hints.reveal_answer
+    assert hints.mode == "importance" and not hints.reveal_answer
     assert hints.max_new_tokens == LoopConfig.tooluse().max_tokens
-    assert JobHints.model_validate(job_settings(hints="importance")[1]["tooluse_hints"]).mode == (
-        "importance"
+    assert JobHints.model_validate(job_settings(hints="distill")[1]["tooluse_hints"]).mode == (
+        "distill"
     )
     assert job_settings(hints="off")[1]["tooluse_hints"] is None
     sft = job_settings(hints="sft")[1]["tooluse_hints"]  # ReLIFT-style NLL on hinted successes
     assert JobHints.model_validate(sft).mode == "sft"
-    assert hints.temperature == LoopConfig.tooluse().temperature  # by default: acting's
-    cool = job_settings(hints="sft", hint_temperature=0.3)[1]["tooluse_hints"]
-    assert JobHints.model_validate(cool).temperature == 0.3
+    assert hints.temperature == 0.3  # by default the hinted resamples' own temperature
+    acting = job_settings(hints="sft", hint_temperature=None)[1]["tooluse_hints"]
+    assert JobHints.model_validate(acting).temperature == LoopConfig.tooluse().temperature
     # the plan (the scripted solver's first call) by default; off for a run with no
     # scripted solution anywhere, where a hint is the checker's words only
     assert hints.plan
@@ -182,9 +182,9 @@ def test_the_ablation_switches_reach_the_jobs_and_the_reward_service(tmp_path: A
         return hyper, rewards
 
     on = config()
-    assert (on.hints, on.partial_credit, on.replay_steps) == ("distill", True, 1)
+    assert (on.hints, on.partial_credit, on.replay_steps) == ("importance", True, 1)
     hyper, rewards = wiring(on)
-    assert hyper["tooluse_hints"]["mode"] == "distill"
+    assert hyper["tooluse_hints"]["mode"] == "importance"
     once = {"rounds": 1, "success_bar": 0.5}  # one round a job, families below half solved
     assert hyper["tooluse_replay"] == {"steps": 1, "episodes_per_family": 4, **once}
     assert rewards.partial_credit is not None
