@@ -84,7 +84,7 @@ class Upstream:
                 if body["model"] == "slow":  # held until the test lets it answer
                     await self.release.wait()
                 if body["model"] in ("stall", "garbage"):  # a stream that fails mid-way
-                    first = b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n'
+                    first = b'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}\n\n'
                     bad = b"data: <html>oops</html>\n\n" if body["model"] == "garbage" else b""
                     head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                     writer.write(head + b"transfer-encoding: chunked\r\n\r\n")
@@ -129,11 +129,25 @@ class Upstream:
                     data,
                 )
             )
+        # as vLLM streams them: each choice with its index (an OpenAI client instrumented by
+        # OpenTelemetry, as another test of the worker may leave it, needs it)
         events = [
-            {"prompt_token_ids": [1, 2, 3], "choices": [{"delta": {"role": "assistant"}}]},
-            {"choices": [{"delta": {"content": self.name[:1]}, "token_ids": [42], "logprobs": lp}]},
-            {"choices": [{"delta": {"content": self.name[1:]}, "token_ids": [43]}]},
-            {"choices": [{"delta": {}, "finish_reason": "length"}]},
+            {
+                "prompt_token_ids": [1, 2, 3],
+                "choices": [{"index": 0, "delta": {"role": "assistant"}}],
+            },
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"content": self.name[:1]},
+                        "token_ids": [42],
+                        "logprobs": lp,
+                    }
+                ]
+            },
+            {"choices": [{"index": 0, "delta": {"content": self.name[1:]}, "token_ids": [43]}]},
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
         ]
         wire = b"".join(
             b"data: " + json.dumps({"id": "up", "model": body["model"], **e}).encode() + b"\r\n\r\n"
