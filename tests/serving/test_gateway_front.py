@@ -715,6 +715,65 @@ async def test_the_runner_keeps_the_table_and_folds_the_counters_into_the_eviden
     assert runner.front.proc.returncode == 0  # stopped with the service, cleanly
 
 
+async def test_a_front_killed_mid_run_is_started_again_and_its_counts_stay_evidence(
+    tmp_path: Path, upstreams: dict[str, Upstream]
+) -> None:
+    """SIGKILL of the front while it serves: the runner starts it again on the same port
+    within a poll or two, the requests counted before the kill stay in `FleetStats` (each
+    process's counters under their own key: none lost, none counted twice), and the new
+    process serves and counts the requests after it."""
+    need_front()
+    import signal
+
+    from agentrl.serving.backends import UpstreamBackend
+    from agentrl.serving.gateway import GatewayState
+    from agentrl.serving.gateway_workers import FleetStats
+    from deploy_helpers import free_port
+
+    state = GatewayState("agentrl-policy")
+    up = UpstreamBackend(f"http://127.0.0.1:{upstreams['u1'].port}/v1")
+    state.backends = {"v1": up}
+    state.set_split({"v1": 100.0}, ["v1"])
+    fleet = FleetStats(state.stats)
+    runner = front.FrontRunner(
+        state, fleet, tmp_path / "routes.json", f"127.0.0.1:{free_port()}", None, poll_s=0.05
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run(stop))
+    body = {"model": "agentrl-policy", "messages": [{"role": "user", "content": "x"}]}
+
+    async def counted(n: int) -> None:
+        deadline = time.monotonic() + 5
+        while "v1" not in fleet or fleet["v1"].requests < n:
+            assert time.monotonic() < deadline, dict(fleet.remote)
+            await asyncio.sleep(0.02)
+
+    try:
+        async with httpx.AsyncClient(timeout=10) as c:
+            while runner.front is None:
+                await asyncio.sleep(0.02)
+            url = f"{runner.front.url}/v1/chat/completions"
+            for _ in range(4):
+                assert (await c.post(url, json=body)).status_code == 200
+            await counted(4)
+            first = runner.front
+            assert first.proc is not None
+            first.proc.send_signal(signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while runner.front is first or runner.restarts < 1:
+                assert time.monotonic() < deadline, "the killed front was not started again"
+                await asyncio.sleep(0.05)
+            for _ in range(3):
+                assert (await c.post(url, json=body)).status_code == 200
+            await counted(7)
+            await asyncio.sleep(0.2)  # a few more polls: nothing counted twice
+            assert fleet["v1"].requests == 7
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+        await up.close()
+
+
 @pytest.mark.parametrize(
     ("env", "why"),
     [
