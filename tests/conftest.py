@@ -82,6 +82,57 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=rank)  # stable: the tests of a file keep their order
 
 
+# a session of this many test files or more starts a job launcher (`job_launcher`)
+LAUNCHER_FILES = 6
+
+
+@pytest.fixture(scope="session", autouse=True)
+def job_launcher(request: pytest.FixtureRequest) -> Iterator[Path | None]:
+    """One job launcher per test process (`agentrl.training.launcher`), named to every
+    training service the tests start, in this process or in processes it starts
+    (AGENTRL_TRAINING_LAUNCHER): a job forks from it instead of importing torch,
+    transformers and peft again (~6 CPU-s a job, ~60 jobs in the suite). Started for runs
+    of many files (its own imports cost what one job's do); AGENTRL_TEST_LAUNCHER=1 or 0:
+    always, never. Tests of the plain job process take it away (`no_launcher`)."""
+    files = len({item.nodeid.split("::")[0] for item in request.session.items})
+    wanted = os.environ.get("AGENTRL_TEST_LAUNCHER", "1" if files >= LAUNCHER_FILES else "0")
+    if wanted == "0" or os.environ.get("AGENTRL_TRAINING_LAUNCHER"):
+        yield None
+        return
+    import subprocess
+    import sys
+    import tempfile
+
+    path = Path(tempfile.gettempdir()) / f"agentrl-test-launcher-{os.getpid()}.sock"
+    log = open(f"{path}.log", "wb")  # noqa: SIM115 - the launcher's, closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentrl.training.worker", "--launcher", str(path)],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
+    os.environ["AGENTRL_TRAINING_LAUNCHER"] = str(path)
+    try:
+        yield path
+    finally:
+        os.environ.pop("AGENTRL_TRAINING_LAUNCHER", None)
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        Path(f"{path}.log").unlink(missing_ok=True)
+
+
+@pytest.fixture()
+def no_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This test's training services start each job as a process of its own."""
+    monkeypatch.delenv("AGENTRL_TRAINING_LAUNCHER", raising=False)
+
+
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A real nats-server with JetStream on a free loopback port, for the whole session."""

@@ -80,9 +80,9 @@ def test_up_with_vllm_stops_its_vllm(tmp_path: Path, sig: int) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_up_stops_its_job_process_and_everything_else_it_started(tmp_path: Path, sig: int) -> None:
-    """`agentrl up` with every service: its training service keeps a job process started
-    ahead (the warm worker); on either signal nothing `up` started outlives it (nats-server,
-    the job process, anything they started)."""
+    """`agentrl up` with every service: its training service keeps a job launcher (the warm
+    worker, torch imported); on either signal nothing `up` started outlives it (nats-server,
+    the launcher, anything they started)."""
     port = free_port_here()
     env = {
         **os.environ,
@@ -93,8 +93,8 @@ def test_up_stops_its_job_process_and_everything_else_it_started(tmp_path: Path,
         "AGENTRL_GATEWAY_PORT": str(free_port_here()),
         "COLUMNS": "200",
     }
-    for k in ("NATS_URL", "AGENTRL_NATS_URL"):
-        env.pop(k, None)
+    for k in ("NATS_URL", "AGENTRL_NATS_URL", "AGENTRL_TRAINING_LAUNCHER"):
+        env.pop(k, None)  # its own launcher, not the test session's
     log = tmp_path / "up.log"
     with open(log, "w") as fh:
         proc = subprocess.Popen(
@@ -110,7 +110,7 @@ def test_up_stops_its_job_process_and_everything_else_it_started(tmp_path: Path,
             if "agentrl is up" in log.read_text() and jobs:
                 break
             time.sleep(0.5)
-        assert jobs, f"no job process started ahead:\n{log.read_text()[-3000:]}"
+        assert jobs, f"no job launcher started ahead:\n{log.read_text()[-3000:]}"
         assert any("nats" in k.name() for k in kids)
         took = stop(proc, sig)
     finally:

@@ -127,7 +127,7 @@ async def test_threshold_job_completes_and_model_is_listed(nats, data_dir):
         await bus.close()
 
 
-async def test_cancel_and_killed_job_process(nats, data_dir):
+async def test_cancel_and_killed_job_process(nats, data_dir, no_launcher):
     bus = await _bus(nats, data_dir)
     statuses = await Statuses().start(bus)
     settings = settings_for(data_dir, nats.url)

@@ -1,6 +1,7 @@
-"""AGENTRL_TRAINING_WARM_WORKER: a job process started ahead (torch imported) runs the next
-job as a fresh process would (its log, its status events, cancel by SIGTERM); a spare that
-died while waiting is replaced by a fresh start; the service's stop ends the spare."""
+"""AGENTRL_TRAINING_WARM_WORKER: the service starts a job launcher (torch imported once) and
+every job forks from it, running as a fresh process would (its log, its status events,
+cancel by SIGTERM); a launcher that died is started again and the job meanwhile starts a
+process of its own; the service's stop ends the launcher."""
 
 from __future__ import annotations
 
@@ -32,25 +33,18 @@ async def _wait(cond, timeout: float = 60.0) -> None:
         await asyncio.sleep(0.05)
 
 
-def _job_pid(svc, job_id: str) -> int:
+def _job_pid(svc, job_id: str) -> int | None:
+    """The pid the job's process reported at its start; None before."""
     events = svc.root / "jobs" / job_id / "events.jsonl"
-    for line in events.read_text().splitlines():
+    for line in events.read_text().splitlines() if events.exists() else []:
         ev = json.loads(line)
         if ev.get("phase") == "starting":
             return int(ev["pid"])
-    raise AssertionError("no starting event")
+    return None
 
 
-def _torch_imported(pid: int) -> bool:
-    """The process has torch's shared library mapped: its import is done."""
-    try:
-        return any("libtorch" in m.path for m in psutil.Process(pid).memory_maps())
-    except psutil.Error:
-        return False
-
-
-async def test_jobs_run_in_the_spare_started_ahead_and_a_dead_spare_is_replaced(
-    nats, data_dir: Path
+async def test_jobs_fork_from_the_launcher_and_a_dead_launcher_is_started_again(
+    nats, data_dir: Path, no_launcher: None
 ) -> None:
     bus = await Bus.connect(nats.url, settings=settings_for(data_dir, nats.url))
     await bus.ensure_streams()
@@ -58,50 +52,52 @@ async def test_jobs_run_in_the_spare_started_ahead_and_a_dead_spare_is_replaced(
     ts = tsettings(
         warm_worker=True, batch_size=4, save_interval=1000, sample_size=8, holdout_size=0.0
     )
+    assert ts.launcher is None
     await publish_data(
         bus, [trajectory(i, task=f"t{i // 4}") for i in range(8)], [(i % 4) / 3 for i in range(8)]
     )
+
+    async def run_one() -> str:
+        req = fill_request({"training_config": {"base_model": "tiny"}}, ts)
+        await bus.publish(req)
+        done = await statuses.wait(req.training_job_id, ("completed", "failed"), 120)
+        assert done["status"] == "completed", done
+        return req.training_job_id
+
     try:
         async with running_service(bus, settings_for(data_dir, nats.url), ts) as svc:
-            await _wait(lambda: svc.spare is not None and svc.spare.proc is not None, 30)
-            first_spare = svc.spare.proc.pid
-            # torch is imported before any job exists
-            await _wait(lambda: _torch_imported(first_spare), 120)
-            req = fill_request({"training_config": {"base_model": "tiny"}}, ts)
-            await bus.publish(req)
-            # the next spare is started at the hand-over; it dies before the next job comes:
-            # killed at once here (its torch import would be ~5 CPU-s of the suite for a
-            # process the test kills anyway). The next job starts a fresh process and still
-            # completes.
-            await _wait(
-                lambda: svc.spare.proc is not None and svc.spare.proc.pid != first_spare, 60
-            )
-            second_spare = svc.spare.proc.pid
-            os.kill(second_spare, signal.SIGKILL)
-            done = await statuses.wait(req.training_job_id, ("completed", "failed"), 120)
-            assert done["status"] == "completed", done
-            assert _job_pid(svc, req.training_job_id) == first_spare
-            assert svc.counters["spare_jobs"] == 1
-            log = svc.root / "jobs" / req.training_job_id / "job.log"
-            assert "checkpoint written" in log.read_text()
-            assert (svc.root / "jobs" / req.training_job_id / "process.log").exists()
-            assert svc.spare.proc.pid == second_spare != first_spare
-            await _wait(lambda: svc.spare.proc.returncode is not None, 10)
-            req2 = fill_request({"training_config": {"base_model": "tiny"}}, ts)
-            await bus.publish(req2)
-            done2 = await statuses.wait(req2.training_job_id, ("completed", "failed"), 120)
-            assert done2["status"] == "completed", done2
-            assert _job_pid(svc, req2.training_job_id) not in (first_spare, second_spare)
-            assert svc.counters["spare_jobs"] == 1
-            third_spare = svc.spare.proc.pid
-            assert psutil.pid_exists(third_spare)
-            # a job in a spare is cancelled as any job is (SIGTERM, stops after its step)
+            launcher = svc.own_launcher
+            assert launcher is not None
+            await _wait(lambda: launcher.alive, 30)
+            first = launcher.proc.pid
+            # two jobs, each a child of the launcher, in a session of its own
+            for n in (1, 2):
+                job_id = await run_one()
+                pid = _job_pid(svc, job_id)
+                assert pid is not None and pid != first and not psutil.pid_exists(pid)
+                assert svc.counters["forked_jobs"] == n
+                assert "checkpoint written" in (svc.root / "jobs" / job_id / "job.log").read_text()
+            assert launcher.proc.pid == first
+            # the launcher dies: the next job starts a process of its own, the launcher is
+            # started again, and the job after forks from the new one
+            os.kill(first, signal.SIGKILL)
+            await _wait(lambda: launcher.proc.returncode is not None, 10)
+            await run_one()
+            assert svc.counters["forked_jobs"] == 2
+            second = launcher.proc.pid
+            assert second != first and launcher.alive
+            await run_one()
+            assert svc.counters["forked_jobs"] == 3
+            # a forked job is cancelled as any job is (SIGTERM, stops after its step)
             long = fill_request(
                 {"training_config": {"base_model": "tiny", "hyperparameters": {"epochs": 200}}},
                 ts,
             )
             await bus.publish(long)
-            await _wait(lambda: "running" in statuses.states(long.training_job_id), 60)
+            await _wait(lambda: _job_pid(svc, long.training_job_id) is not None, 60)
+            pid = _job_pid(svc, long.training_job_id)  # the launcher's child, its own session
+            assert pid is not None
+            assert psutil.Process(pid).ppid() == second and os.getsid(pid) == pid
             await bus.publish_json(
                 "agent.rl.training.cancel.v1",
                 {"training_job_id": long.training_job_id},
@@ -111,10 +107,9 @@ async def test_jobs_run_in_the_spare_started_ahead_and_a_dead_spare_is_replaced(
                 long.training_job_id, ("cancelled", "completed", "failed"), 60
             )
             assert cancelled["status"] == "cancelled", cancelled
-            assert _job_pid(svc, long.training_job_id) == third_spare
-            last_spare = svc.spare.proc.pid
-        # the service's stop ends the spare
-        await _wait(lambda: not psutil.pid_exists(last_spare) or _zombie(last_spare), 10)
+            assert svc.counters["forked_jobs"] == 4
+        # the service's stop ends the launcher
+        await _wait(lambda: not psutil.pid_exists(second) or _zombie(second), 10)
     finally:
         await bus.close()
 

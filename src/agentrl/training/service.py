@@ -43,7 +43,9 @@ import secrets
 import signal
 import socket
 import sys
+import tempfile
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
@@ -64,11 +66,11 @@ from agentrl.llm.fence import raise_fence
 from agentrl.observability import instrument as obs
 from agentrl.training.jobspec import JobSpec
 from agentrl.training.kv import CANCEL_SUBJECT, STATUS_BUCKET, bucket
+from agentrl.training.launcher import LaunchedJob, OwnLauncher, launch
 from agentrl.training.paths import UnsafePath, checkpoint_base, job_dir
 from agentrl.training.queue import FINAL, JobQueue, QueueEntry, status_of
 from agentrl.training.requests import defaults, job_kind, merge
 from agentrl.training.settings import TrainingSettings
-from agentrl.training.spare import SpareWorker
 from agentrl.training.store import PRIORITY_RANK, JobRow, Store
 from agentrl.training.triggers import (
     Clock,
@@ -132,7 +134,9 @@ def latest_step_checkpoint(storage_path: str) -> str | None:
 class RunningJob:
     """A job process and what the service knows about it."""
 
-    def __init__(self, row: JobRow, proc: asyncio.subprocess.Process, job_dir: Path) -> None:
+    def __init__(
+        self, row: JobRow, proc: asyncio.subprocess.Process | LaunchedJob, job_dir: Path
+    ) -> None:
         self.row = row
         self.proc = proc
         self.job_dir = job_dir
@@ -213,12 +217,16 @@ class TrainingService:
             "leases_lost": 0,
             "leases_expired": 0,
             "fenced_writes": 0,
-            "spare_jobs": 0,
+            "forked_jobs": 0,
         }
         self.fired: Counter[str] = Counter()  # threshold jobs fired per key, this run
-        self.spare = (
-            SpareWorker(self.root / "spare.log", self._job_env(), _die_with_parent)
-            if self.ts.warm_worker
+        # jobs fork from a launcher that imported torch once (agentrl.training.launcher):
+        # one given by its socket, else one of this service's own (`warm_worker`)
+        self.own_launcher = (
+            OwnLauncher(
+                _launcher_path(), self.root / "launcher.log", self._job_env(), _die_with_parent
+            )
+            if self.ts.warm_worker and not self.ts.launcher
             else None
         )
         self._flush_lock = asyncio.Lock()
@@ -244,8 +252,8 @@ class TrainingService:
         )
         await self._flush_outbox()
         await self.recover()
-        if self.spare is not None:
-            await self.spare.start()
+        if self.own_launcher is not None:
+            await self.own_launcher.start()
         triggers = Lease(
             self.lease_kv, f"training.{_slug(self.durable)}.triggers", self.owner, self.lease_ttl_s
         )
@@ -285,14 +293,6 @@ class TrainingService:
             await self._stop_jobs()
             self.store.close()
 
-    def more_jobs_may_come(self) -> bool:
-        """False once a capped threshold trigger (the only trigger: no schedule) fired its
-        last job: a spare started then imported torch for nothing (the quick loop's last,
-        ~5 CPU-s). A job asked for through the API still runs, in a process of its own."""
-        cap = self.ts.threshold_max_jobs
-        capped = cap and self.ts.threshold_scope == "global" and self.fired["*"] >= cap
-        return not capped or self.schedule is not None
-
     async def _kv(self) -> Any:
         return await bucket(self.bus.js, STATUS_BUCKET)
 
@@ -300,13 +300,13 @@ class TrainingService:
         """On shutdown, stop job processes; their rows stay 'running' so the next start
         resumes them from their checkpoints (or fails them). Their leases are kept: this
         runner takes them back when it starts again, another one when they expire."""
-        if self.spare is not None:
-            await self.spare.stop()
         for job in list(self.running.values()):
             with contextlib.suppress(ProcessLookupError):
                 job.proc.kill()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(job.proc.wait(), 5)
+        if self.own_launcher is not None:
+            await self.own_launcher.stop()
 
     async def _own_triggers(self, leader_stop: asyncio.Event) -> None:
         """While this runner holds the trigger lease it fires (the others only count)."""
@@ -805,9 +805,9 @@ class TrainingService:
             env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
             spec.device = "cuda"
             (folder / "spec.json").write_text(spec.model_dump_json(indent=2, exclude_none=True))
-        proc = await self.spare.take(folder, env) if self.spare is not None else None
+        proc: asyncio.subprocess.Process | LaunchedJob | None = await self._fork(folder, env)
         if proc is not None:
-            self.counters["spare_jobs"] += 1
+            self.counters["forked_jobs"] += 1
         else:
             log_fh = open(folder / "process.log", "ab")  # noqa: SIM115 - handed to the child
             try:
@@ -833,8 +833,6 @@ class TrainingService:
             finally:
                 with contextlib.suppress(Exception):
                     log_fh.close()
-        if self.spare is not None and self.more_jobs_may_come():
-            await self.spare.start()  # the next job's process, started ahead
         row.status, row.device = "running", device
         job = RunningJob(row, proc, folder)
         job.offset = offset
@@ -854,6 +852,23 @@ class TrainingService:
             )
         finally:
             self.running[row.job_id] = job
+
+    async def _fork(self, folder: Path, env: dict[str, str]) -> LaunchedJob | None:
+        """The job's process forked by the launcher; None when there is none or it cannot
+        be reached (the caller starts a process of its own; a dead own launcher is started
+        again for the next job)."""
+        path = self.ts.launcher or (self.own_launcher.path if self.own_launcher else None)
+        if not path:
+            return None
+        try:
+            return await launch(path, folder, env)
+        except (OSError, TimeoutError, ValueError) as exc:
+            log.warning(
+                "job launcher %s unavailable (%s): the job starts its own process", path, exc
+            )
+            if self.own_launcher is not None:
+                await self.own_launcher.start()
+            return None
 
     def _job_env(self) -> dict[str, str]:
         """A job process's environment: the service's, its data dir and credentials."""
@@ -1481,7 +1496,7 @@ def _version(name: str) -> str | None:
         return None
 
 
-def _kill(proc: asyncio.subprocess.Process) -> None:
+def _kill(proc: asyncio.subprocess.Process | LaunchedJob) -> None:
     if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
@@ -1509,6 +1524,12 @@ if sys.platform.startswith("linux"):
 
     with contextlib.suppress(OSError):  # loaded now: dlopen between fork and exec can deadlock
         _PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+
+
+def _launcher_path() -> Path:
+    """A socket path for a service's own launcher: short (a Unix socket's path has at most
+    107 bytes; data dirs can be longer) and this service's alone."""
+    return Path(tempfile.gettempdir()) / f"agentrl-launcher-{uuid.uuid4().hex[:12]}.sock"
 
 
 def _die_with_parent() -> None:

@@ -45,8 +45,15 @@ class TrainingSettings(BaseSettings):
     max_resumes: int = Field(2, ge=0, description="Restarts a job may resume from checkpoints.")
     warm_worker: bool = Field(
         False,
-        description="Keep one job process started ahead, torch and transformers imported "
-        "(~0.5 GB while it waits): the next job skips their import (5-8 s on 2 busy cores).",
+        description="Start a job launcher with the service: one process that imports torch "
+        "and transformers once (~0.5 GB) and forks every job, which then skips their import "
+        "(5-8 CPU-s each on 2 cores).",
+    )
+    launcher: str | None = Field(
+        None,
+        description="Unix socket of a running job launcher "
+        "(`python -m agentrl.training.worker --launcher PATH`) to fork jobs from, e.g. one "
+        "shared by the runners of a host; unreachable: jobs start their own processes.",
     )
     gpu_hour_price_usd: float | None = Field(None, ge=0.0, description="cost_usd when set.")
     cpu_hour_price_usd: float | None = Field(None, ge=0.0)

@@ -1,5 +1,6 @@
 """The job process: `python -m agentrl.training.worker JOB_DIR` runs one training job
-(`... worker --spare`: started ahead, it takes its job from stdin, see agentrl.training.spare).
+(`... worker --launcher SOCKET`: a launcher that forks each job from one process that
+imported torch once, see agentrl.training.launcher).
 
 The service starts it as a child process, so a crash, an OOM kill or a hang ends this
 process and never the service. It reads `JOB_DIR/spec.json` (the request and where to find
@@ -27,8 +28,8 @@ from pathlib import Path
 from agentrl.core.errors import TrainingError
 from agentrl.core.logs import bind, configure_handler
 from agentrl.llm.fence import FENCE_ENV
+from agentrl.training.launcher import LAUNCHER_FLAG, serve
 from agentrl.training.progress import Cancelled, Emitter
-from agentrl.training.spare import SPARE_FLAG, wait_for_job
 
 log = logging.getLogger("agentrl.training.worker")
 
@@ -89,20 +90,22 @@ def run(job_dir: Path) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == LAUNCHER_FLAG:  # forks each job, see agentrl.training.launcher
+        _die_with_parent()
+        sys.exit(serve(Path(argv[1]), run_job))
+    sys.exit(run_job(Path(argv[0])))
+
+
+def run_job(job_dir: Path) -> int:
+    """The job in `job_dir`, in this process (a fresh one, or a launcher's fork)."""
     _die_with_parent()
-    if argv and argv[0] == SPARE_FLAG:  # started ahead: the job comes on stdin
-        spare_job = wait_for_job()
-        if spare_job is None:
-            sys.exit(0)
-        argv = [str(spare_job)]
-    job_dir = Path(argv[0])
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         handlers=[configure_handler(logging.FileHandler(job_dir / "job.log"))],  # JSON if set
     )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    sys.exit(run(job_dir))
+    return run(job_dir)
 
 
 Callback = Callable[[dict[str, float]], None]
