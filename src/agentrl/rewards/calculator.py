@@ -405,6 +405,18 @@ class _Rows:
     norm_total: list[float]
     total_mean: list[float]
     total_std: list[float]
+    # read once per batch: `calculator_version` hashes the config; numpy's bools per
+    # element cost as much as the rest of a row's loop
+    calculator_version: str = field(init=False)
+    columns: list[tuple[str, float, bool]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.calculator_version = self.config.calculator_version
+        weights = self.cols.weights
+        self.columns = [
+            (name, weights[name], bool(partial))
+            for name, partial in zip(self.cols.names, self.cols.is_partial, strict=True)
+        ]
 
     def payload(self, i: int, item: ScoringInput) -> dict[str, Any]:
         """Trajectory i's reward in its wire form (`_payload`, built without nulls)."""
@@ -428,7 +440,7 @@ class _Rows:
             self.norm_total[i],
             kind,
             version=1,
-            calculator_version=config.calculator_version,
+            calculator_version=self.calculator_version,
             normalization={
                 "method": "z-score",
                 "mean": self.total_mean[i],
@@ -444,24 +456,20 @@ class _Rows:
     def _components(self, i: int) -> dict[str, Any]:
         """`reward_components` of trajectory i: the columns that scored, in column order."""
         comps: dict[str, Any] = {}
-        weights = self.cols.weights
-        z, mean, std = self.z[i], self.mean[i], self.std[i]
-        for j, cs in enumerate(self.scores.got[i]):
+        row = zip(
+            self.columns, self.scores.got[i], self.z[i], self.mean[i], self.std[i], strict=True
+        )
+        for (name, wj, _), cs, z, mean, std in row:
             if cs is None:
                 continue
-            name = self.cols.names[j]
             # Built without nulls (the wire form has none): only user-supplied parts (a
             # custom function's metrics) go through the generic stripping.
-            comp: dict[str, Any] = {
-                "score": cs.score,
-                "weight": weights[name],
-                **_source(cs.source),
-            }
+            comp: dict[str, Any] = {"score": cs.score, "weight": wj, **_source(cs.source)}
             if cs.reasoning:
                 comp["reasoning"] = cs.reasoning
-            comp["normalized_score"] = z[j]
-            comp["window_mean"] = mean[j]
-            comp["window_std"] = std[j]
+            comp["normalized_score"] = z
+            comp["window_mean"] = mean
+            comp["window_std"] = std
             if cs.metrics:
                 comp["metrics"] = (
                     _without_nulls(cs.metrics)
@@ -478,15 +486,13 @@ class _Rows:
         informative_w = applicable_w = 0.0
         not_applicable: list[str] = []
         errored = {e["component"] for e in scores.errors[i]}
-        for j, cs in enumerate(scores.got[i]):
-            name = self.cols.names[j]
-            wj = self.cols.weights[name]
+        for (name, wj, partial), cs in zip(self.columns, scores.got[i], strict=True):
             if cs is None:
                 if name in errored:
                     applicable_w += wj
                 else:
                     not_applicable.append(name)
-            elif not self.cols.is_partial[j]:  # confidence is the base total's
+            elif not partial:  # confidence is the base total's
                 applicable_w += wj
                 if cs.informative:
                     informative_w += wj
