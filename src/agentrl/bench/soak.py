@@ -850,25 +850,23 @@ async def _kill_controller_mid_release(
     await kill.promotion(promote_marker, then=kill.plain)
 
 
+@dataclass
 class _ReleaseKill:
     """The steps of `_kill_controller_mid_release` over one registry and controller process."""
 
-    def __init__(
-        self,
-        cfg: SoakConfig,
-        deploy: ServiceProc,
-        registry: Any,
-        deployer: Any,
-        http: httpx.AsyncClient,
-        api: str,
-        agents: SoakAgents,
-        result: SoakResult,
-        say: Callable[[str], None],
-    ) -> None:
-        self.cfg, self.deploy, self.registry, self.deployer = cfg, deploy, registry, deployer
-        self.http, self.api, self.agents, self.result, self.say = http, api, agents, result, say
-        self.plain = dict(deploy.env)
-        self.t = cfg.recover_timeout_s
+    cfg: SoakConfig
+    deploy: ServiceProc
+    registry: Any
+    deployer: Any
+    http: httpx.AsyncClient
+    api: str
+    agents: SoakAgents
+    result: SoakResult
+    say: Callable[[str], None]
+
+    def __post_init__(self) -> None:
+        self.plain = dict(self.deploy.env)  # the controller's own environment
+        self.t = self.cfg.recover_timeout_s
 
     async def rollback(self, marker: Path, then: dict[str, str]) -> None:
         """A version the gateway cannot prepare (its checkpoint is missing), cut mid-rollback:

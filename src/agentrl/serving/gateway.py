@@ -1062,6 +1062,7 @@ async def _next_item(source: AsyncIterator[tuple[str, Any]], timeout_s: float) -
         return None
 
 
+@dataclass(eq=False)
 class _StreamRun:
     """One streamed answer after its first item: the events sent, what the client was sent
     (for the log row of a stream it closes early), and the completion's accounting.
@@ -1072,39 +1073,36 @@ class _StreamRun:
     by token; an upstream sends its own chunks); a tools answer (with its tool_choice not
     "none") or one with stop strings is buffered to its end, unless its calls stream live."""
 
-    def __init__(
-        self,
-        state: GatewayState,
-        backend: Backend,
-        model_id: str,
-        body: ChatRequest,
-        completion_id: str,
-        session: str | None,
-        started: float,
-        tracked: Any,
-        stats: VersionStats,
-    ) -> None:
-        self.state, self.backend, self.model_id, self.body = state, backend, model_id, body
-        self.completion_id, self.session, self.started = completion_id, session, started
-        self.tracked, self.stats = tracked, stats
+    state: GatewayState
+    backend: Backend
+    model_id: str
+    body: ChatRequest
+    completion_id: str
+    session: str | None
+    started: float
+    tracked: Any  # the request's headers when capture tracks it, else None
+    stats: VersionStats
+    # what the client was sent: the tokens whose text went out (a chunk counts once its
+    # send returned), or the upstream's chunks. A buffered or tool-call answer sends no
+    # token's text as such before its end: a row without completion tokens (training
+    # falls back to the turn's text)
+    got_ids: list[int] = field(default_factory=list)
+    got_lps: list[float] = field(default_factory=list)
+    shown: int = 0
+    sent_chunks: list[dict[str, Any]] = field(default_factory=list)  # summed on cancel
+    ids: list[int] = field(default_factory=list)  # the decoded tokens (eos left out)
+    sent: str = ""  # the text sent so far
+    logged: bool = False
+    response: _ClosingStream | None = None
+
+    def __post_init__(self) -> None:
+        body = self.body
         self.buffered = bool(body.tools and body.tool_choice != "none") or bool(body.stops())
         self.live_calls = ToolCallStream() if ToolCallStream.wanted(body) else None
         self.include_usage = bool((body.stream_options or {}).get("include_usage"))
-        engine = getattr(backend, "engine", None)
+        engine = getattr(self.backend, "engine", None)
         self.tokenizer: Any = getattr(engine, "tokenizer", None)
         self.eos: set[int] = getattr(engine, "eos_ids", set())
-        # what the client was sent: the tokens whose text went out (a chunk counts once its
-        # send returned), or the upstream's chunks. A buffered or tool-call answer sends no
-        # token's text as such before its end: a row without completion tokens (training
-        # falls back to the turn's text)
-        self.got_ids: list[int] = []
-        self.got_lps: list[float] = []
-        self.shown = 0
-        self.sent_chunks: list[dict[str, Any]] = []  # an upstream's (summed on cancel)
-        self.ids: list[int] = []  # the decoded tokens (eos left out)
-        self.sent = ""  # the text sent so far
-        self.logged = False
-        self.response: _ClosingStream | None = None
 
     async def events(
         self, first: tuple[str, Any] | None, source: AsyncIterator[tuple[str, Any]]
