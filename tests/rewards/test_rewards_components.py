@@ -227,6 +227,34 @@ def test_raw_total_renormalises_over_applicable_components() -> None:
     assert r.metadata.confidence == pytest.approx((0.4 + 0.25) / 0.85, abs=1e-4)
 
 
+def test_confidence_counts_a_failed_custom_function_and_leaves_partial_credit_out() -> None:
+    """The confidence is the base total's: a custom function that failed still applies
+    (its weight, uninformative, is in the denominator; it is an error, not "not applicable"),
+    and partial credit's columns (a bonus beside the base total) count in neither part."""
+    from agentrl.rewards import EvaluateResult
+    from agentrl.rewards.config import CustomFunctionSpec, PartialCreditConfig
+
+    doc = sample_trajectory(2, status="completed_successfully", feedback="thumbs_down")
+    cfg = RewardConfig(
+        custom_functions=[CustomFunctionSpec(name="judge", weight=0.3)],
+        partial_credit=PartialCreditConfig(),
+    )
+    item = ScoringInput(
+        TrajectoryEvent.model_validate(doc),
+        custom={"judge": EvaluateResult(score=0.9, error="judge offline")},
+    )
+    (scored,), _ = score_batch([item], WindowState(), cfg)
+    meta = scored.payload["metadata"]
+    assert meta["errors"] == [{"component": "judge", "error": "judge offline"}]
+    assert "judge" not in meta["not_applicable"] and "code_quality" in meta["not_applicable"]
+    # informative: task completion and the explicit feedback; applicable: those, efficiency
+    # (no history yet: uninformative) and the failed judge
+    weights = cfg.component_weights()
+    informative = weights["task_completion"] + weights["user_feedback"]
+    applicable = informative + weights["efficiency"] + 0.3
+    assert meta["confidence"] == pytest.approx(informative / applicable, abs=1e-4)
+
+
 def test_configured_weights_are_used() -> None:
     item, state = seed_example_input()
     cfg = RewardConfig(

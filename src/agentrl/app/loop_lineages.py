@@ -395,125 +395,179 @@ async def _watch(
     lineage (and the drill) is done or the budget runs out."""
     deadline = t_start + cfg.time_budget_s
     grace_until = deadline + cfg.grace_s
-    printed: dict[str, int] = {}
-    jobs_seen: dict[str, str] = {}
-    last_note = 0.0
-    drill_t0 = None
+    watcher = _Watcher(cfg, registry, watch, drill, data_dir, bus, say)
     while True:
         await asyncio.sleep(0.5)
         now = time.monotonic()
         for task in acting:
             if task.done():
                 task.result()
-        jobs_by_lineage: dict[str, bool] = {}
-        for job, evs in watch.statuses.items():
-            name = _job_lineage(evs)
-            if jobs_seen.get(job) != evs[-1].status:
-                jobs_seen[job] = evs[-1].status
-                say(f"training job {job[:8]} ({name}): {evs[-1].status}")
-            if name and evs[-1].status in ("queued", "running"):
-                jobs_by_lineage[name] = True
+        with_jobs = watcher.lineages_with_jobs()
         for tr in tracks:
-            name = tr.spec.name
-            try:
-                records = await registry.list_models(name)
-                rollout = await registry.get_rollout(name)
-            except Exception as exc:
-                say(f"watch: registry not readable now ({type(exc).__name__})")
-                continue
-            for r in records:
-                for d in r.decisions[printed.get(r.model_id, 0) :]:
-                    to = f" -> {d.to_state}" if d.to_state else ""
-                    say(f"version {r.model_id}: {d.action}{to} ({d.by}: {d.reason})")
-                printed[r.model_id] = len(r.decisions)
-            injected = drill.injected if drill and drill.target == name else None
-            decided = trained_and_decided(records, {injected})
-            tr.busy = rollout is not None and rollout.status == "running"
-            validating = any(
-                r.state == "candidate"
-                and r.checkpoint_path
-                and not any(d.action in ("validate", "wait") for d in r.decisions)
-                for r in records
-            )
-            tr.pending = tr.busy or validating
-            tr.agents.paced = cfg.pace and paced(
-                tr.done, tr.busy, validating, jobs_by_lineage.get(name, False)
-            )
-            bench = live_benchmark(records)
-            stage = end_rule(cfg, len(decided), bench)
-            if stage == "extend" and len(decided) > tr.extended:
-                tr.extended = len(decided)
-                say(f"{name}: {len(decided)} decided, benchmark {bench or 0.0:.2f}: going on")
-            if stage == "end" and tr.finishing is None and cfg.finish_in_flight:
-                tr.finishing = passed_validation(records, {injected})
-            if tr.finishing and undecided(records, tr.finishing):
-                continue
-            if stage == "end" and not tr.busy and not tr.done:
-                tr.done = True
-                say(
-                    f"lineage {name}: done ({len(decided)} version{'' if len(decided) == 1 else 's'} decided)"
-                )
-            if drill is not None and name == drill.target and tr.done and drill.state not in (
-                "rolled_back", "live", "retired", "skipped"
-            ):  # fmt: skip
-                if drill.injected is None and not tr.busy:
-                    got = await inject_bad_candidate(bus, name, data_dir, say)
-                    if got is None:
-                        drill.state = "skipped"
-                    elif got:
-                        drill.injected = got
-                        drill_t0 = time.time()
-                        if drill.other:
-                            split, _ = await registry.get_split(drill.other)
-                            drill.other_before = dict(split.weights) if split else {}
-                elif drill.injected:
-                    rec = next((r for r in records if r.model_id == drill.injected), None)
-                    drill.state = rec.state if rec else ""
-                    if drill.state in ("rolled_back", "live", "retired") and drill.other:
-                        split, _ = await registry.get_split(drill.other)
-                        drill.other_after = dict(split.weights) if split else {}
-                        say(f"drill: {drill.injected} {drill.state}; {drill.other}'s split "
-                            f"{drill.other_before} -> {drill.other_after}")  # fmt: skip
-        if drill and drill.other and drill.injected and drill_t0 is not None and (
-            drill.state not in ("rolled_back", "live", "retired")
-        ):  # fmt: skip
-            split, _ = await registry.get_split(drill.other)
-            drill.foreign |= own_split_only(drill.other, dict(split.weights) if split else {})
-            for r in await registry.list_models(drill.other):
-                drill.other_rollbacks = max(
-                    drill.other_rollbacks,
-                    sum(
-                        d.action == "rollback" and d.at.timestamp() >= drill_t0 for d in r.decisions
-                    ),
-                )
-        if now - last_note > 15:
-            last_note = now
-            say(
-                "acting: "
-                + ", ".join(
-                    f"{t.spec.name} {len(t.agents.published)} by {t.agents.by_model}"
-                    for t in tracks
-                )
-                + f"; {len(watch.rewards)} rewarded"
-            )
+            await watcher.follow(tr, with_jobs)
+        await watcher.drill_other()
+        watcher.note(now, tracks)
         drill_done = drill is None or drill.finished()
         if all(t.done for t in tracks) and drill_done:
             return
         for tr in tracks:  # done and not needed by the drill: leave the CPU to the others
             if not tr.resting and at_rest(tr.spec.name, tr.done, drill):
-                tr.resting = True
-                tr.stop.set()
-                if lineages is not None:
-                    try:
-                        await lineages.set_state(
-                            tr.spec.name, "paused", by=BY, reason="done: no more jobs", bus=bus
-                        )
-                    except Exception as exc:  # acting stopped all the same
-                        say(f"{tr.spec.name}: not paused ({type(exc).__name__}: {exc})")
-                say(f"lineage {tr.spec.name}: at rest (no acting, paused)")
+                await _rest(tr, lineages, bus, say)
         if now >= deadline and (not any(t.pending for t in tracks) or now >= grace_until):
             say(f"time budget of {cfg.time_budget_s:.0f}s reached")
             return
+
+
+async def _rest(tr: _Track, lineages: Any, bus: Any, say: Callable[[str], None]) -> None:
+    """A done lineage stops acting and is paused (acting stops even if pausing fails)."""
+    tr.resting = True
+    tr.stop.set()
+    if lineages is not None:
+        try:
+            await lineages.set_state(
+                tr.spec.name, "paused", by=BY, reason="done: no more jobs", bus=bus
+            )
+        except Exception as exc:  # acting stopped all the same
+            say(f"{tr.spec.name}: not paused ({type(exc).__name__}: {exc})")
+    say(f"lineage {tr.spec.name}: at rest (no acting, paused)")
+
+
+class _Watcher:
+    """What `_watch` remembers between its looks: the decisions and job statuses already
+    said, when it last noted the acting, and when the drill's version was injected."""
+
+    def __init__(
+        self,
+        cfg: LoopConfig,
+        registry: Any,
+        watch: Watch,
+        drill: Drill | None,
+        data_dir: Path,
+        bus: Any,
+        say: Callable[[str], None],
+    ) -> None:
+        self.cfg, self.registry, self.watch, self.drill = cfg, registry, watch, drill
+        self.data_dir, self.bus, self.say = data_dir, bus, say
+        self.printed: dict[str, int] = {}
+        self.jobs_seen: dict[str, str] = {}
+        self.last_note = 0.0
+        self.drill_t0: float | None = None
+
+    def lineages_with_jobs(self) -> dict[str, bool]:
+        """The lineages with a training job queued or running; each job's new status said."""
+        jobs_by_lineage: dict[str, bool] = {}
+        for job, evs in self.watch.statuses.items():
+            name = _job_lineage(evs)
+            if self.jobs_seen.get(job) != evs[-1].status:
+                self.jobs_seen[job] = evs[-1].status
+                self.say(f"training job {job[:8]} ({name}): {evs[-1].status}")
+            if name and evs[-1].status in ("queued", "running"):
+                jobs_by_lineage[name] = True
+        return jobs_by_lineage
+
+    async def follow(self, tr: _Track, with_jobs: dict[str, bool]) -> None:
+        """One look at a lineage's versions: its new decisions said, its flags (busy,
+        pending, paced), its end rule, and the drill's step when it is the target."""
+        cfg, drill, say = self.cfg, self.drill, self.say
+        name = tr.spec.name
+        try:
+            records = await self.registry.list_models(name)
+            rollout = await self.registry.get_rollout(name)
+        except Exception as exc:
+            say(f"watch: registry not readable now ({type(exc).__name__})")
+            return
+        self._say_decisions(records)
+        injected = drill.injected if drill and drill.target == name else None
+        decided = trained_and_decided(records, {injected})
+        tr.busy = rollout is not None and rollout.status == "running"
+        validating = any(
+            r.state == "candidate"
+            and r.checkpoint_path
+            and not any(d.action in ("validate", "wait") for d in r.decisions)
+            for r in records
+        )
+        tr.pending = tr.busy or validating
+        tr.agents.paced = cfg.pace and paced(
+            tr.done, tr.busy, validating, with_jobs.get(name, False)
+        )
+        bench = live_benchmark(records)
+        stage = end_rule(cfg, len(decided), bench)
+        if stage == "extend" and len(decided) > tr.extended:
+            tr.extended = len(decided)
+            say(f"{name}: {len(decided)} decided, benchmark {bench or 0.0:.2f}: going on")
+        if stage == "end" and tr.finishing is None and cfg.finish_in_flight:
+            tr.finishing = passed_validation(records, {injected})
+        if tr.finishing and undecided(records, tr.finishing):
+            return
+        if stage == "end" and not tr.busy and not tr.done:
+            tr.done = True
+            say(
+                f"lineage {name}: done ({len(decided)} version{'' if len(decided) == 1 else 's'} decided)"
+            )
+        if drill is not None and name == drill.target and tr.done and drill.state not in (
+            "rolled_back", "live", "retired", "skipped"
+        ):  # fmt: skip
+            await self._drill_step(drill, tr, records)
+
+    def _say_decisions(self, records: list[Any]) -> None:
+        for r in records:
+            for d in r.decisions[self.printed.get(r.model_id, 0) :]:
+                to = f" -> {d.to_state}" if d.to_state else ""
+                self.say(f"version {r.model_id}: {d.action}{to} ({d.by}: {d.reason})")
+            self.printed[r.model_id] = len(r.decisions)
+
+    async def _drill_step(self, drill: Drill, tr: _Track, records: list[Any]) -> None:
+        """The drill on its done target: inject the bad candidate once the lineage is idle
+        (the other lineage's split noted before), then follow its state to its end (the
+        other's split noted after)."""
+        registry, name = self.registry, tr.spec.name
+        if drill.injected is None and not tr.busy:
+            got = await inject_bad_candidate(self.bus, name, self.data_dir, self.say)
+            if got is None:
+                drill.state = "skipped"
+            elif got:
+                drill.injected = got
+                self.drill_t0 = time.time()
+                if drill.other:
+                    split, _ = await registry.get_split(drill.other)
+                    drill.other_before = dict(split.weights) if split else {}
+        elif drill.injected:
+            rec = next((r for r in records if r.model_id == drill.injected), None)
+            drill.state = rec.state if rec else ""
+            if drill.state in ("rolled_back", "live", "retired") and drill.other:
+                split, _ = await registry.get_split(drill.other)
+                drill.other_after = dict(split.weights) if split else {}
+                self.say(f"drill: {drill.injected} {drill.state}; {drill.other}'s split "
+                         f"{drill.other_before} -> {drill.other_after}")  # fmt: skip
+
+    async def drill_other(self) -> None:
+        """While the drill's version is in flight: versions not its own seen in the other
+        lineage's split, and rollbacks there since the injection."""
+        drill, drill_t0 = self.drill, self.drill_t0
+        if not (drill and drill.other and drill.injected and drill_t0 is not None) or (
+            drill.state in ("rolled_back", "live", "retired")
+        ):
+            return
+        split, _ = await self.registry.get_split(drill.other)
+        drill.foreign |= own_split_only(drill.other, dict(split.weights) if split else {})
+        for r in await self.registry.list_models(drill.other):
+            drill.other_rollbacks = max(
+                drill.other_rollbacks,
+                sum(d.action == "rollback" and d.at.timestamp() >= drill_t0 for d in r.decisions),
+            )
+
+    def note(self, now: float, tracks: list[_Track]) -> None:
+        """Every 15 s: what each lineage's agents published, by version, and the rewards."""
+        if now - self.last_note <= 15:
+            return
+        self.last_note = now
+        self.say(
+            "acting: "
+            + ", ".join(
+                f"{t.spec.name} {len(t.agents.published)} by {t.agents.by_model}" for t in tracks
+            )
+            + f"; {len(self.watch.rewards)} rewarded"
+        )
 
 
 HELDOUT_IN_FLIGHT = 60  # episodes of all held-out evaluations at once (admission: 64)

@@ -374,46 +374,56 @@ async def run(
     otlp_traces: int = 2000,
     extra: int = 20,
 ) -> dict[str, Any]:
+    """The stack up (NATS, the gateway over the tiny model and a version that never answers,
+    the control API), the sessions and the scenarios sent, every published episode read
+    back and audited, OTLP posted, the stack stopped; -> the figures."""
     import httpx
-    import uvicorn
 
-    from agentrl.app.api import create_app
-    from agentrl.bus import Bus, EmbeddedNats
-    from agentrl.capture.service import CaptureService
-    from agentrl.capture.settings import CaptureSettings
-    from agentrl.core.settings import Settings
-    from agentrl.serving.backends import LocalBackend, UpstreamBackend
-    from agentrl.serving.gateway import CompletionLog, GatewayState, create_gateway_app
-    from agentrl.serving.local import LocalEngine
-
-    async def serve(app: Any, port: int) -> uvicorn.Server:
-        server = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                host="127.0.0.1",
-                port=port,
-                log_level="error",
-                lifespan="off",
-                access_log=False,
-            )
-        )
-        asyncio.get_running_loop().create_task(server.serve())
-        while not server.started:
-            await asyncio.sleep(0.01)
-        return server
-
-    def free_port() -> int:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
+    from agentrl.bus import EmbeddedNats
 
     tmp = tempfile.mkdtemp(prefix="agentrl-bench-capture-")
     with EmbeddedNats(data_dir=tmp, max_payload=MAX_PAYLOAD) as nats:
-        bus = await Bus.connect(nats.url, name="bench-capture")
+        stack = await _Stack.start(nats.url, tmp, sessions, connections)
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        before = await stack.trajectories()
+        async with httpx.AsyncClient(limits=limits, timeout=120.0) as client:
+            load = await _send_episodes(client, stack, sessions, turns, extra)
+            await stack.capture.flush()
+            docs = await _docs(stack.bus, before)
+            audit = _audit(load.plain + load.hard, docs)
+            otlp = await _post_otlp(client, stack.api_url, otlp_traces)
+        otlp_published = await stack.trajectories() - before - len(docs)
+        await stack.stop()
+    return _figures(sessions, turns, load, len(docs), audit, stack.capture, otlp, otlp_published)
+
+
+@dataclass
+class _Stack:
+    """The bench's services on one embedded NATS: capture and the completion log running,
+    the gateway, the control API and the stalled upstream served by uvicorn."""
+
+    bus: Any
+    capture: Any
+    done: asyncio.Event
+    tasks: list[asyncio.Task[Any]]
+    servers: list[Any]
+    gateway_url: str
+    api_url: str
+
+    @classmethod
+    async def start(cls, nats_url: str, tmp: str, sessions: int, connections: int) -> _Stack:
+        from agentrl.app.api import create_app
+        from agentrl.bus import Bus
+        from agentrl.capture.service import CaptureService
+        from agentrl.capture.settings import CaptureSettings
+        from agentrl.core.settings import Settings
+        from agentrl.serving.backends import LocalBackend, UpstreamBackend
+        from agentrl.serving.gateway import CompletionLog, GatewayState, create_gateway_app
+        from agentrl.serving.local import LocalEngine
+
+        bus = await Bus.connect(nats_url, name="bench-capture")
         await bus.ensure_streams()
-        stop = asyncio.Event()
+        done = asyncio.Event()
         # every episode is ended by its client: an idle close would only mean that a
         # session waited that long for a connection on a loaded machine (then its next
         # request starts another episode under the key, by the rule)
@@ -427,85 +437,150 @@ async def run(
         engine = LocalEngine("tiny", seed=0, tiny_kwargs=TINY, max_batch_size=8, max_wait_ms=2.0)
         state.backends["bench-v1"] = LocalBackend(engine, Path(tmp))
         state.set_split({"bench-v1": 1.0}, ["bench-v1"])
-        stalled = _stalled_app()
-        sport = free_port()
-        slow_server = await serve(stalled, sport)
+        sport = _free_port()
+        slow_server = await _serve(_stalled_app(), sport)
         # a version that never answers (its own short timeout: the 504 of a busy backend)
         state.backends["bench-slow"] = UpstreamBackend(
             f"http://127.0.0.1:{sport}/v1", timeout_s=0.3
         )
         tasks = [
-            asyncio.create_task(capture.run(stop, tick_s=0.2)),
-            asyncio.create_task(log.run(stop)),
+            asyncio.create_task(capture.run(done, tick_s=0.2)),
+            asyncio.create_task(log.run(done)),
         ]
-        gport, aport = free_port(), free_port()
-        gw = await serve(create_gateway_app(state), gport)
-        api = await serve(create_app(Settings(data_dir=tmp), bus), aport)
-        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-        before = (await bus.js.stream_info("RL_TRAJECTORIES")).state.messages
-        async with httpx.AsyncClient(limits=limits, timeout=120.0) as client:
-            started = time.perf_counter()
-            plain = [Sent("plain", f"bench-{i}") for i in range(sessions)]
-            failed = await asyncio.gather(
-                *(
-                    _session(client, f"http://127.0.0.1:{gport}", p.key, turns, p.completion_ids)
-                    for p in plain
-                )
-            )
-            gateway_s = time.perf_counter() - started
-            hard: list[list[Sent]] = await asyncio.gather(
-                *(
-                    _scenario(
-                        name,
-                        client,
-                        f"http://127.0.0.1:{gport}",
-                        f"http://127.0.0.1:{aport}",
-                        i,
-                        capture,
-                    )
-                    for name in SCENARIOS
-                    for i in range(extra if name != "oversized" else min(extra, 5))
-                )
-            )
-            await capture.flush()
-            docs = await _docs(bus, before)
-            published = len(docs)
-            sent = plain + [s for group in hard for s in group]
-            audit = _audit(sent, docs)
-            # OTLP
-            per_request = 100
-            bodies = [_otlp_request(per_request) for _ in range(max(1, otlp_traces // per_request))]
-            started = time.perf_counter()
-            spans = 0
-            for body, n in bodies:
-                r = await client.post(
-                    f"http://127.0.0.1:{aport}/v1/traces",
-                    content=body,
-                    headers={"content-type": "application/x-protobuf"},
-                )
-                r.raise_for_status()
-                spans += n
-            otlp_s = time.perf_counter() - started
-        otlp_published = (
-            (await bus.js.stream_info("RL_TRAJECTORIES")).state.messages - before - published
+        gport, aport = _free_port(), _free_port()
+        gw = await _serve(create_gateway_app(state), gport)
+        api = await _serve(create_app(Settings(data_dir=tmp), bus), aport)
+        return cls(
+            bus,
+            capture,
+            done,
+            tasks,
+            [gw, api, slow_server],
+            f"http://127.0.0.1:{gport}",
+            f"http://127.0.0.1:{aport}",
         )
-        stop.set()
-        gw.should_exit = api.should_exit = slow_server.should_exit = True
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await bus.close()
+
+    async def trajectories(self) -> int:
+        """Messages in the trajectory stream."""
+        return int((await self.bus.js.stream_info("RL_TRAJECTORIES")).state.messages)
+
+    async def stop(self) -> None:
+        self.done.set()
+        for server in self.servers:
+            server.should_exit = True
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.bus.close()
+
+
+async def _serve(app: Any, port: int) -> Any:
+    """`app` served by uvicorn on `port` (a task of the running loop), once it listens."""
+    import uvicorn
+
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=port,
+            log_level="error",
+            lifespan="off",
+            access_log=False,
+        )
+    )
+    asyncio.get_running_loop().create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    return server
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class _Load:
+    """What the bench sent: the plain sessions (and their failed requests, their time),
+    and the scenarios' episodes."""
+
+    plain: list[Sent]
+    failed: list[int]
+    gateway_s: float
+    hard: list[Sent]
+
+
+async def _send_episodes(
+    client: Any, stack: _Stack, sessions: int, turns: int, extra: int
+) -> _Load:
+    """The plain sessions, all at once (timed: the gateway's rate), then every scenario
+    `extra` times (the oversized one at most 5)."""
+    started = time.perf_counter()
+    plain = [Sent("plain", f"bench-{i}") for i in range(sessions)]
+    failed = await asyncio.gather(
+        *(_session(client, stack.gateway_url, p.key, turns, p.completion_ids) for p in plain)
+    )
+    gateway_s = time.perf_counter() - started
+    hard: list[list[Sent]] = await asyncio.gather(
+        *(
+            _scenario(name, client, stack.gateway_url, stack.api_url, i, stack.capture)
+            for name in SCENARIOS
+            for i in range(extra if name != "oversized" else min(extra, 5))
+        )
+    )
+    return _Load(plain, list(failed), gateway_s, [s for group in hard for s in group])
+
+
+@dataclass
+class _Otlp:
+    traces: int
+    spans: int
+    seconds: float
+
+
+async def _post_otlp(client: Any, api_url: str, traces: int) -> _Otlp:
+    """Protobuf export requests of 100 traces each, posted one after another (timed)."""
+    per_request = 100
+    bodies = [_otlp_request(per_request) for _ in range(max(1, traces // per_request))]
+    started = time.perf_counter()
+    spans = 0
+    for body, n in bodies:
+        r = await client.post(
+            f"{api_url}/v1/traces",
+            content=body,
+            headers={"content-type": "application/x-protobuf"},
+        )
+        r.raise_for_status()
+        spans += n
+    return _Otlp(len(bodies) * per_request, spans, time.perf_counter() - started)
+
+
+def _figures(
+    sessions: int,
+    turns: int,
+    load: _Load,
+    published: int,
+    audit: dict[str, Any],
+    capture: Any,
+    otlp: _Otlp,
+    otlp_published: int,
+) -> dict[str, Any]:
+    """The bench's JSON: the headline figures last, in the order the guide names them.
+    A scenario's failed requests count, except the timeout scenario's one on purpose."""
     wall = sorted(w for w, _ in capture.observe_s)
     cpu = sorted(c for _, c in capture.observe_s)
 
     def p(xs: list[float], q: float) -> float | None:
         return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000 if xs else None
 
-    hard_sent = [s for group in hard for s in group]
+    hard_sent = load.hard
     by_name = {n: [s for s in hard_sent if s.scenario == n] for n in SCENARIOS}
-    return {  # the headline figures last, in the order the guide names them
+    return {
         "sessions": sessions,
         "turns": turns,
         "requests": sessions * turns,
-        "failed_requests": sum(failed)
+        "failed_requests": sum(load.failed)
         + sum(s.failed for s in hard_sent if s.scenario != "timeout")
         + sum(max(0, s.failed - 1) for s in by_name["timeout"]),
         "timeouts_on_purpose": sum(min(s.failed, 1) for s in by_name["timeout"]),
@@ -519,17 +594,17 @@ async def run(
         "audit_examples": audit["examples"],
         "added_p50_ms": p(cpu, 0.5),
         "added_wall_p99_ms": p(wall, 0.99),  # includes being descheduled on a busy machine
-        "gateway_requests_per_s": sessions * turns / gateway_s,
-        "otlp_traces": len(bodies) * per_request,
+        "gateway_requests_per_s": sessions * turns / load.gateway_s,
+        "otlp_traces": otlp.traces,
         "otlp_trajectories": otlp_published,
-        "episodes_sent": len(sent),
+        "episodes_sent": len(load.plain) + len(hard_sent),
         "episodes_published": audit["published"],
         "duplicate_episodes": audit["duplicate"],
         "split_episodes": audit["split"],
         "merged_episodes": audit["merged"],
         "lost": audit["lost"],
         "added_p99_ms": p(cpu, 0.99),  # CPU time of the request's thread in `observe`
-        "otlp_spans_per_s": spans / otlp_s,
+        "otlp_spans_per_s": otlp.spans / otlp.seconds,
     }
 
 

@@ -729,16 +729,38 @@ def run_bench(
     latency_only: bool = False,
     repeat: int = 1,
 ) -> None:
+    """The figures measured (`_measure`), then the latency line alone (`latency_only`) or
+    the split's figures added, the table and the full JSON line."""
     import logging
 
     from rich.console import Console
-    from rich.table import Table
-
-    from agentrl.bus.server import EmbeddedNats
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     console = Console()
     load = os.getloadavg()
+    results = _measure(console, duration, model, tokens, period, latency_only, repeat)
+    if latency_only:
+        _print_latency(results, load)
+        return
+    results["split"] = split_run()
+    console.print(_table(results, load))
+    print(json.dumps(_full_line(results)))
+
+
+def _measure(
+    console: Any,
+    duration: float,
+    model: str,
+    tokens: int,
+    period: float,
+    latency_only: bool,
+    repeat: int,
+) -> dict[str, Any]:
+    """The helper processes up (a backend, a failing one, the gateway over NATS), the
+    latency runs (plain, then streamed) and unless `latency_only` the rollback, batching
+    and memory figures; the helpers stopped however it ends."""
+    from agentrl.bus.server import EmbeddedNats
+
     tmp = Path(tempfile.mkdtemp(prefix="agentrl-bench-gw-"))
     procs: list[subprocess.Popen[bytes]] = []
     results: dict[str, Any] = {}
@@ -790,10 +812,14 @@ def run_bench(
                 p.terminate()
             for p in procs:
                 p.wait(10)
-    if latency_only:
-        _print_latency(results, load)
-        return
-    results["split"] = split_run()
+    return results
+
+
+def _table(results: dict[str, Any], load: tuple[float, float, float]) -> Any:
+    """The figures as a rich table: latency per rate, streamed, rollback, batching, the
+    split, memory, and TensorZero's published figure for scale."""
+    from rich.table import Table
+
     table = Table(
         title=f"agentrl bench gateway (load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, {os.cpu_count()} cores)"
     )
@@ -850,26 +876,27 @@ def run_bench(
         f"{mem['rss_mb_after_10k_distinct_prompts']:.0f} MB (+{mem['rss_growth_mb']:.0f})",
     )
     table.add_row("TensorZero (published, Rust)", "< 1 ms p99 added at 10,000 QPS")
-    console.print(table)
+    return table
+
+
+def _full_line(results: dict[str, Any]) -> dict[str, Any]:
+    """The full run's JSON line: the latency figures, then the others'."""
+    rb, bt, sp, mem = results["rollback"], results["batching"], results["split"], results["memory"]
     unanswered = rb["unanswered"] + sum(
         results[k]["unanswered"] for k in ("lat200", "lat1000", "stream200", "stream1000")
     )
-    print(
-        json.dumps(
-            {
-                **_latency_line(results),
-                "rollback_s": round(rb["rollback_s"], 3),
-                "monitor_period_s": rb["period_s"],
-                "batching_factor": round(bt["batching_factor"], 3),
-                "split_max_abs_err": round(sp["split_max_abs_err"], 5),
-                "sticky_fraction": sp["sticky_fraction"],
-                "errors_unanswered": unanswered,
-                "rss_mb_after_10k_distinct_prompts": mem["rss_mb_after_10k_distinct_prompts"],
-                "rss_growth_mb_10k_prompts": mem["rss_growth_mb"],
-                "prompt_cache_budget_mb": mem["budget_mb"],
-            }
-        )
-    )
+    return {
+        **_latency_line(results),
+        "rollback_s": round(rb["rollback_s"], 3),
+        "monitor_period_s": rb["period_s"],
+        "batching_factor": round(bt["batching_factor"], 3),
+        "split_max_abs_err": round(sp["split_max_abs_err"], 5),
+        "sticky_fraction": sp["sticky_fraction"],
+        "errors_unanswered": unanswered,
+        "rss_mb_after_10k_distinct_prompts": mem["rss_mb_after_10k_distinct_prompts"],
+        "rss_growth_mb_10k_prompts": mem["rss_growth_mb"],
+        "prompt_cache_budget_mb": mem["budget_mb"],
+    }
 
 
 def _latency_line(results: dict[str, Any]) -> dict[str, Any]:

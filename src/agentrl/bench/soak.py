@@ -821,154 +821,214 @@ async def _kill_controller_mid_release(
     under tolerances that pass at `min_samples`). Restarted plainly, it must finish each: the
     rolled-back version never comes back, no rollout stays half-done, and the registry's split
     is what the gateway reports serving."""
-    from agentrl.release.actions import PAUSE_AT_ENV, PAUSE_FILE_ENV, Deployer
+    from agentrl.release.actions import Deployer
     from agentrl.serving.config import DeploySettings
     from agentrl.serving.registry import Registry
 
     registry = await Registry.open(bus.js, DeploySettings().bucket)
-    deployer = Deployer(registry, bus, agents.public)
-    plain = dict(deploy.env)
-    t = cfg.recover_timeout_s
-
-    async def restart(env: dict[str, str]) -> float:
-        children = deploy.kill()
-        t0 = time.monotonic()
-        deploy.env = env
-        deploy.start()
-        await _orphans("deployment controller (release)", children, result, say)
-        await wait_for(lambda: _http_ok(http, f"{agents.gateway_url}/models"), t, 0.5)
-        return t0
-
-    async def idle() -> bool:  # no rollout in flight: a new one may start
-        rollout = await registry.get_rollout(agents.public)
-        if rollout is None or rollout.status in ("promoted", "rolled_back"):
-            return True
-        if rollout.status == "running":  # a trained version's canary: make room
-            with contextlib.suppress(httpx.HTTPError):
-                await http.post(f"{api}/deploy/rollback", json={"reason": "soak: make room"})
-        return False
-
-    async def deploy_version(model_id: str) -> bool:
-        for _ in range(5):  # a trained candidate may start between the look and the deploy
-            await wait_for(idle, t, 0.5)
-            r = await http.post(
-                f"{api}/deploy/deploy",
-                json={"model_id": model_id, "reason": "soak: release kill"},
-            )
-            if r.status_code == 200:
-                return True
-            say(f"soak:   deploy of {model_id} refused ({r.status_code}): retrying")
-        return False
-
-    async def candidate(path: str | None) -> str:
-        record = await deployer.register(
-            checkpoint_path=path or "",
-            base_model=cfg.model,
-            sha256="0" * 64 if path else "",
-            training_job_id=f"soak-release-{uuid.uuid4()}",
-            by="soak",
-        )
-        if path is None:  # the base weights under a version of their own: it serves
-            await registry.update_model(
-                record.model_id, lambda r: setattr(r, "checkpoint_path", None)
-            )
-        return record.model_id
-
-    def paused_at(point: str, extra: dict[str, str] | None = None) -> tuple[dict[str, str], Path]:
-        marker = deploy.log.parent / f"paused-{point.replace(':', '-')}"
-        return {**plain, **(extra or {}), PAUSE_AT_ENV: point, PAUSE_FILE_ENV: str(marker)}, marker
-
-    async def cut(
-        what: str, point: str, marker: Path, model_id: str, then: dict[str, str]
-    ) -> tuple[str | None, float | None]:
-        """Deploy `model_id` (the controller runs set to stop at `point`), SIGKILL it there,
-        restart it with `then`; -> (the version the cut action was about, when killed)."""
-        if not await deploy_version(model_id):
-            result.checks[f"{what}: the soak could deploy its version"] = False
-            await restart(then)
-            return None, None
-        reached = await wait_for(lambda: _true(marker.exists()), 240, 0.2)
-        result.checks[f"{what}: the controller reached {point}"] = reached is not None
-        if reached is None:
-            await restart(then)
-            return None, None
-        rollout = await registry.get_rollout(agents.public)
-        cut_off = None
-        if rollout is not None:
-            cut_off = rollout.bad if rollout.status == "rolling_back" else rollout.target
-        result.checks[f"{what}: a half-done action was left in the registry"] = (
-            rollout is not None and rollout.status in ("promoting", "rolling_back")
-        )
-        t0 = await restart(then)
-        say(f"soak: deployment controller SIGKILLed at {point} ({what} of {cut_off}); restarted")
-        return cut_off, t0
-
-    async def agree() -> bool:  # the running gateway's report (a killed one's ages out)
-        split, _ = await registry.get_split(agents.public)
-        reports = await registry.serving_reports(agents.public)
-        newest = max(reports, key=lambda r: r.at, default=None)
-        return split is not None and newest is not None and newest.weights == split.weights
-
-    async def settled(what: str, done: Callable[[], Any], t0: float) -> None:
-        got = await wait_for(done, t, 0.25)
-        result.recovery_s[f"controller killed mid-{what}"] = _since(t0, got)
-
-        async def not_stuck() -> bool:
-            rollout = await registry.get_rollout(agents.public)
-            return rollout is None or rollout.status not in ("promoting", "rolling_back")
-
-        result.checks[f"{what}: no rollout stuck after the restart"] = (
-            await wait_for(not_stuck, t, 0.25) is not None
-        )
-        result.checks[f"{what}: registry and gateway agree"] = (
-            await wait_for(agree, 60, 0.5) is not None
-        )
-
-    # the rollback: a version the gateway cannot prepare (its checkpoint is missing)
+    kill = _ReleaseKill(
+        cfg,
+        deploy,
+        registry,
+        Deployer(registry, bus, agents.public),
+        http,
+        api,
+        agents,
+        result,
+        say,
+    )
     # (the controller restarted after the rollback's kill is already set for the promotion:
     # one restart less; it finishes the rollback first all the same)
     permissive = {
         "AGENTRL_DEPLOY_MAX_REWARD_DROP": "2.0",
         "AGENTRL_DEPLOY_MAX_ERROR_INCREASE": "1.0",
     }
-    for_rollback, rollback_marker = paused_at("rollback:split")
-    for_promote, promote_marker = paused_at("promote:split", permissive)
-    await restart(for_rollback)
-    bad = await candidate(str(deploy.log.parent / "no-such-checkpoint"))
-    rolled, t0 = await cut("rollback", "rollback:split", rollback_marker, bad, for_promote)
-    if rolled is not None and t0 is not None:
+    for_rollback, rollback_marker = kill.paused_at("rollback:split")
+    for_promote, promote_marker = kill.paused_at("promote:split", permissive)
+    await kill.restart(for_rollback)
+    await kill.rollback(rollback_marker, then=for_promote)
+    await kill.promotion(promote_marker, then=kill.plain)
+
+
+@dataclass
+class _ReleaseKill:
+    """The steps of `_kill_controller_mid_release` over one registry and controller process."""
+
+    cfg: SoakConfig
+    deploy: ServiceProc
+    registry: Any
+    deployer: Any
+    http: httpx.AsyncClient
+    api: str
+    agents: SoakAgents
+    result: SoakResult
+    say: Callable[[str], None]
+
+    def __post_init__(self) -> None:
+        self.plain = dict(self.deploy.env)  # the controller's own environment
+        self.t = self.cfg.recover_timeout_s
+
+    async def rollback(self, marker: Path, then: dict[str, str]) -> None:
+        """A version the gateway cannot prepare (its checkpoint is missing), cut mid-rollback:
+        the restarted controller finishes the rollback and never ramps it again."""
+        registry, result = self.registry, self.result
+        bad = await self.candidate(str(self.deploy.log.parent / "no-such-checkpoint"))
+        rolled, t0 = await self.cut("rollback", "rollback:split", marker, bad, then)
+        if rolled is None or t0 is None:
+            return
 
         async def rolled_back() -> bool:
             return (await registry.require_model(rolled)).state == "rolled_back"
 
-        await settled("rollback", rolled_back, t0)
+        await self.settled("rollback", rolled_back, t0)
         never = True
         for _ in range(8):  # several monitor periods: it is not ramped again
-            split, _ = await registry.get_split(agents.public)
+            split, _ = await registry.get_split(self.agents.public)
             record = await registry.require_model(rolled)
             never = never and record.state == "rolled_back"
             never = never and split is not None and rolled not in split.weights
             await asyncio.sleep(0.5)
         result.checks["rollback: the rolled-back version is never live again"] = never
-        say(f"soak:   rollback of {rolled} finished by the restarted controller: {never}")
+        self.say(f"soak:   rollback of {rolled} finished by the restarted controller: {never}")
 
-    # the promotion: the monitor promotes a canary of the base weights; tolerances of the
-    # whole range make every check pass once both versions have `min_samples`
-    good = await candidate(None)
-    promoted, t0 = await cut("promotion", "promote:split", promote_marker, good, plain)
-    if promoted is not None and t0 is not None:
+    async def promotion(self, marker: Path, then: dict[str, str]) -> None:
+        """A canary of the base weights, cut mid-promotion: the monitor promotes it
+        (tolerances of the whole range make every check pass once both versions have
+        `min_samples`) and the restarted controller finishes, leaving it alone live."""
+        registry, public = self.registry, self.agents.public
+        good = await self.candidate(None)
+        promoted, t0 = await self.cut("promotion", "promote:split", marker, good, then)
+        if promoted is None or t0 is None:
+            return
 
         async def live() -> bool:
             record = await registry.require_model(promoted)
-            split, _ = await registry.get_split(agents.public)
+            split, _ = await registry.get_split(public)
             return record.state == "live" and split is not None and split.live == promoted
 
-        await settled("promotion", live, t0)
-        split, _ = await registry.get_split(agents.public)
-        result.checks["promotion: the promoted version is live and serves alone"] = (
+        await self.settled("promotion", live, t0)
+        split, _ = await registry.get_split(public)
+        self.result.checks["promotion: the promoted version is live and serves alone"] = (
             split is not None and split.weights == {promoted: 100.0}
         )
-        say(f"soak:   promotion of {promoted} finished by the restarted controller")
+        self.say(f"soak:   promotion of {promoted} finished by the restarted controller")
+
+    async def restart(self, env: dict[str, str]) -> float:
+        """SIGKILL the controller's process, start it with `env`; -> when it was killed."""
+        deploy = self.deploy
+        children = deploy.kill()
+        t0 = time.monotonic()
+        deploy.env = env
+        deploy.start()
+        await _orphans("deployment controller (release)", children, self.result, self.say)
+        await wait_for(
+            lambda: _http_ok(self.http, f"{self.agents.gateway_url}/models"), self.t, 0.5
+        )
+        return t0
+
+    async def idle(self) -> bool:
+        """No rollout in flight: a new one may start (a trained version's canary is rolled
+        back to make room)."""
+        rollout = await self.registry.get_rollout(self.agents.public)
+        if rollout is None or rollout.status in ("promoted", "rolled_back"):
+            return True
+        if rollout.status == "running":  # a trained version's canary: make room
+            with contextlib.suppress(httpx.HTTPError):
+                await self.http.post(
+                    f"{self.api}/deploy/rollback", json={"reason": "soak: make room"}
+                )
+        return False
+
+    async def deploy_version(self, model_id: str) -> bool:
+        for _ in range(5):  # a trained candidate may start between the look and the deploy
+            await wait_for(self.idle, self.t, 0.5)
+            r = await self.http.post(
+                f"{self.api}/deploy/deploy",
+                json={"model_id": model_id, "reason": "soak: release kill"},
+            )
+            if r.status_code == 200:
+                return True
+            self.say(f"soak:   deploy of {model_id} refused ({r.status_code}): retrying")
+        return False
+
+    async def candidate(self, path: str | None) -> str:
+        """A registered version at `path`; None: the base weights under a version of their
+        own (it serves)."""
+        record = await self.deployer.register(
+            checkpoint_path=path or "",
+            base_model=self.cfg.model,
+            sha256="0" * 64 if path else "",
+            training_job_id=f"soak-release-{uuid.uuid4()}",
+            by="soak",
+        )
+        if path is None:  # the base weights under a version of their own: it serves
+            await self.registry.update_model(
+                record.model_id, lambda r: setattr(r, "checkpoint_path", None)
+            )
+        return record.model_id
+
+    def paused_at(
+        self, point: str, extra: dict[str, str] | None = None
+    ) -> tuple[dict[str, str], Path]:
+        """The controller's environment to stop at `point`, and the file it marks it with."""
+        from agentrl.release.actions import PAUSE_AT_ENV, PAUSE_FILE_ENV
+
+        marker = self.deploy.log.parent / f"paused-{point.replace(':', '-')}"
+        env = {**self.plain, **(extra or {}), PAUSE_AT_ENV: point, PAUSE_FILE_ENV: str(marker)}
+        return env, marker
+
+    async def cut(
+        self, what: str, point: str, marker: Path, model_id: str, then: dict[str, str]
+    ) -> tuple[str | None, float | None]:
+        """Deploy `model_id` (the controller runs set to stop at `point`), SIGKILL it there,
+        restart it with `then`; -> (the version the cut action was about, when killed)."""
+        result = self.result
+        if not await self.deploy_version(model_id):
+            result.checks[f"{what}: the soak could deploy its version"] = False
+            await self.restart(then)
+            return None, None
+        reached = await wait_for(lambda: _true(marker.exists()), 240, 0.2)
+        result.checks[f"{what}: the controller reached {point}"] = reached is not None
+        if reached is None:
+            await self.restart(then)
+            return None, None
+        rollout = await self.registry.get_rollout(self.agents.public)
+        cut_off = None
+        if rollout is not None:
+            cut_off = rollout.bad if rollout.status == "rolling_back" else rollout.target
+        result.checks[f"{what}: a half-done action was left in the registry"] = (
+            rollout is not None and rollout.status in ("promoting", "rolling_back")
+        )
+        t0 = await self.restart(then)
+        self.say(
+            f"soak: deployment controller SIGKILLed at {point} ({what} of {cut_off}); restarted"
+        )
+        return cut_off, t0
+
+    async def agree(self) -> bool:
+        """The registry's split is what the running gateway reports serving (a killed
+        one's report ages out)."""
+        split, _ = await self.registry.get_split(self.agents.public)
+        reports = await self.registry.serving_reports(self.agents.public)
+        newest = max(reports, key=lambda r: r.at, default=None)
+        return split is not None and newest is not None and newest.weights == split.weights
+
+    async def not_stuck(self) -> bool:
+        rollout = await self.registry.get_rollout(self.agents.public)
+        return rollout is None or rollout.status not in ("promoting", "rolling_back")
+
+    async def settled(self, what: str, done: Callable[[], Any], t0: float) -> None:
+        """The restarted controller finished `what`: its recovery time, no rollout stuck,
+        registry and gateway agree."""
+        result, t = self.result, self.t
+        got = await wait_for(done, t, 0.25)
+        result.recovery_s[f"controller killed mid-{what}"] = _since(t0, got)
+        result.checks[f"{what}: no rollout stuck after the restart"] = (
+            await wait_for(self.not_stuck, t, 0.25) is not None
+        )
+        result.checks[f"{what}: registry and gateway agree"] = (
+            await wait_for(self.agree, 60, 0.5) is not None
+        )
 
 
 async def _serving_now(agents: SoakAgents) -> set[str]:

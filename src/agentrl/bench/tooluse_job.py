@@ -536,6 +536,9 @@ def _line(name: str, s: dict[str, Any]) -> str:
 def run(
     settings: Settings, variants: list[str], say: Any = print, stage: str = "all"
 ) -> list[dict[str, Any]]:
+    """The harness: the start, its logged episodes and held-out before (each sampled once and
+    saved), then per variant the start loaded afresh, its update, held-out after and one
+    record (said as JSON and appended to `results.jsonl`)."""
     import torch
 
     torch.set_num_threads(settings.threads)
@@ -544,27 +547,9 @@ def run(
     t0 = time.perf_counter()
     trainer = job_trainer(settings.start, 5e-4, settings.seed)
     say(f"loaded {settings.start} ({time.perf_counter() - t0:.0f}s, load {os.getloadavg()})")
-    logged = out / "episodes.jsonl"
-    if logged.exists():
-        episodes = load_episodes(logged)
-    else:
-        t = time.perf_counter()
-        tasks = train_tasks(settings.train_per_family)
-        batch = [x for x in tasks for _ in range(settings.group)]
-        groups = [j for j in range(len(tasks)) for _ in range(settings.group)]
-        torch.manual_seed(settings.seed)
-        episodes = play(trainer, settings, batch, 1.0, groups)
-        save_episodes(logged, episodes)
-        say(f"sampled {len(episodes)} episodes in {time.perf_counter() - t:.0f}s")
+    episodes = _logged_episodes(trainer, settings, out / "episodes.jsonl", say)
     say(_line("logged (temperature 1)", summary(episodes)))
-    before_path = out / "heldout_before.jsonl"
-    if before_path.exists():
-        before = load_episodes(before_path)
-    else:
-        t = time.perf_counter()
-        before = play(trainer, settings, heldout_tasks(settings.heldout_per_family), 0.0)
-        save_episodes(before_path, before)
-        say(f"held-out before in {time.perf_counter() - t:.0f}s")
+    before = _heldout_before(trainer, settings, out / "heldout_before.jsonl", say)
     s_before = summary(before)
     say(_line("before", s_before))
     book, key = response_format_hash(trainer.policy.tokenizer)
@@ -576,70 +561,16 @@ def run(
         return []
     results = []
     for name in variants:
-        v = {
-            **loop_job_settings(),
-            "partial_credit": True,
-            "all_layers": False,
-            **VARIANTS[name.split("@")[0]],
-        }
-        del trainer
+        v = _variant_settings(name)
+        del trainer  # the last one's memory back before the next start is loaded
         gc.collect()
         trainer = job_trainer(
             settings.start, v["learning_rate"], settings.seed, all_layers=v["all_layers"]
         )
         old_state = lora_state(trainer)
-        t = time.perf_counter()
-        records, completions = records_of(episodes, key, v["partial_credit"])
-        step = None
-        if v.get("hints"):  # built before any update, from the start (as a job does)
-            from agentrl.learners.tooluse_job import hint_step
-
-            hs = hint_settings(settings, v["hints"])
-            hs.epochs = int(v.get("hint_epochs", hs.epochs))
-            h_recs, h_comps = records, completions
-            if settings.hint_extra_per_family > 0:
-                more = extra_hint_episodes(trainer, settings, episodes)
-                h_recs, h_comps = records_of(more, key, v["partial_credit"])
-            hinted: list[Any] | None = None
-            if v["hints"] != "distill":
-                hinted = hinted_resamples(trainer, settings, h_recs, h_comps)
-            step = hint_step(trainer, h_recs, hs, h_comps, settings.seed, hinted=hinted)
-        units, stats = job_samples(
-            trainer, records, completions, book, v["estimator"], v["advantage_scale"]
-        )
-        if v.get("success_only_groups"):
-            ok = {
-                r.task_id
-                for r in records
-                if r.trajectory["metadata"]["outcome"]["task_status"] == "completed_successfully"
-            }
-            units = [u for u in units if u.group_id in ok]
-        ratios = first_ratios(trainer, units)
-        hist: list[dict[str, float]] = []
-        cached = out / rl_key(v)
-        reused = False
-        if not v.get("rl", True):
-            units = []
-        elif cached.exists():  # the same RL settings' update, saved by an earlier variant
-            import torch
-
-            trainer.policy.model.load_state_dict(torch.load(cached), strict=False)
-            hist = json.loads(cached.with_suffix(".json").read_text())
-            reused = True
-        else:
-            hist = job_update(trainer, units, v["epochs"], settings.seed)
-            import torch
-
-            torch.save(lora_state(trainer), cached.with_suffix(".tmp"))
-            cached.with_suffix(".json").write_text(json.dumps(hist))
-            cached.with_suffix(".tmp").rename(cached)
-        rl_s = time.perf_counter() - t
-        hint_train: dict[str, float] = {}
-        if step is not None:
-            hint_train = step.train(trainer, hs, settings.seed)
-        update_s = time.perf_counter() - t
+        update = _update(trainer, v, settings, out, episodes, book, key)
         if stage == "rl":
-            say(f"{name}: RL update saved to {cached} ({rl_s:.0f}s)")
+            say(f"{name}: RL update saved to {out / rl_key(v)} ({update.rl_s:.0f}s)")
             continue
         kl = heldout_kl(trainer, old_state, before)
         t = time.perf_counter()
@@ -647,46 +578,8 @@ def run(
         save_episodes(out / f"heldout_{name}.jsonl", after)
         s_after = summary(after)
         say(_line(f"after {name}", s_after))
-        rec = {
-            "variant": name,
-            **{
-                k: v[k]
-                for k in (
-                    "learning_rate",
-                    "epochs",
-                    "estimator",
-                    "partial_credit",
-                    "advantage_scale",
-                )
-            },
-            "units": len(units),
-            "masked_samples": stats.extra.get("masked_samples", 0),
-            "unmasked_constrained_samples": stats.extra.get("unmasked_constrained_samples", 0),
-            "steps": len(hist),
-            **{k: round(x, 4) for k, x in ratios.items()},
-            "clip_fraction_mean": round(
-                sum(m["clip_fraction"] for m in hist) / max(1, len(hist)), 4
-            ),
-            "approx_kl_last": round(hist[-1]["approx_kl"], 4) if hist else None,
-            "heldout_kl_new_old": round(kl, 4),
-            "before": s_before["all"]["success"],
-            "before_ci": s_before["all"]["ci"],
-            "after": s_after["all"]["success"],
-            "after_ci": s_after["all"]["ci"],
-            **{f"before_{f}": s_before[f]["success"] for f in s_before if f != "all"},
-            **{f"after_{f}": s_after[f]["success"] for f in s_after if f != "all"},
-            "answered_before": round(s_before["all"]["answered"], 3),
-            "answered_after": round(s_after["all"]["answered"], 3),
-            "tool_calls_before": round(s_before["all"]["tool_calls_per_episode"], 3),
-            "tool_calls_after": round(s_after["all"]["tool_calls_per_episode"], 3),
-            "cut_before": s_before["all"]["cut_by_token_cap"],
-            "cut_after": s_after["all"]["cut_by_token_cap"],
-            "update_s": round(update_s, 1),
-            "rl_s": round(rl_s, 1),
-            "rl_reused": reused,
-            "hint_mode": v.get("hints"),
-            **(step.counts if step is not None else {}),
-            **{f"hint_{k}": round(float(x), 4) for k, x in hint_train.items()},
+        rec = _variant_record(name, v, update, kl, s_before, s_after)
+        rec |= {
             "eval_s": round(time.perf_counter() - t, 1),
             "heldout_tasks": len(after),
             "logged_episodes": len(episodes),
@@ -697,6 +590,188 @@ def run(
             fh.write(json.dumps(rec) + "\n")
         results.append(rec)
     return results
+
+
+def _logged_episodes(trainer: Any, settings: Settings, path: Path, say: Any) -> list[Any]:
+    """The logged episodes: `group` attempts per training task at temperature 1, sampled
+    once and saved (every variant and every later run trains on the same ones)."""
+    if path.exists():
+        return load_episodes(path)
+    import torch
+
+    t = time.perf_counter()
+    tasks = train_tasks(settings.train_per_family)
+    batch = [x for x in tasks for _ in range(settings.group)]
+    groups = [j for j in range(len(tasks)) for _ in range(settings.group)]
+    torch.manual_seed(settings.seed)
+    episodes = play(trainer, settings, batch, 1.0, groups)
+    save_episodes(path, episodes)
+    say(f"sampled {len(episodes)} episodes in {time.perf_counter() - t:.0f}s")
+    return episodes
+
+
+def _heldout_before(trainer: Any, settings: Settings, path: Path, say: Any) -> list[Any]:
+    """The start's greedy held-out episodes, played once and saved."""
+    if path.exists():
+        return load_episodes(path)
+    t = time.perf_counter()
+    before = play(trainer, settings, heldout_tasks(settings.heldout_per_family), 0.0)
+    save_episodes(path, before)
+    say(f"held-out before in {time.perf_counter() - t:.0f}s")
+    return before
+
+
+def _variant_settings(name: str) -> dict[str, Any]:
+    """A variant's settings: the loop job's, with partial credit and LoRA on the attention
+    layers only unless the variant (`name` before any `@`) says otherwise."""
+    return {
+        **loop_job_settings(),
+        "partial_credit": True,
+        "all_layers": False,
+        **VARIANTS[name.split("@")[0]],
+    }
+
+
+@dataclasses.dataclass
+class _Update:
+    """One variant's update: what it trained on and how it went."""
+
+    units: list[Any]
+    stats: Any  # job_samples' statistics
+    ratios: dict[str, float]
+    hist: list[dict[str, float]]
+    reused: bool  # the RL update was loaded from an earlier variant's `rl-*.pt`
+    rl_s: float
+    update_s: float
+    step: Any  # the hint step, None without hints
+    hint_train: dict[str, float]
+
+
+def _update(
+    trainer: Any,
+    v: dict[str, Any],
+    settings: Settings,
+    out: Path,
+    episodes: list[Any],
+    book: Any,
+    key: str,
+) -> _Update:
+    """The job's update of variant `v` on the logged episodes: its hint step built first
+    (from the start, as a job does), the samples, the RL steps (or the same RL settings'
+    saved update), then the hint items trained."""
+    t = time.perf_counter()
+    records, completions = records_of(episodes, key, v["partial_credit"])
+    step, hs = None, None
+    if v.get("hints"):  # built before any update, from the start (as a job does)
+        step, hs = _hint_step(trainer, v, settings, episodes, records, completions, key)
+    units, stats = job_samples(
+        trainer, records, completions, book, v["estimator"], v["advantage_scale"]
+    )
+    if v.get("success_only_groups"):
+        ok = {
+            r.task_id
+            for r in records
+            if r.trajectory["metadata"]["outcome"]["task_status"] == "completed_successfully"
+        }
+        units = [u for u in units if u.group_id in ok]
+    ratios = first_ratios(trainer, units)
+    units, hist, reused = _rl_update(trainer, units, v, out / rl_key(v), settings.seed)
+    rl_s = time.perf_counter() - t
+    hint_train: dict[str, float] = {}
+    if step is not None:
+        hint_train = step.train(trainer, hs, settings.seed)
+    update_s = time.perf_counter() - t
+    return _Update(units, stats, ratios, hist, reused, rl_s, update_s, step, hint_train)
+
+
+def _hint_step(
+    trainer: Any,
+    v: dict[str, Any],
+    settings: Settings,
+    episodes: list[Any],
+    records: list[Any],
+    completions: Any,
+    key: str,
+) -> tuple[Any, Any]:
+    """The job's hint step for variant `v` and its settings: hints for the failed tasks
+    (of more episodes when `hint_extra_per_family`), with the start's hinted resamples
+    unless the hints are distilled."""
+    from agentrl.learners.tooluse_job import hint_step
+
+    hs = hint_settings(settings, v["hints"])
+    hs.epochs = int(v.get("hint_epochs", hs.epochs))
+    h_recs, h_comps = records, completions
+    if settings.hint_extra_per_family > 0:
+        more = extra_hint_episodes(trainer, settings, episodes)
+        h_recs, h_comps = records_of(more, key, v["partial_credit"])
+    hinted: list[Any] | None = None
+    if v["hints"] != "distill":
+        hinted = hinted_resamples(trainer, settings, h_recs, h_comps)
+    return hint_step(trainer, h_recs, hs, h_comps, settings.seed, hinted=hinted), hs
+
+
+def _rl_update(
+    trainer: Any, units: list[Any], v: dict[str, Any], cached: Path, seed: int
+) -> tuple[list[Any], list[dict[str, float]], bool]:
+    """The RL steps: none for a variant without RL (its units dropped), the update saved at
+    `cached` by an earlier variant with the same RL settings, else trained and saved there;
+    -> (the units trained, the steps' metrics, reused)."""
+    import torch
+
+    if not v.get("rl", True):
+        return [], [], False
+    if cached.exists():  # the same RL settings' update, saved by an earlier variant
+        trainer.policy.model.load_state_dict(torch.load(cached), strict=False)
+        return units, json.loads(cached.with_suffix(".json").read_text()), True
+    hist = job_update(trainer, units, v["epochs"], seed)
+    torch.save(lora_state(trainer), cached.with_suffix(".tmp"))
+    cached.with_suffix(".json").write_text(json.dumps(hist))
+    cached.with_suffix(".tmp").rename(cached)
+    return units, hist, False
+
+
+def _variant_record(
+    name: str,
+    v: dict[str, Any],
+    update: _Update,
+    kl: float,
+    s_before: dict[str, Any],
+    s_after: dict[str, Any],
+) -> dict[str, Any]:
+    """A variant's result row (before its evaluation's time and sizes): its settings, the
+    update's diagnostics, held-out before and after per family."""
+    hist, stats, step = update.hist, update.stats, update.step
+    settings_used = ("learning_rate", "epochs", "estimator", "partial_credit", "advantage_scale")
+    return {
+        "variant": name,
+        **{k: v[k] for k in settings_used},
+        "units": len(update.units),
+        "masked_samples": stats.extra.get("masked_samples", 0),
+        "unmasked_constrained_samples": stats.extra.get("unmasked_constrained_samples", 0),
+        "steps": len(hist),
+        **{k: round(x, 4) for k, x in update.ratios.items()},
+        "clip_fraction_mean": round(sum(m["clip_fraction"] for m in hist) / max(1, len(hist)), 4),
+        "approx_kl_last": round(hist[-1]["approx_kl"], 4) if hist else None,
+        "heldout_kl_new_old": round(kl, 4),
+        "before": s_before["all"]["success"],
+        "before_ci": s_before["all"]["ci"],
+        "after": s_after["all"]["success"],
+        "after_ci": s_after["all"]["ci"],
+        **{f"before_{f}": s_before[f]["success"] for f in s_before if f != "all"},
+        **{f"after_{f}": s_after[f]["success"] for f in s_after if f != "all"},
+        "answered_before": round(s_before["all"]["answered"], 3),
+        "answered_after": round(s_after["all"]["answered"], 3),
+        "tool_calls_before": round(s_before["all"]["tool_calls_per_episode"], 3),
+        "tool_calls_after": round(s_after["all"]["tool_calls_per_episode"], 3),
+        "cut_before": s_before["all"]["cut_by_token_cap"],
+        "cut_after": s_after["all"]["cut_by_token_cap"],
+        "update_s": round(update.update_s, 1),
+        "rl_s": round(update.rl_s, 1),
+        "rl_reused": update.reused,
+        "hint_mode": v.get("hints"),
+        **(step.counts if step is not None else {}),
+        **{f"hint_{k}": round(float(x), 4) for k, x in update.hint_train.items()},
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> None:

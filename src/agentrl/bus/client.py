@@ -142,6 +142,24 @@ class _Waiting:
 
 
 @dataclass
+class _Batches:
+    """How one `consume` call handles fetched batches and settles the handled ones."""
+
+    process: Callable[[list[Any]], Awaitable[None]]  # handle a batch: ack it, or defer it
+    settle: Callable[[], Awaitable[None]]  # the deferred batch's acks, once its outcomes are in
+    waiting: list[_Waiting]  # the batch whose `Deferred` outcomes are not in yet
+    confirming: list[asyncio.Task[None]]  # the previous batch's ack confirmation
+    confirmer: Any  # wire.AckConfirmer on the fast path, else None
+
+    async def close(self) -> None:
+        """At the end: the deferred batch settled and every ack confirmed."""
+        await self.settle()
+        await _confirmed(self.confirming)
+        if self.confirmer is not None:
+            await self.confirmer.close()
+
+
+@dataclass
 class ConsumeStats:
     received: int = 0
     acked: int = 0
@@ -537,15 +555,7 @@ class Bus:
         stop = stop or asyncio.Event()
         stats = stats or ConsumeStats()
         spec = stream_for(subject)
-        # The server redelivers without limit; the delivery count is enforced here, so a
-        # consumer that crashed on the last allowed delivery cannot make a message vanish.
-        config = ConsumerConfig(
-            durable_name=durable,
-            ack_wait=ack_wait,
-            max_deliver=-1,
-            max_ack_pending=max(batch * 4, 1000),
-            filter_subject=subject,
-        )
+        config = _consumer_config(subject, durable, batch, ack_wait)
         model = model_for(subject) if validate else None
         confirming: list[asyncio.Task[None]] = []  # the previous batch's ack confirmation
         confirmer = wire.AckConfirmer(self.nc) if self._fast else None
@@ -559,7 +569,6 @@ class Bus:
             confirming=confirming,
             confirmer=confirmer,
         )
-        settle = partial(self._settle_waiting, waiting, finish)
         process = partial(
             self._process,
             model=model,
@@ -572,6 +581,8 @@ class Bus:
             waiting=waiting,
             finish=finish,
         )
+        settle = partial(self._settle_waiting, waiting, finish)
+        batches = _Batches(process, settle, waiting, confirming, confirmer)
         if not self._fast:
             try:
                 return await self._consume_public(
@@ -587,17 +598,32 @@ class Bus:
                     settle,
                 )
             finally:
-                await settle()
-                await _confirmed(confirming)
-        await self._retry(partial(self._ensure_consumer, spec.name, durable, config))
+                await batches.close()
+        await self._consume_fast(
+            spec.name, durable, config, batch, fetch_timeout, stop, stats, batches
+        )
+        return stats
+
+    async def _consume_fast(
+        self,
+        stream: str,
+        durable: str,
+        config: ConsumerConfig,
+        batch: int,
+        fetch_timeout: float,
+        stop: asyncio.Event,
+        stats: ConsumeStats,
+        batches: _Batches,
+    ) -> None:
+        """The pull loop on the wire fast path (`wire.PullFeed`: up to two batches
+        requested ahead). Once `stop` is set, what was already requested is still handled;
+        the last batches are settled and confirmed before the inbox is dropped."""
+        process = batches.process
+        await self._retry(partial(self._ensure_consumer, stream, durable, config))
         sub = await wire.subscribe(self.nc, self.nc.new_inbox())
         prefix = getattr(self.js, "_prefix", "$JS.API")
         feed = wire.PullFeed(
-            self.nc,
-            sub,
-            f"{prefix}.CONSUMER.MSG.NEXT.{spec.name}.{durable}",
-            batch,
-            fetch_timeout,
+            self.nc, sub, f"{prefix}.CONSUMER.MSG.NEXT.{stream}.{durable}", batch, fetch_timeout
         )
         task = asyncio.current_task()
         try:
@@ -606,24 +632,10 @@ class Bus:
                 if stop.is_set():
                     if feed.settled:
                         break
-                else:
-                    try:
-                        await feed.top_up()
-                    except (
-                        nats.errors.ConnectionClosedError,
-                        nats.errors.ConnectionReconnectingError,
-                        nats.errors.OutboundBufferLimitError,
-                    ):
-                        await asyncio.sleep(0.2)
-                        continue
-                msgs = feed.take(batch)
-                if waiting and len(msgs) < batch:
-                    # The deferred batch commits meanwhile: read the next batch in, then
-                    # settle the deferred one if it is done (its acks go out sooner).
-                    await feed.fill(batch - len(msgs), waiting[0].deferred.outcomes)
-                    if waiting[0].deferred.outcomes.done():
-                        await settle()
-                    msgs += feed.take(batch - len(msgs))
+                elif not await _topped_up(feed):
+                    await asyncio.sleep(0.2)
+                    continue
+                msgs = await _next_batch(feed, batch, batches)
                 if not msgs:
                     await feed.wait(fetch_timeout / 2 if stop.is_set() else fetch_timeout)
                     continue
@@ -632,13 +644,9 @@ class Bus:
                 with _gc_paused():
                     await process(msgs)
         finally:
-            await settle()
-            await _confirmed(confirming)
-            if confirmer is not None:
-                await confirmer.close()
+            await batches.close()
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-        return stats
 
     async def _ensure_consumer(self, stream: str, durable: str, config: ConsumerConfig) -> None:
         try:
@@ -999,6 +1007,46 @@ class _Client(NATS):
         if task is not None and task.cancelling() > asked:
             raise asyncio.CancelledError  # the answer landed with the cancel: 3.11 kept it
         return msg
+
+
+def _consumer_config(subject: str, durable: str, batch: int, ack_wait: float) -> ConsumerConfig:
+    """The durable pull consumer of `consume`. The server redelivers without limit; the
+    delivery count is enforced by the bus, so a consumer that crashed on the last allowed
+    delivery cannot make a message vanish."""
+    return ConsumerConfig(
+        durable_name=durable,
+        ack_wait=ack_wait,
+        max_deliver=-1,
+        max_ack_pending=max(batch * 4, 1000),
+        filter_subject=subject,
+    )
+
+
+async def _topped_up(feed: wire.PullFeed) -> bool:
+    """Pull requests topped up; False while the connection is away (closed, reconnecting
+    or its buffer full): the caller waits a moment and tries again."""
+    try:
+        await feed.top_up()
+    except (
+        nats.errors.ConnectionClosedError,
+        nats.errors.ConnectionReconnectingError,
+        nats.errors.OutboundBufferLimitError,
+    ):
+        return False
+    return True
+
+
+async def _next_batch(feed: wire.PullFeed, batch: int, batches: _Batches) -> list[Any]:
+    """Up to `batch` messages. While a deferred batch commits, the next batch is read in
+    meanwhile, then the deferred one settled if it is done (its acks go out sooner)."""
+    msgs = feed.take(batch)
+    waiting = batches.waiting
+    if waiting and len(msgs) < batch:
+        await feed.fill(batch - len(msgs), waiting[0].deferred.outcomes)
+        if waiting[0].deferred.outcomes.done():
+            await batches.settle()
+        msgs += feed.take(batch - len(msgs))
+    return msgs
 
 
 def _raise_lost_cancel(task: asyncio.Task[Any] | None) -> None:

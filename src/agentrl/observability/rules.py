@@ -125,195 +125,115 @@ def unit_tests() -> dict[str, Any]:
         "rule_files": ["agentrl.rules.yml"],
         "evaluation_interval": "1m",
         "tests": [
+            _alert_test(
+                "training job failed",
+                {
+                    'agent_rl_training_jobs_total{lineage="agentrl-policy",status="failed"}': "0 0 0 1 1 1",
+                    'agent_rl_training_jobs_total{lineage="a0/dev",status="failed"}': "0 0 0 0 0 0",
+                    'agent_rl_training_jobs_total{lineage="a0/dev",status="completed"}': "0 0 0 1 1 1",
+                },
+                "AgentRLTrainingJobFailed",
+                quiet_at="2m",
+                fires_at="5m",
+                value="1",
+                lineage="agentrl-policy",
+            ),
+            _alert_test(
+                "no trajectories",
+                {
+                    'agent_rl_trajectories_collected_total{agent_type="a0",task_domain="d"}': "0+10x20 200x40"
+                },
+                "AgentRLNoTrajectories",
+                quiet_at="20m",
+                fires_at="60m",
+                value="0",
+            ),
+            _alert_test(
+                "dead letters rising",
+                {
+                    'agent_rl_bus_dead_letters_total{subject="agent.rl.trajectory.v1"}': "0x10 1+1x20"
+                },
+                "AgentRLDeadLettersRising",
+                quiet_at="9m",
+                fires_at="20m",
+                value="10",
+                subject="agent.rl.trajectory.v1",
+            ),
+            # lineage a: its canary falls below a's live version; lineage b: its canary is
+            # above b's own live version (and below a's): quiet
+            _alert_test(
+                "canary reward below live",
+                {
+                    'agent_rl_model_traffic_ratio{lineage="a",model_version="a-v1"}': "0.9x30",
+                    'agent_rl_model_traffic_ratio{lineage="a",model_version="a-v2"}': "0.1x30",
+                    'agent_rl_model_reward_mean{lineage="a",model_version="a-v1"}': "0.8x30",
+                    'agent_rl_model_reward_mean{lineage="a",model_version="a-v2"}': "0.8x5 0.5x25",
+                    'agent_rl_model_traffic_ratio{lineage="b",model_version="b-v1"}': "0.9x30",
+                    'agent_rl_model_traffic_ratio{lineage="b",model_version="b-v2"}': "0.1x30",
+                    'agent_rl_model_reward_mean{lineage="b",model_version="b-v1"}': "0.3x30",
+                    'agent_rl_model_reward_mean{lineage="b",model_version="b-v2"}': "0.5x30",
+                },
+                "AgentRLCanaryRewardBelowLive",
+                quiet_at="5m",
+                fires_at="25m",
+                value="0.5",
+                lineage="a",
+                model_version="a-v2",
+            ),
+            _alert_test(
+                "error rate of a version",
+                {
+                    'agent_rl_gateway_requests_total{lineage="p",model_version="p-v1"}': "0+100x30",
+                    'agent_rl_gateway_errors_total{lineage="p",model_version="p-v1"}': "0+1x30",
+                    'agent_rl_gateway_requests_total{lineage="p",model_version="p-v2"}': "0+100x30",
+                    'agent_rl_gateway_errors_total{lineage="p",model_version="p-v2"}': "0+1x10 10+20x20",
+                },
+                "AgentRLVersionErrorRateHigh",
+                quiet_at="9m",
+                fires_at="25m",
+                value="20%",
+                lineage="p",
+                model_version="p-v2",
+            ),
+            _alert_test(
+                "consumer lag growing",
+                {
+                    'agent_rl_bus_consumer_pending_messages{stream="RL_TRAJECTORIES",consumer="rewards"}': "0x10 50+20x30",
+                    'agent_rl_bus_consumer_pending_messages{stream="RL_REWARDS",consumer="warehouse"}': "500x40",
+                },
+                "AgentRLConsumerLagGrowing",
+                quiet_at="10m",
+                fires_at="35m",
+                value="",
+                stream="RL_TRAJECTORIES",
+                consumer="rewards",
+            ),
+        ],
+    }
+
+
+def _alert_test(
+    name: str,
+    series: dict[str, str],
+    alert: str,
+    *,
+    quiet_at: str,
+    fires_at: str,
+    value: str,
+    **labels: str,
+) -> dict[str, Any]:
+    """One promtool test (series sampled each minute): `alert` is quiet at `quiet_at` and
+    fires at `fires_at` with `labels` (its annotations expanded with `value`)."""
+    return {
+        "name": name,
+        "interval": "1m",
+        "input_series": [{"series": s, "values": v} for s, v in series.items()],
+        "alert_rule_test": [
+            {"eval_time": quiet_at, "alertname": alert, "exp_alerts": []},
             {
-                "name": "training job failed",
-                "interval": "1m",
-                "input_series": [
-                    {
-                        "series": 'agent_rl_training_jobs_total{lineage="agentrl-policy",status="failed"}',
-                        "values": "0 0 0 1 1 1",
-                    },
-                    {
-                        "series": 'agent_rl_training_jobs_total{lineage="a0/dev",status="failed"}',
-                        "values": "0 0 0 0 0 0",
-                    },
-                    {
-                        "series": 'agent_rl_training_jobs_total{lineage="a0/dev",status="completed"}',
-                        "values": "0 0 0 1 1 1",
-                    },
-                ],
-                "alert_rule_test": [
-                    {"eval_time": "2m", "alertname": "AgentRLTrainingJobFailed", "exp_alerts": []},
-                    {
-                        "eval_time": "5m",
-                        "alertname": "AgentRLTrainingJobFailed",
-                        "exp_alerts": _fires(
-                            "AgentRLTrainingJobFailed", "1", lineage="agentrl-policy"
-                        ),
-                    },
-                ],
-            },
-            {
-                "name": "no trajectories",
-                "interval": "1m",
-                "input_series": [
-                    {
-                        "series": 'agent_rl_trajectories_collected_total{agent_type="a0",task_domain="d"}',
-                        "values": "0+10x20 200x40",
-                    }
-                ],
-                "alert_rule_test": [
-                    {"eval_time": "20m", "alertname": "AgentRLNoTrajectories", "exp_alerts": []},
-                    {
-                        "eval_time": "60m",
-                        "alertname": "AgentRLNoTrajectories",
-                        "exp_alerts": _fires("AgentRLNoTrajectories", "0"),
-                    },
-                ],
-            },
-            {
-                "name": "dead letters rising",
-                "interval": "1m",
-                "input_series": [
-                    {
-                        "series": 'agent_rl_bus_dead_letters_total{subject="agent.rl.trajectory.v1"}',
-                        "values": "0x10 1+1x20",
-                    }
-                ],
-                "alert_rule_test": [
-                    {"eval_time": "9m", "alertname": "AgentRLDeadLettersRising", "exp_alerts": []},
-                    {
-                        "eval_time": "20m",
-                        "alertname": "AgentRLDeadLettersRising",
-                        "exp_alerts": _fires(
-                            "AgentRLDeadLettersRising", "10", subject="agent.rl.trajectory.v1"
-                        ),
-                    },
-                ],
-            },
-            {
-                "name": "canary reward below live",
-                "interval": "1m",
-                # lineage a: its canary falls below a's live version; lineage b: its canary
-                # is above b's own live version (and below a's): quiet
-                "input_series": [
-                    {
-                        "series": 'agent_rl_model_traffic_ratio{lineage="a",model_version="a-v1"}',
-                        "values": "0.9x30",
-                    },
-                    {
-                        "series": 'agent_rl_model_traffic_ratio{lineage="a",model_version="a-v2"}',
-                        "values": "0.1x30",
-                    },
-                    {
-                        "series": 'agent_rl_model_reward_mean{lineage="a",model_version="a-v1"}',
-                        "values": "0.8x30",
-                    },
-                    {
-                        "series": 'agent_rl_model_reward_mean{lineage="a",model_version="a-v2"}',
-                        "values": "0.8x5 0.5x25",
-                    },
-                    {
-                        "series": 'agent_rl_model_traffic_ratio{lineage="b",model_version="b-v1"}',
-                        "values": "0.9x30",
-                    },
-                    {
-                        "series": 'agent_rl_model_traffic_ratio{lineage="b",model_version="b-v2"}',
-                        "values": "0.1x30",
-                    },
-                    {
-                        "series": 'agent_rl_model_reward_mean{lineage="b",model_version="b-v1"}',
-                        "values": "0.3x30",
-                    },
-                    {
-                        "series": 'agent_rl_model_reward_mean{lineage="b",model_version="b-v2"}',
-                        "values": "0.5x30",
-                    },
-                ],
-                "alert_rule_test": [
-                    {
-                        "eval_time": "5m",
-                        "alertname": "AgentRLCanaryRewardBelowLive",
-                        "exp_alerts": [],
-                    },
-                    {
-                        "eval_time": "25m",
-                        "alertname": "AgentRLCanaryRewardBelowLive",
-                        "exp_alerts": _fires(
-                            "AgentRLCanaryRewardBelowLive",
-                            "0.5",
-                            lineage="a",
-                            model_version="a-v2",
-                        ),
-                    },
-                ],
-            },
-            {
-                "name": "error rate of a version",
-                "interval": "1m",
-                "input_series": [
-                    {
-                        "series": 'agent_rl_gateway_requests_total{lineage="p",model_version="p-v1"}',
-                        "values": "0+100x30",
-                    },
-                    {
-                        "series": 'agent_rl_gateway_errors_total{lineage="p",model_version="p-v1"}',
-                        "values": "0+1x30",
-                    },
-                    {
-                        "series": 'agent_rl_gateway_requests_total{lineage="p",model_version="p-v2"}',
-                        "values": "0+100x30",
-                    },
-                    {
-                        "series": 'agent_rl_gateway_errors_total{lineage="p",model_version="p-v2"}',
-                        "values": "0+1x10 10+20x20",
-                    },
-                ],
-                "alert_rule_test": [
-                    {
-                        "eval_time": "9m",
-                        "alertname": "AgentRLVersionErrorRateHigh",
-                        "exp_alerts": [],
-                    },
-                    {
-                        "eval_time": "25m",
-                        "alertname": "AgentRLVersionErrorRateHigh",
-                        "exp_alerts": _fires(
-                            "AgentRLVersionErrorRateHigh", "20%", lineage="p", model_version="p-v2"
-                        ),
-                    },
-                ],
-            },
-            {
-                "name": "consumer lag growing",
-                "interval": "1m",
-                "input_series": [
-                    {
-                        "series": 'agent_rl_bus_consumer_pending_messages{stream="RL_TRAJECTORIES",consumer="rewards"}',
-                        "values": "0x10 50+20x30",
-                    },
-                    {
-                        "series": 'agent_rl_bus_consumer_pending_messages{stream="RL_REWARDS",consumer="warehouse"}',
-                        "values": "500x40",
-                    },
-                ],
-                "alert_rule_test": [
-                    {
-                        "eval_time": "10m",
-                        "alertname": "AgentRLConsumerLagGrowing",
-                        "exp_alerts": [],
-                    },
-                    {
-                        "eval_time": "35m",
-                        "alertname": "AgentRLConsumerLagGrowing",
-                        "exp_alerts": _fires(
-                            "AgentRLConsumerLagGrowing",
-                            "",
-                            stream="RL_TRAJECTORIES",
-                            consumer="rewards",
-                        ),
-                    },
-                ],
+                "eval_time": fires_at,
+                "alertname": alert,
+                "exp_alerts": _fires(alert, value, **labels),
             },
         ],
     }

@@ -317,140 +317,18 @@ class ApexTrainer:
                 ray.shutdown()
 
     def _train(self, progress: ProgressFn | None, handles: list[Any]) -> TrainResult:
-        import ray
-
-        from agentrl.offpolicy.collect import VecEnv
-
-        cfg, d, rp, dq = self.cfg, self.cfg.distributed, self.cfg.replay, self.cfg.dqn
-        torch.manual_seed(cfg.seed)
-        probe_env = VecEnv(cfg.env_id, 1, cfg.seed)
-        obs_dim, n_actions = probe_env.spec.obs_dim, probe_env.spec.n_actions
-        probe_env.close()
-        cfg_json = cfg.model_dump(mode="json")
-
-        shard_cls = ray.remote(num_cpus=d.shard_num_cpus)(ReplayShard)
-        actor_cls = ray.remote(num_cpus=d.actor_num_cpus)(ApexActor)
-        shards: list[Any] = [shard_cls.remote(i, cfg_json, obs_dim) for i in range(d.replay_shards)]  # type: ignore[attr-defined]
-        handles.extend(shards)
-        epsilons = actor_epsilons(self.num_actors, d.epsilon_base, d.epsilon_exponent)
-        actors: list[Any] = [
-            actor_cls.remote(
-                i, cfg_json, epsilons[i], shards[i % len(shards)], cfg.seed * 1000 + 17 * i + 1
-            )  # type: ignore[attr-defined]
-            for i in range(self.num_actors)
-        ]
-        handles.extend(actors)
-
-        learner = DQNLearner(cfg, obs_dim, n_actions)
-        probe: torch.Tensor | None = None
-        mon = RunMonitor(
-            cfg,
-            self.run_id,
-            learner.act,
-            learner.state_dict,
-            lambda: q_probe(learner, probe),
-            self.dispatcher,
-            self.registry,
-            progress,
-        )
-        model_version = 0
-        syncs: list[dict[str, Any]] = []
-        sync_refs = self._broadcast(learner, actors, model_version, 0, syncs)
-
-        collect = {a.collect.remote(d.actor_chunk_steps): i for i, a in enumerate(actors)}
-        actor_reports: dict[int, dict[str, Any]] = {}
-        recent_returns: dict[int, deque[float]] = {
-            i: deque(maxlen=20) for i in range(self.num_actors)
-        }
-        pending: deque[tuple[int, Any]] = deque()
-        next_shard = 0
-        env_steps = 0
-        stored = 0
-        beta_steps = rp.beta_anneal_steps or cfg.total_steps
-
-        while env_steps < cfg.total_steps and not mon.stop:
-            # -- actors: harvest finished chunks, hand out new ones ------------------------
-            learning = env_steps >= dq.learning_starts and stored >= rp.batch_size * d.replay_shards
-            if learning:  # take whatever chunks are done, without waiting
-                ready, _ = ray.wait(list(collect), num_returns=len(collect), timeout=0)
-            else:
-                ready, _ = ray.wait(list(collect), num_returns=1, timeout=1.0)
-            for ref in ready:
-                i = collect.pop(ref)
-                rep = ray.get(ref)
-                env_steps += rep["env_steps"]
-                actor_reports[i] = rep
-                recent_returns[i].extend(rep["returns"])
-                mon.add_episode_returns(rep["returns"])
-                if rep["added"] is not None:
-                    stored += rep["added"]["count"]
-                    if self.dispatcher.wants(ReplayUpdateEvent):
-                        self.dispatcher.emit(
-                            ReplayUpdateEvent(
-                                shard_id=rep["added"]["shard_id"],
-                                count=rep["added"]["count"],
-                                priority_stats=rep["added"]["stats"],
-                            )
-                        )
-                if env_steps < cfg.total_steps:
-                    collect[actors[i].collect.remote(d.actor_chunk_steps)] = i
-            if probe is None and stored >= 256:
-                first: list[Batch] = ray.get(shards[0].sample.remote(min(256, rp.batch_size), 1.0))
-                if first:
-                    probe = torch.as_tensor(first[0].obs.copy())
-
-            # -- learner: sample (prefetched) -> update -> priorities back -----------------
+        """Actors collect into the replay shards while the learner samples, updates and
+        sends priorities back, until `total_steps` env steps or the monitor stops it."""
+        run = _ApexRun(self, progress, handles)
+        cfg = self.cfg
+        while run.env_steps < cfg.total_steps and not run.mon.stop:
+            learning = run.learning()
+            run.harvest(learning)
+            run.take_probe()
             if learning:
-                beta = anneal_beta(rp.beta0, env_steps, beta_steps)
-                while len(pending) < d.max_pending_samples:
-                    ref = shards[next_shard].sample.remote(
-                        rp.batch_size, beta, d.batches_per_request
-                    )
-                    pending.append((next_shard, ref))
-                    next_shard = (next_shard + 1) % len(shards)
-                shard_id, ref = pending.popleft()
-                updates: list[tuple[np.ndarray, np.ndarray]] = []
-                for batch in ray.get(ref):
-                    stats, td = learner.update(batch)
-                    updates.append((batch.indices, td))
-                    extra = {"beta": beta, "model_version": model_version}
-                    mon.on_update(stats, learner.updates, env_steps, extra)
-                    if learner.updates % d.param_sync_interval == 0:
-                        model_version += 1
-                        ray.get(sync_refs)  # previous broadcast delivered before the next
-                        sync_refs = self._broadcast(
-                            learner, actors, model_version, learner.updates, syncs
-                        )
-                    if mon.stop:
-                        break
-                if updates:
-                    shards[shard_id].update_priorities.remote(updates)
-
-            mon.after_env_steps(env_steps, learner.updates)
-            if actor_reports and mon.eval_rows and mon.eval_rows[-1].get("population") is None:
-                mon.eval_rows[-1]["population"] = self._population(
-                    env_steps, actor_reports, recent_returns
-                )
-
-        ray.get(sync_refs)
-        for ref in list(collect):
-            try:
-                rep = ray.get(ref)
-                env_steps += rep["env_steps"]
-                actor_reports[collect[ref]] = rep
-            except Exception:
-                log.warning("an actor's last chunk was lost at shutdown", exc_info=True)
-        versions = [rep["model_version"] for rep in actor_reports.values()]
-        shard_sizes = ray.get([s.size.remote() for s in shards])
-        return mon.result(
-            env_steps,
-            learner.updates,
-            learner.state_dict(),
-            parameter_syncs=syncs,
-            actor_model_versions=versions,
-            shard_sizes=shard_sizes,
-            actor_epsilons=epsilons,
-        )
+                run.learn()
+            run.after_env_steps()
+        return run.result()
 
     def _broadcast(
         self,
@@ -508,3 +386,182 @@ class ApexTrainer:
             "entropy": entropy,
             "diversity": pop.return_std,
         }
+
+
+class _ApexRun:
+    """One `ApexTrainer` run in Ray: its replay shards, actors and learner, and the loop's
+    state (chunks out, prefetched samples, counts, the parameter broadcasts)."""
+
+    def __init__(
+        self, trainer: ApexTrainer, progress: ProgressFn | None, handles: list[Any]
+    ) -> None:
+        import ray
+
+        from agentrl.offpolicy.collect import VecEnv
+
+        self.trainer = trainer
+        cfg, d = trainer.cfg, trainer.cfg.distributed
+        self.cfg, self.d, self.rp, self.dq = cfg, d, cfg.replay, cfg.dqn
+        torch.manual_seed(cfg.seed)
+        probe_env = VecEnv(cfg.env_id, 1, cfg.seed)
+        obs_dim, n_actions = probe_env.spec.obs_dim, probe_env.spec.n_actions
+        probe_env.close()
+        cfg_json = cfg.model_dump(mode="json")
+
+        shard_cls = ray.remote(num_cpus=d.shard_num_cpus)(ReplayShard)
+        actor_cls = ray.remote(num_cpus=d.actor_num_cpus)(ApexActor)
+        self.shards: list[Any] = [
+            shard_cls.remote(i, cfg_json, obs_dim) for i in range(d.replay_shards)
+        ]  # type: ignore[attr-defined]
+        handles.extend(self.shards)
+        n = trainer.num_actors
+        self.epsilons = actor_epsilons(n, d.epsilon_base, d.epsilon_exponent)
+        self.actors: list[Any] = [
+            actor_cls.remote(
+                i,
+                cfg_json,
+                self.epsilons[i],
+                self.shards[i % len(self.shards)],
+                cfg.seed * 1000 + 17 * i + 1,
+            )  # type: ignore[attr-defined]
+            for i in range(n)
+        ]
+        handles.extend(self.actors)
+
+        learner = self.learner = DQNLearner(cfg, obs_dim, n_actions)
+        self.probe: torch.Tensor | None = None
+        self.mon = RunMonitor(
+            cfg,
+            trainer.run_id,
+            learner.act,
+            learner.state_dict,
+            lambda: q_probe(learner, self.probe),
+            trainer.dispatcher,
+            trainer.registry,
+            progress,
+        )
+        self.model_version = 0
+        self.syncs: list[dict[str, Any]] = []
+        self.sync_refs = trainer._broadcast(learner, self.actors, self.model_version, 0, self.syncs)
+        self.collect = {a.collect.remote(d.actor_chunk_steps): i for i, a in enumerate(self.actors)}
+        self.actor_reports: dict[int, dict[str, Any]] = {}
+        self.recent_returns: dict[int, deque[float]] = {i: deque(maxlen=20) for i in range(n)}
+        self.pending: deque[tuple[int, Any]] = deque()
+        self.next_shard = 0
+        self.env_steps = 0
+        self.stored = 0
+        self.beta_steps = self.rp.beta_anneal_steps or cfg.total_steps
+
+    def learning(self) -> bool:
+        """Past `learning_starts`, with a batch's worth stored per shard."""
+        return (
+            self.env_steps >= self.dq.learning_starts
+            and self.stored >= self.rp.batch_size * self.d.replay_shards
+        )
+
+    def harvest(self, learning: bool) -> None:
+        """Actors: the finished chunks counted and reported, new chunks handed out. While
+        learning, whatever is done is taken without waiting; before, up to a second."""
+        import ray
+
+        collect = self.collect
+        if learning:  # take whatever chunks are done, without waiting
+            ready, _ = ray.wait(list(collect), num_returns=len(collect), timeout=0)
+        else:
+            ready, _ = ray.wait(list(collect), num_returns=1, timeout=1.0)
+        dispatcher = self.trainer.dispatcher
+        for ref in ready:
+            i = collect.pop(ref)
+            rep = ray.get(ref)
+            self.env_steps += rep["env_steps"]
+            self.actor_reports[i] = rep
+            self.recent_returns[i].extend(rep["returns"])
+            self.mon.add_episode_returns(rep["returns"])
+            if rep["added"] is not None:
+                self.stored += rep["added"]["count"]
+                if dispatcher.wants(ReplayUpdateEvent):
+                    dispatcher.emit(
+                        ReplayUpdateEvent(
+                            shard_id=rep["added"]["shard_id"],
+                            count=rep["added"]["count"],
+                            priority_stats=rep["added"]["stats"],
+                        )
+                    )
+            if self.env_steps < self.cfg.total_steps:
+                collect[self.actors[i].collect.remote(self.d.actor_chunk_steps)] = i
+
+    def take_probe(self) -> None:
+        """Once 256 transitions are stored: the fixed observations of the Q probe."""
+        import ray
+
+        if self.probe is None and self.stored >= 256:
+            first: list[Batch] = ray.get(
+                self.shards[0].sample.remote(min(256, self.rp.batch_size), 1.0)
+            )
+            if first:
+                self.probe = torch.as_tensor(first[0].obs.copy())
+
+    def learn(self) -> None:
+        """Learner: sample (prefetched, round robin over the shards) -> update ->
+        priorities back; the parameters broadcast every `param_sync_interval` updates."""
+        import ray
+
+        d, rp, learner, mon = self.d, self.rp, self.learner, self.mon
+        beta = anneal_beta(rp.beta0, self.env_steps, self.beta_steps)
+        while len(self.pending) < d.max_pending_samples:
+            ref = self.shards[self.next_shard].sample.remote(
+                rp.batch_size, beta, d.batches_per_request
+            )
+            self.pending.append((self.next_shard, ref))
+            self.next_shard = (self.next_shard + 1) % len(self.shards)
+        shard_id, ref = self.pending.popleft()
+        updates: list[tuple[np.ndarray, np.ndarray]] = []
+        for batch in ray.get(ref):
+            stats, td = learner.update(batch)
+            updates.append((batch.indices, td))
+            extra = {"beta": beta, "model_version": self.model_version}
+            mon.on_update(stats, learner.updates, self.env_steps, extra)
+            if learner.updates % d.param_sync_interval == 0:
+                self.model_version += 1
+                ray.get(self.sync_refs)  # previous broadcast delivered before the next
+                self.sync_refs = self.trainer._broadcast(
+                    learner, self.actors, self.model_version, learner.updates, self.syncs
+                )
+            if mon.stop:
+                break
+        if updates:
+            self.shards[shard_id].update_priorities.remote(updates)
+
+    def after_env_steps(self) -> None:
+        """The monitor's evaluation, with the actor population's figures on its new row."""
+        mon = self.mon
+        mon.after_env_steps(self.env_steps, self.learner.updates)
+        if self.actor_reports and mon.eval_rows and mon.eval_rows[-1].get("population") is None:
+            mon.eval_rows[-1]["population"] = self.trainer._population(
+                self.env_steps, self.actor_reports, self.recent_returns
+            )
+
+    def result(self) -> TrainResult:
+        """The last broadcast delivered and the chunks still out collected (one lost at
+        shutdown is logged, not raised), then the run's result."""
+        import ray
+
+        ray.get(self.sync_refs)
+        for ref in list(self.collect):
+            try:
+                rep = ray.get(ref)
+                self.env_steps += rep["env_steps"]
+                self.actor_reports[self.collect[ref]] = rep
+            except Exception:
+                log.warning("an actor's last chunk was lost at shutdown", exc_info=True)
+        versions = [rep["model_version"] for rep in self.actor_reports.values()]
+        shard_sizes = ray.get([s.size.remote() for s in self.shards])
+        return self.mon.result(
+            self.env_steps,
+            self.learner.updates,
+            self.learner.state_dict(),
+            parameter_syncs=self.syncs,
+            actor_model_versions=versions,
+            shard_sizes=shard_sizes,
+            actor_epsilons=self.epsilons,
+        )

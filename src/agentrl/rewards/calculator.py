@@ -34,7 +34,7 @@ from agentrl.contracts.base import utcnow
 from agentrl.contracts.reward import COMPONENT_SOURCES, SOURCE_OF_KIND, RewardEvent
 from agentrl.contracts.trajectory import TrajectoryEvent
 from agentrl.rewards import components as C
-from agentrl.rewards.config import RewardConfig
+from agentrl.rewards.config import PartialCreditConfig, RewardConfig
 from agentrl.rewards.custom import EvaluateResult
 from agentrl.rewards.window import WindowState
 
@@ -140,59 +140,132 @@ def score_batch(
     The given `state` is not modified, so a caller whose commit fails keeps the old one.
     """
     stamp = (now or utcnow()).isoformat().replace("+00:00", "Z")
-    weights = config.component_weights()
-    pcc = config.partial_credit
-    if pcc is not None:
-        weights.update(pcc.weights)
-    names = list(weights)
-    is_partial = np.array([pcc is not None and name in C.PARTIAL for name in names], dtype=bool)
-    credits: list[C.PartialCredit | None] = [None] * len(items)
-    k_of = {name: j for j, name in enumerate(names)}
-    n, k = len(items), len(names)
-    got: list[list[C.ComponentScore | None]] = [[None] * k for _ in range(n)]
-    errors: list[list[dict[str, str]]] = [[] for _ in range(n)]
-    steps: list[dict[str, list[dict[str, Any]]]] = [{} for _ in range(n)]
-    feedback: list[C.FeedbackState] = []
-    j_tc, j_cq, j_uf, j_ef = (
-        k_of[C.TASK_COMPLETION],
-        k_of[C.CODE_QUALITY],
-        k_of[C.USER_FEEDBACK],
-        k_of[C.EFFICIENCY],
+    cols = _Columns.of(config)
+    scores = _Scores.without_history(items, cols, config)
+    new_turns = _score_efficiency(items, scores.got, cols.k_of[C.EFFICIENCY], state, config)
+    norm = _Normalised.of(scores.got, cols.names, state)
+    raw_total, norm_total, partial = _totals(norm, cols, scores.credits)
+    _, tot_mean, tot_std = state.component(TOTAL).batch_stats(raw_total, include_self=True)
+    norm.new_values[TOTAL] = raw_total.tolist()
+    rows = _Rows(
+        cols,
+        config,
+        stamp,
+        scores,
+        partial,
+        # NaN/inf -> 0.0 (JSON cannot carry them), as `_f` does, once per array
+        *(_finite(a) for a in (norm.z, norm.mean, norm.std)),
+        *(_finite(a) for a in (raw_total, norm_total, tot_mean, tot_std)),
     )
+    out = [Scored(rows.payload(i, item)) for i, item in enumerate(items)]
+    return out, state.updated(norm.new_values, new_turns)
 
-    # Components that need no history.
-    for i, item in enumerate(items):
-        traj = item.trajectory
-        fb = item.feedback or C.FeedbackState.from_trajectory(traj)
-        feedback.append(fb)
-        row = got[i]
-        row[j_tc] = C.task_completion(traj.outcome)
-        row[j_cq] = C.code_quality(item.code)
-        row[j_uf] = C.user_feedback(fb)
+
+@dataclass
+class _Columns:
+    """The batch's component columns: the configured weights in their order (partial
+    credit's after the base ones), and which columns are partial credit's (they feed its
+    bonus, not the base total)."""
+
+    weights: dict[str, float]
+    names: list[str]
+    k_of: dict[str, int]
+    is_partial: np.ndarray
+    pcc: PartialCreditConfig | None
+
+    @classmethod
+    def of(cls, config: RewardConfig) -> _Columns:
+        weights = config.component_weights()
+        pcc = config.partial_credit
         if pcc is not None:
-            pc = credits[i] = C.partial_credit(traj)
-            for name, cs in pc.components.items():
-                row[k_of[name]] = cs
-        for spec in config.custom_functions:
-            res = item.custom.get(spec.name)
-            if res is None or res.error:
-                errors[i].append(
-                    {
-                        "component": spec.name,
-                        "error": (res.error if res else None) or "reward function was not run",
-                    }
-                )
-                continue
-            row[k_of[spec.name]] = C.ComponentScore(
-                float(res.score),
-                source="custom",
-                reasoning=res.reason or "",
-                metrics={m: r.model_dump(exclude_none=True) for m, r in res.metrics.items()},
-            )
-            if res.step_outputs:
-                steps[i][spec.name] = [st.model_dump(exclude_none=True) for st in res.step_outputs]
+            weights.update(pcc.weights)
+        names = list(weights)
+        is_partial = np.array([pcc is not None and name in C.PARTIAL for name in names], dtype=bool)
+        return cls(weights, names, {name: j for j, name in enumerate(names)}, is_partial, pcc)
 
-    # Efficiency: each trajectory against the earlier ones of its domain.
+
+@dataclass
+class _Scores:
+    """Per trajectory: each column's score (None: it does not apply), the custom functions'
+    errors and step rows, the feedback and the partial credit (None when off)."""
+
+    got: list[list[C.ComponentScore | None]] = field(default_factory=list)
+    errors: list[list[dict[str, str]]] = field(default_factory=list)
+    steps: list[dict[str, list[dict[str, Any]]]] = field(default_factory=list)
+    feedback: list[C.FeedbackState] = field(default_factory=list)
+    credits: list[C.PartialCredit | None] = field(default_factory=list)
+
+    @classmethod
+    def without_history(
+        cls, items: Sequence[ScoringInput], cols: _Columns, config: RewardConfig
+    ) -> _Scores:
+        """The components that need no window: task completion, code quality, user
+        feedback, partial credit and the custom functions (efficiency is left None)."""
+        out = cls()
+        k_of = cols.k_of
+        j_tc, j_cq, j_uf = k_of[C.TASK_COMPLETION], k_of[C.CODE_QUALITY], k_of[C.USER_FEEDBACK]
+        for item in items:
+            traj = item.trajectory
+            fb = item.feedback or C.FeedbackState.from_trajectory(traj)
+            row: list[C.ComponentScore | None] = [None] * len(cols.names)
+            row[j_tc] = C.task_completion(traj.outcome)
+            row[j_cq] = C.code_quality(item.code)
+            row[j_uf] = C.user_feedback(fb)
+            credit = None
+            if cols.pcc is not None:
+                credit = C.partial_credit(traj)
+                for name, cs in credit.components.items():
+                    row[k_of[name]] = cs
+            errors: list[dict[str, str]] = []
+            steps: dict[str, list[dict[str, Any]]] = {}
+            _custom_scores(item, config, row, k_of, errors, steps)
+            out.got.append(row)
+            out.errors.append(errors)
+            out.steps.append(steps)
+            out.feedback.append(fb)
+            out.credits.append(credit)
+        return out
+
+
+def _custom_scores(
+    item: ScoringInput,
+    config: RewardConfig,
+    row: list[C.ComponentScore | None],
+    k_of: Mapping[str, int],
+    errors: list[dict[str, str]],
+    steps: dict[str, list[dict[str, Any]]],
+) -> None:
+    """The custom functions' results into `row`; one that failed or did not run is an
+    error of the reward (its weight still counts against the confidence), not a score."""
+    for spec in config.custom_functions:
+        res = item.custom.get(spec.name)
+        if res is None or res.error:
+            errors.append(
+                {
+                    "component": spec.name,
+                    "error": (res.error if res else None) or "reward function was not run",
+                }
+            )
+            continue
+        row[k_of[spec.name]] = C.ComponentScore(
+            float(res.score),
+            source="custom",
+            reasoning=res.reason or "",
+            metrics={m: r.model_dump(exclude_none=True) for m, r in res.metrics.items()},
+        )
+        if res.step_outputs:
+            steps[spec.name] = [st.model_dump(exclude_none=True) for st in res.step_outputs]
+
+
+def _score_efficiency(
+    items: Sequence[ScoringInput],
+    got: list[list[C.ComponentScore | None]],
+    j_ef: int,
+    state: WindowState,
+    config: RewardConfig,
+) -> dict[str, list[float]]:
+    """Efficiency into column `j_ef`: each trajectory against the earlier ones of its
+    domain (the window, then this batch in order); returns the turn counts to append."""
     by_domain: dict[str, list[int]] = defaultdict(list)
     for i, item in enumerate(items):
         by_domain[item.trajectory.task_context.domain].append(i)
@@ -210,154 +283,168 @@ def score_batch(
                 by_completion=config.efficiency_by_completion,
             )
         new_turns[domain] = turns
+    return new_turns
 
-    # Normalisation, vectorised: per component over its trailing window (this score included).
-    present = np.array([[cs is not None for cs in row] for row in got], dtype=bool).reshape(n, k)
-    raw = np.array(
-        [[cs.score if cs is not None else 0.0 for cs in row] for row in got], dtype=np.float64
-    ).reshape(n, k)
-    z = np.zeros((n, k))
-    win_mean = np.zeros((n, k))
-    win_std = np.zeros((n, k))
-    new_values: dict[str, list[float]] = {}
-    for j, name in enumerate(names):
-        rows = np.flatnonzero(present[:, j])
-        if rows.size == 0:
-            continue
-        vals = raw[rows, j]
-        _, mean, std = state.component(name).batch_stats(vals, include_self=True)
-        z[rows, j] = (vals - mean) / (std + EPS)
-        win_mean[rows, j] = mean
-        win_std[rows, j] = std
-        new_values[name] = vals.tolist()
 
-    w_all = np.array([weights[name] for name in names], dtype=np.float64)
-    w = np.where(is_partial, 0.0, w_all)  # the base total: without the partial credit
-    avail_w = present @ w
-    raw_total = np.where(
-        avail_w > 0, (raw * w).sum(axis=1) / np.where(avail_w > 0, avail_w, 1.0), 0.0
-    )
-    norm_total = (z * w).sum(axis=1)
-    partial: list[dict[str, Any]] = []
-    if pcc is not None:
-        # P = the weighted fraction of the checklist. A trajectory that did not succeed adds
-        # cap x gain x P, gain = what succeeding would add to its base total (task
-        # completion from its score to 1: (1 - s) x w_tc / sum w; 1 where task completion
-        # does not count): so it stays below the same trajectory succeeded. A success adds 0.
-        w_p = np.where(is_partial, w_all, 0.0)
-        avail_p = present @ w_p
-        safe_p = np.where(avail_p > 0, avail_p, 1.0)
-        p_raw = np.where(avail_p > 0, (raw * w_p).sum(axis=1) / safe_p, 0.0)
-        p_norm = np.where(avail_p > 0, (z * w_p).sum(axis=1) / safe_p, 0.0)
-        won = np.array([c is not None and c.success is True for c in credits], dtype=bool)
-        j_tc = k_of[C.TASK_COMPLETION]
-        counts = present[:, j_tc] & (w[j_tc] > 0)
-        share_tc = w[j_tc] / np.where(avail_w > 0, avail_w, 1.0)
-        gain_failed = np.where(counts, share_tc, 1.0)  # a failure's gain (per-turn scale)
-        gain = np.where(counts, (1.0 - raw[:, j_tc]) * share_tc, 1.0)
-        gain = np.where(won, gain_failed, gain)
-        bonus = np.where(won, 0.0, pcc.cap * gain * p_raw)
-        bonus_norm = np.where(won, 0.0, pcc.cap * gain * p_norm)
-        raw_total = raw_total + bonus
-        norm_total = norm_total + bonus_norm
-        for i, c in enumerate(credits):
-            assert c is not None
-            partial.append(
-                _turn_credit(c, w_p, names, present[i], float(avail_p[i]), pcc.cap * gain[i])
-                | {
-                    "cap": pcc.cap,
-                    "gain": _f(float(gain[i])),
-                    "score": _f(float(p_raw[i])),
-                    "bonus": _f(float(bonus[i])),
-                    "normalized_bonus": _f(float(bonus_norm[i])),
-                    "success": bool(won[i]),
-                }
-            )
-    _, tot_mean, tot_std = state.component(TOTAL).batch_stats(raw_total, include_self=True)
-    new_values[TOTAL] = raw_total.tolist()
+@dataclass
+class _Normalised:
+    """The scores as (trajectory x column) arrays, with each score's z against its
+    column's trailing window (this score included), and the values to append."""
 
-    # NaN/inf -> 0.0 (JSON cannot carry them), as `_f` does, once per array
-    zl, ml, sl = _finite(z), _finite(win_mean), _finite(win_std)
-    raw_l, norm_l, tm, ts = (
-        _finite(raw_total),
-        _finite(norm_total),
-        _finite(tot_mean),
-        _finite(tot_std),
-    )
-    cversion = config.calculator_version
-    kind = config.total_reward
-    out: list[Scored] = []
-    for i, item in enumerate(items):
-        traj = item.trajectory
-        comps: dict[str, Any] = {}
-        informative_w = applicable_w = 0.0
-        not_applicable: list[str] = []
-        errored = {e["component"] for e in errors[i]}
+    present: np.ndarray
+    raw: np.ndarray
+    z: np.ndarray
+    mean: np.ndarray
+    std: np.ndarray
+    new_values: dict[str, list[float]]
+
+    @classmethod
+    def of(
+        cls, got: list[list[C.ComponentScore | None]], names: Sequence[str], state: WindowState
+    ) -> _Normalised:
+        n, k = len(got), len(names)
+        present = np.array([[cs is not None for cs in row] for row in got], dtype=bool).reshape(
+            n, k
+        )
+        raw = np.array(
+            [[cs.score if cs is not None else 0.0 for cs in row] for row in got], dtype=np.float64
+        ).reshape(n, k)
+        z, win_mean, win_std = np.zeros((n, k)), np.zeros((n, k)), np.zeros((n, k))
+        new_values: dict[str, list[float]] = {}
         for j, name in enumerate(names):
-            cs = got[i][j]
-            wj = weights[name]
-            if cs is None:
-                if name in errored:
-                    applicable_w += wj
-                else:
-                    not_applicable.append(name)
+            rows = np.flatnonzero(present[:, j])
+            if rows.size == 0:
                 continue
-            if not is_partial[j]:  # confidence is the base total's
-                applicable_w += wj
-                if cs.informative:
-                    informative_w += wj
-            # Built without nulls (the wire form has none): only user-supplied parts (a
-            # custom function's metrics) go through the generic stripping.
-            comp: dict[str, Any] = {"score": cs.score, "weight": wj, **_source(cs.source)}
-            if cs.reasoning:
-                comp["reasoning"] = cs.reasoning
-            comp["normalized_score"] = zl[i][j]
-            comp["window_mean"] = ml[i][j]
-            comp["window_std"] = sl[i][j]
-            if cs.metrics:
-                comp["metrics"] = (
-                    _without_nulls(cs.metrics)
-                    if cs.source == "custom"
-                    else {k: v for k, v in cs.metrics.items() if v is not None}
-                )
-            comps[name] = comp
-        uf = got[i][j_uf]
-        human = uf is not None and uf.source in ("human", "implicit")
-        meta: dict[str, Any] = {
-            "evaluator": config.evaluator,
-            "evaluation_method": "hybrid" if human else "automated",
-            "confidence": round(informative_w / applicable_w, 4) if applicable_w > 0 else 0.0,
-            "errors": errors[i],
-            "not_applicable": not_applicable,
-            "redactions": dict(item.redactions),
-            "feedback": {k: v for k, v in feedback[i].to_dict().items() if v is not None},
-            "domain": traj.task_context.domain,
-        }
-        if traj.metadata.model is not None:
-            # the serving version (gateway's `model`): rewards are attributed per version
-            meta["model"] = traj.metadata.model
-        step_rows = _without_nulls(steps[i]) if steps[i] else {}
-        if partial:
-            pc_meta = partial[i]
+            vals = raw[rows, j]
+            _, mean, std = state.component(name).batch_stats(vals, include_self=True)
+            z[rows, j] = (vals - mean) / (std + EPS)
+            win_mean[rows, j] = mean
+            win_std[rows, j] = std
+            new_values[name] = vals.tolist()
+        return cls(present, raw, z, win_mean, win_std, new_values)
+
+
+def _totals(
+    norm: _Normalised, cols: _Columns, credits: Sequence[C.PartialCredit | None]
+) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
+    """(raw totals, normalised totals, partial credit's metadata per trajectory, [] when
+    off): the weighted mean of the base components that apply, plus partial credit's bonus."""
+    w_all = np.array([cols.weights[name] for name in cols.names], dtype=np.float64)
+    w = np.where(cols.is_partial, 0.0, w_all)  # the base total: without the partial credit
+    avail_w = norm.present @ w
+    raw_total = np.where(
+        avail_w > 0, (norm.raw * w).sum(axis=1) / np.where(avail_w > 0, avail_w, 1.0), 0.0
+    )
+    norm_total = (norm.z * w).sum(axis=1)
+    if cols.pcc is None:
+        return raw_total, norm_total, []
+    bonus, bonus_norm, partial = _partial_bonus(norm, cols, cols.pcc, credits, w_all, w, avail_w)
+    return raw_total + bonus, norm_total + bonus_norm, partial
+
+
+def _partial_bonus(
+    norm: _Normalised,
+    cols: _Columns,
+    pcc: PartialCreditConfig,
+    credits: Sequence[C.PartialCredit | None],
+    w_all: np.ndarray,
+    w: np.ndarray,
+    avail_w: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
+    """Partial credit's bonus (raw and normalised) and its metadata per trajectory.
+
+    P = the weighted fraction of the checklist. A trajectory that did not succeed adds
+    cap x gain x P, gain = what succeeding would add to its base total (task completion
+    from its score to 1: (1 - s) x w_tc / sum w; 1 where task completion does not count):
+    so it stays below the same trajectory succeeded. A success adds 0."""
+    present, raw = norm.present, norm.raw
+    w_p = np.where(cols.is_partial, w_all, 0.0)
+    avail_p = present @ w_p
+    safe_p = np.where(avail_p > 0, avail_p, 1.0)
+    p_raw = np.where(avail_p > 0, (raw * w_p).sum(axis=1) / safe_p, 0.0)
+    p_norm = np.where(avail_p > 0, (norm.z * w_p).sum(axis=1) / safe_p, 0.0)
+    won = np.array([c is not None and c.success is True for c in credits], dtype=bool)
+    j_tc = cols.k_of[C.TASK_COMPLETION]
+    counts = present[:, j_tc] & (w[j_tc] > 0)
+    share_tc = w[j_tc] / np.where(avail_w > 0, avail_w, 1.0)
+    gain_failed = np.where(counts, share_tc, 1.0)  # a failure's gain (per-turn scale)
+    gain = np.where(counts, (1.0 - raw[:, j_tc]) * share_tc, 1.0)
+    gain = np.where(won, gain_failed, gain)
+    bonus = np.where(won, 0.0, pcc.cap * gain * p_raw)
+    bonus_norm = np.where(won, 0.0, pcc.cap * gain * p_norm)
+    partial: list[dict[str, Any]] = []
+    for i, c in enumerate(credits):
+        assert c is not None
+        partial.append(
+            _turn_credit(c, w_p, cols.names, present[i], float(avail_p[i]), pcc.cap * gain[i])
+            | {
+                "cap": pcc.cap,
+                "gain": _f(float(gain[i])),
+                "score": _f(float(p_raw[i])),
+                "bonus": _f(float(bonus[i])),
+                "normalized_bonus": _f(float(bonus_norm[i])),
+                "success": bool(won[i]),
+            }
+        )
+    return bonus, bonus_norm, partial
+
+
+@dataclass
+class _Rows:
+    """What a batch's payloads are built from, as plain lists (finite: NaN/inf as 0.0)."""
+
+    cols: _Columns
+    config: RewardConfig
+    stamp: str
+    scores: _Scores
+    partial: list[dict[str, Any]]
+    z: list[list[float]]
+    mean: list[list[float]]
+    std: list[list[float]]
+    raw_total: list[float]
+    norm_total: list[float]
+    total_mean: list[float]
+    total_std: list[float]
+    # read once per batch: `calculator_version` hashes the config; numpy's bools per
+    # element cost as much as the rest of a row's loop
+    calculator_version: str = field(init=False)
+    columns: list[tuple[str, float, bool]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.calculator_version = self.config.calculator_version
+        weights = self.cols.weights
+        self.columns = [
+            (name, weights[name], bool(partial))
+            for name, partial in zip(self.cols.names, self.cols.is_partial, strict=True)
+        ]
+
+    def payload(self, i: int, item: ScoringInput) -> dict[str, Any]:
+        """Trajectory i's reward in its wire form (`_payload`, built without nulls)."""
+        traj, config = item.trajectory, self.config
+        kind = config.total_reward
+        comps, meta = self._components(i), self._metadata(i, item)
+        step_rows = _without_nulls(self.scores.steps[i]) if self.scores.steps[i] else {}
+        if self.partial:
+            pc_meta = self.partial[i]
             per_turn = pc_meta.pop("per_turn")
             step_rows["partial_credit"] = pc_meta.pop("rows")
             meta["partial_credit"] = pc_meta
-            total = raw_l[i] if kind == "raw" else norm_l[i]
+            total = self.raw_total[i] if kind == "raw" else self.norm_total[i]
             meta["turn_rewards"] = turn_rewards_for(per_turn, total)
-        payload = _payload(
+        return _payload(
             traj.trajectory_id,
             traj.session_id,
-            stamp,
+            self.stamp,
             comps,
-            raw_l[i],
-            norm_l[i],
+            self.raw_total[i],
+            self.norm_total[i],
             kind,
             version=1,
-            calculator_version=cversion,
+            calculator_version=self.calculator_version,
             normalization={
                 "method": "z-score",
-                "mean": tm[i],
-                "std": ts[i],
+                "mean": self.total_mean[i],
+                "std": self.total_std[i],
                 "window": config.window,
                 "scope": NORMALIZATION_SCOPE,
             },
@@ -365,8 +452,66 @@ def score_batch(
             step_rewards=step_rows,
             strip=False,
         )
-        out.append(Scored(payload))
-    return out, state.updated(new_values, new_turns)
+
+    def _components(self, i: int) -> dict[str, Any]:
+        """`reward_components` of trajectory i: the columns that scored, in column order."""
+        comps: dict[str, Any] = {}
+        row = zip(
+            self.columns, self.scores.got[i], self.z[i], self.mean[i], self.std[i], strict=True
+        )
+        for (name, wj, _), cs, z, mean, std in row:
+            if cs is None:
+                continue
+            # Built without nulls (the wire form has none): only user-supplied parts (a
+            # custom function's metrics) go through the generic stripping.
+            comp: dict[str, Any] = {"score": cs.score, "weight": wj, **_source(cs.source)}
+            if cs.reasoning:
+                comp["reasoning"] = cs.reasoning
+            comp["normalized_score"] = z
+            comp["window_mean"] = mean
+            comp["window_std"] = std
+            if cs.metrics:
+                comp["metrics"] = (
+                    _without_nulls(cs.metrics)
+                    if cs.source == "custom"
+                    else {k: v for k, v in cs.metrics.items() if v is not None}
+                )
+            comps[name] = comp
+        return comps
+
+    def _metadata(self, i: int, item: ScoringInput) -> dict[str, Any]:
+        """Trajectory i's `metadata` before partial credit's: who scored, how confidently
+        (the informative share of the applicable base weight), what did not apply."""
+        traj, scores = item.trajectory, self.scores
+        informative_w = applicable_w = 0.0
+        not_applicable: list[str] = []
+        errored = {e["component"] for e in scores.errors[i]}
+        for (name, wj, partial), cs in zip(self.columns, scores.got[i], strict=True):
+            if cs is None:
+                if name in errored:
+                    applicable_w += wj
+                else:
+                    not_applicable.append(name)
+            elif not partial:  # confidence is the base total's
+                applicable_w += wj
+                if cs.informative:
+                    informative_w += wj
+        uf = scores.got[i][self.cols.k_of[C.USER_FEEDBACK]]
+        human = uf is not None and uf.source in ("human", "implicit")
+        meta: dict[str, Any] = {
+            "evaluator": self.config.evaluator,
+            "evaluation_method": "hybrid" if human else "automated",
+            "confidence": round(informative_w / applicable_w, 4) if applicable_w > 0 else 0.0,
+            "errors": scores.errors[i],
+            "not_applicable": not_applicable,
+            "redactions": dict(item.redactions),
+            "feedback": {k: v for k, v in scores.feedback[i].to_dict().items() if v is not None},
+            "domain": traj.task_context.domain,
+        }
+        if traj.metadata.model is not None:
+            # the serving version (gateway's `model`): rewards are attributed per version
+            meta["model"] = traj.metadata.model
+        return meta
 
 
 NORMALIZATION_SCOPE = "component z-scores are in reward_components.*.normalized_score; mean/std here are of raw totals"

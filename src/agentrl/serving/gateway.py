@@ -37,7 +37,7 @@ import os
 import random
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -1032,13 +1032,12 @@ async def _stream(
     tracked: Any = None,
     stats: VersionStats | None = None,
 ) -> Response:
+    """A streamed answer: the backend's first item decides the status (a failing backend
+    still gets a 502/504), then `_StreamRun` turns the items into server-sent events."""
     stats = stats or state.stats_for(model_id)
     source = backend.stream(model_id, body).__aiter__()
-    try:  # the first item decides the status: a failing backend still gets a 502/504
-        async with asyncio.timeout(state.timeout_s):
-            first = await source.__anext__()
-    except StopAsyncIteration:
-        first = None
+    try:
+        first = await _next_item(source, state.timeout_s)
     except BaseException as exc:
         if isinstance(exc, asyncio.CancelledError):
             raise
@@ -1046,174 +1045,243 @@ async def _stream(
         if tracked is not None and state.capture is not None:
             _capture_failed(state.capture, tracked, body, failure, completion_id, model_id)
         return failure
-    # a guided_choice streams as it decodes (the local engine decodes a streamed choice
-    # token by token; an upstream sends its own chunks)
-    buffered = bool(body.tools and body.tool_choice != "none") or bool(body.stops())
-    live_calls = ToolCallStream() if ToolCallStream.wanted(body) else None
-    include_usage = bool((body.stream_options or {}).get("include_usage"))
-    # what the client was sent, for the log row of a stream it closes early: the tokens
-    # whose text went out (a chunk counts once its send returned), or the upstream's chunks.
-    # A buffered or tool-call answer sends no token's text as such before its end: a row
-    # without completion tokens (training falls back to the turn's text)
-    got_ids: list[int] = []
-    got_lps: list[float] = []
-    shown = 0
-    sent_chunks: list[dict[str, Any]] = []  # an upstream's, as they went out (summed on cancel)
-    logged = False
+    run = _StreamRun(
+        state, backend, model_id, body, completion_id, session, started, tracked, stats
+    )
+    run.response = _ClosingStream(run.events(first, source), source, state, run.cancelled, headers)
+    return run.response
 
-    def cancelled() -> None:
-        if logged:
-            return
-        engine: Any = getattr(backend, "engine", None)
-        if hasattr(engine, "partial"):
-            gen = engine.partial(body, got_ids[:shown], got_lps[:shown])
-        else:  # an upstream's chunks as they went out (token ids where it sends them)
-            gen = Generation(content="")
-            for c in sent_chunks:
-                _accumulate(gen, c)
-            gen.finish_reason = "cancelled"
-        stats.completion_tokens += len(got_ids)
-        _log(state, completion_id, model_id, session, gen)
-        if tracked is not None and state.capture is not None:
-            state.capture.failed(
-                tracked,
-                body,
-                499,
-                "the client closed the stream before its end"
-                + (f" ({shown} of {len(got_ids)} tokens sent)" if got_ids else ""),
-                completion_id,
-                model_id,
-            )
 
-    async def events() -> AsyncIterator[bytes]:
-        nonlocal shown, logged
-        tokenizer = getattr(getattr(backend, "engine", None), "tokenizer", None)
-        eos: set[int] = getattr(getattr(backend, "engine", None), "eos_ids", set())
-        ids: list[int] = []
-        sent = ""
-        if tokenizer is not None:
-            yield _sse(chunk(completion_id, model_id, {"role": "assistant", "content": ""}))
-        item: tuple[str, Any] | None = first
+async def _next_item(source: AsyncIterator[tuple[str, Any]], timeout_s: float) -> Any:
+    """The backend's next item, None at its end; a stalled backend is a TimeoutError
+    (asyncio.timeout: no task, unlike wait_for)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await source.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+@dataclass(eq=False)
+class _StreamRun:
+    """One streamed answer after its first item: the events sent, what the client was sent
+    (for the log row of a stream it closes early), and the completion's accounting.
+
+    Items: ("token", (id, log-prob, tops)) from the local engine, ("chunks", [...]) from an
+    upstream (passed through under our id and version), ("done", Generation) at the end.
+    A guided_choice streams as it decodes (the local engine decodes a streamed choice token
+    by token; an upstream sends its own chunks); a tools answer (with its tool_choice not
+    "none") or one with stop strings is buffered to its end, unless its calls stream live."""
+
+    state: GatewayState
+    backend: Backend
+    model_id: str
+    body: ChatRequest
+    completion_id: str
+    session: str | None
+    started: float
+    tracked: Any  # the request's headers when capture tracks it, else None
+    stats: VersionStats
+    # what the client was sent: the tokens whose text went out (a chunk counts once its
+    # send returned), or the upstream's chunks. A buffered or tool-call answer sends no
+    # token's text as such before its end: a row without completion tokens (training
+    # falls back to the turn's text)
+    got_ids: list[int] = field(default_factory=list)
+    got_lps: list[float] = field(default_factory=list)
+    shown: int = 0
+    sent_chunks: list[dict[str, Any]] = field(default_factory=list)  # summed on cancel
+    ids: list[int] = field(default_factory=list)  # the decoded tokens (eos left out)
+    sent: str = ""  # the text sent so far
+    logged: bool = False
+    response: _ClosingStream | None = None
+
+    def __post_init__(self) -> None:
+        body = self.body
+        self.buffered = bool(body.tools and body.tool_choice != "none") or bool(body.stops())
+        self.live_calls = ToolCallStream() if ToolCallStream.wanted(body) else None
+        self.include_usage = bool((body.stream_options or {}).get("include_usage"))
+        engine = getattr(self.backend, "engine", None)
+        self.tokenizer: Any = getattr(engine, "tokenizer", None)
+        self.eos: set[int] = getattr(engine, "eos_ids", set())
+
+    async def events(
+        self, first: tuple[str, Any] | None, source: AsyncIterator[tuple[str, Any]]
+    ) -> AsyncIterator[bytes]:
+        """The decode loop: each item's events, an in-band error if the backend fails
+        mid-stream, then [DONE] (the response's last piece)."""
+        if self.tokenizer is not None:
+            yield self._chunk({"role": "assistant", "content": ""})
+        item = first
         try:
             while item is not None:
                 kind, value = item
                 if kind == "token":
-                    got_ids.append(value[0])
-                    got_lps.append(value[1])
-                if kind == "chunks":  # upstream: pass through under our id and version
+                    self.got_ids.append(value[0])
+                    self.got_lps.append(value[1])
+                    if self.tokenizer is None:  # no text of ours to send
+                        pass
+                    elif self.live_calls is not None:
+                        for delta in self._call_deltas(self.live_calls, value[0]):
+                            yield delta
+                    elif not self.buffered and (text := self._token_text(value)) is not None:
+                        yield text
+                        self.shown = len(self.got_ids)  # sent: the client has their text
+                elif kind == "chunks":  # upstream: pass through under our id and version
                     for c in value:  # (the chunks of one read: one write)
-                        c["id"], c["model"] = completion_id, model_id
+                        c["id"], c["model"] = self.completion_id, self.model_id
                     yield b"".join([_sse(c) for c in value])
-                    sent_chunks.extend(value)
-                elif kind == "token" and live_calls is not None and tokenizer is not None:
-                    if value[0] not in eos:  # a tools answer: OpenAI's deltas as it decodes
-                        ids.append(value[0])
-                    text = tokenizer.decode(ids, skip_special_tokens=True)
-                    if not text.endswith("\ufffd"):
-                        for delta in live_calls.feed(text):
-                            yield _sse(chunk(completion_id, model_id, delta))
-                elif kind == "token" and not buffered and tokenizer is not None:
-                    tok, lp, tops = value
-                    if tok not in eos:
-                        ids.append(tok)
-                    text = tokenizer.decode(ids, skip_special_tokens=True)
-                    if not text.endswith("\ufffd") and len(text) > len(sent):
-                        delta, sent = text[len(sent) :], text
-                        lpb = None
-                        if body.logprobs:
-                            t = tokenizer.decode([tok])
-                            alts = [
-                                {"token": tokenizer.decode([a]), "logprob": v, "bytes": None}
-                                for a, v in tops
-                            ]
-                            lpb = {
-                                "content": [
-                                    {
-                                        "token": t,
-                                        "logprob": lp,
-                                        "bytes": list(t.encode()),
-                                        "top_logprobs": alts,
-                                    }
-                                ]
-                            }
-                        yield _sse(chunk(completion_id, model_id, {"content": delta}, logprobs=lpb))
-                        shown = len(got_ids)  # sent: the client has these tokens' text
+                    self.sent_chunks.extend(value)
                 elif kind == "done":
-                    gen: Generation = value
-                    if tokenizer is not None:
-                        if live_calls is not None:
-                            text = tokenizer.decode(
-                                [i for i in gen.completion_token_ids if i not in eos],
-                                skip_special_tokens=True,
-                            )
-                            for delta in live_calls.finish(text, gen.tool_calls):
-                                yield _sse(chunk(completion_id, model_id, delta))
-                        elif gen.tool_calls:
-                            for delta in tool_call_deltas(gen.tool_calls):
-                                yield _sse(chunk(completion_id, model_id, delta))
-                        elif buffered or len(gen.content or "") > len(sent):
-                            rest = (gen.content or "")[len(sent) if not buffered else 0 :]
-                            lpb = (
-                                logprobs_block(gen, body.top_logprobs)
-                                if (buffered and body.logprobs)
-                                else None
-                            )
-                            if rest or lpb:
-                                yield _sse(
-                                    chunk(completion_id, model_id, {"content": rest}, logprobs=lpb)
-                                )
-                        yield _sse(chunk(completion_id, model_id, {}, gen.finish_reason))
-                        if include_usage:
-                            usage = {
-                                "prompt_tokens": gen.prompt_tokens,
-                                "completion_tokens": gen.completion_tokens,
-                                "total_tokens": gen.prompt_tokens + gen.completion_tokens,
-                            }
-                            yield _sse(
-                                {
-                                    "id": completion_id,
-                                    "object": "chat.completion.chunk",
-                                    "created": int(time.time()),
-                                    "model": model_id,
-                                    "choices": [],
-                                    "usage": usage,
-                                }
-                            )
-                    stats.latency_ms.append((time.perf_counter() - started) * 1000)
-                    stats.completion_tokens += gen.completion_tokens
-                    _log(state, completion_id, model_id, session, gen)
-                    logged = True
-                    if tracked is not None and state.capture is not None:
-                        state.capture.observe(tracked, body, gen, completion_id, model_id)
-                    elif state.capture is not None:
-                        state.capture.served(completion_id)
-                try:  # a stalled backend is a timeout mid-stream (in-band error below)
-                    async with asyncio.timeout(state.timeout_s):  # (no task, unlike wait_for)
-                        item = await source.__anext__()
-                except StopAsyncIteration:
-                    item = None
+                    if self.tokenizer is not None:
+                        for piece in self._final_events(value):
+                            yield piece
+                    self._completed(value)
+                item = await _next_item(source, self.state.timeout_s)
         except Exception as exc:  # mid-stream failure: tell the client in-band, count it
-            status, msg = classify(exc, model_id)
-            if status >= 500:  # the backend's own failure
-                stats.errors += 1
-                if status == 504:
-                    stats.timeouts += 1
-            else:
-                _note_refusal(state, model_id, status, msg)
-            if tracked is not None and state.capture is not None and not logged:
-                state.capture.failed(
-                    tracked, body, status, f"failed mid-stream: {msg}", completion_id, model_id
-                )
-            yield _sse(
-                error_body(
-                    f"model version {model_id} failed mid-stream: {msg}",
-                    "server_error" if status >= 500 else "invalid_request_error",
-                    str(status),
-                )
-            )
-        response.last = True
+            yield self._failed_mid_stream(exc)
+        assert self.response is not None
+        self.response.last = True
         yield b"data: [DONE]\n\n"
-        response.finished = True
+        self.response.finished = True
 
-    response = _ClosingStream(events(), source, state, cancelled, headers)
-    return response
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None, **kw: Any) -> bytes:
+        """One chunk of this completion as a server-sent event."""
+        return _sse(chunk(self.completion_id, self.model_id, delta, finish, **kw))
+
+    def _call_deltas(self, live_calls: ToolCallStream, token: int) -> Iterator[bytes]:
+        """A tools answer: OpenAI's tool-call deltas as it decodes."""
+        if token not in self.eos:
+            self.ids.append(token)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if not text.endswith("\ufffd"):
+            for delta in live_calls.feed(text):
+                yield self._chunk(delta)
+
+    def _token_text(self, value: tuple[int, float, Any]) -> bytes | None:
+        """The text a token adds (None while it ends in a partial character), with its
+        log-probs when asked for."""
+        tok, lp, tops = value
+        tokenizer = self.tokenizer
+        if tok not in self.eos:
+            self.ids.append(tok)
+        text = tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd") or len(text) <= len(self.sent):
+            return None
+        delta, self.sent = text[len(self.sent) :], text
+        lpb = None
+        if self.body.logprobs:
+            t = tokenizer.decode([tok])
+            alts = [{"token": tokenizer.decode([a]), "logprob": v, "bytes": None} for a, v in tops]
+            lpb = {
+                "content": [
+                    {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": alts}
+                ]
+            }
+        return self._chunk({"content": delta}, logprobs=lpb)
+
+    def _final_events(self, gen: Generation) -> Iterator[bytes]:
+        """The local engine's last events: the rest of the answer (all of it when
+        buffered) or its tool calls, the finish reason, and the usage when asked for."""
+        if self.live_calls is not None:
+            text = self.tokenizer.decode(
+                [i for i in gen.completion_token_ids if i not in self.eos],
+                skip_special_tokens=True,
+            )
+            for delta in self.live_calls.finish(text, gen.tool_calls):
+                yield self._chunk(delta)
+        elif gen.tool_calls:
+            for delta in tool_call_deltas(gen.tool_calls):
+                yield self._chunk(delta)
+        elif self.buffered or len(gen.content or "") > len(self.sent):
+            rest = (gen.content or "")[len(self.sent) if not self.buffered else 0 :]
+            lpb = (
+                logprobs_block(gen, self.body.top_logprobs)
+                if (self.buffered and self.body.logprobs)
+                else None
+            )
+            if rest or lpb:
+                yield self._chunk({"content": rest}, logprobs=lpb)
+        yield self._chunk({}, gen.finish_reason)
+        if self.include_usage:
+            usage = {
+                "prompt_tokens": gen.prompt_tokens,
+                "completion_tokens": gen.completion_tokens,
+                "total_tokens": gen.prompt_tokens + gen.completion_tokens,
+            }
+            yield _sse(
+                {
+                    "id": self.completion_id,
+                    "object": "chat.completion.chunk",
+                    "created": int(time.time()),
+                    "model": self.model_id,
+                    "choices": [],
+                    "usage": usage,
+                }
+            )
+
+    def _completed(self, gen: Generation) -> None:
+        """The finished completion: latency, tokens, its log row and capture."""
+        state, stats = self.state, self.stats
+        stats.latency_ms.append((time.perf_counter() - self.started) * 1000)
+        stats.completion_tokens += gen.completion_tokens
+        _log(state, self.completion_id, self.model_id, self.session, gen)
+        self.logged = True
+        if self.tracked is not None and state.capture is not None:
+            state.capture.observe(self.tracked, self.body, gen, self.completion_id, self.model_id)
+        elif state.capture is not None:
+            state.capture.served(self.completion_id)
+
+    def _failed_mid_stream(self, exc: Exception) -> bytes:
+        """A failure after the 200 went out: counted as the backend's (>= 500) or refused
+        as the input's, told to capture, and sent as an in-band error event."""
+        state, model_id = self.state, self.model_id
+        status, msg = classify(exc, model_id)
+        if status >= 500:  # the backend's own failure
+            self.stats.errors += 1
+            if status == 504:
+                self.stats.timeouts += 1
+        else:
+            _note_refusal(state, model_id, status, msg)
+        if self.tracked is not None and state.capture is not None and not self.logged:
+            state.capture.failed(
+                self.tracked,
+                self.body,
+                status,
+                f"failed mid-stream: {msg}",
+                self.completion_id,
+                model_id,
+            )
+        return _sse(
+            error_body(
+                f"model version {model_id} failed mid-stream: {msg}",
+                "server_error" if status >= 500 else "invalid_request_error",
+                str(status),
+            )
+        )
+
+    def cancelled(self) -> None:
+        """The log row (and capture's failed turn) of a stream the client closed early:
+        what it was sent, as the engine's partial generation or the upstream's chunks."""
+        if self.logged:
+            return
+        got_ids, shown = self.got_ids, self.shown
+        engine: Any = getattr(self.backend, "engine", None)
+        if hasattr(engine, "partial"):
+            gen = engine.partial(self.body, got_ids[:shown], self.got_lps[:shown])
+        else:  # an upstream's chunks as they went out (token ids where it sends them)
+            gen = Generation(content="")
+            for c in self.sent_chunks:
+                _accumulate(gen, c)
+            gen.finish_reason = "cancelled"
+        self.stats.completion_tokens += len(got_ids)
+        _log(self.state, self.completion_id, self.model_id, self.session, gen)
+        if self.tracked is not None and self.state.capture is not None:
+            self.state.capture.failed(
+                self.tracked,
+                self.body,
+                499,
+                "the client closed the stream before its end"
+                + (f" ({shown} of {len(got_ids)} tokens sent)" if got_ids else ""),
+                self.completion_id,
+                self.model_id,
+            )
