@@ -3,6 +3,7 @@
 # crate sources: never crates.io. As root it apt-installs the librust-*-dev packages the
 # crate needs (their dependencies come along); the binary lands in
 # gateway-front/target/release/gateway-front, where `agentrl.serving.front` finds it.
+# FRONT_PROFILE=quick: an unoptimised build in target/quick/ (the tests' build, half the CPU).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 crates=(
@@ -29,5 +30,6 @@ cargo="$(command -v cargo || echo "$HOME/.cargo/bin/cargo")"
 [ -x "$cargo" ] || { echo "[front] cargo not found (rustup or apt-get install cargo)" >&2; exit 1; }
 cd "$root/gateway-front"
 # .cargo/config.toml points crates-io at /usr/share/cargo/registry; --offline: no network
-"$cargo" build --release --offline
-echo "[front] built $root/gateway-front/target/release/gateway-front"
+profile="${FRONT_PROFILE:-release}"
+"$cargo" build --profile "$profile" --offline
+echo "[front] built $root/gateway-front/target/$profile/gateway-front"
