@@ -79,7 +79,7 @@ class Timers:
                 self.step += dt
                 self.steps[n].append(dt)
 
-        decoding.BatchDecoder.step = timed_step  # type: ignore[method-assign]
+        decoding.BatchDecoder.step = timed_step  # type: ignore[method-assign,assignment]
         self._undo = [lambda: setattr(engine, "_forward", forward),
                       lambda: setattr(decoding.BatchDecoder, "step", step)]  # fmt: skip
 
@@ -120,6 +120,15 @@ def _profile(path: Path, seconds: float) -> subprocess.Popen[bytes]:
     cmd = [str(spy), "record", "--native", "--nonblocking", "-r", "50", "-f", "speedscope",
            "-o", str(path), "-d", str(max(1, int(seconds))), "-p", str(os.getpid())]  # fmt: skip
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _p50_by_batch(steps: dict[int, list[float]]) -> dict[str, float]:
+    """Median step milliseconds per batch size (sizes seen at least 5 times)."""
+    return {
+        str(n): round(1000 * statistics.median(v), 1)
+        for n, v in sorted(steps.items())
+        if len(v) >= 5
+    }
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -219,15 +228,20 @@ async def run_acting(cfg: ActingBench) -> dict[str, Any]:
             episodes_per_min_second_half=round(60.0 * len(half) / (wall / 2), 2),
             gen_tokens=gen,
             gen_tokens_per_s=round(gen / wall, 2),
-            decode_tokens_per_s=round(d.get("decode_rows", 0) / max(timers.forward_decode, 1e-9), 2),
+            decode_tokens_per_s=round(
+                d.get("decode_rows", 0) / max(timers.forward_decode, 1e-9), 2
+            ),
             prefill_tokens=prefilled,
             prefill_tokens_per_s=round(prefilled / max(timers.forward_prefill, 1e-9), 1),
             cached_tokens=cached,
             prefix_cache_hit_share=round(cached / max(1, cached + prefilled), 3),
             prefix_hits=engine.prefixes.hits - hits0,
             batch_mean=round(d.get("decode_rows", 0) / max(1, d.get("decode_steps", 0)), 1),
-            batch_p50={str(n): round(1000 * statistics.median(v), 1)
-                       for n, v in sorted(timers.steps.items()) if len(v) >= 5},  # fmt: skip
+            batch_p50={
+                str(n): round(1000 * statistics.median(v), 1)
+                for n, v in sorted(timers.steps.items())
+                if len(v) >= 5
+            },  # fmt: skip
             step_ms_p50=round(1000 * _pct([x for v in timers.steps.values() for x in v], 0.5), 1),
             share_forward=round(forward / wall, 3),
             share_prefill=round(timers.forward_prefill / wall, 3),

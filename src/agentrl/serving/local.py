@@ -134,14 +134,19 @@ class LocalEngine:
         threads: int = 0,
         prefix_cache_mb: float = PREFIX_CACHE_MB,
         score_batch_size: int = 32,
+        packed_weights: bool = True,
     ) -> None:
         from agentrl.llm.loading import load_policy
+        from agentrl.serving.packed import pack_linears
 
         torch.set_num_threads(engine_threads(threads))
 
         policy = load_policy(base, seed=seed, tiny_kwargs=tiny_kwargs)
         self.base_spec = {"name": base, "seed": seed, "tiny_kwargs": tiny_kwargs}
         self.model: Any = policy.model.eval()
+        # the Linear layers on weights packed once for MKL's GEMM (`serving.packed`): the
+        # same results bit for bit, without repacking every weight on every decode step
+        self.packed_layers = pack_linears(self.model) if packed_weights else 0
         self.tokenizer = policy.tokenizer
         # every version's LoRA over the plain base, applied per batch row (`multilora`)
         self.lora = MultiLora(self.model)
