@@ -241,7 +241,7 @@ async def run_acting(cfg: ActingBench) -> dict[str, Any]:
                 str(n): round(1000 * statistics.median(v), 1)
                 for n, v in sorted(timers.steps.items())
                 if len(v) >= 5
-            },  # fmt: skip
+            },
             step_ms_p50=round(1000 * _pct([x for v in timers.steps.values() for x in v], 0.5), 1),
             share_forward=round(forward / wall, 3),
             share_prefill=round(timers.forward_prefill / wall, 3),
