@@ -117,7 +117,7 @@ async def _serve(app: Any) -> tuple[Any, asyncio.Task[None], int]:
 def _profile(path: Path, seconds: float) -> subprocess.Popen[bytes]:
     """py-spy sampling this process (all threads, native frames) for `seconds`."""
     spy = Path(sys.executable).with_name("py-spy")
-    cmd = [str(spy), "record", "--native", "--nonblocking", "-r", "50", "-f", "speedscope",
+    cmd = [str(spy), "record", "--native", "-r", "50", "-f", "speedscope",
            "-o", str(path), "-d", str(max(1, int(seconds))), "-p", str(os.getpid())]  # fmt: skip
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
