@@ -251,6 +251,11 @@ async def run_acting(cfg: ActingBench) -> dict[str, Any]:
             share_tools=round(tool_s[0] / wall, 3),
             share_other=round(max(0.0, 1 - (forward + grammar + sampling) / wall), 3),
             process_cpu_share=round(cpu / wall, 3),
+            # load-independent: this process's CPU seconds per episode
+            cpu_s_per_episode=round(cpu / max(1, len(done)), 2),
+            threads_now=engine.cores.current if hasattr(engine, "cores") else out["torch_threads"],
+            thread_switches=getattr(getattr(engine, "cores", None), "switches", 0),
+            others_cores=round(getattr(getattr(engine, "cores", None), "others", -1.0), 2),
             failed_groups=agents.failed,
             cut_by_token_cap=agents.cut["acting"],
             replies=agents.cut["acting_replies"],
@@ -278,7 +283,7 @@ def table(out: dict[str, Any]) -> str:
     keys = ("episodes_per_min", "gen_tokens_per_s", "decode_tokens_per_s", "prefill_tokens_per_s",
             "prefix_cache_hit_share", "batch_mean", "share_forward", "share_prefill",
             "share_decode", "share_mask", "share_sampling", "share_tools", "share_other",
-            "process_cpu_share", "wall_s", "load_1m")  # fmt: skip
+            "process_cpu_share", "cpu_s_per_episode", "threads_now", "others_cores", "wall_s", "load_1m")  # fmt: skip
     lines = [f"{k:>24}  {out.get(k)}" for k in keys]
     lines.append(f"{'step ms p50 by batch':>24}  {out.get('batch_p50')}")
     return "\n".join(lines)

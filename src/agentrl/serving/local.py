@@ -137,9 +137,14 @@ class LocalEngine:
         packed_weights: bool = True,
     ) -> None:
         from agentrl.llm.loading import load_policy
+        from agentrl.serving.cores import CoreGovernor
         from agentrl.serving.packed import pack_linears
 
         torch.set_num_threads(engine_threads(threads))
+        # threads=0: the forward passes take the cores the host's other processes leave
+        # (`serving.cores`: two on 2 idle cores while agents act, one as soon as a job trains)
+        most = threads or (os.cpu_count() or 1)
+        self.cores = CoreGovernor(engine_threads(threads), most)
 
         policy = load_policy(base, seed=seed, tiny_kwargs=tiny_kwargs)
         self.base_spec = {"name": base, "seed": seed, "tiny_kwargs": tiny_kwargs}
@@ -576,6 +581,7 @@ class LocalEngine:
                 self._live, self.stats.active = [], 0
 
     def _forward(self, adapters: list[str], **kw: Any) -> Any:
+        self.cores.apply()
         with self.lora.rows(adapters):
             return self.model(**kw)
 
