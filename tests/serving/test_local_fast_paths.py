@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from agentrl.serving.cores import CoreGovernor, threads_for
+from agentrl.serving.decoding import BatchDecoder, DecodeRow, _cache_of, _kv_of, _pad_left
 from agentrl.serving.openai_types import ChatRequest
 from agentrl.serving.packed import is_packed, pack_linears, unpack_linears
 from deploy_helpers import TINY
@@ -128,3 +129,74 @@ def test_the_governor_gives_the_cores_the_other_processes_leave() -> None:
     live = CoreGovernor(1, 2, cores=2, interval_s=0.0)  # reads this host's /proc/stat
     time.sleep(0.05)
     assert live.threads() in (1, 2) and live.others >= 0.0
+
+
+class _CopyingDecoder(BatchDecoder):
+    """The decode core as it was: rows leaving and joining concatenate the batch's K/V (and
+    the next step copies it again into a buffer with room): the reference."""
+
+    def _select(self, keep: list[int]) -> None:
+        assert self._mask is not None and self._next_pos is not None
+        index = torch.tensor(keep)
+        mask = self._mask[index]
+        real = mask.any(0).nonzero()
+        start = int(real[0]) if len(real) else 0
+        kv = [(k[index, :, start:], v[index, :, start:]) for k, v in _kv_of(self._cache)]
+        self._cache = _cache_of(kv)
+        self._mask = mask[:, start:]
+        self._next_pos = self._next_pos[index]
+
+    def _join(self, rows: Any, cache: Any, mask: Any, next_pos: Any, logits: Any) -> None:
+        if not self.rows:
+            super()._join(rows, cache, mask, next_pos, logits)
+            return
+        assert self._mask is not None and self._next_pos is not None and self._logits is not None
+        old_t, new_t = self._mask.shape[1], mask.shape[1]
+        width = max(old_t, new_t)
+        merged = [
+            (
+                torch.cat([_pad_left(a.keys, width - old_t, 2), _pad_left(k, width - new_t, 2)]),
+                torch.cat([_pad_left(a.values, width - old_t, 2), _pad_left(v, width - new_t, 2)]),
+            )
+            for a, (k, v) in zip(self._cache.layers, _kv_of(cache), strict=True)
+        ]
+        self._cache = _cache_of(merged)
+        self._mask = torch.cat(
+            [_pad_left(self._mask, width - old_t, 1), _pad_left(mask, width - new_t, 1)]
+        )
+        self._next_pos = torch.cat([self._next_pos, next_pos])
+        self._logits = torch.cat([self._logits, logits])
+        self.rows.extend(rows)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_rows_joining_and_leaving_log_what_the_copying_core_logged(
+    engines: tuple[Any, Any], temperature: float
+) -> None:
+    """Rows of different lengths and limits join mid-decode and leave: every row's tokens
+    and log-probs equal the reference core's, bit for bit."""
+    engine = engines[0]
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(5, 400, (n,), generator=g).tolist() for n in (9, 40, 14, 23, 5)]
+    limits = [12, 6, 9, 3, 15]
+
+    def run(cls: type[BatchDecoder]) -> list[tuple[list[int], list[float]]]:
+        dec = cls(engine._forward, eos_ids=set(), pad_id=engine.pad_id,
+                  generator=torch.Generator().manual_seed(1))  # fmt: skip
+        rows = [
+            DecodeRow(list(p), temperature=temperature, max_new_tokens=k)
+            for p, k in zip(prompts, limits, strict=True)
+        ]
+        with torch.no_grad():
+            dec.admit(rows[:2])
+            for _ in range(2):
+                dec.step()
+            dec.admit(rows[2:4])  # one shorter, one longer than the batch so far
+            for _ in range(4):
+                dec.step()
+            dec.admit(rows[4:])
+            while len(dec):
+                dec.step()
+        return [(r.toks, r.lps) for r in rows]
+
+    assert run(BatchDecoder) == run(_CopyingDecoder)

@@ -218,6 +218,38 @@ def _cache_of(kv: KV, adopt: bool = False) -> Any:
     return cache
 
 
+def _room(total: int) -> int:
+    """Tokens a K/V buffer holds for a run of `total`: room to grow, as `GrowLayer` leaves."""
+    return total + max(64, total // 4)
+
+
+def _take_rows(t: torch.Tensor, rows: list[int], start: int) -> torch.Tensor:
+    """Rows `rows` of a [B, heads, T, dim] K/V from column `start` on, copied into the start
+    of a new buffer with room to grow (a view of it: `_roomy` finds the buffer)."""
+    _, h, total, d = t.shape
+    width = total - start
+    buf = t.new_empty((len(rows), h, _room(width), d))
+    for i, r in enumerate(rows):  # row by row: no intermediate copy of the whole batch
+        buf[i, :, :width].copy_(t[r, :, start:])
+    return buf[:, :, :width]
+
+
+def _stack_rows(parts: list[torch.Tensor], width: int) -> torch.Tensor:
+    """[B_i, heads, T_i, dim] K/V parts stacked by row, each right-aligned at `width` columns
+    with zeros on the left, in a new buffer with room to grow (a view of its start)."""
+    _, h, _, d = parts[0].shape
+    n = sum(int(p.shape[0]) for p in parts)
+    buf = parts[0].new_empty((n, h, _room(width), d))
+    at = 0
+    for p in parts:
+        b, t = int(p.shape[0]), int(p.shape[2])
+        if t < width:
+            buf[at : at + b, :, : width - t].zero_()
+        buf[at : at + b, :, width - t : width].copy_(p)
+        at += b
+    return buf[:, :, :width]
+
+
 def _empty_cache() -> Any:
     from transformers import DynamicCache
 
@@ -471,19 +503,14 @@ class BatchDecoder:
         assert self._mask is not None and self._next_pos is not None and self._logits is not None
         old_t, new_t = self._mask.shape[1], mask.shape[1]
         width = max(old_t, new_t)
-        merged = []
-        for layer, (k, v) in zip(self._cache.layers, kv, strict=True):
-            merged.append(
-                (
-                    torch.cat(
-                        [_pad_left(layer.keys, width - old_t, 2), _pad_left(k, width - new_t, 2)]
-                    ),
-                    torch.cat(
-                        [_pad_left(layer.values, width - old_t, 2), _pad_left(v, width - new_t, 2)]
-                    ),
-                )
-            )
-        self._cache = _cache_of(merged)
+        # each layer's merged K/V written once into a buffer with room to grow (padded on
+        # the left with zeros, as a concatenation of padded parts would give): the next
+        # decode step writes in place instead of copying the whole batch's cache again
+        merged = [
+            (_stack_rows([layer.keys, k], width), _stack_rows([layer.values, v], width))
+            for layer, (k, v) in zip(self._cache.layers, kv, strict=True)
+        ]
+        self._cache = _cache_of(merged, adopt=True)
         self._mask = torch.cat(
             [_pad_left(self._mask, width - old_t, 1), _pad_left(mask, width - new_t, 1)]
         )
@@ -590,8 +617,12 @@ class BatchDecoder:
         mask = self._mask[index]
         real = mask.any(0).nonzero()
         start = int(real[0]) if len(real) else 0
-        kv = [(k[index, :, start:], v[index, :, start:]) for k, v in _kv_of(self._cache)]
-        self._cache = _cache_of(kv)
+        # the kept rows' K/V copied once, into buffers with room to grow (adopted: the next
+        # decode step writes in place, no second copy of the whole cache)
+        kv = [
+            (_take_rows(k, keep, start), _take_rows(v, keep, start)) for k, v in _kv_of(self._cache)
+        ]
+        self._cache = _cache_of(kv, adopt=True)
         self._mask = mask[:, start:]
         self._next_pos = self._next_pos[index]
 
