@@ -200,3 +200,62 @@ def test_rows_joining_and_leaving_log_what_the_copying_core_logged(
         return [(r.toks, r.lps) for r in rows]
 
     assert run(BatchDecoder) == run(_CopyingDecoder)
+
+
+def _grammar_rows(engine: Any, temperature: float, n: int = 5) -> list[DecodeRow]:
+    """Agent Zero replies as the engine queues them: the chat prompt, the reply schema's
+    matcher (its own copy each), a token limit."""
+    from agentrl.serving.structured import constraint_for
+
+    rows = []
+    for req in _requests(n, temperature):
+        _, ids, _ = engine._prompt_parts(req)
+        constraint = constraint_for(req)
+        assert constraint is not None
+        matcher = asyncio.run(engine.grammars.matcher(constraint))
+        rows.append(DecodeRow(ids, temperature=temperature, max_new_tokens=40, matcher=matcher))
+    return rows
+
+
+def _run_rows(engine: Any, rows: list[DecodeRow], fast_forward: bool) -> list[DecodeRow]:
+    dec = BatchDecoder(engine._forward, eos_ids=engine.eos_ids, pad_id=engine.pad_id,
+                       generator=torch.Generator().manual_seed(2),
+                       fast_forward=fast_forward)  # fmt: skip
+    with torch.no_grad():
+        dec.admit(rows[:3])
+        dec.step()
+        dec.admit(rows[3:])  # joining a batch whose K/V has forced runs' masked columns
+        while len(dec):
+            dec.step()
+    assert (dec.stats.forced_tokens > 0) == fast_forward
+    return rows
+
+
+def test_forced_tokens_log_what_the_token_by_token_path_logs(engines: tuple[Any, Any]) -> None:
+    """Greedy replies under the reply schema: the tokens the grammar forces, taken without a
+    decode step each, give the same tokens, log-prob 0 where forced, and log-probs within
+    1e-5 elsewhere (the forward passes see masked columns between a row's tokens)."""
+    engine = engines[0]
+    fast = _run_rows(engine, _grammar_rows(engine, 0.0), fast_forward=True)
+    slow = _run_rows(engine, _grammar_rows(engine, 0.0), fast_forward=False)
+    for f, s in zip(fast, slow, strict=True):
+        assert f.toks == s.toks and f.finish == s.finish
+        assert len(f.toks) > 10
+        for a, b in zip(f.lps, s.lps, strict=True):
+            assert abs(a - b) <= 1e-5
+            assert (a == 0.0) == (b == 0.0)
+    assert sum(lp == 0.0 for r in slow for lp in r.lps) > 10  # forced tokens were there
+
+
+def test_sampled_replies_with_forced_tokens_stay_in_the_grammar(engines: tuple[Any, Any]) -> None:
+    """At temperature 1 the replies differ from the token-by-token path's (fewer steps draw
+    fewer random numbers) but each is one the grammar allows, forced tokens logged at 0."""
+    import json
+
+    engine = engines[0]
+    for r in _run_rows(engine, _grammar_rows(engine, 1.0), fast_forward=True):
+        assert r.finish in ("stop", "length")
+        if r.finish == "stop":
+            reply = json.loads(engine.tokenizer.decode(r.toks))
+            assert {"thoughts", "headline", "tool_name", "tool_args"} <= set(reply)
+        assert r.matcher.get_error() == "" or r.finish == "length"

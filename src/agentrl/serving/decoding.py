@@ -33,7 +33,7 @@ import torch
 
 from agentrl.rollout.policies.hf_policy import sample_tokens
 from agentrl.serving.prefix_cache import KV, PrefixCache
-from agentrl.serving.structured import advance, mask_logits
+from agentrl.serving.structured import advance, forced_token, mask_logits
 
 TokenCallback = Callable[[int, float, list[tuple[int, float]]], None]
 # forward(adapters, **model_kwargs) -> the model's output (logits, past_key_values)
@@ -41,6 +41,9 @@ Forward = Callable[..., Any]
 __all__ = ["KV", "BatchDecoder", "ChoiceMatcher", "DecodeRow", "PrefixCache", "decode_all"]
 
 MIN_PREFIX = 16  # shorter shared prefixes are not worth a cache entry
+# forced tokens a row takes in one step at most: a grammar that forces a long run (a regex
+# of one repeated token) still streams, and a cancelled request stops within a step
+MAX_FORCED = 16
 
 
 class ChoiceMatcher:
@@ -136,6 +139,7 @@ class DecodeStats:
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache
     decode_steps: int = 0
     decode_rows: int = 0  # sum of the batch sizes of the decode steps
+    forced_tokens: int = 0  # tokens the grammar forced, taken without a decode step each
 
 
 def _kv_of(cache: Any) -> KV:
@@ -282,12 +286,16 @@ class BatchDecoder:
         stats: DecodeStats | None = None,
         conversations: bool = False,
         device: torch.device | str = "cpu",
+        fast_forward: bool = True,
     ) -> None:
         """`conversations`: keep each finished row's K/V (prompt and reply) in the prefix
         cache, and start each row from the longest cached run of its prompt. `device`: the
         model's; the K/V cache and the inputs live there, the logits come back to the CPU
-        (the grammar masks and the sampling run there)."""
+        (the grammar masks and the sampling run there). `fast_forward`: tokens the grammar
+        forces (the only one its mask allows) are taken without a decode step of their own
+        (`_forced`)."""
         self.forward = forward
+        self.fast_forward = fast_forward
         self.device = torch.device(device)
         self.conversations = conversations and prefix_cache is not None
         self.eos_ids = eos_ids
@@ -555,6 +563,7 @@ class BatchDecoder:
             choice = torch.where(greedy, logp.argmax(-1), sampled)
             chosen_lp = logp.gather(-1, choice[:, None]).squeeze(-1)
         choice_list, lp_list = choice.tolist(), chosen_lp.tolist()
+        feeds: list[list[int]] = [[int(t)] for t in choice_list]  # tokens each row runs next
         for b, r in enumerate(rows):
             if b in ended:
                 continue
@@ -578,7 +587,12 @@ class BatchDecoder:
             ):
                 r.finish = "stop"
                 ended.add(b)
-            elif len(r.toks) >= r.max_new_tokens:
+            elif len(r.toks) >= r.max_new_tokens or (
+                self.fast_forward
+                and r.matcher is not None
+                and not r.top_k
+                and self._forced(r, feeds[b], logits.shape[1])
+            ):
                 ended.add(b)
         done = [r for b, r in enumerate(rows) if b in ended]
         if self.conversations:
@@ -592,8 +606,42 @@ class BatchDecoder:
                 return done
             self._select(keep)
             choice = choice[torch.tensor(keep)]
-        self._advance(choice)
+            feeds = [feeds[b] for b in keep]
+        if any(len(f) > 1 for f in feeds):
+            self._advance_many(feeds)
+        else:
+            self._advance(choice)
         return done
+
+    def _forced(self, r: DecodeRow, feed: list[int], vocab: int) -> bool:
+        """Take the tokens the row's grammar forces after its sampled token, each the only
+        one its mask allows (JSON keys and punctuation: 25 of a 61-token Agent Zero reply),
+        without a decode step each: the token-by-token path samples exactly these, each
+        with log-prob 0 (the masked distribution puts all its mass there), so the logged
+        tokens and log-probs are the same; they run through the model together with the
+        sampled token in the next step (`_advance_many`). Rows wanting top log-probs and
+        guided_choice streams go token by token. True when the row ended."""
+        if isinstance(r.matcher, ChoiceMatcher):
+            return False
+        for _ in range(MAX_FORCED):
+            if len(r.toks) >= r.max_new_tokens or r.matcher.is_stopped():
+                break
+            tok = forced_token(r.matcher, vocab)
+            if tok is None:
+                return False
+            r.toks.append(tok)
+            r.lps.append(0.0)
+            feed.append(tok)
+            self.stats.forced_tokens += 1
+            if r.on_token is not None:
+                r.on_token(tok, 0.0, [])
+            if not advance(r.matcher, tok):
+                r.finish = "grammar_error"
+                return True
+            if tok in self.eos_ids or r.matcher.is_stopped() or (r.stops and self._stopped(r)):
+                r.finish = "stop"
+                return True
+        return len(r.toks) >= r.max_new_tokens
 
     def _keep_conversation(self, b: int, r: DecodeRow) -> None:
         """Put row `b`'s K/V (its prompt and the reply tokens run through the model) in the
@@ -640,6 +688,39 @@ class BatchDecoder:
             use_cache=True,
         )
         self._next_pos = self._next_pos + 1
+        self._cache, self._logits = out.past_key_values, out.logits[:, -1, :].float().cpu()
+        self.stats.decode_s += time.perf_counter() - started
+        self.stats.decode_steps += 1
+        self.stats.decode_rows += n
+
+    def _advance_many(self, feeds: list[list[int]]) -> None:
+        """One forward pass for rows that run several tokens (a sampled token and the
+        tokens its grammar forced after it): each row's tokens right-aligned, padding on
+        their left masked out (a row's K/V then has masked columns inside, as a joining
+        row's padding; `_keep_conversation` keeps the real ones); the logits of each row's
+        last token."""
+        assert self._mask is not None and self._next_pos is not None
+        started = time.perf_counter()
+        n, width = len(self.rows), max(len(f) for f in feeds)
+        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+        new_mask = torch.zeros((n, width), dtype=self._mask.dtype)
+        positions = torch.zeros((n, width), dtype=torch.long)
+        for i, f in enumerate(feeds):
+            k = len(f)
+            ids[i, width - k :] = torch.tensor(f, dtype=torch.long)
+            new_mask[i, width - k :] = 1
+            positions[i, width - k :] = torch.arange(k) + int(self._next_pos[i, 0])
+        self._mask = torch.cat([self._mask, new_mask.to(self.device)], dim=1)
+        out = self.forward(
+            [r.adapter for r in self.rows],
+            input_ids=ids.to(self.device),
+            attention_mask=self._mask,
+            position_ids=positions.to(self.device),
+            past_key_values=self._cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self._next_pos = self._next_pos + torch.tensor([[len(f)] for f in feeds]).to(self.device)
         self._cache, self._logits = out.past_key_values, out.logits[:, -1, :].float().cpu()
         self.stats.decode_s += time.perf_counter() - started
         self.stats.decode_steps += 1
