@@ -236,6 +236,8 @@ async def run_acting(cfg: ActingBench) -> dict[str, Any]:
             cached_tokens=cached,
             prefix_cache_hit_share=round(cached / max(1, cached + prefilled), 3),
             prefix_hits=engine.prefixes.hits - hits0,
+            decode_steps=d.get("decode_steps", 0),
+            forced_tokens=d.get("forced_tokens", 0),
             batch_mean=round(d.get("decode_rows", 0) / max(1, d.get("decode_steps", 0)), 1),
             batch_p50={
                 str(n): round(1000 * statistics.median(v), 1)
