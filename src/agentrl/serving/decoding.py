@@ -41,9 +41,13 @@ Forward = Callable[..., Any]
 __all__ = ["KV", "BatchDecoder", "ChoiceMatcher", "DecodeRow", "PrefixCache", "decode_all"]
 
 MIN_PREFIX = 16  # shorter shared prefixes are not worth a cache entry
-# forced tokens a row takes in one step at most: a grammar that forces a long run (a regex
-# of one repeated token) still streams, and a cancelled request stops within a step
-MAX_FORCED = 16
+# Forced tokens taken in one step: every row of the step's forward pass runs as many
+# positions as the longest row's tokens (padding), so the extra positions a step may add
+# are bounded: FORCED_POSITIONS // rows forced tokens a row (one row: 8; two: 4; over 8
+# rows: none, the token-by-token path). A position costs ~4 ms on one busy core against
+# ~180 ms of fixed cost per step (SmolLM2); with 16 rows and no bound a step ran up to 17
+# positions a row (735 ms instead of 250, `agentrl bench acting`, 2026-11-29).
+FORCED_POSITIONS = 8
 
 
 class ChoiceMatcher:
@@ -564,6 +568,7 @@ class BatchDecoder:
             chosen_lp = logp.gather(-1, choice[:, None]).squeeze(-1)
         choice_list, lp_list = choice.tolist(), chosen_lp.tolist()
         feeds: list[list[int]] = [[int(t)] for t in choice_list]  # tokens each row runs next
+        forced_cap = FORCED_POSITIONS // len(rows) if self.fast_forward else 0
         for b, r in enumerate(rows):
             if b in ended:
                 continue
@@ -588,10 +593,10 @@ class BatchDecoder:
                 r.finish = "stop"
                 ended.add(b)
             elif len(r.toks) >= r.max_new_tokens or (
-                self.fast_forward
+                forced_cap
                 and r.matcher is not None
                 and not r.top_k
-                and self._forced(r, feeds[b], logits.shape[1])
+                and self._forced(r, feeds[b], logits.shape[1], forced_cap)
             ):
                 ended.add(b)
         done = [r for b, r in enumerate(rows) if b in ended]
@@ -613,17 +618,19 @@ class BatchDecoder:
             self._advance(choice)
         return done
 
-    def _forced(self, r: DecodeRow, feed: list[int], vocab: int) -> bool:
+    def _forced(self, r: DecodeRow, feed: list[int], vocab: int, cap: int) -> bool:
         """Take the tokens the row's grammar forces after its sampled token, each the only
         one its mask allows (JSON keys and punctuation: 25 of a 61-token Agent Zero reply),
         without a decode step each: the token-by-token path samples exactly these, each
         with log-prob 0 (the masked distribution puts all its mass there), so the logged
         tokens and log-probs are the same; they run through the model together with the
         sampled token in the next step (`_advance_many`). Rows wanting top log-probs and
-        guided_choice streams go token by token. True when the row ended."""
+        guided_choice streams go token by token. At most `cap` tokens (`FORCED_POSITIONS`:
+        worth it in small batches only, paced acting or a validation's few episodes). True
+        when the row ended."""
         if isinstance(r.matcher, ChoiceMatcher):
             return False
-        for _ in range(MAX_FORCED):
+        for _ in range(cap):  # a longer forced run goes on in the next steps
             if len(r.toks) >= r.max_new_tokens or r.matcher.is_stopped():
                 break
             tok = forced_token(r.matcher, vocab)
