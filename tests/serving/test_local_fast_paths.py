@@ -217,10 +217,12 @@ def _grammar_rows(engine: Any, temperature: float, n: int = 5) -> list[DecodeRow
     return rows
 
 
-def _run_rows(engine: Any, rows: list[DecodeRow], fast_forward: bool) -> list[DecodeRow]:
+def _run_rows(
+    engine: Any, rows: list[DecodeRow], fast_forward: bool, select_logits: bool = False
+) -> list[DecodeRow]:
     dec = BatchDecoder(engine._forward, eos_ids=engine.eos_ids, pad_id=engine.pad_id,
-                       generator=torch.Generator().manual_seed(2),
-                       fast_forward=fast_forward)  # fmt: skip
+                       generator=torch.Generator().manual_seed(2), fast_forward=fast_forward,
+                       select_logits=select_logits)  # fmt: skip
     with torch.no_grad():
         dec.admit(rows[:3])
         dec.step()
@@ -262,3 +264,27 @@ def test_sampled_replies_with_forced_tokens_stay_in_the_grammar(engines: tuple[A
         if r.finish == "stop":
             reply = json.loads(engine.tokenizer.decode(r.toks))
             assert jsonschema_rs.is_valid(response_schema(), reply), reply
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_rows_whose_next_token_is_forced_skip_the_vocabulary_projection(
+    engines: tuple[Any, Any], temperature: float
+) -> None:
+    """The vocabulary projection only for rows whose next token the grammar does not force:
+    the same tokens (sampled too: the same random numbers are drawn), log-prob 0 where
+    forced, the other log-probs within 1e-5 (the projection of fewer rows)."""
+    engine = engines[0]
+    calls: list[int] = []
+    head = engine.model.get_output_embeddings()
+    hook = head.register_forward_hook(lambda _m, args, _o: calls.append(args[0].shape[0]))
+    try:
+        sel = _run_rows(engine, _grammar_rows(engine, temperature), False, select_logits=True)
+        projected, calls[:] = sum(calls), []
+        full = _run_rows(engine, _grammar_rows(engine, temperature), False)
+    finally:
+        hook.remove()
+    assert projected < sum(calls)  # fewer rows projected
+    for a, b in zip(sel, full, strict=True):
+        assert a.toks == b.toks and a.finish == b.finish
+        for x, y in zip(a.lps, b.lps, strict=True):
+            assert abs(x - y) <= 1e-5 and (x == 0.0) == (y == 0.0)

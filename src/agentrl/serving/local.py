@@ -155,6 +155,13 @@ class LocalEngine:
         self.tokenizer = policy.tokenizer
         # every version's LoRA over the plain base, applied per batch row (`multilora`)
         self.lora = MultiLora(self.model)
+        # the vocabulary projection of the rows that need next-token logits only (a row
+        # whose next token its grammar forces needs none: `BatchDecoder._plan_logits`);
+        # hooked once here (a forward in another thread iterates the hook dict)
+        head = self.model.get_output_embeddings()
+        self._head_name = next(n for n, m in self.model.named_modules() if m is head)
+        self._head_rows = threading.local()
+        head.register_forward_pre_hook(self._select_head_rows)
         self.adapters: dict[str, str] = {}  # model_id -> adapter name
         self.adapter_bytes: dict[str, int] = {}  # adapter name -> its weights' bytes
         # guards `adapters`/`weights` and the check that a retired adapter is unused: a
@@ -580,10 +587,28 @@ class LocalEngine:
             finally:
                 self._live, self.stats.active = [], 0
 
-    def _forward(self, adapters: list[str], **kw: Any) -> Any:
+    def _forward(
+        self, adapters: list[str], logit_rows: torch.Tensor | None = None, **kw: Any
+    ) -> Any:
+        """The model under the rows' adapters; `logit_rows`: the batch rows projected onto
+        the vocabulary (the logits then have those rows only; all of them where a LoRA
+        adapter changes the projection itself)."""
         self.cores.apply()
-        with self.lora.rows(adapters):
-            return self.model(**kw)
+        if logit_rows is not None and self._head_name in self.lora.stacks.layers:
+            logit_rows = None
+        self._head_rows.rows = logit_rows
+        try:
+            with self.lora.rows(adapters):
+                return self.model(**kw)
+        finally:
+            self._head_rows.rows = None
+
+    def _select_head_rows(self, _module: Any, args: tuple[Any, ...]) -> Any:
+        """The vocabulary projection's pre-hook: only the rows `_forward` was asked for."""
+        rows = getattr(self._head_rows, "rows", None)
+        if rows is None:
+            return None
+        return (args[0].index_select(0, rows), *args[1:])
 
     def _take(self, room: int) -> list[DecodeRow]:
         """Waiting rows whose request is still there, up to `room` (decode thread)."""
@@ -626,6 +651,7 @@ class LocalEngine:
                 prefix_cache=self.prefixes,
                 stats=self.stats.decode,
                 conversations=True,
+                select_logits=True,
             )
             while True:
                 room = self.max_batch_size - len(decoder)
