@@ -129,6 +129,8 @@ def test_the_governor_gives_the_cores_the_other_processes_leave() -> None:
     live = CoreGovernor(1, 2, cores=2, interval_s=0.0)  # reads this host's /proc/stat
     time.sleep(0.05)
     assert live.threads() in (1, 2) and live.others >= 0.0
+    other = CoreGovernor(1, 2, cores=2, interval_s=1.0)
+    assert other.threads() == 1  # two engines of one process decoding: the least each
 
 
 class _CopyingDecoder(BatchDecoder):
