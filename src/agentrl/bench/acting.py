@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -42,6 +43,7 @@ class Timers:
         self.step = 0.0
         self.step_forward = 0.0  # forward time spent inside steps (the decode pass)
         self.steps: dict[int, list[float]] = defaultdict(list)
+        self._clocks: dict[int, tuple[int, float]] = {}  # decode threads' CPU clocks
         self._in_step = False
         self._undo: list[Any] = []
 
@@ -56,8 +58,7 @@ class Timers:
                 return forward(adapters, **kw)
             finally:
                 dt = time.perf_counter() - t0
-                ids = kw.get("input_ids")
-                if ids is not None and ids.shape[1] == 1 and kw.get("past_key_values") is not None:
+                if self._in_step:  # a decode step's pass (its forced tokens included)
                     self.forward_decode += dt
                 else:
                     self.forward_prefill += dt
@@ -65,6 +66,16 @@ class Timers:
                     self.step_forward += dt
 
         engine._forward = timed_forward
+        decode = engine._decode
+
+        def timed_decode() -> Any:  # note the decode thread's CPU clock (read at the end)
+            ident = threading.get_ident()
+            if ident not in self._clocks:
+                clock = time.pthread_getcpuclockid(ident)
+                self._clocks[ident] = (clock, time.clock_gettime(clock))
+            return decode()
+
+        engine._decode = timed_decode
         step = decoding.BatchDecoder.step
 
         def timed_step(decoder: Any) -> Any:
@@ -81,7 +92,13 @@ class Timers:
 
         decoding.BatchDecoder.step = timed_step  # type: ignore[method-assign,assignment]
         self._undo = [lambda: setattr(engine, "_forward", forward),
+                      lambda: setattr(engine, "_decode", decode),
                       lambda: setattr(decoding.BatchDecoder, "step", step)]  # fmt: skip
+
+    def engine_cpu(self) -> float:
+        """CPU seconds the decode threads used since they first decoded (a batch may still
+        be decoding: continuous batching never returns under steady load)."""
+        return sum(time.clock_gettime(c) - c0 for c, c0 in self._clocks.values())
 
     def remove(self) -> None:
         for undo in self._undo:
@@ -207,6 +224,7 @@ async def run_acting(cfg: ActingBench) -> dict[str, Any]:
         await asyncio.sleep(cfg.seconds)
         wall = time.monotonic() - started
         cpu = time.process_time() - cpu0
+        engine_cpu = timers.engine_cpu()
         stop.set()
         engine.cancel_all()
         acting.cancel()
@@ -255,6 +273,12 @@ async def run_acting(cfg: ActingBench) -> dict[str, Any]:
             process_cpu_share=round(cpu / wall, 3),
             # load-independent: this process's CPU seconds per episode
             cpu_s_per_episode=round(cpu / max(1, len(done)), 2),
+            # the decode thread's CPU time (one torch thread: all of the engine's work) per
+            # generated token and per episode: what other processes' load does not change
+            engine_cpu_s=round(engine_cpu, 1),
+            engine_busy_share=round((forward + sampling + grammar) / wall, 3),
+            engine_cpu_ms_per_token=round(1000 * engine_cpu / max(1, gen), 1),
+            episodes_per_engine_cpu_min=round(60 * len(done) / max(engine_cpu, 1e-9), 2),
             threads_now=engine.cores.current if hasattr(engine, "cores") else out["torch_threads"],
             thread_switches=getattr(getattr(engine, "cores", None), "switches", 0),
             others_cores=round(getattr(getattr(engine, "cores", None), "others", -1.0), 2),
@@ -285,7 +309,8 @@ def table(out: dict[str, Any]) -> str:
     keys = ("episodes_per_min", "gen_tokens_per_s", "decode_tokens_per_s", "prefill_tokens_per_s",
             "prefix_cache_hit_share", "batch_mean", "share_forward", "share_prefill",
             "share_decode", "share_mask", "share_sampling", "share_tools", "share_other",
-            "process_cpu_share", "cpu_s_per_episode", "threads_now", "others_cores", "wall_s", "load_1m")  # fmt: skip
+            "process_cpu_share", "cpu_s_per_episode", "engine_cpu_ms_per_token",
+            "episodes_per_engine_cpu_min", "threads_now", "others_cores", "wall_s", "load_1m")  # fmt: skip
     lines = [f"{k:>24}  {out.get(k)}" for k in keys]
     lines.append(f"{'step ms p50 by batch':>24}  {out.get('batch_p50')}")
     return "\n".join(lines)
