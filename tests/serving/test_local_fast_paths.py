@@ -6,14 +6,12 @@ models, real forward passes, real llguidance masks)."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from agentrl.serving.cores import CoreGovernor, threads_for
 from agentrl.serving.decoding import BatchDecoder, DecodeRow, _cache_of, _kv_of, _pad_left
 from agentrl.serving.openai_types import ChatRequest
 from agentrl.serving.packed import is_packed, pack_linears, unpack_linears
@@ -98,39 +96,6 @@ def test_the_fast_engine_logs_what_the_plain_engine_logs(
         assert f.constrained and f.completion_token_ids
         assert f.completion_token_ids == p.completion_token_ids
         assert f.token_logprobs == p.token_logprobs
-
-
-def test_two_threads_log_the_same_tokens_within_1e5(engines: tuple[Any, Any]) -> None:
-    """What the core governor gives forward passes on an idle host: two threads (the last
-    bits of some sums may differ; tokens equal, log-probs within 1e-5)."""
-    fast = engines[0]
-    fast.cores = CoreGovernor(2, 2)
-    try:
-        ids: list[str | None] = ["a", None, "a", None]
-        two, one = (asyncio.run(_decode(e, ids, 0.0)) for e in engines)
-    finally:
-        fast.cores = CoreGovernor(1, 1)
-    assert torch.get_num_threads() >= 1
-    for t, o in zip(two, one, strict=True):
-        assert t.completion_token_ids == o.completion_token_ids
-        assert (
-            max(abs(a - b) for a, b in zip(t.token_logprobs, o.token_logprobs, strict=True)) <= 1e-5
-        )
-
-
-def test_the_governor_gives_the_cores_the_other_processes_leave() -> None:
-    assert threads_for(0.1, 2, 1, 2) == 2  # 2 idle cores: both
-    assert threads_for(0.5, 2, 1, 2) == 1  # another process uses half a core: one
-    assert threads_for(1.9, 2, 1, 2) == 1  # never below the least
-    assert threads_for(3.2, 16, 8, 16) == 13
-    assert threads_for(0.0, 16, 8, 12) == 12  # never above the most
-    fixed = CoreGovernor(1, 1, interval_s=0.0)
-    assert fixed.threads() == 1 and fixed.switches == 0
-    live = CoreGovernor(1, 2, cores=2, interval_s=0.0)  # reads this host's /proc/stat
-    time.sleep(0.05)
-    assert live.threads() in (1, 2) and live.others >= 0.0
-    other = CoreGovernor(1, 2, cores=2, interval_s=1.0)
-    assert other.threads() == 1  # two engines of one process decoding: the least each
 
 
 class _CopyingDecoder(BatchDecoder):

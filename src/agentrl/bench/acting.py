@@ -279,9 +279,6 @@ async def run_acting(cfg: ActingBench) -> dict[str, Any]:
             engine_busy_share=round((forward + sampling + grammar) / wall, 3),
             engine_cpu_ms_per_token=round(1000 * engine_cpu / max(1, gen), 1),
             episodes_per_engine_cpu_min=round(60 * len(done) / max(engine_cpu, 1e-9), 2),
-            threads_now=engine.cores.current if hasattr(engine, "cores") else out["torch_threads"],
-            thread_switches=getattr(getattr(engine, "cores", None), "switches", 0),
-            others_cores=round(getattr(getattr(engine, "cores", None), "others", -1.0), 2),
             failed_groups=agents.failed,
             cut_by_token_cap=agents.cut["acting"],
             replies=agents.cut["acting_replies"],
@@ -310,7 +307,7 @@ def table(out: dict[str, Any]) -> str:
             "prefix_cache_hit_share", "batch_mean", "share_forward", "share_prefill",
             "share_decode", "share_mask", "share_sampling", "share_tools", "share_other",
             "process_cpu_share", "cpu_s_per_episode", "engine_cpu_ms_per_token",
-            "episodes_per_engine_cpu_min", "threads_now", "others_cores", "wall_s", "load_1m")  # fmt: skip
+            "episodes_per_engine_cpu_min", "wall_s", "load_1m")  # fmt: skip
     lines = [f"{k:>24}  {out.get(k)}" for k in keys]
     lines.append(f"{'step ms p50 by batch':>24}  {out.get('batch_p50')}")
     return "\n".join(lines)

@@ -224,10 +224,8 @@ class DeploySettings(BaseSettings):
     torch_threads: int = Field(
         0,
         ge=0,
-        description="Torch threads of the local engine; 0: the cores the host's other "
-        "processes leave, at least one per two cores, re-decided every second "
-        "(`serving.cores`: spinning OpenMP threads against a training job made decoding "
-        "7-30x slower).",
+        description="Torch threads of the local engine; 0: one per two cores (it shares the "
+        "host with training jobs: spinning OpenMP threads made decoding 7-30x slower).",
     )
     batch_wait_ms: float = 5.0
     max_inflight: int = Field(

@@ -112,7 +112,10 @@ def engine_threads(requested: int = 0) -> int:
     """Torch threads of a local engine: `requested`, else one per two cores. The engine
     shares its host with training jobs and the agents; OpenMP workers spinning against them
     made decoding 7-30x slower on 2 busy cores (tiny model, 4 x 200 tokens: 68.7 s with two
-    threads, 2.2 s with one, load 5)."""
+    threads, 2.2 s with one, load 5). Even on a quiet host two threads hardly pay for the
+    decode steps of the tool-use agents (SmolLM2, 16 rows, load 1.2-1.5: 10.8 and 23.6 ms a
+    token against 11.5 and 12.8 with one, twice the CPU time) and move log-probs by up to
+    1.3e-5 (2026-11-30)."""
     if requested > 0:
         return requested
     return max(1, (os.cpu_count() or 1) // 2)
@@ -137,14 +140,9 @@ class LocalEngine:
         packed_weights: bool = True,
     ) -> None:
         from agentrl.llm.loading import load_policy
-        from agentrl.serving.cores import CoreGovernor
         from agentrl.serving.packed import pack_linears
 
         torch.set_num_threads(engine_threads(threads))
-        # threads=0: the forward passes take the cores the host's other processes leave
-        # (`serving.cores`: two on 2 idle cores while agents act, one as soon as a job trains)
-        most = threads or (os.cpu_count() or 1)
-        self.cores = CoreGovernor(engine_threads(threads), most)
 
         policy = load_policy(base, seed=seed, tiny_kwargs=tiny_kwargs)
         self.base_spec = {"name": base, "seed": seed, "tiny_kwargs": tiny_kwargs}
@@ -593,7 +591,6 @@ class LocalEngine:
         """The model under the rows' adapters; `logit_rows`: the batch rows projected onto
         the vocabulary (the logits then have those rows only; all of them where a LoRA
         adapter changes the projection itself)."""
-        self.cores.apply()
         if logit_rows is not None and self._head_name in self.lora.stacks.layers:
             logit_rows = None
         self._head_rows.rows = logit_rows
