@@ -42,12 +42,14 @@ __all__ = ["KV", "BatchDecoder", "ChoiceMatcher", "DecodeRow", "PrefixCache", "d
 
 MIN_PREFIX = 16  # shorter shared prefixes are not worth a cache entry
 # Forced tokens taken in one step: every row of the step's forward pass runs as many
-# positions as the longest row's tokens (padding), so the extra positions a step may add
-# are bounded: FORCED_POSITIONS // rows forced tokens a row (one row: 8; two: 4; over 8
-# rows: none, the token-by-token path). A position costs ~4 ms on one busy core against
-# ~180 ms of fixed cost per step (SmolLM2); with 16 rows and no bound a step ran up to 17
-# positions a row (735 ms instead of 250, `agentrl bench acting`, 2026-11-29).
-FORCED_POSITIONS = 8
+# positions as the longest row's tokens (padding), so they pay in small batches only:
+# FORCED_POSITIONS // rows forced tokens a row (one row: 16, eight: 2), none past
+# FORCED_MAX_ROWS rows (the token-by-token path). Agent Zero replies under the reply schema
+# (SmolLM2 with the light warm start, greedy, one busy core): one row 73 -> 35 ms a token,
+# four 34 -> 20, eight 21 -> 16, sixteen 12.0 either way; with 16 rows and no bound a step ran up to 17
+# positions a row (735 ms instead of 250, `agentrl bench acting`, 2026-11-29/30).
+FORCED_POSITIONS = 16
+FORCED_MAX_ROWS = 8
 
 
 class ChoiceMatcher:
@@ -585,7 +587,9 @@ class BatchDecoder:
             chosen_lp = logp.gather(-1, choice[:, None]).squeeze(-1)
         choice_list, lp_list = choice.tolist(), chosen_lp.tolist()
         feeds: list[list[int]] = [[int(t)] for t in choice_list]  # tokens each row runs next
-        forced_cap = FORCED_POSITIONS // len(rows) if self.fast_forward else 0
+        forced_cap = 0
+        if self.fast_forward and len(rows) <= FORCED_MAX_ROWS:
+            forced_cap = FORCED_POSITIONS // len(rows)
         for b, r in enumerate(rows):
             if b in ended:
                 continue
@@ -677,8 +681,8 @@ class BatchDecoder:
         tokens and log-probs are the same; they run through the model together with the
         sampled token in the next step (`_advance_many`). Rows wanting top log-probs and
         guided_choice streams go token by token. At most `cap` tokens (`FORCED_POSITIONS`:
-        worth it in small batches only, paced acting or a validation's few episodes). True
-        when the row ended."""
+        in small batches only, paced acting or a validation's few episodes). True when the
+        row ended."""
         if isinstance(r.matcher, ChoiceMatcher):
             return False
         for _ in range(cap):  # a longer forced run goes on in the next steps
