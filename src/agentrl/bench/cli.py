@@ -88,6 +88,7 @@ BENCHES: tuple[Bench | Harness, ...] = (
     Bench("capture", o.CaptureBench, "agentrl.bench.capture:command"),
     Bench("startup", o.StartupBench, "agentrl.bench.startup:command"),
     Bench("choice", o.ChoiceBench, "agentrl.bench.choice:command"),
+    Bench("acting", o.ActingBench, "agentrl.bench.acting:command"),
     Harness("tooluse-job", "agentrl.bench.tooluse_job"),
     Harness("tooluse-hints", "agentrl.bench.tooluse_hints"),
 )

@@ -263,3 +263,33 @@ class CaptureBench(_Options):
 def comma_list(text: str) -> list[str]:
     """The items of a comma-separated option, blanks dropped."""
     return [item.strip() for item in text.split(",") if item.strip()]
+
+
+class ActingBench(_Options):
+    """Tool-use acting as `agentrl loop --env tooluse` acts: the loop's agents through the
+    gateway and the local engine for a fixed time. Episodes a minute, generated and prefill
+    tokens/s, the prefix cache's share, step time per batch size, and the share of wall in
+    forward passes, grammar masks, sampling, tools and the rest; one JSON line."""
+
+    model: str = "smollm2"
+    """Base model: smollm2, or tiny (random)."""
+    checkpoint: Path | None = None
+    """A LoRA checkpoint over the base to act with (the light warm start); none: the base."""
+    agents: int = Field(16, ge=1)
+    """Agent workers (the tool-use loop's 16)."""
+    seconds: float = Field(120.0, gt=0)
+    """Seconds of acting measured."""
+    max_batch_size: int = Field(0, ge=0)
+    """The engine's decode batch; 0: the tool-use loop's (`loop_tooluse.SERVE_MAX_BATCH`)."""
+    threads: int = Field(0, ge=0)
+    """Torch threads of the engine; 0: the engine's default (one per two cores)."""
+    max_tokens: int = Field(256, ge=1)
+    """Tokens per reply (the loop's 256)."""
+    max_steps: int = Field(4, ge=1)
+    """Turns per episode (the loop's 4)."""
+    temperature: float = Field(1.0, ge=0)
+    """The agents' sampling temperature (the loop's 1.0)."""
+    seed: int = 0
+    """Seed of the model and the engine's sampling."""
+    profile: Path | None = None
+    """Also record a py-spy profile (speedscope JSON) of the run to this file."""

@@ -33,7 +33,7 @@ import torch
 
 from agentrl.rollout.policies.hf_policy import sample_tokens
 from agentrl.serving.prefix_cache import KV, PrefixCache
-from agentrl.serving.structured import advance, mask_logits
+from agentrl.serving.structured import advance, forced_token, mask_logits
 
 TokenCallback = Callable[[int, float, list[tuple[int, float]]], None]
 # forward(adapters, **model_kwargs) -> the model's output (logits, past_key_values)
@@ -41,6 +41,15 @@ Forward = Callable[..., Any]
 __all__ = ["KV", "BatchDecoder", "ChoiceMatcher", "DecodeRow", "PrefixCache", "decode_all"]
 
 MIN_PREFIX = 16  # shorter shared prefixes are not worth a cache entry
+# Forced tokens taken in one step: every row of the step's forward pass runs as many
+# positions as the longest row's tokens (padding), so they pay in small batches only:
+# FORCED_POSITIONS // rows forced tokens a row (one row: 16, eight: 2), none past
+# FORCED_MAX_ROWS rows (the token-by-token path). Agent Zero replies under the reply schema
+# (SmolLM2 with the light warm start, greedy, one busy core): one row 73 -> 35 ms a token,
+# four 34 -> 20, eight 21 -> 16, sixteen 12.0 either way; with 16 rows and no bound a step ran up to 17
+# positions a row (735 ms instead of 250, `agentrl bench acting`, 2026-11-29/30).
+FORCED_POSITIONS = 16
+FORCED_MAX_ROWS = 8
 
 
 class ChoiceMatcher:
@@ -120,6 +129,7 @@ class DecodeRow:
     lps: list[float] = field(default_factory=list)
     tops: list[list[tuple[int, float]]] = field(default_factory=list)
     finish: str = "length"  # stop | length | grammar_error | cancelled
+    next_forced: int | None = None  # the token its grammar forces next (no logits needed)
 
     @property
     def weights(self) -> str:
@@ -136,6 +146,7 @@ class DecodeStats:
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache
     decode_steps: int = 0
     decode_rows: int = 0  # sum of the batch sizes of the decode steps
+    forced_tokens: int = 0  # tokens the grammar forced, taken without a decode step each
 
 
 def _kv_of(cache: Any) -> KV:
@@ -218,6 +229,38 @@ def _cache_of(kv: KV, adopt: bool = False) -> Any:
     return cache
 
 
+def _room(total: int) -> int:
+    """Tokens a K/V buffer holds for a run of `total`: room to grow, as `GrowLayer` leaves."""
+    return total + max(64, total // 4)
+
+
+def _take_rows(t: torch.Tensor, rows: list[int], start: int) -> torch.Tensor:
+    """Rows `rows` of a [B, heads, T, dim] K/V from column `start` on, copied into the start
+    of a new buffer with room to grow (a view of it: `_roomy` finds the buffer)."""
+    _, h, total, d = t.shape
+    width = total - start
+    buf = t.new_empty((len(rows), h, _room(width), d))
+    for i, r in enumerate(rows):  # row by row: no intermediate copy of the whole batch
+        buf[i, :, :width].copy_(t[r, :, start:])
+    return buf[:, :, :width]
+
+
+def _stack_rows(parts: list[torch.Tensor], width: int) -> torch.Tensor:
+    """[B_i, heads, T_i, dim] K/V parts stacked by row, each right-aligned at `width` columns
+    with zeros on the left, in a new buffer with room to grow (a view of its start)."""
+    _, h, _, d = parts[0].shape
+    n = sum(int(p.shape[0]) for p in parts)
+    buf = parts[0].new_empty((n, h, _room(width), d))
+    at = 0
+    for p in parts:
+        b, t = int(p.shape[0]), int(p.shape[2])
+        if t < width:
+            buf[at : at + b, :, : width - t].zero_()
+        buf[at : at + b, :, width - t : width].copy_(p)
+        at += b
+    return buf[:, :, :width]
+
+
 def _empty_cache() -> Any:
     from transformers import DynamicCache
 
@@ -250,12 +293,21 @@ class BatchDecoder:
         stats: DecodeStats | None = None,
         conversations: bool = False,
         device: torch.device | str = "cpu",
+        fast_forward: bool = True,
+        select_logits: bool = False,
     ) -> None:
         """`conversations`: keep each finished row's K/V (prompt and reply) in the prefix
         cache, and start each row from the longest cached run of its prompt. `device`: the
         model's; the K/V cache and the inputs live there, the logits come back to the CPU
-        (the grammar masks and the sampling run there)."""
+        (the grammar masks and the sampling run there). `fast_forward`: tokens the grammar
+        forces (the only one its mask allows) are taken without a decode step of their own
+        (`_forced`). `select_logits`: `forward` takes `logit_rows`, and a row whose next
+        token its grammar forces gets no next-token logits (`_plan_logits`)."""
         self.forward = forward
+        self.fast_forward = fast_forward
+        # `forward` takes `logit_rows` (the rows whose next-token logits are needed: the
+        # vocabulary projection only for them, `LocalEngine._forward`)
+        self.select_logits = select_logits
         self.device = torch.device(device)
         self.conversations = conversations and prefix_cache is not None
         self.eos_ids = eos_ids
@@ -471,19 +523,14 @@ class BatchDecoder:
         assert self._mask is not None and self._next_pos is not None and self._logits is not None
         old_t, new_t = self._mask.shape[1], mask.shape[1]
         width = max(old_t, new_t)
-        merged = []
-        for layer, (k, v) in zip(self._cache.layers, kv, strict=True):
-            merged.append(
-                (
-                    torch.cat(
-                        [_pad_left(layer.keys, width - old_t, 2), _pad_left(k, width - new_t, 2)]
-                    ),
-                    torch.cat(
-                        [_pad_left(layer.values, width - old_t, 2), _pad_left(v, width - new_t, 2)]
-                    ),
-                )
-            )
-        self._cache = _cache_of(merged)
+        # each layer's merged K/V written once into a buffer with room to grow (padded on
+        # the left with zeros, as a concatenation of padded parts would give): the next
+        # decode step writes in place instead of copying the whole batch's cache again
+        merged = [
+            (_stack_rows([layer.keys, k], width), _stack_rows([layer.values, v], width))
+            for layer, (k, v) in zip(self._cache.layers, kv, strict=True)
+        ]
+        self._cache = _cache_of(merged, adopt=True)
         self._mask = torch.cat(
             [_pad_left(self._mask, width - old_t, 1), _pad_left(mask, width - new_t, 1)]
         )
@@ -503,7 +550,18 @@ class BatchDecoder:
             if r.cancelled is not None and r.cancelled():
                 r.finish = "cancelled"
                 ended.add(b)
-        guided = [b for b, r in enumerate(rows) if r.matcher is not None and b not in ended]
+        forced: set[int] = set()  # rows whose token the grammar forces: all the mass on it
+        for b, r in enumerate(rows):
+            if r.next_forced is not None and b not in ended:
+                forced.add(b)
+                logits[b].fill_(float("-inf"))
+                logits[b, r.next_forced] = 0.0  # log-prob 0, as the mask's one token gets
+            r.next_forced = None
+        guided = [
+            b
+            for b, r in enumerate(rows)
+            if r.matcher is not None and b not in ended and b not in forced
+        ]
         picks = [b for b in guided if isinstance(rows[b].matcher, ChoiceMatcher)]
         if picks:  # a streamed guided_choice: only tokens that continue a choice
             _mask_choices(logits, picks, [rows[b].matcher for b in picks])
@@ -528,6 +586,10 @@ class BatchDecoder:
             choice = torch.where(greedy, logp.argmax(-1), sampled)
             chosen_lp = logp.gather(-1, choice[:, None]).squeeze(-1)
         choice_list, lp_list = choice.tolist(), chosen_lp.tolist()
+        feeds: list[list[int]] = [[int(t)] for t in choice_list]  # tokens each row runs next
+        forced_cap = 0
+        if self.fast_forward and len(rows) <= FORCED_MAX_ROWS:
+            forced_cap = FORCED_POSITIONS // len(rows)
         for b, r in enumerate(rows):
             if b in ended:
                 continue
@@ -551,8 +613,15 @@ class BatchDecoder:
             ):
                 r.finish = "stop"
                 ended.add(b)
-            elif len(r.toks) >= r.max_new_tokens:
+            elif len(r.toks) >= r.max_new_tokens or (
+                forced_cap
+                and r.matcher is not None
+                and not r.top_k
+                and self._forced(r, feeds[b], logits.shape[1], forced_cap)
+            ):
                 ended.add(b)
+        if self.select_logits:
+            self._plan_logits(rows, ended, logits.shape[1])
         done = [r for b, r in enumerate(rows) if b in ended]
         if self.conversations:
             for b in sorted(ended):
@@ -565,8 +634,76 @@ class BatchDecoder:
                 return done
             self._select(keep)
             choice = choice[torch.tensor(keep)]
-        self._advance(choice)
+            feeds = [feeds[b] for b in keep]
+        if any(len(f) > 1 for f in feeds):
+            self._advance_many(feeds)
+        else:
+            self._advance(choice)
         return done
+
+    def _plan_logits(self, rows: list[DecodeRow], ended: set[int], vocab: int) -> None:
+        """Mark the rows whose next token their grammar forces (`next_forced`): the next
+        forward pass projects only the other rows onto the vocabulary (the projection is a
+        quarter of a 16-row SmolLM2 step, and 25 of a 61-token Agent Zero reply's tokens are
+        forced), and the next step gives the forced token log-prob 0 without a mask."""
+        for b, r in enumerate(rows):
+            if (
+                b not in ended
+                and r.matcher is not None
+                and not r.top_k
+                and not isinstance(r.matcher, ChoiceMatcher)
+                and not r.matcher.is_stopped()
+            ):
+                r.next_forced = forced_token(r.matcher, vocab)
+
+    def _logit_rows(self) -> dict[str, Any]:
+        """`forward`'s `logit_rows` when some rows need no logits (else nothing)."""
+        if not self.select_logits or all(r.next_forced is None for r in self.rows):
+            return {}
+        need = [i for i, r in enumerate(self.rows) if r.next_forced is None]
+        return {"logit_rows": torch.tensor(need, dtype=torch.long, device=self.device)}
+
+    def _last_logits(self, out: Any, select: dict[str, Any]) -> torch.Tensor:
+        """[rows, vocab] next-token logits (zeros where none were computed)."""
+        logits = out.logits[:, -1, :].float().cpu()
+        n = len(self.rows)
+        if select and logits.shape[0] != n:
+            full = logits.new_zeros((n, logits.shape[1]))
+            full[select["logit_rows"].cpu()] = logits
+            logits = full
+        return logits
+
+    def _forced(self, r: DecodeRow, feed: list[int], vocab: int, cap: int) -> bool:
+        """Take the tokens the row's grammar forces after its sampled token, each the only
+        one its mask allows (JSON keys and punctuation: 25 of a 61-token Agent Zero reply),
+        without a decode step each: the token-by-token path samples exactly these, each
+        with log-prob 0 (the masked distribution puts all its mass there), so the logged
+        tokens and log-probs are the same; they run through the model together with the
+        sampled token in the next step (`_advance_many`). Rows wanting top log-probs and
+        guided_choice streams go token by token. At most `cap` tokens (`FORCED_POSITIONS`:
+        in small batches only, paced acting or a validation's few episodes). True when the
+        row ended."""
+        if isinstance(r.matcher, ChoiceMatcher):
+            return False
+        for _ in range(cap):  # a longer forced run goes on in the next steps
+            if len(r.toks) >= r.max_new_tokens or r.matcher.is_stopped():
+                break
+            tok = forced_token(r.matcher, vocab)
+            if tok is None:
+                return False
+            r.toks.append(tok)
+            r.lps.append(0.0)
+            feed.append(tok)
+            self.stats.forced_tokens += 1
+            if r.on_token is not None:
+                r.on_token(tok, 0.0, [])
+            if not advance(r.matcher, tok):
+                r.finish = "grammar_error"
+                return True
+            if tok in self.eos_ids or r.matcher.is_stopped() or (r.stops and self._stopped(r)):
+                r.finish = "stop"
+                return True
+        return len(r.toks) >= r.max_new_tokens
 
     def _keep_conversation(self, b: int, r: DecodeRow) -> None:
         """Put row `b`'s K/V (its prompt and the reply tokens run through the model) in the
@@ -590,8 +727,12 @@ class BatchDecoder:
         mask = self._mask[index]
         real = mask.any(0).nonzero()
         start = int(real[0]) if len(real) else 0
-        kv = [(k[index, :, start:], v[index, :, start:]) for k, v in _kv_of(self._cache)]
-        self._cache = _cache_of(kv)
+        # the kept rows' K/V copied once, into buffers with room to grow (adopted: the next
+        # decode step writes in place, no second copy of the whole cache)
+        kv = [
+            (_take_rows(k, keep, start), _take_rows(v, keep, start)) for k, v in _kv_of(self._cache)
+        ]
+        self._cache = _cache_of(kv, adopt=True)
         self._mask = mask[:, start:]
         self._next_pos = self._next_pos[index]
 
@@ -600,6 +741,7 @@ class BatchDecoder:
         started = time.perf_counter()
         n = len(self.rows)
         self._mask = torch.cat([self._mask, self._mask.new_ones((n, 1))], dim=1)
+        select = self._logit_rows()
         out = self.forward(
             [r.adapter for r in self.rows],
             input_ids=choice[:, None].to(self.device),
@@ -607,9 +749,45 @@ class BatchDecoder:
             position_ids=self._next_pos,
             past_key_values=self._cache,
             use_cache=True,
+            **select,
         )
         self._next_pos = self._next_pos + 1
-        self._cache, self._logits = out.past_key_values, out.logits[:, -1, :].float().cpu()
+        self._cache, self._logits = out.past_key_values, self._last_logits(out, select)
+        self.stats.decode_s += time.perf_counter() - started
+        self.stats.decode_steps += 1
+        self.stats.decode_rows += n
+
+    def _advance_many(self, feeds: list[list[int]]) -> None:
+        """One forward pass for rows that run several tokens (a sampled token and the
+        tokens its grammar forced after it): each row's tokens right-aligned, padding on
+        their left masked out (a row's K/V then has masked columns inside, as a joining
+        row's padding; `_keep_conversation` keeps the real ones); the logits of each row's
+        last token."""
+        assert self._mask is not None and self._next_pos is not None
+        started = time.perf_counter()
+        n, width = len(self.rows), max(len(f) for f in feeds)
+        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+        new_mask = torch.zeros((n, width), dtype=self._mask.dtype)
+        positions = torch.zeros((n, width), dtype=torch.long)
+        for i, f in enumerate(feeds):
+            k = len(f)
+            ids[i, width - k :] = torch.tensor(f, dtype=torch.long)
+            new_mask[i, width - k :] = 1
+            positions[i, width - k :] = torch.arange(k) + int(self._next_pos[i, 0])
+        self._mask = torch.cat([self._mask, new_mask.to(self.device)], dim=1)
+        select = self._logit_rows()
+        out = self.forward(
+            [r.adapter for r in self.rows],
+            input_ids=ids.to(self.device),
+            attention_mask=self._mask,
+            position_ids=positions.to(self.device),
+            past_key_values=self._cache,
+            use_cache=True,
+            logits_to_keep=1,
+            **select,
+        )
+        self._next_pos = self._next_pos + torch.tensor([[len(f)] for f in feeds]).to(self.device)
+        self._cache, self._logits = out.past_key_values, self._last_logits(out, select)
         self.stats.decode_s += time.perf_counter() - started
         self.stats.decode_steps += 1
         self.stats.decode_rows += n

@@ -112,7 +112,10 @@ def engine_threads(requested: int = 0) -> int:
     """Torch threads of a local engine: `requested`, else one per two cores. The engine
     shares its host with training jobs and the agents; OpenMP workers spinning against them
     made decoding 7-30x slower on 2 busy cores (tiny model, 4 x 200 tokens: 68.7 s with two
-    threads, 2.2 s with one, load 5)."""
+    threads, 2.2 s with one, load 5). Even on a quiet host two threads hardly pay for the
+    decode steps of the tool-use agents (SmolLM2, 16 rows, load 1.2-1.5: 10.8 and 23.6 ms a
+    token against 11.5 and 12.8 with one, twice the CPU time) and move log-probs by up to
+    1.3e-5 (2026-11-30)."""
     if requested > 0:
         return requested
     return max(1, (os.cpu_count() or 1) // 2)
@@ -134,17 +137,29 @@ class LocalEngine:
         threads: int = 0,
         prefix_cache_mb: float = PREFIX_CACHE_MB,
         score_batch_size: int = 32,
+        packed_weights: bool = True,
     ) -> None:
         from agentrl.llm.loading import load_policy
+        from agentrl.serving.packed import pack_linears
 
         torch.set_num_threads(engine_threads(threads))
 
         policy = load_policy(base, seed=seed, tiny_kwargs=tiny_kwargs)
         self.base_spec = {"name": base, "seed": seed, "tiny_kwargs": tiny_kwargs}
         self.model: Any = policy.model.eval()
+        # the Linear layers on weights packed once for MKL's GEMM (`serving.packed`): the
+        # same results bit for bit, without repacking every weight on every decode step
+        self.packed_layers = pack_linears(self.model) if packed_weights else 0
         self.tokenizer = policy.tokenizer
         # every version's LoRA over the plain base, applied per batch row (`multilora`)
         self.lora = MultiLora(self.model)
+        # the vocabulary projection of the rows that need next-token logits only (a row
+        # whose next token its grammar forces needs none: `BatchDecoder._plan_logits`);
+        # hooked once here (a forward in another thread iterates the hook dict)
+        head = self.model.get_output_embeddings()
+        self._head_name = next(n for n, m in self.model.named_modules() if m is head)
+        self._head_rows = threading.local()
+        head.register_forward_pre_hook(self._select_head_rows)
         self.adapters: dict[str, str] = {}  # model_id -> adapter name
         self.adapter_bytes: dict[str, int] = {}  # adapter name -> its weights' bytes
         # guards `adapters`/`weights` and the check that a retired adapter is unused: a
@@ -570,9 +585,27 @@ class LocalEngine:
             finally:
                 self._live, self.stats.active = [], 0
 
-    def _forward(self, adapters: list[str], **kw: Any) -> Any:
-        with self.lora.rows(adapters):
-            return self.model(**kw)
+    def _forward(
+        self, adapters: list[str], logit_rows: torch.Tensor | None = None, **kw: Any
+    ) -> Any:
+        """The model under the rows' adapters; `logit_rows`: the batch rows projected onto
+        the vocabulary (the logits then have those rows only; all of them where a LoRA
+        adapter changes the projection itself)."""
+        if logit_rows is not None and self._head_name in self.lora.stacks.layers:
+            logit_rows = None
+        self._head_rows.rows = logit_rows
+        try:
+            with self.lora.rows(adapters):
+                return self.model(**kw)
+        finally:
+            self._head_rows.rows = None
+
+    def _select_head_rows(self, _module: Any, args: tuple[Any, ...]) -> Any:
+        """The vocabulary projection's pre-hook: only the rows `_forward` was asked for."""
+        rows = getattr(self._head_rows, "rows", None)
+        if rows is None:
+            return None
+        return (args[0].index_select(0, rows), *args[1:])
 
     def _take(self, room: int) -> list[DecodeRow]:
         """Waiting rows whose request is still there, up to `room` (decode thread)."""
@@ -615,6 +648,7 @@ class LocalEngine:
                 prefix_cache=self.prefixes,
                 stats=self.stats.decode,
                 conversations=True,
+                select_logits=True,
             )
             while True:
                 room = self.max_batch_size - len(decoder)

@@ -660,6 +660,33 @@ def mask_logits(logits: torch.Tensor, rows: list[int], matchers: list[Any]) -> l
     return [r for r in rows if empty[r]]
 
 
+_ONE_ROW = threading.local()  # per thread: vocabulary size -> a one-row bitmask
+
+
+def forced_token(matcher: Any, vocab: int) -> int | None:
+    """The token the matcher's next mask allows alone (the grammar forces it), else None
+    (several tokens, none, or the grammar ended)."""
+    from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+
+    started = time.perf_counter()
+    masks = getattr(_ONE_ROW, "masks", None)
+    if masks is None:
+        masks = _ONE_ROW.masks = {}
+    bitmask = masks.get(vocab)
+    if bitmask is None:
+        bitmask = masks[vocab] = allocate_token_bitmask(1, vocab)
+    fill_next_token_bitmask(matcher, bitmask, 0)
+    words = np.flatnonzero(bitmask[0])
+    token: int | None = None
+    if len(words) == 1:
+        word = int(bitmask[0, words[0]]) & 0xFFFFFFFF
+        if word & (word - 1) == 0:  # one bit set
+            candidate = int(words[0]) * 32 + word.bit_length() - 1
+            token = candidate if candidate < vocab else None
+    GRAMMAR_SECONDS[0] += time.perf_counter() - started
+    return token
+
+
 def advance(matcher: Any, token: int) -> bool:
     """Move a matcher past the sampled token (False: the token broke the grammar)."""
     started = time.perf_counter()
