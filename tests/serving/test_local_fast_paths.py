@@ -76,8 +76,9 @@ def test_packed_weights_equal_plain_linear_bit_for_bit() -> None:
 
 @pytest.fixture(scope="module")
 def engines(checkpoints: list[str]) -> tuple[Any, Any]:
-    """The engine as served (every speed-up on) and the plain path, same base and adapter."""
-    fast, plain = _engine(), _engine(packed_weights=False)
+    """The engine with every speed-up on (packed weights are opt-in) and the plain path,
+    same base and adapter."""
+    fast, plain = _engine(packed_weights=True), _engine(packed_weights=False)
     assert fast.packed_layers > 0 and plain.packed_layers == 0
     for e in (fast, plain):
         e.load_adapter("a", Path(checkpoints[0]))

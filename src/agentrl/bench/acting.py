@@ -175,7 +175,7 @@ async def run_acting(cfg: ActingBench) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="agentrl-bench-acting-"))
     engine = await asyncio.to_thread(
         LocalEngine, cfg.model, seed=cfg.seed, tiny_kwargs=tiny, max_batch_size=batch,
-        threads=cfg.threads,
+        threads=cfg.threads or 0, packed_weights=cfg.packed_weights,
     )  # fmt: skip
     import torch
 

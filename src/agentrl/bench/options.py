@@ -279,10 +279,12 @@ class ActingBench(_Options):
     """Agent workers (the tool-use loop's 16)."""
     seconds: float = Field(120.0, gt=0)
     """Seconds of acting measured."""
-    max_batch_size: int = Field(0, ge=0)
-    """The engine's decode batch; 0: the tool-use loop's (`loop_tooluse.SERVE_MAX_BATCH`)."""
-    threads: int = Field(0, ge=0)
-    """Torch threads of the engine; 0: the engine's default (one per two cores)."""
+    max_batch_size: int | None = Field(None, ge=1)
+    """The engine's decode batch; unset: the tool-use loop's (`loop_tooluse.SERVE_MAX_BATCH`)."""
+    threads: int | None = Field(None, ge=1)
+    """Torch threads of the engine; unset: the engine's default (one per two cores)."""
+    packed_weights: bool = False
+    """Weights packed once for MKL (`agentrl up`'s AGENTRL_DEPLOY_PACKED_WEIGHTS)."""
     max_tokens: int = Field(256, ge=1)
     """Tokens per reply (the loop's 256)."""
     max_steps: int = Field(4, ge=1)

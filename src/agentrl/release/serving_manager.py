@@ -89,6 +89,7 @@ class ServingManager:
                     prompt_cache_mb=self.settings.prompt_cache_mb,
                     prefix_cache_mb=self.settings.prefix_cache_mb,
                     threads=self.settings.torch_threads,
+                    packed_weights=self.settings.packed_weights,
                 )
         return LocalBackend(self.engine, self.cache_dir)
 
