@@ -61,17 +61,20 @@ mypy_log="$(mktemp)"
 mypy_pid=$!
 echo "[test] pytest (mypy src beside it)"
 set +e
-# two workers, a test file to each at a time (a file's tests share its fixtures): most tests
-# wait on processes and I/O, so the suite takes ~14 instead of ~21 minutes on 2 cores.
-# Measured worse (2026-11-27): three workers (890 s, Ray's start timed out), and the slowest
-# files first (1,156 s: the two quick loops ran side by side at 2-3x their time). xdist's own
+# three workers, a test file to each at a time (a file's tests share its fixtures): a worker
+# spends about half its time waiting on processes, I/O and leases, which a third fills.
+# Measured 2026-11-30 beside other work: 915 s with three against 1,093-1,252 s with two;
+# since training jobs fork from a launcher (tests/conftest.py `job_launcher`) the suite
+# needs ~100 CPU-s less, and three no longer time out Ray's start as they did on
+# 2026-11-27 (890 s). Also worse then: the slowest files first (1,156 s: the two quick loops
+# ran side by side at 2-3x their time). xdist's own
 # order (files with the most tests first) keeps the heavy files beside light ones, except
 # the longest (tests/conftest.py `FIRST`), which starts at once, and the long files of a few
 # tests (`LONG`), handed out in the first quarter instead of ending the run. Each test
 # process runs one OpenMP thread (tests/conftest.py): two on two busy cores only spin.
-# AGENTRL_TEST_WORKERS=0 runs it in one process.
+# AGENTRL_TEST_WORKERS=N: N workers (0: one process).
 .venv/bin/pytest -q -p no:cacheprovider --durations=30 \
-  -n "${AGENTRL_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
+  -n "${AGENTRL_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@"
 status=$?
 if [ "$status" -eq 5 ]; then echo "[test] pytest collected no tests"; fi
 echo "[test] mypy src"
