@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -153,12 +154,101 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
+@dataclass(frozen=True)
+class _Counters:
+    """The engine's counters when the measured window opened."""
+
+    decode: dict[str, Any]
+    tokens: int
+    grammar_s: float
+    prefix_hits: int
+
+    @classmethod
+    def of(cls, engine: Any) -> _Counters:
+        from agentrl.serving import structured
+
+        return cls(
+            dict(vars(engine.stats.decode)),
+            engine.stats.new_tokens,
+            structured.GRAMMAR_SECONDS[0],
+            engine.prefixes.hits,
+        )
+
+
+def _figures(
+    engine: Any,
+    timers: Timers,
+    agents: Any,
+    before: _Counters,
+    started: float,
+    wall: float,
+    cpu: float,
+    engine_cpu: float,
+    tool_s: float,
+) -> dict[str, Any]:
+    """The window's figures: episodes, tokens, the prefix cache, decode steps, the share of
+    wall in each part, and CPU per episode and per token (load-independent)."""
+    from agentrl.serving import structured
+
+    done = sorted(t - started for t in agents.published.values() if t - started <= wall)
+    half = [t for t in done if t > wall / 2]
+    d = {k: v - before.decode.get(k, 0) for k, v in vars(engine.stats.decode).items()
+         if isinstance(v, (int, float))}  # fmt: skip
+    gen = engine.stats.new_tokens - before.tokens
+    grammar = structured.GRAMMAR_SECONDS[0] - before.grammar_s
+    forward = timers.forward_prefill + timers.forward_decode
+    sampling = max(0.0, timers.step - timers.step_forward - grammar)
+    prefilled, cached = d.get("prefill_tokens", 0), d.get("cached_tokens", 0)
+    return dict(
+        episodes=len(done),
+        episodes_per_min=round(60.0 * len(done) / wall, 2),
+        episodes_per_min_second_half=round(60.0 * len(half) / (wall / 2), 2),
+        gen_tokens=gen,
+        gen_tokens_per_s=round(gen / wall, 2),
+        decode_tokens_per_s=round(d.get("decode_rows", 0) / max(timers.forward_decode, 1e-9), 2),
+        prefill_tokens=prefilled,
+        prefill_tokens_per_s=round(prefilled / max(timers.forward_prefill, 1e-9), 1),
+        cached_tokens=cached,
+        prefix_cache_hit_share=round(cached / max(1, cached + prefilled), 3),
+        prefix_hits=engine.prefixes.hits - before.prefix_hits,
+        decode_steps=d.get("decode_steps", 0),
+        forced_tokens=d.get("forced_tokens", 0),
+        batch_mean=round(d.get("decode_rows", 0) / max(1, d.get("decode_steps", 0)), 1),
+        batch_p50={
+            str(n): round(1000 * statistics.median(v), 1)
+            for n, v in sorted(timers.steps.items())
+            if len(v) >= 5
+        },
+        step_ms_p50=round(1000 * _pct([x for v in timers.steps.values() for x in v], 0.5), 1),
+        share_forward=round(forward / wall, 3),
+        share_prefill=round(timers.forward_prefill / wall, 3),
+        share_decode=round(timers.forward_decode / wall, 3),
+        share_mask=round(grammar / wall, 3),
+        share_sampling=round(sampling / wall, 3),
+        share_tools=round(tool_s / wall, 3),
+        share_other=round(max(0.0, 1 - (forward + grammar + sampling) / wall), 3),
+        process_cpu_share=round(cpu / wall, 3),
+        # load-independent: this process's CPU seconds per episode
+        cpu_s_per_episode=round(cpu / max(1, len(done)), 2),
+        # the decode thread's CPU time (one torch thread: all of the engine's work) per
+        # generated token and per episode: what other processes' load does not change
+        engine_cpu_s=round(engine_cpu, 1),
+        engine_busy_share=round((forward + sampling + grammar) / wall, 3),
+        engine_cpu_ms_per_token=round(1000 * engine_cpu / max(1, gen), 1),
+        episodes_per_engine_cpu_min=round(60 * len(done) / max(engine_cpu, 1e-9), 2),
+        failed_groups=agents.failed,
+        cut_by_token_cap=agents.cut["acting"],
+        replies=agents.cut["acting_replies"],
+        wall_s=round(wall, 1),
+        load_1m=round(os.getloadavg()[0], 2),
+    )
+
+
 async def run_acting(cfg: ActingBench) -> dict[str, Any]:
     from agentrl.app.loop_agents import Agents
     from agentrl.app.loop_config import LoopConfig
     from agentrl.app.loop_tooluse import SERVE_MAX_BATCH
     from agentrl.bus import Bus, EmbeddedNats
-    from agentrl.serving import structured
     from agentrl.serving.backends import LocalBackend
     from agentrl.serving.gateway import CompletionLog, GatewayState, create_gateway_app
     from agentrl.serving.local import LocalEngine
@@ -214,9 +304,7 @@ async def run_acting(cfg: ActingBench) -> dict[str, Any]:
         worker_mod.RLRolloutWorker._env_call = timed_env_call  # type: ignore[method-assign]
         timers = Timers()
         timers.install(engine)
-        d0 = dict(vars(engine.stats.decode))
-        tokens0, grammar0 = engine.stats.new_tokens, structured.GRAMMAR_SECONDS[0]
-        hits0 = engine.prefixes.hits
+        before = _Counters.of(engine)
         spy = _profile(Path(cfg.profile), cfg.seconds) if cfg.profile else None
         cpu0 = time.process_time()
         started = time.monotonic()
@@ -231,59 +319,8 @@ async def run_acting(cfg: ActingBench) -> dict[str, Any]:
         await asyncio.gather(acting, return_exceptions=True)
         timers.remove()
         worker_mod.RLRolloutWorker._env_call = env_call  # type: ignore[method-assign]
-        done = sorted(t - started for t in agents.published.values() if t - started <= wall)
-        half = [t for t in done if t > wall / 2]
-        d = {k: v - d0.get(k, 0) for k, v in vars(engine.stats.decode).items()
-             if isinstance(v, (int, float))}  # fmt: skip
-        gen = engine.stats.new_tokens - tokens0
-        grammar = structured.GRAMMAR_SECONDS[0] - grammar0
-        forward = timers.forward_prefill + timers.forward_decode
-        sampling = max(0.0, timers.step - timers.step_forward - grammar)
-        prefilled, cached = d.get("prefill_tokens", 0), d.get("cached_tokens", 0)
         out.update(
-            episodes=len(done),
-            episodes_per_min=round(60.0 * len(done) / wall, 2),
-            episodes_per_min_second_half=round(60.0 * len(half) / (wall / 2), 2),
-            gen_tokens=gen,
-            gen_tokens_per_s=round(gen / wall, 2),
-            decode_tokens_per_s=round(
-                d.get("decode_rows", 0) / max(timers.forward_decode, 1e-9), 2
-            ),
-            prefill_tokens=prefilled,
-            prefill_tokens_per_s=round(prefilled / max(timers.forward_prefill, 1e-9), 1),
-            cached_tokens=cached,
-            prefix_cache_hit_share=round(cached / max(1, cached + prefilled), 3),
-            prefix_hits=engine.prefixes.hits - hits0,
-            decode_steps=d.get("decode_steps", 0),
-            forced_tokens=d.get("forced_tokens", 0),
-            batch_mean=round(d.get("decode_rows", 0) / max(1, d.get("decode_steps", 0)), 1),
-            batch_p50={
-                str(n): round(1000 * statistics.median(v), 1)
-                for n, v in sorted(timers.steps.items())
-                if len(v) >= 5
-            },
-            step_ms_p50=round(1000 * _pct([x for v in timers.steps.values() for x in v], 0.5), 1),
-            share_forward=round(forward / wall, 3),
-            share_prefill=round(timers.forward_prefill / wall, 3),
-            share_decode=round(timers.forward_decode / wall, 3),
-            share_mask=round(grammar / wall, 3),
-            share_sampling=round(sampling / wall, 3),
-            share_tools=round(tool_s[0] / wall, 3),
-            share_other=round(max(0.0, 1 - (forward + grammar + sampling) / wall), 3),
-            process_cpu_share=round(cpu / wall, 3),
-            # load-independent: this process's CPU seconds per episode
-            cpu_s_per_episode=round(cpu / max(1, len(done)), 2),
-            # the decode thread's CPU time (one torch thread: all of the engine's work) per
-            # generated token and per episode: what other processes' load does not change
-            engine_cpu_s=round(engine_cpu, 1),
-            engine_busy_share=round((forward + sampling + grammar) / wall, 3),
-            engine_cpu_ms_per_token=round(1000 * engine_cpu / max(1, gen), 1),
-            episodes_per_engine_cpu_min=round(60 * len(done) / max(engine_cpu, 1e-9), 2),
-            failed_groups=agents.failed,
-            cut_by_token_cap=agents.cut["acting"],
-            replies=agents.cut["acting_replies"],
-            wall_s=round(wall, 1),
-            load_1m=round(os.getloadavg()[0], 2),
+            _figures(engine, timers, agents, before, started, wall, cpu, engine_cpu, tool_s[0])
         )
         if spy is not None:
             try:

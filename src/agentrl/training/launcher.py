@@ -211,124 +211,150 @@ def serve(path: Path, run_job: Callable[[Path], int], preload: tuple[str, ...] =
     server.listen(64)  # orders wait in the backlog while the imports run
     _preload(preload)
     _prctl()
-    server.setblocking(False)
-    wake_r, wake_w = socket.socketpair()
-    wake_r.setblocking(False)
-    wake_w.setblocking(False)
-    stopping: list[int] = []
-    signal.set_wakeup_fd(wake_w.fileno())
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    signal.signal(signal.SIGTERM, lambda sig, _f: stopping.append(sig))
-    signal.signal(signal.SIGINT, lambda sig, _f: stopping.append(sig))
-    launcher_pid = os.getpid()
-    sel = selectors.DefaultSelector()
-    sel.register(server, selectors.EVENT_READ, "accept")
-    sel.register(wake_r, selectors.EVENT_READ, "wake")
-    orders: dict[socket.socket, bytearray] = {}  # connections whose order is still coming
-    jobs: dict[int, socket.socket | None] = {}  # pid -> its runner's connection
-    own = [server, wake_r, wake_w]
+    launcher = _Launcher(server, run_job)
+    print(f"launcher: pid {os.getpid()} ready on {path}", flush=True)
+    launcher.run()
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    return 0
 
-    def forget(conn: socket.socket) -> None:
-        with contextlib.suppress(KeyError, ValueError):
-            sel.unregister(conn)
-        conn.close()
 
-    def start(conn: socket.socket, raw: bytes) -> None:
+class _Launcher:
+    """The selector loop: accept connections, read each one's order, fork its job, report
+    its exit, kill it when its runner's connection closes."""
+
+    def __init__(self, server: socket.socket, run_job: Callable[[Path], int]) -> None:
+        self.server, self.run_job = server, run_job
+        server.setblocking(False)
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.wake_r.setblocking(False)
+        self.wake_w.setblocking(False)
+        self.stopping: list[int] = []
+        signal.set_wakeup_fd(self.wake_w.fileno())  # SIGCHLD wakes the selector
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, lambda sig, _f: self.stopping.append(sig))
+        signal.signal(signal.SIGINT, lambda sig, _f: self.stopping.append(sig))
+        self.pid = os.getpid()
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(server, selectors.EVENT_READ, "accept")
+        self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
+        self.orders: dict[socket.socket, bytearray] = {}  # connections whose order is coming
+        self.jobs: dict[int, socket.socket | None] = {}  # pid -> its runner's connection
+
+    def run(self) -> None:
+        while not self.stopping:
+            for key, _ in self.sel.select(timeout=1.0):
+                if key.data == "accept":
+                    self._accept()
+                elif key.data == "wake":
+                    with contextlib.suppress(BlockingIOError):
+                        while self.wake_r.recv(4096):
+                            pass
+                else:
+                    assert isinstance(key.fileobj, socket.socket)
+                    self._read(key.fileobj)
+            self._reap()
+        for pid in list(self.jobs):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def _accept(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            conn, _addr = self.server.accept()
+            conn.setblocking(False)
+            self.orders[conn] = bytearray()
+            self.sel.register(conn, selectors.EVENT_READ, "conn")
+
+    def _read(self, conn: socket.socket) -> None:
+        try:
+            data = conn.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if conn not in self.orders:  # a running job's runner: only its going away matters
+            if not data:
+                self._runner_gone(conn)
+            return
+        if not data:
+            del self.orders[conn]
+            self._forget(conn)
+            return
+        self.orders[conn] += data
+        if b"\n" in self.orders[conn]:
+            self._start(conn, bytes(self.orders.pop(conn)).split(b"\n", 1)[0])
+
+    def _start(self, conn: socket.socket, raw: bytes) -> None:
         try:
             order = json.loads(raw)
             job_dir = Path(order["job_dir"])
         except (ValueError, KeyError, TypeError) as exc:
-            with contextlib.suppress(OSError):
-                conn.sendall(json.dumps({"error": f"bad order: {exc}"}).encode() + b"\n")
-            forget(conn)
+            self._send(conn, {"error": f"bad order: {exc}"})
+            self._forget(conn)
             return
-        inherited = [c.fileno() for c in (conn, *own, *orders, *[j for j in jobs.values() if j])]
+        runners = [c for c in self.jobs.values() if c is not None]
+        mine = [conn, self.server, self.wake_r, self.wake_w, *self.orders, *runners]
+        inherited = [c.fileno() for c in mine]
+        if isinstance(self.sel, selectors.EpollSelector):
+            inherited.append(self.sel.fileno())
         # signals wait until the child has its own handlers: a cancel (SIGTERM) sent at once
         # must not reach the launcher's handler in the child
         signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
         pid = os.fork()
-        if pid == 0:  # the job's process
-            code = 1
-            try:
-                _become_job(order, inherited, launcher_pid)
-                code = run_job(job_dir)
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                with contextlib.suppress(Exception):
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                os._exit(code)
+        if pid == 0:
+            self._child(order, job_dir, inherited)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)
-        jobs[pid] = conn
-        with contextlib.suppress(OSError):
-            conn.setblocking(True)
-            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-            conn.setblocking(False)
+        self.jobs[pid] = conn
+        self._send(conn, {"pid": pid})
 
-    def reap() -> None:
-        while jobs:
+    def _child(self, order: dict[str, Any], job_dir: Path, inherited: list[int]) -> None:
+        """The job's process: never returns into the launcher's loop."""
+        code = 1
+        try:
+            _become_job(order, inherited, self.pid)
+            code = self.run_job(job_dir)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+
+    def _reap(self) -> None:
+        while self.jobs:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
-            conn = jobs.pop(pid, None)
+            conn = self.jobs.pop(pid, None)
             if conn is not None:
-                code = os.waitstatus_to_exitcode(status)
-                with contextlib.suppress(OSError):
-                    conn.setblocking(True)
-                    conn.sendall(json.dumps({"returncode": code}).encode() + b"\n")
-                forget(conn)
+                self._send(conn, {"returncode": os.waitstatus_to_exitcode(status)})
+                self._forget(conn)
 
-    print(f"launcher: pid {os.getpid()} ready on {path}", flush=True)
-    while not stopping:
-        for key, _ in sel.select(timeout=1.0):
-            if key.data == "accept":
-                with contextlib.suppress(BlockingIOError):
-                    conn, _addr = server.accept()
-                    conn.setblocking(False)
-                    orders[conn] = bytearray()
-                    sel.register(conn, selectors.EVENT_READ, "conn")
-            elif key.data == "wake":
-                with contextlib.suppress(BlockingIOError):
-                    while wake_r.recv(4096):
-                        pass
-            else:
-                conn = key.fileobj  # type: ignore[assignment]
-                assert isinstance(conn, socket.socket)
-                try:
-                    data = conn.recv(65536)
-                except (BlockingIOError, InterruptedError):
-                    continue
-                except OSError:
-                    data = b""
-                if conn in orders:
-                    if not data:
-                        del orders[conn]
-                        forget(conn)
-                        continue
-                    orders[conn] += data
-                    if b"\n" in orders[conn]:
-                        raw = bytes(orders.pop(conn)).split(b"\n", 1)[0]
-                        start(conn, raw)
-                elif not data:  # the runner is gone: so is its job
-                    for pid, owner in jobs.items():
-                        if owner is conn:
-                            with contextlib.suppress(ProcessLookupError):
-                                os.kill(pid, signal.SIGKILL)
-                            jobs[pid] = None
-                    forget(conn)
-        reap()
-    for pid in list(jobs):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-    return 0
+    def _runner_gone(self, conn: socket.socket) -> None:
+        """The runner that ordered a job exited or was killed: so is its job."""
+        for pid, owner in self.jobs.items():
+            if owner is conn:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                self.jobs[pid] = None
+        self._forget(conn)
+
+    def _send(self, conn: socket.socket, message: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):
+            conn.setblocking(True)
+            conn.sendall(json.dumps(message).encode() + b"\n")
+            conn.setblocking(False)
+
+    def _forget(self, conn: socket.socket) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(conn)
+        conn.close()
 
 
 _HANDLED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT)
