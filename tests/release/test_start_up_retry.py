@@ -21,7 +21,8 @@ async def test_a_start_up_registry_call_waits_for_nats_instead_of_dying(nats_url
     proxy = await TcpProxy(host, int(port)).start()
     bus = await Bus.connect(proxy.url)
     try:
-        registry = await Registry.open(bus.js, bucket="startup_retry")
+        # JetStream calls that give up after 2 s, not nats-py's 5: the same retries, sooner
+        registry = await Registry.open(bus.nc.jetstream(timeout=2.0), bucket="startup_retry")
         assert (await registry.get_split("p"))[0] is None
         proxy.cut()
         with pytest.raises(nats.errors.TimeoutError):  # what killed the replica
