@@ -20,6 +20,7 @@ from stop_kit import (
     signal_when,
     standin_vllm,
     stop,
+    wait_for_line,
 )
 
 
@@ -35,15 +36,7 @@ def test_up_stops_its_nats_server(tmp_path: Path, sig: int) -> None:
         text=True,
         env=env,
     )
-    seen = ""
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 90
-    while "agentrl is up" not in seen and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line and proc.poll() is not None:
-            break
-        seen += line
-    assert "agentrl is up" in seen, seen
+    wait_for_line(proc, "agentrl is up")
     servers = [c for c in psutil.Process(proc.pid).children(recursive=True) if "nats" in c.name()]
     assert servers
     took = stop(proc, sig)

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import uvicorn
+from stop_kit import wait_for_line
 
 from agentrl.app.stack import Probe, ServiceHealth, answers_http, supervise
 from agentrl.bus.server import free_port
@@ -97,14 +98,7 @@ def test_sigint_exits_promptly_with_a_forward_pass_still_running(tmp_path: Path)
     )
     seen = ""
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 90
-        while "agentrl is up" not in seen and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line and proc.poll() is not None:
-                break
-            seen += line
-        assert "agentrl is up" in seen, seen
+        seen = wait_for_line(proc, "agentrl is up")
         time.sleep(0.5)  # the pool thread is sleeping now
         t = time.monotonic()
         proc.send_signal(signal.SIGINT)
@@ -163,14 +157,7 @@ def test_up_says_what_it_waits_for_and_is_up_only_when_the_gateway_serves(
     )
     seen = ""
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 90
-        while "agentrl is up" not in seen and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line and proc.poll() is not None:
-                break
-            seen += line
-        assert "agentrl is up" in seen, seen
+        seen = wait_for_line(proc, "agentrl is up")
         assert asyncio.run(answers_http("127.0.0.1", port)), "up before the gateway serves"
     finally:
         proc.send_signal(signal.SIGINT)
