@@ -11,12 +11,12 @@ import sys
 import time
 from pathlib import Path
 
+from agentrl.core.deathsig import die_with_parent
 from agentrl.training.launcher import launch, serve
-from agentrl.training.worker import _die_with_parent
 
 
 def job(job_dir: Path) -> int:
-    _die_with_parent()
+    die_with_parent()
     print(f"env {os.environ.get('JOB_MARK')} cwd {os.getcwd()} sid {os.getsid(0)}", flush=True)
     sleep = job_dir / "sleep"
     time.sleep(float(sleep.read_text()) if sleep.exists() else 0.0)

@@ -403,7 +403,7 @@ class Replica:
     health: ServiceHealth = field(default_factory=lambda: ServiceHealth("replica"))
 
     def start(self) -> None:
-        from agentrl.bus.server import _die_with_parent
+        from agentrl.core.deathsig import terminate_with_parent
 
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as fh:
@@ -413,7 +413,7 @@ class Replica:
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,  # a killed `agentrl up` leaves no replica behind
+                preexec_fn=terminate_with_parent,  # a killed `agentrl up` leaves no replica behind
             )
         self.health.state, self.health.since = "running", time.time()
 

@@ -238,14 +238,14 @@ def _serve_gateway(port: int, upstream: str, nats_url: str) -> None:
 
 
 def _spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    from agentrl.bus.server import _die_with_parent
+    from agentrl.core.deathsig import terminate_with_parent
 
     return subprocess.Popen(
         [sys.executable, "-m", "agentrl.bench.gateway", *args],
         env={**os.environ, **(env or {})},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        preexec_fn=_die_with_parent,  # a killed benchmark leaves no helper behind
+        preexec_fn=terminate_with_parent,  # a killed benchmark leaves no helper behind
     )
 
 

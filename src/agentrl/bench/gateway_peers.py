@@ -92,7 +92,7 @@ def _version(python: Path, dist: str) -> str:
 
 
 def _popen(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    from agentrl.bus.server import _die_with_parent
+    from agentrl.core.deathsig import terminate_with_parent
 
     with open(log, "ab") as fh:
         return subprocess.Popen(
@@ -101,7 +101,7 @@ def _popen(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subp
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
-            preexec_fn=_die_with_parent,  # a killed benchmark leaves no peer behind
+            preexec_fn=terminate_with_parent,  # a killed benchmark leaves no peer behind
         )
 
 
@@ -223,7 +223,7 @@ def start_tensorzero(backend: str, tmp: Path) -> Peer:
     out = tmp / "tensorzero.url"
     assert peer.log is not None
     with open(out, "wb") as fh:
-        from agentrl.bus.server import _die_with_parent
+        from agentrl.core.deathsig import terminate_with_parent
 
         peer.proc = subprocess.Popen(
             [str(python), "-c", TENSORZERO_MAIN, str(cfg)],
@@ -231,7 +231,7 @@ def start_tensorzero(backend: str, tmp: Path) -> Peer:
             stderr=open(peer.log, "ab"),  # noqa: SIM115 - the child keeps it
             stdin=subprocess.DEVNULL,
             env={**os.environ, "RUST_LOG": "warn"},
-            preexec_fn=_die_with_parent,
+            preexec_fn=terminate_with_parent,
         )
     deadline = time.time() + 60
     while time.time() < deadline and not out.read_text().strip():

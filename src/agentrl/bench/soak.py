@@ -106,7 +106,7 @@ class ServiceProc:
         self.starts = 0
 
     def start(self) -> None:
-        from agentrl.bus.server import _die_with_parent
+        from agentrl.core.deathsig import terminate_with_parent
 
         with open(self.log, "ab") as fh:
             fh.write(f"\n---- soak: start #{self.starts + 1} ----\n".encode())
@@ -118,7 +118,7 @@ class ServiceProc:
                 stdin=subprocess.DEVNULL,
                 env=self.env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,  # a killed soak leaves no service behind
+                preexec_fn=terminate_with_parent,  # a killed soak leaves no service behind
             )
         self.starts += 1
 

@@ -28,7 +28,8 @@ from typing import Any
 import httpx
 
 from agentrl.bench.options import StartupBench
-from agentrl.bus.server import _die_with_parent, free_port
+from agentrl.bus.server import free_port
+from agentrl.core.deathsig import terminate_with_parent
 
 TARGETS = {"warm_to_first_token_s": 30.0, "cold_to_first_token_s": 180.0, "sigint_to_exit_s": 5.0}
 
@@ -85,7 +86,7 @@ def one_start(cache: Path, work: Path, label: str, timeout_s: float = 900.0) -> 
         start_new_session=True,
         # the bench ended (SIGTERM's watchdog ends it 10 s later, whatever `up` is doing):
         # `up` ends with it, and its nats-server with `up`
-        preexec_fn=_die_with_parent,
+        preexec_fn=terminate_with_parent,
     )
 
     def pump() -> None:

@@ -8,7 +8,6 @@ neither Ctrl-C nor a killed parent leaves an orphan server holding the store dir
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -20,8 +19,8 @@ import sys
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
+from agentrl.core.deathsig import terminate_with_parent
 from agentrl.core.errors import ServerError
 from agentrl.core.settings import Settings, get_settings
 
@@ -60,16 +59,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-_PRCTL: Any = None
-with contextlib.suppress(OSError):  # loaded here: dlopen between fork and exec can deadlock
-    _PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec: nothing that locks
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class EmbeddedNats:
@@ -167,7 +156,7 @@ class EmbeddedNats:
                 stderr=log_fh,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=terminate_with_parent,
             )
         finally:
             log_fh.close()

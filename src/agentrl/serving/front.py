@@ -128,7 +128,7 @@ class Front:
     def spawn(self) -> None:
         """Start the process (call it from a thread that outlives the front: the child is
         sent SIGTERM when the thread that forked it ends, PR_SET_PDEATHSIG)."""
-        from agentrl.bus.server import _die_with_parent
+        from agentrl.core.deathsig import terminate_with_parent
 
         if self.listen.endswith(":0"):  # a free port, chosen here (the front prints its own)
             import socket
@@ -149,7 +149,7 @@ class Front:
                 stdout=out,
                 stderr=subprocess.STDOUT if self.log else None,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,  # a killed parent leaves no front behind
+                preexec_fn=terminate_with_parent,  # a killed parent leaves no front behind
             )
         finally:
             if self.log:

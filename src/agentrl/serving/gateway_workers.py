@@ -212,7 +212,7 @@ class WorkerPool:
     started: dict[int, float] = field(default_factory=dict)  # index -> time.monotonic()
 
     def start(self, i: int) -> None:
-        from agentrl.bus.server import _die_with_parent
+        from agentrl.core.deathsig import terminate_with_parent
 
         self.started[i] = time.monotonic()
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -223,7 +223,7 @@ class WorkerPool:
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,  # a killed `agentrl up` leaves no worker behind
+                preexec_fn=terminate_with_parent,  # a killed `agentrl up` leaves no worker behind
             )
 
     def status(self) -> dict[str, Any]:

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import functools
 import importlib
 import json
 import logging
@@ -38,6 +36,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from agentrl.core.deathsig import die_with_parent
 
 log = logging.getLogger("agentrl.training.launcher")
 
@@ -210,7 +210,6 @@ def serve(path: Path, run_job: Callable[[Path], int], preload: tuple[str, ...] =
     server.bind(str(path))
     server.listen(64)  # orders wait in the backlog while the imports run
     _preload(preload)
-    _prctl()
     launcher = _Launcher(server, run_job)
     print(f"launcher: pid {os.getpid()} ready on {path}", flush=True)
     launcher.run()
@@ -360,21 +359,10 @@ class _Launcher:
 _HANDLED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT)
 
 
-@functools.cache
-def _prctl() -> Any:
-    """libc's prctl, loaded in the launcher (never first in a forked child)."""
-    try:
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except OSError:
-        return None
-
-
 def _die_with_launcher(launcher_pid: int) -> None:
     """PR_SET_PDEATHSIG in the child; a launcher that died before it took effect is seen
     as a new parent."""
-    prctl = _prctl()
-    if prctl is not None:
-        prctl(1, signal.SIGKILL)
+    die_with_parent()
     if os.getppid() != launcher_pid:
         os._exit(1)
 

@@ -61,6 +61,7 @@ from agentrl.contracts.base import new_id, utcnow
 from agentrl.contracts.filters import declared
 from agentrl.contracts.subjects import REWARD, TRAINING_REQUEST, TRAINING_STATUS, TRAJECTORY
 from agentrl.contracts.training import TrainingRequest, TrainingStatus
+from agentrl.core.deathsig import die_with_parent
 from agentrl.core.settings import Settings, get_settings
 from agentrl.llm.fence import raise_fence
 from agentrl.observability import instrument as obs
@@ -224,7 +225,7 @@ class TrainingService:
         # one given by its socket, else one of this service's own (`warm_worker`)
         self.own_launcher = (
             OwnLauncher(
-                _launcher_path(), self.root / "launcher.log", self._job_env(), _die_with_parent
+                _launcher_path(), self.root / "launcher.log", self._job_env(), die_with_parent
             )
             if self.ts.warm_worker and not self.ts.launcher
             else None
@@ -821,7 +822,9 @@ class TrainingService:
                     stdin=asyncio.subprocess.DEVNULL,
                     env=env,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent,
+                    # a runner SIGKILLed leaves no job writing checkpoints beside the one
+                    # that resumes it elsewhere
+                    preexec_fn=die_with_parent,
                 )
             except OSError as exc:
                 await self._finish(
@@ -1518,25 +1521,10 @@ def _digest(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:10]
 
 
-_PRCTL: Any = None
-if sys.platform.startswith("linux"):
-    import ctypes
-
-    with contextlib.suppress(OSError):  # loaded now: dlopen between fork and exec can deadlock
-        _PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl
-
-
 def _launcher_path() -> Path:
     """A socket path for a service's own launcher: short (a Unix socket's path has at most
     107 bytes; data dirs can be longer) and this service's alone."""
     return Path(tempfile.gettempdir()) / f"agentrl-launcher-{uuid.uuid4().hex[:12]}.sock"
-
-
-def _die_with_parent() -> None:
-    """In the job process before exec: die with the runner (Linux), so a runner that is
-    SIGKILLed leaves no job writing checkpoints beside the one that resumes it elsewhere."""
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _kill_stale(pid: int) -> None:

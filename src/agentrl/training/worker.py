@@ -13,8 +13,6 @@ written stay where they are. It dies with its parent (PR_SET_PDEATHSIG).
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -25,6 +23,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from agentrl.core.deathsig import die_with_parent
 from agentrl.core.errors import TrainingError
 from agentrl.core.logs import bind, configure_handler
 from agentrl.llm.fence import FENCE_ENV
@@ -32,11 +31,6 @@ from agentrl.training.launcher import LAUNCHER_FLAG, serve
 from agentrl.training.progress import Cancelled, Emitter
 
 log = logging.getLogger("agentrl.training.worker")
-
-
-def _die_with_parent() -> None:
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def run(job_dir: Path) -> int:
@@ -91,14 +85,14 @@ def run(job_dir: Path) -> int:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == LAUNCHER_FLAG:  # forks each job, see agentrl.training.launcher
-        _die_with_parent()
+        die_with_parent()
         sys.exit(serve(Path(argv[1]), run_job))
     sys.exit(run_job(Path(argv[0])))
 
 
 def run_job(job_dir: Path) -> int:
     """The job in `job_dir`, in this process (a fresh one, or a launcher's fork)."""
-    _die_with_parent()
+    die_with_parent()
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from agentrl.bus.server import _die_with_parent
+from agentrl.core.deathsig import terminate_with_parent
 from agentrl.serving.errors import BackendError
 from agentrl.serving.vllm.lora import LoraLimits
 
@@ -214,7 +214,7 @@ class VllmServer:
                 # the API server gets SIGTERM (and stops its engine) when the process that
                 # started it dies, whatever killed it; a SIGKILLed supervisor's engine
                 # processes are ended by the next one (reap_stale_group)
-                preexec_fn=_die_with_parent,
+                preexec_fn=terminate_with_parent,
             )
         except OSError as exc:
             self.last_error = f"could not start {self.python}: {exc}"
