@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import psutil
@@ -16,7 +15,6 @@ from stop_kit import (
     alive,
     free_port_here,
     fresh_env,
-    left_running,
     signal_when,
     standin_vllm,
     stop,
@@ -45,10 +43,15 @@ def test_up_stops_its_nats_server(tmp_path: Path, sig: int) -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_up_with_vllm_stops_its_vllm(tmp_path: Path, sig: int) -> None:
-    """`agentrl up` serving through vLLM (AGENTRL_DEPLOY_BACKEND=vllm) starts vLLM for the
-    base model: on either signal the server and its engine process are gone with it (the
-    stand-in above plays vLLM; the base model is a folder, handed to vLLM as it is)."""
+def test_up_stops_vllm_its_job_process_and_everything_else_it_started(
+    tmp_path: Path, sig: int
+) -> None:
+    """`agentrl up` with every service, serving through vLLM (AGENTRL_DEPLOY_BACKEND=vllm):
+    it starts vLLM for the base model (the stand-in of stop_kit plays vLLM; the base model is
+    a folder, handed to vLLM as it is) and its training service keeps a job launcher (the
+    warm worker, torch imported). On either signal nothing `up` started outlives it: the
+    server and its engine process, nats-server, the launcher, anything they started. One
+    `up` per signal checks both (two tests of one `up` each cost the suite ~16 CPU-s more)."""
     python = standin_vllm(tmp_path)
     (tmp_path / "base").mkdir()
     env = fresh_env(
@@ -57,58 +60,27 @@ def test_up_with_vllm_stops_its_vllm(tmp_path: Path, sig: int) -> None:
         STANDIN_MARKER=str(tmp_path / "vllm.pids"),
         AGENTRL_DEPLOY_BACKEND="vllm",
         AGENTRL_DEPLOY_BASE_MODEL=str(tmp_path / "base"),
+        AGENTRL_TRAINING_WARM_WORKER="true",
+        AGENTRL_TRAINING_SCHEDULE="",
         AGENTRL_API_PORT=str(free_port_here()),
         AGENTRL_GATEWAY_PORT=str(free_port_here()),
     )
+    env.pop("AGENTRL_TRAINING_LAUNCHER", None)  # its own launcher, not the test session's
+    log = tmp_path / "up.log"
+    seen: list[str] = []
 
     def ready(lines: list[str]) -> bool:
-        return any("vllm-engine-standin" in x for x in lines) and any(
-            "standin_vllm.py" in x for x in lines
+        seen[:] = lines
+        launcher = [x for x in lines if "agentrl.training.worker" in x]
+        return (
+            "agentrl is up" in log.read_text()
+            and bool(launcher)
+            and any("nats-server" in x for x in lines)
+            and any("vllm-engine-standin" in x for x in lines)
+            and any("standin_vllm.py" in x for x in lines)
         )
 
-    took, left = signal_when([AGENTRL, "up"], env, sig, ready, tmp_path / "up.log")
-    assert not left, f"left running after {signal.Signals(sig).name}: {left}"
-    assert took < 30, f"exit took {took:.1f} s"
-
-
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_up_stops_its_job_process_and_everything_else_it_started(tmp_path: Path, sig: int) -> None:
-    """`agentrl up` with every service: its training service keeps a job launcher (the warm
-    worker, torch imported); on either signal nothing `up` started outlives it (nats-server,
-    the launcher, anything they started)."""
-    port = free_port_here()
-    env = {
-        **os.environ,
-        "AGENTRL_DATA_DIR": str(tmp_path / "data"),
-        "AGENTRL_TRAINING_WARM_WORKER": "true",
-        "AGENTRL_TRAINING_SCHEDULE": "",
-        "AGENTRL_API_PORT": str(port),
-        "AGENTRL_GATEWAY_PORT": str(free_port_here()),
-        "COLUMNS": "200",
-    }
-    for k in ("NATS_URL", "AGENTRL_NATS_URL", "AGENTRL_TRAINING_LAUNCHER"):
-        env.pop(k, None)  # its own launcher, not the test session's
-    log = tmp_path / "up.log"
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(
-            [AGENTRL, "up"], stdout=fh, stderr=subprocess.STDOUT, text=True, env=env
-        )
-    kids: list[psutil.Process] = []
-    try:
-        deadline = time.monotonic() + 400
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            kids = psutil.Process(proc.pid).children(recursive=True)
-            jobs = [k for k in kids if "nats" not in k.name()]
-            if "agentrl is up" in log.read_text() and jobs:
-                break
-            time.sleep(0.5)
-        assert jobs, f"no job launcher started ahead:\n{log.read_text()[-3000:]}"
-        assert any("nats" in k.name() for k in kids)
-        took = stop(proc, sig)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    left = left_running(kids, grace=0.5)
+    took, left = signal_when([AGENTRL, "up"], env, sig, ready, log, start_s=400)
+    assert any("agentrl.training.worker" in x for x in seen), seen  # the job launcher
     assert not left, f"left running after {signal.Signals(sig).name}: {left}"
     assert took < 30, f"exit took {took:.1f} s"
