@@ -69,9 +69,9 @@ def test_bench_serving_stops_its_vllm(tmp_path: Path, sig: int) -> None:
 
 def test_bench_serving_keeps_to_its_budget_and_says_what_it_skipped(tmp_path: Path) -> None:
     """`bench serving` had not finished after 22 minutes on 2 cores: a budget bounds it, and
-    the prompts that did not fit are named (here: far more prompts than 8 s can serve; the
-    budget's size does not matter to the mechanism, and each second of it is a second of
-    the suite)."""
+    the prompts that did not fit are named (here: far more prompts than 4 s can serve; the
+    budget's size does not matter to the mechanism, and each second of it is a CPU-second
+    of the suite: the load runs keep the machine busy; 8 s cost ~4 CPU-s more)."""
 
     python = standin_vllm(tmp_path)
     env = {
@@ -81,13 +81,13 @@ def test_bench_serving_keeps_to_its_budget_and_says_what_it_skipped(tmp_path: Pa
         "STANDIN_MARKER": str(tmp_path / "vllm.pids"),
     }
     cmd = [AGENTRL, "bench", "serving", "--model", "tiny", "--prompts", "5000"]
-    cmd += ["--concurrency", "1", "--budget-s", "8", "--no-prefix", "--no-multilora"]
+    cmd += ["--concurrency", "1", "--budget-s", "4", "--no-prefix", "--no-multilora"]
     t = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     took = time.monotonic() - t
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     line = json.loads(out.stdout.strip().splitlines()[-1])
-    assert line["budget_s"] == 8
+    assert line["budget_s"] == 4
     assert any(s.startswith("local: ") and "of 5000 prompts" in s for s in line["skipped"]), line
     assert line["local"][0]["skipped"] > 0
     # the budget covers vLLM's start and the load runs; loading the models comes on top
@@ -96,4 +96,4 @@ def test_bench_serving_keeps_to_its_budget_and_says_what_it_skipped(tmp_path: Pa
     budgeted = line.get("vllm_startup_s", 0) + sum(
         r["wall_s"] for r in line["local"] + line["vllm"]
     )
-    assert budgeted <= 8 + 20, f"{budgeted:.0f} s of an 8 s budget ({took:.0f} s in all)"
+    assert budgeted <= 4 + 20, f"{budgeted:.0f} s of a 4 s budget ({took:.0f} s in all)"
