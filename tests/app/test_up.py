@@ -1,6 +1,9 @@
 """`agentrl up` as a newcomer runs it: one subprocess starts nats-server and every service,
 prints the URLs, `/health` shows each service running, the gateway answers `/v1/models`, and
-SIGINT stops everything with no process left behind."""
+SIGINT stops everything with no process left behind, within seconds even while the gateway
+decodes long streams for clients (issue 33.9: uvicorn waited for open streams without limit
+and decode threads ran to max_tokens, so `agentrl up` ignored Ctrl-C until killed). One `up`
+for both (they were two tests of one `up` each: ~10 CPU-s of the suite more)."""
 
 from __future__ import annotations
 
@@ -8,7 +11,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -17,20 +22,43 @@ import psutil
 from agentrl.app.stack import SERVICES
 from agentrl.bus.server import free_port
 
+STOP_WITHIN_S = 20.0
+SERVICES_STOP_WITHIN_S = 5.0
+STREAMS = 6
 
-def test_up_starts_every_service_and_sigint_stops_all(tmp_path: Path) -> None:
+
+def _stream_forever(url: str, stop: threading.Event, decoding: threading.Semaphore) -> None:
+    """A client reading a long stream; `decoding` released once, at its first bytes."""
+    body = {
+        "model": "agentrl-policy",
+        "messages": [{"role": "user", "content": "Tell me a very long story."}],
+        "max_tokens": 1900,
+        "stream": True,
+    }
+    told = False
+    while not stop.is_set():
+        try:
+            with httpx.stream("POST", url, json=body, timeout=120) as resp:
+                for _ in resp.iter_bytes():
+                    if not told:
+                        told = True
+                        decoding.release()
+                    if stop.is_set():
+                        return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+
+
+def test_up_starts_every_service_and_sigint_stops_all_while_streams_decode(
+    tmp_path: Path,
+) -> None:
     api, gw = free_port(), free_port()
-    env = {
-        **os.environ,
+    env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "AGENTRL_NATS_URL")} | {
         "AGENTRL_API_PORT": str(api),
         "AGENTRL_GATEWAY_PORT": str(gw),
         "AGENTRL_DEPLOY_BASE_MODEL": "tiny",
         "AGENTRL_TRAINING_SCHEDULE": "",
-        "NATS_URL": "",
-        "AGENTRL_NATS_URL": "",
     }
-    env.pop("NATS_URL")
-    env.pop("AGENTRL_NATS_URL")
     log = (tmp_path / "up.log").open("w+")
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "agentrl"), "up", "--data-dir", str(tmp_path / "data")],
@@ -41,8 +69,9 @@ def test_up_starts_every_service_and_sigint_stops_all(tmp_path: Path) -> None:
     )
     children: list[psutil.Process] = []
     body: dict = {}
+    stop = threading.Event()
     try:
-        deadline = time.monotonic() + 150
+        deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             assert proc.poll() is None, (tmp_path / "up.log").read_text()[-3000:]
             try:
@@ -64,15 +93,36 @@ def test_up_starts_every_service_and_sigint_stops_all(tmp_path: Path) -> None:
         assert any("nats-server" in c.name() for c in children)
         out = (tmp_path / "up.log").read_text()
         assert f"http://127.0.0.1:{gw}/v1" in out and f"http://127.0.0.1:{api}/metrics" in out
-    finally:
+        # long streams for clients, every one decoding when Ctrl-C comes
+        url = f"http://127.0.0.1:{gw}/v1/chat/completions"
+        decoding = threading.Semaphore(0)
+        for _ in range(STREAMS):
+            args = (url, stop, decoding)
+            threading.Thread(target=_stream_forever, args=args, daemon=True).start()
+        for k in range(STREAMS):
+            assert decoding.acquire(timeout=120), f"{k} of {STREAMS} streams decoding"
+        started = time.monotonic()
+        sent = time.time()
         proc.send_signal(signal.SIGINT)
         try:
             rc = proc.wait(60)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            raise
-    assert rc == 0, (tmp_path / "up.log").read_text()[-3000:]
-    assert "stopped cleanly" in (tmp_path / "up.log").read_text()
+            raise AssertionError("agentrl up ignored SIGINT for 60 s") from None
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = (tmp_path / "up.log").read_text()
+    assert rc == 0, out[-3000:]
+    assert took < STOP_WITHIN_S, f"SIGINT took {took:.1f} s\n{out[-2000:]}"
+    assert "stopped cleanly" in out
+    # every service (the gateway with its open streams included) stopped within seconds; the
+    # rest of `took` is the interpreter's exit (chdb closes its store at exit)
+    line = next(x for x in out.splitlines() if "deployment controller stopped" in x)
+    stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    assert stamp - sent < SERVICES_STOP_WITHIN_S, f"services stopped {stamp - sent:.1f} s after"
     time.sleep(0.5)
     alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"orphans after SIGINT: {[(c.pid, c.name()) for c in alive]}"
