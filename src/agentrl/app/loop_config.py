@@ -261,7 +261,7 @@ class LoopConfig(BaseModel):
             generations=1,
             until_benchmark=0.0,  # a random model's benchmark is 0: no extension
             agents=2,
-            group_size=4,
+            group_size=2,  # a canary's 2 sessions a version in 4 episodes (docs/guide/loop.md)
             threshold=8,
             max_steps=4,
             heldout_seeds=8,
