@@ -55,7 +55,6 @@ LONG = (
     "tests/app/test_up.py",
     "tests/training/test_tooluse_job_hints.py",
     "tests/bench/test_bench_canary.py",
-    "tests/app/test_up_sigint_under_load.py",
 )
 LONG_COUNT = 8
 
