@@ -7,7 +7,6 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
@@ -19,7 +18,6 @@ from agentrl.offpolicy.events import (
     EventDispatcher,
     ReplayUpdateEvent,
 )
-from agentrl.offpolicy.metrics import write_run
 from agentrl.offpolicy.registry import EntityRegistry
 from agentrl.offpolicy.trainer import Trainer
 
@@ -29,6 +27,12 @@ RANDOM_RETURN = 22.0  # mean return of a uniformly random CartPole policy
 
 
 def test_cartpole_learns_within_a_small_budget(tmp_path: Path) -> None:
+    # imported here, not at the top: pandas (which `metrics` imports) costs ~1 s of CPU in
+    # every process that collects this file
+    import pandas as pd
+
+    from agentrl.offpolicy.metrics import write_run
+
     cfg = load_config(
         CARTPOLE,
         total_steps=8000,
@@ -68,6 +72,10 @@ def test_cartpole_learns_within_a_small_budget(tmp_path: Path) -> None:
 
 
 def test_smoothing_early_stop_events_and_records(tmp_path: Path) -> None:
+    import pandas as pd
+
+    from agentrl.offpolicy.metrics import write_run
+
     cfg = load_config(
         CARTPOLE,
         total_steps=20_000,

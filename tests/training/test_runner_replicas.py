@@ -142,7 +142,12 @@ async def test_killed_runner_job_resumes_on_the_other_runner(nats, data_dir):
         kv = await bus.js.key_value("agentrl_training_queue")
         from agentrl.training.queue import JobQueue
 
-        assert await JobQueue(kv).get(job_id) is None
+        # the runner removes it just after it publishes the final status (`_ended`): a
+        # check right at the status lost that race once in two runs beside other work
+        queue, end = JobQueue(kv), time.monotonic() + 10
+        while await queue.get(job_id) is not None:
+            assert time.monotonic() < end, "the job stayed in the shared queue"
+            await asyncio.sleep(0.05)
     finally:
         for p in procs.values():
             if p.poll() is None:
