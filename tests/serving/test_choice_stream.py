@@ -24,6 +24,8 @@ from deploy_helpers import free_port
 MSG = [{"role": "user", "content": "Pick one."}]
 # two long choices (hundreds of tokens each): seconds of decoding on CPU
 LONG_CHOICES = [" ".join(f"alpha{i}" for i in range(250)), " ".join(f"beta{i}" for i in range(250))]
+# a streamed answer decoded whole: 230 tokens each (the long ones are 890), still many chunks
+STREAM_CHOICES = [" ".join(f"alpha{i}" for i in range(80)), " ".join(f"beta{i}" for i in range(80))]
 MOVES = ["left", "down", "right", "up"]
 
 
@@ -70,9 +72,9 @@ def test_choice_matcher_walks_the_trie_and_ends_a_choice_that_prefixes_another()
 async def test_a_streamed_choice_comes_token_by_token(gw: Any, engine: Any, how: str) -> None:
     _, client = gw
     extra = (
-        {"guided_choice": LONG_CHOICES}
+        {"guided_choice": STREAM_CHOICES}
         if how == "guided_choice"
-        else {"structured_outputs": {"choice": LONG_CHOICES}}
+        else {"structured_outputs": {"choice": STREAM_CHOICES}}
     )
     stream = await client.chat.completions.create(
         model="choice-policy", messages=MSG, temperature=1.0, stream=True, extra_body=extra
@@ -85,7 +87,7 @@ async def test_a_streamed_choice_comes_token_by_token(gw: Any, engine: Any, how:
                 decoding_at_first = engine.stats.active
             parts.append(chunk.choices[0].delta.content)
     text = "".join(parts)
-    assert text in LONG_CHOICES
+    assert text in STREAM_CHOICES
     # the answer came in many chunks, the first while the row was still decoding (the
     # scoring path sent one chunk after the whole answer)
     assert len(parts) > 50, len(parts)

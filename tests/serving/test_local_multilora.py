@@ -84,10 +84,15 @@ def test_stacked_adapters_give_peft_s_logits(many: list[str]) -> None:
         mixed = engine._forward([*names, "__base__"], input_ids=ids).logits
         base = engine.model(input_ids=ids[:1]).logits
     assert torch.allclose(mixed[-1:], base, atol=1e-5)
+    import copy
+
     from agentrl.llm.loading import load_policy
 
+    # one base (seed 0, as the engine's), copied for each adapter: peft wraps the model it is
+    # given, and a load_policy per adapter read the tokenizer six times (~0.5-1 CPU-s each)
+    fresh = load_policy("tiny", seed=0, tiny_kwargs=TINY).model
     for i, path in enumerate(many):
-        ref = PeftModel.from_pretrained(load_policy("tiny", seed=0, tiny_kwargs=TINY).model, path)
+        ref = PeftModel.from_pretrained(copy.deepcopy(fresh), path)
         with torch.no_grad():
             want = ref.eval()(input_ids=ids[:1]).logits
         assert not torch.allclose(want, base, atol=1e-3)  # the adapter changes the logits

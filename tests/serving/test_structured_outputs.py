@@ -11,7 +11,6 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-import jsonschema
 import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -32,6 +31,14 @@ from agentrl.serving.structured import (
 )
 
 MSG = [{"role": "user", "content": "Plan the next move."}]
+
+
+def _validate(instance: Any, schema: dict[str, Any]) -> None:
+    """`jsonschema.validate`, imported here: its first import costs ~2.6 s of CPU (a grammar
+    built for its IRI format), paid by every process that collects this file otherwise."""
+    import jsonschema
+
+    jsonschema.validate(instance, schema)
 
 
 def _params(props: dict[str, Any]) -> dict[str, Any]:
@@ -74,7 +81,7 @@ PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 def _valid_call(call: Any) -> None:
     assert call.type == "function" and call.id
     assert call.function.name in PARAMS
-    jsonschema.validate(json.loads(call.function.arguments), PARAMS[call.function.name])
+    _validate(json.loads(call.function.arguments), PARAMS[call.function.name])
 
 
 class Move(BaseModel):
@@ -204,7 +211,7 @@ async def test_streamed_tool_call_deltas_like_openai(gw: Any) -> None:
     assert head.function.name in PARAMS and head.function.arguments == ""
     assert all(d.index == 0 and d.id is None and d.function.name is None for d in rest)
     args = json.loads("".join(d.function.arguments for d in rest))
-    jsonschema.validate(args, PARAMS[head.function.name])
+    _validate(args, PARAMS[head.function.name])
     for _ in range(3):  # auto: streamed text, or a streamed valid call
         stream = await client.chat.completions.create(
             model="p-base", messages=MSG, tools=TOOLS, max_tokens=24, stream=True
@@ -217,7 +224,7 @@ async def test_streamed_tool_call_deltas_like_openai(gw: Any) -> None:
         if calls:
             assert calls[0].function.name in PARAMS and not text
             args = json.loads("".join(d.function.arguments or "" for d in calls))
-            jsonschema.validate(args, PARAMS[calls[0].function.name])
+            _validate(args, PARAMS[calls[0].function.name])
         else:
             assert text and not text.startswith(("{", "["))
 
@@ -299,7 +306,7 @@ async def test_batched_requests_with_different_schemas(gw: Any, engine: Any) -> 
         ),
     )
     for s, r in zip(schemas, resps, strict=False):
-        jsonschema.validate(json.loads(r.choices[0].message.content), s)
+        _validate(json.loads(r.choices[0].message.content), s)
     assert len(resps[-1].choices[0].message.content) == 4
     assert max(engine.stats.batch_sizes[before:]) > 1  # they shared decode steps
 
@@ -362,7 +369,7 @@ def test_agent_zero_schema_narrows_tools_and_constrains(engine: Any) -> None:
     for _ in range(2):
         gen = asyncio.run(engine.generate(None, req))
         out = json.loads(gen.content or "")
-        jsonschema.validate(out, schema)
+        _validate(out, schema)
         assert out["tool_name"] in ("calculator", "response")
         assert set(out) == {"thoughts", "headline", "tool_name", "tool_args"}
     shipped = agent_zero_schema()
@@ -422,7 +429,7 @@ def test_property_outputs_validate_for_generated_schemas(
     )
     gen = asyncio.run(engine.generate(None, req))
     assert gen.finish_reason == "stop" and gen.constrained
-    jsonschema.validate(json.loads(gen.content or ""), schema)
+    _validate(json.loads(gen.content or ""), schema)
 
 
 def test_tool_call_stream_sends_the_name_first_then_arguments_as_they_decode() -> None:

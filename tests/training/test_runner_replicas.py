@@ -142,7 +142,12 @@ async def test_killed_runner_job_resumes_on_the_other_runner(nats, data_dir):
         kv = await bus.js.key_value("agentrl_training_queue")
         from agentrl.training.queue import JobQueue
 
-        assert await JobQueue(kv).get(job_id) is None
+        # the runner removes it just after it publishes the final status (`_ended`): a
+        # check right at the status lost that race once in two runs beside other work
+        queue, end = JobQueue(kv), time.monotonic() + 10
+        while await queue.get(job_id) is not None:
+            assert time.monotonic() < end, "the job stayed in the shared queue"
+            await asyncio.sleep(0.05)
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -233,15 +238,14 @@ async def test_threshold_watched_by_two_runners_fires_one_job(nats, data_dir):
 
 
 @pytest.mark.slow
-async def test_a_job_killed_before_any_checkpoint_starts_over_on_the_other_runner(
-    nats, data_dir, no_launcher
-):
+async def test_a_job_killed_before_any_checkpoint_starts_over_on_the_other_runner(nats, data_dir):
     """No step checkpoint yet (or a job kind that writes none): the other runner starts the
     job over (counted as a resume) instead of failing it."""
     bus = await _bus(nats.url, data_dir)
     statuses = await Statuses().start(bus)
-    # 96 steps: the job is still running when the kill lands, even on a loaded host
-    ts = tsettings(batch_size=2, save_interval=1000, sample_size=24, holdout_size=0.0, epochs=8)
+    # 48 steps (~0.1-0.2 s each): the job is still running when the kill lands at step 1 (a
+    # status every step), even on a loaded host; the job forks from the test launcher
+    ts = tsettings(batch_size=2, save_interval=1000, sample_size=24, holdout_size=0.0, epochs=4)
     await publish_data(
         bus, [trajectory(i, task=f"t{i // 4}") for i in range(24)], [(i % 4) / 3 for i in range(24)]
     )
