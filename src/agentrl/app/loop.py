@@ -130,7 +130,7 @@ async def run_loop(
             await decide(run, agents, acting)  # print the chain; end by the end rule
             await stop_acting(run, agents, acting)
             records = await settle(run, agents)  # the rewards' tail; the stages' times
-            await evaluate_heldout(run, agents, records)  # every served version, greedy
+            await evaluate_heldout(run, agents, records)  # every version, greedy
             await stop_watching(run)
             await write_report(run)
             count(run, agents)
@@ -398,7 +398,8 @@ async def settle(run: Run, agents: Agents) -> list[Any]:
 
 
 async def evaluate_heldout(run: Run, agents: Agents, records: list[Any]) -> None:
-    """Held-out greedy success of every served version, by its own name; one row each."""
+    """Held-out greedy success of every version, by its own name; one row each. A trained
+    version no longer served (rejected, rolled back) is loaded for the evaluation only."""
     cfg, say = run.cfg, run.say
     t_eval = time.monotonic()
     if cfg.env == "tooluse":
@@ -432,6 +433,8 @@ async def evaluate_heldout(run: Run, agents: Agents, records: list[Any]) -> None
             say(f"held-out: {r.model_id} not evaluated (undecided at the end)")
         elif r.model_id in served:
             await _heldout_row(run, agents, row, tasks, unseen)
+        elif r.checkpoint_path is not None:  # rejected, or rolled back and unloaded
+            await _heldout_unserved(run, agents, row, tasks, unseen)
         run.result.versions.append(row)
     run.stages["heldout_eval"] = time.monotonic() - t_eval
     run.result.heldout_errors = sum(agents.heldout_errors.values())
@@ -465,6 +468,35 @@ async def _heldout_row(
         row.unseen_success, row.unseen_n = uw / un, un
         ufams = ", ".join(f"{f} {w}/{k}" for f, (w, k) in uper.items())
         run.say(f"held-out, unseen pool: {row.model_id} {uw}/{un} ({ufams})")
+
+
+async def _heldout_unserved(
+    run: Run,
+    agents: Agents,
+    row: VersionRow,
+    tasks: list[tuple[str, int]],
+    unseen: list[tuple[str, int]],
+) -> None:
+    """A trained version no split routes any more (rejected by validation, rolled back):
+    loaded into this run's gateway for the held-out evaluation only (no traffic share, no
+    decision), measured on the same tasks by its own name, then unloaded. Without it a
+    rejected candidate's held-out was never known, nor whether its job learned anything."""
+    from agentrl.release.service import running_deployment
+
+    row.held_for_eval = True
+    d = running_deployment(run.bus)
+    if d is None or d.settings.gateway_workers > 1 or d.settings.gateway_front != "python":
+        # worker processes or the compiled front answer with their own routing tables
+        run.say(
+            f"held-out: {row.model_id} ({row.state}) not evaluated (this gateway cannot load it)"
+        )
+        return
+    async with d.manager.held_for_evaluation(row.model_id) as why:
+        if why is not None:
+            run.say(f"held-out: {row.model_id} ({row.state}) not evaluated: cannot load ({why})")
+            return
+        run.say(f"held-out: {row.model_id} ({row.state}) loaded for the evaluation only")
+        await _heldout_row(run, agents, row, tasks, unseen)
 
 
 def _tooluse_extra(run: Run, agents: Agents, records: list[Any]) -> dict[str, Any]:

@@ -25,6 +25,9 @@ class VersionRow:
     traffic_share: float = 0.0
     decision: str = ""
     why: str = ""
+    # not served at the end (rejected by validation, rolled back and unloaded): loaded for
+    # the held-out evaluation only, with no traffic share
+    held_for_eval: bool = False
 
 
 @dataclass
@@ -45,7 +48,7 @@ class LoopResult:
 
     def summary(self) -> dict[str, Any]:
         base = next((v for v in self.versions if v.model_id.endswith("-base")), None)
-        served = [v for v in self.versions if v.heldout_success is not None]
+        served = [v for v in self.versions if v.heldout_success is not None and not v.held_for_eval]
         best = max(served, key=lambda v: v.heldout_success or 0.0, default=None)
         # promoted by the loop's own generations (a warm start is promoted by hand)
         promoted = [
@@ -71,8 +74,33 @@ class LoopResult:
             "heldout_errors": self.heldout_errors,
             "wall_s": round(self.wall_s, 1),
             **self._start_and_families(live),
+            **self._candidate(),
             **self.extra,
         }
+
+    def _candidate(self) -> dict[str, Any]:
+        """The best trained version's held-out, whether promoted or not (a rejected one is
+        loaded for the evaluation only): whether a job learned, apart from the decisions."""
+        trained = [
+            v
+            for v in self.versions
+            if v.heldout_success is not None
+            and v.model_id != self.start_model
+            and not v.model_id.endswith("-base")
+        ]
+        best = max(trained, key=lambda v: v.heldout_success or 0.0, default=None)
+        out: dict[str, Any] = {
+            "candidate_model": best.model_id if best else None,
+            "candidate_state": best.state if best else None,
+            "candidate_heldout_success": best.heldout_success if best else None,
+            "candidate_ci_low": best.ci_low if best else None,
+            "candidate_ci_high": best.ci_high if best else None,
+        }
+        for fam, (wins, n) in (best.per_family if best else {}).items():
+            out[f"candidate_{fam}_success"] = round(wins / n, 4) if n else None
+        if any(v.unseen_n for v in self.versions):
+            out["unseen_candidate_success"] = best.unseen_success if best else None
+        return out
 
     def _start_and_families(self, live: VersionRow | None) -> dict[str, Any]:
         """The loop's own contribution: the version it began with against the live one at
@@ -186,6 +214,9 @@ def table(result: LoopResult) -> str:
             if v.heldout_success is not None
             else "not served"
         )
+        if v.held_for_eval:
+            ho += " (loaded to evaluate)" if v.heldout_success is not None else " (unloadable)"
+
         mr = f"{v.mean_reward:+.3f}" if v.mean_reward is not None else "-"
         lines.append(
             f"{v.model_id:<22} {v.state:<12} {ho:<28} {mr:>11} {v.traffic_share:>7.0%}  "

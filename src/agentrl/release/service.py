@@ -23,6 +23,7 @@ import os
 import re
 import secrets
 import socket
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,6 +120,16 @@ async def build(
     )
     d.fleet = Fleet(d, bus, endpoint, validate, plan, cache)
     return d
+
+
+# `agentrl loop` runs this service in its own process and measures versions no split routes
+# (a rejected candidate's held-out) through this gateway: it finds the manager by its bus.
+_RUNNING: weakref.WeakKeyDictionary[Any, Deployment] = weakref.WeakKeyDictionary()
+
+
+def running_deployment(bus: Any) -> Deployment | None:
+    """The deployment `serve` runs in this process on `bus`, if any."""
+    return _RUNNING.get(bus)
 
 
 def gateway_state(bus: Any, deploy: DeploySettings, capture: Any = None) -> GatewayState:
@@ -305,6 +316,7 @@ async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:
     # the gateway's worker processes (if any) start now: their start-up overlaps this one's
     sock, pool, workers = _workers(d, bus, settings, stop)
     try:
+        _RUNNING[bus] = d
         await _at_start_up(lambda: d.deployer.bootstrap(d.settings.base_model, by=BY), stop)
         await _at_start_up(lambda: d.manager.sync(force=True), stop)
         coros = {
@@ -355,3 +367,4 @@ async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:
         if engine is not None:  # decodes in flight stop now, not at max_tokens
             engine.cancel_all()
         await d.manager.close()
+        _RUNNING.pop(bus, None)

@@ -23,7 +23,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,7 @@ class ServingManager:
         self._routing: Any = None  # agentrl.release.lineage.Routing
         self._lineage_revision = -1
         self._engine_lock = asyncio.Lock()
+        self.held: set[str] = set()  # loaded for an evaluation by name (`held_for_evaluation`)
 
     async def _local(self, record: ModelRecord) -> LocalBackend:
         async with self._engine_lock:
@@ -152,6 +153,7 @@ class ServingManager:
             with contextlib.suppress(Exception):
                 await self.registry.drop_serving(gone, self.gateway_id)
         keep = set().union(*self._kept.values()) if self._kept else keep
+        keep |= self.held
         if changed:
             # a version that is the base model itself holds no weights of its own: unloading
             # it frees nothing and made it unservable (a lineage's base, retired, was a 404
@@ -236,6 +238,32 @@ class ServingManager:
             self._revision = revision
         await self.report(public)
         return keep_loaded, True
+
+    @contextlib.asynccontextmanager
+    async def held_for_evaluation(self, model_id: str) -> AsyncIterator[str | None]:
+        """Load a version no split routes (rejected by validation, rolled back and unloaded)
+        so that a caller naming it by id can measure it: no traffic share, no decision, and
+        unloaded afterwards unless it was loaded already. Yields None once it serves, else
+        why it cannot (a refusal here is not recorded against the version: nothing asked it
+        to take traffic)."""
+        loaded_before = model_id in self.state.backends
+        self.held.add(model_id)
+        try:
+            if not loaded_before and not await self._prepare(model_id, tell=False):
+                why = self.refused.get(model_id, "could not be prepared")
+                self._forget(model_id)
+                yield why
+                return
+            yield None
+        finally:
+            self.held.discard(model_id)
+            if not loaded_before and not any(model_id in k for k in self._kept.values()):
+                backend = self.state.backends.pop(model_id, None)
+                if backend is not None:
+                    try:
+                        await backend.release(model_id)
+                    except Exception:  # unloading is best effort
+                        log.warning("could not release %s", model_id, exc_info=True)
 
     def _weightless(self, model_id: str) -> bool:
         """True for a version served by the base model itself (no adapter loaded for it)."""
