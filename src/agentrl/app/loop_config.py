@@ -89,7 +89,7 @@ class LoopConfig(BaseModel):
     benchmark_episodes: int = 60
     """Validation's benchmark episodes per version (greedy)."""
     grace_s: float = 120.0
-    """After the budget: how long to wait for a version being decided."""
+    """After the budget: how long to wait for a job or a version being decided."""
     finish_in_flight: bool = True
     """At the end, decide the versions already past validation before evaluating."""
     pace: bool = True
@@ -189,6 +189,9 @@ class LoopConfig(BaseModel):
             heldout_seeds=210,
             unseen_seeds=90,
             time_budget_s=1200.0,
+            # one generation after the budget: job 582 s (hints 364), validation 503 s, canary
+            # 350 s (2026-11-30, load 5); 120 s cut the first job off and nothing was trained
+            grace_s=1800.0,
             temperature=1.0,
             objective="pg",
             epochs=2,
@@ -213,6 +216,7 @@ class LoopConfig(BaseModel):
                 heldout_seeds=3,  # one task per family
                 unseen_seeds=3,
                 time_budget_s=600.0,
+                grace_s=120.0,
                 step_delay_s=1.0,
                 min_samples=4,
                 max_reward_drop=2.0,

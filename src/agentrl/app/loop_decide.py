@@ -157,7 +157,7 @@ class Decider:
     seen: dict[str, str] = field(default_factory=dict)  # model id or job:<id> -> state
     printed: dict[str, int] = field(default_factory=dict)  # audit entries said per version
     injected: str | None = None  # the --bad-candidate version
-    pending: bool = False  # a version in validation or canary when the budget ran out
+    pending: bool = False  # a job, validation or canary in flight when the budget ran out
     finishing: set[str] | None = None  # validated when `generations` were reached
     extended: int = 0  # decided versions when the run last said it goes on
     last_note: float = 0.0
@@ -241,19 +241,15 @@ class Decider:
             and r.checkpoint_path
             and not any(d.action in ("validate", "wait") for d in r.decisions)
         ]
+        training = any(evs[-1].status in ("queued", "running") for evs in watch.statuses.values())
         was_pending = self.pending
-        self.pending = busy or bool(validating)
+        # a job in flight is pending too: the tool-use loop's first job ran past its acting
+        # budget and the run ended with nothing trained (2026-11-30)
+        self.pending = busy or bool(validating) or training
         # 2 cores: full-speed acting starves a training job and a validation alike; but a
         # running canary decides only on enough sessions per version (a paced trickle gave
         # it 0-3 in four minutes, and every canary was rolled back)
-        agents.paced = (
-            cfg.pace
-            and not busy
-            and (
-                bool(validating)
-                or any(evs[-1].status in ("queued", "running") for evs in watch.statuses.values())
-            )
-        )
+        agents.paced = cfg.pace and not busy and (bool(validating) or training)
         if time.monotonic() >= deadline:
             if not self.pending:
                 self.say(f"time budget of {cfg.time_budget_s:.0f}s reached")
@@ -261,7 +257,7 @@ class Decider:
             if not was_pending:
                 self.say(
                     f"time budget of {cfg.time_budget_s:.0f}s reached: waiting up to "
-                    f"{cfg.grace_s:.0f}s for the version in validation or canary"
+                    f"{cfg.grace_s:.0f}s for the job, validation or canary in flight"
                 )
         bench = live_benchmark(records)
         stage = end_rule(cfg, len(decided), bench)
