@@ -43,7 +43,7 @@ def _checkpoint(folder: Path) -> str:
 async def test_a_rejected_version_gets_a_heldout_figure_and_is_unloaded_after(
     nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agentrl.app.loop import Agents, LoopConfig, Run, evaluate_heldout, table
+    from agentrl.app.loop import Agents, LoopConfig, Run, _wait_http, evaluate_heldout, table
     from agentrl.app.stack import stack_services
     from agentrl.core.settings import Settings
     from agentrl.release.actions import Deployer, checkpoint_sha
@@ -70,6 +70,9 @@ async def test_a_rejected_version_gets_a_heldout_figure_and_is_unloaded_after(
         ):  # the service bootstraps the base on start
             assert time.monotonic() < deadline, stack.health_report()
             await asyncio.sleep(0.05)
+        # the gateway listens a moment after the service registered itself (the loop's own
+        # start waits for its answer too): at load 4 it refused the first look
+        await _wait_http(f"{stack.gateway_url}/models", timeout=60)
         ckpt = _checkpoint(tmp_path / "ckpt")
         sha = checkpoint_sha(ckpt, tmp_path / "sha-cache")
         record = await Deployer(registry, stack.bus, public, "").register(
