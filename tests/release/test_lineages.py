@@ -447,13 +447,13 @@ def test_lineage_cli_refuses_bad_input(nats_url: str, monkeypatch: pytest.Monkey
     assert res.exit_code == 2 and "not valid" in res.output
     res = cli("create", "agent0/dev", "--agent", "coder", "--profile", "developer")
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output)["start"] == "base"
+    assert json.loads(res.stdout)["start"] == "base"
     res = cli("create", "agent0/dev")
     assert res.exit_code == 2 and "already exists" in res.output
     res = cli("create", "agent0/dev2", "--agent", "coder")
     assert res.exit_code == 2 and "already belong" in res.output
     res = cli("create", "agent0/sub", "--from", "agent0/dev")
-    assert res.exit_code == 0 and json.loads(res.output)["parent_model"] == "agent0/dev-base"
+    assert res.exit_code == 0 and json.loads(res.stdout)["parent_model"] == "agent0/dev-base"
     res = cli("rollback", "agent0/dev")
     assert res.exit_code == 2 and "no previous version" in res.output
     assert cli("rollback", "nowhere").exit_code == 2
@@ -462,9 +462,9 @@ def test_lineage_cli_refuses_bad_input(nats_url: str, monkeypatch: pytest.Monkey
     assert cli("pause", "nowhere").exit_code == 2
     assert cli("map", "nowhere", "--agent", "x").exit_code == 2
     res = cli("pause", "agent0/dev")
-    assert res.exit_code == 0 and json.loads(res.output)["state"] == "paused"
+    assert res.exit_code == 0 and json.loads(res.stdout)["state"] == "paused"
     res = cli("retire", "agent0/sub")
-    assert res.exit_code == 0 and json.loads(res.output)["state"] == "retired"
+    assert res.exit_code == 0 and json.loads(res.stdout)["state"] == "retired"
     listed = json.loads(cli("list").output)
     assert [(x["name"], x["state"]) for x in listed] == [
         (f"pol-{tag}", "active"),

@@ -382,7 +382,7 @@ async def test_manual_pause_weight_rollback_through_api_and_cli(
     res = await asyncio.to_thread(cli, "rollback", "--reason", "no after all", "--by", "bob")
     assert res.exit_code == 0, res.output
     res = await asyncio.to_thread(cli, "show", v)
-    shown = json.loads(res.output)
+    shown = json.loads(res.stdout)  # stdout: a service of this test logs to stderr meanwhile
     assert shown["state"] == "rolled_back" and shown["decisions"][-1]["by"] == "bob"
 
 
