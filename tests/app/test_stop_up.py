@@ -18,8 +18,9 @@ from stop_kit import (
     signal_when,
     standin_vllm,
     stop,
-    wait_for_line,
 )
+
+from proc_kit import wait_for_line
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

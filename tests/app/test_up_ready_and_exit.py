@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 
 import uvicorn
-from stop_kit import wait_for_line
 
 from agentrl.app.stack import Probe, ServiceHealth, answers_http, supervise
 from agentrl.bus.server import free_port
 from agentrl.core.settings import Settings
+from proc_kit import wait_for_line
 
 
 async def _ok(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]

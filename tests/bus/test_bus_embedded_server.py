@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from proc_kit import wait_for_line
+
 AGENTRL = str(Path(sys.executable).parent / "agentrl")
 
 
@@ -29,20 +31,6 @@ def nats_servers_using(store: Path) -> list[int]:
     return pids
 
 
-def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float = 60) -> str:
-    deadline = time.monotonic() + timeout
-    seen = ""
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line and proc.poll() is not None:
-            break
-        seen += line
-        if needle in line:
-            return seen
-    raise AssertionError(f"{needle!r} not printed; output so far:\n{seen}")
-
-
 def test_up_starts_and_ctrl_c_stops_cleanly(tmp_path: Path) -> None:
     env = {**os.environ, "AGENTRL_DATA_DIR": str(tmp_path), "COLUMNS": "200"}
     env.pop("NATS_URL", None)
@@ -53,7 +41,7 @@ def test_up_starts_and_ctrl_c_stops_cleanly(tmp_path: Path) -> None:
         text=True,
         env=env,
     )
-    out = wait_for_line(proc, "agentrl is up")
+    out = wait_for_line(proc, "agentrl is up", timeout=60)
     assert "listening on nats://127.0.0.1:" in out
     assert nats_servers_using(tmp_path)
     proc.send_signal(signal.SIGINT)
@@ -70,7 +58,7 @@ def test_no_orphan_server_when_parent_is_killed(tmp_path: Path) -> None:
         f"s = EmbeddedNats(data_dir={str(tmp_path)!r}).start(); print('ready', flush=True); time.sleep(600)\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    wait_for_line(parent, "ready")
+    wait_for_line(parent, "ready", timeout=60)
     assert nats_servers_using(tmp_path)
     parent.kill()
     parent.wait()
@@ -125,7 +113,7 @@ def test_up_cluster_runs_three_servers_with_r3_streams(tmp_path: Path) -> None:
         env=env,
     )
     try:
-        out = wait_for_line(proc, "agentrl is up")
+        out = wait_for_line(proc, "agentrl is up", timeout=60)
         urls = re.findall(r"agentrl-\d listening on (nats://127\.0\.0\.1:\d+)", out)
         assert len(urls) == 3
         assert len(nats_servers_using(tmp_path)) == 3
