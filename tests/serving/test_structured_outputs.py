@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -458,3 +459,21 @@ def test_tool_call_stream_sends_the_name_first_then_arguments_as_they_decode() -
     text = ToolCallStream()
     assert text.feed("Hel") == [{"content": "Hel"}] and text.feed("Hello") == [{"content": "lo"}]
     assert text.finish("Hello!", None) == [{"content": "!"}]
+
+
+async def test_the_vocabulary_build_is_not_on_a_schemas_compile_clock() -> None:
+    """llguidance's view of the vocabulary (0.5 s quiet, several under load) is built once
+    before the first schema's clock starts: with a limit below that build, a simple schema
+    compiles, cold (no warm-up) and while the warm-up still runs."""
+    from agentrl.llm.loading import load_smollm2_tokenizer
+    from agentrl.serving.structured import Constraint, GrammarCompiler, _json_grammar, spec_hash
+
+    tok = load_smollm2_tokenizer()
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    constraint = Constraint("json_schema", _json_grammar(schema), spec_hash(schema))
+    for warm in (False, True):
+        compiler = GrammarCompiler(tok, len(tok), compile_timeout_s=0.25, warm=warm)
+        began = time.perf_counter()
+        matcher = await compiler.matcher(constraint)
+        assert time.perf_counter() - began > 0.25  # the build took longer than the limit
+        assert not matcher.is_error() and compiler._ll is not None

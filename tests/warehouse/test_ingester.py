@@ -92,7 +92,10 @@ async def test_sigkill_between_insert_and_ack(
         "AGENTRL_CLICKHOUSE_DATABASE": "crash",
         "AGENTRL_WAREHOUSE_DURABLE_PREFIX": prefix,
         "AGENTRL_WAREHOUSE_BATCH_SIZE": "1000",
-        "AGENTRL_WAREHOUSE_ACK_WAIT_S": "2",
+        # long enough that no batch is redelivered while the first ingester still inserts
+        # it (at 2 s, load 14 redelivered one mid-insert: 2,000 inserted, 1,351 distinct),
+        # short enough that the killed one's unacked events come again within seconds
+        "AGENTRL_WAREHOUSE_ACK_WAIT_S": "8",
     }
     events: list[object] = []
     for i in range(n):

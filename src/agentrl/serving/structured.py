@@ -543,6 +543,13 @@ class GrammarCompiler:
                 self._ll = llguidance.hf.from_tokenizer(self.hf_tokenizer, n_vocab=self.vocab_size)
             return self._ll
 
+    async def _vocabulary(self) -> None:
+        """llguidance's view of the vocabulary, before a schema's compile clock starts: it is
+        built once per engine and is no schema's cost (under load 14 on 2 cores its build
+        took the first constrained request's whole 5 s, and that request was refused)."""
+        if self._ll is None:  # being built by `warm_up` (waits on its lock) or not yet
+            await asyncio.to_thread(self.lltokenizer)
+
     def compile(self, constraint: Constraint) -> Any:
         """A fresh matcher for `constraint` (blocking; no cache, no time limit)."""
         from llguidance import LLMatcher
@@ -569,6 +576,7 @@ class GrammarCompiler:
         if template is not None:
             self._cache.move_to_end(key)
             return template
+        await self._vocabulary()
         loop = asyncio.get_running_loop()
         fut = self._inflight.get(key)
         if fut is None:
