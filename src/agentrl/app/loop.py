@@ -500,7 +500,7 @@ def _tooluse_extra(run: Run, agents: Agents, records: list[Any]) -> dict[str, An
     return {
         "unseen_seeds": max((v.unseen_n for v in run.result.versions), default=0),
         "cut_by_token_cap": dict(agents.cut),
-        **loop_tooluse.job_counts(run.watch.statuses),
+        **loop_tooluse.job_counts(run.watch.statuses, records),  # up to the last decided
         "generation_walls_s": [round(w, 1) for w in walls],
         "generation_wall_s_p50": round(median(walls), 1) if walls else None,
     }
