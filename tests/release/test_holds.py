@@ -98,26 +98,32 @@ class _Service:
     client: AsyncOpenAI
 
 
-@pytest.fixture
-async def service(
-    nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@contextlib.asynccontextmanager
+async def _serving(
+    nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, front: bool = False
 ) -> AsyncIterator[_Service]:
-    """`serve` in this process over a scripted upstream, a rejected v1 registered."""
+    """`serve` in this process over a scripted upstream, a rejected v1 registered; `front`:
+    the compiled front serves the port (its versions need the deployment's upstream)."""
     from agentrl.release.service import serve
 
     s = _Service()
     s.public = f"hold-{uuid.uuid4().hex[:6]}"
-    for key, value in {
+    bport, s.port = free_port(), free_port()
+    env = {
         "AGENTRL_DEPLOY_BASE_MODEL": "scripted",
         "AGENTRL_DEPLOY_PUBLIC_MODEL": s.public,
         "AGENTRL_DEPLOY_BUCKET": f"{s.public}_models",
         "AGENTRL_CAPTURE_ENABLED": "false",
-    }.items():
+    }
+    if front:
+        env["AGENTRL_DEPLOY_GATEWAY_FRONT"] = "rust"
+        env["AGENTRL_DEPLOY_BACKEND"] = "upstream"
+        env["AGENTRL_DEPLOY_UPSTREAM_URL"] = f"http://127.0.0.1:{bport}/v1"
+    for key, value in env.items():
         monkeypatch.setenv(key, value)
     s.bus = await Bus.connect(nats_url)
     await s.bus.ensure_streams()
     s.registry = await Registry.open(s.bus.js, f"{s.public}_models")
-    bport, s.port = free_port(), free_port()
     backend = _upstream(bport)
     s.base, s.v1 = await _records(s.registry, s.public, bport)
     stop = asyncio.Event()
@@ -125,8 +131,13 @@ async def service(
         serve(s.bus, stop, Settings(data_dir=tmp_path / "data", gateway_port=s.port))
     )
     s.client = AsyncOpenAI(base_url=f"http://127.0.0.1:{s.port}/v1", api_key="x", max_retries=0)
+
+    async def up() -> bool:
+        assert not s.task.done(), s.task
+        return await _answers(s.client, s.public) == s.base
+
     try:
-        await _until(lambda: _answers(s.client, s.public), 60, "the gateway never served the base")
+        await _until(up, 60, "the gateway never served the base")
         yield s
     finally:
         await s.client.close()
@@ -135,6 +146,14 @@ async def service(
         backend.terminate()
         backend.wait(10)
         await s.bus.close()
+
+
+@pytest.fixture
+async def service(
+    nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[_Service]:
+    async with _serving(nats_url, tmp_path, monkeypatch) as s:
+        yield s
 
 
 async def _answers(client: AsyncOpenAI, model: str, session: str = "s") -> str | None:
@@ -351,6 +370,30 @@ async def test_both_gateway_processes_serve_a_held_version(nats_url: str, tmp_pa
             backend.wait(10)
             await bus.close()
     assert proc.returncode == 0, logs()
+
+
+async def test_the_compiled_front_serves_a_held_version_by_its_id(
+    nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`gateway_front = "rust"`: the front routes by its process's table, which lists every
+    loaded version; held, v1 answers by its id there and gets none of the public name's."""
+    from agentrl.serving import front
+
+    if front.binary() is None:
+        pytest.skip(f"the gateway front is not built: {front.BUILD_HINT}")
+    async with _serving(nats_url, tmp_path, monkeypatch, front=True) as s:
+        async with held_for_evaluation(s.bus, s.public, s.v1, ttl_s=30) as why:
+            assert why is None
+            # the table is rewritten within the runner's poll (0.2 s), read within the
+            # front's (0.05 s): the hold's answer comes from the manager's report
+            await _until(lambda: _named(s.client, s.v1), 5, "the front never routed v1")
+            got = await asyncio.gather(*(_answers(s.client, s.public, f"p-{k}") for k in range(24)))
+            assert set(got) == {s.base}, got
+        await _until(lambda: _gone(s.port, s.v1), 10, f"{s.v1} still routed after its release")
+
+
+async def _named(client: AsyncOpenAI, model_id: str) -> bool:
+    return await _answers(client, model_id) == model_id
 
 
 def test_the_fronts_route_table_lists_a_held_version_with_no_weight() -> None:
