@@ -7,8 +7,8 @@ through a process-local map before, so worker processes and the compiled front c
 
 How: one replica answers (a queue group). It writes the hold into the registry bucket (key
 `holds`: model id -> until, epoch seconds), and every gateway process (each replica, each
-worker; the front routes by its process's table) reads that key on each sync, loads what it
-holds and unloads what expired (`ServingManager`). The replica answers once every gateway
+worker; the front routes by its process's table) reads that key once a second (its sync),
+loads what it holds and unloads what expired (`ServingManager`). The replica answers once every gateway
 that reported lately lists the version loaded (or one says why it cannot). A hold ends by a
 release (`ttl_s` 0) or by its expiry: a caller that died leaves nothing loaded for longer than
 one TTL. Expiry compares wall clocks of two processes: hosts out of step by seconds shift it
@@ -155,4 +155,4 @@ class HoldServer:
                     if reports
                     else f"no gateway of {public} reported within {self.load_wait_s:.0f} s"
                 )
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.25)
