@@ -45,17 +45,34 @@ async def ask_hold(
         return HoldReply(ok=False, why=f"unreadable answer on {subject}: {exc}")
 
 
+async def _listed(gateway_url: str, model_id: str, timeout_s: float = 10.0) -> None:
+    """Until the gateway's `/models` lists `model_id` (the compiled front routes by a table
+    its runner rewrites within 0.2 s of the serving manager's report); at most `timeout_s`."""
+    import httpx
+
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    async with httpx.AsyncClient(timeout=5) as client:
+        while asyncio.get_running_loop().time() < deadline:
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
+                r = await client.get(f"{gateway_url}/models")
+                if model_id in {m["id"] for m in r.json()["data"]}:
+                    return
+            await asyncio.sleep(0.05)
+
+
 @contextlib.asynccontextmanager
 async def held_for_evaluation(
-    bus: Any, public: str, model_id: str, ttl_s: float = TTL_S
+    bus: Any, public: str, model_id: str, ttl_s: float = TTL_S, gateway_url: str | None = None
 ) -> AsyncIterator[str | None]:
     """Hold `model_id` in the gateways of `public`'s deployment: yields None once every
-    gateway serves it by its id, else why it cannot; renewed every third of `ttl_s` while
-    the block runs, released after it."""
+    gateway serves it by its id (and `gateway_url`'s `/models` lists it), else why it
+    cannot; renewed every third of `ttl_s` while the block runs, released after it."""
     reply = await ask_hold(bus, public, model_id, ttl_s)
     if not reply.ok:
         yield reply.why or "refused"
         return
+    if gateway_url is not None:
+        await _listed(gateway_url, model_id)
 
     async def renew() -> None:
         while True:

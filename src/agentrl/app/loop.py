@@ -485,7 +485,8 @@ async def _heldout_unserved(
     from agentrl.app.held import held_for_evaluation
 
     row.held_for_eval = True
-    async with held_for_evaluation(run.bus, run.public, row.model_id) as why:
+    gateway = run.stack.gateway_url
+    async with held_for_evaluation(run.bus, run.public, row.model_id, gateway_url=gateway) as why:
         if why is not None:
             run.say(f"held-out: {row.model_id} ({row.state}) not evaluated: cannot load ({why})")
             return
