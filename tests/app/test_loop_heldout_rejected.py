@@ -1,7 +1,8 @@
 """The loop's held-out evaluation measures a trained version that no longer serves (rejected
-by validation): the deploy service of the same stack loads it for the evaluation only — no
-traffic share, no decision — the agents measure it by its own name through the gateway, and
-it is unloaded after. Before, a rejected candidate's row read "not served", so a run could not
+by validation): the loop asks the deploy service over the bus to hold it (`agentrl.deploy.
+hold.<public>`), the gateway loads it for the evaluation only — no traffic share, no
+decision — the agents measure it by its own name through the gateway, and it is released
+and unloaded after. Before, a rejected candidate's row read "not served", so a run could not
 say whether its job had learned anything. Real stack: nats-server, the deployment service
 with its gateway (uvicorn), the tiny model and a LoRA checkpoint of it, FrozenLake episodes
 through the `openai` SDK."""
@@ -43,11 +44,19 @@ def _checkpoint(folder: Path) -> str:
 async def test_a_rejected_version_gets_a_heldout_figure_and_is_unloaded_after(
     nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agentrl.app.loop import Agents, LoopConfig, Run, _wait_http, evaluate_heldout, table
+    from agentrl.app.loop import (
+        Agents,
+        LoopConfig,
+        Run,
+        _served_models,
+        _wait_http,
+        evaluate_heldout,
+        table,
+    )
     from agentrl.app.stack import stack_services
     from agentrl.core.settings import Settings
     from agentrl.release.actions import Deployer, checkpoint_sha
-    from agentrl.release.service import running_deployment
+    from agentrl.release.holds import read_holds
     from agentrl.serving.registry import Registry
 
     tag = uuid.uuid4().hex[:8]
@@ -65,9 +74,7 @@ async def test_a_rejected_version_gets_a_heldout_figure_and_is_unloaded_after(
     async with stack_services(nats_url, settings, only={"deployment controller"}) as stack:
         registry = await Registry.open(stack.bus.js, f"models_{tag}")
         deadline = time.monotonic() + 60
-        while (d := running_deployment(stack.bus)) is None or not await registry.list_models(
-            public
-        ):  # the service bootstraps the base on start
+        while not await registry.list_models(public):  # the service bootstraps the base
             assert time.monotonic() < deadline, stack.health_report()
             await asyncio.sleep(0.05)
         # the gateway listens a moment after the service registered itself (the loop's own
@@ -95,7 +102,11 @@ async def test_a_rejected_version_gets_a_heldout_figure_and_is_unloaded_after(
         assert row.heldout_n == 3 and row.heldout_success is not None, said
         assert row.traffic_share == 0.0
         assert f"held-out: {v1} (rejected) loaded for the evaluation only" in said
-        assert v1 not in d.state.backends and v1 not in d.manager.held  # unloaded after
+        assert await read_holds(registry) == {}  # released
+        deadline = time.monotonic() + 10
+        while v1 in await _served_models(stack.gateway_url):  # unloaded within a sync or two
+            assert time.monotonic() < deadline, f"{v1} still served after the evaluation"
+            await asyncio.sleep(0.05)
         assert agents.heldout_errors.get(v1, 0) == 0
         base = rows[f"{public}-base"]
         assert base.heldout_n == 3 and not base.held_for_eval

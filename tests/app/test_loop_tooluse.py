@@ -173,3 +173,39 @@ def test_a_generations_wall_time_and_the_jobs_hint_counts() -> None:
     assert generation_walls(records, statuses) == [480.0]  # the start and v3: no promotion
     assert job_counts(statuses) == {"hinted_tasks": 3, "hinted_successes": 1,
                                     "corrections_used": 0, "replayed": 12}  # fmt: skip
+
+
+def test_the_jobs_hint_counts_stop_at_the_last_decided_generation() -> None:
+    """The loop's JSON counts the jobs up to the newest decided version's job (and the jobs
+    started before it, ended ones too), not the jobs that went on after the decision."""
+    from datetime import UTC, datetime, timedelta
+
+    from agentrl.app.loop_tooluse import job_counts
+    from agentrl.contracts.training import TrainingStatus
+    from agentrl.serving.registry import ModelRecord
+
+    t0 = datetime(2026, 11, 29, 6, 0, tzinfo=UTC)
+
+    def status(job: str, at: float, state: str, hinted: int) -> TrainingStatus:
+        return TrainingStatus(training_job_id=job, timestamp=t0 + timedelta(seconds=at),
+                              status=state, metrics={"current": {"hinted_tasks": hinted}})  # fmt: skip
+
+    statuses = {
+        "job-a": [status("job-a", 0, "queued", 0), status("job-a", 90, "completed", 3)],
+        "job-x": [status("job-x", 50, "queued", 0), status("job-x", 60, "cancelled", 2)],
+        "job-b": [status("job-b", 100, "queued", 0), status("job-b", 200, "completed", 5)],
+        "job-c": [status("job-c", 300, "queued", 0), status("job-c", 400, "completed", 7)],
+    }
+
+    def record(version: int, job: str, state: str) -> ModelRecord:
+        return ModelRecord(model_id=f"v{version}", version=version, public_name="p",
+                           base_model="tiny", training_job_id=job, state=state)  # fmt: skip
+
+    records = [record(2, "job-a", "live"), record(3, "job-b", "rejected"),
+               record(4, "job-c", "canary")]  # fmt: skip
+    assert job_counts(statuses)["hinted_tasks"] == 17  # every job
+    assert job_counts(statuses, records)["hinted_tasks"] == 10  # a, x, b: not c (undecided)
+    records[2].state = "live"
+    assert job_counts(statuses, records)["hinted_tasks"] == 17
+    undecided = [record(2, "job-a", "candidate")]
+    assert job_counts(statuses, undecided)["hinted_tasks"] == 0  # no generation decided

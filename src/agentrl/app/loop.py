@@ -478,20 +478,15 @@ async def _heldout_unserved(
     unseen: list[tuple[str, int]],
 ) -> None:
     """A trained version no split routes any more (rejected by validation, rolled back):
-    loaded into this run's gateway for the held-out evaluation only (no traffic share, no
-    decision), measured on the same tasks by its own name, then unloaded. Without it a
-    rejected candidate's held-out was never known, nor whether its job learned anything."""
-    from agentrl.release.service import running_deployment
+    held in the deployment's gateways for the held-out evaluation only (a bus request to the
+    deploy service, `agentrl.app.held`: routable by its id, no traffic share, no decision),
+    measured on the same tasks by its own name, then released. Without it a rejected
+    candidate's held-out was never known, nor whether its job learned anything."""
+    from agentrl.app.held import held_for_evaluation
 
     row.held_for_eval = True
-    d = running_deployment(run.bus)
-    if d is None or d.settings.gateway_workers > 1 or d.settings.gateway_front != "python":
-        # worker processes or the compiled front answer with their own routing tables
-        run.say(
-            f"held-out: {row.model_id} ({row.state}) not evaluated (this gateway cannot load it)"
-        )
-        return
-    async with d.manager.held_for_evaluation(row.model_id) as why:
+    gateway = run.stack.gateway_url
+    async with held_for_evaluation(run.bus, run.public, row.model_id, gateway_url=gateway) as why:
         if why is not None:
             run.say(f"held-out: {row.model_id} ({row.state}) not evaluated: cannot load ({why})")
             return
@@ -506,7 +501,7 @@ def _tooluse_extra(run: Run, agents: Agents, records: list[Any]) -> dict[str, An
     return {
         "unseen_seeds": max((v.unseen_n for v in run.result.versions), default=0),
         "cut_by_token_cap": dict(agents.cut),
-        **loop_tooluse.job_counts(run.watch.statuses),
+        **loop_tooluse.job_counts(run.watch.statuses, records),  # up to the last decided
         "generation_walls_s": [round(w, 1) for w in walls],
         "generation_wall_s_p50": round(median(walls), 1) if walls else None,
     }

@@ -87,13 +87,20 @@ def cut_by_token_cap(episode: Any) -> tuple[int, int]:
 JOB_COUNTS = ("hinted_tasks", "hinted_successes", "corrections_used", "replayed")
 
 
-def job_counts(statuses: dict[str, list[Any]]) -> dict[str, int]:
+def job_counts(statuses: dict[str, list[Any]], records: list[Any] | None = None) -> dict[str, int]:
     """What the jobs report of hints, users' corrections and replay (`replayed`: replies the
     replay's supervised steps trained) (their last status's metrics:
-    `metrics.current.<key>`), summed over jobs; 0 where no job reports one."""
+    `metrics.current.<key>`), summed over jobs; 0 where no job reports one. With `records`:
+    only the jobs up to the last decided generation (started no later than the job of the
+    newest version that is not a canary or candidate; none when no version was decided), so
+    the figures describe the generations the run's result is about, not jobs that went on
+    after it."""
     out = dict.fromkeys(JOB_COUNTS, 0)
+    cutoff = _last_decided_start(statuses, records) if records is not None else None
     for evs in statuses.values():
         if not evs:
+            continue
+        if records is not None and (cutoff is None or evs[0].timestamp > cutoff):
             continue
         current = evs[-1].metrics.current
         extra = {**(getattr(current, "model_extra", None) or {})}
@@ -102,6 +109,21 @@ def job_counts(statuses: dict[str, list[Any]]) -> dict[str, int]:
             if isinstance(value, (int, float)):
                 out[key] += int(value)
     return out
+
+
+def _last_decided_start(statuses: dict[str, list[Any]], records: list[Any]) -> Any:
+    """The first status's time of the newest decided generation's job, or None."""
+    decided = [
+        r
+        for r in records
+        if r.training_job_id
+        and r.state not in ("canary", "candidate")
+        and statuses.get(r.training_job_id)
+    ]
+    if not decided:
+        return None
+    last = max(decided, key=lambda r: r.version)
+    return statuses[last.training_job_id][0].timestamp
 
 
 def generation_walls(records: list[Any], statuses: dict[str, list[Any]]) -> list[float]:

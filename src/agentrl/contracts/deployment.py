@@ -4,10 +4,14 @@
 published schema's values (tensorzero, vllm, tgi, ollama); agentrl's own gateway with its
 embedded Hugging Face backend has no value there and goes out as `agentrl-gateway` (the one
 documented deviation from PMOVES.AI's schema).
+
+`HoldRequest`/`HoldReply` on `hold_subject(public)`: a request to the deploy service (core
+NATS, no stream) to serve a version no split routes, by its id, for a while.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
@@ -84,3 +88,36 @@ class ModelDeployed(Event):
     deployment_config: DeploymentConfig
     validation_results: ValidationResults
     metadata: DeploymentMetadata = Field(default_factory=DeploymentMetadata)
+
+
+# ---- requests to the deploy service (core NATS request/reply: no stream keeps them) --------
+
+HOLD_PREFIX = "agentrl.deploy.hold"
+HOLD_MAX_TTL_S = 3600.0
+
+
+def hold_subject(public_name: str) -> str:
+    """Where the deploy service of `public_name` takes holds (one deployment's apart from
+    another's on the same NATS); one replica of it answers (a queue group)."""
+    return f"{HOLD_PREFIX}.{re.sub(r'[^A-Za-z0-9_-]', '_', public_name)}"
+
+
+class HoldRequest(Part):
+    """Load a version no split routes into every gateway process of the deployment, routable
+    by its own id only (no share of any public name's traffic), for `ttl_s` seconds: renewed
+    by asking again, released by `ttl_s` 0 or by its expiry (a caller that dies mid-way
+    leaves nothing loaded for longer than one TTL)."""
+
+    model_id: Id
+    ttl_s: float = Field(ge=0.0, le=HOLD_MAX_TTL_S, allow_inf_nan=False)
+
+
+class HoldReply(Part):
+    """`ok`: every gateway that reported serves it (or, for a release, the hold is gone);
+    else `why` it cannot be."""
+
+    ok: bool
+    why: str | None = None
+    model_id: str | None = None
+    until: float | None = None  # the hold's end, epoch seconds of the answering replica
+    gateways: list[str] = Field(default_factory=list)  # the gateways that serve it

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agentrl.contracts.base import Event
-from agentrl.contracts.deployment import ModelDeployed
+from agentrl.contracts.deployment import HOLD_PREFIX, ModelDeployed
 from agentrl.contracts.feedback import FeedbackEvent
 from agentrl.contracts.reward import RewardEvent
 from agentrl.contracts.streams import StreamSpec, stream_for
@@ -16,6 +16,9 @@ TRAINING_REQUEST = TrainingRequest.SUBJECT
 TRAINING_STATUS = TrainingStatus.SUBJECT
 MODEL_DEPLOYED = ModelDeployed.SUBJECT
 FEEDBACK = FeedbackEvent.SUBJECT
+# core NATS request/reply, no stream: `HOLD_PREFIX.<public name>` (`hold_subject`), payload
+# `HoldRequest`, answer `HoldReply`
+DEPLOY_HOLD = HOLD_PREFIX
 
 MODELS: dict[str, type[Event]] = {
     model.SUBJECT: model

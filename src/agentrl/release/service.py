@@ -12,6 +12,9 @@ the gateway, and one at a time is the controller, elected through a KV lease
 take over within one TTL of the active one's death, from the registry alone (a half-done
 promote or rollback is finished from its intent record, the monitor's evidence re-read from
 the reward stream).
+
+Every process also answers hold requests (`agentrl.release.holds`, one of them per request):
+a version no split routes, served by its id for a while (the loop's held-out evaluation).
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ import os
 import re
 import secrets
 import socket
-import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +36,7 @@ from agentrl.bus.lease import Lease, lease_bucket, while_leader
 from agentrl.core.settings import Settings
 from agentrl.release.actions import Deployer
 from agentrl.release.controller import BY, Controller
+from agentrl.release.holds import HoldServer
 from agentrl.release.monitor import RewardTracker
 from agentrl.release.serving_manager import ServingManager
 from agentrl.serving import gateway_workers
@@ -120,16 +123,6 @@ async def build(
     )
     d.fleet = Fleet(d, bus, endpoint, validate, plan, cache)
     return d
-
-
-# `agentrl loop` runs this service in its own process and measures versions no split routes
-# (a rejected candidate's held-out) through this gateway: it finds the manager by its bus.
-_RUNNING: weakref.WeakKeyDictionary[Any, Deployment] = weakref.WeakKeyDictionary()
-
-
-def running_deployment(bus: Any) -> Deployment | None:
-    """The deployment `serve` runs in this process on `bus`, if any."""
-    return _RUNNING.get(bus)
 
 
 def gateway_state(bus: Any, deploy: DeploySettings, capture: Any = None) -> GatewayState:
@@ -316,9 +309,9 @@ async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:
     # the gateway's worker processes (if any) start now: their start-up overlaps this one's
     sock, pool, workers = _workers(d, bus, settings, stop)
     try:
-        _RUNNING[bus] = d
         await _at_start_up(lambda: d.deployer.bootstrap(d.settings.base_model, by=BY), stop)
         await _at_start_up(lambda: d.manager.sync(force=True), stop)
+        holds = HoldServer(d.registry, d.settings.public_model)
         coros = {
             "deploy-serving": d.manager.run(stop),
             "deploy-controller": run_elected(d, bus, stop, replicas=settings.stream_replicas),
@@ -334,6 +327,8 @@ async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:
             )
             if d.settings.gateway_front == "python"
             else _front(d, bus, settings).run(stop),
+            # versions no split routes, served by id for a while (`agentrl loop`'s held-out)
+            "deploy-holds": keep_running("hold requests", lambda: holds.run(bus, stop), stop),
             **workers,
         }
         if d.completion_log is not None:
@@ -367,4 +362,3 @@ async def serve(bus: Any, stop: asyncio.Event, settings: Settings) -> None:
         if engine is not None:  # decodes in flight stop now, not at max_tokens
             engine.cancel_all()
         await d.manager.close()
-        _RUNNING.pop(bus, None)

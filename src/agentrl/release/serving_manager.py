@@ -12,6 +12,11 @@ the last good one (`previous_live`) serves its share instead of 503s.
 Each gateway publishes what it actually serves (`serving.<name>.<gateway>` in the registry:
 its routing weights and prepared versions, rewritten every `report_every_s`); the controller
 advances or promotes only a version some gateway serves.
+
+A version held for an evaluation (`agentrl.release.holds`, the registry's `holds` key, read
+on each sync) is loaded routable by its id, with no share of any split, and unloaded when
+its hold ends; every gateway process does it, so worker processes and the compiled front
+(whose table lists every loaded version) serve it too.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +76,16 @@ class ServingManager:
         self._routing: Any = None  # agentrl.release.lineage.Routing
         self._lineage_revision = -1
         self._engine_lock = asyncio.Lock()
-        self.held: set[str] = set()  # loaded for an evaluation by name (`held_for_evaluation`)
+        # held for an evaluation by id (`agentrl.release.holds`): the holds in force, the
+        # versions loaded because of one (unloaded when it ends), the ones refused (why, retry)
+        self.held: set[str] = set()
+        self._hold_loaded: set[str] = set()
+        self._hold_refused: dict[str, tuple[str, float]] = {}
+        self.hold_retry_s = 5.0
+        # read once a second, not every poll (0.2 s): a KV get is ~0.7 ms of CPU, and a hold
+        # is for an evaluation that lasts minutes
+        self.hold_poll_s = 1.0
+        self._holds_read_at = -1e9
 
     async def _local(self, record: ModelRecord) -> LocalBackend:
         async with self._engine_lock:
@@ -152,6 +166,7 @@ class ServingManager:
             self._kept.pop(gone, None)
             with contextlib.suppress(Exception):
                 await self.registry.drop_serving(gone, self.gateway_id)
+        await self._sync_holds()
         keep = set().union(*self._kept.values()) if self._kept else keep
         keep |= self.held
         if changed:
@@ -239,31 +254,57 @@ class ServingManager:
         await self.report(public)
         return keep_loaded, True
 
-    @contextlib.asynccontextmanager
-    async def held_for_evaluation(self, model_id: str) -> AsyncIterator[str | None]:
-        """Load a version no split routes (rejected by validation, rolled back and unloaded)
-        so that a caller naming it by id can measure it: no traffic share, no decision, and
-        unloaded afterwards unless it was loaded already. Yields None once it serves, else
-        why it cannot (a refusal here is not recorded against the version: nothing asked it
-        to take traffic)."""
-        loaded_before = model_id in self.state.backends
-        self.held.add(model_id)
+    async def _sync_holds(self) -> None:
+        """Load the versions held for an evaluation (`agentrl.release.holds`: routable by id,
+        no share of any split) and unload those whose hold ended, unless they were loaded
+        before it or a split keeps them. A refusal is not recorded against the version
+        (nothing asked it to take traffic): it is reported, and tried again after
+        `hold_retry_s` while the hold lasts."""
+        from agentrl.release.holds import read_holds
+
+        now = time.monotonic()
+        if now - self._holds_read_at < self.hold_poll_s:
+            return
+        self._holds_read_at = now
         try:
-            if not loaded_before and not await self._prepare(model_id, tell=False):
+            holds = set(await read_holds(self.registry))
+        except Exception:  # the holds as they were: a bad key must not stop the sync
+            log.warning("could not read the holds", exc_info=True)
+            return
+        changed = False
+        for model_id in sorted(holds):
+            if model_id in self.state.backends:
+                continue
+            refused = self._hold_refused.get(model_id)
+            if refused is not None and now < refused[1]:
+                continue
+            changed = True
+            if await self._prepare(model_id, tell=False):
+                self._hold_loaded.add(model_id)
+                self._hold_refused.pop(model_id, None)
+                log.info("version %s loaded while held for an evaluation", model_id)
+            else:
                 why = self.refused.get(model_id, "could not be prepared")
                 self._forget(model_id)
-                yield why
-                return
-            yield None
-        finally:
-            self.held.discard(model_id)
-            if not loaded_before and not any(model_id in k for k in self._kept.values()):
-                backend = self.state.backends.pop(model_id, None)
-                if backend is not None:
-                    try:
-                        await backend.release(model_id)
-                    except Exception:  # unloading is best effort
-                        log.warning("could not release %s", model_id, exc_info=True)
+                self._hold_refused[model_id] = (why, now + self.hold_retry_s)
+        for model_id in self.held - holds:
+            changed = True
+            self._hold_refused.pop(model_id, None)
+            if model_id not in self._hold_loaded:
+                continue
+            self._hold_loaded.discard(model_id)
+            if any(model_id in k for k in self._kept.values()):
+                continue  # a split routes it now
+            backend = self.state.backends.pop(model_id, None)
+            log.info("version %s unloaded: its hold ended", model_id)
+            if backend is not None:
+                try:
+                    await backend.release(model_id)
+                except Exception:  # unloading is best effort
+                    log.warning("could not release %s", model_id, exc_info=True)
+        self.held = holds
+        if changed:
+            await self.report()  # the replica answering the hold waits for this
 
     def _weightless(self, model_id: str) -> bool:
         """True for a version served by the base model itself (no adapter loaded for it)."""
@@ -321,7 +362,11 @@ class ServingManager:
                 weights=dict(self.state.split_of(name)),
                 loaded=sorted(m for m in self.state.backends if self._owner.get(m, name) == name),
                 refused={
-                    m: why for m, why in self.refused.items() if self._owner.get(m, name) == name
+                    m: why
+                    for m, why in (
+                        {m: w for m, (w, _) in self._hold_refused.items()} | self.refused
+                    ).items()
+                    if self._owner.get(m, name) == name
                 },
                 split_revision=max(self._revisions.get(name, 0), 0),
             )
