@@ -8,7 +8,11 @@ only its placeholders replaced: `/path/to/agent-zero` by an Agent Zero-shaped fo
 and 8600 by free ones (so it never meets another stack). `agentrl up` runs in the background
 until the gateway answers, and is stopped with Ctrl-C (SIGINT) at the end. Then it checks what
 the guide promises: the client imports in that Python (without torch), the plugin there reads
-the URLs `install` was given, and `install` printed the served model's `ctx_length`.
+the URLs `install` was given, and `install` printed the served model's `ctx_length` and that
+it installed agentrl-a0-client. Last, that Python runs a recorded monologue through the
+installed plugin (tests/integrations/agent_zero/a0_python_monologue.py), which publishes it
+to the stack's NATS: the checks of test_agent_zero_client.py's Python 3.12 test, which
+scripts/test.sh skips (AGENTRL_A0_PY312_STEP) so that one run installs the client once.
 Standard library only; exits non-zero with the failing line.
 """
 
@@ -31,6 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "guide" / "agent_zero.md"
+MONOLOGUE = ROOT / "tests" / "integrations" / "agent_zero" / "a0_python_monologue.py"
 PORTS = ("4222", "8700", "8600")
 
 
@@ -80,6 +85,25 @@ def wait_for(url: str, timeout: float, up: subprocess.Popen[bytes]) -> None:
         except OSError:
             time.sleep(1)
     raise SystemExit(f"{url} did not answer within {timeout:.0f} s")
+
+
+def monologue(python: str, a0: Path, nats_url: str, env: dict[str, str], cwd: Path) -> None:
+    """The installed plugin records a monologue in `python` and publishes it to `nats_url`."""
+    cmd = [python, str(MONOLOGUE), str(a0), "a0-guide-py312", nats_url]
+    got = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    if got.returncode != 0:
+        raise SystemExit(f"[guide] the monologue in {python} failed:\n{got.stderr}")
+    result = json.loads(got.stdout.splitlines()[-1])
+    venv = str(Path(python).parent.parent)
+    if not (
+        result["python"] == [3, 12]
+        and result["torch"] is False
+        and result["answer"] == "The sum of [1, 2, 3] is 6."
+        and result["hooks_from"].startswith(venv)  # the client, not this checkout
+        and result["tool_names"] == [["code_execution_tool", "response"]]  # one, on the bus
+    ):
+        raise SystemExit(f"[guide] the monologue in {python}: {result}")
+    print(f"[guide] the plugin published a monologue from {python}: {result['tool_names']}")
 
 
 def main() -> int:
@@ -154,6 +178,9 @@ def main() -> int:
             raise SystemExit(f"[guide] the plugin reads {nats_url, gateway_url, api_url}")
         if not re.search(r"ctx_length:\s+\d+", printed):
             raise SystemExit("[guide] install printed no ctx_length from the gateway")
+        if "installed agentrl-a0-client" not in printed or "pip install agentrl" in printed:
+            raise SystemExit("[guide] install did not say it installed agentrl-a0-client")
+        monologue(args.python, a0, want[0], clean, base)
         print(f"[guide] followed on Python {version[0]}.{version[1]}: the plugin reads {want}")
         return 0
     finally:

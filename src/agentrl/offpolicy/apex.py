@@ -162,15 +162,26 @@ class ApexActor:
         return summary
 
 
-LOCAL_RAY_TRIES = 3
+LOCAL_RAY_TRIES = 2
+
+# What a local start on a busy machine needs (each set only where the environment does not):
+# Ray's own knob for how long the driver waits for its raylet to register with the GCS (Ray
+# gives it ~30 s in all; a busy 2-core machine missed that), and no idle workers started with
+# the raylet, whose imports competed with the dashboard agent's in the 15 s the raylet gives
+# that agent (the actors start the workers they need once the driver is connected).
+LOCAL_RAY_ENV = {"RAY_raylet_start_wait_time_s": "60", "RAY_enable_worker_prestart": "0"}
 
 
 def ensure_ray(address: str | None, num_cpus: int | None = None) -> bool:
     """Connect to `address` or start a local Ray; returns True if this call started it.
 
-    A local start is tried up to `LOCAL_RAY_TRIES` times: Ray waits a fixed 30 s for its
-    raylet to register, which a busy 2-core machine can miss ("The current node timed out
-    during startup"; 3 of 3 full test runs beside other work, 2026-11-27)."""
+    A local start waits for its raylet as long as `LOCAL_RAY_ENV` says. What no setting
+    of Ray 2.60 lengthens: the raylet gives its dashboard agent a fixed 15 s to write its
+    ports, and ends when the agent misses them ("Timed out waiting for file
+    .../metrics_agent_port_..." in the session's raylet.out: each of 10 failed starts at load
+    10-13 on 2026-11-30, while each of Ray's processes spent ~3 CPU-s importing jsonschema's
+    rfc3987-syntax, no longer in the dev environment); ray.init then says "The current node
+    timed out during startup", and the start is tried once more as a last resort."""
     import ray
 
     if ray.is_initialized():
@@ -178,6 +189,8 @@ def ensure_ray(address: str | None, num_cpus: int | None = None) -> bool:
     if address:
         ray.init(address=address, log_to_driver=False)
         return True
+    for name, value in LOCAL_RAY_ENV.items():
+        os.environ.setdefault(name, value)
     for attempt in range(1, LOCAL_RAY_TRIES + 1):
         began = time.time()
         try:
