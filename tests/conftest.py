@@ -52,7 +52,6 @@ LONG = (
     "tests/serving/test_gateway_replicas.py",
     "tests/app/test_up_replicas.py",
     "tests/rewards/test_replicas.py",
-    "tests/integrations/agent_zero/test_agent_zero_client.py",
     "tests/training/test_runner_partition.py",
     "tests/llm/test_llm_ddp.py",
     "tests/warehouse/test_ingester.py",
