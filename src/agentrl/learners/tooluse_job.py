@@ -63,6 +63,12 @@ class JobHints(BaseModel):
     clip: float = Field(1.0, gt=0)
     batch_size: int = Field(8, gt=0)
     epochs: int = Field(1, ge=1)
+    play_batch: int = Field(
+        32,
+        gt=0,
+        description="hinted episodes decoded together (at 60 hinted tasks x 3 resamples one "
+        "batch of 180 held every prompt's cache at once)",
+    )
 
 
 @dataclass
@@ -280,7 +286,7 @@ def hint_step(
         hint_samples=s.samples,
         group_size=s.samples,
         temperature=s.temperature,
-        batch_size=max(1, s.samples * len(keys)),
+        batch_size=max(1, min(s.play_batch, s.samples * len(keys))),
         seed=seed,
     )
     learner = ToolUseLearner.from_trainer(trainer, config)
