@@ -118,6 +118,13 @@ def save_episodes(path: Path, episodes: Sequence[Any]) -> None:
             fh.write(json.dumps(dataclasses.asdict(ep)) + "\n")
 
 
+def save_atomically(path: Path, episodes: Sequence[Any]) -> None:
+    """Whole or not at all: another run of the harness may be waiting to copy the file."""
+    tmp = path.with_suffix(".tmp")
+    save_episodes(tmp, episodes)
+    tmp.rename(path)
+
+
 def load_episodes(path: Path) -> list[Any]:
     from agentrl.learners.tooluse_episodes import EpisodeRecord, TurnRecord
 
@@ -563,16 +570,21 @@ def run(
     say(f"loaded {settings.start} ({time.perf_counter() - t0:.0f}s, load {os.getloadavg()})")
     episodes = _logged_episodes(trainer, settings, out / "episodes.jsonl", say)
     say(_line("logged (temperature 1)", summary(episodes)))
+    book, key = response_format_hash(trainer.policy.tokenizer)
+    if stage == "hints":  # (no held-out: another process may play it meanwhile)
+        t = time.perf_counter()
+        played = extra_hint_episodes(trainer, settings, episodes)
+        if len(played) > len(episodes):
+            extra = summary(played[len(episodes) :])
+            say(_line(f"extra hint-free plays ({time.perf_counter() - t:.0f}s)", extra))
+        recs, comps = records_of(played, key)
+        resampled = hinted_resamples(trainer, settings, recs, comps)
+        say(_line(f"hinted resamples ({time.perf_counter() - t:.0f}s)", summary(resampled)))
+        say(f"process CPU {time.process_time():.0f}s, load {os.getloadavg()}")
+        return []
     before = _heldout_before(trainer, settings, out / "heldout_before.jsonl", say)
     s_before = summary(before)
     say(_line("before", s_before))
-    book, key = response_format_hash(trainer.policy.tokenizer)
-    if stage == "hints":
-        t = time.perf_counter()
-        recs, comps = records_of(extra_hint_episodes(trainer, settings, episodes), key)
-        resampled = hinted_resamples(trainer, settings, recs, comps)
-        say(_line(f"hinted resamples ({time.perf_counter() - t:.0f}s)", summary(resampled)))
-        return []
     results = []
     for name in variants:
         v = _variant_settings(name)
@@ -620,7 +632,7 @@ def _logged_episodes(trainer: Any, settings: Settings, path: Path, say: Any) -> 
     groups = [j for j in range(len(tasks)) for _ in range(settings.group)]
     torch.manual_seed(settings.seed)
     episodes = play(trainer, settings, batch, 1.0, groups)
-    save_episodes(path, episodes)
+    save_atomically(path, episodes)
     say(f"sampled {len(episodes)} episodes in {time.perf_counter() - t:.0f}s")
     return episodes
 
@@ -631,7 +643,7 @@ def _heldout_before(trainer: Any, settings: Settings, path: Path, say: Any) -> l
         return load_episodes(path)
     t = time.perf_counter()
     before = play(trainer, settings, heldout_tasks(settings.heldout_per_family), 0.0)
-    save_episodes(path, before)
+    save_atomically(path, before)
     say(f"held-out before in {time.perf_counter() - t:.0f}s")
     return before
 
@@ -861,7 +873,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--stage",
         choices=("all", "rl", "hints"),
         default="all",
-        help="rl: the variants' RL updates only (saved); hints: the hinted resamples only",
+        help="rl: the variants' RL updates only (saved); hints: the hinted resamples only "
+        "(no held-out)",
     )
     a = p.parse_args(argv)
     from agentrl.envs.tooluse.tasks import FAMILIES
