@@ -852,6 +852,12 @@ def _variant_record(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    p = parser()
+    a = p.parse_args(argv)
+    run(settings_of(p, a), a.variant, stage=a.stage)
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--start", required=True)
     p.add_argument("--out", required=True)
@@ -876,7 +882,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="rl: the variants' RL updates only (saved); hints: the hinted resamples only "
         "(no held-out)",
     )
-    a = p.parse_args(argv)
+    return p
+
+
+def settings_of(p: argparse.ArgumentParser, a: argparse.Namespace) -> Settings:
+    """The harness's settings from its command line (a bad variant or family: the parser's
+    error)."""
     from agentrl.envs.tooluse.tasks import FAMILIES
 
     extra_families = tuple(f.strip() for f in a.hint_extra_families.split(",") if f.strip())
@@ -886,22 +897,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     for v in a.variant:
         if v.split("@")[0] not in VARIANTS:
             p.error(f"unknown variant {v!r}: use {', '.join(VARIANTS)}")
-    run(
-        Settings(
-            a.start,
-            a.out,
-            a.train_per_family,
-            heldout_per_family=a.heldout_per_family,
-            threads=a.threads,
-            hint_tasks=a.hint_tasks,
-            hint_samples=a.hint_samples,
-            hint_temperature=a.hint_temperature,
-            hint_extra_per_family=a.hint_extra_per_family,
-            hint_extra_families=extra_families,
-            hint_extra_group=a.hint_extra_group,
-        ),
-        a.variant,
-        stage=a.stage,
+    return Settings(
+        a.start,
+        a.out,
+        a.train_per_family,
+        heldout_per_family=a.heldout_per_family,
+        threads=a.threads,
+        hint_tasks=a.hint_tasks,
+        hint_samples=a.hint_samples,
+        hint_temperature=a.hint_temperature,
+        hint_extra_per_family=a.hint_extra_per_family,
+        hint_extra_families=extra_families,
+        hint_extra_group=a.hint_extra_group,
     )
 
 
