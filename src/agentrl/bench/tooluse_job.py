@@ -703,7 +703,8 @@ def _update(
             if r.trajectory["metadata"]["outcome"]["task_status"] == "completed_successfully"
         }
         units = [u for u in units if u.group_id in ok]
-    ratios = first_ratios(trainer, units)
+    # the ratios of the RL step's first batch (a forward pass over every unit: none without RL)
+    ratios = first_ratios(trainer, units) if v.get("rl", True) else {}
     units, hist, reused = _rl_update(trainer, units, v, out / rl_key(v), settings.seed)
     rl_s = time.perf_counter() - t
     hint_train: dict[str, float] = {}
