@@ -157,6 +157,29 @@ def test_the_jobs_hint_failed_tasks_as_the_loop_says() -> None:
     assert "Reply with" not in hint_for(task, plan=words.plan)
 
 
+def test_the_hint_volume_reaches_the_jobs() -> None:
+    """How many failed tasks a job hints and how often it resamples each are the loop's
+    settings (`hint_tasks`, `hint_samples`), from the command line too."""
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+    from agentrl.learners.tooluse_job import JobHints
+
+    hints = JobHints.model_validate(job_settings()[1]["tooluse_hints"])
+    assert (hints.max_tasks, hints.samples) == (8, 4)
+    more = job_settings(hint_tasks=40, hint_samples=2)[1]["tooluse_hints"]
+    assert (JobHints.model_validate(more).max_tasks, JobHints.model_validate(more).samples) == (
+        40,
+        2,
+    )
+    shown = CliRunner().invoke(
+        app,
+        ["loop", "--env", "tooluse", "--quick", "--set", "hint_tasks=24", "--show-config"],
+    )
+    assert shown.exit_code == 0, shown.output
+    assert '"hint_tasks": 24' in shown.output.replace("'", '"')
+
+
 def test_the_ablation_switches_reach_the_jobs_and_the_reward_service(tmp_path: Any) -> None:
     """`agentrl loop --env tooluse` runs without hints, without partial credit and without
     replay at the same budget: each switch is an option (or `--set`) of the command, and each

@@ -109,3 +109,85 @@ def test_hint_variants_run_the_loops_hint_step_on_one_shared_rl_update() -> None
     assert rl_key({**base, **VARIANTS["hint-sft"]}) == rl_key({**base, **VARIANTS["job"]})
     assert rl_key({**base, **VARIANTS["lr1e-4"]}) != rl_key(base)
     assert VARIANTS["sft-only"]["rl"] is False
+
+
+def test_the_hint_volume_reaches_the_harness_from_its_command_line(tmp_path: Path) -> None:
+    """--hint-extra-families and --hint-extra-group set which families' extra tasks feed
+    the hint step and how often each is played; a family that does not exist is the
+    parser's error, not a run that silently hints nothing."""
+    import pytest
+
+    from agentrl.bench.tooluse_job import parser, settings_of
+
+    p = parser()
+    base = ["--start", "s", "--out", str(tmp_path)]
+    s = settings_of(p, p.parse_args(base))
+    assert (s.hint_extra_families, s.hint_extra_group) == (("data",), 2)
+    argv = [*base, "--hint-extra-per-family", "30", "--hint-extra-families", "data, numbers"]
+    s = settings_of(p, p.parse_args([*argv, "--hint-extra-group", "1", "--hint-tasks", "90"]))
+    assert s.hint_extra_families == ("data", "numbers")
+    assert (s.hint_extra_per_family, s.hint_extra_group, s.hint_tasks) == (30, 1, 90)
+    with pytest.raises(SystemExit) as bad:
+        settings_of(p, p.parse_args([*base, "--hint-extra-families", "data,tables"]))
+    assert bad.value.code == 2
+
+
+def test_extra_plays_of_another_volume_are_never_reused(tmp_path: Path) -> None:
+    """The extra hint-free plays are saved with the volume that made them: a run asking for
+    another volume in the same folder stops with a clear error instead of hinting the old
+    plays; the same volume reuses them."""
+    import json
+
+    import pytest
+
+    from agentrl.bench.tooluse_job import Settings, extra_hint_episodes
+
+    save_episodes(tmp_path / "extra_episodes.jsonl", episodes())
+    meta = {"per_family": 8, "families": ["data"], "group": 2}
+    (tmp_path / "extra_episodes.json").write_text(json.dumps(meta))
+    same = Settings("s", str(tmp_path), hint_extra_per_family=8)
+    assert len(extra_hint_episodes(None, same, episodes()[:1])) == 3
+    other = Settings(
+        "s", str(tmp_path), hint_extra_per_family=30, hint_extra_families=("data", "numbers")
+    )
+    with pytest.raises(SystemExit, match="another --out"):
+        extra_hint_episodes(None, other, [])
+
+
+def test_expert_iteration_variants_hint_again_after_training() -> None:
+    from agentrl.bench.tooluse_job import rl_key
+
+    assert VARIANTS["sft-only-r2"] == {"hints": "sft", "rl": False, "hint_rounds": 2}
+    base = {**loop_job_settings(), "partial_credit": True, "all_layers": False}
+    # hint-sft-r2 shares the job's RL update; only its hint step runs twice
+    assert rl_key({**base, **VARIANTS["hint-sft-r2"]}) == rl_key({**base, **VARIANTS["job"]})
+
+
+def test_a_hint_round_is_played_by_the_updated_model_once_and_reused(tmp_path: Path) -> None:
+    """Round 2 of expert iteration hints the failed task again with the model as it is now
+    (a real tiny policy plays it), saves those resamples per variant and round, and a
+    later run reuses them; its record counts hinted successes per family."""
+    from agentrl.bench.tooluse_job import Settings, _hint_round, _round_record
+    from agentrl.learners.tooluse_job import JobHints
+    from agentrl.llm.config import TrainerConfig
+    from agentrl.llm.trainer import PolicyTrainer
+
+    trainer = PolicyTrainer.from_config(
+        TrainerConfig(model="tiny", seed=0, learning_rate=1e-2, storage_path=str(tmp_path)), None
+    )
+    recs, comps = records_of(episodes()[1:], "h-1")  # the lost attempt alone: a failed task
+    hs = JobHints(mode="sft", samples=2, max_tasks=1, max_new_tokens=12, max_steps=2)
+    settings = Settings("s", str(tmp_path))
+    step = _hint_round(trainer, hs, settings, tmp_path, "sft-only-r2", 2, recs, comps)
+    saved = tmp_path / "hinted-sft-only-r2-r2.jsonl"
+    assert saved.exists() and step.counts["hinted_samples"] == 2
+    assert all(ep.hint and ep.family == "arithmetic" for ep in step.episodes)
+    won = load_episodes(saved)
+    for ep in won:  # a later run finds these: it must not play again
+        ep.success = True
+    save_episodes(saved, won)
+    again = _hint_round(trainer, hs, settings, tmp_path, "sft-only-r2", 2, recs, comps)
+    assert again.counts["hinted_successes"] == 2
+    rec = _round_record(again, {"tokens": 40, "loss": 0.5})
+    assert rec["hinted_by_family"] == {"arithmetic": "2/2"} and rec["tokens"] == 40
+    assert rec["hinted_tasks"] == 1

@@ -183,3 +183,14 @@ def test_given_resamples_are_reused_and_sft_trains_them_as_plain_nll(
     assert out["steps"] == 1
     if mode == "sft":
         assert out["mean_coef"] == pytest.approx(1.0)  # plain NLL
+
+
+def test_the_hint_step_decodes_at_most_play_batch_episodes_together() -> None:
+    """A job hinting 60 tasks three times decodes 32 episodes at a time, not all 180 at
+    once (every prompt's cache held together); a small step decodes all of its together."""
+    from agentrl.learners.tooluse_job import play_config
+
+    assert play_config(JobHints(samples=3), 60, 0).batch_size == 32
+    assert play_config(JobHints(samples=3, play_batch=8), 60, 0).batch_size == 8
+    small = play_config(JobHints(samples=3, temperature=0.3), 2, 5)
+    assert (small.batch_size, small.hint_samples, small.temperature) == (6, 3, 0.3)

@@ -140,6 +140,13 @@ class LoopConfig(BaseModel):
     and 9 of 24 on 8 more data tasks at 0.3 (bench tooluse_job, 2026-11-29). The importance
     ratio is between the hint-free and the hinted policy, so it does not depend on the
     sampling temperature."""
+    hint_tasks: int = Field(8, gt=0)
+    """Tool use: failed tasks a job hints at most (the families in turn).
+
+    The hint step's volume: each is resampled `hint_samples` times inside the job, so its
+    time grows with both (bench tooluse_job --hint-tasks measures a volume on the harness)."""
+    hint_samples: int = Field(4, gt=0)
+    """Tool use: hinted resamples per hinted task (importance, sft)."""
     hint_plan: bool = True
     """Tool use: the environment's hint also shows the first reply to write.
 

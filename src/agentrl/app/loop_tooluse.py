@@ -237,6 +237,8 @@ def job_hints(cfg: Any) -> dict[str, Any] | None:
         "max_new_tokens": cfg.max_tokens,
         "temperature": getattr(cfg, "hint_temperature", None) or cfg.temperature,
         "structured": cfg.structured,
+        "max_tasks": int(getattr(cfg, "hint_tasks", 8)),
+        "samples": int(getattr(cfg, "hint_samples", 4)),
     }
 
 

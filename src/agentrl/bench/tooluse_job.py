@@ -65,6 +65,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # the hint step alone (no RL step: what the hint items do by themselves)
     "sft-only": {"hints": "sft", "rl": False},
     "importance-only": {"hints": "importance", "rl": False},
+    # expert iteration: after the hint items are trained, the updated model is hinted again
+    # on the same failed tasks and its hinted successes trained (one more round)
+    "sft-only-r2": {"hints": "sft", "rl": False, "hint_rounds": 2},
+    "hint-sft-r2": {"hints": "sft", "hint_rounds": 2},
 }
 
 
@@ -112,6 +116,13 @@ def save_episodes(path: Path, episodes: Sequence[Any]) -> None:
     with path.open("w") as fh:
         for ep in episodes:
             fh.write(json.dumps(dataclasses.asdict(ep)) + "\n")
+
+
+def save_atomically(path: Path, episodes: Sequence[Any]) -> None:
+    """Whole or not at all: another run of the harness may be waiting to copy the file."""
+    tmp = path.with_suffix(".tmp")
+    save_episodes(tmp, episodes)
+    tmp.rename(path)
 
 
 def load_episodes(path: Path) -> list[Any]:
@@ -388,7 +399,16 @@ def extra_hint_episodes(trainer: Any, settings: Settings, episodes: list[Any]) -
     from agentrl.learners.tooluse import RL_SEED_BASE
 
     path = Path(settings.out) / "extra_episodes.jsonl"
+    meta = {
+        "per_family": settings.hint_extra_per_family,
+        "families": list(settings.hint_extra_families),
+        "group": settings.hint_extra_group,
+    }
+    meta_path = path.with_suffix(".json")
     if path.exists():
+        saved = json.loads(meta_path.read_text()) if meta_path.exists() else None
+        if saved is not None and saved != meta:
+            raise SystemExit(f"{path} holds the plays of {saved}, not {meta}: use another --out")
         return list(episodes) + load_episodes(path)
     tasks = [
         (f, RL_SEED_BASE + 8_000 + j)
@@ -402,6 +422,7 @@ def extra_hint_episodes(trainer: Any, settings: Settings, episodes: list[Any]) -
     extra = play(trainer, settings, batch, 1.0, groups)
     tmp = path.with_suffix(".tmp")
     save_episodes(tmp, extra)
+    meta_path.write_text(json.dumps(meta))
     tmp.rename(path)
     return list(episodes) + extra
 
@@ -549,16 +570,21 @@ def run(
     say(f"loaded {settings.start} ({time.perf_counter() - t0:.0f}s, load {os.getloadavg()})")
     episodes = _logged_episodes(trainer, settings, out / "episodes.jsonl", say)
     say(_line("logged (temperature 1)", summary(episodes)))
+    book, key = response_format_hash(trainer.policy.tokenizer)
+    if stage == "hints":  # (no held-out: another process may play it meanwhile)
+        t = time.perf_counter()
+        played = extra_hint_episodes(trainer, settings, episodes)
+        if len(played) > len(episodes):
+            extra = summary(played[len(episodes) :])
+            say(_line(f"extra hint-free plays ({time.perf_counter() - t:.0f}s)", extra))
+        recs, comps = records_of(played, key)
+        resampled = hinted_resamples(trainer, settings, recs, comps)
+        say(_line(f"hinted resamples ({time.perf_counter() - t:.0f}s)", summary(resampled)))
+        say(f"process CPU {time.process_time():.0f}s, load {os.getloadavg()}")
+        return []
     before = _heldout_before(trainer, settings, out / "heldout_before.jsonl", say)
     s_before = summary(before)
     say(_line("before", s_before))
-    book, key = response_format_hash(trainer.policy.tokenizer)
-    if stage == "hints":
-        t = time.perf_counter()
-        recs, comps = records_of(extra_hint_episodes(trainer, settings, episodes), key)
-        resampled = hinted_resamples(trainer, settings, recs, comps)
-        say(_line(f"hinted resamples ({time.perf_counter() - t:.0f}s)", summary(resampled)))
-        return []
     results = []
     for name in variants:
         v = _variant_settings(name)
@@ -568,7 +594,7 @@ def run(
             settings.start, v["learning_rate"], settings.seed, all_layers=v["all_layers"]
         )
         old_state = lora_state(trainer)
-        update = _update(trainer, v, settings, out, episodes, book, key)
+        update = _update(trainer, name, v, settings, out, episodes, book, key)
         if stage == "rl":
             say(f"{name}: RL update saved to {out / rl_key(v)} ({update.rl_s:.0f}s)")
             continue
@@ -581,6 +607,7 @@ def run(
         rec = _variant_record(name, v, update, kl, s_before, s_after)
         rec |= {
             "eval_s": round(time.perf_counter() - t, 1),
+            "process_cpu_s": round(time.process_time(), 1),
             "heldout_tasks": len(after),
             "logged_episodes": len(episodes),
             "load": [round(x, 2) for x in os.getloadavg()],
@@ -605,7 +632,7 @@ def _logged_episodes(trainer: Any, settings: Settings, path: Path, say: Any) -> 
     groups = [j for j in range(len(tasks)) for _ in range(settings.group)]
     torch.manual_seed(settings.seed)
     episodes = play(trainer, settings, batch, 1.0, groups)
-    save_episodes(path, episodes)
+    save_atomically(path, episodes)
     say(f"sampled {len(episodes)} episodes in {time.perf_counter() - t:.0f}s")
     return episodes
 
@@ -616,7 +643,7 @@ def _heldout_before(trainer: Any, settings: Settings, path: Path, say: Any) -> l
         return load_episodes(path)
     t = time.perf_counter()
     before = play(trainer, settings, heldout_tasks(settings.heldout_per_family), 0.0)
-    save_episodes(path, before)
+    save_atomically(path, before)
     say(f"held-out before in {time.perf_counter() - t:.0f}s")
     return before
 
@@ -644,11 +671,13 @@ class _Update:
     rl_s: float
     update_s: float
     step: Any  # the hint step, None without hints
-    hint_train: dict[str, float]
+    hint_train: dict[str, float]  # the last round's training
+    rounds: list[dict[str, Any]]  # each hint round's counts (`_round_record`)
 
 
 def _update(
     trainer: Any,
+    name: str,
     v: dict[str, Any],
     settings: Settings,
     out: Path,
@@ -661,9 +690,9 @@ def _update(
     saved update), then the hint items trained."""
     t = time.perf_counter()
     records, completions = records_of(episodes, key, v["partial_credit"])
-    step, hs = None, None
+    step, hs, h_data = None, None, (records, completions)
     if v.get("hints"):  # built before any update, from the start (as a job does)
-        step, hs = _hint_step(trainer, v, settings, episodes, records, completions, key)
+        step, hs, h_data = _hint_step(trainer, v, settings, episodes, records, completions, key)
     units, stats = job_samples(
         trainer, records, completions, book, v["estimator"], v["advantage_scale"]
     )
@@ -674,14 +703,61 @@ def _update(
             if r.trajectory["metadata"]["outcome"]["task_status"] == "completed_successfully"
         }
         units = [u for u in units if u.group_id in ok]
-    ratios = first_ratios(trainer, units)
+    # the ratios of the RL step's first batch (a forward pass over every unit: none without RL)
+    ratios = first_ratios(trainer, units) if v.get("rl", True) else {}
     units, hist, reused = _rl_update(trainer, units, v, out / rl_key(v), settings.seed)
     rl_s = time.perf_counter() - t
     hint_train: dict[str, float] = {}
+    rounds: list[dict[str, Any]] = []
     if step is not None:
         hint_train = step.train(trainer, hs, settings.seed)
+        rounds.append(_round_record(step, hint_train))
+        for r in range(2, int(v.get("hint_rounds", 1)) + 1):
+            again = _hint_round(trainer, hs, settings, out, name, r, *h_data)
+            hint_train = again.train(trainer, hs, settings.seed + r)
+            rounds.append(_round_record(again, hint_train))
     update_s = time.perf_counter() - t
-    return _Update(units, stats, ratios, hist, reused, rl_s, update_s, step, hint_train)
+    return _Update(units, stats, ratios, hist, reused, rl_s, update_s, step, hint_train, rounds)
+
+
+def _round_record(step: Any, train: dict[str, float]) -> dict[str, Any]:
+    """One hint round's counts: hinted tasks, successes and samples (per family too), the
+    items and tokens it trained."""
+    fams: dict[str, list[int]] = {}
+    for ep in step.episodes:
+        ok_n = fams.setdefault(ep.family, [0, 0])
+        ok_n[0] += int(ep.success)
+        ok_n[1] += 1
+    return {
+        **step.counts,
+        "hinted_by_family": {f: f"{ok}/{n}" for f, (ok, n) in sorted(fams.items())},
+        "tokens": int(train.get("tokens", 0)),
+        "loss": round(float(train.get("loss", math.nan)), 4),
+    }
+
+
+def _hint_round(
+    trainer: Any,
+    hs: Any,
+    settings: Settings,
+    out: Path,
+    name: str,
+    r: int,
+    records: list[Any],
+    completions: dict[str, Any],
+) -> Any:
+    """Round `r` of expert iteration: the model as the last round left it hinted again on
+    the same failed tasks (its resamples saved per variant and round, and reused)."""
+    from agentrl.learners.tooluse_job import hint_step
+
+    path = out / f"hinted-{name}-r{r}.jsonl"
+    hinted = load_episodes(path) if path.exists() else None
+    step = hint_step(trainer, records, hs, completions, settings.seed + r, hinted=hinted)
+    if hinted is None:
+        tmp = path.with_suffix(".tmp")
+        save_episodes(tmp, step.episodes)
+        tmp.rename(path)
+    return step
 
 
 def _hint_step(
@@ -692,10 +768,10 @@ def _hint_step(
     records: list[Any],
     completions: Any,
     key: str,
-) -> tuple[Any, Any]:
+) -> tuple[Any, Any, tuple[list[Any], Any]]:
     """The job's hint step for variant `v` and its settings: hints for the failed tasks
     (of more episodes when `hint_extra_per_family`), with the start's hinted resamples
-    unless the hints are distilled."""
+    unless the hints are distilled; -> (the step, its settings, the records it hinted)."""
     from agentrl.learners.tooluse_job import hint_step
 
     hs = hint_settings(settings, v["hints"])
@@ -707,7 +783,8 @@ def _hint_step(
     hinted: list[Any] | None = None
     if v["hints"] != "distill":
         hinted = hinted_resamples(trainer, settings, h_recs, h_comps)
-    return hint_step(trainer, h_recs, hs, h_comps, settings.seed, hinted=hinted), hs
+    step = hint_step(trainer, h_recs, hs, h_comps, settings.seed, hinted=hinted)
+    return step, hs, (h_recs, h_comps)
 
 
 def _rl_update(
@@ -771,10 +848,17 @@ def _variant_record(
         "hint_mode": v.get("hints"),
         **(step.counts if step is not None else {}),
         **{f"hint_{k}": round(float(x), 4) for k, x in update.hint_train.items()},
+        **({"hint_rounds": update.rounds} if update.rounds else {}),
     }
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    p = parser()
+    a = p.parse_args(argv)
+    run(settings_of(p, a), a.variant, stage=a.stage)
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--start", required=True)
     p.add_argument("--out", required=True)
@@ -787,29 +871,45 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--hint-temperature", type=float, default=None)
     p.add_argument("--hint-extra-per-family", type=int, default=0)
     p.add_argument(
+        "--hint-extra-families",
+        default="data",
+        help="comma-separated families of the extra hint-free plays (e.g. data,numbers)",
+    )
+    p.add_argument("--hint-extra-group", type=int, default=2, help="hint-free plays per extra task")
+    p.add_argument(
         "--stage",
         choices=("all", "rl", "hints"),
         default="all",
-        help="rl: the variants' RL updates only (saved); hints: the hinted resamples only",
+        help="rl: the variants' RL updates only (saved); hints: the hinted resamples only "
+        "(no held-out)",
     )
-    a = p.parse_args(argv)
+    return p
+
+
+def settings_of(p: argparse.ArgumentParser, a: argparse.Namespace) -> Settings:
+    """The harness's settings from its command line (a bad variant or family: the parser's
+    error)."""
+    from agentrl.envs.tooluse.tasks import FAMILIES
+
+    extra_families = tuple(f.strip() for f in a.hint_extra_families.split(",") if f.strip())
+    for f in extra_families:
+        if f not in FAMILIES:
+            p.error(f"unknown family {f!r} in --hint-extra-families: use {', '.join(FAMILIES)}")
     for v in a.variant:
         if v.split("@")[0] not in VARIANTS:
             p.error(f"unknown variant {v!r}: use {', '.join(VARIANTS)}")
-    run(
-        Settings(
-            a.start,
-            a.out,
-            a.train_per_family,
-            heldout_per_family=a.heldout_per_family,
-            threads=a.threads,
-            hint_tasks=a.hint_tasks,
-            hint_samples=a.hint_samples,
-            hint_temperature=a.hint_temperature,
-            hint_extra_per_family=a.hint_extra_per_family,
-        ),
-        a.variant,
-        stage=a.stage,
+    return Settings(
+        a.start,
+        a.out,
+        a.train_per_family,
+        heldout_per_family=a.heldout_per_family,
+        threads=a.threads,
+        hint_tasks=a.hint_tasks,
+        hint_samples=a.hint_samples,
+        hint_temperature=a.hint_temperature,
+        hint_extra_per_family=a.hint_extra_per_family,
+        hint_extra_families=extra_families,
+        hint_extra_group=a.hint_extra_group,
     )
 
 

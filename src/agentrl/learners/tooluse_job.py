@@ -63,6 +63,12 @@ class JobHints(BaseModel):
     clip: float = Field(1.0, gt=0)
     batch_size: int = Field(8, gt=0)
     epochs: int = Field(1, ge=1)
+    play_batch: int = Field(
+        32,
+        gt=0,
+        description="hinted episodes decoded together (at 60 hinted tasks x 3 resamples one "
+        "batch of 180 held every prompt's cache at once)",
+    )
 
 
 @dataclass
@@ -246,6 +252,28 @@ def distill_items_from_records(
     return out
 
 
+def play_config(s: JobHints, tasks: int, seed: int) -> Any:
+    """How the hint step plays `tasks` hinted tasks: the job's turns, tokens and schema,
+    `s.samples` resamples a task, at most `s.play_batch` episodes decoded together."""
+    from agentrl.learners.tooluse import ToolUseConfig
+
+    return ToolUseConfig(
+        model="tiny",  # not loaded: the learner wraps the job's trainer
+        max_steps=max(2, s.max_steps),
+        max_new_tokens=s.max_new_tokens,
+        structured=s.structured,
+        threads=0,
+        hints="distill" if s.mode == "distill" else "importance",
+        hint_reveals_answer=s.reveal_answer,
+        hint_plan=s.plan,
+        hint_samples=s.samples,
+        group_size=s.samples,
+        temperature=s.temperature,
+        batch_size=max(1, min(s.play_batch, s.samples * tasks)),
+        seed=seed,
+    )
+
+
 def hint_step(
     trainer: Any,
     records: Sequence[Any],
@@ -258,7 +286,7 @@ def hint_step(
     yet: `HintStep.train`). Importance and sft modes sample with the trainer's current
     policy, unless `hinted` gives the resamples already played (a bench reusing them)."""
     from agentrl.envs.tooluse.tasks import generate_task
-    from agentrl.learners.tooluse import ToolUseConfig, ToolUseLearner
+    from agentrl.learners.tooluse import ToolUseLearner
     from agentrl.learners.tooluse_hints import importance_items, sft_items
 
     t0 = time.perf_counter()
@@ -268,22 +296,7 @@ def hint_step(
     keys = pick_tasks(groups, s.max_tasks)
     if not keys:
         return step
-    config = ToolUseConfig(
-        model="tiny",  # not loaded: the learner wraps the job's trainer
-        max_steps=max(2, s.max_steps),
-        max_new_tokens=s.max_new_tokens,
-        structured=s.structured,
-        threads=0,
-        hints="distill" if s.mode == "distill" else "importance",
-        hint_reveals_answer=s.reveal_answer,
-        hint_plan=s.plan,
-        hint_samples=s.samples,
-        group_size=s.samples,
-        temperature=s.temperature,
-        batch_size=max(1, s.samples * len(keys)),
-        seed=seed,
-    )
-    learner = ToolUseLearner.from_trainer(trainer, config)
+    learner = ToolUseLearner.from_trainer(trainer, play_config(s, len(keys), seed))
     # users' corrections: the latest non-empty one of a task's trajectories is its hint
     learner.set_corrections({k: next((r.hint for r in groups[k] if r.hint), None) for k in keys})
     tasks = {k: generate_task(k[1], k[0]) for k in keys}
