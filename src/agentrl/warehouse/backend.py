@@ -138,12 +138,8 @@ class ChdbBackend:
         self._run(sql, "CSV", params)
 
     def query(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
-        # "Arrow" and read it here: chdb's "ArrowTable" does the same but imports pandas
-        # first (~2.4 CPU-s in every process with a warehouse: `agentrl up`, `agentrl loop`)
-        result = self._run(sql, "Arrow", params)
-        if result is None or len(result) == 0:
-            return pa.table({})
-        return pa.RecordBatchFileReader(result.get_memview().view()).read_all()
+        result = self._run(sql, "ArrowTable", params)
+        return result if isinstance(result, pa.Table) else pa.table({})
 
     def insert(self, table: str, data: pa.Table) -> None:
         """Columnar insert: chdb's Python() table function reads the arrow table in place."""
