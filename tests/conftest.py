@@ -34,6 +34,29 @@ settings.register_profile(
 )
 settings.load_profile("suite")
 
+
+def _ca_certificates_on_demand() -> None:
+    """The system's CA certificates from OpenSSL's hashed directory, read at a handshake,
+    instead of a bundle file parsed whole for every SSL context. httpx and httpx2 (openai's)
+    build a context per client, and with SSL_CERT_FILE set (this machine sets it; without
+    it, certifi's bundle) that costs ~55 ms of CPU a client: the tests build hundreds, each
+    for plain http on loopback (tests/capture with two tests/app files: 144, 9 CPU-s at
+    load 12); from the directory ~1 ms. Here and in every process the tests start. The same
+    certificates: HTTPS still verifies (no test leaves the machine)."""
+    import re
+    import ssl
+
+    capath = ssl.get_default_verify_paths().openssl_capath
+    if not os.path.isdir(capath) or not any(
+        re.fullmatch(r"[0-9a-f]{8}\.\d+", name) for name in os.listdir(capath)
+    ):
+        return  # no hashed directory here: the bundle it is
+    os.environ.pop("SSL_CERT_FILE", None)
+    os.environ["SSL_CERT_DIR"] = capath
+
+
+_ca_certificates_on_demand()
+
 # The file whose one test is the longest (the tool-use quick loop, 1-1.5 minutes): handed out
 # first, beside the other worker's largest file, instead of last (xdist gives out files by
 # their number of tests, most first, and a one-test file at the end kept the other worker idle)

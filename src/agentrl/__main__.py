@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import os
 
-from agentrl.cli import app, main
-from agentrl.llm.distributed import CLI_ARGV_ENV
+from agentrl import cli
+
+# agentrl.llm.distributed.CLI_ARGV_ENV, not imported: that module imports torch (~3 CPU-s)
+CLI_ARGV_ENV = "AGENTRL_CLI_ARGV"
 
 if __name__ == "__main__":
     argv = os.environ.get(CLI_ARGV_ENV)
     if argv is not None:
-        app(args=json.loads(argv), standalone_mode=True)
+        cli.app(args=json.loads(argv), standalone_mode=True)
     else:
-        main()
+        cli.main()  # its command's plugin only (`cli.app` would register them all)

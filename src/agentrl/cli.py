@@ -3,6 +3,8 @@
 Each package contributes its commands through a small `cli` module with a `register(app)`
 function (every benchmark's is `agentrl.bench.cli`); this file only assembles them, so
 packages stay independent and the command starts fast (heavy imports live inside commands).
+`agentrl COMMAND` registers only COMMAND's plugin (`COMMANDS`); `agentrl.cli.app`, the whole
+command, registers every plugin on first use.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ class MenuGroup(TyperGroup):
         return sorted(super().list_commands(ctx), key=lambda name: rank.get(name, len(rank)))
 
 
-app = typer.Typer(
+_app = typer.Typer(
     name="agentrl",
     cls=MenuGroup,
     help=(
@@ -60,16 +62,73 @@ PLUGINS = (
 )
 
 
-def _register_plugins() -> None:
+# Each top-level command's plugin: `agentrl up` imports `agentrl.app.cli` only, not every
+# plugin's options and their models (~0.6 CPU-s of each process's start; the suite starts
+# dozens). A name not here registers every plugin; tests/app/test_cli_menu.py keeps it exact.
+COMMANDS: dict[str, str] = {
+    "schemas": "agentrl.contracts.cli",
+    "rewards": "agentrl.rewards.cli",
+    "train-policy": "agentrl.learners.cli",
+    "train-sft": "agentrl.learners.cli",
+    "learn": "agentrl.learners.cli",
+    "dqn": "agentrl.offpolicy.cli",
+    "train": "agentrl.training.cli",
+    "stats": "agentrl.warehouse.cli",
+    "warehouse": "agentrl.warehouse.cli",
+    "deploy": "agentrl.release.cli",
+    "lineage": "agentrl.release.cli",
+    "vllm": "agentrl.serving.vllm.cli",
+    "observability": "agentrl.observability.cli",
+    "agent-zero": "agentrl.integrations.agent_zero.cli",
+    "loop": "agentrl.app.cli",
+    "up": "agentrl.app.cli",
+    "report": "agentrl.app.cli",
+    "demo": "agentrl.app.cli",
+    "soak": "agentrl.bench.cli",
+    "bench": "agentrl.bench.cli",
+}
+ROOT_FLAGS = ("-v", "--verbose")  # `_root`'s options, before the command's name
+_registered: set[str] = set()
+
+
+def _register_plugins(names: tuple[str, ...] = PLUGINS) -> None:
     from agentrl.core.plugins import optional_module
 
-    for name in PLUGINS:
+    for name in PLUGINS:  # PLUGINS' order, whatever the caller's
+        if name not in names or name in _registered:
+            continue
+        _registered.add(name)
         module = optional_module(name)
         if module is not None:
-            module.register(app)
+            module.register(_app)
+    _arrange_menu()
 
 
-@app.callback()
+def plugins_for(args: list[str]) -> tuple[str, ...]:
+    """The plugins a command line needs: its command's, or all of them (`--help`, no
+    command, a name `COMMANDS` does not know)."""
+    for arg in args:
+        if arg in ROOT_FLAGS:
+            continue
+        plugin = COMMANDS.get(arg)
+        return (plugin,) if plugin else PLUGINS
+    return PLUGINS
+
+
+app: typer.Typer  # the whole command: every plugin registered on first use (`__getattr__`)
+
+
+def __getattr__(name: str) -> Any:
+    """`agentrl.cli.app`: the command with every plugin registered (tests, the docs' walks of
+    the command tree, a rank relaunched under torchrun)."""
+    if name == "app":
+        _register_plugins()
+        globals()["app"] = _app
+        return _app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@_app.callback()
 def _root(
     verbose: bool = typer.Option(
         False,
@@ -147,16 +206,12 @@ def _arrange_menu() -> None:
         callback = getattr(info, "callback", None)
         return str(info.name or (callback.__name__.replace("_", "-") if callback else ""))
 
-    _one_line_summaries(app)
-    infos: list[Any] = [*app.registered_commands, *app.registered_groups]
+    _one_line_summaries(_app)
+    infos: list[Any] = [*_app.registered_commands, *_app.registered_groups]
     for info in infos:
         panel, text = where.get(name_of(info), ("More", None))  # a plugin's own command
         info.rich_help_panel = panel
         info.short_help = text or info.short_help or first_sentence(info.help)
-
-
-_register_plugins()
-_arrange_menu()
 
 
 STOP_GRACE_S = 10.0  # clean-up's time after SIGTERM / Ctrl-C before the process ends anyway
@@ -194,7 +249,8 @@ def _sigterm_like_ctrl_c() -> None:
 
 def main() -> None:
     _sigterm_like_ctrl_c()
-    app()
+    _register_plugins(plugins_for(sys.argv[1:]))
+    _app()
 
 
 if __name__ == "__main__":

@@ -1,14 +1,18 @@
 """`agentrl --help`: one line per command, grouped, the main job first, nothing superseded;
-no flag that reads `--no-no-...` anywhere in the command tree."""
+no flag that reads `--no-no-...` anywhere in the command tree; `agentrl COMMAND` imports
+COMMAND's plugin only."""
 
 from __future__ import annotations
 
+import importlib
+import subprocess
+import sys
 from typing import Any
 
 import typer
 from typer.testing import CliRunner
 
-from agentrl.cli import MENU, app, first_sentence
+from agentrl.cli import COMMANDS, MENU, PLUGINS, app, first_sentence, plugins_for
 
 RUNNER = CliRunner()
 
@@ -65,3 +69,40 @@ def test_first_sentence_is_one_short_line() -> None:
     long = first_sentence("word " * 40)
     assert long is not None and len(long) <= 88 and long.endswith("…")
     assert first_sentence(None) is None
+
+
+def _names(plugin: str) -> set[str]:
+    """The top-level commands and groups `plugin` registers."""
+    one = typer.Typer()
+    importlib.import_module(plugin).register(one)
+    commands = {c.name or c.callback.__name__.replace("_", "-") for c in one.registered_commands}
+    return commands | {str(g.name) for g in one.registered_groups}
+
+
+def test_a_command_registers_its_own_plugin_only() -> None:
+    """`COMMANDS` names exactly what each plugin registers: a name missing there would still
+    run (every plugin registered), one under the wrong plugin would not."""
+    for plugin in PLUGINS:
+        assert _names(plugin) == {n for n, p in COMMANDS.items() if p == plugin}, plugin
+    assert plugins_for(["-v", "up", "--data-dir", "x"]) == ("agentrl.app.cli",)
+    assert plugins_for(["--help"]) == plugins_for([]) == plugins_for(["nope"]) == PLUGINS
+    # one process as `agentrl up --help` starts: no other plugin, no torch
+    code = (
+        "import sys\n"
+        "from agentrl import cli\n"
+        "sys.argv = ['agentrl', 'up', '--help']\n"
+        "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in [*cli.PLUGINS, 'torch'] if m in sys.modules))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert "--data-dir" in proc.stdout  # up's own help, whole
+    assert proc.stdout.strip().splitlines()[-1] == "['agentrl.app.cli']", proc.stdout[-2000:]
+
+
+def test_python_m_agentrl_reads_the_torchrun_argv_of_the_distributed_module() -> None:
+    from agentrl.llm.distributed import CLI_ARGV_ENV
+
+    main = importlib.import_module("agentrl.__main__")
+    assert main.CLI_ARGV_ENV == CLI_ARGV_ENV

@@ -529,3 +529,29 @@ async def test_partial_credit_and_a_users_correction_through_the_service(
     assert v2["metadata"]["partial_credit"]["bonus"] == f["metadata"]["partial_credit"]["bonus"]
     assert v2["total_reward"] == pytest.approx(f["total_reward"])  # feedback weight 0
     assert RewardEvent.model_validate(v2).version == 2
+
+
+def test_the_service_collects_only_in_its_own_process_with_the_collector_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`agentrl rewards serve` turns the collector off and collects between batches; in a
+    shared process the bus only pauses it during a batch, which is no reason to walk the whole
+    heap (13 full collections a quick loop)."""
+    import gc
+
+    from agentrl.rewards import service as module
+
+    svc = RewardService(None, None, tmp_path)  # type: ignore[arg-type]
+    was = gc.isenabled()
+    gc.disable()  # as the bus's pause leaves it while a batch is handled
+    try:
+        svc._last_collect = 0.0
+        svc._maybe_collect()
+        assert svc._last_collect == 0.0  # a shared process: no collection
+        monkeypatch.setattr(module, "_collect_here", True)  # what collector_off() sets
+        svc._maybe_collect()
+        assert svc._last_collect > 0.0  # the service's own process: collected
+    finally:
+        if was:
+            gc.enable()
+        svc.close()

@@ -58,6 +58,7 @@ from agentrl.app.loop_results import (
     model_of,
     table,
 )
+from agentrl.app.tls import client_tls
 from agentrl.core.stats import wilson
 
 __all__ = [  # the loop's names, importable from here as before the split
@@ -239,7 +240,7 @@ async def _wait_answer(gateway_url: str, model: str, timeout: float) -> None:
 
     deadline = time.monotonic() + timeout
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-    async with httpx.AsyncClient(timeout=60.0) as client:
+    async with httpx.AsyncClient(timeout=60.0, verify=client_tls()) as client:
         while True:
             try:
                 r = await client.post(f"{gateway_url}/chat/completions", json=body)
@@ -256,7 +257,7 @@ async def _wait_http(url: str, timeout: float) -> None:
     import httpx
 
     deadline = time.monotonic() + timeout
-    async with httpx.AsyncClient(timeout=2.0) as client:
+    async with httpx.AsyncClient(timeout=2.0, verify=client_tls()) as client:
         while True:
             try:
                 r = await client.get(url)
@@ -510,7 +511,7 @@ def _tooluse_extra(run: Run, agents: Agents, records: list[Any]) -> dict[str, An
 async def _served_models(gateway_url: str) -> list[str]:
     import httpx
 
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with httpx.AsyncClient(timeout=10, verify=client_tls()) as client:
         r = await client.get(f"{gateway_url}/models")
         return [m["id"] for m in r.json().get("data", [])]
 

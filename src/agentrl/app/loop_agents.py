@@ -20,7 +20,9 @@ class Agents:
     def __init__(
         self, cfg: LoopConfig, bus: Any, gateway_url: str, public: str, say: Callable[[str], None]
     ) -> None:
-        from openai import AsyncOpenAI
+        from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+
+        from agentrl.app.tls import client_tls
 
         self.cfg, self.bus, self.public, self.say = cfg, bus, public, say
         # the agents publish their own trajectories: the gateway must not capture a copy
@@ -29,6 +31,7 @@ class Agents:
             api_key="agentrl-loop",
             max_retries=0,
             default_headers={"x-agentrl-capture": "off"},
+            http_client=DefaultAsyncHttpxClient(verify=client_tls()),  # openai's defaults
         )
         self.published: dict[str, float] = {}  # trajectory_id -> publish time
         self.by_model: dict[str, int] = {}

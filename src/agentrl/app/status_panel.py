@@ -94,13 +94,15 @@ async def job_rows(stack: RunningStack) -> list[dict[str, Any]]:
     """Queued and running training jobs from the control API."""
     import httpx
 
+    from agentrl.app.tls import client_tls
+
     token = next(  # a token that may read jobs (the first one may lack the scope)
         (t for t, s in stack.settings.api_tokens.items() if {"training:read", "*"} & set(s)),
         None,
     )
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        async with httpx.AsyncClient(timeout=1.0) as client:
+        async with httpx.AsyncClient(timeout=1.0, verify=client_tls()) as client:
             resp = await client.get(f"{stack.api_url}/training", headers=headers)
         jobs = resp.json()
     except Exception:

@@ -214,11 +214,13 @@ def quiet_progress_bars() -> None:
     else on the console, in this process and the processes it starts."""
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     os.environ["TQDM_DISABLE"] = "1"  # tqdm reads TQDM_* as its defaults (tqdm >= 4.66)
-    with contextlib.suppress(ImportError):
+    # a library imported later reads the variable at its import (transformers through
+    # huggingface_hub); importing them here cost `agentrl soak` ~1.7 CPU-s it never needed
+    if "huggingface_hub" in sys.modules:
         from huggingface_hub.utils import disable_progress_bars
 
         disable_progress_bars()
-    with contextlib.suppress(ImportError):
+    if "transformers.utils.logging" in sys.modules:
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
@@ -226,12 +228,56 @@ def quiet_progress_bars() -> None:
 
 def _libraries_propagate() -> None:
     """transformers writes to stderr through a handler of its own and does not propagate:
-    send its records (deprecations, load reports) to the root's handlers instead."""
-    with contextlib.suppress(ImportError):
-        from transformers.utils import logging as transformers_logging
+    send its records (deprecations, load reports) to the root's handlers instead (now, or
+    once it is imported: not imported for this)."""
 
+    def propagate(transformers_logging: Any) -> None:
         transformers_logging.disable_default_handler()
         transformers_logging.enable_propagation()
+
+    after_import("transformers.utils.logging", propagate)
+
+
+def after_import(name: str, then: Any) -> None:
+    """`then(module)` once module `name` is imported: now if it is, else right after its
+    import (one finder on `sys.meta_path`, gone at its first use)."""
+    module = sys.modules.get(name)
+    if module is not None:
+        then(module)
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, then))
+
+
+class _AfterImport:
+    """Finds nothing itself: for its one module, it wraps the spec the other finders give
+    so `then` runs on the module once it has executed."""
+
+    def __init__(self, name: str, then: Any) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        loader, then = spec.loader, self.then
+        exec_module = getattr(loader, "exec_module", None)
+        if exec_module is None:  # a loader of the old protocol: left as it is
+            return spec
+
+        def exec_then(module: Any) -> None:
+            exec_module(module)
+            then(module)
+
+        loader.exec_module = exec_then
+        return spec
 
 
 _audit_files: dict[Path, logging.Handler] = {}

@@ -57,23 +57,18 @@ def _serve(cfg: ServeOptions) -> None:
     records (default host-pid). Each copy normalises with the windows of what it scored
     itself."""
     import asyncio
-    import gc
     import signal
 
     from agentrl.bus import Bus
     from agentrl.core.settings import get_settings
     from agentrl.rewards.config import RewardConfig
-    from agentrl.rewards.service import RewardService, config_path
+    from agentrl.rewards.service import RewardService, collector_off, config_path
 
     settings = get_settings()
     if cfg.data_dir is not None:
         settings = settings.model_copy(update={"data_dir": cfg.data_dir})
     rewards = RewardConfig.load(cfg.config or config_path(settings))
-    # This process is the service. A batch keeps ~256 validated trajectories alive while
-    # it allocates, which makes the automatic collector re-scan them again and again
-    # (validation costs twice as much). The service collects between batches instead.
-    gc.freeze()
-    gc.disable()
+    collector_off()  # this process is the service: it collects between batches
 
     async def main() -> None:
         bus = await Bus.connect(cfg.nats_url, name="agentrl-rewards")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import cProfile
-import gc
 import json
 import pstats
 import random
@@ -46,7 +45,7 @@ def _payloads(n: int, code: bool = False) -> list[bytes]:
 async def _handler(n: int, prof: cProfile.Profile | None, code: bool = False) -> float:
     from agentrl.bus import Delivery
     from agentrl.contracts.trajectory import TrajectoryEvent
-    from agentrl.rewards.service import RewardService
+    from agentrl.rewards.service import RewardService, collector_off
 
     raws = _payloads(n, code)
     deliveries = [
@@ -56,8 +55,7 @@ async def _handler(n: int, prof: cProfile.Profile | None, code: bool = False) ->
     with tempfile.TemporaryDirectory() as tmp:
         svc = RewardService(None, None, tmp)  # type: ignore[arg-type]
         svc._publish_later = lambda items: None  # type: ignore[method-assign]
-        gc.freeze()
-        gc.disable()
+        collector_off()
         c0, t0 = time.process_time(), time.perf_counter()
         if prof:
             prof.enable()
@@ -74,7 +72,7 @@ async def _handler(n: int, prof: cProfile.Profile | None, code: bool = False) ->
 async def _service(n: int, prof: cProfile.Profile | None) -> float:
     from agentrl.bus import Bus, EmbeddedNats
     from agentrl.contracts.subjects import TRAJECTORY
-    from agentrl.rewards.service import RewardService
+    from agentrl.rewards.service import RewardService, collector_off
 
     raws = _payloads(n)
     with tempfile.TemporaryDirectory() as tmp:
@@ -89,8 +87,7 @@ async def _service(n: int, prof: cProfile.Profile | None) -> float:
             svc_bus = await Bus.connect(server.url)
             svc = RewardService(svc_bus, None, Path(tmp) / "data")
             stop = asyncio.Event()
-            gc.freeze()
-            gc.disable()
+            collector_off()
             c0, t0 = time.process_time(), time.perf_counter()
             if prof:
                 prof.enable()

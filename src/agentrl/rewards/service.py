@@ -56,6 +56,20 @@ from agentrl.rewards.window import WindowState
 
 log = logging.getLogger(__name__)
 
+# Set by `collector_off`: this process is the reward service alone, its collector off
+_collect_here = False
+
+
+def collector_off() -> None:
+    """For a process that is the reward service alone (`agentrl rewards serve`, its bench): a
+    batch keeps ~256 validated trajectories alive while it allocates, which makes the
+    automatic collector re-scan them again and again (validation costs twice as much).
+    Freeze what exists, turn the collector off; the service collects between batches."""
+    global _collect_here
+    gc.freeze()
+    gc.disable()
+    _collect_here = True
+
 
 class RewardService:
     """One reward service; `await service.run(stop)` until `stop` is set."""
@@ -281,9 +295,12 @@ class RewardService:
         }
 
     def _maybe_collect(self) -> None:
-        """With automatic garbage collection off (`agentrl rewards serve` turns it off),
-        collect cycles every few seconds, between batches."""
-        if not gc.isenabled() and time.monotonic() - self._last_collect > 5.0:
+        """With automatic garbage collection off (`collector_off`), collect cycles every few
+        seconds, between batches. Not in a shared process (`agentrl up`, `agentrl loop`):
+        there the bus only pauses the collector while a batch is handled (it was seen off
+        then, and a full collection walked torch and the model every 5 s: 13 a quick loop,
+        1.2 CPU-s)."""
+        if _collect_here and not gc.isenabled() and time.monotonic() - self._last_collect > 5.0:
             gc.collect()
             self._last_collect = time.monotonic()
 
