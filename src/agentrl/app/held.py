@@ -50,8 +50,10 @@ async def _listed(gateway_url: str, model_id: str, timeout_s: float = 10.0) -> N
     its runner rewrites within 0.2 s of the serving manager's report); at most `timeout_s`."""
     import httpx
 
+    from agentrl.app.tls import client_tls
+
     deadline = asyncio.get_running_loop().time() + timeout_s
-    async with httpx.AsyncClient(timeout=5) as client:
+    async with httpx.AsyncClient(timeout=5, verify=client_tls()) as client:
         while asyncio.get_running_loop().time() < deadline:
             with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
                 r = await client.get(f"{gateway_url}/models")
