@@ -310,6 +310,9 @@ async def run_acting(cfg: ActingBench) -> dict[str, Any]:
         started = time.monotonic()
         acting = asyncio.create_task(agents.run(stop))
         await asyncio.sleep(cfg.seconds)
+        until = started + 10 * cfg.seconds
+        while len(agents.published) < cfg.min_episodes and time.monotonic() < until:
+            await asyncio.sleep(0.05)
         wall = time.monotonic() - started
         cpu = time.process_time() - cpu0
         engine_cpu = timers.engine_cpu()

@@ -279,6 +279,9 @@ class ActingBench(_Options):
     """Agent workers (the tool-use loop's 16)."""
     seconds: float = Field(120.0, gt=0)
     """Seconds of acting measured."""
+    min_episodes: int = Field(0, ge=0)
+    """Keep the window open past `seconds` until this many episodes ended (at most ten times
+    `seconds`): on a busy host a short window may otherwise end before any episode does."""
     max_batch_size: int | None = Field(None, ge=1)
     """The engine's decode batch; unset: the tool-use loop's (`loop_tooluse.SERVE_MAX_BATCH`)."""
     threads: int | None = Field(None, ge=1)
