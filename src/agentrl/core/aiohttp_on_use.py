@@ -7,12 +7,14 @@ import happens. Where aiohttp is already imported, nats gets the real one."""
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.machinery
 import sys
 import types
-from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # importlib.abc imports importlib.resources (tempfile, zipfile...): ~3 ms
+    from collections.abc import Sequence
+    from importlib.abc import Loader
 
 TRANSPORT = "nats.aio.transport"
 
@@ -31,8 +33,10 @@ class _AiohttpOnFirstUse(types.ModuleType):
         return getattr(aiohttp, name)
 
 
-class _TransportLoader(importlib.abc.Loader):
-    def __init__(self, real: importlib.abc.Loader) -> None:
+class _TransportLoader:
+    """nats.aio.transport's own loader, run with the stand-in as `aiohttp`."""
+
+    def __init__(self, real: Loader) -> None:
         self.real = real
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
@@ -51,7 +55,9 @@ class _TransportLoader(importlib.abc.Loader):
                 del sys.modules["aiohttp"]
 
 
-class _TransportFinder(importlib.abc.MetaPathFinder):
+class _TransportFinder:
+    """A sys.meta_path finder: nats.aio.transport's spec, with `_TransportLoader`."""
+
     def find_spec(
         self,
         fullname: str,
@@ -62,7 +68,7 @@ class _TransportFinder(importlib.abc.MetaPathFinder):
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is not None and spec.loader is not None:
-            spec.loader = _TransportLoader(spec.loader)
+            spec.loader = _TransportLoader(spec.loader)  # type: ignore[assignment]
         return spec
 
 
