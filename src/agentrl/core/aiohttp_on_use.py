@@ -12,7 +12,7 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # importlib.abc imports importlib.resources (tempfile, zipfile...): ~3 ms
+if TYPE_CHECKING:  # importlib.abc would import importlib.resources (tempfile, zipfile...)
     from collections.abc import Sequence
     from importlib.abc import Loader
 
