@@ -6,6 +6,11 @@ server in between: `generate` decodes a batch of prompts, each with its own matc
 returns the sampled tokens with their log-probs under the masked, temperature-scaled
 distribution (the behaviour policy). The prefix all prompts share (the system prompt, and
 within a group the task too) is prefilled once and its KV cache copied to every row.
+
+Given a `PrefixCache` (one per play: K/V depend on the weights, and a play runs under one
+set), each finished row's K/V (prompt and reply) stays cached, as the gateway's engine keeps
+conversations: an episode's next turn starts from the longest cached run of its prompt and
+prefills only what is new (the reply's re-rendering where it differs, the tool result).
 """
 
 from __future__ import annotations
@@ -17,7 +22,14 @@ from typing import Any
 
 import torch
 
-from agentrl.serving.decoding import MIN_PREFIX, BatchDecoder, DecodeRow, PrefixCache, decode_all
+from agentrl.serving.decoding import (
+    MIN_PREFIX,
+    BatchDecoder,
+    DecodeRow,
+    DecodeStats,
+    PrefixCache,
+    decode_all,
+)
 
 MIN_SHARED_PREFIX = MIN_PREFIX
 
@@ -56,10 +68,14 @@ def generate(
     pad_id: int,
     generator: torch.Generator,
     autocast: Any = None,
+    cache: PrefixCache | None = None,
+    stats: DecodeStats | None = None,
 ) -> list[Generated]:
     """Decode every prompt; rows with a matcher only ever sample tokens it allows. The
     decode core is the gateway's (`agentrl.serving.decoding`): finished rows leave the batch
-    and the cache; the shared prefix is prefilled once (a prefix cache for this call)."""
+    and the cache; the shared prefix is prefilled once (in `cache`, kept with every finished
+    row's K/V for the caller's next call under the same weights; without one, a cache for
+    this call). `stats` adds up the prefill and decode work."""
     shared = shared_prefix(prompts)
     rows = [
         DecodeRow(
@@ -80,7 +96,9 @@ def generate(
         eos_ids=eos_ids,
         pad_id=pad_id,
         generator=generator,
-        prefix_cache=PrefixCache(2**40) if shared else None,
+        prefix_cache=cache if cache is not None else PrefixCache(2**40) if shared else None,
+        conversations=cache is not None,
+        stats=stats,
         device=next(model.parameters()).device,
     )
     with autocast if autocast is not None else nullcontext():
