@@ -1,13 +1,15 @@
-"""A play's prefix cache (each turn prefills only what is new) on a tiny random model: the
-cache changes the work, never the episodes: greedy play with it samples the tokens and logs
-the behaviour log-probs that play without it does; and it lives for one play, so a play
-after a training step decodes under the new weights, not K/V kept from the old ones."""
+"""A play's prefix cache (each turn prefills only what is new) and its decode steps that
+project only the rows whose next token is not forced, on a tiny random model: they change
+the work, never the episodes: greedy play with them samples the tokens and logs the
+behaviour log-probs that play without them does; and the cache lives for one play, so a
+play after a training step decodes under the new weights, not K/V kept from the old ones."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from agentrl.learners import tooluse_decode
 from agentrl.learners.tooluse import ToolUseConfig, ToolUseLearner
 from agentrl.learners.tooluse_episodes import EpisodeRecord, PlaySettings, PlayTiming, play
 
@@ -59,9 +61,22 @@ def max_lp_gap(a: list[EpisodeRecord], b: list[EpisodeRecord]) -> float:
     return gap
 
 
-def test_greedy_play_with_the_cache_is_play_without_it(learner: ToolUseLearner) -> None:
+class _EveryRowProjected(tooluse_decode._HeadRows):
+    """The play as it was: every decode step projects every row onto the vocabulary."""
+
+    def __init__(self, model: object) -> None:
+        super().__init__(model)
+        self.remove()
+        self.installed = False
+
+
+def test_greedy_play_with_the_cache_is_play_without_it(
+    learner: ToolUseLearner, monkeypatch: pytest.MonkeyPatch
+) -> None:
     whole, cached = PlayTiming(), PlayTiming()
-    plain = greedy(learner, 0, whole)
+    with monkeypatch.context() as patch:  # the reference: no cache, every row projected
+        patch.setattr(tooluse_decode, "_HeadRows", _EveryRowProjected)
+        plain = greedy(learner, 0, whole)
     again = greedy(learner, 64, cached)
     assert sum(len(e.turns) for e in plain) > len(TASKS)  # episodes of several turns
     assert max_lp_gap(plain, again) <= LP_TOLERANCE

@@ -88,8 +88,14 @@ def generate(
         for p, m in zip(prompts, matchers, strict=True)
     ]
 
-    def forward(_adapters: list[str], **kw: Any) -> Any:
-        return model(**kw)
+    head = _HeadRows(model)
+
+    def forward(_adapters: list[str], logit_rows: torch.Tensor | None = None, **kw: Any) -> Any:
+        head.rows = logit_rows
+        try:
+            return model(**kw)
+        finally:
+            head.rows = None
 
     decoder = BatchDecoder(
         forward,
@@ -100,7 +106,35 @@ def generate(
         conversations=cache is not None,
         stats=stats,
         device=next(model.parameters()).device,
+        select_logits=head.installed,
     )
-    with autocast if autocast is not None else nullcontext():
-        decode_all(decoder, rows)
+    try:
+        with autocast if autocast is not None else nullcontext():
+            decode_all(decoder, rows)
+    finally:
+        head.remove()
     return [Generated(r.toks, r.lps, r.finish) for r in rows]
+
+
+class _HeadRows:
+    """A pre-hook on the vocabulary projection for one `generate` call: a decode step
+    projects only the rows whose next token is not forced by their grammar (as the
+    gateway's engine does: the projection is a fifth of SmolLM2's work per token, and ~40 %
+    of a reply's tokens are forced JSON keys and punctuation)."""
+
+    def __init__(self, model: Any) -> None:
+        self.rows: torch.Tensor | None = None
+        get_head = getattr(model, "get_output_embeddings", None)
+        module = get_head() if get_head is not None else None
+        self._handle = None if module is None else module.register_forward_pre_hook(self._select)
+        self.installed = self._handle is not None
+
+    def _select(self, _module: Any, args: tuple[Any, ...]) -> Any:
+        if self.rows is None:
+            return None
+        return (args[0].index_select(0, self.rows), *args[1:])
+
+    def remove(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
