@@ -24,7 +24,7 @@ def learner(tmp_path_factory: pytest.TempPathFactory) -> ToolUseLearner:
         max_steps=3,
         max_new_tokens=24,
         threads=0,
-        batch_size=3,  # two waves: the cache carries the system prompt from one to the next
+        batch_size=3,  # the fourth episode starts when one ends: a row joining the batch
         out_dir=str(tmp_path_factory.mktemp("play-cache") / "run"),
     )
     return ToolUseLearner(cfg)

@@ -15,8 +15,8 @@ prefills only what is new (the reply's re-rendering where it differs, the tool r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from contextlib import nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,7 +87,35 @@ def generate(
         )
         for p, m in zip(prompts, matchers, strict=True)
     ]
+    with decoder_for(
+        model,
+        eos_ids=eos_ids,
+        pad_id=pad_id,
+        generator=generator,
+        autocast=autocast,
+        cache=cache if cache is not None else PrefixCache(2**40) if shared else None,
+        conversations=cache is not None,
+        stats=stats,
+    ) as decoder:
+        decode_all(decoder, rows)
+    return [Generated(r.toks, r.lps, r.finish) for r in rows]
 
+
+@contextmanager
+def decoder_for(
+    model: Any,
+    *,
+    eos_ids: set[int],
+    pad_id: int,
+    generator: torch.Generator,
+    autocast: Any = None,
+    cache: PrefixCache | None = None,
+    conversations: bool = True,
+    stats: DecodeStats | None = None,
+) -> Iterator[BatchDecoder]:
+    """The gateway's decode core over `model` (in the autocast, if any), its steps
+    projecting only the rows that need logits; with `conversations`, each finished row's
+    K/V stays in `cache` for the prompts that continue it."""
     head = _HeadRows(model)
 
     def forward(_adapters: list[str], logit_rows: torch.Tensor | None = None, **kw: Any) -> Any:
@@ -102,18 +130,17 @@ def generate(
         eos_ids=eos_ids,
         pad_id=pad_id,
         generator=generator,
-        prefix_cache=cache if cache is not None else PrefixCache(2**40) if shared else None,
-        conversations=cache is not None,
+        prefix_cache=cache,
+        conversations=conversations,
         stats=stats,
         device=next(model.parameters()).device,
         select_logits=head.installed,
     )
     try:
         with autocast if autocast is not None else nullcontext():
-            decode_all(decoder, rows)
+            yield decoder
     finally:
         head.remove()
-    return [Generated(r.toks, r.lps, r.finish) for r in rows]
 
 
 class _HeadRows:
