@@ -114,9 +114,13 @@ class _CopyingDecoder(BatchDecoder):
         self._mask = mask[:, start:]
         self._next_pos = self._next_pos[index]
 
-    def _join(self, rows: Any, cache: Any, mask: Any, next_pos: Any, logits: Any) -> None:
+    def _join(self, parts: Any) -> None:  # a group at a time
+        for rows, prefill in parts:
+            self._join_one(rows, *prefill)
+
+    def _join_one(self, rows: Any, cache: Any, mask: Any, next_pos: Any, logits: Any) -> None:
         if not self.rows:
-            super()._join(rows, cache, mask, next_pos, logits)
+            super()._join([(rows, (cache, mask, next_pos, logits))])
             return
         assert self._mask is not None and self._next_pos is not None and self._logits is not None
         old_t, new_t = self._mask.shape[1], mask.shape[1]

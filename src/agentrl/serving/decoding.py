@@ -329,8 +329,7 @@ class BatchDecoder:
     def admit(self, rows: Sequence[DecodeRow]) -> None:
         """Prefill `rows` (those sharing an adapter and a cached prefix together) and add them
         to the batch; they take part in the next `step`."""
-        for members, prefill in self._prefills(rows):
-            self._join(members, *prefill)
+        self._join(self._prefills(rows))
 
     def next_logits(self, rows: Sequence[DecodeRow]) -> torch.Tensor:
         """Each row's next-token logits after its prompt, [rows, vocab], prefilled as `admit`
@@ -509,34 +508,42 @@ class BatchDecoder:
 
     def _join(
         self,
-        rows: list[DecodeRow],
-        cache: Any,
-        mask: torch.Tensor,
-        next_pos: torch.Tensor,
-        logits: torch.Tensor,
+        parts: list[tuple[list[DecodeRow], tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]]],
     ) -> None:
-        if not self.rows:  # the prefill's own cache: its layers have room to grow
-            self.rows = list(rows)
+        """Add the prefilled groups to the batch. Every group joins in one merge: each row's
+        K/V is copied once (a group at a time copied the whole batch again per group, and a
+        learner's turn starts up to a group per row: each conversation its own cached run)."""
+        if not parts:
+            return
+        if not self.rows and len(parts) == 1:  # the prefill's own cache: room to grow
+            members, (cache, mask, next_pos, logits) = parts[0]
+            self.rows = list(members)
             self._cache, self._mask, self._next_pos, self._logits = cache, mask, next_pos, logits
             return
-        kv = _kv_of(cache)
-        assert self._mask is not None and self._next_pos is not None and self._logits is not None
-        old_t, new_t = self._mask.shape[1], mask.shape[1]
-        width = max(old_t, new_t)
+        batches: list[tuple[KV, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        if self.rows:
+            assert self._mask is not None and self._next_pos is not None
+            assert self._logits is not None
+            batches.append((_kv_of(self._cache), self._mask, self._next_pos, self._logits))
+        for _, (cache, mask, next_pos, logits) in parts:
+            batches.append((_kv_of(cache), mask, next_pos, logits))
+        width = max(int(b[1].shape[1]) for b in batches)
         # each layer's merged K/V written once into a buffer with room to grow (padded on
         # the left with zeros, as a concatenation of padded parts would give): the next
         # decode step writes in place instead of copying the whole batch's cache again
         merged = [
-            (_stack_rows([layer.keys, k], width), _stack_rows([layer.values, v], width))
-            for layer, (k, v) in zip(self._cache.layers, kv, strict=True)
+            (
+                _stack_rows([b[0][i][0] for b in batches], width),
+                _stack_rows([b[0][i][1] for b in batches], width),
+            )
+            for i in range(len(batches[0][0]))
         ]
         self._cache = _cache_of(merged, adopt=True)
-        self._mask = torch.cat(
-            [_pad_left(self._mask, width - old_t, 1), _pad_left(mask, width - new_t, 1)]
-        )
-        self._next_pos = torch.cat([self._next_pos, next_pos])
-        self._logits = torch.cat([self._logits, logits])
-        self.rows.extend(rows)
+        self._mask = torch.cat([_pad_left(b[1], width - int(b[1].shape[1]), 1) for b in batches])
+        self._next_pos = torch.cat([b[2] for b in batches])
+        self._logits = torch.cat([b[3] for b in batches])
+        for members, _ in parts:
+            self.rows.extend(members)
 
     # ---- decoding -------------------------------------------------------------------------
     def step(self) -> list[DecodeRow]:
