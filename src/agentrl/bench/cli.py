@@ -89,6 +89,7 @@ BENCHES: tuple[Bench | Harness, ...] = (
     Bench("startup", o.StartupBench, "agentrl.bench.startup:command"),
     Bench("choice", o.ChoiceBench, "agentrl.bench.choice:command"),
     Bench("acting", o.ActingBench, "agentrl.bench.acting:command"),
+    Bench("play", o.PlayBench, "agentrl.bench.play:command", env=ONE_THREAD),
     Harness("tooluse-job", "agentrl.bench.tooluse_job"),
     Harness("tooluse-hints", "agentrl.bench.tooluse_hints"),
 )

@@ -265,6 +265,29 @@ def comma_list(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
+class PlayBench(_Options):
+    """In-process tool-use play (the learners' held-out evaluations and job plays): the same
+    held-out tasks played twice in one run, with the play's prefix cache (a turn prefills
+    only what is new) and without it (each turn's prompt prefilled whole). CPU-s per episode
+    (load-independent), prompt tokens prefilled and taken from the cache, decode steps,
+    success; greedy plays also say whether both sides sampled the same tokens."""
+
+    model: str = "smollm2"
+    """smollm2, tiny (random), or a checkpoint folder (the light warm start)."""
+    tasks_per_family: int = Field(4, ge=1)
+    """Held-out tasks of each family (three families)."""
+    temperature: float = Field(0.0, ge=0)
+    """0: greedy (the held-out evaluation's)."""
+    max_new_tokens: int = Field(256, ge=1)
+    """Tokens per reply (the loop's 256)."""
+    max_steps: int = Field(4, ge=1)
+    """Turns per episode (the loop's 4)."""
+    batch_size: int = Field(34, ge=1)
+    """Episodes decoding together."""
+    seed: int = 0
+    """Seed of the sampling."""
+
+
 class ActingBench(_Options):
     """Tool-use acting as `agentrl loop --env tooluse` acts: the loop's agents through the
     gateway and the local engine for a fixed time. Episodes a minute, generated and prefill
