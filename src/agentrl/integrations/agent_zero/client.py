@@ -42,6 +42,7 @@ MODULES = (
     "__init__.py",
     "py.typed",
     "core/__init__.py",
+    "core/aiohttp_on_use.py",
     "core/deathsig.py",
     "core/errors.py",
     "core/settings.py",
