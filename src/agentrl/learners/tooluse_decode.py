@@ -68,14 +68,10 @@ def generate(
     pad_id: int,
     generator: torch.Generator,
     autocast: Any = None,
-    cache: PrefixCache | None = None,
-    stats: DecodeStats | None = None,
 ) -> list[Generated]:
     """Decode every prompt; rows with a matcher only ever sample tokens it allows. The
     decode core is the gateway's (`agentrl.serving.decoding`): finished rows leave the batch
-    and the cache; the shared prefix is prefilled once (in `cache`, kept with every finished
-    row's K/V for the caller's next call under the same weights; without one, a cache for
-    this call). `stats` adds up the prefill and decode work."""
+    and the cache; the shared prefix is prefilled once (a prefix cache for this call)."""
     shared = shared_prefix(prompts)
     rows = [
         DecodeRow(
@@ -93,9 +89,8 @@ def generate(
         pad_id=pad_id,
         generator=generator,
         autocast=autocast,
-        cache=cache if cache is not None else PrefixCache(2**40) if shared else None,
-        conversations=cache is not None,
-        stats=stats,
+        cache=PrefixCache(2**40) if shared else None,
+        conversations=False,
     ) as decoder:
         decode_all(decoder, rows)
     return [Generated(r.toks, r.lps, r.finish) for r in rows]
