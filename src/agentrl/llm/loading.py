@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,20 +29,20 @@ from transformers import (
 from agentrl.core.cachedirs import models_home
 from agentrl.core.errors import TrainingError
 from agentrl.core.settings import get_settings
+from agentrl.llm.names import (
+    BASE_FILE,
+    SMOLLM2_ALIASES,
+    TINY_ALIASES,
+    atomic_save,
+)
 
 log = logging.getLogger(__name__)
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_DIRNAME = "SmolLM2-135M-Instruct"
-# Names a user may pass for the bundled model; "tiny" is a random model for tests and benches.
-SMOLLM2_ALIASES = frozenset(
-    {"smollm2", "smollm2-135m", "smollm2-135m-instruct", "huggingfacetb/smollm2-135m-instruct"}
-)
-TINY_ALIASES = frozenset({"tiny", "tiny-random"})
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16}
 DTYPES.update({"bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16})
 # Attention and MLP projections of Llama/Qwen/Mistral-style models.
-BASE_FILE = "agentrl_base.json"
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -103,23 +100,6 @@ def smollm2_dir(data_dir: Path | None = None) -> Path:
     return Path(models if models is not None else models_home()) / SMOLLM2_DIRNAME
 
 
-def _atomic_save(target: Path, save: Any) -> Path:
-    """Save into a temp folder beside `target`, then rename, so readers never see half a
-    model even when two processes convert at once."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        save(tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not target.exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
 def _check_converted(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
     """Some transformers releases (5.17 among them) convert SmolLM2's GGUF tokenizer wrongly:
     `<|im_start|>` as EOS and a byte-fallback decoder that turns `": "` into `"::"` in
@@ -153,7 +133,7 @@ def load_smollm2_tokenizer(data_dir: Path | None = None) -> PreTrainedTokenizerB
     if not _tokenizer_ready(tok_dir):
         gguf = smollm2_gguf_path()
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        _atomic_save(tok_dir, _check_converted(tokenizer).save_pretrained)
+        atomic_save(tok_dir, _check_converted(tokenizer).save_pretrained)
     tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
     _fix_padding(tokenizer)
     return tokenizer
@@ -250,7 +230,7 @@ def convert_smollm2(data_dir: Path | None = None) -> Path:
         clean.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
 
-    return _atomic_save(target, save)
+    return atomic_save(target, save)
 
 
 def tiny_causal_lm(

@@ -613,7 +613,7 @@ def _verdict_text(verdict: str, checks: list[CheckResult]) -> str:
 
 def _base_spec(ckpt: str, cache_dir: Path) -> dict[str, Any] | None:
     """How the checkpoint's base was built (agentrl_base.json), for the local backend."""
-    from agentrl.llm.loading import BASE_FILE
+    from agentrl.llm.names import BASE_FILE
     from agentrl.serving.backends import fetch_checkpoint
 
     try:

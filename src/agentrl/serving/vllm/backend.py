@@ -107,7 +107,7 @@ class VllmBackend(UpstreamBackend):
                 f"{record.checkpoint_path} holds no LoRA adapter (adapter_config.json): the "
                 "vllm backend serves versions as adapters of its base model"
             )
-        from agentrl.llm.loading import BASE_FILE
+        from agentrl.llm.names import BASE_FILE
 
         spec_file = folder / BASE_FILE
         if spec_file.exists():

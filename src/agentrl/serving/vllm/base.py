@@ -24,7 +24,7 @@ def base_spec(
 
 def base_folder(spec: dict[str, Any], data_dir: Path) -> str:
     """A path (or hub id) for `vllm serve --model`, materialising bundled models once."""
-    from agentrl.llm.loading import SMOLLM2_ALIASES, TINY_ALIASES, _atomic_save
+    from agentrl.llm.names import SMOLLM2_ALIASES, TINY_ALIASES, atomic_save
 
     name = str(spec.get("name") or "smollm2")
     key = name.lower()
@@ -54,7 +54,7 @@ def base_folder(spec: dict[str, Any], data_dir: Path) -> str:
         policy.model.save_pretrained(tmp)
         policy.tokenizer.save_pretrained(tmp)
 
-    return str(_atomic_save(target, save).resolve())
+    return str(atomic_save(target, save).resolve())
 
 
 def same_base(adapter_spec: dict[str, Any], served: dict[str, Any]) -> bool:
