@@ -87,6 +87,35 @@ def test_missing_vllm_names_the_install_command(tmp_path: Path) -> None:
         find_python(Path(sys.executable), tmp_path)
 
 
+_NO_TORCH = """
+import sys
+from pathlib import Path
+from agentrl.release.controller import _base_spec
+from agentrl.serving.vllm.backend import VllmBackend
+from agentrl.serving.vllm.base import base_folder
+folder = sys.argv[1]
+assert base_folder({"name": folder}, Path(folder)) == folder
+assert _base_spec(str(Path(folder) / "no-checkpoint"), Path(folder)) is None
+print(sorted(m for m in ("torch", "transformers") if m in sys.modules))
+"""
+
+
+def test_serving_through_vllm_imports_no_torch(tmp_path: Path) -> None:
+    """`agentrl up` with AGENTRL_DEPLOY_BACKEND=vllm and a base folder: the base folder, the
+    vLLM backend and the controller's base spec need names only (`agentrl.llm.names`), not
+    torch and transformers (~7 CPU-s at every such start)."""
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_TORCH, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 def test_loop_on_vllm_refuses_what_vllm_cannot_run() -> None:
     """`agentrl loop --backend vllm` with the tiny model (head size 16) or a temperature
     above vLLM's 2 stops at once with the reason, before any stack starts."""
