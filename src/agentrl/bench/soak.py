@@ -104,6 +104,7 @@ class ServiceProc:
         self.name, self.argv, self.env, self.log = name, argv, env, log
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.signalled: set[int] = set()  # pids sent SIGTERM
 
     def start(self) -> None:
         from agentrl.core.deathsig import terminate_with_parent
@@ -144,14 +145,24 @@ class ServiceProc:
         self.proc.wait()
         return children
 
+    def terminate(self) -> None:
+        """SIGTERM, without waiting: `stop` then waits. The soak's way out signals every
+        service first: stopped one after the other, the last one went on starting (torch
+        imported, ~4 CPU-s) while the first ones stopped."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None and proc.pid not in self.signalled:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            self.signalled.add(proc.pid)
+
     def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM (a clean stop), then SIGKILL the whole process group after `timeout`."""
+        """SIGTERM (a clean stop; once: a second one would interrupt its clean-up), then
+        SIGKILL the whole process group after `timeout`."""
         proc = self.proc
         if proc is None:
             return None
         if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
+            self.terminate()
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -571,6 +582,8 @@ async def run_soak(cfg: SoakConfig, say: Callable[[str], None] = print) -> SoakR
     finally:
         if squatter is not None:
             squatter.close()
+        for p in procs.values():
+            p.terminate()
         for p in procs.values():
             p.stop(5.0)
         server.stop()
