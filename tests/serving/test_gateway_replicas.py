@@ -4,7 +4,8 @@ The same session key must reach the same version whichever replica answers (the 
 hashes the key; no replica-local state decides), and the completion log must hold each
 completion once: ids are unique across replicas and every record is published under its
 completion id as Nats-Msg-Id (a republished record is dropped by the stream). Real
-processes, real HTTP, the official openai SDK, a real nats-server."""
+processes, real HTTP, the official openai SDK, a real nats-server; the one backend both
+gateways send to answers as vLLM does (`upstream_server`)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from agentrl.bus import Bus
 from agentrl.serving.registry import ModelRecord, Registry
 from deploy_helpers import free_port
 
-pytestmark = pytest.mark.slow  # two gateway processes start (about 20 s on a quiet host)
+pytestmark = pytest.mark.slow  # two gateway processes start
 
 
 def gateway(
@@ -60,10 +61,58 @@ async def serving(
         await asyncio.sleep(0.2)
 
 
+async def upstream_server() -> tuple[asyncio.AbstractServer, int]:
+    """An OpenAI-compatible server as vLLM answers (the backend both gateways send to, as
+    two gateways in front of one vLLM): one token, with its id and log-prob, named by the
+    model it was asked for. The gateways under test need no engine of their own (each
+    embedded one imported torch: ~7 CPU-s a process)."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                body = json.loads(await reader.readexactly(length))
+                doc = {
+                    "id": "upstream",
+                    "object": "chat.completion",
+                    "model": body["model"],
+                    "prompt_token_ids": [1, 2, 3],
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "ok"},
+                            "finish_reason": "length",
+                            "token_ids": [42],
+                            "logprobs": {"content": [{"token": "token_id:42", "logprob": -0.25}]},
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+                }
+                data = json.dumps(doc).encode()
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(data), data)
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, StopIteration):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, int(server.sockets[0].getsockname()[1])
+
+
 async def test_two_gateways_route_a_session_to_one_version_and_log_each_completion_once(
     nats_url: str, tmp_path: Path
 ) -> None:
     public = f"rep-{uuid.uuid4().hex[:6]}"
+    upstream, upstream_port = await upstream_server()
     bus = await Bus.connect(nats_url)
     await bus.ensure_streams()
     registry = await Registry.open(bus.js, f"{public}_models")
@@ -88,6 +137,8 @@ async def test_two_gateways_route_a_session_to_one_version_and_log_each_completi
     first = int((await bus.js.stream_info("RL_COMPLETIONS")).state.last_seq) + 1
     env = {
         **os.environ,
+        "AGENTRL_DEPLOY_BACKEND": "upstream",
+        "AGENTRL_DEPLOY_UPSTREAM_URL": f"http://127.0.0.1:{upstream_port}/v1",
         "AGENTRL_DEPLOY_BASE_MODEL": "tiny",
         "AGENTRL_DEPLOY_PUBLIC_MODEL": public,
         "AGENTRL_DEPLOY_BUCKET": f"{public}_models",
@@ -129,6 +180,7 @@ async def test_two_gateways_route_a_session_to_one_version_and_log_each_completi
             p.terminate()
         for p in procs.values():
             p.wait(30)
+        upstream.close()
         await bus.close()
     assert routed["a"] == routed["b"]  # the same version for a session on either replica
     assert set(routed["a"].values()) == {base, canary}  # both versions served (a real split)
