@@ -54,6 +54,7 @@ PRELOAD = (
     "agentrl.training.jobs",
     "agentrl.training.samples",
     "agentrl.training.choice_job",
+    "agentrl.training.plot",  # pyplot, for the job's curves
 )
 
 

@@ -78,10 +78,7 @@ def write_curves(history: list[dict[str, float]], path: Path, title: str) -> str
     """Loss and batch reward per optimiser step as a PNG."""
     if not history:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from agentrl.training.plot import plt
 
     steps = [h.get("step", i + 1) for i, h in enumerate(history)]
     fig, axes = plt.subplots(1, 2, figsize=(8, 3))
