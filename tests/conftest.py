@@ -121,47 +121,107 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 # a session of this many test files or more starts a job launcher (`job_launcher`)
 LAUNCHER_FILES = 6
+# set by xdist's controller for its workers: the socket of the one launcher it starts for
+# all of them once they collected (`pytest_xdist_node_collection_finished`)
+SHARED_LAUNCHER = "AGENTRL_TEST_SHARED_LAUNCHER"
+
+
+def _launcher_wanted(files: int) -> bool:
+    """AGENTRL_TEST_LAUNCHER=1 or 0: always, never; else for runs of many files (its own
+    imports cost what one job's do); never where the environment names one already."""
+    if os.environ.get("AGENTRL_TRAINING_LAUNCHER"):
+        return False
+    return os.environ.get("AGENTRL_TEST_LAUNCHER", "1" if files >= LAUNCHER_FILES else "0") == "1"
+
+
+class _Launcher:
+    """A job launcher process (`python -m agentrl.training.worker --launcher PATH`)."""
+
+    def __init__(self, path: Path) -> None:
+        import subprocess
+        import sys
+
+        self.path = path
+        self.log = open(f"{path}.log", "wb")  # noqa: SIM115 - the launcher's, closed in stop
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agentrl.training.worker", "--launcher", str(path)],
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=self.log,
+            start_new_session=True,
+        )
+
+    def stop(self) -> None:
+        import subprocess
+
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+        Path(f"{self.path}.log").unlink(missing_ok=True)
+
+
+def _launcher_path() -> Path:
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"agentrl-test-launcher-{os.getpid()}.sock"
+
+
+_shared: list[_Launcher] = []  # the controller's launcher for its workers
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """xdist's controller names the socket of one launcher for all its workers (they inherit
+    the environment): one launcher's imports instead of one per worker (~9 CPU-s each; in
+    the suite of 2026-11-30 one worker's launcher forked 1 job)."""
+    controller = not hasattr(config, "workerinput") and (
+        config.getoption("numprocesses", None) or 0
+    )
+    if controller and not os.environ.get("AGENTRL_TRAINING_LAUNCHER"):
+        os.environ[SHARED_LAUNCHER] = str(_launcher_path())
+
+
+def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
+    """The controller starts the shared launcher once a worker collected a run of many
+    files (every worker collects the same tests, and decides the same: `job_launcher`)."""
+    path = os.environ.get(SHARED_LAUNCHER)
+    if _shared or not path:
+        return
+    if _launcher_wanted(len({nodeid.split("::")[0] for nodeid in ids})):
+        _shared.append(_Launcher(Path(path)))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    while _shared:
+        _shared.pop().stop()
 
 
 @pytest.fixture(scope="session", autouse=True)
 def job_launcher(request: pytest.FixtureRequest) -> Iterator[Path | None]:
-    """One job launcher per test process (`agentrl.training.launcher`), named to every
-    training service the tests start, in this process or in processes it starts
+    """One job launcher per test run (`agentrl.training.launcher`), named to every training
+    service the tests start, in this process or in processes it starts
     (AGENTRL_TRAINING_LAUNCHER): a job forks from it instead of importing torch,
     transformers and peft again (~6 CPU-s a job, ~60 jobs in the suite). Started for runs
-    of many files (its own imports cost what one job's do); AGENTRL_TEST_LAUNCHER=1 or 0:
-    always, never. Tests of the plain job process take it away (`no_launcher`)."""
+    of many files (`_launcher_wanted`); under xdist the controller's, shared by its workers
+    (`pytest_configure`), else this process's own. Tests of the plain job process take it
+    away (`no_launcher`)."""
     files = len({item.nodeid.split("::")[0] for item in request.session.items})
-    wanted = os.environ.get("AGENTRL_TEST_LAUNCHER", "1" if files >= LAUNCHER_FILES else "0")
-    if wanted == "0" or os.environ.get("AGENTRL_TRAINING_LAUNCHER"):
+    if not _launcher_wanted(files):
         yield None
         return
-    import subprocess
-    import sys
-    import tempfile
-
-    path = Path(tempfile.gettempdir()) / f"agentrl-test-launcher-{os.getpid()}.sock"
-    log = open(f"{path}.log", "wb")  # noqa: SIM115 - the launcher's, closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentrl.training.worker", "--launcher", str(path)],
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=log,
-        start_new_session=True,
-    )
+    shared = os.environ.get(SHARED_LAUNCHER)
+    own = None if shared else _Launcher(_launcher_path())
+    path = Path(shared) if shared else own.path  # type: ignore[union-attr]
     os.environ["AGENTRL_TRAINING_LAUNCHER"] = str(path)
     try:
         yield path
     finally:
         os.environ.pop("AGENTRL_TRAINING_LAUNCHER", None)
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        Path(f"{path}.log").unlink(missing_ok=True)
+        if own is not None:
+            own.stop()
 
 
 @pytest.fixture()
