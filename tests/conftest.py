@@ -184,6 +184,7 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[SHARED_LAUNCHER] = str(_launcher_path())
 
 
+@pytest.hookimpl(optionalhook=True)  # (xdist's hook: no error under -p no:xdist)
 def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
     """The controller starts the shared launcher once a worker collected a run of many
     files (every worker collects the same tests, and decides the same: `job_launcher`)."""
