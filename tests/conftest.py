@@ -171,6 +171,20 @@ def _launcher_path() -> Path:
 
 
 _shared: list[_Launcher] = []  # the controller's launcher for its workers
+# a worker's wait for the controller's launcher to bind its socket (it binds before its
+# imports): a job ordered before would start a process of its own (~9 CPU-s)
+SHARED_WAIT_S = 60.0
+
+
+def _bound(path: Path, timeout: float) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -214,6 +228,8 @@ def job_launcher(request: pytest.FixtureRequest) -> Iterator[Path | None]:
         yield None
         return
     shared = os.environ.get(SHARED_LAUNCHER)
+    if shared and not _bound(Path(shared), SHARED_WAIT_S):
+        shared = None  # the controller's never came: this process's own
     own = None if shared else _Launcher(_launcher_path())
     path = Path(shared) if shared else own.path  # type: ignore[union-attr]
     os.environ["AGENTRL_TRAINING_LAUNCHER"] = str(path)
