@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,20 +124,35 @@ def _tokenizer_ready(path: Path) -> bool:
     return (path / "tokenizer_config.json").exists()
 
 
+# tokenizer folder -> (its tokenizer.json's mtime and size, the tokenizer read from it)
+_SMOLLM2_TOKENIZERS: dict[Path, tuple[tuple[int, int], PreTrainedTokenizerBase]] = {}
+_SMOLLM2_TOKENIZERS_LOCK = threading.Lock()
+
+
 def load_smollm2_tokenizer(data_dir: Path | None = None) -> PreTrainedTokenizerBase:
     """SmolLM2's tokenizer (with chat template), converted from the GGUF once and cached.
 
     Tests and the tiny model use it too, so their prompts tokenize like the real model's.
+    Read once per process and shared (every tiny policy and engine read it again: ~0.4
+    CPU-s each, and llguidance's view of it, `GrammarCompiler`, ~0.8 more): use it, never
+    change it; `copy.deepcopy` it first to change it.
     """
     target = smollm2_dir(data_dir)
     tok_dir = target if _tokenizer_ready(target) else target.parent / f"{SMOLLM2_DIRNAME}-tokenizer"
-    if not _tokenizer_ready(tok_dir):
-        gguf = smollm2_gguf_path()
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        atomic_save(tok_dir, _check_converted(tokenizer).save_pretrained)
-    tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
-    _fix_padding(tokenizer)
-    return tokenizer
+    with _SMOLLM2_TOKENIZERS_LOCK:
+        if not _tokenizer_ready(tok_dir):
+            gguf = smollm2_gguf_path()
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            atomic_save(tok_dir, _check_converted(tokenizer).save_pretrained)
+        stat = (tok_dir / "tokenizer.json").stat()
+        stamp = (stat.st_mtime_ns, stat.st_size)  # a folder converted again is read again
+        cached = _SMOLLM2_TOKENIZERS.get(tok_dir)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
+        _fix_padding(tokenizer)
+        _SMOLLM2_TOKENIZERS[tok_dir] = (stamp, tokenizer)
+        return tokenizer
 
 
 # llama.cpp's names of a Llama block's tensors -> transformers' (blk.N.<part>.<kind>)

@@ -31,6 +31,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -499,6 +500,31 @@ def _constraint_for(request: Any) -> Constraint | None:
 
 
 # ---- compilation ----------------------------------------------------------------------
+# id(tokenizer) -> (vocabulary size, tokens in the tokenizer) -> llguidance's view of it
+_LLTOKENIZERS: dict[int, dict[tuple[int, int], Any]] = {}
+_LLTOKENIZERS_LOCK = threading.Lock()
+
+
+def shared_lltokenizer(hf_tokenizer: Any, vocab_size: int) -> Any:
+    """llguidance's view of `hf_tokenizer` (~0.8 CPU-s to build: llguidance says to cache
+    it), one per tokenizer object in the process: every engine, learner and mask builder
+    over one shared tokenizer (`load_smollm2_tokenizer`) built its own. Read-only: safe to
+    share. The entry goes with the tokenizer object (its id is not reused while cached)."""
+    import llguidance.hf
+
+    key = id(hf_tokenizer)
+    size = (vocab_size, len(hf_tokenizer))  # a token added since: built again
+    with _LLTOKENIZERS_LOCK:
+        entry = _LLTOKENIZERS.get(key)
+        if entry is None:
+            entry = _LLTOKENIZERS[key] = {}
+            weakref.finalize(hf_tokenizer, _LLTOKENIZERS.pop, key, None)
+        ll = entry.get(size)
+        if ll is None:
+            ll = entry[size] = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size)
+        return ll
+
+
 class GrammarCompiler:
     """Compiled matchers per schema hash over one tokenizer; `matcher()` hands each request
     its own copy. Compilation runs in a thread under a time limit (a 400, never a hang)."""
@@ -538,9 +564,7 @@ class GrammarCompiler:
         """llguidance's view of the model's vocabulary (built once, about half a second)."""
         with self._ll_lock:
             if self._ll is None:
-                import llguidance.hf
-
-                self._ll = llguidance.hf.from_tokenizer(self.hf_tokenizer, n_vocab=self.vocab_size)
+                self._ll = shared_lltokenizer(self.hf_tokenizer, self.vocab_size)
             return self._ll
 
     async def _vocabulary(self) -> None:
