@@ -37,6 +37,7 @@ import numpy as np
 
 METHOD = "off-policy estimate: self-normalised per-decision importance sampling"
 CLIP = 20.0
+RESAMPLE_BLOCK = 64  # bootstrap resamples computed together
 
 
 @dataclass(frozen=True)
@@ -87,22 +88,30 @@ def _weights(logp: np.ndarray, mu: np.ndarray | float) -> np.ndarray:
     return w / w.mean()
 
 
-def _gain(w: np.ndarray, centred: np.ndarray, group: np.ndarray, n: int) -> float:
-    """mean over trajectories of sum_t (w_t - 1) * (R - mean R)."""
-    return float(np.bincount(group, (w - 1.0) * centred, minlength=n).sum() / n)
-
-
-def _influence(log_ratio: np.ndarray, centred: np.ndarray, group: np.ndarray, n: int) -> np.ndarray:
+def _influence(
+    raw: np.ndarray, centred: np.ndarray, group: np.ndarray, turns: np.ndarray
+) -> np.ndarray:
     """Each trajectory's influence on the gain (up to a constant), self-normalisation
     included: the gain is A * tau / B - C with per-trajectory means A of sum_t r_t c_t, B of
     sum_t r_t and tau of the turn counts (C, and the mean reward, drop out: the weights sum
-    to the decisions), so psi_i = (tau / B) a_i + (A / B) tau_i - (A tau / B^2) b_i."""
-    raw = np.exp(np.clip(log_ratio, -CLIP, CLIP))
-    a = np.bincount(group, raw * centred, minlength=n)
-    b = np.bincount(group, raw, minlength=n)
-    turns = np.bincount(group, minlength=n).astype(np.float64)
-    big_a, big_b, tau = a.mean(), b.mean(), turns.mean()
+    to the decisions), so psi_i = (tau / B) a_i + (A / B) tau_i - (A tau / B^2) b_i.
+    Per sample: `turns` is (samples, trajectories), `raw` the unnormalised ratios."""
+    k, n = turns.shape
+    a = np.bincount(group, raw * centred, minlength=k * n).reshape(k, n)
+    b = np.bincount(group, raw, minlength=k * n).reshape(k, n)
+    big_a = a.mean(axis=1, keepdims=True)
+    big_b = b.mean(axis=1, keepdims=True)
+    tau = turns.mean(axis=1, keepdims=True)
     return np.asarray((tau / big_b) * a + (big_a / big_b) * turns - (big_a * tau / big_b**2) * b)
+
+
+def _segment_means(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The mean of each consecutive segment of `x` (`rows` long each), as `x.mean()` of
+    each: one reshape when the segments are equally long (every trajectory as many turns)."""
+    if (rows == rows[0]).all():
+        return np.asarray(x.reshape(len(rows), int(rows[0])).mean(axis=1))
+    ends = np.cumsum(rows)
+    return np.array([x[e - m : e].mean() for e, m in zip(ends, rows, strict=True)])
 
 
 def _kish(w: np.ndarray) -> float:
@@ -128,40 +137,53 @@ def estimate(
     per_traj = np.zeros(n)
     per_traj[group] = r  # every decision of a trajectory carries its reward
     mean_r = float(per_traj.mean())
-
-    def values(pick: np.ndarray, g: np.ndarray, m: int) -> tuple[float, float, float]:
-        """(gain of new, gain of base, standard error of their difference)."""
-        r_p, mu_p = r[pick], mu[pick]  # each row gathered once (this runs per resample)
-        lr_new, lr_base = new[pick] - mu_p, base[pick] - mu_p
-        centred = r_p - _traj_mean(r_p, g, m)
-        w_new, w_base = _weights(lr_new, 0.0), _weights(lr_base, 0.0)
-        gain_new = _gain(w_new, centred, g, m)
-        gain_base = _gain(w_base, centred, g, m)
-        psi = _influence(lr_new, centred, g, m)
-        psi -= _influence(lr_base, centred, g, m)
-        se = float(psi.std(ddof=1) / np.sqrt(m)) if m > 1 else 0.0
-        return gain_new, gain_base, se
-
-    all_idx = np.arange(len(decisions))
-    gain_new, gain_base, se = values(all_idx, group, n)
-    diff = gain_new - gain_base
     # each trajectory's decisions as one block of `order` (ascending, as flatnonzero gives
-    # them): a resample's rows are gathered with array operations, not 2n small ones
+    # them): a sample's rows are gathered with array operations, not 2n small ones
     order = np.argsort(group, kind="stable")
     lengths = np.bincount(group, minlength=n)
     starts = np.cumsum(lengths) - lengths
-    slots = np.arange(n)
-    rng = np.random.default_rng(seed)
-    pivots = []
-    for _ in range(resamples):
-        draw = rng.integers(0, n, n)
-        lens = lengths[draw]
-        g = np.repeat(slots, lens)
+
+    def values(draws: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per sample (a row of `draws`: the trajectories it drew), the gain of new, the
+        gain of base and the standard error of their difference, all samples at once (one
+        by one, ~30 small array operations per bootstrap resample: 0.08 s for 200)."""
+        k = len(draws)
+        lens = lengths[draws].ravel()
+        g = np.repeat(np.arange(k * n), lens)  # sample s's j-th draw: group s * n + j
         within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
-        pick = order[np.repeat(starts[draw], lens) + within]
-        a, c, se_b = values(pick, g, n)
-        if se_b > 0.0:
-            pivots.append((a - c - diff) / se_b)
+        pick = order[np.repeat(starts[draws.ravel()], lens) + within]
+        rows = lens.reshape(k, n).sum(axis=1)  # each sample's rows (consecutive)
+        r_p, mu_p = r[pick], mu[pick]
+        counts = np.bincount(g, minlength=k * n)
+        sums = np.bincount(g, r_p, minlength=k * n)
+        # the mean reward over a sample's trajectories (each counted once, whatever its turns)
+        traj_mean = (sums / counts).reshape(k, n).mean(axis=1)
+        centred = r_p - np.repeat(traj_mean, rows)
+        turns = counts.reshape(k, n).astype(np.float64)
+        gains, psis = [], []
+        for logp in (new, base):
+            raw = np.exp(np.clip(logp[pick] - mu_p, -CLIP, CLIP))
+            w = raw / np.repeat(_segment_means(raw, rows), rows)  # mean 1 in each sample
+            # mean over trajectories of sum_t (w_t - 1) * (R - mean R)
+            gain = np.bincount(g, (w - 1.0) * centred, minlength=k * n).reshape(k, n)
+            gains.append(gain.sum(axis=1) / n)
+            psis.append(_influence(raw, centred, g, turns))
+        psi = psis[0] - psis[1]
+        se = psi.std(ddof=1, axis=1) / np.sqrt(n) if n > 1 else np.zeros(k)
+        return gains[0], gains[1], se
+
+    whole = values(np.arange(n)[None, :])
+    gain_new, gain_base, se = (float(v[0]) for v in whole)
+    diff = gain_new - gain_base
+    rng = np.random.default_rng(seed)
+    pivots: list[float] = []
+    for first in range(0, resamples, RESAMPLE_BLOCK):  # memory: a block's rows at a time
+        # drawn one resample after another: a seed draws the trajectories it always drew
+        block = min(RESAMPLE_BLOCK, resamples - first)
+        draws = np.stack([rng.integers(0, n, n) for _ in range(block)])
+        a, c, se_b = values(draws)
+        ok = se_b > 0.0
+        pivots.extend(((a[ok] - c[ok] - diff) / se_b[ok]).tolist())
     if not resamples:  # a checkpoint's quick score: no interval
         lo, hi = np.nan, np.nan
     elif se <= 0.0 or not pivots:  # the same policy on every logged decision
@@ -180,11 +202,3 @@ def estimate(
         trajectories=n,
         behaviour_logged_share=float(logged.mean()),
     )
-
-
-def _traj_mean(r: np.ndarray, g: np.ndarray, m: int) -> float:
-    """The mean reward over trajectories (each counted once, whatever its turn count)."""
-    counts = np.bincount(g, minlength=m)
-    sums = np.bincount(g, r, minlength=m)
-    have = counts > 0
-    return float((sums[have] / counts[have]).mean())
