@@ -41,9 +41,13 @@ def simulate(sessions: int, drop: float, seed: int, per_reward: bool = False) ->
     tracker = RewardTracker(0.0, 1.0)
     k = 0
     for weight in (10.0, 25.0, 50.0):
+        # the real split, once per session and weight (it is sticky: a session keeps its
+        # version while the weights stay; asked per reward it was a third of the CPU)
+        split = {"new": weight, "live": 100 - weight}
+        version = [choose(split, ["new", "live"], key, "p") for key in keys]
         for _ in range(10):
             for i in rng.choices(range(sessions), weights=activity, k=max(40, sessions)):
-                v = choose({"new": weight, "live": 100 - weight}, ["new", "live"], keys[i], "p")
+                v = version[i]
                 p = mean[i] - (drop if v == "new" else 0.0)
                 tracker.add(v, float(rng.random() < p), session=keys[i], trajectory_id=f"t{k}")
                 k += 1
