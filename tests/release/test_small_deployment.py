@@ -32,10 +32,20 @@ def rollout(drop: float, seed: int, *, agents: int = 5, session_len: int = 20) -
     made = agents
     tracker = RewardTracker(0.0, 1.0)
     step = 0
+    # the real split, once per session and step (sticky: a session keeps its version while
+    # the weights stay; asked per episode it cost more than the tracker)
+    routed: dict[tuple[str, float], str] = {}
     for episode in range(DEADLINE):
         i = rng.randrange(agents)
         w = RAMP[step]
-        v = choose({"new": w, "live": 100 - w}, ["new", "live"], keys[i], "p") if w < 100 else "new"
+        v = routed.get((keys[i], w), "")
+        if not v:
+            v = (
+                choose({"new": w, "live": 100 - w}, ["new", "live"], keys[i], "p")
+                if w < 100
+                else "new"
+            )
+            routed[keys[i], w] = v
         p = means[i] - (drop if v == "new" else 0.0)
         tracker.add(v, float(rng.random() < p), session=keys[i], trajectory_id=f"t{episode}")
         left[i] -= 1

@@ -198,11 +198,19 @@ class Clustered:
 
     @classmethod
     def of(cls, sessions: list[tuple[int, float]]) -> Clustered:
-        """From (episodes, reward total) per session."""
-        c = cls()
+        """From (episodes, reward total) per session: `plus` of each, summed in one pass
+        (the monitor builds this every look over every session; a `plus` per session made
+        an object each: 2/3 of this function's CPU)."""
+        episodes = count = 0
+        sw = swy = sww = swwy = swwyy = 0.0
         for n, total in sessions:
-            c = c.plus(n, total)
-        return c
+            if n <= 0:
+                continue
+            w, y = n / (n + KAPPA), total / n
+            episodes, count = episodes + n, count + 1
+            sw, swy, sww = sw + w, swy + w * y, sww + w * w
+            swwy, swwyy = swwy + w * w * y, swwyy + w * w * y * y
+        return cls(episodes, count, sw, swy, sww, swwy, swwyy)
 
     def plus(self, n: int, total: float) -> Clustered:
         if n <= 0:
