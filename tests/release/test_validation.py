@@ -58,6 +58,9 @@ async def test_completed_job_is_validated_then_blocked_or_deployed(
         benchmark_threshold=0.5,
         benchmark_episodes=1,
         step_delay_s=600,
+        # 8 tokens an answer (48): the tiny random model fails every episode and scores
+        # its safety prompts by the same rules either way; the decoding was most of the CPU
+        validation_max_new_tokens=8,
     )
     d = await build(bus, Settings(data_dir=tmp_path), strict, engine=engine, validate=None)
     prompts = {k: v[:2] for k, v in load_prompts().items()}  # the shipped suite, shortened
