@@ -197,7 +197,7 @@ def gguf_tensors(path: Path) -> list[tuple[str, Any, Any]]:
     from gguf.quants import quant_shape_to_byte_shape
 
     mem = np.memmap(path, mode="r")
-    buf = memoryview(mem)
+    buf = mem.data  # the bytes, for struct
     plain = {
         GGMLQuantizationType.F32: np.float32,
         GGMLQuantizationType.F16: np.float16,
