@@ -32,6 +32,7 @@ import pytest
 from openai import OpenAI
 
 from agentrl.serving import front, split
+from raw_http import read_json_request
 
 EXE = front.binary()
 # `scripts/test.sh` builds the front beside pytest and names the file its build's exit
@@ -73,13 +74,7 @@ class Upstream:
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    int(line.split(b":")[1])
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length:")
-                )
-                body = json.loads(await reader.readexactly(length))
+                body = await read_json_request(reader)
                 self.seen.append(body)
                 if body["model"] == "slow":  # held until the test lets it answer
                     await self.release.wait()

@@ -25,6 +25,7 @@ from openai import AsyncOpenAI
 from agentrl.bus import Bus
 from agentrl.serving.registry import ModelRecord, Registry
 from deploy_helpers import free_port
+from raw_http import read_json_request
 
 pytestmark = pytest.mark.slow  # two gateway processes start
 
@@ -70,13 +71,7 @@ async def upstream_server() -> tuple[asyncio.AbstractServer, int]:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    int(line.split(b":")[1])
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length:")
-                )
-                body = json.loads(await reader.readexactly(length))
+                body = await read_json_request(reader)
                 doc = {
                     "id": "upstream",
                     "object": "chat.completion",

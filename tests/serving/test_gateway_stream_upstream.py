@@ -22,6 +22,7 @@ from agentrl.core.httpserve import serve_http
 from agentrl.serving.backends import UpstreamBackend
 from agentrl.serving.gateway import CompletionLog, GatewayState, create_gateway_app
 from deploy_helpers import free_port
+from raw_http import read_json_request
 
 
 def _event(delta: dict[str, Any] | None, finish: str | None = None, usage: bool = False) -> bytes:
@@ -66,13 +67,7 @@ class Upstream:
         self.connections += 1
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    int(line.split(b":")[1])
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length:")
-                )
-                body = json.loads(await reader.readexactly(length))
+                body = await read_json_request(reader)
                 if not await self.answer(body["model"], reader, writer):
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
