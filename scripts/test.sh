@@ -4,10 +4,38 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-bash scripts/setup.sh
+# the compiled gateway front (gateway-front/, Rust) builds beside pytest where cargo is
+# (offline, from Debian's crate packages, apt-installed as root: scripts/build-gateway-front.sh);
+# its tests run last and wait for this build, or skip with its log's last lines. It needs no
+# .venv, so it starts first: beside the setup's single-core steps, not beside pytest
+front_log="$(mktemp)"
+front_done="$(mktemp -u)"
+if command -v cargo >/dev/null 2>&1 || [ -x "$HOME/.cargo/bin/cargo" ]; then
+  # the unoptimised profile (half the CPU of a release build): the tests check behaviour,
+  # `agentrl bench gateway` measures the release build
+  ( FRONT_PROFILE=quick bash scripts/build-gateway-front.sh > "$front_log" 2>&1
+    echo $? > "$front_done" ) &
+  export AGENTRL_FRONT_BUILD_DONE="$front_done" AGENTRL_FRONT_BUILD_LOG="$front_log"
+  export AGENTRL_GATEWAY_FRONT="$root/gateway-front/target/quick/gateway-front"
+else
+  echo "[test] no cargo: the gateway front is not built (its tests skip)"
+fi
 # bytecode written on first import: PYTHONDONTWRITEBYTECODE (set on some hosts) would have
 # each of the suite's hundreds of processes compile what it imports again
 unset PYTHONDONTWRITEBYTECODE
+AGENTRL_SETUP_WARM=later bash scripts/setup.sh
+# mypy checks beside the bytecode warm-up and pytest (one core for ~1 minute from a cold
+# cache); its report follows pytest's and a type error fails the check as before
+mypy_log="$(mktemp)"
+.venv/bin/mypy src/agentrl > "$mypy_log" 2>&1 &
+mypy_pid=$!
+# the bytecode warm-up a fresh setup left to us (scripts/warm_bytecode.py: one core, ~35
+# CPU-s from nothing), beside mypy and the front's build rather than before them
+if [ -f .venv/.agentrl-warm-pending ]; then
+  echo "[test] bytecode of what the suite imports"
+  .venv/bin/python scripts/warm_bytecode.py >/dev/null 2>&1 || true
+  rm -f .venv/.agentrl-warm-pending
+fi
 echo "[test] ruff check";         .venv/bin/ruff check src tests
 echo "[test] ruff format --check"; .venv/bin/ruff format --check src tests
 echo "[test] import layers";       .venv/bin/lint-imports --no-cache  # [tool.importlinter]
@@ -43,26 +71,6 @@ if [ -n "$py312" ]; then
 else
   echo "[test] no Python 3.12: the agentrl-a0-client step is skipped" > "$a0_log"
 fi
-# the compiled gateway front (gateway-front/, Rust) builds beside pytest where cargo is
-# (offline, from Debian's crate packages, apt-installed as root: scripts/build-gateway-front.sh);
-# its tests run last and wait for this build, or skip with its log's last lines
-front_log="$(mktemp)"
-front_done="$(mktemp -u)"
-if command -v cargo >/dev/null 2>&1 || [ -x "$HOME/.cargo/bin/cargo" ]; then
-  # the unoptimised profile (half the CPU of a release build): the tests check behaviour,
-  # `agentrl bench gateway` measures the release build
-  ( FRONT_PROFILE=quick bash scripts/build-gateway-front.sh > "$front_log" 2>&1
-    echo $? > "$front_done" ) &
-  export AGENTRL_FRONT_BUILD_DONE="$front_done" AGENTRL_FRONT_BUILD_LOG="$front_log"
-  export AGENTRL_GATEWAY_FRONT="$root/gateway-front/target/quick/gateway-front"
-else
-  echo "[test] no cargo: the gateway front is not built (its tests skip)"
-fi
-# mypy checks beside pytest (one core for ~2.5 minutes from a cold cache); its report
-# follows pytest's and a type error fails the check as before
-mypy_log="$(mktemp)"
-.venv/bin/mypy src/agentrl > "$mypy_log" 2>&1 &
-mypy_pid=$!
 echo "[test] pytest (mypy src beside it)"
 set +e
 # three workers, a test file to each at a time (a file's tests share its fixtures): a worker
