@@ -30,6 +30,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+log = logging.getLogger(__name__)
+
 LAUNCHER_ENV = "AGENTRL_TRAINING_LAUNCHER"
 WARM_ENV = "AGENTRL_TRAINING_WARM_WORKER"
 
@@ -95,7 +97,7 @@ def fork_launcher(data_dir: Path) -> ForkedLauncher | None:
         try:
             importlib.import_module(name)
         except Exception:  # the job itself reports a broken import
-            logging.getLogger(__name__).debug("cannot preload %s", name, exc_info=True)
+            log.debug("cannot preload %s", name, exc_info=True)
     if threading.active_count() > 1:  # another thread's locks would be held in the child
         return None
     log_path = data_dir / "training" / "launcher.log"
@@ -120,6 +122,7 @@ def fork_launcher(data_dir: Path) -> ForkedLauncher | None:
             return None
         time.sleep(0.01)
     os.environ[LAUNCHER_ENV] = str(path)
+    log.info("job launcher: pid %d forked from the loop, on %s", pid, path)
     return launcher
 
 
