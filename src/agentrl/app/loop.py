@@ -48,7 +48,7 @@ from agentrl.app.loop_decide import (
     trained_and_decided,
     undecided,
 )
-from agentrl.app.loop_launcher import fork_launcher
+from agentrl.app.loop_launcher import ForkedLauncher, fork_launcher
 from agentrl.app.loop_results import (
     LoopResult,
     VersionRow,
@@ -111,7 +111,7 @@ class Run:
     interrupted: asyncio.Event = field(default_factory=asyncio.Event)
     end_acting: asyncio.Event = field(default_factory=asyncio.Event)
     t_act: float = 0.0
-    launcher: Any = None  # the job launcher forked from this process (`loop_launcher`)
+    launcher: ForkedLauncher | None = None  # the jobs' launcher, forked from this process
 
 
 async def run_loop(
