@@ -64,8 +64,30 @@ def test_quick_loop_promotes_a_trained_version_and_rolls_back_a_broken_one(
     for action in ("deployment.promote", "deployment.rollback"):
         assert f"agentrl.audit: audit {action}" in records, records[-3000:]
     assert "INFO agentrl.bus.server: nats-server listening" in records
+    # the job forked from the launcher the loop forked from itself (its imports done once):
+    # the training service started none of its own, and the socket is gone at the end
+    assert "job launcher: pid" in records and "forked from the loop" in records
+    launched = (tmp_path / "loop" / "training" / "launcher.log").read_text()
+    assert launched.count("launcher: pid") == 1, launched
+    socket_path = Path(launched.split(" ready on ")[1].split()[0])
+    assert not socket_path.exists()
     # one line per record on the console: a traceback, if any, is in the file only
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_the_loop_forks_a_launcher_only_where_the_service_would_start_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agentrl.app.loop_launcher import LAUNCHER_ENV, WARM_ENV, wanted
+
+    monkeypatch.delenv(LAUNCHER_ENV, raising=False)
+    monkeypatch.delenv(WARM_ENV, raising=False)
+    assert wanted()  # the loop's default: a warm worker
+    monkeypatch.setenv(WARM_ENV, "false")
+    assert not wanted()  # the user turned the launcher off: jobs start processes of their own
+    monkeypatch.setenv(WARM_ENV, "true")
+    monkeypatch.setenv(LAUNCHER_ENV, "/run/theirs.sock")
+    assert not wanted()  # the user's launcher is the one the service uses
 
 
 def test_a_fresh_run_empties_its_folder_but_keeps_the_converted_model(tmp_path: Path) -> None:

@@ -48,6 +48,7 @@ from agentrl.app.loop_decide import (
     trained_and_decided,
     undecided,
 )
+from agentrl.app.loop_launcher import ForkedLauncher, fork_launcher
 from agentrl.app.loop_results import (
     LoopResult,
     VersionRow,
@@ -110,6 +111,7 @@ class Run:
     interrupted: asyncio.Event = field(default_factory=asyncio.Event)
     end_acting: asyncio.Event = field(default_factory=asyncio.Event)
     t_act: float = 0.0
+    launcher: ForkedLauncher | None = None  # the jobs' launcher, forked from this process
 
 
 async def run_loop(
@@ -121,21 +123,25 @@ async def run_loop(
     from agentrl.bus.server import EmbeddedNats
 
     run = Run(cfg, say)
-    settings = prepare(run, log_file)  # the data dir, the log file, the services' settings
-    with EmbeddedNats(settings=settings) as server:
-        async with stack_services(server.url, settings) as stack:
-            await start_stack(run, stack)  # up and answering; the warm start; the watchers
-            agents = Agents(cfg, run.bus, stack.gateway_url, run.public, say)
-            acting = start_acting(run, agents)  # the agents act until the run ends
-            catch_signals(run)  # Ctrl-C: stop acting, still evaluate and report
-            await decide(run, agents, acting)  # print the chain; end by the end rule
-            await stop_acting(run, agents, acting)
-            records = await settle(run, agents)  # the rewards' tail; the stages' times
-            await evaluate_heldout(run, agents, records)  # every version, greedy
-            await stop_watching(run)
-            await write_report(run)
-            count(run, agents)
-            await agents.close()
+    try:
+        settings = prepare(run, log_file)  # the data dir, the log file, services' settings
+        with EmbeddedNats(settings=settings) as server:
+            async with stack_services(server.url, settings) as stack:
+                await start_stack(run, stack)  # up and answering; the warm start; watchers
+                agents = Agents(cfg, run.bus, stack.gateway_url, run.public, say)
+                acting = start_acting(run, agents)  # the agents act until the run ends
+                catch_signals(run)  # Ctrl-C: stop acting, still evaluate and report
+                await decide(run, agents, acting)  # print the chain; end by the end rule
+                await stop_acting(run, agents, acting)
+                records = await settle(run, agents)  # the rewards' tail; the stages' times
+                await evaluate_heldout(run, agents, records)  # every version, greedy
+                await stop_watching(run)
+                await write_report(run)
+                count(run, agents)
+                await agents.close()
+    finally:
+        if run.launcher is not None:
+            run.launcher.stop()
     run.stages["acting_per_min"] = run.result.trajectories / max(
         run.stages.get("acting", 1.0) / 60, 1e-9
     )
@@ -161,6 +167,8 @@ def prepare(run: Run, log_file: str | None) -> Any:
         from agentrl.core.logs import log_to_file
 
         run.say(f"log: {log_to_file(run.data_dir / log_file)}")
+    # before any torch computation (`loop_environment`'s bf16 probe) and any thread
+    run.launcher = fork_launcher(run.data_dir)
     if run.cfg.env == "tooluse":
         from agentrl.app import loop_tooluse
 

@@ -50,6 +50,7 @@ from agentrl.app.loop import (
     trained_and_decided,
     undecided,
 )
+from agentrl.app.loop_launcher import fork_launcher, stopping
 from agentrl.core.stats import wilson
 
 BY = "agentrl-loop"
@@ -272,6 +273,8 @@ async def run_lineages(
         from agentrl.core.logs import log_to_file
 
         say(f"log: {log_to_file(data_dir / log_file)}")
+    # the jobs' launcher, forked before any torch computation and any thread (`loop_launcher`)
+    launcher = fork_launcher(data_dir)
     env = loop_environment(cfg)
     # each lineage's trigger counts and filters its own agents' trajectories
     env["AGENTRL_TRAINING_THRESHOLD_SCOPE"] = "lineage"
@@ -284,7 +287,7 @@ async def run_lineages(
     )
     ds = DeploySettings()
     result = LineagesResult()
-    with EmbeddedNats(settings=settings) as server:
+    with stopping(launcher), EmbeddedNats(settings=settings) as server:
         async with stack_services(server.url, settings) as stack:
             await _wait_http(f"{stack.gateway_url}/models", 180)
             stages["startup"] = time.monotonic() - t_start
