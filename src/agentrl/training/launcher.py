@@ -55,7 +55,7 @@ PRELOAD = (
     "agentrl.training.samples",
     "agentrl.training.choice_job",
     "agentrl.training.plot",  # pyplot, for the job's curves
-    # a job's own modules that torch's do not bring (~0.3 CPU-s a job: nats' above all)
+    # a job's own modules that torch's do not bring (0.11 CPU-s a job, nats' above all)
     "agentrl.bus",
     "agentrl.training.requests",
     "agentrl.training.settings",
@@ -386,7 +386,7 @@ def _preload(names: tuple[str, ...]) -> None:
 def _warm_up() -> None:
     """Build what each job built again on its first model load or peft wrap and then kept
     for its life, so that every fork inherits it: transformers' table of checkpoint weight
-    conversions (~1,100 converters, each compiling its regexes: ~0.4 CPU-s a job). Starts
+    conversions (~1,100 converters, each compiling its regexes: 0.16 CPU-s a job). Starts
     no thread (the children are forked)."""
     try:
         from transformers.conversion_mapping import get_checkpoint_conversion_mapping
