@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-# the tiny engine and checkpoints of the serving, release and bench tests
-pytest_plugins = ["deploy_fixtures", "cpu_report"]
+# the tiny engine and checkpoints of the serving, release and bench tests; the CPU report;
+# xdist workers sharing the assertion rewriting of a fresh checkout
+pytest_plugins = ["deploy_fixtures", "cpu_report", "rewrite_share"]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
