@@ -22,7 +22,11 @@ failed, hinted resamples by the start (sampled once, saved to `hinted.jsonl`, re
 every hint variant), and the hint items trained after the RL steps (`hint-importance`,
 `hint-sft`: the hinted successes' tokens on the hint-free prompt with the importance weight
 or as plain NLL; `hint-distill`: the hinted model as teacher on the failed attempts' own
-tokens). Variants with the same RL settings share the RL update (saved once per settings
+tokens). `replay-*` variants shuffle the job's replay (`learners.tooluse_job_replay`: the
+logged episodes' verified successes and the warm start's scripted episodes, family-balanced)
+into the hint step's passes, and a checked variant trains only hinted successes no longer
+than its family's longest verified reply, no family over half a pass (`JobHints`'
+`family_bound`, `max_family_share`). Variants with the same RL settings share the RL update (saved once per settings
 in `rl-*.pt`): it is deterministic on CPU from the same seed, and it was most of a
 variant's time.
 
