@@ -191,3 +191,62 @@ def test_a_hint_round_is_played_by_the_updated_model_once_and_reused(tmp_path: P
     rec = _round_record(again, {"tokens": 40, "loss": 0.5})
     assert rec["hinted_by_family"] == {"arithmetic": "2/2"} and rec["tokens"] == 40
     assert rec["hinted_tasks"] == 1
+
+
+def test_replay_variants_train_the_jobs_replay_beside_checked_hint_items(tmp_path: Path) -> None:
+    """`replay-*` variants build the job's replay from the logged episodes' verified
+    successes and the warm start's scripted episodes; a checked variant's length check
+    bounds a hinted reply by its family's longest verified one (the replay's), counts the
+    replay's draw in the family cap, and its record says what the replay held."""
+    from agentrl.bench.tooluse_job import (
+        FAMILY_SHARE,
+        REPLAY,
+        Settings,
+        _hint_step,
+        _replay_record,
+        _variant_settings,
+        job_replay,
+        replay_bounds,
+        replay_items_per_pass,
+    )
+    from agentrl.llm.config import TrainerConfig
+    from agentrl.llm.trainer import PolicyTrainer
+
+    assert VARIANTS["replay-sft"] == {"hints": "sft", "rl": False, "replay": True, "checked": True}
+    assert "checked" not in VARIANTS["replay-sft-unchecked"] and FAMILY_SHARE == 0.5
+    trainer = PolicyTrainer.from_config(
+        TrainerConfig(model="tiny", seed=0, learning_rate=1e-2, storage_path=str(tmp_path)), None
+    )
+    replay = job_replay(trainer, *records_of(episodes(), "h-1"), 0)
+    assert replay.counts["replay_successes"] == 1  # the won attempt; the lost one is not
+    assert replay.counts["replay_warm"] == 3 * REPLAY["warm_tasks_per_family"]
+    bounds = replay_bounds(replay)
+    assert (
+        set(bounds) == {"arithmetic", "data", "numbers"} and bounds["data"] > bounds["arithmetic"]
+    )
+    per_pass = replay_items_per_pass(replay)
+    draws = REPLAY["steps"] * REPLAY["episodes_per_family"]
+    assert all(draws <= n <= 3 * draws for n in per_pass.values())  # 1-3 replies an episode
+    # the hinted resamples a run saved: one with a reply longer than arithmetic's bound
+    task = generate_task(SEED, "arithmetic")
+    wins = []
+    for n in (bounds["arithmetic"] + 1, 4):
+        t = turn("response", "{}", None, str(task.answer))
+        t.action_ids, t.logprobs, t.free_prompt_ids = [4] * n, [-0.1] * n, [1, 2]
+        won = EpisodeRecord("arithmetic", SEED, task.question, [t], hint="Hint: h")
+        won.success = won.answered = True
+        wins.append(won)
+    save_episodes(tmp_path / "hinted.jsonl", wins)
+    recs, comps = records_of(episodes()[1:], "h-1")  # the lost attempt: a failed task
+    s = Settings("s", str(tmp_path), hint_tasks=1, hint_samples=2)
+    v = _variant_settings("replay-sft")
+    step, hs, _ = _hint_step(trainer, v, s, episodes()[1:], recs, comps, "h-1", replay)
+    assert hs.family_bound and hs.max_family_share == FAMILY_SHARE and hs.mode == "sft"
+    assert step.counts["hinted_successes"] == 2 and step.counts["hint_too_long"] == 1
+    assert step.counts["hint_capped"] == 0  # one arithmetic item beside the replay's draw
+    assert [len(it.action_ids) for it in step.items] == [4]
+    unchecked = _variant_settings("replay-sft-unchecked")
+    loose, _, _ = _hint_step(trainer, unchecked, s, episodes()[1:], recs, comps, "h-1", replay)
+    assert loose.counts["hint_too_long"] == 0 and len(loose.items) == 2
+    rec = _replay_record(replay)
+    assert rec["replay_bounds"] == bounds and rec["replay_by_family"]["arithmetic"] == 5

@@ -194,3 +194,113 @@ def test_the_hint_step_decodes_at_most_play_batch_episodes_together() -> None:
     assert play_config(JobHints(samples=3, play_batch=8), 60, 0).batch_size == 8
     small = play_config(JobHints(samples=3, temperature=0.3), 2, 5)
     assert (small.batch_size, small.hint_samples, small.temperature) == (6, 3, 0.3)
+
+
+def hinted_win(family: str, seed: int, lengths: list[int]) -> Any:
+    """A hinted success whose finished replies have these token counts (ids made up)."""
+    from agentrl.learners.tooluse_episodes import EpisodeRecord, TurnRecord
+
+    turns = [
+        TurnRecord(
+            prompt_ids=[1, 2],
+            action_ids=[5] * n,
+            logprobs=[-0.1] * n,
+            text="{}",
+            finish="stop",
+            free_prompt_ids=[1],
+        )
+        for n in lengths
+    ]
+    return EpisodeRecord(family, seed, "q", turns, success=True, answered=True, hint="Hint: h")
+
+
+def test_the_length_check_drops_hinted_successes_with_a_reply_over_the_bound(
+    trainer: Any,
+) -> None:
+    """A hinted success with any reply longer than `max_reply_tokens`, or (with
+    `family_bound`) than its family's longest verified hint-free reply, is not trained;
+    a family with no bound keeps its successes; off by default (today's behaviour)."""
+    from agentrl.learners.tooluse_job import fits, verified_reply_bounds
+
+    tok = trainer.policy.tokenizer
+    given = [
+        hinted_success(trainer, "arithmetic", 5, "Hint: x"),
+        hinted_success(trainer, "numbers", 7, "Hint: y"),
+    ]
+    given[0].turns[0].action_ids = given[0].turns[0].action_ids * 8  # a long reply
+    long_n = len(given[0].turns[0].action_ids)
+    short_n = len(given[1].turns[0].action_ids)
+    off = hint_step(trainer, records(), JobHints(mode="sft", samples=1), hinted=given)
+    assert off.counts["hint_too_long"] == 0 and len(off.items) == 2
+    capped = JobHints(mode="sft", samples=1, max_reply_tokens=long_n - 1)
+    step = hint_step(trainer, records(), capped, hinted=given)
+    assert step.counts["hint_too_long"] == 1 and step.counts["hinted_successes"] == 2
+    assert [it.family for it in step.items] == ["numbers"]
+    # the family's bound: the data success of records() is data's; arithmetic gets one given
+    own = verified_reply_bounds(records(), {}, tok)
+    assert list(own) == ["data"] and own["data"] > 0
+    by_family = JobHints(mode="sft", samples=1, family_bound=True)
+    step = hint_step(
+        trainer, records(), by_family, hinted=given, reply_bounds={"arithmetic": long_n - 1}
+    )
+    assert step.counts["hint_too_long"] == 1 and [it.family for it in step.items] == ["numbers"]
+    assert fits(given[1], None, {"numbers": short_n}) and not fits(given[1], None, {"numbers": 1})
+    assert fits(given[0], None, {})  # no bound for its family: kept
+
+
+def test_the_family_cap_keeps_every_family_at_most_half_of_a_pass() -> None:
+    """`cap_share`: an over-share family loses its longest hinted successes first until it
+    is at most the share of the pass (the other families' items and a replay draw's
+    counted); a lone family is left whole; None is no cap."""
+    from agentrl.learners.tooluse_job import cap_share
+
+    data = [hinted_win("data", s, [n, 10]) for s, n in enumerate([90, 30, 150, 60, 120])]
+    arith = [hinted_win("arithmetic", 50, [40, 10])]
+    kept = cap_share(data + arith, 0.5, {})
+    assert [ep.seed for ep in kept] == [1, 50]  # data: its shortest success, 2 items of 4
+    with_replay = cap_share(data + arith, 0.5, {"numbers": 4})
+    assert [ep.seed for ep in with_replay] == [0, 1, 3, 50]  # the two longest dropped
+    items = {"data": 6, "arithmetic": 2, "numbers": 4}
+    assert max(items.values()) <= 0.5 * sum(items.values())
+    assert cap_share(data, 0.5, {}) == data  # nothing to balance it against
+    assert cap_share(data + arith, None, {}) == data + arith
+
+
+def test_the_hint_step_caps_a_family_and_counts_it(trainer: Any) -> None:
+    given = [
+        hinted_success(trainer, "arithmetic", 5, "Hint: x"),
+        hinted_success(trainer, "numbers", 7, "Hint: y"),
+    ]
+    settings = JobHints(mode="sft", samples=1, max_family_share=0.5)
+    step = hint_step(trainer, records(), settings, hinted=given, other_items={"numbers": 3})
+    # numbers would be 4 of 5 items: its one success dropped, arithmetic's kept
+    assert step.counts["hint_capped"] == 1 and [it.family for it in step.items] == ["arithmetic"]
+
+
+def test_a_pass_with_the_replay_trains_hint_free_items_family_balanced(trainer: Any) -> None:
+    """The replay's draws are shuffled into the hint items' pass: verified hint-free
+    successes (plain NLL, no hint in their context), each family the same total weight,
+    counted in the replay's `replayed`; training the pass moves the policy."""
+    from agentrl.learners.tooluse_job_replay import JobReplaySettings, replay_of_records
+
+    tok = trainer.policy.tokenizer
+    given = [hinted_success(trainer, "arithmetic", 5, "Hint: x")]
+    settings = JobHints(mode="importance", samples=1, max_tasks=1)
+    step = hint_step(trainer, records(), settings, hinted=given)
+    replay = replay_of_records(tok, records(), JobReplaySettings(steps=2, episodes_per_family=1))
+    assert replay.replay.families() == ["data"]  # records()'s one verified success
+    items = step.pass_items(replay, torch.Generator().manual_seed(0))
+    drawn = [it for it in items if it.family == "data"]
+    assert len(drawn) == 2 * 2 and replay.counts["replayed"] == 4  # 2 draws x 2 replies
+    for it in items:
+        prompt = tok.decode(it.prompt_ids)
+        assert "Hint:" not in prompt and SECRET not in prompt
+    assert {it.mode for it in drawn} == {"nll"}
+    weight = {f: sum(it.weight for it in items if it.family == f) for f in ("arithmetic", "data")}
+    assert weight["arithmetic"] == pytest.approx(weight["data"])
+    assert step.items[0].weight == 1.0  # the step's own items are not reweighted in place
+    before = [p.detach().clone() for p in trainer.policy.model.parameters() if p.requires_grad]
+    out = step.train(trainer, settings, replay=replay)
+    assert out["steps"] == 1 and out["tokens"] > 0 and replay.counts["replayed"] == 8
+    after = [p for p in trainer.policy.model.parameters() if p.requires_grad]
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))

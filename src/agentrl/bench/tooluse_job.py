@@ -22,7 +22,11 @@ failed, hinted resamples by the start (sampled once, saved to `hinted.jsonl`, re
 every hint variant), and the hint items trained after the RL steps (`hint-importance`,
 `hint-sft`: the hinted successes' tokens on the hint-free prompt with the importance weight
 or as plain NLL; `hint-distill`: the hinted model as teacher on the failed attempts' own
-tokens). Variants with the same RL settings share the RL update (saved once per settings
+tokens). `replay-*` variants shuffle the job's replay (`learners.tooluse_job_replay`: the
+logged episodes' verified successes and the warm start's scripted episodes, family-balanced)
+into the hint step's passes, and a checked variant trains only hinted successes no longer
+than its family's longest verified reply, no family over half a pass (`JobHints`'
+`family_bound`, `max_family_share`). Variants with the same RL settings share the RL update (saved once per settings
 in `rl-*.pt`): it is deterministic on CPU from the same seed, and it was most of a
 variant's time.
 
@@ -69,7 +73,21 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # on the same failed tasks and its hinted successes trained (one more round)
     "sft-only-r2": {"hints": "sft", "rl": False, "hint_rounds": 2},
     "hint-sft-r2": {"hints": "sft", "hint_rounds": 2},
+    # the hint step with the job's replay (`tooluse_job_replay`: the logged episodes' verified
+    # successes and the warm start's scripted episodes, family-balanced) shuffled into its
+    # passes, and the hint items' length check (a reply no longer than the longest verified
+    # reply of its family) and family cap (no family over half a pass); no RL step
+    "replay-sft": {"hints": "sft", "rl": False, "replay": True, "checked": True},
+    "replay-importance": {"hints": "importance", "rl": False, "replay": True, "checked": True},
+    "replay-sft-unchecked": {"hints": "sft", "rl": False, "replay": True},  # no check, no cap
+    "checked-sft": {"hints": "sft", "rl": False, "checked": True},  # no replay
+    "replay-only": {"rl": False, "replay": True},  # the replay's passes alone, no hint items
 }
+
+# the harness's replay (`JobReplaySettings`): per hint pass 2 draws of 4 verified successes a
+# family, the warm start's first 4 scripted tasks a family among them
+REPLAY = {"steps": 2, "episodes_per_family": 4, "warm_tasks_per_family": 4, "max_steps": 4}
+FAMILY_SHARE = 0.5  # a checked variant's cap: no family over half of what a pass trains
 
 
 def loop_job_settings() -> dict[str, Any]:
@@ -673,6 +691,7 @@ class _Update:
     step: Any  # the hint step, None without hints
     hint_train: dict[str, float]  # the last round's training
     rounds: list[dict[str, Any]]  # each hint round's counts (`_round_record`)
+    replay: dict[str, Any] = dataclasses.field(default_factory=dict)  # `_replay_record`
 
 
 def _update(
@@ -691,8 +710,11 @@ def _update(
     t = time.perf_counter()
     records, completions = records_of(episodes, key, v["partial_credit"])
     step, hs, h_data = None, None, (records, completions)
+    replay = job_replay(trainer, records, completions, settings.seed) if v.get("replay") else None
     if v.get("hints"):  # built before any update, from the start (as a job does)
-        step, hs, h_data = _hint_step(trainer, v, settings, episodes, records, completions, key)
+        step, hs, h_data = _hint_step(
+            trainer, v, settings, episodes, records, completions, key, replay
+        )
     units, stats = job_samples(
         trainer, records, completions, book, v["estimator"], v["advantage_scale"]
     )
@@ -710,14 +732,75 @@ def _update(
     hint_train: dict[str, float] = {}
     rounds: list[dict[str, Any]] = []
     if step is not None:
-        hint_train = step.train(trainer, hs, settings.seed)
+        hint_train = step.train(trainer, hs, settings.seed, replay=replay)
         rounds.append(_round_record(step, hint_train))
         for r in range(2, int(v.get("hint_rounds", 1)) + 1):
             again = _hint_round(trainer, hs, settings, out, name, r, *h_data)
-            hint_train = again.train(trainer, hs, settings.seed + r)
+            hint_train = again.train(trainer, hs, settings.seed + r, replay=replay)
             rounds.append(_round_record(again, hint_train))
+    elif replay is not None:  # the replay's passes alone (as many as a hint step's epochs)
+        hint_train = replay.train(trainer)
     update_s = time.perf_counter() - t
-    return _Update(units, stats, ratios, hist, reused, rl_s, update_s, step, hint_train, rounds)
+    return _Update(
+        units,
+        stats,
+        ratios,
+        hist,
+        reused,
+        rl_s,
+        update_s,
+        step,
+        hint_train,
+        rounds,
+        _replay_record(replay) if replay is not None else {},
+    )
+
+
+def job_replay(trainer: Any, records: list[Any], completions: dict[str, Any], seed: int) -> Any:
+    """The job's replay of the logged episodes' verified hint-free successes and the warm
+    start's scripted episodes (`REPLAY`), as a job builds it (`replay_of_records`)."""
+    from agentrl.learners.tooluse_job_replay import JobReplaySettings, replay_of_records
+
+    return replay_of_records(
+        trainer.policy.tokenizer,
+        records,
+        JobReplaySettings(**REPLAY),
+        completions,
+        seed,
+        max_length=trainer.config.max_length,
+    )
+
+
+def replay_bounds(replay: Any) -> dict[str, int]:
+    """Per family, the longest reply (tokens) among the replay's verified successes: the
+    length check's bound (a solution of the family has been seen to need that much)."""
+    out: dict[str, int] = {}
+    for family in replay.replay.families():
+        for _, items in replay.replay._episodes[family]:
+            for it in items:
+                out[family] = max(out.get(family, 0), len(it.action_ids))
+    return out
+
+
+def replay_items_per_pass(replay: Any) -> dict[str, int]:
+    """Per family, the replay items one hint pass trains beside the hint items (its draws'
+    episodes times the family's mean replies an episode): the family cap counts them."""
+    out: dict[str, int] = {}
+    draws = replay.settings.steps * replay.settings.episodes_per_family
+    for family in replay.replay.families():
+        held = replay.replay._episodes[family]
+        per_episode = sum(len(items) for _, items in held) / max(1, len(held))
+        out[family] = round(draws * per_episode)
+    return out
+
+
+def _replay_record(replay: Any) -> dict[str, Any]:
+    return {
+        **replay.counts,
+        "replay_by_family": {f: len(replay.replay._episodes[f]) for f in replay.replay.families()},
+        "replay_bounds": replay_bounds(replay),
+        "replay_skipped": replay.skipped,
+    }
 
 
 def _round_record(step: Any, train: dict[str, float]) -> dict[str, Any]:
@@ -768,14 +851,24 @@ def _hint_step(
     records: list[Any],
     completions: Any,
     key: str,
+    replay: Any = None,
 ) -> tuple[Any, Any, tuple[list[Any], Any]]:
     """The job's hint step for variant `v` and its settings: hints for the failed tasks
     (of more episodes when `hint_extra_per_family`), with the start's hinted resamples
-    unless the hints are distilled; -> (the step, its settings, the records it hinted)."""
+    unless the hints are distilled; a checked variant's length check bounds a reply by its
+    family's longest verified one (the logged successes' and, with a replay, its scripted
+    episodes') and caps a family at `FAMILY_SHARE` of a pass (the replay's draw counted);
+    -> (the step, its settings, the records it hinted)."""
     from agentrl.learners.tooluse_job import hint_step
 
     hs = hint_settings(settings, v["hints"])
     hs.epochs = int(v.get("hint_epochs", hs.epochs))
+    bounds: dict[str, int] | None = None
+    others: dict[str, int] | None = None
+    if v.get("checked"):
+        hs.family_bound, hs.max_family_share = True, FAMILY_SHARE
+        if replay is not None:
+            bounds, others = replay_bounds(replay), replay_items_per_pass(replay)
     h_recs, h_comps = records, completions
     if settings.hint_extra_per_family > 0:
         more = extra_hint_episodes(trainer, settings, episodes)
@@ -783,7 +876,16 @@ def _hint_step(
     hinted: list[Any] | None = None
     if v["hints"] != "distill":
         hinted = hinted_resamples(trainer, settings, h_recs, h_comps)
-    step = hint_step(trainer, h_recs, hs, h_comps, settings.seed, hinted=hinted)
+    step = hint_step(
+        trainer,
+        h_recs,
+        hs,
+        h_comps,
+        settings.seed,
+        hinted=hinted,
+        reply_bounds=bounds,
+        other_items=others,
+    )
     return step, hs, (h_recs, h_comps)
 
 
@@ -849,6 +951,7 @@ def _variant_record(
         **(step.counts if step is not None else {}),
         **{f"hint_{k}": round(float(x), 4) for k, x in update.hint_train.items()},
         **({"hint_rounds": update.rounds} if update.rounds else {}),
+        **update.replay,
     }
 
 

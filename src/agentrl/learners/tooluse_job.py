@@ -24,6 +24,7 @@ job's final status, where the loop sums them.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections.abc import Sequence
@@ -69,6 +70,27 @@ class JobHints(BaseModel):
         description="hinted episodes decoded together (at 60 hinted tasks x 3 resamples one "
         "batch of 180 held every prompt's cache at once)",
     )
+    max_reply_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="a hinted success with a reply longer than this many tokens is not "
+        "trained (hinted data programs taught long replies: cut by the cap 13 -> 56); None: "
+        "no token bound",
+    )
+    family_bound: bool = Field(
+        False,
+        description="a hinted success with a reply longer than the longest reply of a "
+        "verified hint-free success of its family (among the job's records, and the "
+        "`reply_bounds` a caller adds, e.g. the warm start's scripted episodes) is not trained",
+    )
+    max_family_share: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="a family's hint items at most this share of what a pass trains (the "
+        "hint items and any replay draw trained with them): its longest hinted successes "
+        "are dropped first; None: no cap (27 hinted tasks gave 31 data successes of 33)",
+    )
 
 
 @dataclass
@@ -84,25 +106,45 @@ class HintStep:
             "corrections_used": 0,
             "hint_items": 0,
             "distilled_tasks": 0,
+            "hint_too_long": 0,
+            "hint_capped": 0,
         }
     )
     hints: dict[Key, str] = field(default_factory=dict)
     episodes: list[Any] = field(default_factory=list)  # the hinted resamples (importance, sft)
     seconds: float = 0.0
 
-    def train(self, trainer: Any, settings: JobHints, seed: int = 0) -> dict[str, float]:
-        """Train the items (after the job's own steps): family-balanced token-level steps."""
+    def pass_items(self, replay: Any = None, generator: Any = None) -> list[TokenItem]:
+        """One pass's items, family-balanced (`tooluse_hints.balance`): copies of the hint
+        items and, with `replay` (a `tooluse_job_replay.JobReplay`), `replay.settings.steps`
+        fresh family-balanced draws of its verified hint-free successes (ReLIFT's
+        supervised steps interleaved: shuffled into the same batches)."""
+        from agentrl.learners.tooluse_hints import balance
+
+        items = [copy.copy(it) for it in self.items]
+        if replay is not None and len(replay.replay) and replay.settings.on:
+            for _ in range(replay.settings.steps):
+                drawn = replay.replay.sample(replay.settings.episodes_per_family, generator)
+                replay.counts["replayed"] += len(drawn)
+                items += drawn
+        return balance(items)
+
+    def train(
+        self, trainer: Any, settings: JobHints, seed: int = 0, replay: Any = None
+    ) -> dict[str, float]:
+        """Train the items (after the job's own steps), `settings.epochs` passes of
+        `pass_items` (with `replay`: its draws among them)."""
         import torch
 
-        from agentrl.learners.tooluse_hints import balance, train_items
+        from agentrl.learners.tooluse_hints import train_items
 
         if not self.items:
             return {}
-        balance(self.items)
         gen = torch.Generator().manual_seed(seed)
         out: dict[str, float] = {}
         for _ in range(settings.epochs):
-            out = train_items(trainer, self.items, settings.batch_size, settings.clip, gen)
+            items = self.pass_items(replay, gen)
+            out = train_items(trainer, items, settings.batch_size, settings.clip, gen)
         return out
 
 
@@ -281,10 +323,16 @@ def hint_step(
     completions: dict[str, dict[str, Any]] | None = None,
     seed: int = 0,
     hinted: Sequence[Any] | None = None,
+    reply_bounds: dict[str, int] | None = None,
+    other_items: dict[str, int] | None = None,
 ) -> HintStep:
     """Hints for the failed groups among `records` and the items they train (not trained
     yet: `HintStep.train`). Importance and sft modes sample with the trainer's current
-    policy, unless `hinted` gives the resamples already played (a bench reusing them)."""
+    policy, unless `hinted` gives the resamples already played (a bench reusing them).
+    The hinted successes trained pass the length check (`max_reply_tokens`, and with
+    `family_bound` the family's longest verified reply: the records' and `reply_bounds`')
+    and the family cap (`max_family_share`, counting `other_items`: the items per family
+    a pass trains beside the hint items, e.g. a replay draw)."""
     from agentrl.envs.tooluse.tasks import generate_task
     from agentrl.learners.tooluse import ToolUseLearner
     from agentrl.learners.tooluse_hints import importance_items, sft_items
@@ -326,8 +374,19 @@ def hint_step(
         step.episodes = list(again)
         step.counts["hinted_samples"] = len(again)
         step.counts["hinted_successes"] = sum(ep.success for ep in again)
-        step.items = importance_items(again) if s.mode == "importance" else sft_items(again)
-        for it, fam in zip(step.items, _families_of(again, families), strict=True):
+        bounds = dict(reply_bounds or {})
+        if s.family_bound:
+            own = verified_reply_bounds(records, completions or {}, learner.tokenizer)
+            bounds = {f: max(bounds.get(f, 0), own.get(f, 0)) for f in {*bounds, *own}}
+        else:
+            bounds = {}
+        trained = [ep for ep in again if ep.success and ep.hint]
+        short = [ep for ep in trained if fits(ep, s.max_reply_tokens, bounds)]
+        step.counts["hint_too_long"] = len(trained) - len(short)
+        kept = cap_share(short, s.max_family_share, other_items or {})
+        step.counts["hint_capped"] = len(short) - len(kept)
+        step.items = importance_items(kept) if s.mode == "importance" else sft_items(kept)
+        for it, fam in zip(step.items, _families_of(kept, families), strict=True):
             it.family = fam
         solved = {(ep.family, ep.seed) for ep in again if ep.success}
         unsolved = {k: step.hints[k] for k in keys if k not in solved}
@@ -353,3 +412,70 @@ def _families_of(episodes: Sequence[Any], families: dict[Key, str]) -> list[str]
             if t.finish == "stop" and t.free_prompt_ids is not None:
                 out.append(families.get((ep.family, ep.seed), ep.family))
     return out
+
+
+def longest_reply(episode: Any) -> int:
+    """The most tokens of one finished reply of a (hinted) episode."""
+    return max((len(t.action_ids) for t in episode.turns if t.finish == "stop"), default=0)
+
+
+def fits(episode: Any, max_tokens: int | None, bounds: dict[str, int]) -> bool:
+    """The length check of a hinted success: no reply over `max_tokens`, nor over its
+    family's bound when it has one."""
+    n = longest_reply(episode)
+    if max_tokens is not None and n > max_tokens:
+        return False
+    bound = bounds.get(episode.family)
+    return not bound or n <= bound
+
+
+def verified_reply_bounds(
+    records: Sequence[Any], completions: dict[str, dict[str, Any]], tokenizer: Any
+) -> dict[str, int]:
+    """Per family, the longest reply (tokens) of a verified, hint-free, uncorrected success
+    among the records: what a solution of that family has been seen to need."""
+    from agentrl.envs.tooluse.tasks import generate_task
+
+    out: dict[str, int] = {}
+    for r in records:
+        key = task_key(r.trajectory)
+        if key is None or not succeeded(r) or r.hint:
+            continue
+        task = generate_task(key[1], key[0])
+        turns = r.trajectory.get("turns") or []
+        first = (turns[0].get("observation") or {}).get("content") if turns else None
+        if first != task.question:  # played with a hint in its prompt
+            continue
+        for turn in turns:
+            lp = turn.get("logprobs") or {}
+            if isinstance(lp, dict) and lp.get("finish_reason") == "length":
+                continue
+            n = len(action_ids(tokenizer, turn, completions))
+            out[task.family] = max(out.get(task.family, 0), n)
+    return out
+
+
+def cap_share(episodes: Sequence[Any], share: float | None, others: dict[str, int]) -> list[Any]:
+    """The hinted successes with each family's finished replies at most `share` of a pass's
+    items (these and `others`, the items per family trained beside them); an over-share
+    family loses its longest episodes first. Order kept. A lone family is left whole: there
+    is nothing to balance it against."""
+    if share is None:
+        return list(episodes)
+
+    def items(ep: Any) -> int:
+        return sum(t.finish == "stop" for t in ep.turns)
+
+    kept = list(episodes)
+    while True:
+        per: dict[str, int] = dict(others)
+        for ep in kept:
+            per[ep.family] = per.get(ep.family, 0) + items(ep)
+        total = sum(per.values())
+        over = [f for f, n in per.items() if n > share * total and n > others.get(f, 0)]
+        if not over or len([n for n in per.values() if n]) < 2:  # nothing to balance against
+            return kept
+        family = max(over, key=lambda f: per[f])
+        mine = [ep for ep in kept if ep.family == family]
+        drop = max(mine, key=longest_reply)  # ties: the first seen
+        kept = [ep for ep in kept if ep is not drop]
