@@ -14,6 +14,7 @@ from loop_helpers import run_loop_cli
 
 def test_quick_loop_promotes_a_trained_version_and_rolls_back_a_broken_one(
     tmp_path: Path,
+    no_launcher: None,  # the loop forks its own (in a suite, one is named to every test)
 ) -> None:
     proc = run_loop_cli("--quick", "--bad-candidate", "--data-dir", str(tmp_path / "loop"))
     out = proc.stdout
