@@ -10,12 +10,14 @@ folder in about a second.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 from transformers import (
@@ -38,6 +40,27 @@ from agentrl.llm.names import (
 )
 
 log = logging.getLogger(__name__)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# transformers (5.x) builds a model on the meta device and fills it from the weights: the
+# switch to meta is process-wide, so a model built in another thread meanwhile stays on meta
+# ("Cannot copy out of meta tensor"; 6 of 6 loads failed with two threads loading SmolLM2 at
+# once, 2026-11-30). A validation loads the candidate and the live model side by side.
+_LOADING = threading.RLock()
+
+
+def _one_load_at_a_time(fn: Callable[P, R]) -> Callable[P, R]:
+    """`fn` holds the process's model-loading lock (re-entrant: an adapter's base loads
+    inside its checkpoint's load)."""
+
+    @functools.wraps(fn)
+    def locked(*args: P.args, **kwargs: P.kwargs) -> R:
+        with _LOADING:
+            return fn(*args, **kwargs)
+
+    return locked
+
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_DIRNAME = "SmolLM2-135M-Instruct"
@@ -292,6 +315,7 @@ def gguf_llama_state_dict(path: Path, heads: int, kv_heads: int) -> dict[str, to
     return out
 
 
+@_one_load_at_a_time
 def convert_smollm2(data_dir: Path | None = None) -> Path:
     """Convert the bundled GGUF into a normal transformers folder (once) and return it."""
     from transformers import AutoConfig
@@ -401,6 +425,7 @@ def apply_lora(model: PreTrainedModel, lora: LoraSettings) -> Any:
     return get_peft_model(model, config)
 
 
+@_one_load_at_a_time
 def load_policy(
     name: str = "smollm2",
     *,
