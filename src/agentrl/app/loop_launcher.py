@@ -30,6 +30,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from agentrl.training.launcher import exit_forked
+
 log = logging.getLogger(__name__)
 
 LAUNCHER_ENV = "AGENTRL_TRAINING_LAUNCHER"
@@ -151,10 +153,7 @@ def _launcher_child(path: Path, log_path: Path) -> None:
     except BaseException:
         traceback.print_exc()
     finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+        exit_forked(code)
 
 
 def _fresh_logging() -> None:

@@ -35,7 +35,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from agentrl.core.deathsig import die_with_parent
 
@@ -325,10 +325,7 @@ class _Launcher:
         except BaseException:
             traceback.print_exc()
         finally:
-            with contextlib.suppress(Exception):
-                sys.stdout.flush()
-                sys.stderr.flush()
-            os._exit(code)
+            exit_forked(code)
 
     def _reap(self) -> None:
         while self.jobs:
@@ -365,6 +362,15 @@ class _Launcher:
 
 
 _HANDLED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT)
+
+
+def exit_forked(code: int) -> NoReturn:
+    """End a forked child (a job, or the loop's launcher) without running its parent's
+    exit handlers, once what it printed is written."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 def _die_with_launcher(launcher_pid: int) -> None:
