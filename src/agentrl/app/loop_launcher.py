@@ -93,13 +93,14 @@ def fork_launcher(data_dir: Path) -> ForkedLauncher | None:
     wanted, when this process already runs other threads, or when the fork fails."""
     if not wanted():
         return None
-    from agentrl.training.launcher import PRELOAD
+    from agentrl.training.launcher import PRELOAD, warm_up
 
     for name in PRELOAD:
         try:
             importlib.import_module(name)
         except Exception:  # the job itself reports a broken import
             log.debug("cannot preload %s", name, exc_info=True)
+    warm_up()  # what a standalone launcher builds once for its jobs (it starts no thread)
     if threading.active_count() > 1:  # another thread's locks would be held in the child
         return None
     log_path = data_dir / "training" / "launcher.log"

@@ -217,7 +217,7 @@ def serve(path: Path, run_job: Callable[[Path], int], preload: tuple[str, ...] =
     server.listen(64)  # orders wait in the backlog while the imports run
     _preload(preload)
     if preload:  # (a launcher that preloads nothing warms nothing: tests' stand-ins)
-        _warm_up()
+        warm_up()
     launcher = _Launcher(server, run_job)
     print(f"launcher: pid {os.getpid()} ready on {path}", flush=True)
     launcher.run()
@@ -389,7 +389,7 @@ def _preload(names: tuple[str, ...]) -> None:
             print(f"launcher: cannot preload {name}: {exc}", file=sys.stderr, flush=True)
 
 
-def _warm_up() -> None:
+def warm_up() -> None:
     """Build what each job built again on its first model load or peft wrap and then kept
     for its life, so that every fork inherits it: transformers' table of checkpoint weight
     conversions (~1,100 converters, each compiling its regexes: 0.16 CPU-s a job). Starts
