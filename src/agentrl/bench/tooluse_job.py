@@ -776,7 +776,7 @@ def replay_bounds(replay: Any) -> dict[str, int]:
     length check's bound (a solution of the family has been seen to need that much)."""
     out: dict[str, int] = {}
     for family in replay.replay.families():
-        for _, items in replay.replay._episodes[family]:
+        for items in replay.replay.held(family):
             for it in items:
                 out[family] = max(out.get(family, 0), len(it.action_ids))
     return out
@@ -788,8 +788,8 @@ def replay_items_per_pass(replay: Any) -> dict[str, int]:
     out: dict[str, int] = {}
     draws = replay.settings.steps * replay.settings.episodes_per_family
     for family in replay.replay.families():
-        held = replay.replay._episodes[family]
-        per_episode = sum(len(items) for _, items in held) / max(1, len(held))
+        held = replay.replay.held(family)
+        per_episode = sum(len(items) for items in held) / max(1, len(held))
         out[family] = round(draws * per_episode)
     return out
 
@@ -797,7 +797,7 @@ def replay_items_per_pass(replay: Any) -> dict[str, int]:
 def _replay_record(replay: Any) -> dict[str, Any]:
     return {
         **replay.counts,
-        "replay_by_family": {f: len(replay.replay._episodes[f]) for f in replay.replay.families()},
+        "replay_by_family": {f: len(replay.replay.held(f)) for f in replay.replay.families()},
         "replay_bounds": replay_bounds(replay),
         "replay_skipped": replay.skipped,
     }

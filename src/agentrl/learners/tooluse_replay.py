@@ -58,6 +58,10 @@ class Replay:
     def families(self) -> list[str]:
         return sorted(f for f, q in self._episodes.items() if q)
 
+    def held(self, family: str) -> list[list[TokenItem]]:
+        """The replies (token items) of each episode the replay holds for `family`."""
+        return [items for _, items in self._episodes.get(family, ())]
+
     def __len__(self) -> int:
         return sum(len(q) for q in self._episodes.values())
 
