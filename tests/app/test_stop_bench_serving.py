@@ -107,8 +107,11 @@ def test_bench_serving_keeps_to_its_budget_and_says_what_it_skipped(
         r["wall_s"] for r in line["local"] + line["vllm"]
     )
     assert budgeted <= 4 + 20, f"{budgeted:.0f} s of a 4 s budget ({took:.0f} s in all)"
-    # its vLLM stand-in (a process group with a child) did not outlive the command
-    pids = [int(x) for x in (tmp_path / "vllm.pids").read_text().split()]
+    # its vLLM stand-in (a process group with a child), if it got as far as writing its
+    # pids (under load the budget's half for vLLM's start can end before), did not outlive
+    # the command
+    marker = tmp_path / "vllm.pids"
+    pids = [int(x) for x in marker.read_text().split()] if marker.exists() else []
     deadline = time.monotonic() + 5
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
