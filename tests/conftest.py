@@ -3,6 +3,7 @@ tokenizer."""
 
 from __future__ import annotations
 
+import gc
 import os
 from collections import Counter
 from collections.abc import Iterator
@@ -206,6 +207,18 @@ def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
         return
     if _launcher_wanted(len({nodeid.split("::")[0] for nodeid in ids})):
         _shared.append(_Launcher(Path(path)))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A test process's collector as an agentrl process's (`agentrl.core.gcstart`), then
+    what its imports and the collection built frozen: the ~240,000 objects it keeps to its
+    end are walked by no later full collection. tests/rewards at -n 0: 20 full collections
+    took 2.99 of the process's 32.9 CPU-s, and 0.31 with this (26.5 CPU-s all, load 5-6)."""
+    from agentrl.core.gcstart import raise_young_generation
+
+    raise_young_generation()
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -181,3 +181,33 @@ async def test_multi_turn_tool_episode_feeds_tool_messages_back() -> None:
     assert [m.role for m in messages] == ["user", "assistant", "tool", "assistant", "user"]
     assert second[1]["tool_calls"][0]["id"] == "c1"
     assert second[2] == {"role": "tool", "content": "5", "tool_call_id": "c1", "name": "calculator"}
+
+
+async def test_the_policy_sends_the_body_chat_completions_create_sends() -> None:
+    """The policy posts /chat/completions through the client itself (without the SDK's walk
+    of its typed parameters): the server gets the body `create` sends for the same call,
+    `extra_body` merged last."""
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "6*7?"}]
+    with ScriptedOpenAIServer([ScriptedReply(content="42")] * 2) as server:
+        policy = OpenAIAgentPolicy(
+            "scripted",
+            base_url=server.base_url,
+            temperature=0.3,
+            max_tokens=64,
+            top_logprobs=2,
+            extra_body={"episode_id": "e-1", "temperature": 0.9},
+        )
+        await policy.get_action([Message(**m) for m in messages], TOOLS)
+        await policy.client.chat.completions.create(
+            model="scripted",
+            messages=messages,  # type: ignore[arg-type]
+            temperature=0.3,
+            max_tokens=64,
+            logprobs=True,
+            top_logprobs=2,
+            tools=TOOLS,  # type: ignore[arg-type]
+            extra_body={"episode_id": "e-1", "temperature": 0.9},
+        )
+        ours, sdks = server.requests
+    assert ours == sdks
+    assert ours["temperature"] == 0.9 and ours["episode_id"] == "e-1"

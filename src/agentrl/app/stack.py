@@ -665,8 +665,10 @@ async def _replica_main() -> None:
 
 
 if __name__ == "__main__":
+    from agentrl.core.gcstart import raise_young_generation
     from agentrl.core.logs import setup_logging
 
+    raise_young_generation()  # before the services' imports
     setup_logging()
     gctune.run(_replica_main())
     exit_past_stragglers(0)

@@ -178,6 +178,19 @@ def load_smollm2_tokenizer(data_dir: Path | None = None) -> PreTrainedTokenizerB
         return tokenizer
 
 
+def preload_smollm2_tokenizer() -> bool:
+    """Read SmolLM2's tokenizer into this process's cache if it is converted already (never
+    converts: a launcher calls it before it forks jobs, each of which read it again: ~0.3
+    CPU-s a job). Whether it is cached now."""
+    target = smollm2_dir()
+    if not (
+        _tokenizer_ready(target) or _tokenizer_ready(target.parent / f"{SMOLLM2_DIRNAME}-tokenizer")
+    ):
+        return False
+    load_smollm2_tokenizer()
+    return True
+
+
 # llama.cpp's names of a Llama block's tensors -> transformers' (blk.N.<part>.<kind>)
 GGUF_LLAMA_PARTS = {
     "attn_norm": "input_layernorm",

