@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from agentrl.core.gcstart import raise_young_generation
+
 # the tiny engine and checkpoints of the serving, release and bench tests; the CPU report;
 # xdist workers sharing the assertion rewriting of a fresh checkout
 pytest_plugins = ["deploy_fixtures", "cpu_report", "rewrite_share"]
@@ -65,6 +67,10 @@ def _ca_certificates_on_demand() -> None:
 
 
 _ca_certificates_on_demand()
+
+# A test process's collector as an agentrl process's (`agentrl.core.gcstart`), from before
+# the collection's imports (torch, transformers: no full collection walks them meanwhile)
+raise_young_generation()
 
 # The file whose one test is the longest (the tool-use quick loop, 1-1.5 minutes): handed out
 # first, beside the other worker's largest file, instead of last (xdist gives out files by
@@ -210,13 +216,10 @@ def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """A test process's collector as an agentrl process's (`agentrl.core.gcstart`), then
-    what its imports and the collection built frozen: the ~240,000 objects it keeps to its
-    end are walked by no later full collection. tests/rewards at -n 0: 20 full collections
-    took 2.99 of the process's 32.9 CPU-s, and 0.31 with this (26.5 CPU-s all, load 5-6)."""
-    from agentrl.core.gcstart import raise_young_generation
-
-    raise_young_generation()
+    """What a test process's imports and the collection built, frozen: the ~240,000 objects
+    it keeps to its end are walked by no later full collection. tests/rewards at -n 0: 20
+    full collections took 2.99 of the process's 32.9 CPU-s, and 0.31 with this and the
+    young generation below (26.5 CPU-s all, load 5-6)."""
     gc.collect()
     gc.freeze()
 

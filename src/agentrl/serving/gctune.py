@@ -31,10 +31,11 @@ import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from agentrl.core.gcstart import YOUNG, raise_young_generation
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-YOUNG = 10_000  # allocations between two young collections (CPython's default: 700)
 SLICE_US = 100  # a short slice (the kernel's floor; its default on the 2-core host: 1,400)
 _SETATTR = {"x86_64": 314, "aarch64": 274}  # sched_setattr(2)'s syscall number
 _ATTR = "IIQiIQQQII"  # struct sched_attr, SCHED_ATTR_SIZE_VER1 (56 bytes)
@@ -47,9 +48,7 @@ def settle(young: int = YOUNG, slice_us: int | None = None) -> None:
     adopted by default)."""
     gc.collect()
     gc.freeze()
-    t0, t1, t2 = gc.get_threshold()
-    if t0:  # 0: the collector is off on purpose; leave it so
-        gc.set_threshold(max(t0, young), t1, t2)
+    raise_young_generation(young)
     if slice_us is not None:
         short_slice(slice_us)
 
