@@ -109,7 +109,7 @@ def test_cached_metric_children_follow_a_version_eviction() -> None:
 
 
 def test_settle_freezes_start_up_and_still_collects_later_cycles() -> None:
-    threshold = gc.get_threshold()
+    threshold, frozen = gc.get_threshold(), gc.get_freeze_count()
     try:
         gctune.settle()
         assert gc.get_freeze_count() > 0
@@ -121,6 +121,8 @@ def test_settle_freezes_start_up_and_still_collects_later_cycles() -> None:
     finally:
         gc.unfreeze()
         gc.set_threshold(*threshold)
+        if frozen:  # the suite's conftest froze its start-up: kept after
+            gc.freeze()
 
 
 def test_settle_gives_its_own_thread_a_short_scheduler_slice_and_no_other() -> None:
@@ -134,13 +136,15 @@ def test_settle_gives_its_own_thread_a_short_scheduler_slice_and_no_other() -> N
     seen: dict[str, Any] = {}
 
     def loop_thread() -> None:
-        threshold = gc.get_threshold()
+        threshold, frozen = gc.get_threshold(), gc.get_freeze_count()
         try:
             gctune.settle(slice_us=150)
             seen["slice"] = gctune.current_slice_us()
         finally:
             gc.unfreeze()
             gc.set_threshold(*threshold)
+            if frozen:  # the suite's conftest froze its start-up: kept after
+                gc.freeze()
 
     worker = threading.Thread(target=loop_thread)
     worker.start()

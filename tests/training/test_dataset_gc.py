@@ -17,6 +17,7 @@ def test_samples_end_frozen_and_the_collector_restored(tokenizer):
     records, _ = apply_filters(
         trajs, latest_rewards([reward(t, i / 12) for i, t in enumerate(trajs)]), DatasetFilter()
     )
+    frozen = gc.get_freeze_count()  # the suite's conftest froze its start-up: kept after
     gc.unfreeze()
     try:
         with gc_paused():
@@ -28,3 +29,5 @@ def test_samples_end_frozen_and_the_collector_restored(tokenizer):
         assert gc.get_freeze_count() >= 2 * len(samples) > 0  # each sample and its id lists
     finally:
         gc.unfreeze()
+        if frozen:
+            gc.freeze()
