@@ -60,6 +60,12 @@ async def _stream_statuses(bus: Bus, job_id: str) -> list[str]:
     return [e["status"] for e in events if e["training_job_id"] == job_id]
 
 
+# a job the tests SIGKILL while it runs: long enough never to end first (a tiny job forked
+# from the suite's launcher can end within the seconds NATS is down: ProcessLookupError at
+# load 1, 2026-11-30)
+LONG_JOB = {"training_config": {"base_model": "tiny", "hyperparameters": {"epochs": 200}}}
+
+
 async def _kill_job_while_nats_is_down(svc: TrainingService, nats: Any, job_id: str) -> None:
     """Stop nats-server, then end the running job (SIGKILL: failed INFRA) and wait past the
     publish retry window, so the final status cannot be published."""
@@ -82,9 +88,7 @@ async def test_scheduler_survives_nats_down_while_a_job_ends(nats, data_dir):
     )
     try:
         async with running_service(bus, settings, ts) as svc:
-            first, other = (
-                fill_request({"training_config": {"base_model": "tiny"}}, ts) for _ in range(2)
-            )
+            first, other = (fill_request(LONG_JOB, ts) for _ in range(2))
             await bus.publish(first)
             await bus.publish(other)
             await _wait(lambda: other.training_job_id in svc.running, 60)
@@ -121,7 +125,7 @@ async def test_final_status_survives_a_stop_between_commit_and_publish(nats, dat
         bus, [trajectory(i, task=f"t{i // 4}") for i in range(40)], [(i % 4) / 3 for i in range(40)]
     )
     try:
-        req = fill_request({"training_config": {"base_model": "tiny"}}, ts)
+        req = fill_request(LONG_JOB, ts)
         async with running_service(bus, settings, ts) as svc:
             await bus.publish(req)
             await _kill_job_while_nats_is_down(svc, nats, req.training_job_id)
