@@ -2,7 +2,8 @@
 set of logged episodes (sampled once, saved, reused), one job update per named variant, and
 the same greedy held-out before and after, per family with Wilson intervals, plus cheap
 diagnostics of the update (KL(new || old) on held-out prompts, mean |ratio - 1| and the clip
-fraction at the first step, answer rate, tool calls, replies cut by the token cap).
+fraction at the first step, answer rate, tool calls, replies cut by the token cap, and per
+family why the failed held-out episodes failed: `tooluse_failures`).
 
     python -m agentrl.bench.tooluse_job --start runs/tooluse-light/checkpoints/warmstart \\
         --out runs/tooluse-job --variant job --variant lr1e-4
@@ -604,6 +605,8 @@ def run(
     record (said as JSON and appended to `results.jsonl`)."""
     import torch
 
+    from agentrl.bench.tooluse_failures import failure_table
+
     torch.set_num_threads(settings.threads)
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -651,6 +654,8 @@ def run(
             "eval_s": round(time.perf_counter() - t, 1),
             "process_cpu_s": round(time.process_time(), 1),
             "heldout_tasks": len(after),
+            "failures_before": failure_table(before),
+            "failures_after": failure_table(after),
             "logged_episodes": len(episodes),
             "load": [round(x, 2) for x in os.getloadavg()],
         }
