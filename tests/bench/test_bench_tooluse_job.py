@@ -320,5 +320,13 @@ def test_replay_variants_train_the_jobs_replay_beside_checked_hint_items(tmp_pat
     unchecked = _variant_settings("replay-sft-unchecked")
     loose, _, _ = _hint_step(trainer, unchecked, s, episodes()[1:], recs, comps, "h-1", replay)
     assert loose.counts["hint_too_long"] == 0 and len(loose.items) == 2
+    # the relabel variant: the same checked sft step, with the solver's thoughts
+    assert VARIANTS["replay-sft-relabel"] == {**VARIANTS["replay-sft"], "relabel": True}
+    assert VARIANTS["sft-relabel"] == {**VARIANTS["sft-only"], "relabel": True}
+    relabel = _variant_settings("replay-sft-relabel")
+    rel, rhs, _ = _hint_step(trainer, relabel, s, episodes()[1:], recs, comps, "h-1", replay)
+    assert rhs.relabel_thoughts and not hs.relabel_thoughts
+    assert rel.counts["hint_relabelled"] == 0  # the saved wins' replies ("{}") have no thought
+    assert [len(it.action_ids) for it in rel.items] == [4]
     rec = _replay_record(replay)
     assert rec["replay_bounds"] == bounds and rec["replay_by_family"]["arithmetic"] == 5

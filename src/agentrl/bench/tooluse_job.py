@@ -83,6 +83,17 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "replay-sft-unchecked": {"hints": "sft", "rl": False, "replay": True},  # no check, no cap
     "checked-sft": {"hints": "sft", "rl": False, "checked": True},  # no replay
     "replay-only": {"rl": False, "replay": True},  # the replay's passes alone, no hint items
+    # sft with each trained reply's thought the scripted solver's for its tool (`JobHints.
+    # relabel_thoughts`): hinted, the start wrote "Answer with the tool's result." before its
+    # first call, and sft-only then sent arithmetic to code_exe after that thought
+    "sft-relabel": {"hints": "sft", "rl": False, "relabel": True},
+    "replay-sft-relabel": {
+        "hints": "sft",
+        "rl": False,
+        "replay": True,
+        "checked": True,
+        "relabel": True,
+    },
 }
 
 # the harness's replay (`JobReplaySettings`): per hint pass 2 draws of 4 verified successes a
@@ -892,6 +903,7 @@ def _hint_step(
 
     hs = hint_settings(settings, v["hints"])
     hs.epochs = int(v.get("hint_epochs", hs.epochs))
+    hs.relabel_thoughts = bool(v.get("relabel", False))
     bounds: dict[str, int] | None = None
     others: dict[str, int] | None = None
     if v.get("checked"):
