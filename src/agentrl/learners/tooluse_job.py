@@ -97,8 +97,9 @@ class JobHints(BaseModel):
         description="sft: each trained reply's thought is the one the scripted solver writes "
         "before its tool ('Use the calculator.', 'Write a Python program.', the answer's); "
         "the light warm start picks its tool from its thought, and hinted it wrote 'Answer "
-        "with the tool's result.' before 33 of 33 first calls: sft-only then opened every "
-        "held-out first reply with that thought and sent arithmetic to code_exe (27 of 30)",
+        "with the tool's result.' before 33 of 33 first calls: after sft-only 68 of 72 parsed "
+        "held-out first replies opened with it (none before) and arithmetic called code_exe "
+        "(27 of 30)",
     )
 
     @model_validator(mode="after")
