@@ -442,7 +442,7 @@ def extra_hint_episodes(trainer: Any, settings: Settings, episodes: list[Any]) -
             return list(episodes) + load_episodes(path)
         played = list(old["families"])
         same_volume = all(old[k] == meta[k] for k in ("per_family", "group"))
-        if not same_volume or not set(played) <= set(meta["families"]):
+        if not same_volume or not set(played) <= set(settings.hint_extra_families):
             raise SystemExit(f"{path} holds the plays of {old}, not {meta}: use another --out")
         saved = load_episodes(path)
     missing = [f for f in settings.hint_extra_families if f not in played]
