@@ -4,6 +4,7 @@ completion log of their exact tokens, and its `job` variant is what the loop giv
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from agentrl.bench.tooluse_job import (
@@ -154,6 +155,77 @@ def test_extra_plays_of_another_volume_are_never_reused(tmp_path: Path) -> None:
         extra_hint_episodes(None, other, [])
 
 
+def lost(family: str, seed: int, hint: str | None = None) -> EpisodeRecord:
+    """A failed hint-free (or, with `hint`, hinted) attempt of a training task."""
+    task = generate_task(seed, family)
+    calc = turn("calculator", '{"tool_name": "calculator"}', "calculator: = 7")
+    ep = EpisodeRecord(family, seed, task.question, [calc, turn("response", "{}", None, "7")])
+    ep.answered, ep.hint = True, hint
+    return ep
+
+
+def test_a_new_familys_extra_plays_and_hints_are_played_beside_the_saved_ones(
+    tmp_path: Path,
+) -> None:
+    """Adding a family to --hint-extra-families in a folder that holds another family's
+    extra plays and hinted resamples plays the new family's tasks and hints its failures
+    only (a real tiny policy plays them), saves them beside the old ones, and a later run
+    plays nothing; another count or group, or a saved family no longer asked for, is still
+    the clear error."""
+    import json
+
+    import pytest
+
+    from agentrl.bench.tooluse_job import Settings, extra_hint_episodes, hinted_resamples
+    from agentrl.learners.tooluse import RL_SEED_BASE
+    from agentrl.llm.config import TrainerConfig
+    from agentrl.llm.trainer import PolicyTrainer
+
+    seed = RL_SEED_BASE + 8_000
+    save_episodes(tmp_path / "extra_episodes.jsonl", [lost("data", seed)])
+    meta = {"per_family": 1, "families": ["data"], "group": 1}
+    (tmp_path / "extra_episodes.json").write_text(json.dumps(meta))
+    s = Settings(
+        "s",
+        str(tmp_path),
+        max_steps=2,
+        max_new_tokens=12,
+        hint_tasks=4,
+        hint_samples=1,
+        hint_extra_per_family=1,
+        hint_extra_families=("data", "arithmetic"),
+        hint_extra_group=1,
+    )
+    trainer = PolicyTrainer.from_config(
+        TrainerConfig(model="tiny", seed=0, learning_rate=1e-2, storage_path=str(tmp_path)), None
+    )
+    more = extra_hint_episodes(trainer, s, episodes()[:1])
+    assert [(e.family, e.seed, e.hint) for e in more[1:]] == [
+        ("data", seed, None),
+        ("arithmetic", seed, None),
+    ]
+    assert more[1].question == generate_task(seed, "data").question  # the saved play, kept
+    saved = json.loads((tmp_path / "extra_episodes.json").read_text())
+    assert saved == {**meta, "families": ["data", "arithmetic"]}
+    again = extra_hint_episodes(None, s, [])  # no policy: nothing may be played
+    assert [(e.family, e.seed) for e in again] == [("data", seed), ("arithmetic", seed)]
+    for bad in (
+        dataclasses.replace(s, hint_extra_per_family=2),
+        dataclasses.replace(s, hint_extra_group=2),
+        dataclasses.replace(s, hint_extra_families=("arithmetic",)),
+    ):
+        with pytest.raises(SystemExit, match="another --out"):
+            extra_hint_episodes(None, bad, [])
+
+    save_episodes(tmp_path / "hinted.jsonl", [lost("data", seed, hint="Hint: h")])
+    recs, comps = records_of([lost("data", seed), lost("arithmetic", seed)], "h-1")
+    hinted = hinted_resamples(trainer, s, recs, comps)
+    assert [(e.family, e.seed) for e in hinted] == [("data", seed), ("arithmetic", seed)]
+    assert hinted[0].hint == "Hint: h" and hinted[1].hint and "Hint:" in hinted[1].hint
+    assert len(load_episodes(tmp_path / "hinted.jsonl")) == 2
+    assert len(hinted_resamples(None, s, recs, comps)) == 2  # all saved: nothing played
+
+
 def test_expert_iteration_variants_hint_again_after_training() -> None:
     from agentrl.bench.tooluse_job import rl_key
 
@@ -248,5 +320,13 @@ def test_replay_variants_train_the_jobs_replay_beside_checked_hint_items(tmp_pat
     unchecked = _variant_settings("replay-sft-unchecked")
     loose, _, _ = _hint_step(trainer, unchecked, s, episodes()[1:], recs, comps, "h-1", replay)
     assert loose.counts["hint_too_long"] == 0 and len(loose.items) == 2
+    # the relabel variant: the same checked sft step, with the solver's thoughts
+    assert VARIANTS["replay-sft-relabel"] == {**VARIANTS["replay-sft"], "relabel": True}
+    assert VARIANTS["sft-relabel"] == {**VARIANTS["sft-only"], "relabel": True}
+    relabel = _variant_settings("replay-sft-relabel")
+    rel, rhs, _ = _hint_step(trainer, relabel, s, episodes()[1:], recs, comps, "h-1", replay)
+    assert rhs.relabel_thoughts and not hs.relabel_thoughts
+    assert rel.counts["hint_relabelled"] == 0  # the saved wins' replies ("{}") have no thought
+    assert [len(it.action_ids) for it in rel.items] == [4]
     rec = _replay_record(replay)
     assert rec["replay_bounds"] == bounds and rec["replay_by_family"]["arithmetic"] == 5

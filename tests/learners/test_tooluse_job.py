@@ -5,6 +5,7 @@ prompt, and training the items moves the policy."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -304,3 +305,50 @@ def test_a_pass_with_the_replay_trains_hint_free_items_family_balanced(trainer: 
     assert out["steps"] == 1 and out["tokens"] > 0 and replay.counts["replayed"] == 8
     after = [p for p in trainer.policy.model.parameters() if p.requires_grad]
     assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_relabel_gives_each_trained_reply_its_tools_thought_and_keeps_the_call(
+    trainer: Any,
+) -> None:
+    """With `relabel_thoughts` (sft only) a hinted success's reply is trained with the
+    scripted solver's thought for the tool it called; its call's tokens stay as sampled,
+    a reply already with that thought or not in the schema's shape is left alone, the
+    given episodes are not changed, and the step counts the replies relabelled."""
+    import pydantic
+
+    from agentrl.envs.tooluse.solver import THOUGHT_ANSWER, THOUGHT_CODE
+    from agentrl.learners.tooluse_job import relabel_thoughts, relabelled
+
+    tok = trainer.policy.tokenizer
+    call = '"tool_name": "code_exe", "tool_args": {"code": "print(sum([1, 2]))"}}'
+    text = '{"thoughts": ["Answer with the tool\'s result."], ' + call
+    ep = hinted_success(trainer, "numbers", 7, "Hint: y")
+    first = ep.turns[0]
+    # sampled tokens: the call one character a token (not how the tokenizer would split it)
+    sampled = [i for ch in ", " + call for i in tok.encode(ch, add_special_tokens=False)]
+    first.text, first.tool_name = text, "code_exe"
+    first.action_ids = tok.encode(text[: -len(", " + call)]) + sampled
+    answer = '{"thoughts": ["' + THOUGHT_ANSWER + '"], "tool_name": "response", '
+    answer += '"tool_args": {"text": "3"}}'
+    ep.turns.append(
+        dataclasses.replace(first, text=answer, action_ids=tok.encode(answer), tool_name="response")
+    )
+    (out,), changed = relabel_thoughts([ep], tok)
+    assert changed == 1 and out.turns[1] is ep.turns[1]  # the answer's thought was right
+    new = out.turns[0]
+    assert json.loads(new.text) == {**json.loads(text), "thoughts": [THOUGHT_CODE]}
+    assert tok.decode(new.action_ids) == new.text and new.logprobs == []
+    assert new.action_ids[-len(sampled) :] == sampled  # the call's tokens, as sampled
+    assert ep.turns[0].text == text  # the given episode is untouched
+    assert relabelled(new, tok) is None
+    assert relabelled(dataclasses.replace(first, text="{}"), tok) is None
+    assert relabelled(dataclasses.replace(first, invalid=True), tok) is None
+    with pytest.raises(pydantic.ValidationError, match="needs mode 'sft'"):
+        JobHints(mode="importance", relabel_thoughts=True)
+    settings = JobHints(mode="sft", samples=1, relabel_thoughts=True)
+    step = hint_step(trainer, records(), settings, hinted=[ep])
+    assert step.counts["hint_relabelled"] == 1
+    assert [tok.decode(it.action_ids) for it in step.items] == [new.text, answer]
+    assert all("Hint:" not in tok.decode(it.prompt_ids) for it in step.items)
+    off = hint_step(trainer, records(), JobHints(mode="sft", samples=1), hinted=[ep])
+    assert off.counts["hint_relabelled"] == 0 and off.items[0].action_ids == first.action_ids

@@ -2,7 +2,8 @@
 set of logged episodes (sampled once, saved, reused), one job update per named variant, and
 the same greedy held-out before and after, per family with Wilson intervals, plus cheap
 diagnostics of the update (KL(new || old) on held-out prompts, mean |ratio - 1| and the clip
-fraction at the first step, answer rate, tool calls, replies cut by the token cap).
+fraction at the first step, answer rate, tool calls, replies cut by the token cap, and per
+family why the failed held-out episodes failed: `tooluse_failures`).
 
     python -m agentrl.bench.tooluse_job --start runs/tooluse-light/checkpoints/warmstart \\
         --out runs/tooluse-job --variant job --variant lr1e-4
@@ -82,6 +83,17 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "replay-sft-unchecked": {"hints": "sft", "rl": False, "replay": True},  # no check, no cap
     "checked-sft": {"hints": "sft", "rl": False, "checked": True},  # no replay
     "replay-only": {"rl": False, "replay": True},  # the replay's passes alone, no hint items
+    # sft with each trained reply's thought the scripted solver's for its tool (`JobHints.
+    # relabel_thoughts`): hinted, the start wrote "Answer with the tool's result." before its
+    # first call, and sft-only then sent arithmetic to code_exe after that thought
+    "sft-relabel": {"hints": "sft", "rl": False, "relabel": True},
+    "replay-sft-relabel": {
+        "hints": "sft",
+        "rl": False,
+        "replay": True,
+        "checked": True,
+        "relabel": True,
+    },
 }
 
 # the harness's replay (`JobReplaySettings`): per hint pass 2 draws of 4 verified successes a
@@ -409,13 +421,12 @@ def hint_settings(settings: Settings, mode: str) -> Any:
 def extra_hint_episodes(trainer: Any, settings: Settings, episodes: list[Any]) -> list[Any]:
     """The logged episodes plus, when asked, hint-free attempts of more training tasks of the
     hinted families (seeds after the logged ones'), sampled once and saved: what the hint
-    step sees. The RL update keeps the logged episodes alone."""
+    step sees. The RL update keeps the logged episodes alone. Saved plays of fewer families
+    (the same count and group) are kept and only the new families played: each family's
+    plays are their own RNG stream from then on, so a family added later is not the plays a
+    run asking for all of them at once would make."""
     if settings.hint_extra_per_family <= 0:
         return list(episodes)
-    import torch
-
-    from agentrl.learners.tooluse import RL_SEED_BASE
-
     path = Path(settings.out) / "extra_episodes.jsonl"
     meta = {
         "per_family": settings.hint_extra_per_family,
@@ -423,45 +434,70 @@ def extra_hint_episodes(trainer: Any, settings: Settings, episodes: list[Any]) -
         "group": settings.hint_extra_group,
     }
     meta_path = path.with_suffix(".json")
+    saved: list[Any] = []
+    played: list[str] = []
     if path.exists():
-        saved = json.loads(meta_path.read_text()) if meta_path.exists() else None
-        if saved is not None and saved != meta:
-            raise SystemExit(f"{path} holds the plays of {saved}, not {meta}: use another --out")
-        return list(episodes) + load_episodes(path)
+        old = json.loads(meta_path.read_text()) if meta_path.exists() else None
+        if old is None:  # saved before the volume was: reused as it is
+            return list(episodes) + load_episodes(path)
+        played = list(old["families"])
+        same_volume = all(old[k] == meta[k] for k in ("per_family", "group"))
+        if not same_volume or not set(played) <= set(settings.hint_extra_families):
+            raise SystemExit(f"{path} holds the plays of {old}, not {meta}: use another --out")
+        saved = load_episodes(path)
+    missing = [f for f in settings.hint_extra_families if f not in played]
+    if not missing:
+        return list(episodes) + saved
+    extra = _extra_plays(trainer, settings, missing)
+    tmp = path.with_suffix(".tmp")
+    save_episodes(tmp, saved + extra)
+    meta_path.write_text(json.dumps({**meta, "families": played + missing}))
+    tmp.rename(path)
+    return list(episodes) + saved + extra
+
+
+def _extra_plays(trainer: Any, settings: Settings, families: Sequence[str]) -> list[Any]:
+    """`hint_extra_per_family` training tasks of each of `families`, played hint-free
+    `hint_extra_group` times at temperature 1."""
+    import torch
+
+    from agentrl.learners.tooluse import RL_SEED_BASE
+
     tasks = [
         (f, RL_SEED_BASE + 8_000 + j)
         for j in range(settings.hint_extra_per_family)
-        for f in settings.hint_extra_families
+        for f in families
     ]
     g = settings.hint_extra_group
     batch = [x for x in tasks for _ in range(g)]
     groups = [1000 + j for j in range(len(tasks)) for _ in range(g)]
     torch.manual_seed(settings.seed + 1)
-    extra = play(trainer, settings, batch, 1.0, groups)
-    tmp = path.with_suffix(".tmp")
-    save_episodes(tmp, extra)
-    meta_path.write_text(json.dumps(meta))
-    tmp.rename(path)
-    return list(episodes) + extra
+    return play(trainer, settings, batch, 1.0, groups)
 
 
 def hinted_resamples(
     trainer: Any, settings: Settings, records: list[Any], completions: dict[str, Any]
 ) -> list[Any]:
     """The start's hinted resamples of the failed logged tasks, sampled once (the job's
-    `hint_step`, importance mode) and saved; every hint variant reuses them."""
-    from agentrl.learners.tooluse_job import hint_step
+    `hint_step`, importance mode) and saved; every hint variant reuses them. A failed task
+    the saved resamples lack (its family's extra plays added since) is hinted and saved
+    beside them; the saved ones are not played again."""
+    from agentrl.learners.tooluse_job import failed_groups, hint_step, pick_tasks, task_key
 
     path = Path(settings.out) / "hinted.jsonl"
-    if path.exists():
-        return load_episodes(path)
-    step = hint_step(
-        trainer, records, hint_settings(settings, "importance"), completions, settings.seed
-    )
+    hs = hint_settings(settings, "importance")
+    saved = load_episodes(path) if path.exists() else []
+    have = {(ep.family, ep.seed) for ep in saved}
+    wanted = pick_tasks(failed_groups(records), hs.max_tasks)
+    missing = {k for k in wanted if k not in have}
+    if path.exists() and not missing:
+        return saved
+    todo = [r for r in records if task_key(r.trajectory) in missing] if saved else records
+    step = hint_step(trainer, todo, hs, completions, settings.seed)
     tmp = path.with_suffix(".tmp")
-    save_episodes(tmp, step.episodes)
+    save_episodes(tmp, saved + step.episodes)
     tmp.rename(path)
-    return step.episodes
+    return saved + step.episodes
 
 
 def rl_key(v: dict[str, Any]) -> str:
@@ -580,6 +616,8 @@ def run(
     record (said as JSON and appended to `results.jsonl`)."""
     import torch
 
+    from agentrl.bench.tooluse_failures import failure_table
+
     torch.set_num_threads(settings.threads)
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -627,6 +665,8 @@ def run(
             "eval_s": round(time.perf_counter() - t, 1),
             "process_cpu_s": round(time.process_time(), 1),
             "heldout_tasks": len(after),
+            "failures_before": failure_table(before),
+            "failures_after": failure_table(after),
             "logged_episodes": len(episodes),
             "load": [round(x, 2) for x in os.getloadavg()],
         }
@@ -863,6 +903,7 @@ def _hint_step(
 
     hs = hint_settings(settings, v["hints"])
     hs.epochs = int(v.get("hint_epochs", hs.epochs))
+    hs.relabel_thoughts = bool(v.get("relabel", False))
     bounds: dict[str, int] | None = None
     others: dict[str, int] | None = None
     if v.get("checked"):
