@@ -66,14 +66,18 @@ async def _stream_statuses(bus: Bus, job_id: str) -> list[str]:
 LONG_JOB = {"training_config": {"base_model": "tiny", "hyperparameters": {"epochs": 200}}}
 
 
-async def _kill_job_while_nats_is_down(svc: TrainingService, nats: Any, job_id: str) -> None:
-    """Stop nats-server, then end the running job (SIGKILL: failed INFRA) and wait past the
-    publish retry window, so the final status cannot be published."""
-    await _wait(lambda: job_id in svc.running, 60)
+async def _kill_jobs_while_nats_is_down(svc: TrainingService, nats: Any, *job_ids: str) -> None:
+    """Stop nats-server, then end the running jobs one after the other (SIGKILL: failed
+    INFRA) and wait past the publish retry window, so no final status can be published. The
+    kills come at once: a job whose lease is not renewed within its TTL (10 s) is stopped by
+    the service itself ("moved"), which a kill after the window met at load 1."""
+    for job_id in job_ids:
+        await _wait(lambda j=job_id: j in svc.running, 60)
     nats.stop()
-    os.kill(svc.running[job_id].proc.pid, signal.SIGKILL)
-    await _wait(lambda: job_id not in svc.running, 30)
-    assert svc.store.get(job_id).status == "failed"
+    for job_id in job_ids:
+        os.kill(svc.running[job_id].proc.pid, signal.SIGKILL)
+        await _wait(lambda j=job_id: j not in svc.running, 30)
+        assert svc.store.get(job_id).status == "failed"
     await asyncio.sleep(4.0)  # longer than the retry window: every publish attempt failed
 
 
@@ -91,12 +95,11 @@ async def test_scheduler_survives_nats_down_while_a_job_ends(nats, data_dir):
             first, other = (fill_request(LONG_JOB, ts) for _ in range(2))
             await bus.publish(first)
             await bus.publish(other)
-            await _wait(lambda: other.training_job_id in svc.running, 60)
-            await _kill_job_while_nats_is_down(svc, nats, first.training_job_id)
-            # Still away: the scheduler keeps polling, the other job's end is committed too.
-            os.kill(svc.running[other.training_job_id].proc.pid, signal.SIGKILL)
-            await _wait(lambda: other.training_job_id not in svc.running, 40)
-            assert svc.store.get(other.training_job_id).status == "failed"
+            # Both end while NATS is away: the scheduler keeps polling, and the second job's
+            # end is committed after the first's.
+            await _kill_jobs_while_nats_is_down(
+                svc, nats, first.training_job_id, other.training_job_id
+            )
             nats.start()
             # The final statuses reach the stream and the KV once NATS is back ...
             for job in (first, other):
@@ -128,7 +131,7 @@ async def test_final_status_survives_a_stop_between_commit_and_publish(nats, dat
         req = fill_request(LONG_JOB, ts)
         async with running_service(bus, settings, ts) as svc:
             await bus.publish(req)
-            await _kill_job_while_nats_is_down(svc, nats, req.training_job_id)
+            await _kill_jobs_while_nats_is_down(svc, nats, req.training_job_id)
         # The service stopped with the final status committed but not published.
         nats.start()
         assert await _status(bus, req.training_job_id) == "running"
