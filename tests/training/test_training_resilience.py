@@ -67,15 +67,17 @@ LONG_JOB = {"training_config": {"base_model": "tiny", "hyperparameters": {"epoch
 
 
 async def _kill_jobs_while_nats_is_down(svc: TrainingService, nats: Any, *job_ids: str) -> None:
-    """Stop nats-server, then end the running jobs one after the other (SIGKILL: failed
-    INFRA) and wait past the publish retry window, so no final status can be published. The
-    kills come at once: a job whose lease is not renewed within its TTL (10 s) is stopped by
-    the service itself ("moved"), which a kill after the window met at load 1."""
+    """Stop nats-server, then end the running jobs (SIGKILL: failed INFRA) and wait past the
+    publish retry window, so no final status can be published. A job whose lease goes
+    unrenewed for its TTL is stopped by the service itself ("moved", not "failed"): the
+    kills come at once, and a test with two jobs gives its service a TTL longer than its
+    NATS outage (with 10 s and one job's end handled first, the other was fenced at load 1)."""
     for job_id in job_ids:
         await _wait(lambda j=job_id: j in svc.running, 60)
     nats.stop()
     for job_id in job_ids:
         os.kill(svc.running[job_id].proc.pid, signal.SIGKILL)
+    for job_id in job_ids:
         await _wait(lambda j=job_id: j not in svc.running, 30)
         assert svc.store.get(job_id).status == "failed"
     await asyncio.sleep(4.0)  # longer than the retry window: every publish attempt failed
@@ -91,12 +93,12 @@ async def test_scheduler_survives_nats_down_while_a_job_ends(nats, data_dir):
         bus, [trajectory(i, task=f"t{i // 4}") for i in range(40)], [(i % 4) / 3 for i in range(40)]
     )
     try:
-        async with running_service(bus, settings, ts) as svc:
+        async with running_service(bus, settings, ts, lease_ttl_s=60.0) as svc:
             first, other = (fill_request(LONG_JOB, ts) for _ in range(2))
             await bus.publish(first)
             await bus.publish(other)
-            # Both end while NATS is away: the scheduler keeps polling, and the second job's
-            # end is committed after the first's.
+            # Both end while NATS is away: the scheduler keeps polling, and both ends are
+            # committed.
             await _kill_jobs_while_nats_is_down(
                 svc, nats, first.training_job_id, other.training_job_id
             )
