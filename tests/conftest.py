@@ -219,8 +219,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """What a test process's imports and the collection built, frozen: the ~240,000 objects
     it keeps to its end are walked by no later full collection. tests/rewards at -n 0: 20
     full collections took 2.99 of the process's 32.9 CPU-s, and 0.31 with this and the
-    young generation raised at
-    this file's import (26.5 CPU-s all, load 5-6)."""
+    young generation raised at this file's import (26.5 CPU-s all, load 5-6)."""
     gc.collect()
     gc.freeze()
 
