@@ -13,7 +13,9 @@ front_done="$(mktemp -u)"
 if command -v cargo >/dev/null 2>&1 || [ -x "$HOME/.cargo/bin/cargo" ]; then
   # the unoptimised profile (half the CPU of a release build): the tests check behaviour,
   # `agentrl bench gateway` measures the release build
-  ( FRONT_PROFILE=quick bash scripts/build-gateway-front.sh > "$front_log" 2>&1
+  # niced: the setup and the bytecode warm-up before pytest come first, and the build takes
+  # the cores' idle time (its tests are the last file of the run)
+  ( FRONT_PROFILE=quick nice -n 10 bash scripts/build-gateway-front.sh > "$front_log" 2>&1
     echo $? > "$front_done" ) &
   export AGENTRL_FRONT_BUILD_DONE="$front_done" AGENTRL_FRONT_BUILD_LOG="$front_log"
   export AGENTRL_GATEWAY_FRONT="$root/gateway-front/target/quick/gateway-front"
@@ -24,10 +26,12 @@ fi
 # each of the suite's hundreds of processes compile what it imports again
 unset PYTHONDONTWRITEBYTECODE
 AGENTRL_SETUP_WARM=later bash scripts/setup.sh
-# mypy checks beside the bytecode warm-up and pytest (one core for ~1 minute from a cold
-# cache); its report follows pytest's and a type error fails the check as before
+# mypy checks beside the bytecode warm-up and pytest (~50 CPU-s from a cold cache), niced to
+# the idle time of pytest's workers (they wait on processes and I/O: ~a fifth of two cores)
+# rather than taking a core from them; its report follows pytest's and a type error fails
+# the check as before
 mypy_log="$(mktemp)"
-.venv/bin/mypy src/agentrl > "$mypy_log" 2>&1 &
+nice -n 19 .venv/bin/mypy src/agentrl > "$mypy_log" 2>&1 &
 mypy_pid=$!
 # the bytecode warm-up a fresh setup left to us (scripts/warm_bytecode.py: one core, ~35
 # CPU-s from nothing), beside mypy and the front's build rather than before them

@@ -5,13 +5,15 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-import torch
-
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_layers": 2}
 
 
 def write_checkpoint(folder: Path, seed: int, scale: float = 0.5) -> str:
     """A LoRA checkpoint of the tiny base (adapter weights random, so versions differ)."""
+    # torch here, not at the top: the plugin that imports this module loads in pytest's
+    # controller too, which runs no test (its start-up comes before any worker's: ~3 CPU-s)
+    import torch
+
     from agentrl.llm.checkpoint import CheckpointManager
     from agentrl.llm.config import TrainerConfig
     from agentrl.llm.loading import LoraSettings, apply_lora, load_policy
