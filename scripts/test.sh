@@ -33,8 +33,8 @@ AGENTRL_SETUP_WARM=later bash scripts/setup.sh
 mypy_log="$(mktemp)"
 nice -n 19 .venv/bin/mypy src/agentrl > "$mypy_log" 2>&1 &
 mypy_pid=$!
-# the bytecode warm-up a fresh setup left to us (scripts/warm_bytecode.py: one core, ~35
-# CPU-s from nothing), beside mypy and the front's build rather than before them
+# the bytecode warm-up a fresh setup left to us (scripts/warm_bytecode.py: two processes,
+# ~38 CPU-s from nothing), ahead of the niced mypy and front build
 if [ -f .venv/.agentrl-warm-pending ]; then
   echo "[test] bytecode of what the suite imports"
   .venv/bin/python scripts/warm_bytecode.py >/dev/null 2>&1 || true
