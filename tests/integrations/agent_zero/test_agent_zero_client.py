@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -103,3 +104,22 @@ def test_no_interpreter_found_is_a_clear_error(checkout: Checkout) -> None:
     assert result.exit_code == 2
     assert "--python" in result.output and "inactive" in result.output
     assert json.loads((checkout.plugin_dir / "config.json").read_text())  # the plugin is there
+
+
+def test_the_client_installs_by_uv_where_it_is_and_by_pip_after_uv_fails(tmp_path: Path) -> None:
+    """uv first (setup.sh puts it beside agentrl's Python), pip when uv fails: both tried,
+    both named in the error when both fail. The success of each is the 3.12 install above
+    (and scripts/test.sh's step), which goes through `find_uv()`."""
+    beside = Path(sys.executable).parent / "uv"
+    assert client.find_uv() == (str(beside) if beside.exists() else shutil.which("uv"))
+    wheel = client.build_wheel(Path(agentrl.__file__).parent, tmp_path, "0.0.1")
+    no_python = tmp_path / "no-such" / "python"
+    with pytest.raises(RuntimeError) as failed:
+        client.install_client(no_python, wheel, uv=shutil.which("false") or "/bin/false")
+    said = str(failed.value)
+    assert "pip install --quiet --python" in said  # uv's attempt, then
+    assert f"{no_python} -m pip install" in said  # pip's
+    with pytest.raises(RuntimeError) as pip_only:
+        client.install_client(no_python, wheel, uv="")
+    assert "pip install --quiet --python" not in str(pip_only.value)  # no uv: pip alone
+    assert f"{no_python} -m pip install" in str(pip_only.value)
