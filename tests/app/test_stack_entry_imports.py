@@ -1,0 +1,46 @@
+"""The modules the stack's processes start from import no model stack: every service of
+`agentrl up`, a replica (`python -m agentrl.app.stack`), a gateway worker and the training
+worker and launcher. torch, transformers and peft cost ~7.5 CPU-s a process and openai ~1.5
+(s28's measures); what needs them (the local engine, a job, validation) imports them where
+it uses them. In the suite of 2026-11-30 about 40 such processes ran with no model at all:
+rewards and warehouse replicas, gateways in front of an upstream, replicas, gateway workers.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from agentrl.app.stack import SERVICES
+
+ENTRIES = (
+    *(path.split(":")[0] for _, path in SERVICES),
+    "agentrl.app.stack",
+    "agentrl.release.gateway_worker",
+    "agentrl.training.worker",
+    "agentrl.training.launcher",
+)
+HEAVY = ("torch", "transformers", "peft", "openai")
+
+CODE = f"""
+import importlib, json, sys
+loaded = {{}}
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+    loaded[name] = sorted(m for m in {HEAVY!r} if m in sys.modules)
+print(json.dumps(loaded))
+"""
+
+
+def test_the_stacks_process_entries_import_no_model_stack() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", CODE, *ENTRIES],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert list(loaded) == list(ENTRIES)
+    assert {name: mods for name, mods in loaded.items() if mods} == {}, loaded
