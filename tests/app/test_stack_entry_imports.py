@@ -2,8 +2,9 @@
 `agentrl up`, a replica (`python -m agentrl.app.stack`), a gateway worker and the training
 worker and launcher. torch, transformers and peft cost ~7.5 CPU-s a process and openai ~1.5
 (s28's measures); what needs them (the local engine, a job, validation) imports them where
-it uses them. In the suite of 2026-11-30 about 40 such processes ran with no model at all:
-rewards and warehouse replicas, gateways in front of an upstream, replicas, gateway workers.
+it uses them. In the suite run of 2026-11-30 (s29's /proc samples) 25 service processes ran
+with no model: 12 `agentrl rewards serve`, 5 `agentrl deploy serve` in front of an upstream,
+3 gateway workers, 2 `agentrl warehouse serve`, 2 `agentrl train serve` and 1 replica.
 """
 
 from __future__ import annotations
