@@ -18,6 +18,7 @@ from agentrl.training.launcher import launch, serve
 def job(job_dir: Path) -> int:
     die_with_parent()
     print(f"env {os.environ.get('JOB_MARK')} cwd {os.getcwd()} sid {os.getsid(0)}", flush=True)
+    print(f"torch imported: {'torch' in sys.modules}", flush=True)
     sleep = job_dir / "sleep"
     time.sleep(float(sleep.read_text()) if sleep.exists() else 0.0)
     code = job_dir / "code"

@@ -65,10 +65,12 @@ async def test_a_forked_job_runs_with_the_orders_env_dir_and_log(launcher, tmp_p
     path, proc = launcher
     job_dir = _job(tmp_path, "a", code=3)
     monkeypatch.chdir(tmp_path)
-    job = await launch(path, job_dir, {**os.environ, "JOB_MARK": "m1"})
+    job = await launch(path, job_dir, {**os.environ, "JOB_MARK": "m1", "OMP_NUM_THREADS": "1"})
     assert await job.wait() == 3
     text = (job_dir / "process.log").read_text()
     assert f"env m1 cwd {tmp_path} sid {job.pid}" in text  # its own session
+    # a launcher that preloaded nothing leaves torch to the job (its threads: the job's env)
+    assert "torch imported: False" in text
     # the next one forks from the same launcher, which keeps no state of the first
     second = _job(tmp_path, "b")
     job2 = await launch(path, second, {**os.environ, "JOB_MARK": "m2"})
