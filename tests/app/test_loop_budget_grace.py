@@ -58,7 +58,6 @@ def test_the_tool_use_loop_waits_a_generation_after_its_budget() -> None:
     assert LoopConfig.tooluse(quick=True).grace_s == 120  # the quick one ends by generations
 
 
-
 async def test_the_drill_paces_the_agents_even_while_its_canary_runs(tmp_path: Path) -> None:
     """Once the generations are decided only the --bad-candidate drill is left: the gateway
     refuses its torn weights with or without traffic, so the agents act at a trickle (at full
