@@ -56,3 +56,30 @@ def test_the_tool_use_loop_waits_a_generation_after_its_budget() -> None:
     # job ~10 min, validation ~8, canary ~6 on 2 cores (2026-11-30): the grace covers them
     assert LoopConfig.tooluse().grace_s >= 1500
     assert LoopConfig.tooluse(quick=True).grace_s == 120  # the quick one ends by generations
+
+
+async def test_the_drill_paces_the_agents_even_while_its_canary_runs(tmp_path: Path) -> None:
+    """Once the generations are decided only the --bad-candidate drill is left: the gateway
+    refuses its torn weights with or without traffic, so the agents act at a trickle (at full
+    speed the quick loop's two agents played on through the drill, counted by no one)."""
+    from agentrl.serving.config import RolloutPlan
+    from agentrl.serving.registry import ModelRecord, Rollout
+
+    said: list[str] = []
+    cfg = LoopConfig.quick(bad_candidate=True)
+    decider = Decider(cfg, None, None, "p", tmp_path, said.append)
+    agents = Agents(cfg, None, "http://127.0.0.1:9/v1", "p", said.append)
+    live = ModelRecord(model_id="p-v1", version=1, public_name="p", base_model="tiny",
+                       checkpoint_path="/ckpt", state="live")  # fmt: skip
+    decider.injected = "p-v2"  # the drill's version, in its canary (a rollout running)
+    canary = Rollout(model_id="p-v2", plan=RolloutPlan.default(), deployment_id="d")
+    later = time.monotonic() + 60
+    assert not await decider._step([live], canary, agents, Watch(), None, later)
+    assert agents.paced
+    # before the generations are decided a running canary gets every agent
+    fresh = Decider(cfg, None, None, "p", tmp_path, said.append)
+    assert not await fresh._step([], canary, agents, Watch(), None, later)
+    assert not agents.paced
+    # without the drill's flag nothing changes: the run ends at its decided generations
+    plain = Decider(LoopConfig.quick(), None, None, "p", tmp_path, said.append)
+    assert await plain._step([live], None, agents, Watch(), None, later)

@@ -1,4 +1,5 @@
-"""The `agentrl dqn` and `agentrl bench per` commands, run as real subprocesses."""
+"""The `agentrl dqn` and `agentrl bench per` commands, run as real subprocesses; the training
+run goes through the same app in this process (typer's runner)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 AGENTRL = [sys.executable, "-m", "agentrl.cli"]
@@ -17,20 +20,31 @@ def run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_dqn_command_writes_metrics_figure_and_model(tmp_path: Path) -> None:
-    # 600 steps, evaluated and learning from 200 (1,500 and 500 before: the same files, two
-    # evaluations and rows of metrics; 11.8 -> 10.0 CPU-s at load 6.5, 2026-11-30)
+def test_dqn_command_writes_metrics_figure_and_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """600 steps, evaluated and learning from 200 (1,500 and 500 before: the same files, two
+    evaluations and rows of metrics; 11.8 -> 10.0 CPU-s at load 6.5, 2026-11-30). The command
+    runs through its own app in this process (typer's runner): a new Python's imports of
+    torch, gymnasium and matplotlib were most of its 9.2 CPU-s; in a process that has them
+    it is 2.3-4.9 (the first run imports what torch's optimizer needs), 2026-11-30, load 7.
+    The other tests here still start `python -m agentrl.cli` as a process."""
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    monkeypatch.chdir(REPO)  # the config's path, as the subprocesses run
     out = tmp_path / "run"
-    proc = run(
+    result = CliRunner().invoke(app, [
         "dqn", "--config", "configs/cartpole.yaml", "--seed", "3", "--total-steps", "600", "--out", str(out),
         "--set", "evaluation.every_env_steps=200", "--set", "evaluation.episodes=2", "--set", "dqn.learning_starts=200",
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output[-2000:]
     for name in ("metrics.csv", "evals.csv", "training.png", "model.pt", "summary.json"):
         assert (out / name).is_file(), name
     summary = json.loads((out / "summary.json").read_text())
     assert summary["env_steps"] >= 600 and summary["config"]["seed"] == 3
-    assert "done" in proc.stdout
+    assert "done" in result.stdout
 
 
 def test_dqn_command_reports_bad_config_values(tmp_path: Path) -> None:

@@ -99,6 +99,7 @@ def test_the_rebuilt_mask_gives_ratio_one_on_the_behaviour_policys_tokens(
         assert len(ids) >= 8
         bitmask = book.bitmask(gen.schema_hash, ids)
         assert bitmask is not None and bitmask.shape[0] == len(ids)
+        assert isinstance(bitmask, torch.Tensor) and bitmask.dtype == torch.int32
         logged = torch.tensor(gen.token_logprobs, dtype=torch.float32)
         masked.append(
             PolicySample(

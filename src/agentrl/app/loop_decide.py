@@ -277,6 +277,10 @@ class Decider:
                 self.say(f"{len(decided)} versions decided: finishing {sorted(self.finishing)}")
         if self.finishing and undecided(records, self.finishing):
             return False
+        if stage == "end" and cfg.bad_candidate:
+            # what is left is the drill, whose canary needs no sessions (the gateway refuses
+            # the torn weights on its own): a trickle of acting, as a done lineage's
+            agents.paced = cfg.pace
         if stage != "end" or busy:
             return False
         if not cfg.bad_candidate:

@@ -82,7 +82,10 @@ class GrammarBook:
         if not schema_hash or schema_hash not in self.constraints or not action_ids:
             self.unmatched += 1
             return None
-        from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
+        # llguidance's numpy helpers, as the gateway's (`structured.mask_logits`):
+        # `llguidance.torch` applies `@torch.compile` at import, which imports inductor:
+        # ~1.9 CPU-s of each job process that replays a grammar, for two array helpers
+        from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
         from agentrl.serving.structured import advance
 
@@ -93,4 +96,4 @@ class GrammarBook:
             if not advance(matcher, int(tok)):  # a token the grammar forbids there
                 self.unmatched += 1
                 return None
-        return out
+        return torch.from_numpy(out)
