@@ -56,7 +56,17 @@ def main(argv: list[str]) -> int:
     agent.last_user_message = Message(rec["user_message"]["content"], "m-1")
     answer = asyncio.run(Driver(ext).monologue(agent, rec["iterations"]))
     import agentrl.integrations.agent_zero.hooks as hooks
+    from agentrl.integrations.agent_zero.config import PLUGIN_NAME, load_config
+    from agentrl.integrations.agent_zero.publisher import Outbox
 
+    # The monologue's own flush has 2 s (`publish_timeout_s`: Agent Zero never waits on NATS
+    # longer); on a loaded host a fresh process's first connect can take that, and the event
+    # then stays spooled for the next flush (2026-11-30, load 7-10: nothing on the bus).
+    # What is left is flushed as `agentrl agent-zero flush` does: the check is that the
+    # event reaches the bus through the spool, not how fast
+    outbox = Outbox(load_config(root / "usr" / "plugins" / PLUGIN_NAME))
+    spooled = len(outbox.spool)
+    asyncio.run(outbox.flush(60.0, force=True))
     published = asyncio.run(trajectories_of(nats_url, session))
     print(
         json.dumps(
@@ -66,6 +76,7 @@ def main(argv: list[str]) -> int:
                 "answer": answer,
                 "hooks_from": hooks.__file__,
                 "tool_names": [[t["action"]["tool_name"] for t in p["turns"]] for p in published],
+                "spooled_after_monologue": spooled,
             }
         )
     )
