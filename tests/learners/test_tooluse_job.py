@@ -352,3 +352,14 @@ def test_relabel_gives_each_trained_reply_its_tools_thought_and_keeps_the_call(
     assert all("Hint:" not in tok.decode(it.prompt_ids) for it in step.items)
     off = hint_step(trainer, records(), JobHints(mode="sft", samples=1), hinted=[ep])
     assert off.counts["hint_relabelled"] == 0 and off.items[0].action_ids == first.action_ids
+    # relabelled before the length check: a reply over the cap as sampled but within it
+    # with the (shorter) solver's thought is trained, not dropped as too long
+    cap = len(new.action_ids)
+    assert cap < len(first.action_ids)
+    short = JobHints(mode="sft", samples=1, relabel_thoughts=True, max_reply_tokens=cap)
+    kept = hint_step(trainer, records(), short, hinted=[ep])
+    assert kept.counts["hint_too_long"] == 0 and kept.counts["hint_relabelled"] == 1
+    assert [tok.decode(it.action_ids) for it in kept.items] == [new.text, answer]
+    as_sampled = JobHints(mode="sft", samples=1, max_reply_tokens=cap)
+    dropped = hint_step(trainer, records(), as_sampled, hinted=[ep])
+    assert dropped.counts["hint_too_long"] == 1 and dropped.items == []
