@@ -46,37 +46,32 @@ def test_a_users_correction_is_the_hint_and_the_question_comes_first() -> None:
 
 
 def _planned_call(hint: str) -> dict:  # type: ignore[type-arg]
-    """The call the plan hint asks for (the JSON after "Reply with "; for numbers the
-    program after `NUMBERS_RUN`, written as the solver's code_exe reply)."""
+    """The call the plan hint asks for: the JSON after "Reply with "."""
     import json
 
-    from agentrl.envs.tooluse.hints import NUMBERS_RUN
-    from agentrl.envs.tooluse.solver import THOUGHT_CODE
-
-    if NUMBERS_RUN in hint:
-        code = hint.split(NUMBERS_RUN + "\n", 1)[1]
-        return {"thoughts": [THOUGHT_CODE], "tool_name": "code_exe", "tool_args": {"code": code}}
     call, _ = json.JSONDecoder().raw_decode(hint.split("Reply with ", 1)[1])
     return dict(call)
 
 
-def test_the_numbers_plan_is_the_program_in_plain_text_not_a_reply() -> None:
-    """Numbers: no reply JSON in the hint (with one the warm start answered at once with
-    `response`, reading the call as made): the solver's program after the code_exe
-    instruction, last in the hint; the other families keep the reply to write."""
-    from agentrl.envs.tooluse.hints import NUMBERS_RUN
-    from agentrl.envs.tooluse.solver import first_action
+def test_every_familys_plan_is_the_solvers_reply_numbers_included() -> None:
+    """Numbers' plan is the solver's reply JSON too, last in the hint (its program in plain
+    text made the light warm start call the calculator: greedy 0 of 7 failed training
+    tasks, against 2 of 7 with the JSON); the plan never names the response tool (with
+    "then reply with response" the start sent the program as its answer)."""
+    from agentrl.envs.tooluse.solver import THOUGHT_CODE, first_action, first_reply
 
     for seed in range(1_000_000, 1_000_010):
         task = generate_task(seed, "numbers")
         hint = hint_for(task, [Attempt(answer="0")])
-        assert '"tool_name"' not in hint and "Reply with" not in hint
+        assert hint.endswith(f"Reply with {first_reply(task)}")
+        call = _planned_call(hint)
+        assert call["thoughts"] == [THOUGHT_CODE] and call["tool_name"] == "code_exe"
+        assert call["tool_args"] == {"code": first_action(task)[2]}
         assert "response" not in hint.split("The task needs", 1)[1]
-        assert hint.endswith(f"{NUMBERS_RUN}\n{first_action(task)[2]}")
-        assert "code_exe" in hint
+        assert "Run this program" not in hint
         for family in ("arithmetic", "data"):
             other = hint_for(generate_task(seed, family), [Attempt(answer="0")])
-            assert "Reply with {" in other and NUMBERS_RUN not in other
+            assert "Reply with {" in other
 
 
 @pytest.mark.parametrize("pool", ["train", "unseen"])
@@ -120,7 +115,6 @@ def test_the_bench_levels_say_what_they_claim() -> None:
     """`bench tooluse_hints` levels: only "answer" gives the answer; "plan" adds the call's
     shape to "checker"; "correction" puts the user's words in place of the needs."""
     from agentrl.bench.tooluse_hints import CORRECTIONS, LEVELS, hint_of
-    from agentrl.envs.tooluse.hints import NUMBERS_RUN
 
     for seed in range(1_000_000, 1_000_010):
         task = generate_task(seed, "numbers")
@@ -132,6 +126,6 @@ def test_the_bench_levels_say_what_they_claim() -> None:
             if len(truth) >= 3 and truth not in task.question:
                 assert truth not in str(got[lv]), (lv, got[lv])
         assert f"The right answer is {truth}." in str(got["answer"])
-        assert "Reply with" not in str(got["checker"]) and NUMBERS_RUN not in str(got["checker"])
-        assert NUMBERS_RUN in str(got["plan"])
+        assert "Reply with" not in str(got["checker"])
+        assert "Reply with {" in str(got["plan"])
         assert CORRECTIONS["numbers"] in str(got["correction"])

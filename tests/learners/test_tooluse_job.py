@@ -186,6 +186,36 @@ def test_given_resamples_are_reused_and_sft_trains_them_as_plain_nll(
         assert out["mean_coef"] == pytest.approx(1.0)  # plain NLL
 
 
+@pytest.mark.parametrize("mode", ["sft", "importance"])
+def test_a_numbers_hint_is_the_solvers_reply_and_never_enters_the_trained_prompt(
+    trainer: Any, mode: str
+) -> None:
+    """Numbers' hint is the solver's first reply as JSON (its program in plain text made the
+    light warm start call the calculator), after the checker's verdict on the logged
+    attempts; it never holds the answer, and a hinted success that copied it is trained on
+    the hint-free prompt: neither the hint nor its call is in the trained context."""
+    from agentrl.envs.tooluse.solver import first_reply
+
+    tok = trainer.policy.tokenizer
+    task = generate_task(7, "numbers")
+    settings = JobHints(mode=mode, samples=1)
+    hint = hint_step(trainer, records(), settings, hinted=[]).hints[("numbers", 7)]
+    call = first_reply(task)
+    assert hint.startswith("Hint: Earlier attempts failed: the final answers '7' are not")
+    assert hint.endswith(f"Reply with {call}") and '"tool_name": "code_exe"' in call
+    assert str(task.answer) not in hint  # (the answer: only running the program shows it)
+    ep = hinted_success(trainer, "numbers", 7, hint)  # it copied the call: code_exe ran
+    first = dataclasses.replace(ep.turns[0], text=call, action_ids=tok.encode(call))
+    first.tool_name, first.logprobs = "code_exe", [-0.1] * len(first.action_ids)
+    ep.turns[0] = first
+    step = hint_step(trainer, records(), settings, hinted=[ep])
+    assert step.counts["hinted_successes"] == 1 and step.counts["hint_items"] == 1
+    (it,) = step.items
+    trained = tok.decode(it.prompt_ids)
+    assert trained == task.question and "Hint:" not in trained and "Reply with" not in trained
+    assert tok.decode(it.action_ids) == call
+
+
 def test_the_hint_step_decodes_at_most_play_batch_episodes_together() -> None:
     """A job hinting 60 tasks three times decodes 32 episodes at a time, not all 180 at
     once (every prompt's cache held together); a small step decodes all of its together."""
@@ -352,3 +382,14 @@ def test_relabel_gives_each_trained_reply_its_tools_thought_and_keeps_the_call(
     assert all("Hint:" not in tok.decode(it.prompt_ids) for it in step.items)
     off = hint_step(trainer, records(), JobHints(mode="sft", samples=1), hinted=[ep])
     assert off.counts["hint_relabelled"] == 0 and off.items[0].action_ids == first.action_ids
+    # relabelled before the length check: a reply over the cap as sampled but within it
+    # with the (shorter) solver's thought is trained, not dropped as too long
+    cap = len(new.action_ids)
+    assert cap < len(first.action_ids)
+    short = JobHints(mode="sft", samples=1, relabel_thoughts=True, max_reply_tokens=cap)
+    kept = hint_step(trainer, records(), short, hinted=[ep])
+    assert kept.counts["hint_too_long"] == 0 and kept.counts["hint_relabelled"] == 1
+    assert [tok.decode(it.action_ids) for it in kept.items] == [new.text, answer]
+    as_sampled = JobHints(mode="sft", samples=1, max_reply_tokens=cap)
+    dropped = hint_step(trainer, records(), as_sampled, hinted=[ep])
+    assert dropped.counts["hint_too_long"] == 1 and dropped.items == []

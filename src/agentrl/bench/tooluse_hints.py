@@ -27,7 +27,7 @@ LEVELS = {
     "checker": "what was wrong with the hint-free attempt + the quantity the task needs and "
     "the tool for it, in words (hint_for plan=False, the default before the plan)",
     "plan": "checker's verdict + the quantity + the first reply to write, thought first "
-    "(the solver's call from what the question shows; numbers: its program in plain text; "
+    "(the solver's call from what the question shows, as its reply's JSON; "
     "hint_for's default)",
     "answer": "plan + 'The right answer is ...' (reveal_answer=True)",
     "correction": "what was wrong + a short user-style correction in place of the needs",

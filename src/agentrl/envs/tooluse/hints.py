@@ -98,9 +98,6 @@ def what_the_task_needs(task: ToolTask) -> str:
     return f"{need}; use code_exe with a short program that prints it"
 
 
-NUMBERS_RUN = "Run this program with the code_exe tool first, then answer with what it prints:"
-
-
 def call_shape(task: ToolTask) -> str:
     """The first call to make, as the exact reply the model writes (thought first: the
     light warm start picks its tool from its thought, and with only the call's JSON in the
@@ -112,18 +109,19 @@ def call_shape(task: ToolTask) -> str:
     "then reply with response and the value the tool printed" after the call it wrote the
     response's thought and, for 4 of 6 numbers tasks, sent the program as its answer.
 
-    Numbers: the program in plain text after `NUMBERS_RUN`, not a JSON reply. With a reply's
-    JSON in the user message the light warm start answered at once with `response` (greedy,
-    the 3 failed numbers training tasks: 3 of 3 under each of four JSON forms: with and
-    without the checker's verdict, the wrong answers quoted or not, the hint before the
-    question; at T=1, 8 of 9 hinted resamples): it read the call as already made. With the
-    program in plain text it called a tool first in 3 of 3 (the calculator, so still no
-    success: 2026-11-29, `bench tooluse_job`'s hinted resamples and greedy probes)."""
-    from agentrl.envs.tooluse.solver import first_action, first_reply
+    Numbers too (h91, 2026-11-30): the reply's JSON, as for the other families. Its
+    program in plain text after "Run this program with the code_exe tool first, ..." (the
+    form of s26-s28) made the start write "Use the calculator." and call the calculator:
+    greedy on 7 failed numbers training tasks (3 logged + 4 more) 0 of 7 solved, calculator
+    7 of 7, and 0 of 6 hinted resamples at T=0.3 in s28; four other plain forms (the
+    thought's words first or last, "not the calculator", the args' JSON alone) did the
+    same, 0 of 7 each. With the reply's JSON 2 of 7 solved (code_exe 2, `response` at once
+    5: it reads the call as made); saying "No tool has run yet" or leaving out the checker's
+    verdict made that 0 of 7 (`response` 7 of 7), and the answer step's thought in the JSON
+    1 of 7. 2 of 7 against 0 of 7 is a small sample: the direction, not an effect size."""
+    from agentrl.envs.tooluse.solver import first_reply
 
     try:
-        if task.family == "numbers":
-            return f"{NUMBERS_RUN}\n{first_action(task)[2]}"
         call = first_reply(task)
     except (ValueError, KeyError):
         return ""
