@@ -107,7 +107,10 @@ async def test_report_from_streams(nats_url: str, tmp_path: Path) -> None:
         await bus.close()
     mine = [r for r in data.rewards if r.get("trajectory_id") in ours]
     assert len(mine) == 40 and len(data.statuses) >= 5 and len(data.deployments) >= 3
-    assert consumers == consumers_before  # the report's ephemeral consumers are deleted
+    # the report's ephemeral consumers are deleted: none is left that was not there before
+    # (the worker's shared server may drop an earlier test's idle ephemeral consumer between
+    # the two listings: seen once in the suite, 2026-11-30)
+    assert set(consumers) <= set(consumers_before), set(consumers) - set(consumers_before)
     page = report.write_report(data, tmp_path / "report")
     rows = report.reward_rows(mine)
     rate = {m: sum(r["success"] for r in rows if r["model"] == m) / 20 for m in ("v1", "v2")}
