@@ -99,9 +99,7 @@ class JobHints(BaseModel):
         "the light warm start picks its tool from its thought, and hinted it wrote 'Answer "
         "with the tool's result.' before 33 of 33 first calls: after sft-only 68 of 72 parsed "
         "held-out first replies opened with it (none before) and arithmetic called code_exe "
-        "(27 of 30). Relabelled before the length check: of the 12 hinted arithmetic "
-        "successes saved in s28, 5 were over the family's bound of 50 tokens as sampled "
-        "(51-58); relabelled, 4 fit (48-49) and one's 58-token answer stays over",
+        "(27 of 30). Applied before the length check, which then bounds the reply as trained",
     )
 
     @model_validator(mode="after")

@@ -109,16 +109,9 @@ def call_shape(task: ToolTask) -> str:
     "then reply with response and the value the tool printed" after the call it wrote the
     response's thought and, for 4 of 6 numbers tasks, sent the program as its answer.
 
-    Numbers too (h91, 2026-11-30): the reply's JSON, as for the other families. Its
-    program in plain text after "Run this program with the code_exe tool first, ..." (the
-    form of s26-s28) made the start write "Use the calculator." and call the calculator:
-    greedy on 7 failed numbers training tasks (3 logged + 4 more) 0 of 7 solved, calculator
-    7 of 7, and 0 of 6 hinted resamples at T=0.3 in s28; four other plain forms (the
-    thought's words first or last, "not the calculator", the args' JSON alone) did the
-    same, 0 of 7 each. With the reply's JSON 2 of 7 solved (code_exe 2, `response` at once
-    5: it reads the call as made); saying "No tool has run yet" or leaving out the checker's
-    verdict made that 0 of 7 (`response` 7 of 7), and the answer step's thought in the JSON
-    1 of 7. 2 of 7 against 0 of 7 is a small sample: the direction, not an effect size."""
+    Numbers too: its program in plain text made the light warm start call the calculator
+    (0 of 7 failed training tasks solved), the reply's JSON 2 of 7 (docs/bench/2026-11.md,
+    twenty-ninth session)."""
     from agentrl.envs.tooluse.solver import first_reply
 
     try:
