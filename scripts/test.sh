@@ -100,6 +100,9 @@ set +e
   -n "${AGENTRL_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@"
 status=$?
 if [ "$status" -eq 5 ]; then echo "[test] pytest collected no tests"; fi
+# what the script waits for after pytest (mypy and the Agent Zero step run beside it at
+# lower priority or mostly waiting; on a busy host they can finish minutes after pytest)
+waited_from=$SECONDS
 echo "[test] mypy src"
 wait "$mypy_pid"
 mypy_status=$?
@@ -115,5 +118,6 @@ rm -f "$a0_log"
 if [ -f "$front_done" ]; then
   echo "[test] gateway front build: exit $(cat "$front_done") ($(tail -1 "$front_log"))"
 fi
+echo "[test] after pytest: $((SECONDS - waited_from)) s waiting for mypy and the Agent Zero step"
 rm -f "$front_log" "$front_done"
 exit "$status"

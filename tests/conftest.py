@@ -96,7 +96,6 @@ LONG = (
     "tests/warehouse/test_ingester_replicas.py",
     "tests/rewards/test_rewards_crash.py",
     "tests/capture/test_stack_capture.py",
-    "tests/app/test_up.py",
     "tests/training/test_tooluse_job_hints.py",
     "tests/bench/test_bench_canary.py",
 )
@@ -202,6 +201,15 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     if controller and not os.environ.get("AGENTRL_TRAINING_LAUNCHER"):
         os.environ[SHARED_LAUNCHER] = str(_launcher_path())
+    if not controller:
+        # A process that collects: its collector off until `pytest_collection_finish`
+        # collects once and freezes. The collection's imports (torch, transformers) and test
+        # modules are nearly all kept to the end; with the collector on meanwhile each
+        # worker spent 0.86-0.99 CPU-s in 133 collections (2 full) before its first test,
+        # with it off 0.56-0.61 in 50 (tests/learners, serving, release at -n 2,
+        # `gc.callbacks`, load 3-10). Not in xdist's controller: it collects no tests (no
+        # `pytest_collection_finish`).
+        gc.disable()
 
 
 @pytest.hookimpl(optionalhook=True)  # (xdist's hook: no error under -p no:xdist)
@@ -219,9 +227,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """What a test process's imports and the collection built, frozen: the ~240,000 objects
     it keeps to its end are walked by no later full collection. tests/rewards at -n 0: 20
     full collections took 2.99 of the process's 32.9 CPU-s, and 0.31 with this and the
-    young generation raised at this file's import (26.5 CPU-s all, load 5-6)."""
+    young generation raised at this file's import (26.5 CPU-s all, load 5-6). The collector,
+    off since `pytest_configure`, is on again from here."""
     gc.collect()
     gc.freeze()
+    gc.enable()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

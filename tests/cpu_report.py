@@ -7,6 +7,8 @@ waited on them); a process's start-up and collection come as a line of their own
 test never waited on is counted where it is reaped (often at the next `subprocess.Popen`), so
 check a surprise with the file alone. `--cpu-report-by test` records per test. With xdist
 each worker appends its own JSON lines; `.venv/bin/python tests/cpu_report.py PATH` ranks them.
+The start-up line's `start_up_s` is the part before collection (Python, pytest, its plugins,
+the conftests): the rest of its `self_s` is the collection (the test modules' imports).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class _Recorder:
 
         self.wall = time.monotonic() - (time.time() - psutil.Process().create_time())
         self.tests = 0
+        self.start_up_s: float | None = None  # the process's own CPU-s at `pytest_sessionstart`
 
     def begin(self, file: str) -> None:
         if file == self.file:
@@ -74,6 +77,8 @@ class _Recorder:
             "wall_s": round(time.monotonic() - self.wall, 2),
             "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
         }
+        if self.file == "(start-up and collection)" and self.start_up_s is not None:
+            line["start_up_s"] = round(self.start_up_s, 2)
         with self.path.open("a") as out:
             out.write(json.dumps(line) + "\n")
         self.file = None
@@ -88,6 +93,11 @@ def pytest_configure(config: pytest.Config) -> None:
     if path:
         by_test = config.getoption("--cpu-report-by") == "test"
         _recorder = _Recorder(Path(path).resolve(), by_test)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if _recorder is not None:
+        _recorder.start_up_s = _cpu()[0]
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -293,13 +293,13 @@ def batches(draw: st.DrawFn) -> dict[str, Any]:
             length = draw(st.integers(1, 6))
             steps = [(draw(st.sampled_from("abcd")), draw(reward)) for _ in range(length)]
             episodes.append((f"g{g}", f"g{g}e{e}", steps, draw(reward)))
-    # Interleave: repeatedly take the next row of a randomly chosen unfinished episode.
+    # Interleave: a permutation of the episodes' row slots (episode k's rows keep their
+    # order); one permutation, not a draw per row: 200 batches 2.64-2.86 -> 1.89-2.36 CPU-s
+    slots = [k for k, ep in enumerate(episodes) for _ in ep[2]]
     cursors = [0] * len(episodes)
     rows: dict[str, list[Any]] = {k: [] for k in HAND}
     rows["step_index"] = []
-    while any(c < len(ep[2]) for c, ep in zip(cursors, episodes, strict=True)):
-        open_eps = [k for k, ep in enumerate(episodes) if cursors[k] < len(ep[2])]
-        k = draw(st.sampled_from(open_eps))
+    for k in draw(st.permutations(slots)):
         group, uid, steps, score = episodes[k]
         anchor, r = steps[cursors[k]]
         rows["group_ids"].append(group)

@@ -63,7 +63,7 @@ def test_up_replicas_runs_two_of_every_service(tmp_path: Path) -> None:
         "AGENTRL_GATEWAY_PORT": str(gw),
         # an OpenAI-compatible server as the backend (none listens there: no request is
         # sent): what runs twice is every service, not the engine, and neither process
-        # imports torch (the embedded engine in each cost ~7 CPU-s; tests/app/test_up.py
+        # imports torch (the embedded engine in each cost ~7 CPU-s; tests/capture/test_stack_capture.py
         # serves the tiny model through `up`)
         "AGENTRL_DEPLOY_BACKEND": "upstream",
         "AGENTRL_DEPLOY_UPSTREAM_URL": f"http://127.0.0.1:{free_port()}/v1",

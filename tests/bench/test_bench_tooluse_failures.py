@@ -4,7 +4,13 @@ and the per-family table the job harness puts in its record."""
 
 from __future__ import annotations
 
-from agentrl.bench.tooluse_failures import CLASSES, failure_class, failure_table, family_tool
+from agentrl.bench.tooluse_failures import (
+    CLASSES,
+    failure_class,
+    failure_table,
+    family_tool,
+    first_tool_table,
+)
 from agentrl.envs.tooluse.tasks import generate_task
 from agentrl.learners.tooluse_episodes import EpisodeRecord, TurnRecord
 
@@ -65,3 +71,20 @@ def test_each_failure_has_one_class_the_first_that_applies() -> None:
         "numbers": {"no_answer": 1, "tool_error": 1},
     }
     assert list(table["arithmetic"]) == ["wrong_final", "no_tool", "wrong_args"]  # CLASSES order
+
+
+def test_the_first_tool_table_counts_each_episode_by_its_first_call() -> None:
+    """Per family, each episode once, by the first tool it called (not its last, and not
+    `response`); an episode that called none is `none`."""
+    eps = [
+        episode("arithmetic", call("calculator"), answer("5"), success=True),
+        episode("arithmetic", call("code_exe"), call("calculator"), answer("5")),  # drifted
+        episode("arithmetic", answer("5")),
+        episode("data", call(None, finish="length")),
+        episode("data", call("code_exe", error=True), call("code_exe"), answer("5")),
+    ]
+    assert first_tool_table(eps) == {
+        "arithmetic": {"calculator": 1, "code_exe": 1, "none": 1},
+        "data": {"code_exe": 1, "none": 1},
+    }
+    assert first_tool_table([]) == {}

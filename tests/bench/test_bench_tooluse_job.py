@@ -276,6 +276,7 @@ def test_replay_variants_train_the_jobs_replay_beside_checked_hint_items(tmp_pat
         Settings,
         _hint_step,
         _replay_record,
+        _round_record,
         _variant_settings,
         job_replay,
         replay_bounds,
@@ -317,6 +318,14 @@ def test_replay_variants_train_the_jobs_replay_beside_checked_hint_items(tmp_pat
     assert step.counts["hinted_successes"] == 2 and step.counts["hint_too_long"] == 1
     assert step.counts["hint_capped"] == 0  # one arithmetic item beside the replay's draw
     assert [len(it.action_ids) for it in step.items] == [4]
+    rr = _round_record(step, {"tokens": 4, "loss": 0.1})  # the record's per-family counts
+    assert rr["hint_items_by_family"] == step.by_family
+    assert step.by_family == {
+        "arithmetic": {
+            "successes": 2, "too_long": 1, "capped": 0, "items": 1, "response": 1,
+            "solver_thought": 0,
+        }
+    }  # fmt: skip
     unchecked = _variant_settings("replay-sft-unchecked")
     loose, _, _ = _hint_step(trainer, unchecked, s, episodes()[1:], recs, comps, "h-1", replay)
     assert loose.counts["hint_too_long"] == 0 and len(loose.items) == 2
@@ -330,3 +339,38 @@ def test_replay_variants_train_the_jobs_replay_beside_checked_hint_items(tmp_pat
     assert [len(it.action_ids) for it in rel.items] == [4]
     rec = _replay_record(replay)
     assert rec["replay_bounds"] == bounds and rec["replay_by_family"]["arithmetic"] == 5
+    # the retry variant: the best variant's settings with the replay's retries on
+    assert VARIANTS["replay-retry-importance"] == {**VARIANTS["replay-importance"], "retries": True}
+    assert not replay.settings.retries and rec["replay_retries"] == 0
+    with_retries = job_replay(trainer, *records_of(episodes(), "h-1"), 0, retries=True)
+    assert with_retries.settings.retries
+
+
+def test_a_turn_rebuilt_from_the_trajectory_is_the_prompt_it_was_sampled_from(
+    tmp_path: Path,
+) -> None:
+    """The job's records show a tool's result as Agent Zero's message (the env's
+    `agent_zero` view), so every turn's prompt rebuilt from the trajectory (the replay's
+    and distillation's `turn_messages`) is the exact prompt the policy sampled that turn
+    from: episodes played by a real tiny policy, turns after a tool call among them."""
+    from agentrl.bench.tooluse_job import Settings, play, trajectory_of
+    from agentrl.learners.tooluse_job import turn_messages
+    from agentrl.llm.config import TrainerConfig
+    from agentrl.llm.samples import render_prompt
+    from agentrl.llm.trainer import PolicyTrainer
+
+    trainer = PolicyTrainer.from_config(
+        TrainerConfig(model="tiny", seed=0, learning_rate=1e-2, storage_path=str(tmp_path)), None
+    )
+    s = Settings("s", str(tmp_path), max_steps=3, max_new_tokens=16)
+    tasks = [("arithmetic", SEED), ("data", SEED), ("numbers", SEED)]
+    played = play(trainer, s, tasks, 1.0)
+    tok = trainer.policy.tokenizer
+    later = 0
+    for ep in played:
+        traj = trajectory_of(ep, "t", None)
+        for k, t in enumerate(ep.turns):
+            rebuilt = render_prompt(tok, turn_messages(traj, ep.question, k))
+            assert rebuilt == list(t.prompt_ids), (ep.family, k)
+            later += k > 0
+    assert later >= 2  # turns after a tool's (or an error's) message were compared

@@ -267,6 +267,12 @@ def test_the_length_check_drops_hinted_successes_with_a_reply_over_the_bound(
     step = hint_step(trainer, records(), capped, hinted=given)
     assert step.counts["hint_too_long"] == 1 and step.counts["hinted_successes"] == 2
     assert [it.family for it in step.items] == ["numbers"]
+    # per family: what the check dropped and what the items call ("{}": no thought)
+    zero = {"successes": 1, "too_long": 0, "capped": 0, "items": 0, "solver_thought": 0}
+    assert step.by_family == {
+        "arithmetic": {**zero, "too_long": 1},
+        "numbers": {**zero, "items": 1, "response": 1},
+    }
     # the family's bound: the data success of records() is data's; arithmetic gets one given
     own = verified_reply_bounds(records(), {}, tok)
     assert list(own) == ["data"] and own["data"] > 0
@@ -306,6 +312,10 @@ def test_the_hint_step_caps_a_family_and_counts_it(trainer: Any) -> None:
     step = hint_step(trainer, records(), settings, hinted=given, other_items={"numbers": 3})
     # numbers would be 4 of 5 items: its one success dropped, arithmetic's kept
     assert step.counts["hint_capped"] == 1 and [it.family for it in step.items] == ["arithmetic"]
+    assert step.by_family["numbers"] == {
+        "successes": 1, "too_long": 0, "capped": 1, "items": 0, "solver_thought": 0
+    }  # fmt: skip
+    assert step.by_family["arithmetic"]["items"] == step.by_family["arithmetic"]["response"] == 1
 
 
 def test_a_pass_with_the_replay_trains_hint_free_items_family_balanced(trainer: Any) -> None:
@@ -382,6 +392,10 @@ def test_relabel_gives_each_trained_reply_its_tools_thought_and_keeps_the_call(
     assert all("Hint:" not in tok.decode(it.prompt_ids) for it in step.items)
     off = hint_step(trainer, records(), JobHints(mode="sft", samples=1), hinted=[ep])
     assert off.counts["hint_relabelled"] == 0 and off.items[0].action_ids == first.action_ids
+    # per family, the items by tool and with the solver's thought: the answer's only, then both
+    row = {"successes": 1, "too_long": 0, "capped": 0, "items": 2, "code_exe": 1, "response": 1}
+    assert off.by_family == {"numbers": {**row, "solver_thought": 1}}
+    assert step.by_family == {"numbers": {**row, "solver_thought": 2}}
     # relabelled before the length check: a reply over the cap as sampled but within it
     # with the (shorter) solver's thought is trained, not dropped as too long
     cap = len(new.action_ids)

@@ -312,3 +312,94 @@ def test_replay_steps_zero_trains_exactly_as_before(tmp_path: Path) -> None:
     assert current["replayed"] == 1 * 1 * 4 * 2 and current["replay_families_solved"] == 1
     assert on.trainer.global_step == before.trainer.global_step  # the same RL steps
     assert any(not torch.equal(a, b) for a, b in zip(trainable(before), trainable(on), strict=True))
+
+
+def played_attempt(family: str, seed: int, replies: list[str], tid: str) -> dict[str, Any]:
+    """A failed attempt played by the real environment (Agent Zero's view, as the loop
+    logs it): each reply, the message the environment answered it with, its step info."""
+    from agentrl.envs.tooluse import ToolUseEnv
+
+    env = ToolUseEnv(family=family, max_steps=4, view="agent_zero")
+    obs = env.reset(seed)
+    turns, content = [], obs["text"]
+    for j, text in enumerate(replies):
+        nxt, _, _, info = env.step(text)
+        turns.append(
+            {
+                "turn_id": j + 1,
+                "observation": {
+                    "type": "user_message" if j == 0 else "tool_result",
+                    "content": content,
+                },
+                "action": {"type": "tool_call", "raw_response": text},
+                "step_info": info,
+                "logprobs": {"finish_reason": "stop"},
+            }
+        )
+        content = nxt["text"]
+    return {
+        "trajectory_id": tid,
+        "task_context": {
+            "env_id": f"tooluse-{family}",
+            "seed": seed,
+            "env_kwargs": {"view": "agent_zero"},
+        },
+        "turns": turns,
+        "metadata": {"outcome": {"task_status": "failed"}},
+    }
+
+
+def test_a_retry_after_a_tool_error_is_the_solvers_call_on_the_attempts_own_context(
+    tokenizer: Any,
+) -> None:
+    """With `retries`, a failed hint-free attempt whose call errored joins the replay as a
+    retry: its turns up to the error's message as logged, then the scripted solver's call,
+    its result as the environment shows it after those steps, and the solver's answer,
+    which the environment verifies. The erroneous reply is never trained; off by default;
+    a corrected attempt, one with no step left after the error, or one without an error
+    adds nothing."""
+    from agentrl.envs.tooluse.agent_prompt import SYSTEM_PROMPT, reply
+    from agentrl.envs.tooluse.solver import THOUGHT_ANSWER, THOUGHT_CALC, first_reply
+    from agentrl.learners.tooluse_job_replay import retry_items
+    from agentrl.llm.samples import render_prompt
+
+    seed = 11
+    task = generate_task(seed, "arithmetic")
+    bad = reply(THOUGHT_CALC, "calculator", expression="(1 +")
+    wrong = reply(THOUGHT_ANSWER, "response", text="7")
+    errored = played_attempt("arithmetic", seed, [bad, wrong], "e")
+    assert errored["turns"][0]["step_info"]["tool_error"]
+    error_msg = errored["turns"][1]["observation"]["content"]
+    assert "calculator error" in error_msg and "tool_result" in error_msg  # Agent Zero's
+    recs = [record(errored, 0.0)]
+    off = replay_of_records(tokenizer, recs, JobReplaySettings())
+    assert len(off.replay) == 0 and off.counts["replay_retries"] == 0
+    on = replay_of_records(tokenizer, recs, JobReplaySettings(retries=True))
+    assert on.counts["replay_retries"] == 1 and on.replay.added == {"retry": 1}
+    (items,) = on.replay.held("arithmetic")
+    call, answer = (tokenizer.decode(it.action_ids, skip_special_tokens=True) for it in items)
+    assert call == first_reply(task)
+    assert json.loads(answer)["tool_args"]["text"] == str(task.answer)
+    seen = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": task.question},
+        {"role": "assistant", "content": bad},
+        {"role": "user", "content": error_msg},
+    ]
+    assert items[0].prompt_ids == render_prompt(tokenizer, seen)  # its own error, as logged
+    second = tokenizer.decode(items[1].prompt_ids)
+    assert second.startswith(tokenizer.decode(items[0].prompt_ids))
+    assert f"= {task.answer}" in second and "Steps left: 2" in second  # after two steps
+    assert all(wrong not in tokenizer.decode(it.prompt_ids) for it in items)
+    assert all(bad != tokenizer.decode(it.action_ids, skip_special_tokens=True) for it in items)
+    # nothing to retry: corrected, no step left after the error, or no error at all
+    corrected = replay_of_records(
+        tokenizer, [record(errored, 0.0, correction="x")], JobReplaySettings(retries=True)
+    )
+    assert corrected.skipped == {"retry_corrected": 1} and len(corrected.replay) == 0
+    ok = reply(THOUGHT_CALC, "calculator", expression="1 + 1")
+    late = played_attempt("arithmetic", seed, [ok, ok, bad, wrong], "l")  # error at step 3 of 4
+    assert late["turns"][2]["step_info"]["tool_error"]
+    assert retry_items(tokenizer, late, 4) == ([], "retry_no_steps_left")
+    calm = played_attempt("arithmetic", seed, [wrong], "c")
+    assert retry_items(tokenizer, calm, 4) == ([], None)

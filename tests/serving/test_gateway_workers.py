@@ -166,6 +166,10 @@ def _metric_by_pid(directory: Path, name: str) -> dict[int, float]:
 
     out: dict[int, float] = {}
     for f in directory.glob("counter_*.db"):
+        if f.stat().st_size < 8:
+            # a process creating its file (prometheus_client opens it, then sizes it): no
+            # counts yet; read whole it fails (struct.error, seen at load 8-10)
+            continue
         pid = int(f.stem.split("_")[-1])
         reg = CollectorRegistry()
         collector = multiprocess.MultiProcessCollector(reg, path=str(directory))

@@ -310,8 +310,6 @@ class LoopConfig(BaseModel):
 
 def loop_environment(cfg: LoopConfig) -> dict[str, str]:
     """The other services' settings for a loop-sized run (only those not set by the user)."""
-    from agentrl.llm.precision import bf16_pays
-
     hyper = {
         # the moves are guided_choice turns (`training.jobspec.TRAINERS`)
         "trainer": "choices" if cfg.env == "frozenlake" else "tokens",
@@ -345,7 +343,7 @@ def loop_environment(cfg: LoopConfig) -> dict[str, str]:
         "AGENTRL_TRAINING_INIT_FROM": "latest",
         # the next job's process waits with torch imported: 5-8 s off each job of the chain
         "AGENTRL_TRAINING_WARM_WORKER": "true",
-        "AGENTRL_TRAINING_MIXED_PRECISION": "bf16" if cfg.model != "tiny" and bf16_pays() else "no",
+        "AGENTRL_TRAINING_MIXED_PRECISION": _mixed_precision(cfg.model),
         "AGENTRL_DEPLOY_BASE_MODEL": cfg.model,
         "AGENTRL_DEPLOY_BACKEND": cfg.backend,
         "AGENTRL_DEPLOY_BACKEND_TIMEOUT_S": str(cfg.backend_timeout_s),
@@ -390,8 +388,20 @@ def loop_environment(cfg: LoopConfig) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in os.environ}
 
 
+def _mixed_precision(model: str) -> str:
+    """The jobs' autocast: bf16 where it pays here (`llm.precision`: torch's import and a
+    timed product); the tiny random model trains in fp32 with no probe, so a tiny run imports
+    torch where its stack loads the model, not before its nats-server starts (a quick loop
+    stopped while starting had spent ~3 CPU-s on torch's import here)."""
+    if model == "tiny":
+        return "no"
+    from agentrl.llm.precision import bf16_pays
+
+    return "bf16" if bf16_pays() else "no"
+
+
 def _system_prompt() -> str:
-    from agentrl.learners.valid_action import SYSTEM_PROMPT
+    from agentrl.learners.valid_action_prompt import SYSTEM_PROMPT
 
     return SYSTEM_PROMPT
 

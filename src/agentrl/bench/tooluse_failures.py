@@ -69,3 +69,15 @@ def failure_table(episodes: Sequence[Any]) -> dict[str, dict[str, int]]:
             row = out.setdefault(ep.family, {})
             row[c] = row.get(c, 0) + 1
     return {f: {c: row[c] for c in CLASSES if c in row} for f, row in sorted(out.items())}
+
+
+def first_tool_table(episodes: Sequence[Any]) -> dict[str, dict[str, int]]:
+    """Per family, the episodes by the first tool they called (`none`: answered, cut or
+    stopped before any call): a family drifting to another family's tool shows here before
+    it shows in the failures (arithmetic to code_exe after training on data's programs)."""
+    out: dict[str, dict[str, int]] = {}
+    for ep in episodes:
+        first = next((t.tool_name for t in ep.turns if t.tool_name in TOOLS), None) or "none"
+        row = out.setdefault(ep.family, {})
+        row[first] = row.get(first, 0) + 1
+    return {f: dict(sorted(row.items())) for f, row in sorted(out.items())}

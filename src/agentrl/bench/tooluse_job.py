@@ -83,6 +83,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "replay-sft-unchecked": {"hints": "sft", "rl": False, "replay": True},  # no check, no cap
     "checked-sft": {"hints": "sft", "rl": False, "checked": True},  # no replay
     "replay-only": {"rl": False, "replay": True},  # the replay's passes alone, no hint items
+    # the best variant with a retry after each failed logged attempt's first tool error in its
+    # replay (`JobReplaySettings.retries`: the attempt's turns up to the error, then the
+    # solver's call and answer, verified): the start answers at once after an error
+    "replay-retry-importance": {
+        "hints": "importance",
+        "rl": False,
+        "replay": True,
+        "checked": True,
+        "retries": True,
+    },
     # sft with each trained reply's thought the scripted solver's for its tool (`JobHints.
     # relabel_thoughts`): hinted, the start wrote "Answer with the tool's result." before its
     # first call, and sft-only then sent arithmetic to code_exe after that thought
@@ -171,10 +181,22 @@ def load_episodes(path: Path) -> list[Any]:
 
 def trajectory_of(ep: Any, tid: str, answer: Any) -> dict[str, Any]:
     """The episode as `rollout.convert` writes a tool-use trajectory (the env's info in
-    `step_info`, the answer in `task_context.ground_truth`), with its completion ids."""
+    `step_info`, the answer in `task_context.ground_truth`), with its completion ids. A
+    tool's result is the observation as the agent saw it: Agent Zero's user message
+    (`agent_prompt.tool_result_message`, the env's `agent_zero` view), so a turn's prompt
+    rebuilt from the trajectory (`tooluse_job.turn_messages`: the replay, distillation) is
+    the prompt it was sampled from; with the bare result every prompt after a tool call
+    differed (37 of 73 turns of the saved logged episodes)."""
+    from agentrl.envs.tooluse.agent_prompt import tool_result_message
+
     turns = []
     for k, t in enumerate(ep.turns):
-        obs = ep.question if k == 0 else str(ep.turns[k - 1].result)
+        prev = ep.turns[k - 1] if k else None
+        obs = (
+            ep.question
+            if prev is None
+            else tool_result_message(prev.tool_name, str(prev.result))["content"]
+        )
         if t.tool_name == "response" and not t.invalid:
             action = {
                 "type": "response",
@@ -616,7 +638,8 @@ def run(
     record (said as JSON and appended to `results.jsonl`)."""
     import torch
 
-    from agentrl.bench.tooluse_failures import failure_table
+    from agentrl.bench.tooluse_failures import failure_table, first_tool_table
+    from agentrl.bench.tooluse_paired import paired
 
     torch.set_num_threads(settings.threads)
     out = Path(settings.out)
@@ -667,6 +690,9 @@ def run(
             "heldout_tasks": len(after),
             "failures_before": failure_table(before),
             "failures_after": failure_table(after),
+            "first_tool_before": first_tool_table(before),
+            "first_tool_after": first_tool_table(after),
+            "paired_vs_before": paired(before, after),
             "logged_episodes": len(episodes),
             "load": [round(x, 2) for x in os.getloadavg()],
         }
@@ -750,7 +776,11 @@ def _update(
     t = time.perf_counter()
     records, completions = records_of(episodes, key, v["partial_credit"])
     step, hs, h_data = None, None, (records, completions)
-    replay = job_replay(trainer, records, completions, settings.seed) if v.get("replay") else None
+    replay = (
+        job_replay(trainer, records, completions, settings.seed, bool(v.get("retries")))
+        if v.get("replay")
+        else None
+    )
     if v.get("hints"):  # built before any update, from the start (as a job does)
         step, hs, h_data = _hint_step(
             trainer, v, settings, episodes, records, completions, key, replay
@@ -796,15 +826,22 @@ def _update(
     )
 
 
-def job_replay(trainer: Any, records: list[Any], completions: dict[str, Any], seed: int) -> Any:
+def job_replay(
+    trainer: Any,
+    records: list[Any],
+    completions: dict[str, Any],
+    seed: int,
+    retries: bool = False,
+) -> Any:
     """The job's replay of the logged episodes' verified hint-free successes and the warm
-    start's scripted episodes (`REPLAY`), as a job builds it (`replay_of_records`)."""
+    start's scripted episodes (`REPLAY`), with `retries` the retries after their failed
+    attempts' tool errors too, as a job builds it (`replay_of_records`)."""
     from agentrl.learners.tooluse_job_replay import JobReplaySettings, replay_of_records
 
     return replay_of_records(
         trainer.policy.tokenizer,
         records,
-        JobReplaySettings(**REPLAY),
+        JobReplaySettings(**REPLAY, retries=retries),
         completions,
         seed,
         max_length=trainer.config.max_length,
@@ -854,6 +891,7 @@ def _round_record(step: Any, train: dict[str, float]) -> dict[str, Any]:
     return {
         **step.counts,
         "hinted_by_family": {f: f"{ok}/{n}" for f, (ok, n) in sorted(fams.items())},
+        "hint_items_by_family": step.by_family,
         "tokens": int(train.get("tokens", 0)),
         "loss": round(float(train.get("loss", math.nan)), 4),
     }

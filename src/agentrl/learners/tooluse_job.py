@@ -132,6 +132,9 @@ class HintStep:
     )
     hints: dict[Key, str] = field(default_factory=dict)
     episodes: list[Any] = field(default_factory=list)  # the hinted resamples (importance, sft)
+    # per family: what the checks kept of its hinted successes and the tools its items call
+    # (`family_counts`); apart from `counts`, which a loop sums across jobs
+    by_family: dict[str, dict[str, int]] = field(default_factory=dict)
     seconds: float = 0.0
 
     def pass_items(self, replay: Any = None, generator: Any = None) -> list[TokenItem]:
@@ -410,6 +413,7 @@ def hint_step(
         step.items = importance_items(kept) if s.mode == "importance" else sft_items(kept)
         for it, fam in zip(step.items, _families_of(kept, families), strict=True):
             it.family = fam
+        step.by_family = family_counts(trained, short, kept, families)
         solved = {(ep.family, ep.seed) for ep in again if ep.success}
         unsolved = {k: step.hints[k] for k in keys if k not in solved}
         if s.fallback_distill and unsolved:  # no hinted success: the teacher's view instead
@@ -434,6 +438,51 @@ def _families_of(episodes: Sequence[Any], families: dict[Key, str]) -> list[str]
             if t.finish == "stop" and t.free_prompt_ids is not None:
                 out.append(families.get((ep.family, ep.seed), ep.family))
     return out
+
+
+def family_counts(
+    trained: Sequence[Any], short: Sequence[Any], kept: Sequence[Any], families: dict[Key, str]
+) -> dict[str, dict[str, int]]:
+    """Per family, the hinted successes (`successes`), those the length check dropped
+    (`too_long`) and the family cap dropped (`capped`), the items trained (`items`), and
+    the trained items by tool (`calculator`, `code_exe`, `response`) and with the scripted
+    solver's thought for that tool (`solver_thought`: the light warm start picks its tool
+    from its thought). A pass balances each family's total weight, not what its items
+    teach: a run that drifts says here which family's items, tools and thoughts it trained."""
+    from agentrl.envs.tooluse.solver import THOUGHT_ANSWER, THOUGHT_CALC, THOUGHT_CODE
+
+    want = {"calculator": THOUGHT_CALC, "code_exe": THOUGHT_CODE, "response": THOUGHT_ANSWER}
+    out: dict[str, dict[str, int]] = {}
+
+    def row(ep: Any) -> dict[str, int]:
+        fam = families.get((ep.family, ep.seed), ep.family)
+        zero = {"successes": 0, "too_long": 0, "capped": 0, "items": 0, "solver_thought": 0}
+        return out.setdefault(fam, zero)
+
+    short_ids, kept_ids = {id(ep) for ep in short}, {id(ep) for ep in kept}
+    for ep in trained:
+        r = row(ep)
+        r["successes"] += 1
+        r["too_long"] += id(ep) not in short_ids
+        r["capped"] += id(ep) in short_ids and id(ep) not in kept_ids
+    for ep in kept:
+        r = row(ep)
+        for t in ep.turns:
+            if t.finish == "stop" and t.free_prompt_ids is not None:  # an item (importance_items)
+                r["items"] += 1
+                tool = str(t.tool_name or "none")
+                r[tool] = r.get(tool, 0) + 1
+                r["solver_thought"] += _thoughts(t.text) == [want.get(tool)]
+    return {f: out[f] for f in sorted(out)}
+
+
+def _thoughts(text: str) -> Any:
+    """A reply's `thoughts` (None: not a JSON object)."""
+    try:
+        reply = json.loads(text)
+    except ValueError:
+        return None
+    return reply.get("thoughts") if isinstance(reply, dict) else None
 
 
 def longest_reply(episode: Any) -> int:

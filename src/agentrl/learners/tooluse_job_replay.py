@@ -28,7 +28,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.envs.tooluse.hints import HINT_PREFIX
 from agentrl.learners.tooluse_hints import TokenItem
-from agentrl.learners.tooluse_job import action_ids, succeeded, task_key, turn_messages
+from agentrl.learners.tooluse_job import (
+    action_ids,
+    reply_text,
+    succeeded,
+    task_key,
+    turn_messages,
+)
 from agentrl.learners.tooluse_replay import Replay
 
 
@@ -56,6 +62,14 @@ class JobReplaySettings(BaseModel):
         description="replay rounds a job takes (after its first `rounds` RL epochs); 0: after "
         "every epoch. Each round is forward and backward passes over whole multi-turn prompts: "
         "144 s a round on 2 cores at load 4-7 (2026-11-29)",
+    )
+    retries: bool = Field(
+        False,
+        description="also replay a retry after the first tool error of a failed, hint-free "
+        "attempt: its turns up to the error's message as logged, then the scripted solver's "
+        "call and its answer, played on in the environment and kept only when it verifies "
+        "(`retry_items`). The warm start never saw a second call: after an error it answers "
+        "at once. Off: successes only",
     )
     success_bar: float | None = Field(
         None,
@@ -88,6 +102,7 @@ class JobReplay:
             "replay_families_solved": 0,
             "replay_updates": 0,
             "replayed": 0,
+            "replay_retries": 0,
         }
     )
     skipped: dict[str, int] = field(default_factory=dict)
@@ -158,7 +173,11 @@ def replay_of_records(
     newest = sorted(records, key=lambda r: str(r.trajectory.get("end_timestamp") or ""))
     for r in newest:
         key = task_key(r.trajectory)
-        if key is None or not succeeded(r):
+        if key is None:
+            continue
+        if not succeeded(r):
+            if s.retries and generate_task(key[1], key[0]).family not in solved:
+                _add_retry(job, r, tokenizer, s, max_length, skip)
             continue
         if generate_task(key[1], key[0]).family in solved:
             skip("family_solved")
@@ -192,6 +211,84 @@ def replay_of_records(
     job.counts["replay_families"] = len(job.replay.families())
     job.seconds = time.perf_counter() - t0
     return job
+
+
+def _add_retry(
+    job: JobReplay,
+    record: Any,
+    tokenizer: Any,
+    s: JobReplaySettings,
+    max_length: int | None,
+    skip: Any,
+) -> None:
+    """A failed attempt's retry items into the replay (source "retry"), or why not."""
+    if record.hint:
+        skip("retry_corrected")
+        return
+    items, why = retry_items(tokenizer, record.trajectory, s.max_steps)
+    if not items:
+        if why:
+            skip(why)
+        return
+    if max_length is not None:
+        items = [_fit(it, max_length) for it in items if len(it.action_ids) < max_length]
+    job.replay.add(items[0].family, items, "retry")
+    job.counts["replay_retries"] += 1
+
+
+def retry_items(
+    tokenizer: Any, trajectory: dict[str, Any], max_steps: int
+) -> tuple[list[TokenItem], str | None]:
+    """A retry after the first tool error of a failed, hint-free tool-use attempt, as NLL
+    items: the prompt is the attempt's own turns up to the error's message as logged
+    (`turn_messages`: the state the policy reaches, its own error), the reply the scripted
+    solver's call; then that call's result, as the environment shows it after the same
+    steps, and the solver's answer. The attempt's turns are played again in the
+    environment first, and the items kept only when the answer verifies; the erroneous
+    turn is never an item. -> (items, None), or ([], why not: None for an attempt with no
+    tool error)."""
+    from agentrl.envs.tooluse import ToolUseEnv
+    from agentrl.envs.tooluse.agent_prompt import tool_result_message
+    from agentrl.envs.tooluse.solver import answer_reply, first_reply
+    from agentrl.envs.tooluse.tasks import generate_task
+    from agentrl.llm.samples import encode_action, render_prompt
+
+    key = task_key(trajectory)
+    turns = trajectory.get("turns") or []
+    err = next(
+        (k for k, t in enumerate(turns) if (t.get("step_info") or {}).get("tool_error")), None
+    )
+    if key is None or err is None:
+        return [], None
+    task = generate_task(key[1], key[0])
+    if (turns[0].get("observation") or {}).get("content") != task.question:
+        return [], "retry_not_hint_free"
+    if err + 1 >= len(turns):  # no logged message of the error: the episode ended there
+        return [], "retry_no_steps_left"
+    env = ToolUseEnv(family=key[0], max_steps=max_steps)  # "mixed" draws as it drew
+    env.reset(key[1])
+    for turn in turns[: err + 1]:
+        _, _, done, _ = env.step(reply_text(turn))
+        if done:
+            return [], "retry_no_steps_left"
+    call = first_reply(task)
+    result, _, done, called = env.step(call)
+    if done:  # out of steps after the call: no turn left to answer in
+        return [], "retry_no_steps_left"
+    answer = answer_reply(str(result["text"]))  # as `solver.solve_episode` reads it
+    _, _, _, info = env.step(answer)
+    if not info.get("success"):
+        return [], "retry_unverified"
+    before = turn_messages(trajectory, task.question, err + 1)
+    after = [
+        *before,
+        {"role": "assistant", "content": call},
+        tool_result_message(called.get("tool_name"), str(result["text"])),
+    ]
+    return [
+        TokenItem(render_prompt(tokenizer, before), encode_action(tokenizer, call), task.family),
+        TokenItem(render_prompt(tokenizer, after), encode_action(tokenizer, answer), task.family),
+    ], None
 
 
 def solved_families(records: Sequence[Any], bar: float | None) -> set[str]:

@@ -30,14 +30,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentrl.core.stats import wilson
+from agentrl.learners.valid_action_prompt import SYSTEM_PROMPT
 
 log = logging.getLogger(__name__)
 
 HELDOUT_OFFSET = 1_000_000  # held-out map seeds start here; training seeds stay below
-SYSTEM_PROMPT = (
-    "Frozen lake: walk to the goal; a hole ends the game, a wall blocks. Rows grow "
-    "downwards. Reply with one move: up, down, left or right."
-)
 LogprobFn = Callable[[Sequence[str]], torch.Tensor]  # prompt texts -> [N, n_choices]
 
 

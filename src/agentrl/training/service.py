@@ -1251,22 +1251,39 @@ class TrainingService:
             validate=False,
             batch=1000,
             ack_wait=60,
+            # a reward waits for its trajectory's index (`_index_trajectories`), which lags
+            # on a loaded host: ~30 s before a reward whose trajectory never came is
+            # dead-lettered, not 5
+            max_deliver=30,
         )
 
-    async def handle_rewards(self, batch: list[Delivery]) -> None:
-        """Count first reward versions per scope, each (trajectory_id, version) once: a batch
-        nakked earlier (its trajectories not indexed yet) counts when it comes back."""
+    async def handle_rewards(self, batch: list[Delivery]) -> list[BaseException | None]:
+        """Count first reward versions per scope, each (trajectory_id, version) once. A reward
+        whose trajectory is not indexed yet is nakked alone and counts when it comes back;
+        the rest of its batch counts now (one lagging trajectory held back, and after
+        `max_deliver` dead-lettered, every reward fetched with it)."""
         from agentrl.training.dataset import reward_version
 
         state = ThresholdState.from_json(self.store.get_state("threshold"))
         items: list[tuple[str, str, int]] = []
+        outcomes: list[BaseException | None] = []
         for d in batch:
+            outcomes.append(None)
             try:
                 r = orjson.loads(d.data)
                 tid = str(r["trajectory_id"])
             except Exception:
                 continue  # not a reward: never counted
-            items.append((tid, self._scope_key(tid), reward_version(r)))
+            try:
+                items.append((tid, self._scope_key(tid), reward_version(r)))
+            except TransientError as exc:
+                outcomes[-1] = exc
+        if any(outcomes):
+            log.info(
+                "%d of %d rewards wait for their trajectories to be indexed",
+                sum(1 for o in outcomes if o),
+                len(outcomes),
+            )
         counted = self.store.counted((tid, v) for tid, _, v in items if v == 1)
         before = set(counted)
         fired = count_rewards(state, items, self.ts.threshold, counted)
@@ -1294,6 +1311,7 @@ class TrainingService:
                 await self.fire_deferred()
             except Exception as exc:  # committed: the outbox or the next firing publishes it
                 log.warning("threshold firing not published yet: %s", exc)
+        return outcomes
 
     async def _active(self, job_id: str) -> bool:
         """Whether a job is queued or running on any runner (the status bucket; this
