@@ -14,21 +14,36 @@ from agentrl.serving.config import DeploySettings
 from agentrl.serving.registry import ModelRecord
 from deploy_helpers import TINY
 
-# big enough that loading takes a noticeable time (random init of ~40M parameters)
-SPEC = {
-    "name": "tiny",
-    "seed": 0,
-    "tiny_kwargs": {"hidden_size": 512, "intermediate_size": 1024, "num_layers": 4},
-}
+
+def _spec(layers: int) -> dict[str, object]:
+    """A random model from config whose load takes a noticeable time (~40M parameters at 4
+    layers, ~2.6M more a layer)."""
+    return {
+        "name": "tiny",
+        "seed": 0,
+        "tiny_kwargs": {"hidden_size": 512, "intermediate_size": 1024, "num_layers": layers},
+    }
+
+
+def _spec_that_loads_in_half_a_second() -> tuple[dict[str, object], float]:
+    """The smallest spec of 4, 8, 16 or 32 layers whose one load takes over 0.5 s on this
+    host, now (a fast host loaded 4 layers in 0.38 s: too short to tell a stalled loop from
+    a beating one), and that load's seconds."""
+    for layers in (4, 8, 16, 32):
+        spec = _spec(layers)
+        started = time.perf_counter()
+        _hf_policy("tiny", spec)
+        load_s = time.perf_counter() - started
+        if load_s > 0.5:
+            break
+    return spec, load_s
 
 
 async def test_the_loop_keeps_beating_while_validation_loads_the_base_model(
     tmp_path: Path,
 ) -> None:
     _hf_policy("tiny", {"name": "tiny", "tiny_kwargs": TINY})  # imports, once
-    started = time.perf_counter()
-    _hf_policy("tiny", SPEC)  # what one load of SPEC takes here, now
-    load_s = time.perf_counter() - started
+    spec, load_s = _spec_that_loads_in_half_a_second()
 
     settings = DeploySettings(benchmark_episodes=1, validation_max_new_tokens=2)
     prompts = {k: v[:1] for k, v in load_prompts().items()}
@@ -45,7 +60,7 @@ async def test_the_loop_keeps_beating_while_validation_loads_the_base_model(
         public_name="p",
         base_model="tiny",
         checkpoint_path=None,
-        serving={"base_spec": SPEC},
+        serving={"base_spec": spec},
     )
     gaps: list[float] = []
     done = asyncio.Event()
