@@ -3,9 +3,9 @@ benchmark results file, `docs/bench/results.jsonl`.
 
 The results file is the data: one JSON object a recorded run (`bench`, `title`, `figure`,
 `where`, `target`, `met`, `links`, `date`, and, where the run printed one, its last JSON
-line under `json`). It only grows: a newer record of a benchmark replaces the older one in
-the tables, and the history stays in the file and in the month's narrative
-(`docs/bench/YYYY-MM.md`). Add a record, then run
+line under `json`; `context` keeps what the figure cell leaves out, such as earlier runs).
+It only grows: a newer record of a benchmark replaces the older one in the tables, and the
+history stays in the file and in the month's narrative (`docs/bench/YYYY-MM.md`). Add a record, then run
 
     python scripts/bench_table.py          # rewrite both tables
     python scripts/bench_table.py --check  # exit 1 when a table is out of date (the tests do)

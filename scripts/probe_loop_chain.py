@@ -12,7 +12,7 @@ and prints greedy success on the 50 held-out maps after every job, as JSON lines
     .venv/bin/python scripts/probe_loop_chain.py --lag 2 --acting-temperature 3 --gamma 0.99
 
 About 30 s a job on one quiet AVX2 core (2026-11-27); results in docs/bench/2026-11.md,
-"the chain without the stack" (seventh and eighth sessions).
+"Why the chain jumped late" (s7, s8).
 """
 
 from __future__ import annotations

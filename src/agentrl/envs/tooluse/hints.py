@@ -111,7 +111,7 @@ def call_shape(task: ToolTask) -> str:
 
     Numbers too: its program in plain text made the light warm start call the calculator
     (0 of 7 failed training tasks solved), the reply's JSON 2 of 7 (docs/bench/2026-11.md,
-    twenty-ninth session)."""
+    "Hints", s29)."""
     from agentrl.envs.tooluse.solver import first_reply
 
     try:
