@@ -214,6 +214,8 @@ def test_up_serves_captures_an_unchanged_agent_and_sigint_stops_all_while_stream
     assert rc == 0, out[-3000:]
     assert took < STOP_WITHIN_S, f"SIGINT took {took:.1f} s\n{out[-2000:]}"
     assert "stopped cleanly" in out
+    # the grammar pools' idle threads end with the process (they held every exit for 2 s)
+    assert "agentrl-grammar" not in out, out[-2000:]
     # every service (the gateway with its open streams included) stopped within seconds; the
     # rest of `took` is the interpreter's exit (chdb closes its store at exit)
     line = next(x for x in out.splitlines() if "deployment controller stopped" in x)

@@ -573,6 +573,9 @@ def exit_past_stragglers(code: int = 0, grace_s: float = 2.0) -> None:
     interpreter joins every pool thread at exit). Logs which threads, flushes, `os._exit`."""
     import threading
 
+    structured = sys.modules.get("agentrl.serving.structured")  # pools only if it was used
+    if structured is not None:
+        structured.shutdown_pools()  # their idle threads held every exit for the grace
     deadline = time.monotonic() + grace_s
     for t in threading.enumerate():
         if t is threading.main_thread() or t.daemon:

@@ -148,6 +148,17 @@ def _pool(name: str, threads: int) -> ThreadPoolExecutor:
         return _POOLS[name]
 
 
+def shutdown_pools() -> None:
+    """Let the pools' idle threads end (for a process on its way out: they are not daemon
+    threads, so the interpreter would wait on them); work already queued still runs, a
+    later use starts new pools."""
+    with _POOL_LOCK:
+        pools = list(_POOLS.values())
+        _POOLS.clear()
+    for pool in pools:
+        pool.shutdown(wait=False)
+
+
 def grammar_pool() -> ThreadPoolExecutor:
     """The threads grammars compile in (their own: a slow compile never holds a thread
     that decoding or another service waits for)."""
