@@ -158,7 +158,9 @@ async def test_reward_service_through_a_stream_leader_sigkill(tmp_path: Path) ->
     """The reward service consumes while the trajectory stream's leader is killed: every
     trajectory is stored once and gets exactly one reward."""
     n = 2000
-    _check_rewards(await _reward_drill(tmp_path, n), n)
+    res = await _reward_drill(tmp_path, n)
+    print(res)
+    _check_rewards(res, n)
 
 
 @pytest.mark.slow

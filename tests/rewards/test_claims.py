@@ -45,3 +45,36 @@ async def test_create_many_creates_once_and_answers_the_existing_record(
     assert now is not None and now.version == 2 and now.data["by"] == "b"
     assert key_for("not a key: ünïcode/..").startswith("sha256_")
     await bus.close()
+
+
+async def test_creates_lost_on_the_way_are_written_again_not_waited_out(
+    server: EmbeddedNats,
+) -> None:
+    """A batch of creates written into a path that drops them (as to a SIGKILLed stream
+    leader) is written again after `stall_s` of silence once the path is back, and each
+    record is created once; it used to wait the batch's whole timeout (30 s here, 10 s in
+    the service, where the batch then failed and its trajectories were nakked)."""
+    import asyncio
+
+    from tcp_proxy import TcpProxy
+
+    host, port = server.url.rsplit("//", 1)[1].split(":")
+    proxy = await TcpProxy(host, int(port)).start()
+    bus = await Bus.connect(proxy.url)
+    try:
+        durable = f"t-{uuid.uuid4().hex[:6]}"
+        a = await Claims.open(bus.nc, bus.js, durable, replica="a")
+        a.timeout = 30.0
+        await a.create_many([("warm", a.scored(b"{}", {}, 1, 1.0))])  # its inbox exists
+        ids = [str(uuid.uuid4()) for _ in range(50)]
+        proxy.cut()
+        task = asyncio.create_task(a.create_many([(t, a.scored(b"{}", {}, 1, 1.0)) for t in ids]))
+        await asyncio.sleep(0.5)
+        assert not task.done() and proxy.dropped > 0  # the creates went into the cut
+        proxy.heal()
+        assert await asyncio.wait_for(task, 20) == [None] * len(ids)  # all created here
+        again = await a.create_many([(t, a.scored(b"{}", {}, 2, 2.0)) for t in ids])
+        assert all(r is not None and r.version == 1 and r.data["by"] == "a" for r in again)
+    finally:
+        await bus.close()
+        await proxy.close()

@@ -339,8 +339,12 @@ async def failover_drill(
     service: Service | None = None,
 ) -> dict[str, Any]:
     """Publish `n` fresh trajectories in chunks while they are consumed; SIGKILL the
-    RL_TRAJECTORIES leader's server once `kill_after` of them are stored, restart it a
-    second after publishing resumed. Measures the seconds from the kill to the first
+    RL_TRAJECTORIES leader's server once `kill_after` of them are stored and the consumer
+    has handled some (a service has published its first output), restart it a second
+    after publishing resumed. Waiting for the consumer matters for a service: the reward
+    service opens its R3 claims bucket at start, which a cluster missing a node cannot
+    place, so a kill during its start measured its start-up (held until the restart, and
+    by 5 s API timeouts), not its fail-over, and only on a host where the start was slow. Measures the seconds from the kill to the first
     chunk stored after it (publishing resumed) and to the first trajectory published after
     the kill being handled (consuming resumed); counts what the stream and the consumer
     lost or hold twice.
@@ -358,9 +362,11 @@ async def failover_drill(
     seen: dict[str, int] = {}
     marks: dict[str, float] = {}
     stop = asyncio.Event()
+    consuming = asyncio.Event()  # the consumer (or the service's output) has begun
     after_kill: set[str] = set()
 
     async def handle(batch: list[Delivery]) -> None:
+        consuming.set()
         for d in batch:
             tid = d.event.trajectory_id
             seen[tid] = seen.get(tid, 0) + 1
@@ -388,11 +394,14 @@ async def failover_drill(
         await bus._retry(partial(bus.js.purge_stream, "RL_REWARDS"))
         consumer = asyncio.create_task(service(bus, stop))
         # The service's output is what shows it resumed: watch rewards as they arrive.
-        watcher = asyncio.create_task(_watch_rewards(bus, n, after_kill, seen, marks, stop))
+        watcher = asyncio.create_task(
+            _watch_rewards(bus, n, after_kill, seen, marks, stop, consuming)
+        )
     victim: EmbeddedNats | None = None
     t0 = time.monotonic()
     for start in range(0, n, chunk):
         if victim is None and start >= n * kill_after:
+            await _until_consuming(consuming, consumer)
             info = await bus._retry(partial(bus.js.stream_info, "RL_TRAJECTORIES"))
             leader = info.cluster.leader if info.cluster else None
             victim = nodes.node_named(leader) if leader else nodes.nodes[0]
@@ -439,6 +448,20 @@ async def failover_drill(
     return res
 
 
+async def _until_consuming(
+    consuming: asyncio.Event, consumer: asyncio.Task[Any], timeout: float = 120.0
+) -> None:
+    """Until the consumer has handled something; raises when it ended or never does."""
+    waiter = asyncio.ensure_future(consuming.wait())
+    done, _ = await asyncio.wait([waiter, consumer], timeout=timeout, return_when="FIRST_COMPLETED")
+    waiter.cancel()
+    if consumer in done:
+        consumer.result()  # its failure, if it failed
+        raise RuntimeError("the consumer ended before the drill's kill")
+    if not consuming.is_set():
+        raise RuntimeError(f"the consumer handled nothing within {timeout:g} s")
+
+
 async def _restart(node: EmbeddedNats, timeout: float = 30.0) -> None:
     """Start a killed node again on its store, waiting without blocking the loop (and from
     the loop's thread: a server's death signal follows the thread that started it)."""
@@ -457,12 +480,14 @@ async def _watch_rewards(
     rewards: dict[str, int],
     marks: dict[str, float],
     stop: asyncio.Event,
+    consuming: asyncio.Event,
 ) -> None:
     """Count rewards per trajectory as they are stored (an ordered reader of RL_REWARDS);
-    stop once every trajectory has one."""
+    `consuming` is set at the first; stop once every trajectory has one."""
     got = asyncio.Event()
 
     async def handle(batch: list[Delivery]) -> None:
+        consuming.set()
         for d in batch:
             tid = d.event.trajectory_id
             rewards[tid] = rewards.get(tid, 0) + 1

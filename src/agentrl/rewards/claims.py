@@ -43,6 +43,14 @@ _SAFE = re.compile(r"[A-Za-z0-9_-]{1,200}")
 _BUCKET_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 
+def _first_answer(futures: list[asyncio.Future[bytes]]) -> bytes | None:
+    """An item's answer over its rounds: a success if any (a later round of a stored create
+    answers 'wrong last sequence'), else an error; None while none came (a 503 is none)."""
+    got = [f.result() for f in futures if f.done() and f.result() != _NO_ANSWER]
+    ok = [a for a in got if b'"error"' not in a]
+    return ok[0] if ok else (got[0] if got else None)
+
+
 def _hpub_new(subject: bytes, reply: bytes, data: bytes) -> bytes:
     """One HPUB frame of a create-only write (the key must have no message yet)."""
     n = len(_NEW_HDR)
@@ -102,6 +110,7 @@ class Claims:
         self.subject_prefix = f"$KV.{name}."
         self.replica = replica
         self.timeout = 10.0  # seconds for a batch of creates (no answer: the batch fails)
+        self.stall_s = 1.0  # silence after which unanswered creates are written again
         self._inbox = ""
         self._sub: Any = None
         self._serial = 0
@@ -164,7 +173,14 @@ class Claims:
         """`create` for a batch: the creates are pipelined (written at once, one answer
         each on this object's inbox: a quarter of the client CPU of concurrent `kv.create`
         calls, and nats-py's `publish_async` loses error answers); the keys that exist are
-        read back one by one (the rare case)."""
+        read back one by one (the rare case).
+
+        Creates still unanswered after `stall_s` without a single answer (lost with a
+        killed stream leader, or a 503 while one is elected) are written again until
+        `timeout`: a batch caught by a SIGKILLed leader waited out the whole 10 s, and its
+        trajectories a nak after that. Writing a create again is safe: one that was stored
+        answers 'wrong last sequence' the second time, and is read back like any existing
+        record (its `by` says it was ours)."""
         fast = wire.supported(self.nc)
         if self._sub is None:
             self._inbox = self.nc.new_inbox()
@@ -173,31 +189,29 @@ class Claims:
             else:
                 self._sub = await self.nc.subscribe(self._inbox + ".*", cb=self._answer)
         loop = asyncio.get_running_loop()
-        tokens: list[str] = []
-        frames: list[bytes] = []
-        reply = self._inbox.encode() + b"."
+        deadline = loop.time() + self.timeout
+        sent: list[list[str]] = [[] for _ in items]  # each item's tokens, round by round
+        answers: list[bytes | None] = [None] * len(items)
+        todo = list(range(len(items)))
         try:
-            for tid, value in items:
-                self._serial += 1
-                token = f"{self._serial:x}"
-                tokens.append(token)
-                self._waiting[token] = loop.create_future()
-                subject = self.subject_prefix + key_for(tid)
-                if fast:
-                    frames.append(_hpub_new(subject.encode(), reply + token.encode(), value))
-                else:
-                    await self.nc.publish(
-                        subject, value, reply=f"{self._inbox}.{token}", headers=_NEW
-                    )
-            await wire.write(self.nc, frames)
-            answers = await asyncio.wait_for(
-                asyncio.gather(*(self._waiting[t] for t in tokens)), self.timeout
-            )
+            while True:
+                tokens = await self._send_creates(items, todo, fast, sent)
+                await self._until_stalled(tokens, deadline)
+                for i in todo:  # an earlier round's late answer counts too
+                    answers[i] = _first_answer([self._waiting[t] for t in sent[i]])
+                todo = [i for i in todo if answers[i] is None]
+                if not todo:
+                    break
+                if loop.time() >= deadline:
+                    raise TimeoutError(f"{len(todo)} reward record creates got no answer")
+                await asyncio.sleep(min(0.2, max(deadline - loop.time(), 0.0)))
         finally:
-            for token in tokens:
-                self._waiting.pop(token, None)
+            for tokens in sent:
+                for token in tokens:
+                    self._waiting.pop(token, None)
         out: list[Record | None] = []
         for (tid, value), answer in zip(items, answers, strict=True):
+            assert answer is not None
             error = orjson.loads(answer).get("error")
             if error is None:
                 out.append(None)
@@ -206,6 +220,43 @@ class Claims:
             else:
                 raise RuntimeError(f"creating the reward record of {tid} failed: {error}")
         return out
+
+    async def _send_creates(
+        self, items: list[tuple[str, bytes]], which: list[int], fast: bool, sent: list[list[str]]
+    ) -> list[str]:
+        """Write the create-only puts of `items[i]` for i in `which`; their reply tokens (also
+        added to `sent[i]`, before anything is written)."""
+        loop = asyncio.get_running_loop()
+        tokens: list[str] = []
+        frames: list[bytes] = []
+        reply = self._inbox.encode() + b"."
+        for i in which:
+            tid, value = items[i]
+            self._serial += 1
+            token = f"{self._serial:x}"
+            tokens.append(token)
+            sent[i].append(token)
+            self._waiting[token] = loop.create_future()
+            subject = self.subject_prefix + key_for(tid)
+            if fast:
+                frames.append(_hpub_new(subject.encode(), reply + token.encode(), value))
+            else:
+                await self.nc.publish(subject, value, reply=f"{self._inbox}.{token}", headers=_NEW)
+        await wire.write(self.nc, frames)
+        return tokens
+
+    async def _until_stalled(self, tokens: list[str], deadline: float) -> None:
+        """Until every token is answered, `stall_s` pass without a new answer, or the
+        deadline."""
+        loop = asyncio.get_running_loop()
+        pending = {self._waiting[t] for t in tokens}
+        while pending:
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            done, pending = await asyncio.wait(pending, timeout=min(self.stall_s, left))
+            if not done:
+                return
 
     def _take(self, subject: bytes, data: bytes, _headers: bytes | None) -> None:
         fut = self._waiting.get(subject.rsplit(b".", 1)[-1].decode())
