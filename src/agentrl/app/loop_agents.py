@@ -11,6 +11,9 @@ from typing import Any
 
 from agentrl.app.loop_config import HELDOUT_OFFSET, MOVES, PACE_S, LoopConfig, loop_task
 
+# what a trajectory played by more than one version is published as: credited to none
+MIXED_MODEL = "unknown"
+
 
 class Agents:
     """Agent workers acting through the gateway; every episode becomes a trajectory."""
@@ -101,7 +104,7 @@ class Agents:
                 continue
             served = served_versions(ep)
             # credited to a version only when that one version played every turn
-            model = served[0] if len(served) == 1 else "unknown"
+            model = served[0] if len(served) == 1 else MIXED_MODEL
             event = episode_to_trajectory(
                 ep,
                 agent_id=self.agent_id,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from agentrl.app.loop_agents import MIXED_MODEL
 from agentrl.app.loop_config import LoopConfig
 
 
@@ -215,9 +216,9 @@ class Decider:
         if time.monotonic() - self.last_note > 15:
             self.last_note = time.monotonic()
             self.say(
-                f"acting: {len(agents.published)} trajectories, "
-                f"{len(watch.rewards)} rewarded, by version {agents.by_model}, "
-                f"{agents.mixed} played by two versions"
+                acting_line(
+                    len(agents.published), len(watch.rewards), agents.by_model, agents.mixed
+                )
             )
 
     async def _step(
@@ -292,3 +293,15 @@ class Decider:
             self.injected = injected or None  # "": not now, a rollout is on
             return False
         return self.seen.get(self.injected) in ("rolled_back", "live", "retired")
+
+
+def acting_line(published: int, rewarded: int, by_model: dict[str, int], mixed: int) -> str:
+    """The loop's acting progress: trajectories per version that played every turn; those
+    played by two versions are counted apart, never as a version of their own."""
+    line = f"acting: {published} trajectories, {rewarded} rewarded, by version {credited(by_model)}"
+    return line + (f", {mixed} played by two versions (credited to none)" if mixed else "")
+
+
+def credited(by_model: dict[str, int]) -> dict[str, int]:
+    """Trajectories per version, without those played by two versions (credited to none)."""
+    return {m: n for m, n in by_model.items() if m != MIXED_MODEL}

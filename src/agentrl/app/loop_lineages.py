@@ -50,6 +50,7 @@ from agentrl.app.loop import (
     trained_and_decided,
     undecided,
 )
+from agentrl.app.loop_decide import credited
 from agentrl.app.loop_launcher import fork_launcher, stopping
 from agentrl.core.stats import wilson
 
@@ -567,7 +568,8 @@ class _Watcher:
         self.say(
             "acting: "
             + ", ".join(
-                f"{t.spec.name} {len(t.agents.published)} by {t.agents.by_model}" for t in tracks
+                f"{t.spec.name} {len(t.agents.published)} by {credited(t.agents.by_model)}"
+                for t in tracks
             )
             + f"; {len(self.watch.rewards)} rewarded"
         )
