@@ -15,6 +15,11 @@ from agentrl.app.loop_config import HELDOUT_OFFSET, MOVES, PACE_S, LoopConfig, l
 MIXED_MODEL = "unknown"
 
 
+def credited(by_model: dict[str, int]) -> dict[str, int]:
+    """Trajectories per version, without those played by two versions (credited to none)."""
+    return {m: n for m, n in by_model.items() if m != MIXED_MODEL}
+
+
 class Agents:
     """Agent workers acting through the gateway; every episode becomes a trajectory."""
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from agentrl.app.loop_agents import MIXED_MODEL
+from agentrl.app.loop_agents import credited
 from agentrl.app.loop_config import LoopConfig
 
 
@@ -300,8 +300,3 @@ def acting_line(published: int, rewarded: int, by_model: dict[str, int], mixed: 
     played by two versions are counted apart, never as a version of their own."""
     line = f"acting: {published} trajectories, {rewarded} rewarded, by version {credited(by_model)}"
     return line + (f", {mixed} played by two versions (credited to none)" if mixed else "")
-
-
-def credited(by_model: dict[str, int]) -> dict[str, int]:
-    """Trajectories per version, without those played by two versions (credited to none)."""
-    return {m: n for m, n in by_model.items() if m != MIXED_MODEL}

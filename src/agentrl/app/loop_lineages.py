@@ -50,7 +50,7 @@ from agentrl.app.loop import (
     trained_and_decided,
     undecided,
 )
-from agentrl.app.loop_decide import credited
+from agentrl.app.loop_agents import credited
 from agentrl.app.loop_launcher import fork_launcher, stopping
 from agentrl.core.stats import wilson
 

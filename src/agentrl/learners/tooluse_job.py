@@ -449,9 +449,6 @@ def family_counts(
     solver's thought for that tool (`solver_thought`: the light warm start picks its tool
     from its thought). A pass balances each family's total weight, not what its items
     teach: a run that drifts says here which family's items, tools and thoughts it trained."""
-    from agentrl.envs.tooluse.solver import THOUGHT_ANSWER, THOUGHT_CALC, THOUGHT_CODE
-
-    want = {"calculator": THOUGHT_CALC, "code_exe": THOUGHT_CODE, "response": THOUGHT_ANSWER}
     out: dict[str, dict[str, int]] = {}
 
     def row(ep: Any) -> dict[str, int]:
@@ -472,8 +469,17 @@ def family_counts(
                 r["items"] += 1
                 tool = str(t.tool_name or "none")
                 r[tool] = r.get(tool, 0) + 1
-                r["solver_thought"] += _thoughts(t.text) == [want.get(tool)]
+                r["solver_thought"] += _thoughts(t.text) == [solver_thought(tool)]
     return {f: out[f] for f in sorted(out)}
+
+
+def solver_thought(tool: str | None) -> str | None:
+    """The scripted solver's thought before a call of `tool` (`solver.THOUGHT_*`; None for
+    another tool or none)."""
+    from agentrl.envs.tooluse.solver import THOUGHT_ANSWER, THOUGHT_CALC, THOUGHT_CODE
+
+    want = {"calculator": THOUGHT_CALC, "code_exe": THOUGHT_CODE, "response": THOUGHT_ANSWER}
+    return want.get(tool or "")
 
 
 def _thoughts(text: str) -> Any:
@@ -572,10 +578,7 @@ def relabelled(turn: Any, tokenizer: Any) -> Any | None:
     or not a finished reply in the schema's shape). The tokens after the thought are kept
     as sampled where a token boundary falls where the thought ends, else the whole reply is
     re-tokenised; the log-probs are dropped (these tokens were not sampled)."""
-    from agentrl.envs.tooluse.solver import THOUGHT_ANSWER, THOUGHT_CALC, THOUGHT_CODE
-
-    want = {"calculator": THOUGHT_CALC, "code_exe": THOUGHT_CODE, "response": THOUGHT_ANSWER}
-    thought = want.get(turn.tool_name or "")
+    thought = solver_thought(turn.tool_name)
     cut = turn.text.find(', "tool_name"')
     if thought is None or turn.finish != "stop" or turn.invalid or cut < 0:
         return None
