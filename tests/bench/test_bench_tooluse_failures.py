@@ -1,17 +1,17 @@
-"""Why held-out tool-use episodes failed (`bench.tooluse_failures`): every class on an
+"""Why held-out tool-use episodes failed (`evaluation.tooluse_failures`): every class on an
 episode shaped as the learner records it, the family's tool taken from the scripted solver,
 and the per-family table the job harness puts in its record."""
 
 from __future__ import annotations
 
-from agentrl.bench.tooluse_failures import (
+from agentrl.envs.tooluse.tasks import generate_task
+from agentrl.evaluation.tooluse_failures import (
     CLASSES,
     failure_class,
     failure_table,
     family_tool,
     first_tool_table,
 )
-from agentrl.envs.tooluse.tasks import generate_task
 from agentrl.learners.tooluse_episodes import EpisodeRecord, TurnRecord
 
 SEED = 100_000

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from agentrl.bench.tooluse_job import save_episodes
-from agentrl.bench.tooluse_paired import main, paired, sign_test_p
+from agentrl.bench.tooluse_paired import main
+from agentrl.evaluation.tooluse_paired import paired, sign_test_p
 from agentrl.learners.tooluse_episodes import EpisodeRecord
 
 

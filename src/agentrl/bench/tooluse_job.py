@@ -3,7 +3,7 @@ set of logged episodes (sampled once, saved, reused), one job update per named v
 the same greedy held-out before and after, per family with Wilson intervals, plus cheap
 diagnostics of the update (KL(new || old) on held-out prompts, mean |ratio - 1| and the clip
 fraction at the first step, answer rate, tool calls, replies cut by the token cap, and per
-family why the failed held-out episodes failed: `tooluse_failures`).
+family why the failed held-out episodes failed: `evaluation.tooluse_failures`).
 
     python -m agentrl.bench.tooluse_job --start runs/tooluse-light/checkpoints/warmstart \\
         --out runs/tooluse-job --variant job --variant lr1e-4
@@ -638,8 +638,8 @@ def run(
     record (said as JSON and appended to `results.jsonl`)."""
     import torch
 
-    from agentrl.bench.tooluse_failures import failure_table, first_tool_table
-    from agentrl.bench.tooluse_paired import paired
+    from agentrl.evaluation.tooluse_failures import failure_table, first_tool_table
+    from agentrl.evaluation.tooluse_paired import paired
 
     torch.set_num_threads(settings.threads)
     out = Path(settings.out)

@@ -15,7 +15,7 @@ Classes, the first that applies:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 CLASSES = (
@@ -71,13 +71,23 @@ def failure_table(episodes: Sequence[Any]) -> dict[str, dict[str, int]]:
     return {f: {c: row[c] for c in CLASSES if c in row} for f, row in sorted(out.items())}
 
 
+def first_tool(episode: Any) -> str:
+    """The first tool the episode called (`none`: answered, cut or stopped before any call)."""
+    return next((t.tool_name for t in episode.turns if t.tool_name in TOOLS), None) or "none"
+
+
 def first_tool_table(episodes: Sequence[Any]) -> dict[str, dict[str, int]]:
-    """Per family, the episodes by the first tool they called (`none`: answered, cut or
-    stopped before any call): a family drifting to another family's tool shows here before
-    it shows in the failures (arithmetic to code_exe after training on data's programs)."""
+    """Per family, the episodes by the first tool they called (`first_tool`): a family
+    drifting to another family's tool shows here before it shows in the failures
+    (arithmetic to code_exe after training on data's programs)."""
+    return tool_counts((ep.family, first_tool(ep)) for ep in episodes)
+
+
+def tool_counts(pairs: Iterable[tuple[str, str]]) -> dict[str, dict[str, int]]:
+    """(family, first tool) pairs counted per family, families and tools sorted: the table
+    of `first_tool_table`, also from saved rows that keep the first tool, not the turns."""
     out: dict[str, dict[str, int]] = {}
-    for ep in episodes:
-        first = next((t.tool_name for t in ep.turns if t.tool_name in TOOLS), None) or "none"
-        row = out.setdefault(ep.family, {})
-        row[first] = row.get(first, 0) + 1
+    for family, tool in pairs:
+        row = out.setdefault(family, {})
+        row[tool] = row.get(tool, 0) + 1
     return {f: dict(sorted(row.items())) for f, row in sorted(out.items())}
