@@ -36,6 +36,22 @@ def test_tooluse_quick_loop_walks_the_chain(tmp_path: Path) -> None:
     # the tiny random model fails every task: the jobs hint them (issue 52)
     assert last["hinted_tasks"] >= 1, out[-3000:]
     assert "held-out, unseen pool:" in out
+    # per task, per version: a file each, and the start paired with the candidate (issue 52)
+    files = sorted((tmp_path / "loop" / "heldout").glob("*.jsonl"))
+    rows = {f.stem: [json.loads(x) for x in f.read_text().splitlines()] for f in files}
+    assert last["start_model"] in rows and last["candidate_model"] in rows, sorted(rows)
+    for lines in rows.values():
+        assert sorted(r["pool"] for r in lines) == ["train"] * 3 + ["unseen"] * 3
+        assert all(r["success"] or r["failure"] or r["error"] for r in lines)
+    assert sum(r["replies"] for lines in rows.values() for r in lines) == cut["heldout_replies"]
+    pair = last["paired_candidate_vs_start"]
+    measured = [r for r in rows[last["start_model"]] if r["pool"] == "train" and not r["error"]]
+    assert pair["tasks"] == len(measured) and pair["reference_ok"] == sum(
+        r["success"] for r in measured
+    )
+    assert "unseen_paired_candidate_vs_start" in last
+    assert set(last["first_tool_by_family"]) >= {"start", "candidate", "live"}
+    assert "first tool:" in out and "paired, candidate vs start (held-out):" in out
     for stage in ("Agent Zero JSON", "training job", "completed", "validate", "-> canary",
                   "promote -> live", "per family:"):  # fmt: skip
         assert stage in out, f"no {stage!r} in the progress:\n{out[-3000:]}"

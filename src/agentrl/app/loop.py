@@ -449,6 +449,7 @@ async def evaluate_heldout(run: Run, agents: Agents, records: list[Any]) -> None
     run.result.heldout_errors = sum(agents.heldout_errors.values())
     if cfg.env == "tooluse":
         run.result.extra = _tooluse_extra(run, agents, records)
+        _keep_task_rows(run, agents)
 
 
 async def _heldout_row(
@@ -514,6 +515,22 @@ def _tooluse_extra(run: Run, agents: Agents, records: list[Any]) -> dict[str, An
         "generation_walls_s": [round(w, 1) for w in walls],
         "generation_wall_s_p50": round(median(walls), 1) if walls else None,
     }
+
+
+def _keep_task_rows(run: Run, agents: Agents) -> None:
+    """Each evaluated version's held-out outcome per task: in the result (the paired figures
+    and first tools of its JSON line) and in `<data-dir>/heldout/<version>.jsonl`."""
+    from agentrl.app.loop_tooluse_heldout import write_rows
+
+    evaluated = [v.model_id for v in run.result.versions if v.model_id in agents.heldout_rows]
+    run.result.task_rows = {m: agents.heldout_rows[m] for m in evaluated}
+    try:
+        paths = write_rows(run.data_dir / "heldout", run.result.task_rows)
+    except OSError as exc:  # the figures are in the JSON line all the same
+        run.say(f"held-out rows: not written ({type(exc).__name__}: {exc})")
+        return
+    if paths:
+        run.say(f"held-out per task: {len(paths)} files in {paths[0].parent}")
 
 
 async def _served_models(gateway_url: str) -> list[str]:

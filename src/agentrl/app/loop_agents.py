@@ -53,6 +53,8 @@ class Agents:
         # replies cut by the token cap (tool use), and all replies, while acting / held-out
         self.cut: dict[str, int] = {"acting": 0, "acting_replies": 0, "heldout": 0,
                                     "heldout_replies": 0}  # fmt: skip
+        # tool use: each version's held-out outcome per task (`loop_tooluse_heldout.task_row`)
+        self.heldout_rows: dict[str, list[dict[str, Any]]] = {}
 
     def task(self, seed: int, family: str = "mixed", pool: str = "train") -> Any:
         return loop_task(self.cfg, seed, family, pool)
@@ -190,6 +192,12 @@ class Agents:
         eps = await asyncio.gather(*(one(f, s) for f, s in tasks))
         for e in eps:
             self._count_cut(e, "heldout")
+        if tools:  # the pool's rows replace the version's earlier ones of that pool
+            from agentrl.app.loop_tooluse_heldout import task_row
+
+            kept = [r for r in self.heldout_rows.get(model_id, []) if r["pool"] != pool]
+            rows = [task_row(e, f, s, pool) for (f, s), e in zip(tasks, eps, strict=True)]
+            self.heldout_rows[model_id] = kept + rows
         # an episode that ended on an error (a refused request, a gateway away) measured
         # nothing: it is counted apart, never as a failure of the version
         errors = sum(1 for e in eps if e.critical_error)

@@ -45,6 +45,8 @@ class LoopResult:
     start_model: str | None = None  # the version the agents began acting with
     loop_wall_s: float | None = None  # first trajectory to last promotion
     extra: dict[str, Any] = field(default_factory=dict)  # env-specific keys (tool use)
+    # tool use: each evaluated version's held-out rows (`loop_tooluse_heldout.task_row`)
+    task_rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         base = next((v for v in self.versions if v.model_id.endswith("-base")), None)
@@ -57,7 +59,7 @@ class LoopResult:
         trained = max(promoted, key=lambda v: v.heldout_success or 0.0, default=None)
         # none promoted: the best evaluated version, unless that is the warm start itself
         chosen = trained or (best if best and best.model_id != self.start_model else None)
-        live = next((v for v in self.versions if v.state == "live"), None)
+        live = self._live()
         return {
             "versions": len(self.versions),
             "promoted": len(promoted),
@@ -76,11 +78,14 @@ class LoopResult:
             **self._start_and_families(live),
             **self._candidate(),
             **self.extra,
+            **self.task_figures(),
         }
 
-    def _candidate(self) -> dict[str, Any]:
-        """The best trained version's held-out, whether promoted or not (a rejected one is
-        loaded for the evaluation only): whether a job learned, apart from the decisions."""
+    def _live(self) -> VersionRow | None:
+        return next((v for v in self.versions if v.state == "live"), None)
+
+    def _best_trained(self) -> VersionRow | None:
+        """The best trained version by held-out success, served or not (`_candidate`)."""
         trained = [
             v
             for v in self.versions
@@ -88,7 +93,28 @@ class LoopResult:
             and v.model_id != self.start_model
             and not v.model_id.endswith("-base")
         ]
-        best = max(trained, key=lambda v: v.heldout_success or 0.0, default=None)
+        return max(trained, key=lambda v: v.heldout_success or 0.0, default=None)
+
+    def task_figures(self) -> dict[str, Any]:
+        """Tool use: the candidate and live version paired against the start task by task,
+        and each one's first tool per family (`loop_tooluse_heldout.figures`); none without
+        per-task rows (FrozenLake, a lineage)."""
+        if not self.task_rows:
+            return {}
+        from agentrl.app.loop_tooluse_heldout import figures
+
+        best, live = self._best_trained(), self._live()
+        return figures(
+            self.task_rows,
+            self.start_model,
+            best.model_id if best else None,
+            live.model_id if live else None,
+        )
+
+    def _candidate(self) -> dict[str, Any]:
+        """The best trained version's held-out, whether promoted or not (a rejected one is
+        loaded for the evaluation only): whether a job learned, apart from the decisions."""
+        best = self._best_trained()
         out: dict[str, Any] = {
             "candidate_model": best.model_id if best else None,
             "candidate_state": best.state if best else None,
@@ -225,6 +251,14 @@ def table(result: LoopResult) -> str:
         if v.per_family:
             fams = "  ".join(f"{f} {w}/{n} = {w / n:.2f}" for f, (w, n) in v.per_family.items())
             lines.append(f"{'':<22} per family: {fams}")
+        if result.task_rows.get(v.model_id):
+            from agentrl.app.loop_tooluse_heldout import first_tool_line
+
+            lines.append(f"{'':<22} first tool: {first_tool_line(result.task_rows[v.model_id])}")
+    if result.task_rows:
+        from agentrl.app.loop_tooluse_heldout import describe
+
+        lines.extend(describe(result.task_figures()))
     lines.append(
         f"trajectories played by more than one version (credited to none): {result.mixed} "
         f"of {result.trajectories}"
