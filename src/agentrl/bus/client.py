@@ -202,7 +202,7 @@ class Bus:
         api_attempts: int = 8,
     ) -> None:
         self.nc = nc
-        self.api_attempts = api_attempts  # tries of a JetStream API call (`_retry`)
+        self.api_attempts = api_attempts  # tries, in whole timeouts (`_retry`)
         self.js: JetStreamContext = nc.jetstream(
             timeout=publish_timeout, publish_async_max_pending=async_window
         )
