@@ -9,6 +9,7 @@ a real registry driven by the real Deployer (bootstrap, canary, promote, rollbac
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import shutil
@@ -210,6 +211,34 @@ def test_the_heldout_plot_comes_first_and_is_kept_for_agentrl_report(tmp_path: P
     assert report.HELDOUT_PLOT[0] not in images(bare) and "no-heldout" in bare.read_text()
     assert not (tmp_path / "bare" / report.HELDOUT_FILE).exists()
     assert report.read_heldout(tmp_path / "bare") is None
+
+
+def test_the_heldout_plot_labels_a_version_in_the_lineage_tables_words(tmp_path: Path) -> None:
+    """s31's main job: v5 was a candidate when the held-out evaluation began and a canary by
+    the time the report read the registry; the plot said "held (candidate)" under v5, the
+    lineage table "held (canary)". The plot now takes the table's word."""
+    v5 = VersionRow("agentrl-policy-v5", "candidate", decision="validate", why="passed")
+    v5.heldout_success, v5.heldout_n = 41 / 50, 50
+    v5.ci_low, v5.ci_high = wilson(41, 50)
+    record = {
+        "model_id": "agentrl-policy-v5",
+        "version": 5,
+        "state": "canary",
+        "decisions": [{"action": "validate", "reason": "passed"}],
+    }
+    data = report.ReportData(registry=[record])
+    row = dataclasses.asdict(v5)
+    assert report.decision_label(row["decision"], row["state"]) == "held (candidate)"  # its own
+    lineage = report.lineage_rows(data, [row])
+    assert [r["decision"] for r in lineage] == ["held (canary)"]
+    decided = {r["model_id"]: r["decision"] for r in lineage}
+    assert report.heldout_label(row, decided) == "held (canary)"
+    assert report.heldout_label(row) == "held (candidate)"  # no table: the row's own
+    bare = dataclasses.asdict(VersionRow("agentrl-policy-v6", "candidate"))  # no decision
+    assert report.heldout_label(bare) == "" and report.heldout_label(bare, decided) == ""
+    page = report.write_report(data, tmp_path / "r", heldout=[v5])  # the plot draws with it
+    assert images(page)[0] == report.HELDOUT_PLOT[0]
+    assert [r[-1].split("  ")[0] for r in table_rows(page)] == ["held (canary)"]
 
 
 def table_rows(page: Path) -> list[list[str]]:

@@ -127,18 +127,21 @@ async def run_loop(
         settings = prepare(run, log_file)  # the data dir, the log file, services' settings
         with EmbeddedNats(settings=settings) as server:
             async with stack_services(server.url, settings) as stack:
-                await start_stack(run, stack)  # up and answering; the warm start; watchers
-                agents = Agents(cfg, run.bus, stack.gateway_url, run.public, say)
-                acting = start_acting(run, agents)  # the agents act until the run ends
-                catch_signals(run)  # Ctrl-C: stop acting, still evaluate and report
-                await decide(run, agents, acting)  # print the chain; end by the end rule
-                await stop_acting(run, agents, acting)
-                records = await settle(run, agents)  # the rewards' tail; the stages' times
-                await evaluate_heldout(run, agents, records)  # every version, greedy
-                await stop_watching(run)
-                await write_report(run)
-                count(run, agents)
-                await agents.close()
+                try:
+                    await start_stack(run, stack)  # up and answering; the warm start; watchers
+                    agents = Agents(cfg, run.bus, stack.gateway_url, run.public, say)
+                    acting = start_acting(run, agents)  # the agents act until the run ends
+                    catch_signals(run)  # Ctrl-C: stop acting, still evaluate and report
+                    await decide(run, agents, acting)  # print the chain; end by the end rule
+                    await stop_acting(run, agents, acting)
+                    records = await settle(run, agents)  # the rewards' tail; the stages' times
+                    await evaluate_heldout(run, agents, records)  # every version, greedy
+                    await stop_watching(run)
+                    await write_report(run)
+                    count(run, agents)
+                    await agents.close()
+                finally:
+                    await drop_watchers(run)  # a second signal's: before the bus closes
     finally:
         if run.launcher is not None:
             run.launcher.stop()
@@ -547,6 +550,16 @@ async def _served_models(gateway_url: str) -> list[str]:
 async def stop_watching(run: Run) -> None:
     run.stop_watch.set()
     await asyncio.gather(*run.watchers, return_exceptions=True)
+
+
+async def drop_watchers(run: Run) -> None:
+    """Cancel the watchers still consuming (a run cut short: a second signal, an error). The
+    stack's bus drains on closing, and a watcher's subscription left open held that drain for
+    nats-py's whole 30 s (`agentrl loop` stopped 31 s after a second signal)."""
+    left = [t for t in run.watchers if not t.done()]
+    for task in left:
+        task.cancel()
+    await asyncio.gather(*left, return_exceptions=True)
 
 
 async def write_report(run: Run) -> None:

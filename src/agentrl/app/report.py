@@ -629,12 +629,20 @@ def _or(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
+def heldout_label(row: dict[str, Any], decisions: dict[str, str] | None = None) -> str:
+    """A held-out row's decision in the plot: the lineage table's word where it has one. The
+    row's own is its state when the evaluation began: a candidate the deployment controller
+    moved to canary meanwhile was "held (candidate)" under the plot, "held (canary)" in the
+    table of the same report."""
+    own = decision_label(row.get("decision"), row.get("state"))
+    return (decisions or {}).get(str(row.get("model_id"))) or own.replace(NA, "")
+
+
 def plot_heldout(
     rows: list[dict[str, Any]], path: Path, decisions: dict[str, str] | None = None
 ) -> None:
     """Held-out success per version with its 95 % interval; the live version marked (green,
-    a star, its label in bold). `decisions`: model_id -> the lineage's decision, for rows
-    that carry none."""
+    a star, its label in bold). `decisions`: model_id -> the lineage table's decision."""
     prefix = _prefix([str(r.get("model_id")) for r in rows])
     n = max((int(r.get("heldout_n") or 0) for r in rows), default=0)
     fig, ax = _figure(  # wider with more versions: each tick label keeps its own room
@@ -644,9 +652,7 @@ def plot_heldout(
     ticks, live_at = [], None
     for i, r in enumerate(rows):
         mid = str(r.get("model_id"))
-        label = decision_label(r.get("decision"), r.get("state"))
-        if not r.get("decision"):  # a row without one: the lineage's
-            label = (decisions or {}).get(mid) or label.replace(NA, "")
+        label = heldout_label(r, decisions)
         ticks.append(f"{_short(mid, prefix)}\n{textwrap.fill(label, 14)}".strip())
         s = r.get("heldout_success")
         if s is None:

@@ -4,6 +4,7 @@ consume and ack them all with a durable pull consumer; raw nats-py is the peer."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import statistics
@@ -308,14 +309,14 @@ async def run_cluster(
     replicas = min(3, len(nodes.nodes))
     bus = await Bus.connect(nodes.url, name="bench-cluster", publish_retries=40)
     await bus.ensure_streams(replicas=replicas)
-    await bus._retry(partial(bus.js.purge_stream, "RL_TRAJECTORIES"))
+    await bus._retry(lambda js: js.purge_stream("RL_TRAJECTORIES"))
     events = [sample_trajectory(i) for i in range(n)]
     t0 = time.perf_counter()
     acks = await bus.publish_many(events)
     publish_rate = sum(1 for a in acks if not a.duplicate) / (time.perf_counter() - t0)
     _seen, stats, consume_s, _info = await _consume_all(bus, n)
     consume_rate = stats.acked / consume_s
-    await bus._retry(partial(bus.js.purge_stream, "RL_TRAJECTORIES"))
+    await bus._retry(lambda js: js.purge_stream("RL_TRAJECTORIES"))
     drill = await failover_drill(bus, nodes, failover_n, kill_after)
     await bus.close()
     return {
@@ -391,7 +392,7 @@ async def failover_drill(
             )
         )
     else:
-        await bus._retry(partial(bus.js.purge_stream, "RL_REWARDS"))
+        await bus._retry(lambda js: js.purge_stream("RL_REWARDS"))
         consumer = asyncio.create_task(service(bus, stop))
         # The service's output is what shows it resumed: watch rewards as they arrive.
         watcher = asyncio.create_task(
@@ -402,7 +403,7 @@ async def failover_drill(
     for start in range(0, n, chunk):
         if victim is None and start >= n * kill_after:
             await _until_consuming(consuming, consumer)
-            info = await bus._retry(partial(bus.js.stream_info, "RL_TRAJECTORIES"))
+            info = await bus._retry(lambda js: js.stream_info("RL_TRAJECTORIES"))
             leader = info.cluster.leader if info.cluster else None
             victim = nodes.node_named(leader) if leader else nodes.nodes[0]
             after_kill.update(e.trajectory_id for e in events[start:])
@@ -510,14 +511,14 @@ async def _watch_rewards(
     got.set()
     await task
     waiter.cancel()
-    await bus._retry(partial(bus.js.delete_consumer, "RL_REWARDS", durable))
+    await bus._retry(partial(_delete_consumer, stream="RL_REWARDS", durable=durable))
 
 
 async def _stored_ids(bus: Bus, n: int) -> dict[str, int]:
     """Every trajectory id the stream holds, with how often (a fresh consumer reads it)."""
     stored: dict[str, int] = {}
     stop = asyncio.Event()
-    info = await bus._retry(partial(bus.js.stream_info, "RL_TRAJECTORIES"))
+    info = await bus._retry(lambda js: js.stream_info("RL_TRAJECTORIES"))
     total = info.state.messages
 
     async def handle(batch: list[Delivery]) -> None:
@@ -536,7 +537,7 @@ async def _stored_ids(bus: Bus, n: int) -> dict[str, int]:
     except TimeoutError:
         stop.set()
     await task
-    await bus._retry(partial(bus.js.delete_consumer, "RL_TRAJECTORIES", durable))
+    await bus._retry(partial(_delete_consumer, stream="RL_TRAJECTORIES", durable=durable))
     return stored
 
 
@@ -626,3 +627,11 @@ def command(cfg: BusBench) -> None:
             "cluster_duplicates",
         ]
     report("bus", rows, {k: res[k] for k in keys})
+
+
+async def _delete_consumer(js: Any, stream: str, durable: str) -> None:
+    """Delete a consumer; one already gone was deleted by a try that was answered late."""
+    import nats.js.errors
+
+    with contextlib.suppress(nats.js.errors.NotFoundError):
+        await js.delete_consumer(stream, durable)

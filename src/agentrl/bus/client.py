@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import contextvars
 import gc
+import itertools
 import json
 import logging
 import time
@@ -35,6 +36,7 @@ from nats.js.api import ConsumerConfig, PubAck, StorageType, StreamConfig
 from pydantic import BaseModel, ValidationError
 
 from agentrl.bus import deadletter, wire
+from agentrl.bus.kv import FIRST_TRY_S, sooner
 from agentrl.contracts.base import Event, utcnow
 from agentrl.contracts.streams import DLQ_PREFIX, STREAMS, StreamSpec, stream_for
 from agentrl.contracts.subjects import model_for
@@ -60,6 +62,14 @@ _RETRYABLE = (
     nats.errors.OutboundBufferLimitError,
     nats.errors.ConnectionClosedError,
 )
+
+_API_RETRYABLE = (  # a JetStream API call's (`Bus._retry`); of APIError, 503 and 10005 only
+    TimeoutError,  # nats.errors.TimeoutError too
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionReconnectingError,
+    nats.js.errors.APIError,
+)
+
 # Any call to a JetStream API or KV bucket that may succeed when tried again in a moment.
 TRANSIENT = (*_RETRYABLE, nats.js.errors.ServiceUnavailableError)
 
@@ -192,7 +202,7 @@ class Bus:
         api_attempts: int = 8,
     ) -> None:
         self.nc = nc
-        self.api_attempts = api_attempts  # tries of a JetStream API call (`_retry`)
+        self.api_attempts = api_attempts  # tries, in whole timeouts (`_retry`)
         self.js: JetStreamContext = nc.jetstream(
             timeout=publish_timeout, publish_async_max_pending=async_window
         )
@@ -294,10 +304,10 @@ class Bus:
                 duplicate_window=float(spec.duplicate_window_s),
                 num_replicas=replicas,
             )
-            info = await self._retry(partial(self._stream_info_or_none, spec.name))
+            info = await self._retry(partial(_stream_info_or_none, name=spec.name))
             if info is None:
                 try:
-                    await self._retry(partial(self.js.add_stream, config))
+                    await self._retry(partial(JetStreamContext.add_stream, config=config))
                 except nats.js.errors.APIError as exc:
                     if exc.err_code == 10074:
                         raise BusError(
@@ -317,38 +327,39 @@ class Bus:
                 or current.duplicate_window != config.duplicate_window
                 or (current.num_replicas or 1) != replicas
             ):
-                await self._retry(partial(self.js.update_stream, config))
+                await self._retry(partial(JetStreamContext.update_stream, config=config))
                 log.debug("updated stream %s", spec.name)
 
-    async def _stream_info_or_none(self, name: str) -> Any:
-        try:
-            return await self.js.stream_info(name)
-        except nats.js.errors.NotFoundError:
-            return None
+    async def _retry(self, call: Callable[[JetStreamContext], Awaitable[Any]]) -> Any:
+        """`call(js)`, a JetStream API call, retried on timeouts and on a cluster electing a
+        leader (a busy, restarting or failing-over server).
 
-    async def _retry(self, call: Callable[[], Awaitable[Any]]) -> Any:
-        """A JetStream API call, retried on timeouts and on a cluster electing a leader
-        (a busy, restarting or failing-over server)."""
-        attempts = self.api_attempts
-        for attempt in range(attempts):
+        Each try gives up sooner than the bus's timeout (`kv.sooner`: 1 s, doubling up to
+        it): a request sent while the cluster elects its meta leader is never answered, and
+        a whole timeout per lost request held `ensure_streams` that long past the cluster's
+        return. A try cut short counts as its share of one of `api_attempts`, so lost
+        requests are still waited for as long in all as before. A re-sent create or update
+        is safe: JetStream answers an identical stream or consumer config as a success."""
+        used = 0.0
+        for tries in itertools.count(1):
+            timeout = min(FIRST_TRY_S * 2 ** (tries - 1), self.publish_timeout)
             try:
-                return await call()
-            except (
-                TimeoutError,
-                nats.errors.TimeoutError,
-                nats.errors.NoRespondersError,
-                nats.js.errors.ServiceUnavailableError,
-                nats.errors.ConnectionReconnectingError,
-            ):
-                if attempt == attempts - 1:
-                    raise
-                await asyncio.sleep(min(0.2 * 2**attempt, 2.0))
-            except nats.js.errors.APIError as exc:
+                return await call(sooner(self.js, timeout))
+            except _API_RETRYABLE as exc:
                 # 10005 "no suitable peers for placement": a cluster still forming, or a
                 # node restarting, has too few peers for the replicas for a moment.
-                if exc.err_code != 10005 or attempt == attempts - 1:
+                if isinstance(exc, nats.js.errors.APIError) and not (
+                    isinstance(exc, nats.js.errors.ServiceUnavailableError) or exc.err_code == 10005
+                ):
                     raise
-                await asyncio.sleep(min(0.2 * 2**attempt, 2.0))
+                timed_out = isinstance(exc, TimeoutError)
+                used += timeout / self.publish_timeout if timed_out else 1.0
+                task = asyncio.current_task()
+                # a cancellation that reached a request as its timeout (asyncio.wait_for on
+                # Python 3.11) must stop here, not be asked again
+                if used >= self.api_attempts or (task is not None and task.cancelling()):
+                    raise
+                await asyncio.sleep(min(0.2 * 2 ** (tries - 1), 2.0))
         raise AssertionError("unreachable")
 
     # ---- publishing -------------------------------------------------------------------
@@ -619,7 +630,7 @@ class Bus:
         requested ahead). Once `stop` is set, what was already requested is still handled;
         the last batches are settled and confirmed before the inbox is dropped."""
         process = batches.process
-        await self._retry(partial(self._ensure_consumer, stream, durable, config))
+        await self._retry(partial(_ensure_consumer, stream=stream, durable=durable, config=config))
         sub = await wire.subscribe(self.nc, self.nc.new_inbox())
         prefix = getattr(self.js, "_prefix", "$JS.API")
         feed = wire.PullFeed(
@@ -647,12 +658,6 @@ class Bus:
             await batches.close()
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-
-    async def _ensure_consumer(self, stream: str, durable: str, config: ConsumerConfig) -> None:
-        try:
-            await self.js.consumer_info(stream, durable)
-        except nats.js.errors.NotFoundError:
-            await self.js.add_consumer(stream, config=config)
 
     async def _consume_public(
         self,
@@ -1129,3 +1134,19 @@ def _validation_reason(exc: ValidationError) -> str:
         loc = ".".join(str(p) for p in err["loc"]) or "<payload>"
         parts.append(f"{loc}: {err['msg']}")
     return "payload failed validation: " + "; ".join(parts)
+
+
+async def _stream_info_or_none(js: JetStreamContext, name: str) -> Any:
+    try:
+        return await js.stream_info(name)
+    except nats.js.errors.NotFoundError:
+        return None
+
+
+async def _ensure_consumer(
+    js: JetStreamContext, stream: str, durable: str, config: ConsumerConfig
+) -> None:
+    try:
+        await js.consumer_info(stream, durable)
+    except nats.js.errors.NotFoundError:
+        await js.add_consumer(stream, config=config)

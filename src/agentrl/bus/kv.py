@@ -72,7 +72,7 @@ async def open_bucket(js: Any, config: Any, *, deadline_s: float = 60.0) -> Any:
     is returned once its stream has a leader: a fresh R3 bucket's first write otherwise
     found no stream to answer it ('no response from stream', seen under load).
 
-    The tries give up sooner than `js` would (`_TRY_S`, doubling up to its timeout): a
+    The tries give up sooner than `js` would (`FIRST_TRY_S`, doubling up to its timeout): a
     request sent while the cluster elects its meta leader is never answered, and waiting
     out a service's 5 s for each held a reward service started during a fail-over up to
     5 s past the cluster's return (measured: answered again at +10.7 s, opened at +13.7 s).
@@ -86,7 +86,7 @@ async def open_bucket(js: Any, config: Any, *, deadline_s: float = 60.0) -> Any:
     deadline = time.monotonic() + deadline_s
     attempt = 0
     while True:
-        probe = _sooner(js, _TRY_S * 2**attempt)
+        probe = sooner(js, FIRST_TRY_S * 2**attempt)
         try:
             try:
                 await probe.key_value(config.bucket)
@@ -113,12 +113,13 @@ async def open_bucket(js: Any, config: Any, *, deadline_s: float = 60.0) -> Any:
             await asyncio.sleep(0.5)
 
 
-_TRY_S = 1.0  # the first try's timeout; it doubles up to the caller's
+FIRST_TRY_S = 1.0  # the first try's timeout; it doubles up to the caller's
 
 
-def _sooner(js: Any, timeout: float) -> Any:
+def sooner(js: Any, timeout: float) -> Any:
     """A JetStream context like `js` whose API requests give up after `timeout` (at most
-    `js`'s own); `js` itself where it is not nats-py's context."""
+    `js`'s own); `js` itself where it is not nats-py's context. Shared with `Bus._retry`:
+    a request lost in an election is asked again sooner than a whole timeout."""
     own = getattr(js, "_timeout", None)
     nc, prefix = getattr(js, "_nc", None), getattr(js, "_prefix", None)
     if not isinstance(own, int | float) or nc is None or prefix is None or timeout >= own:
