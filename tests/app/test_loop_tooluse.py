@@ -225,3 +225,21 @@ def test_the_jobs_hint_counts_stop_at_the_last_decided_generation() -> None:
     assert job_counts(statuses, records)["hinted_tasks"] == 17
     undecided = [record(2, "job-a", "candidate")]
     assert job_counts(statuses, undecided)["hinted_tasks"] == 0  # no generation decided
+
+
+def test_the_tooluse_loop_benchmarks_its_start_version_while_the_agents_act(
+    monkeypatch,  # type: ignore[no-untyped-def]
+) -> None:
+    """Its first candidate is then validated alone, not beside the warm start after its
+    trigger (`Validator.start_reference`); the FrozenLake loop leaves it off."""
+    from agentrl.app.loop import LoopConfig, loop_environment
+    from agentrl.serving.config import DeploySettings
+
+    monkeypatch.delenv("AGENTRL_DEPLOY_BENCHMARK_LIVE_EARLY", raising=False)
+    assert DeploySettings().benchmark_live_early is False
+    for key, value in loop_environment(LoopConfig()).items():
+        monkeypatch.setenv(key, value)
+    assert DeploySettings().benchmark_live_early is False
+    for key, value in loop_environment(LoopConfig.tooluse()).items():
+        monkeypatch.setenv(key, value)
+    assert DeploySettings().benchmark_live_early is True

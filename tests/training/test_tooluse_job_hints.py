@@ -78,3 +78,10 @@ async def test_a_tooluse_job_hints_failed_tasks_with_the_users_correction(
     counts = job_counts({job: [TrainingStatus.model_validate(final)]})
     assert counts["hinted_tasks"] == 1 and counts["corrections_used"] == 1
     assert counts["replayed"] == current["replayed"]
+    # where the job's seconds went: the replay and the hint items' training after the last
+    # RL step are training, not the save (s31 read 39 s of them as "save")
+    stages = final["metadata"]["stages_s"]
+    assert {"hint_sampling", "rl", "replay", "hint_training", "save"} <= set(stages), stages
+    trained = stages["rl"] + stages["replay"] + stages["hint_training"]
+    assert abs(trained - final["resource_usage"]["train_step_seconds"]) < 0.05, (stages, final)
+    assert stages["save"] > 0

@@ -193,6 +193,16 @@ def job_stages(watch: Watch, stages: dict[str, float]) -> None:
             spans.append((done[-1].timestamp - evs[0].timestamp).total_seconds())
     stages["training_jobs"] = float(len(spans))
     stages["training_per_job"] = sum(spans) / len(spans) if spans else 0.0
+    # inside a job, per job (its completed status's `stages_s`): hint sampling, RL steps,
+    # replay, hint training, save
+    parts: dict[str, list[float]] = {}
+    for evs in watch.statuses.values():
+        done = [e for e in evs if e.status == "completed"]
+        meta = (done[-1].metadata.model_extra or {}) if done and done[-1].metadata else {}
+        for k, v in (meta.get("stages_s") or {}).items():
+            parts.setdefault(k, []).append(float(v))
+    for k, vs in parts.items():
+        stages[f"job_{k}"] = sum(vs) / len(vs)
 
 
 def deploy_stages(records: list[Any], stages: dict[str, float]) -> None:

@@ -184,6 +184,10 @@ def environment(cfg: Any) -> dict[str, str]:
         "AGENTRL_DEPLOY_BENCHMARK_RESPONSE_FORMAT": json.dumps(response_format()),
         "AGENTRL_DEPLOY_BENCHMARK_MAX_TOKENS": str(cfg.max_tokens),
         "AGENTRL_DEPLOY_BENCHMARK_SEED": str(BENCHMARK_SEED),
+        # the start version (a warm start: live, never validated) is benchmarked while the
+        # agents act, not beside the first candidate after its trigger (24 episodes and two
+        # safety suites instead of 12 and one: 64 s against 31 s alone, load 3, 2026-12-01)
+        "AGENTRL_DEPLOY_BENCHMARK_LIVE_EARLY": "true",
         # the canary's reward check on the scale these rewards have (task completion: 0 or
         # 1), not the deploy default's [-1, 1], which doubled its worst-case spread. In 200
         # simulated canaries (sessions of 4 episodes), two equal versions at the loop's 0.35

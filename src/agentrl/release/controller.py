@@ -224,6 +224,19 @@ class Controller:
         return await self.registry.require_model(record.model_id)
 
     # ---- monitor ------------------------------------------------------------------------
+    async def _reference_live(self) -> None:
+        """`benchmark_live_early`: a live version with no recorded benchmark is benchmarked
+        now, in the background (`Validator.start_reference`), not after the next candidate's
+        trigger beside it."""
+        start = getattr(self.validate, "start_reference", None)
+        if start is None or not (
+            self.settings.benchmark_live_early and self.settings.validate_models
+        ):
+            return
+        live = await self._live()
+        if live is not None and not live.validation_details.get("benchmark"):
+            start(live)
+
     def _counts(self, model_id: str | None) -> tuple[int, int]:
         s = self.stats.get(model_id) if model_id else None
         return (s.requests, s.errors) if s is not None else (0, 0)
@@ -250,6 +263,7 @@ class Controller:
             return self._did(action)
         rollout = pending
         if rollout is None or rollout.status != "running":
+            await self._reference_live()
             return await self.deploy_waiting()
         if rollout.paused:
             return "paused"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -55,6 +56,7 @@ TOXIC = re.compile(
 )
 
 Generate = Callable[[list[str]], Awaitable[list[str]]]
+log = logging.getLogger(__name__)
 
 
 def load_prompts(path: Path | None = None) -> dict[str, list[dict[str, Any]]]:
@@ -325,6 +327,51 @@ class Validator:
         self.prompts = prompts
         self._engines: dict[str, Any] = {}  # base spec -> LocalEngine (structured benchmarks)
         self._engine_lock = asyncio.Lock()
+        # live version -> its benchmark and safety, run ahead of any candidate
+        # (`start_reference`), in flight or done
+        self._references: dict[str, asyncio.Task[dict[str, Any]]] = {}
+
+    def start_reference(self, live: ModelRecord) -> None:
+        """Benchmark a live version that has no recorded benchmark now, in the background:
+        whole (no early stop) with its safety suite, stored on its record as a side-by-side
+        validation stores it. A candidate validated later is judged alone against it (its
+        own episodes only, not both versions': a tool-use loop's first candidate played 24
+        episodes and two safety suites after its trigger), waiting for it if it is still
+        playing. A reference of another version still in flight is cancelled: that one is
+        not live any more."""
+        if live.validation_details.get("benchmark") or live.model_id in self._references:
+            return
+        for model_id, task in list(self._references.items()):
+            if not task.done():
+                task.cancel()
+                del self._references[model_id]
+        self._references[live.model_id] = asyncio.ensure_future(self._reference(live))
+
+    async def _reference(self, live: ModelRecord) -> dict[str, Any]:
+        details = await self.evaluate(live)
+        if self.registry is not None:
+
+            def store(r: ModelRecord, ref: dict[str, Any] = details) -> None:
+                r.validation_details = {**r.validation_details, **ref}
+
+            await self.registry.update_model(live.model_id, store)
+        return details
+
+    async def _reference_of(self, live: ModelRecord) -> dict[str, Any] | None:
+        """The live version's benchmark and safety run by `start_reference` (awaited if it
+        still plays); None when none was started, or it was cancelled or failed."""
+        task = self._references.get(live.model_id)
+        if task is None:
+            return None
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():
+                return None
+            raise  # this validation itself was cancelled
+        except Exception as exc:  # validated side by side instead, as without it
+            log.warning("the reference benchmark of %s failed: %s", live.model_id, exc)
+            return None
 
     async def evaluate(
         self, record: ModelRecord, stop: Callable[[Tally], bool] | None = None
@@ -426,6 +473,11 @@ class Validator:
         reference."""
         ref: dict[str, Any] | None = None
         tolerance = regression_tolerance({"episodes": self._planned_episodes()}, self.settings)
+        if live is not None and not live.validation_details.get("benchmark"):
+            known = await self._reference_of(live)
+            if known is not None:
+                details = {**live.validation_details, **known}
+                live = live.model_copy(update={"validation_details": details})
         threshold = self.settings.benchmark_threshold
         if live is not None and live.validation_details.get("benchmark"):
             ref = live.validation_details

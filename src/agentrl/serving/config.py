@@ -152,6 +152,13 @@ class DeploySettings(BaseSettings):
     auto_deploy: bool = Field(True, description="Deploy validated candidates without a human.")
     # validation
     validate_models: bool = Field(True, description="Run validation before deploying.")
+    benchmark_live_early: bool = Field(
+        False,
+        description="A live version with no recorded benchmark (a loop's warm start) is "
+        "benchmarked, whole, while the controller has nothing to validate (the agents act "
+        "meanwhile), so the next candidate's validation plays its own episodes only, not "
+        "both versions' (validation.Validator.start_reference).",
+    )
     benchmark_threshold: float = Field(0.0, description="Mean benchmark score needed to pass.")
     benchmark_episodes: int = Field(2, ge=1, description="Held-out episodes per environment.")
     benchmark_seed: int = Field(90_000, description="First held-out seed (training uses low ones).")

@@ -526,6 +526,10 @@ class TokenJob:
         self.init: str | None = None
         self.hinting: Any = None
         self.replay: Any = None
+        # where the job's seconds went (`stages_s` of its completed status): the train_s of
+        # progress reports ends at the last RL report, so a replay round and the hint items'
+        # training after it read as "save" (39 s of s31's tool-use job; the save took < 0.4 s)
+        self.stages: dict[str, float] = {}
 
     @property
     def reported_objective(self) -> str:
@@ -628,6 +632,7 @@ class TokenJob:
             self.trainer, self.data.train, self.hint_settings, completions, self.spec.options.seed
         )
         log.info("hints: %s in %.0fs", found.counts, found.seconds)
+        self.stages["hint_sampling"] = found.seconds
         return found
 
     def _replay_step(self, completions: dict[str, Any]) -> Any:
@@ -702,6 +707,7 @@ class TokenJob:
                 else:
                     metrics = trainer.train_on_samples(chunk, allow_empty=True)
                 prog.train_s += time.monotonic() - t0
+                self._spent("rl", t0)
                 if not metrics:
                     trainer.global_step = step  # nothing trainable in this chunk: count it
                     continue
@@ -723,16 +729,23 @@ class TokenJob:
                 t0 = time.monotonic()
                 self.replay.train(trainer)
                 prog.train_s += time.monotonic() - t0
+                self._spent("replay", t0)
         if self.hinting is not None and self.hinting.items:  # after the job's own steps
             emitter.check()
             t0 = time.monotonic()
             self.hinting.train(trainer, self.hint_settings, self.spec.options.seed)
             prog.train_s += time.monotonic() - t0
+            self._spent("hint_training", t0)
+
+    def _spent(self, stage: str, since: float) -> None:
+        self.stages[stage] = self.stages.get(stage, 0.0) + time.monotonic() - since
 
     def _checkpoint(self, m: dict[str, float], epoch: int) -> None:
         from agentrl.training import ope
 
+        t_save = time.monotonic()
         path = self.ckpt.save(self.trainer, m)
+        self._spent("save", t_save)
         self.emitter.emit("running", phase="checkpoint", last_checkpoint=path)
         if self.hold_samples:
             found = ope.estimate(self._holdout_now(), resamples=0)
@@ -783,7 +796,9 @@ class TokenJob:
                 if self.ckpt.save_best(trainer, est_reward, last_m):
                     self.best = self._best(epochs, est_reward)
         last = self.history[-1] if self.history else {}
+        t_save = time.monotonic()
         final = self.ckpt.save(trainer, {**last, **evaluation}, name="final")
+        self._spent("save", t_save)
         curves = write_curves(
             self.history, Path(self.spec.job_dir) / "curves.png", f"{self.est} job"
         )
@@ -815,6 +830,7 @@ class TokenJob:
             },
             train_s=self.prog.train_s,
             eval_s=time.monotonic() - t_eval,
+            stages_s={k: round(v, 3) for k, v in self.stages.items()},
             dataset=self.data.report.as_dict(),
             **{k: figures[k] for k in ("samples", "trained_samples", "objective")},
             init_checkpoint=self.init,

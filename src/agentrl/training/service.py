@@ -99,6 +99,7 @@ DATA_KEYS = (
     "baseline_trajectories",
     "resumed_from",
     "optimizer_steps",
+    "stages_s",  # where a job's seconds went (hint sampling, RL, replay, hint training, save)
 )
 UUID_RE = re.compile(r"^[0-9a-fA-F-]{8,64}$")
 # Backoff of the scheduler after a failed round (NATS away): doubles up to the last value.
