@@ -47,6 +47,9 @@ class TokenItem:
     mode: str = "nll"
     hinted_prompt_ids: list[int] | None = None
     weight: float = 1.0
+    # the tool this reply calls when it is an episode's first reply, else None: a replay
+    # pass can count its opening turns per tool (`tooluse_replay.Replay.sample`)
+    opening: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -147,9 +147,7 @@ class HintStep:
         items = [copy.copy(it) for it in self.items]
         if replay is not None and len(replay.replay) and replay.settings.on:
             for _ in range(replay.settings.steps):
-                drawn = replay.replay.sample(replay.settings.episodes_per_family, generator)
-                replay.counts["replayed"] += len(drawn)
-                items += drawn
+                items += replay.draw(generator)
         return balance(items)
 
     def train(
