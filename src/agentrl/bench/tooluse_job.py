@@ -964,6 +964,7 @@ def _hint_step(
     hs = hint_settings(settings, v["hints"])
     hs.epochs = int(v.get("hint_epochs", hs.epochs))
     hs.relabel_thoughts = bool(v.get("relabel", False))
+    hs.balance_openings = bool(v.get("balance_openings", False))
     bounds: dict[str, int] | None = None
     others: dict[str, int] | None = None
     if v.get("checked"):
