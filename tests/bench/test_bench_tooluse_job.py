@@ -344,6 +344,19 @@ def test_replay_variants_train_the_jobs_replay_beside_checked_hint_items(tmp_pat
     assert not replay.settings.retries and rec["replay_retries"] == 0
     with_retries = job_replay(trainer, *records_of(episodes(), "h-1"), 0, retries=True)
     assert with_retries.settings.retries
+    # the tool-balanced variants: the same replay, each pass balanced per opening tool
+    assert VARIANTS["replay-tool-balanced"] == {**VARIANTS["replay-only"], "balance_openings": True}
+    assert VARIANTS["replay-sft-relabel-tool-balanced"] == {
+        **VARIANTS["replay-sft-relabel"],
+        "balance_openings": True,
+    }
+    assert not replay.settings.balance_openings
+    balanced = job_replay(trainer, *records_of(episodes(), "h-1"), 0, balance_openings=True)
+    held = balanced.replay.openings()
+    assert held["calculator"] >= 1 and held["code_exe"] >= 2  # the warm start's, at least
+    balanced.draw(balanced.generator)
+    trained = _replay_record(balanced)["replay_openings_trained"]
+    assert trained["calculator"] == trained["code_exe"] >= 2 * REPLAY["episodes_per_family"]
 
 
 def test_a_turn_rebuilt_from_the_trajectory_is_the_prompt_it_was_sampled_from(

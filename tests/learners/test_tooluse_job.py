@@ -347,6 +347,58 @@ def test_a_pass_with_the_replay_trains_hint_free_items_family_balanced(trainer: 
     assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
 
 
+def hinted_call(trainer: Any, family: str, seed: int, tool: str) -> Any:
+    """A hinted success that opens with `tool`, then answers: two items, the first an
+    opening turn."""
+    from agentrl.learners.tooluse_episodes import EpisodeRecord, TurnRecord
+
+    tok = trainer.policy.tokenizer
+    q = generate_task(seed, family).question
+    turns = [
+        TurnRecord(
+            prompt_ids=tok.encode(f"{q}\n\nHint: h{k}"),
+            action_ids=tok.encode(f'{{"tool_name": "{name}"}}'),
+            logprobs=[-0.5] * 6,
+            text="{}",
+            finish="stop",
+            tool_name=name,
+            free_prompt_ids=tok.encode(q + " " * k),
+        )
+        for k, name in enumerate((tool, "response"))
+    ]
+    return EpisodeRecord(family, seed, q, turns, success=True, answered=True, hint="Hint: h")
+
+
+def test_balance_openings_weighs_a_passs_opening_turns_the_same_per_tool(trainer: Any) -> None:
+    """`JobHints.balance_openings`: after the family balance, the opening turns of each tool
+    carry the same total weight (their sum unchanged, the answers' weights as they were).
+    Here arithmetic's hinted successes open once with each tool, numbers' with code_exe:
+    families equal, code_exe's openings weigh three times the calculator's without it."""
+    given = [
+        hinted_call(trainer, "arithmetic", 5, "calculator"),
+        hinted_call(trainer, "arithmetic", 5, "code_exe"),
+        hinted_call(trainer, "numbers", 7, "code_exe"),
+    ]
+    plain = hint_step(trainer, records(), JobHints(mode="sft", samples=2), hinted=given)
+    openings = [it.opening for it in plain.items]
+    assert openings == ["calculator", None, "code_exe", None, "code_exe", None]
+
+    def weights(items: list[Any]) -> dict[str | None, float]:
+        out: dict[str | None, float] = {}
+        for it in items:
+            out[it.opening] = out.get(it.opening, 0.0) + it.weight
+        return out
+
+    off = weights(plain.pass_items())
+    assert off["code_exe"] == pytest.approx(3 * off["calculator"])
+    on = weights(plain.pass_items(openings=True))
+    assert on["calculator"] == pytest.approx(on["code_exe"])
+    assert on["calculator"] + on["code_exe"] == pytest.approx(off["calculator"] + off["code_exe"])
+    assert on[None] == pytest.approx(off[None])  # the answers: the family balance's weights
+    assert JobHints(mode="sft", balance_openings=True).balance_openings
+    assert not JobHints().balance_openings
+
+
 def test_relabel_gives_each_trained_reply_its_tools_thought_and_keeps_the_call(
     trainer: Any,
 ) -> None:

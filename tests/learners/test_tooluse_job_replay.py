@@ -38,16 +38,16 @@ def attempt(
     question: str | None = None,
     pool: str | None = None,
     cut: bool = False,
+    first_tool: str = "calculator",
 ) -> dict[str, Any]:
     """A logged tool-use attempt as `rollout.convert` writes the loop's episodes: a
-    calculator call, its result, then the answer; every reply's completion-log row is
-    `c-<trajectory>-<turn>`."""
+    calculator call (or `first_tool`'s), its result, then the answer; every reply's
+    completion-log row is `c-<trajectory>-<turn>`."""
     task = generate_task(seed, family)
     tid = f"{family}-{seed}-{k}"
     turns = []
-    for j, (tool, args) in enumerate(
-        [("calculator", {"expression": "3 + 4"}), ("response", {"text": "7"})]
-    ):
+    call = {"expression": "3 + 4"} if first_tool == "calculator" else {"code": "print(3 + 4)"}
+    for j, (tool, args) in enumerate([(first_tool, call), ("response", {"text": "7"})]):
         turns.append(
             {
                 "turn_id": j + 1,
@@ -204,6 +204,53 @@ def test_the_replay_leaves_out_families_the_policy_already_solves(tokenizer: Any
     assert job.replay.families() == ["data", "numbers"]  # data: the warm start's only
     assert job.counts["replay_families_solved"] == 1 and job.skipped == {"family_solved": 3}
     assert job.replay.added == {"warm start": 2, "loop": 1}
+
+
+def test_balance_openings_draws_as_many_calculator_openings_as_code_exe(tokenizer: Any) -> None:
+    """`balance_openings`: a family-balanced pass of one calculator family and two code_exe
+    families opens twice as many episodes with code_exe (what sent arithmetic to code_exe,
+    2026-12-01); balanced, episodes opening with the calculator are added until the counts
+    are equal, the family draw itself unchanged. Only an episode's first reply counts."""
+    from agentrl.learners.tooluse_replay import opening_counts
+
+    recs = [record(attempt("arithmetic", s, 0, True), 1.0) for s in (1, 2)]
+    recs += [record(attempt("data", s, 0, True, first_tool="code_exe"), 1.0) for s in (3, 4)]
+    recs += [record(attempt("numbers", s, 0, True, first_tool="code_exe"), 1.0) for s in (5, 6)]
+    plain = replay_of_records(tokenizer, recs, JobReplaySettings(episodes_per_family=2), seed=3)
+    assert plain.replay.openings() == {"calculator": 2, "code_exe": 4}
+    off = plain.draw(plain.generator)
+    assert opening_counts(off) == {"calculator": 2, "code_exe": 4}
+    settings = JobReplaySettings(episodes_per_family=2, balance_openings=True)
+    job = replay_of_records(tokenizer, recs, settings, seed=3)
+    on = job.draw(job.generator)
+    assert opening_counts(on) == {"calculator": 4, "code_exe": 4}
+    assert [it.action_ids for it in on[: len(off)]] == [it.action_ids for it in off]
+    assert {it.family for it in on[len(off) :]} == {"arithmetic"}  # 2 more episodes, 4 replies
+    assert len(on) == len(off) + 4 and sum(it.opening is None for it in on) == 8  # the answers
+    assert job.openings == {"calculator": 4, "code_exe": 4} and job.counts["replayed"] == 16
+
+
+def test_balance_openings_tops_up_a_tool_the_family_draw_missed(tokenizer: Any) -> None:
+    """A tool the replay holds but the draw did not pick is added from whichever families
+    hold it (numbers here, beside its code_exe episodes); an episode whose first reply was
+    cut has no opening turn and counts for no tool; the warm start's scripted episodes are
+    labelled by the solver's tool (arithmetic: the calculator; data, numbers: code_exe)."""
+    from agentrl.learners.tooluse_replay import Replay, opening_counts
+
+    recs = [record(attempt("data", s, 0, True, first_tool="code_exe"), 1.0) for s in (3, 4)]
+    recs.append(record(attempt("numbers", 5, 0, True), 1.0))  # a calculator opening
+    recs.append(record(attempt("numbers", 7, 0, True, first_tool="code_exe", cut=True), 1.0))
+    job = replay_of_records(tokenizer, recs, JobReplaySettings())
+    assert job.replay.openings() == {"calculator": 1, "code_exe": 2}
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        counts = opening_counts(job.replay.sample(3, gen, balance_openings=True))
+        assert counts["calculator"] == counts["code_exe"] >= 3
+    warm = replay_of_records(tokenizer, [], JobReplaySettings(warm_tasks_per_family=1))
+    assert warm.replay.openings() == {"calculator": 1, "code_exe": 2}
+    one_tool = Replay()
+    one_tool.add("data", job.replay.held("data")[0], opening="code_exe")
+    assert len(one_tool.sample(2, gen, balance_openings=True)) == 2 * 2  # nothing to balance
 
 
 # -- the job --------------------------------------------------------------------------------

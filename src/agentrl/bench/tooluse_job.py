@@ -83,6 +83,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "replay-sft-unchecked": {"hints": "sft", "rl": False, "replay": True},  # no check, no cap
     "checked-sft": {"hints": "sft", "rl": False, "checked": True},  # no replay
     "replay-only": {"rl": False, "replay": True},  # the replay's passes alone, no hint items
+    # the replay's passes balanced per tool of the opening turn (`JobReplaySettings.
+    # balance_openings`): as many episodes opening with the calculator as with code_exe a pass
+    "replay-tool-balanced": {"rl": False, "replay": True, "balance_openings": True},
     # the best variant with a retry after each failed logged attempt's first tool error in its
     # replay (`JobReplaySettings.retries`: the attempt's turns up to the error, then the
     # solver's call and answer, verified): the start answers at once after an error
@@ -103,6 +106,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "replay": True,
         "checked": True,
         "relabel": True,
+    },
+    "replay-sft-relabel-tool-balanced": {
+        "hints": "sft",
+        "rl": False,
+        "replay": True,
+        "checked": True,
+        "relabel": True,
+        "balance_openings": True,
     },
 }
 
@@ -777,7 +788,14 @@ def _update(
     records, completions = records_of(episodes, key, v["partial_credit"])
     step, hs, h_data = None, None, (records, completions)
     replay = (
-        job_replay(trainer, records, completions, settings.seed, bool(v.get("retries")))
+        job_replay(
+            trainer,
+            records,
+            completions,
+            settings.seed,
+            bool(v.get("retries")),
+            bool(v.get("balance_openings")),
+        )
         if v.get("replay")
         else None
     )
@@ -832,16 +850,18 @@ def job_replay(
     completions: dict[str, Any],
     seed: int,
     retries: bool = False,
+    balance_openings: bool = False,
 ) -> Any:
     """The job's replay of the logged episodes' verified hint-free successes and the warm
     start's scripted episodes (`REPLAY`), with `retries` the retries after their failed
-    attempts' tool errors too, as a job builds it (`replay_of_records`)."""
+    attempts' tool errors too, with `balance_openings` each pass balanced per tool of the
+    opening turn, as a job builds it (`replay_of_records`)."""
     from agentrl.learners.tooluse_job_replay import JobReplaySettings, replay_of_records
 
     return replay_of_records(
         trainer.policy.tokenizer,
         records,
-        JobReplaySettings(**REPLAY, retries=retries),
+        JobReplaySettings(**REPLAY, retries=retries, balance_openings=balance_openings),
         completions,
         seed,
         max_length=trainer.config.max_length,
@@ -876,6 +896,8 @@ def _replay_record(replay: Any) -> dict[str, Any]:
         **replay.counts,
         "replay_by_family": {f: len(replay.replay.held(f)) for f in replay.replay.families()},
         "replay_bounds": replay_bounds(replay),
+        "replay_openings_held": replay.replay.openings(),
+        "replay_openings_trained": replay.openings,
         "replay_skipped": replay.skipped,
     }
 
@@ -942,6 +964,7 @@ def _hint_step(
     hs = hint_settings(settings, v["hints"])
     hs.epochs = int(v.get("hint_epochs", hs.epochs))
     hs.relabel_thoughts = bool(v.get("relabel", False))
+    hs.balance_openings = bool(v.get("balance_openings", False))
     bounds: dict[str, int] | None = None
     others: dict[str, int] | None = None
     if v.get("checked"):

@@ -47,6 +47,9 @@ class TokenItem:
     mode: str = "nll"
     hinted_prompt_ids: list[int] | None = None
     weight: float = 1.0
+    # the tool this reply calls when it is an episode's first reply, else None: a replay
+    # pass can count its opening turns per tool (`tooluse_replay.Replay.sample`)
+    opening: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -90,7 +93,7 @@ def importance_items(hinted: Sequence[EpisodeRecord]) -> list[TokenItem]:
     for ep in hinted:
         if not ep.success or not ep.hint:
             continue
-        for t in ep.turns:
+        for k, t in enumerate(ep.turns):
             if t.finish != "stop" or t.free_prompt_ids is None:
                 continue
             out.append(
@@ -100,16 +103,37 @@ def importance_items(hinted: Sequence[EpisodeRecord]) -> list[TokenItem]:
                     ep.family,
                     "importance",
                     hinted_prompt_ids=list(t.prompt_ids),
+                    opening=t.tool_name if k == 0 and t.tool_name != "response" else None,
                 )
             )
     return out
+
+
+def balance_openings(items: list[TokenItem]) -> list[TokenItem]:
+    """Weights so the opening turns (`TokenItem.opening`) of every tool present carry the
+    same total weight, their sum unchanged; the other items as they were. After `balance`
+    (families equal) in a hint pass: the family weights would undo a balance of counts."""
+    totals: dict[str, float] = {}
+    for it in items:
+        if it.opening is not None:
+            totals[it.opening] = totals.get(it.opening, 0.0) + it.weight
+    if len(totals) < 2:
+        return items
+    per_tool = sum(totals.values()) / len(totals)
+    for it in items:
+        if it.opening is not None:
+            it.weight *= per_tool / totals[it.opening]
+    return items
 
 
 def sft_items(hinted: Sequence[EpisodeRecord]) -> list[TokenItem]:
     """The hinted successes' replies as plain NLL on the hint-free prompt (ReLIFT-style
     supervised steps; no importance weight, so a token the hint-free policy would rarely
     write is learned as much as any other)."""
-    return [TokenItem(it.prompt_ids, it.action_ids, it.family) for it in importance_items(hinted)]
+    return [
+        TokenItem(it.prompt_ids, it.action_ids, it.family, opening=it.opening)
+        for it in importance_items(hinted)
+    ]
 
 
 def distill_items(

@@ -102,6 +102,14 @@ class JobHints(BaseModel):
         "(27 of 30). Applied before the length check, which then bounds the reply as trained",
     )
 
+    balance_openings: bool = Field(
+        False,
+        description="a pass's opening turns (the hint items' and any replay draw's first "
+        "replies) weigh the same per tool, after the family balance "
+        "(`tooluse_hints.balance_openings`): a pass's data items, 19 code_exe openings against "
+        "arithmetic's 11 calculator ones, sent arithmetic to code_exe (2026-12-01)",
+    )
+
     @model_validator(mode="after")
     def _relabel_needs_sft(self) -> JobHints:
         if self.relabel_thoughts and self.mode != "sft":
@@ -137,20 +145,22 @@ class HintStep:
     by_family: dict[str, dict[str, int]] = field(default_factory=dict)
     seconds: float = 0.0
 
-    def pass_items(self, replay: Any = None, generator: Any = None) -> list[TokenItem]:
+    def pass_items(
+        self, replay: Any = None, generator: Any = None, openings: bool = False
+    ) -> list[TokenItem]:
         """One pass's items, family-balanced (`tooluse_hints.balance`): copies of the hint
         items and, with `replay` (a `tooluse_job_replay.JobReplay`), `replay.settings.steps`
         fresh family-balanced draws of its verified hint-free successes (ReLIFT's
-        supervised steps interleaved: shuffled into the same batches)."""
-        from agentrl.learners.tooluse_hints import balance
+        supervised steps interleaved: shuffled into the same batches); with `openings`,
+        then the opening turns' weights balanced per tool (`balance_openings`)."""
+        from agentrl.learners.tooluse_hints import balance, balance_openings
 
         items = [copy.copy(it) for it in self.items]
         if replay is not None and len(replay.replay) and replay.settings.on:
             for _ in range(replay.settings.steps):
-                drawn = replay.replay.sample(replay.settings.episodes_per_family, generator)
-                replay.counts["replayed"] += len(drawn)
-                items += drawn
-        return balance(items)
+                items += replay.draw(generator)
+        items = balance(items)
+        return balance_openings(items) if openings else items
 
     def train(
         self, trainer: Any, settings: JobHints, seed: int = 0, replay: Any = None
@@ -166,7 +176,7 @@ class HintStep:
         gen = torch.Generator().manual_seed(seed)
         out: dict[str, float] = {}
         for _ in range(settings.epochs):
-            items = self.pass_items(replay, gen)
+            items = self.pass_items(replay, gen, settings.balance_openings)
             out = train_items(trainer, items, settings.batch_size, settings.clip, gen)
         return out
 

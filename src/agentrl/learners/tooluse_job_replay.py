@@ -35,7 +35,7 @@ from agentrl.learners.tooluse_job import (
     task_key,
     turn_messages,
 )
-from agentrl.learners.tooluse_replay import Replay
+from agentrl.learners.tooluse_replay import Replay, opening_counts
 
 
 class JobReplaySettings(BaseModel):
@@ -80,6 +80,16 @@ class JobReplaySettings(BaseModel):
         "successes from the RL steps themselves); None: every family",
     )
 
+    balance_openings: bool = Field(
+        False,
+        description="each pass opens as many episodes with the calculator as with code_exe "
+        "(`Replay.sample`: episodes opening with the under-drawn tool added to the family "
+        "draw). The start calls the tool its opening thought names, and a family-balanced "
+        "pass opening more than twice as many episodes with code_exe (data's and numbers') "
+        "as with the calculator sent arithmetic to code_exe (2026-12-01); off: the family "
+        "draw alone",
+    )
+
     @property
     def on(self) -> bool:
         return self.steps > 0 and self.episodes_per_family > 0
@@ -108,6 +118,17 @@ class JobReplay:
     skipped: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     rounds_done: int = 0
+    openings: dict[str, int] = field(default_factory=dict)  # opening turns trained, per tool
+
+    def draw(self, generator: torch.Generator) -> list[TokenItem]:
+        """One pass's draw (`settings.balance_openings`: balanced per opening tool), counted."""
+        items = self.replay.sample(
+            self.settings.episodes_per_family, generator, self.settings.balance_openings
+        )
+        self.counts["replayed"] += len(items)
+        for tool, n in opening_counts(items).items():
+            self.openings[tool] = self.openings.get(tool, 0) + n
+        return items
 
     def train(self, trainer: Any) -> dict[str, float]:
         """One round (after an RL epoch): `steps` passes of plain NLL on fresh family-balanced
@@ -125,11 +146,10 @@ class JobReplay:
         out: dict[str, float] = {}
         try:
             for _ in range(self.settings.steps):
-                items = self.replay.sample(self.settings.episodes_per_family, self.generator)
+                items = self.draw(self.generator)
                 out = train_items(
                     trainer, items, self.settings.batch_size, generator=self.generator
                 )
-                self.counts["replayed"] += len(items)
                 self.counts["replay_updates"] += int(out.get("steps", 0))
         finally:
             trainer.global_step = step0
@@ -193,6 +213,7 @@ def replay_of_records(
             skip("not_hint_free" if HINT_PREFIX.strip() in str(first) else "other_prompt")
             continue
         items = []
+        opening = None  # the first reply's tool, when that reply is kept
         for k, turn in enumerate(turns):
             lp = turn.get("logprobs") or {}
             if isinstance(lp, dict) and lp.get("finish_reason") == "length":
@@ -203,10 +224,13 @@ def replay_of_records(
             prompt = render_prompt(tokenizer, turn_messages(r.trajectory, task.question, k))
             item = TokenItem(prompt, ids, task.family)
             items.append(item if max_length is None else _fit(item, max_length))
+            if k == 0:
+                info = turn.get("step_info") or {}
+                opening = info.get("tool_name") or (turn.get("action") or {}).get("tool_name")
         if not items:
             skip("no_reply")
             continue
-        job.replay.add(task.family, items, "loop")
+        job.replay.add(task.family, items, "loop", opening)
         job.counts["replay_successes"] += 1
     job.counts["replay_families"] = len(job.replay.families())
     job.seconds = time.perf_counter() - t0
@@ -329,7 +353,8 @@ def add_warm_start(
         items = solved_items(tokenizer, ep)
         if max_length is not None:
             items = [_fit(it, max_length) for it in items if len(it.action_ids) < max_length]
-        replay.add(ep.task.family, items, "warm start")
+        first = ep.turns[0].tool_name if items and len(items) == len(ep.turns) else None
+        replay.add(ep.task.family, items, "warm start", first)
         added += int(bool(items))
     return added
 
