@@ -178,6 +178,25 @@ def test_training_is_deterministic() -> None:
     assert torch.equal(run(), run())
 
 
+def test_the_same_seed_gives_the_same_adapters_whatever_ran_before() -> None:
+    """A job's LoRA init came from the global generator as earlier work left it (seeded only
+    after the adapters were made), so two equal jobs in one process trained apart."""
+    from agentrl.llm.loading import LoraSettings
+
+    def adapters(noise: int) -> torch.Tensor:
+        torch.randn(noise)  # earlier work in the process moves the global generator
+        lora = LoraSettings(r=4, target_modules=("q_proj", "v_proj"))
+        policy = load_policy("tiny", lora=lora, seed=5, tiny_kwargs=TINY)
+        named = policy.model.named_parameters()
+        return torch.cat([p.detach().flatten() for n, p in named if "lora_" in n])
+
+    first = adapters(1)
+    assert first.abs().sum() > 0 and torch.equal(first, adapters(1000))
+    state = torch.random.get_rng_state()
+    adapters(0)
+    assert torch.equal(state, torch.random.get_rng_state())  # the caller's generator untouched
+
+
 def test_sample_from_stepdata_uses_rollout_tokens_or_renders(smol_tokenizer) -> None:
     tok = smol_tokenizer
     exact = StepData(

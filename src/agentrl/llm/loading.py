@@ -512,8 +512,10 @@ def load_policy(
             "INFRA",
         ) from exc
     model = model.to(device=device, dtype=torch_dtype)
-    if lora is not None:
-        model = apply_lora(model, lora)
+    if lora is not None:  # the adapters' init from `seed`, not from whatever ran before
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = apply_lora(model, lora)
     return PolicyModel(model=model, tokenizer=tokenizer, name=name, lora=lora, info=info)
 
 
