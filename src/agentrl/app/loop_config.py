@@ -174,12 +174,14 @@ class LoopConfig(BaseModel):
     Its seeds as `agentrl learn` trains the warm start (`warm_tasks_per_family`), the
     environment's verified solutions; for a run with `init_checkpoint` from that warm start;
     0: the loop's own successes only (no scripted solution anywhere)."""
-    replay_balance_openings: bool = False
-    """Tool use: each replay pass opens as many episodes with the calculator as with code_exe.
+    balance_openings: bool = False
+    """Tool use: the jobs' replay passes and hint items open as many replies with the
+    calculator as with code_exe.
 
     The start calls the tool its opening thought names, and an update drifts that thought
-    toward the tool it trains most, across families (`JobReplaySettings.balance_openings`:
-    on the job harness it kept every family's first tool, 2026-12-01)."""
+    toward the tool it trains most, across families (`JobReplaySettings.balance_openings`,
+    `JobHints.balance_openings`; on the job harness the balanced replay kept every family's
+    first tool, 2026-12-01)."""
 
     @classmethod
     def tooluse(cls, quick: bool = False, **kw: Any) -> LoopConfig:

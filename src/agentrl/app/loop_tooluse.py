@@ -243,6 +243,7 @@ def job_hints(cfg: Any) -> dict[str, Any] | None:
         "structured": cfg.structured,
         "max_tasks": int(getattr(cfg, "hint_tasks", 8)),
         "samples": int(getattr(cfg, "hint_samples", 4)),
+        "balance_openings": bool(getattr(cfg, "balance_openings", False)),
     }
 
 
@@ -269,7 +270,7 @@ def job_replay(cfg: Any) -> dict[str, Any] | None:
     warm = int(getattr(cfg, "replay_warm_tasks_per_family", 0))
     if warm > 0:  # the warm start's verified scripted episodes join it
         out.update(warm_tasks_per_family=warm, max_steps=max(2, cfg.max_steps))
-    if getattr(cfg, "replay_balance_openings", False):  # as many calculator openings as code_exe
+    if getattr(cfg, "balance_openings", False):  # as many calculator openings as code_exe
         out["balance_openings"] = True
     return out
 
