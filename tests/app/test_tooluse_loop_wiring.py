@@ -209,7 +209,9 @@ def test_the_ablation_switches_reach_the_jobs_and_the_reward_service(tmp_path: A
     hyper, rewards = wiring(on)
     assert hyper["tooluse_hints"]["mode"] == "distill"
     once = {"rounds": 1, "success_bar": 0.5}  # one round a job, families below half solved
-    assert hyper["tooluse_replay"] == {"steps": 1, "episodes_per_family": 4, **once}
+    balanced = {"balance_openings": True}  # per tool of the opening turn
+    assert hyper["tooluse_replay"] == {"steps": 1, "episodes_per_family": 4, **once, **balanced}
+    assert hyper["tooluse_hints"]["balance_openings"] is True
     assert rewards.partial_credit is not None
     off = config("--hints", "off", "--no-partial-credit", "--replay-steps", "0")
     hyper, rewards = wiring(off)
@@ -221,7 +223,12 @@ def test_the_ablation_switches_reach_the_jobs_and_the_reward_service(tmp_path: A
     assert same == {k: v for k, v in on.model_dump().items() if k in same}
     # the replay's other knob, through --set; 0 turns it off too
     two = config("--set", "replay_episodes_per_family=2")
-    assert wiring(two)[0]["tooluse_replay"] == {"steps": 1, "episodes_per_family": 2, **once}
+    assert wiring(two)[0]["tooluse_replay"] == {
+        "steps": 1, "episodes_per_family": 2, **once, **balanced
+    }  # fmt: skip
+    plain = wiring(config("--set", "balance_openings=false"))[0]  # the balance's switch
+    assert "balance_openings" not in plain["tooluse_replay"]
+    assert plain["tooluse_hints"]["balance_openings"] is False
     assert wiring(config("--set", "replay_episodes_per_family=0"))[0]["tooluse_replay"] is None
     warm = wiring(config("--set", "replay_warm_tasks_per_family=8"))[0]["tooluse_replay"]
     assert warm["warm_tasks_per_family"] == 8 and warm["max_steps"] >= 2

@@ -349,18 +349,17 @@ def test_replay_steps_zero_trains_exactly_as_before(tmp_path: Path) -> None:
         assert torch.equal(a, b)
     # the loop's default (`--replay-steps 1`): the same RL steps, a replay after each epoch
     from agentrl.app.loop_config import LoopConfig
-    from agentrl.app.loop_tooluse import job_replay
-
-    loops = job_replay(LoopConfig.tooluse())
-    assert loops is not None and "balance_openings" not in loops  # off unless asked
-    balanced = LoopConfig.tooluse(balance_openings=True)
-    replay_on = job_replay(balanced)
-    assert replay_on is not None and JobReplaySettings(**replay_on).balance_openings
-    from agentrl.app.loop_tooluse import job_hints
+    from agentrl.app.loop_tooluse import job_hints, job_replay
     from agentrl.learners.tooluse_job import JobHints
 
-    assert not JobHints(**job_hints(LoopConfig.tooluse()) or {}).balance_openings
+    balanced = LoopConfig.tooluse()  # the tool-use profile balances the opening turns
+    replay_on = job_replay(balanced)
+    assert replay_on is not None and JobReplaySettings(**replay_on).balance_openings
     assert JobHints(**job_hints(balanced) or {}).balance_openings
+    plain = LoopConfig.tooluse(balance_openings=False)  # `--set balance_openings=false`
+    loops = job_replay(plain)
+    assert loops is not None and not JobReplaySettings(**loops).balance_openings
+    assert not JobHints(**job_hints(plain) or {}).balance_openings
     on, status_on = run_job(tmp_path / "on", mixed_records(), tooluse_replay=loops)
     # `rounds: 1`: one round (after the first of the 2 epochs) x 1 pass x 1 family x 4 episodes x 2 replies: numbers
     # (1 of 2 solved) is at the loop's success bar of 0.5, so only arithmetic (1 of 3) replays
