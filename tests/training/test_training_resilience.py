@@ -131,7 +131,9 @@ async def test_final_status_survives_a_stop_between_commit_and_publish(nats, dat
     )
     try:
         req = fill_request(LONG_JOB, ts)
-        async with running_service(bus, settings, ts) as svc:
+        # a TTL longer than the outage: under load the killed job's end was handled after its
+        # lease's 10 s and the service fenced it first ("moved", 2026-12-01, the suite at load 2)
+        async with running_service(bus, settings, ts, lease_ttl_s=60.0) as svc:
             await bus.publish(req)
             await _kill_jobs_while_nats_is_down(svc, nats, req.training_job_id)
         # The service stopped with the final status committed but not published.
