@@ -7,6 +7,7 @@ passes of a tiny random model, real LoRA checkpoints."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,7 @@ async def test_versions_share_prefixes_only_with_identical_weights(
         assert stats.cached_tokens - before[0] >= 2 * BLOCK
         assert stats.prefill_tokens - before[1] < got_a2.prompt_tokens
         # and each answer is the one a fresh prefill gives
-        cache, engine.prefixes = engine.prefixes, PrefixCache(0)
+        cache = await asyncio.to_thread(engine.use_prefix_cache, PrefixCache(0))
         try:
             assert (
                 await engine.generate("pc-b", req("Second question?"))
@@ -121,13 +122,39 @@ async def test_versions_share_prefixes_only_with_identical_weights(
             fresh_a2 = await engine.generate("pc-a2", req("Third question?"))
             assert fresh_a2.completion_token_ids == got_a2.completion_token_ids
         finally:
-            engine.prefixes = cache
+            await asyncio.to_thread(engine.use_prefix_cache, cache)
         engine.unload_adapter("pc-a")  # pc-a2 still has these weights: the blocks stay
         assert keys["pc-a"] in engine.prefixes.weight_keys()
     finally:
         for m in ("pc-a", "pc-b", "pc-a2"):
             engine.unload_adapter(m)
     assert not engine.prefixes.weight_keys() & {keys["pc-a"], keys["pc-b"]}
+
+
+async def test_a_new_prefix_cache_serves_every_request_sent_after_the_swap(engine: Any) -> None:
+    """`use_prefix_cache` waits out a running decode: a request queued meanwhile joined that
+    run and filled the old cache (the bench's "after" figures read an empty one, CI 70)."""
+    system = {"role": "system", "content": "You are Agent Zero, a careful agent. " * 12}
+
+    def req(q: str, n: int) -> ChatRequest:
+        return ChatRequest(
+            model="m",
+            messages=[system, {"role": "user", "content": q}],
+            max_tokens=n,
+            temperature=0.0,
+        )
+
+    long = asyncio.ensure_future(engine.generate(None, req("Count to a hundred.", 48)))
+    while not engine._live:  # the long request is decoding
+        await asyncio.sleep(0.001)
+    fresh = PrefixCache(2**26)
+    old = await asyncio.to_thread(engine.use_prefix_cache, fresh)
+    try:
+        await engine.generate(None, req("What time is it?", 2))
+        assert fresh.bytes > 0  # the second request's K/V went into the new cache
+    finally:
+        await asyncio.to_thread(engine.use_prefix_cache, old)
+        await long
 
 
 async def test_a_second_agent_zero_turn_prefills_a_tenth_of_the_first(engine: Any) -> None:

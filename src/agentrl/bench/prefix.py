@@ -119,9 +119,10 @@ async def prefix_run(
         system, source = Path(prompt_file).read_text(), prompt_file
     else:
         system, source = synthetic_prompt(engine.tokenizer, tokens), "synthetic"
-    engine.prefixes = PrefixCache(0)  # before: no reuse
+    await asyncio.to_thread(engine.use_prefix_cache, PrefixCache(0))  # before: no reuse
     before = await _exchange(engine, system, max_tokens, "before")
-    engine.prefixes = PrefixCache(int(PREFIX_CACHE_MB * 2**20))  # after: a cold cache
+    cold = PrefixCache(int(PREFIX_CACHE_MB * 2**20))
+    await asyncio.to_thread(engine.use_prefix_cache, cold)  # after: a cold cache
     after = await _exchange(engine, system, max_tokens, "after")
     # a new chat with the same system prompt: its prefill against the first chat's
     _, hit = await _turn(

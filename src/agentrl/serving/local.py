@@ -265,6 +265,14 @@ class LocalEngine:
                 self.adapters[model_id] = name
         self._collect_if_idle()
 
+    def use_prefix_cache(self, cache: PrefixCache) -> PrefixCache:
+        """Serve with `cache` from the next decode run on and return the one before. Waits
+        for a running decode to end: a run holds its cache until its last row, and requests
+        queued meanwhile join it, so a plain assignment could leave them on the old cache."""
+        with self._lock:
+            old, self.prefixes = self.prefixes, cache
+        return old
+
     def unload_adapter(self, model_id: str) -> None:
         """Stop routing `model_id` to its adapter now; its weights go once no queued or
         decoding row uses them (rows already admitted finish with it: nothing is lost)."""
