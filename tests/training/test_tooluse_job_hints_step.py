@@ -12,6 +12,7 @@ from training_helpers import trajectory
 
 from agentrl.envs.tooluse.tasks import generate_task
 from agentrl.learners.tooluse import ToolUseConfig, ToolUseLearner
+from agentrl.learners.tooluse_episodes import PlayTiming
 from agentrl.learners.tooluse_job import hint_step, pick_tasks
 from agentrl.training.dataset import Record
 
@@ -45,7 +46,9 @@ def test_a_task_no_hinted_resample_solved_is_distilled_not_dropped(tmp_path: Pat
     records = [logged(i, "data", 7) for i in range(2)] + [logged(2, "numbers", 9)]
     settings = {"mode": "importance", "samples": 1, "max_new_tokens": 8, "max_steps": 2,
                 "fallback_distill": True}  # fmt: skip
-    step = hint_step(learner.trainer, records, settings)
+    timing = PlayTiming()  # a job counts the sampling's decode steps as its liveness
+    step = hint_step(learner.trainer, records, settings, timing=timing)
+    assert timing.stats.decode_steps > 0
     # the tiny random model solves nothing, hinted or not
     assert step.counts["hinted_tasks"] == 2 and step.counts["hinted_successes"] == 0
     assert step.counts["distilled_tasks"] == 2

@@ -358,6 +358,7 @@ def hint_step(
     hinted: Sequence[Any] | None = None,
     reply_bounds: dict[str, int] | None = None,
     other_items: dict[str, int] | None = None,
+    timing: Any = None,
 ) -> HintStep:
     """Hints for the failed groups among `records` and the items they train (not trained
     yet: `HintStep.train`). Importance and sft modes sample with the trainer's current
@@ -365,7 +366,8 @@ def hint_step(
     The hinted successes trained pass the length check (`max_reply_tokens`, and with
     `family_bound` the family's longest verified reply: the records' and `reply_bounds`')
     and the family cap (`max_family_share`, counting `other_items`: the items per family
-    a pass trains beside the hint items, e.g. a replay draw)."""
+    a pass trains beside the hint items, e.g. a replay draw). `timing` (a `PlayTiming`):
+    where the sampling's decode work is counted (a job's liveness)."""
     from agentrl.envs.tooluse.tasks import generate_task
     from agentrl.learners.tooluse import ToolUseLearner
     from agentrl.learners.tooluse_hints import importance_items, sft_items
@@ -378,6 +380,8 @@ def hint_step(
     if not keys:
         return step
     learner = ToolUseLearner.from_trainer(trainer, play_config(s, len(keys), seed))
+    if timing is not None:
+        learner.timing = timing
     # users' corrections: the latest non-empty one of a task's trajectories is its hint
     learner.set_corrections({k: next((r.hint for r in groups[k] if r.hint), None) for k in keys})
     tasks = {k: generate_task(k[1], k[0]) for k in keys}

@@ -126,6 +126,7 @@ class PolicyTrainer:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.global_step = 0
+        self.updates = 0  # optimiser steps taken by this object: only grows (a job's liveness)
         self.samples_seen = 0
         self.generator = torch.Generator().manual_seed(config.seed)
         self.dropped_too_long = 0  # samples over max_length that carried behaviour log-probs
@@ -403,6 +404,7 @@ class PolicyTrainer:
         self.optimizer.step()
         self.scheduler.step()
         self.global_step += 1
+        self.updates += 1
         return float(norm)
 
     def _emit(self, metrics: Metrics) -> Metrics:

@@ -557,6 +557,7 @@ class TokenJob:
             shape = init_lora_shape(self.init)
             self.config = TrainerConfig(**{**self.config.model_dump(), **shape})
         self.trainer = load_trainer(self.config, spec, None)
+        self.emitter.count_work(lambda: self.trainer.updates)  # RL, replay, hint items
         if self.init:
             continue_from(self.trainer, self.init)
         tc = spec.request.training_config
@@ -624,13 +625,17 @@ class TokenJob:
         hints = (self.spec.options.model_extra or {}).get("tooluse_hints")
         if self.algorithm == "dpo" or not hints:
             return None
+        from agentrl.learners.tooluse_episodes import PlayTiming
         from agentrl.learners.tooluse_job import JobHints, hint_step
 
         self.hint_settings = JobHints.model_validate(hints)
         self.emitter.emit("running", phase="hinting failed tasks")
+        timing = PlayTiming()  # its decode steps tell the service the sampling goes on
+        self.emitter.count_work(lambda: timing.stats.decode_steps + timing.stats.prefill_tokens)
         found = hint_step(
-            self.trainer, self.data.train, self.hint_settings, completions, self.spec.options.seed
-        )
+            self.trainer, self.data.train, self.hint_settings, completions,
+            self.spec.options.seed, timing=timing,
+        )  # fmt: skip
         log.info("hints: %s in %.0fs", found.counts, found.seconds)
         self.stages["hint_sampling"] = found.seconds
         return found

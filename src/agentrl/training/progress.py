@@ -10,6 +10,7 @@ import resource
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,19 @@ class Emitter:
         self.lock = threading.Lock()
         self.t0 = time.monotonic()
         self.cancel = threading.Event()
+        self._work: list[Callable[[], int]] = []
+
+    def count_work(self, probe: Callable[[], int]) -> None:
+        """Add a counter that grows while the job works (optimiser steps, decode steps): the
+        heartbeats carry the sum, and the service reads a sum that moved as progress."""
+        self._work.append(probe)
+
+    def work(self) -> int | None:
+        """The counters' sum (None: none counted, or one failed while the job changes)."""
+        try:
+            return sum(int(p()) for p in self._work) if self._work else None
+        except Exception:
+            return None
 
     def emit(self, status: str, **fields: Any) -> None:
         fields = {k: v for k, v in fields.items() if v is not None}
@@ -40,6 +54,18 @@ class Emitter:
         with self.lock:
             self.fh.write(json.dumps(record, default=_jsonable) + "\n")
             self.fh.flush()
+
+    def heartbeat(self, every_s: float) -> threading.Event:
+        """Emit a heartbeat (with the work count) every `every_s` from a thread of its own
+        until the returned event is set."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(every_s):
+                self.emit("heartbeat", work=self.work())
+
+        threading.Thread(target=beat, daemon=True, name="job-heartbeat").start()
+        return stop
 
     def check(self) -> None:
         if self.cancel.is_set():

@@ -144,6 +144,7 @@ class RunningJob:
         self.job_dir = job_dir
         self.started = time.monotonic()
         self.last_progress = time.monotonic()
+        self.work = -1.0  # the heartbeats' work count (`Emitter.count_work`) seen last
         self.cancel_requested = False
         self.final: dict[str, Any] | None = None
         self.latest: dict[str, Any] = {}
@@ -914,6 +915,12 @@ class TrainingService:
                 job.train_s = float(ev["train_s"])
             status = ev.get("status")
             if status == "heartbeat":
+                # alive is not progress (a hung job's heartbeat thread goes on); a work count
+                # that moved is: a stage with no report of its own (a job's hint sampling) ran
+                # 15 min at load 13 and was killed as hung
+                work = ev.get("work")
+                if isinstance(work, int | float) and work > job.work:
+                    job.work, job.last_progress = float(work), time.monotonic()
                 continue
             job.last_progress = time.monotonic()
             if status == "running":

@@ -18,7 +18,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -40,13 +39,7 @@ def run(job_dir: Path) -> int:
         os.environ[FENCE_ENV] = json.dumps(spec["lease"])
     emitter = Emitter(job_dir / "events.jsonl")
     signal.signal(signal.SIGTERM, lambda *_: emitter.cancel.set())
-    stop_beat = threading.Event()
-
-    def beat() -> None:
-        while not stop_beat.wait(float(spec.get("heartbeat_s", 2.0))):
-            emitter.emit("heartbeat")
-
-    threading.Thread(target=beat, daemon=True).start()
+    stop_beat = emitter.heartbeat(float(spec.get("heartbeat_s", 2.0)))
     try:
         emitter.emit("running", phase="starting", pid=os.getpid())
         if spec.get("kind") == "environment":
