@@ -8,13 +8,15 @@ import asyncio
 import time
 import uuid
 
+import pytest
+
 from agentrl.bench.bus import sample_trajectory
 from agentrl.bus import Bus, Delivery, current_delivery
 from agentrl.contracts.trajectory import TrajectoryEvent
 
 
 async def test_a_blocked_subscription_handler_does_not_hold_close_beyond_its_bound(
-    nats_url: str,
+    nats_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     bus = await Bus.connect(nats_url, close_timeout=1.0)
     entered = asyncio.Event()
@@ -40,9 +42,12 @@ async def test_a_blocked_subscription_handler_does_not_hold_close_beyond_its_bou
     assert 0.9 <= took < 6.0, f"close() took {took:.1f} s"  # the bound, not a skipped drain
     await asyncio.sleep(0)
     assert cancelled.is_set(), "the blocked handler was left running"
+    assert "still busy at close" in caplog.text  # said, so a held stop can be told apart
 
 
-async def test_close_still_drains_a_handler_that_finishes_within_the_bound(nats_url: str) -> None:
+async def test_close_still_drains_a_handler_that_finishes_within_the_bound(
+    nats_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """The bound cuts only what is stuck: queued messages of a working handler are still
     handled before close() returns, as a drain does."""
     bus = await Bus.connect(nats_url, close_timeout=5.0)
@@ -62,6 +67,7 @@ async def test_close_still_drains_a_handler_that_finishes_within_the_bound(nats_
     await asyncio.wait_for(bus.close(), 25)
     assert bus.nc.is_closed
     assert handled == [str(i).encode() for i in range(10)]
+    assert "still busy at close" not in caplog.text
 
 
 async def test_a_consumer_stuck_in_its_handler_is_cut_at_close_and_its_message_redelivered(
