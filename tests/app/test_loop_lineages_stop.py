@@ -6,12 +6,14 @@ by replacing the run's watch with one that raises once acting is under way."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from stop_kit import free_port_here
@@ -58,21 +60,28 @@ def _start(tmp_path: Path, code: str) -> subprocess.Popen[str]:
 
 
 def _finish(proc: subprocess.Popen[str], since: float) -> tuple[str, float]:
+    rest, _ = proc.communicate(timeout=90)
+    return rest, time.monotonic() - since
+
+
+@contextlib.contextmanager
+def _killed_at_the_end(proc: subprocess.Popen[str]) -> Iterator[None]:
+    """A failed wait leaves no loop running (its stack dies with it: PDEATHSIG)."""
     try:
-        rest, _ = proc.communicate(timeout=90)
+        yield
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return rest, time.monotonic() - since
 
 
 def test_an_error_mid_run_stops_the_lineage_loop_with_nothing_left_consuming(
     tmp_path: Path,
 ) -> None:
     proc = _start(tmp_path, RAISING)
-    seen = wait_for_line(proc, "injected: the watch raises", 240)
-    rest, took = _finish(proc, time.monotonic())
+    with _killed_at_the_end(proc):
+        seen = wait_for_line(proc, "injected: the watch raises", 600)  # a loaded host: minutes
+        rest, took = _finish(proc, time.monotonic())
     out = seen + rest
     assert proc.returncode not in (0, None) and "RuntimeError" in rest, out[-3000:]
     log = (tmp_path / "loop" / "loop.log").read_text()
@@ -82,11 +91,12 @@ def test_an_error_mid_run_stops_the_lineage_loop_with_nothing_left_consuming(
 
 def test_a_signal_stops_the_lineage_loop_within_seconds(tmp_path: Path) -> None:
     proc = _start(tmp_path, RAISING.replace("loop_lineages._watch = raising_watch", ""))
-    seen = wait_for_line(proc, "lake/5x5: agents", 240)  # both lineages live, acting begins
-    time.sleep(3.0)
-    since = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    rest, took = _finish(proc, since)
+    with _killed_at_the_end(proc):
+        seen = wait_for_line(proc, "lake/5x5: agents", 600)  # both lineages live, acting begins
+        time.sleep(3.0)
+        since = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        rest, took = _finish(proc, since)
     out = seen + rest
     assert proc.returncode == 130, out[-3000:]
     log = (tmp_path / "loop" / "loop.log").read_text()
