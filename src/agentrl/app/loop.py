@@ -556,7 +556,12 @@ async def drop_watchers(run: Run) -> None:
     """Cancel the watchers still consuming (a run cut short: a second signal, an error). The
     stack's bus drains on closing, and a watcher's subscription left open held that drain for
     nats-py's whole 30 s (`agentrl loop` stopped 31 s after a second signal)."""
-    left = [t for t in run.watchers if not t.done()]
+    await cancel_left(run.watchers)
+
+
+async def cancel_left(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel the tasks not done yet and wait until they are (`drop_watchers`)."""
+    left = [t for t in tasks if not t.done()]
     for task in left:
         task.cancel()
     await asyncio.gather(*left, return_exceptions=True)

@@ -38,6 +38,7 @@ from agentrl.app.loop import (
     Watch,
     _system_prompt,
     _wait_http,
+    cancel_left,
     decision_of,
     end_rule,
     free_port,
@@ -327,55 +328,67 @@ async def run_lineages(
                     )
                 ),
             ]
-            tracks = [_Track(s, LineageAgents(cfg, bus, stack.gateway_url, s, say)) for s in chosen]
-            t_act = time.monotonic()
-            acting = [asyncio.create_task(t.agents.run(t.stop)) for t in tracks]
-            the_drill = Drill(chosen[0].name, chosen[1].name if n > 1 else None) if drill else None
-            result.drill = the_drill
+            acting: list[asyncio.Task[None]] = []
+            tracks: list[_Track] = []
             try:
-                await _watch(cfg, registry, watch, tracks, acting, the_drill, data_dir, bus, say,
-                             t_start, lineages)  # fmt: skip
-            finally:
-                for tr in tracks:
-                    tr.stop.set()
-                for task in acting:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(task, 60)
-            stages["acting"] = time.monotonic() - t_act
-            t_tail = time.monotonic()
-            published = {t for tr in tracks for t in tr.agents.published}
-            while time.monotonic() - t_tail < 30 and any(t not in watch.rewards for t in published):
-                await asyncio.sleep(0.3)
-            t_eval = time.monotonic()
-            # every lineage's versions at once: their moves scored in the same passes, the
-            # episodes in flight bounded together below the gateway's admission
-            limit = asyncio.Semaphore(HELDOUT_IN_FLIGHT)
-            evaluated = await asyncio.gather(
-                *(_evaluate(cfg, registry, watch, tr, say, limit) for tr in tracks)
-            )
-            for tr, res in zip(tracks, evaluated, strict=True):
-                result.per[tr.spec.name] = res
-            stages["heldout_eval"] = time.monotonic() - t_eval
-            try:  # the report of `agentrl loop`, every lineage's versions in it
-                from datetime import UTC, datetime, timedelta
-
-                from agentrl.app.report import load_from_streams, write_report
-
-                data = await load_from_streams(bus, datetime.now(UTC) - timedelta(hours=1))
-                rows = [v for r in result.per.values() for v in r.versions]
-                page = await asyncio.to_thread(
-                    write_report, data, data_dir / "report", heldout=rows
+                tracks += [
+                    _Track(s, LineageAgents(cfg, bus, stack.gateway_url, s, say)) for s in chosen
+                ]
+                t_act = time.monotonic()
+                acting += [asyncio.create_task(t.agents.run(t.stop)) for t in tracks]
+                the_drill = (
+                    Drill(chosen[0].name, chosen[1].name if n > 1 else None) if drill else None
                 )
-                result.report = str(page)
-            except Exception as exc:  # a by-product: say why it is missing
-                say(f"report: not written ({type(exc).__name__}: {exc})")
-            stop_watch.set()
-            await asyncio.gather(*watchers, return_exceptions=True)
-            result.trajectories = len(published)
-            result.rewards = sum(1 for t in published if t in watch.rewards)
-            result.lost = result.trajectories - result.rewards
-            for tr in tracks:
-                await tr.agents.close()
+                result.drill = the_drill
+                try:
+                    await _watch(cfg, registry, watch, tracks, acting, the_drill, data_dir, bus, say,
+                                 t_start, lineages)  # fmt: skip
+                finally:
+                    for tr in tracks:
+                        tr.stop.set()
+                    for task in acting:
+                        with contextlib.suppress(Exception):
+                            await asyncio.wait_for(task, 60)
+                stages["acting"] = time.monotonic() - t_act
+                t_tail = time.monotonic()
+                published = {t for tr in tracks for t in tr.agents.published}
+                while time.monotonic() - t_tail < 30 and any(
+                    t not in watch.rewards for t in published
+                ):
+                    await asyncio.sleep(0.3)
+                t_eval = time.monotonic()
+                # every lineage's versions at once: their moves scored in the same passes, the
+                # episodes in flight bounded together below the gateway's admission
+                limit = asyncio.Semaphore(HELDOUT_IN_FLIGHT)
+                evaluated = await asyncio.gather(
+                    *(_evaluate(cfg, registry, watch, tr, say, limit) for tr in tracks)
+                )
+                for tr, res in zip(tracks, evaluated, strict=True):
+                    result.per[tr.spec.name] = res
+                stages["heldout_eval"] = time.monotonic() - t_eval
+                try:  # the report of `agentrl loop`, every lineage's versions in it
+                    from datetime import UTC, datetime, timedelta
+
+                    from agentrl.app.report import load_from_streams, write_report
+
+                    data = await load_from_streams(bus, datetime.now(UTC) - timedelta(hours=1))
+                    rows = [v for r in result.per.values() for v in r.versions]
+                    page = await asyncio.to_thread(
+                        write_report, data, data_dir / "report", heldout=rows
+                    )
+                    result.report = str(page)
+                except Exception as exc:  # a by-product: say why it is missing
+                    say(f"report: not written ({type(exc).__name__}: {exc})")
+                stop_watch.set()
+                await asyncio.gather(*watchers, return_exceptions=True)
+                result.trajectories = len(published)
+                result.rewards = sum(1 for t in published if t in watch.rewards)
+                result.lost = result.trajectories - result.rewards
+            finally:  # an error or a signal: nothing left consuming when the bus closes
+                await cancel_left([*watchers, *acting])
+                for tr in tracks:
+                    with contextlib.suppress(Exception):
+                        await tr.agents.close()
     result.stages = {k: round(v, 2) for k, v in stages.items()}
     result.wall_s = time.monotonic() - t_start
     return result

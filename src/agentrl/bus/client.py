@@ -200,8 +200,13 @@ class Bus:
         ack_confirm_timeout: float = 5.0,
         stall_timeout: float = 1.0,
         api_attempts: int = 8,
+        close_timeout: float = 2.0,
     ) -> None:
         self.nc = nc
+        # `close()` drains for at most this long, then closes: nats-py's own drain waits
+        # 30 s for a subscription whose handler is still busy (or whose queue is read
+        # without `task_done`), which held a stopping service that long.
+        self.close_timeout = close_timeout
         self.api_attempts = api_attempts  # tries, in whole timeouts (`_retry`)
         self.js: JetStreamContext = nc.jetstream(
             timeout=publish_timeout, publish_async_max_pending=async_window
@@ -270,13 +275,28 @@ class Bus:
         return cls(nc, **kw)
 
     async def close(self) -> None:
-        """Flush what is buffered and close (drain would also stop subscriptions)."""
+        """Drain (stop subscriptions, flush what is buffered) for at most `close_timeout`,
+        then close. A handler still busy by then is cancelled with the connection; what it
+        had not acked is redelivered (publishes were confirmed when they returned)."""
         if self.nc.is_closed:
             return
-        if self._publisher is not None:
-            await self._publisher.close()
-        with contextlib.suppress(Exception):
-            await self.nc.drain()
+        bound = self.close_timeout
+        self.nc.options["drain_timeout"] = bound  # nats-py's own wait for subscriptions
+        try:
+            # The backstop: drain's flush and the publisher's close have bounds of their own
+            # (10 s, the PubAck timeout) that a server not answering would use up.
+            async with asyncio.timeout(bound + 1.0):
+                if self._publisher is not None:
+                    await self._publisher.close()
+                await self.nc.drain()
+        except TimeoutError:
+            log.warning("bus: drain did not finish within %.1f s; closing", bound + 1.0)
+        except Exception as exc:  # a connection that is reconnecting cannot drain
+            log.debug("bus: drain failed (%r); closing", exc)
+        finally:
+            if not self.nc.is_closed:
+                with contextlib.suppress(Exception):
+                    await self.nc.close()
 
     async def __aenter__(self) -> Bus:
         return self
@@ -1098,6 +1118,9 @@ def _gc_paused() -> Iterator[None]:
 
 
 async def _log_connection_error(exc: Exception) -> None:
+    if isinstance(exc, nats.errors.DrainTimeoutError):  # `Bus.close()`'s bound, used up
+        log.warning("bus: a subscription's handler was still busy at close; cut at the bound")
+        return
     log.debug("NATS connection error: %r", exc)
 
 

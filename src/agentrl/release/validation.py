@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.observability import instrument as obs
+from agentrl.release.seed_order import SeedOrder
 from agentrl.serving.config import DeploySettings
 from agentrl.serving.registry import ModelRecord, Registry
 
@@ -205,11 +206,13 @@ async def run_benchmarks(
     """Success rate per task type over held-out episodes, and their mean.
 
     Every episode of every type is played at once (a batching engine decodes them
-    together). `stop(tally)`, asked after each episode ends once every type has one, may end
-    the benchmark early when its verdict is settled (`settled_verdict`): the episodes still
-    playing are cancelled, and each type's score is then its rate over the episodes played
-    (within `bounds`, the means still possible when it stopped, recorded beside it: a later
-    candidate is judged against those while it plays, against the rate at its end).
+    together); their outcomes are counted in a fixed order (`seed_order`), whatever order
+    they end in. `stop(tally)`, asked after each counted episode once every type has one,
+    may end the benchmark early when its verdict is settled (`settled_verdict`): the
+    episodes still playing are cancelled, and each type's score is then its rate over the
+    episodes counted (within `bounds`, the means still possible when it stopped, recorded
+    beside it: a later candidate is judged against those while it plays, against the rate
+    at its end). Judged alone, the recorded mean is then a function of the outcomes.
 
     `choice_policy(valid_actions)` -> a policy that scores the env's valid actions; used for
     envs that have them when `settings.benchmark_valid_actions` is on."""
@@ -218,8 +221,9 @@ async def run_benchmarks(
     from agentrl.rollout.worker import RLRolloutWorker
 
     task_types = task_types or settings.benchmark_tasks or TASK_TYPES
-    runs: dict[asyncio.Task[Any], str] = {}
+    runs: dict[asyncio.Task[Any], tuple[str, int]] = {}
     for task_type, env_ids in task_types.items():
+        index = 0  # the episode's place in its type (`SeedOrder`)
         for env_id in env_ids:
             kwargs = settings.benchmark_env_kwargs.get(env_id, {})
             player = policy
@@ -238,33 +242,26 @@ async def run_benchmarks(
                     history_window=0 if player is not policy else 2,
                     max_episode_steps=min(task.max_episode_steps, settings.benchmark_max_steps),
                 )
-                runs[asyncio.ensure_future(worker.run())] = task_type
+                runs[asyncio.ensure_future(worker.run())] = (task_type, index)
+                index += 1
     planned = {t: 0 for t in task_types}
-    for t in runs.values():
+    for t, _ in runs.values():
         planned[t] += 1
-    won = dict.fromkeys(task_types, 0)
-    played = dict.fromkeys(task_types, 0)
+    counter = SeedOrder(planned)
     pending: set[asyncio.Task[Any]] = set(runs)
     stopped = False
     try:
         while pending and not stopped:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for fut in done:
-                won[runs[fut]] += int(fut.result().success)
-                played[runs[fut]] += 1
-            tally = {t: (won[t], played[t], planned[t]) for t in task_types}
-            # asked once every type has a finished episode: each score is then a rate
-            stopped = (
-                bool(pending)
-                and stop is not None
-                and all(played[t] for t in task_types if planned[t])
-                and stop(tally)
-            )
+                counter.end(*runs[fut], bool(fut.result().success))
+            stopped = counter.advance(stop)
     finally:
         for fut in pending:
             fut.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+    won, played = counter.won, counter.counted
     scores = {t: won[t] / played[t] if played[t] else 0.0 for t in task_types}
     mean = sum(scores.values()) / len(scores) if scores else 0.0
     out: dict[str, Any] = {
@@ -274,8 +271,11 @@ async def run_benchmarks(
         "episodes": planned,
     }
     if stopped:
-        tally = {t: (won[t], played[t], planned[t]) for t in task_types}
-        out.update(stopped_early=True, played=played, bounds=list(benchmark_bounds(tally)))
+        out.update(
+            stopped_early=True,
+            played=dict(played),
+            bounds=list(benchmark_bounds(counter.tally())),
+        )
     return out
 
 
