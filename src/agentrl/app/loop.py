@@ -411,7 +411,12 @@ async def settle(run: Run, agents: Agents) -> list[Any]:
 
 async def evaluate_heldout(run: Run, agents: Agents, records: list[Any]) -> None:
     """Held-out greedy success of every version, by its own name; one row each. A trained
-    version no longer served (rejected, rolled back) is loaded for the evaluation only."""
+    version no longer served (rejected, rolled back) is loaded for the evaluation only.
+    Every version's episodes (both pools) are in flight together under one bound
+    (`Agents.heldout_limit`): one version after another, each pool's last episodes decoded
+    in batches of a few rows while the next had not started (four such tails for two
+    versions); the gateway batches the versions' rows together (one LoRA adapter per row).
+    The console's lines come in version order once all are measured."""
     cfg, say = run.cfg, run.say
     t_eval = time.monotonic()
     if cfg.env == "tooluse":
@@ -424,6 +429,9 @@ async def evaluate_heldout(run: Run, agents: Agents, records: list[Any]) -> None
         unseen = []
     served = set(await _served_models(run.stack.gateway_url))
     total_by = sum(agents.by_model.values()) or 1
+    limit = agents.heldout_limit()
+    plays: list[Any] = []
+    lines: list[list[str]] = []  # each version's console lines, said in version order
     for r in sorted(records, key=lambda r: r.version):
         act, why = decision_of(r)
         row = VersionRow(r.model_id, r.state, decision=act, why=why)
@@ -435,19 +443,32 @@ async def evaluate_heldout(run: Run, agents: Agents, records: list[Any]) -> None
         ]
         row.rewards = len(rs)
         row.mean_reward = sum(rs) / len(rs) if rs else None
+        out: list[str] = []
+        lines.append(out)
         if run.start_model is not None and r.checkpoint_path is None:
             # with a warm start the comparison is start vs trained; the base's
             # figure is the warm start's own run's (`agentrl learn`), not re-measured
-            say(f"held-out: {r.model_id} not evaluated (the run started warm)")
+            out.append(f"held-out: {r.model_id} not evaluated (the run started warm)")
         elif not cfg.finish_in_flight and r.state in ("canary", "candidate"):
             # a quick run ends at its first decided version: the jobs that went on
             # meanwhile left versions no one decided
-            say(f"held-out: {r.model_id} not evaluated (undecided at the end)")
+            out.append(f"held-out: {r.model_id} not evaluated (undecided at the end)")
         elif r.model_id in served:
-            await _heldout_row(run, agents, row, tasks, unseen)
+            plays.append(_heldout_row(run, agents, row, tasks, unseen, limit, out.append))
         elif r.checkpoint_path is not None:  # rejected, or rolled back and unloaded
-            await _heldout_unserved(run, agents, row, tasks, unseen)
+            plays.append(_heldout_unserved(run, agents, row, tasks, unseen, limit, out.append))
         run.result.versions.append(row)
+    if len(plays) > 1:
+        say(
+            f"held-out: {len(plays)} versions on {len(tasks)} + {len(unseen)} tasks, in flight together"
+        )
+    done = await asyncio.gather(*plays, return_exceptions=True)
+    for out in lines:
+        for line in out:
+            say(line)
+    for got in done:
+        if isinstance(got, BaseException):
+            raise got
     run.stages["heldout_eval"] = time.monotonic() - t_eval
     run.result.heldout_errors = sum(agents.heldout_errors.values())
     if cfg.env == "tooluse":
@@ -461,26 +482,33 @@ async def _heldout_row(
     row: VersionRow,
     tasks: list[tuple[str, int]],
     unseen: list[tuple[str, int]],
+    limit: asyncio.Semaphore,
+    say: Callable[[str], None],
 ) -> None:
-    wins, n, per = await agents.heldout(row.model_id, tasks)
+    """One version on the held-out tasks and the unseen pool, both in flight together."""
+
+    async def nothing() -> tuple[int, int, dict[str, tuple[int, int]]]:
+        return 0, 0, {}
+
+    (wins, n, per), (uw, un, uper) = await asyncio.gather(
+        agents.heldout(row.model_id, tasks, limit=limit),
+        agents.heldout(row.model_id, unseen, "unseen", limit=limit) if unseen else nothing(),
+    )
     if not n:
-        run.say(f"held-out: {row.model_id} not measured (every episode ended on an error)")
+        say(f"held-out: {row.model_id} not measured (every episode ended on an error)")
         return
     row.heldout_success, row.heldout_n = wins / n, n
     row.ci_low, row.ci_high = wilson(wins, n)
     row.per_family = per if run.cfg.env == "tooluse" else {}
     fams = ", ".join(f"{f} {w}/{k}" for f, (w, k) in row.per_family.items())
-    run.say(
+    say(
         f"held-out: {row.model_id} {wins}/{n} = {wins / n:.2f} "
         f"[{row.ci_low:.2f}, {row.ci_high:.2f}]" + (f" ({fams})" if fams else "")
     )
-    if unseen:  # the unseen-phrasing pool, reported apart
-        uw, un, uper = await agents.heldout(row.model_id, unseen, "unseen")
-        if not un:
-            return
+    if un:  # the unseen-phrasing pool, reported apart
         row.unseen_success, row.unseen_n = uw / un, un
         ufams = ", ".join(f"{f} {w}/{k}" for f, (w, k) in uper.items())
-        run.say(f"held-out, unseen pool: {row.model_id} {uw}/{un} ({ufams})")
+        say(f"held-out, unseen pool: {row.model_id} {uw}/{un} ({ufams})")
 
 
 async def _heldout_unserved(
@@ -489,6 +517,8 @@ async def _heldout_unserved(
     row: VersionRow,
     tasks: list[tuple[str, int]],
     unseen: list[tuple[str, int]],
+    limit: asyncio.Semaphore,
+    say: Callable[[str], None],
 ) -> None:
     """A trained version no split routes any more (rejected by validation, rolled back):
     held in the deployment's gateways for the held-out evaluation only (a bus request to the
@@ -501,10 +531,10 @@ async def _heldout_unserved(
     gateway = run.stack.gateway_url
     async with held_for_evaluation(run.bus, run.public, row.model_id, gateway_url=gateway) as why:
         if why is not None:
-            run.say(f"held-out: {row.model_id} ({row.state}) not evaluated: cannot load ({why})")
+            say(f"held-out: {row.model_id} ({row.state}) not evaluated: cannot load ({why})")
             return
-        run.say(f"held-out: {row.model_id} ({row.state}) loaded for the evaluation only")
-        await _heldout_row(run, agents, row, tasks, unseen)
+        say(f"held-out: {row.model_id} ({row.state}) loaded for the evaluation only")
+        await _heldout_row(run, agents, row, tasks, unseen, limit, say)
 
 
 def _tooluse_extra(run: Run, agents: Agents, records: list[Any]) -> dict[str, Any]:

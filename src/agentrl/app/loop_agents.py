@@ -160,6 +160,16 @@ class Agents:
             self.cut[where] += cut
             self.cut[f"{where}_replies"] += replies
 
+    def heldout_limit(self) -> asyncio.Semaphore:
+        """The held-out episodes in flight, shared by every evaluation run at once: as many
+        as a gateway batch holds for tool use (`loop_tooluse.HELDOUT_IN_FLIGHT`), 64 maps
+        for FrozenLake (the gateway scores their moves in passes of up to
+        `LocalEngine.score_batch_size`)."""
+        from agentrl.app import loop_tooluse
+
+        tools = self.cfg.env == "tooluse"
+        return asyncio.Semaphore(loop_tooluse.HELDOUT_IN_FLIGHT if tools else 64)
+
     async def heldout(
         self,
         model_id: str,
@@ -175,12 +185,7 @@ class Agents:
 
         policy = self.policy(model_id, 0.0)
         tools = self.cfg.env == "tooluse"
-        # every map at once: the gateway scores the moves of the episodes waiting together in
-        # one pass (`LocalEngine.score_batch_size`); tool-use replies decode in the gateway's
-        # batches (`loop_tooluse.HELDOUT_IN_FLIGHT`: as many episodes as a batch holds)
-        from agentrl.app import loop_tooluse
-
-        sem = limit or asyncio.Semaphore(loop_tooluse.HELDOUT_IN_FLIGHT if tools else 64)
+        sem = limit or self.heldout_limit()
 
         async def one(family: str, seed: int) -> Any:
             task = self.task(seed, family, pool)
