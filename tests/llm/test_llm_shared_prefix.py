@@ -3,6 +3,7 @@ the same log-probs, values and gradients as running every row whole, for less wo
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from agentrl.llm.config import TrainerConfig
@@ -51,8 +52,11 @@ class Positions:
         self.n += int(args[0].numel())
 
 
-def scored(trainer: PolicyTrainer) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, int]:
+def scored(
+    trainer: PolicyTrainer, apart: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, int]:
     """(log-probs, values, gradient of a loss on both, positions run) of one micro-batch."""
+    trainer.head.rows_apart = apart
     mb = collate(samples(), trainer.pad_id)
     count = Positions(trainer)
     trainer.optimizer.zero_grad(set_to_none=True)
@@ -68,21 +72,31 @@ def scored(trainer: PolicyTrainer) -> tuple[torch.Tensor, torch.Tensor | None, t
     return out["logp"].detach(), values, grad, count.n
 
 
-def test_the_shared_prefix_gives_the_same_logprobs_and_gradients_for_less_work() -> None:
+@pytest.mark.parametrize("apart", [True, False])
+def test_the_shared_prefix_gives_the_same_logprobs_and_gradients_for_less_work(apart) -> None:
     whole = scored(make_trainer(share=False))
-    shared = scored(make_trainer(share=True))
+    shared = scored(make_trainer(share=True), apart)
     torch.testing.assert_close(shared[0], whole[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(shared[2], whole[2], atol=1e-6, rtol=1e-4)
     assert shared[2].abs().sum() > 0
-    rows, width = collate(samples(), 0).input_ids.shape
+    mb = collate(samples(), 0)
+    rows, width = mb.input_ids.shape
     assert whole[3] == rows * width
-    # the 60 system tokens once, not four times (the rows' first scored position bounds it)
-    assert shared[3] == whole[3] - (rows - 1) * 60
+    # the 60 system tokens once, not four times (the rows' first scored position bounds
+    # it); apart, no padded position runs either
+    own = int(mb.attention_mask.sum()) - rows * 60 if apart else rows * (width - 60)
+    assert shared[3] == 60 + own
 
 
-def test_ppo_values_read_the_same_position_after_the_prefix() -> None:
+def test_a_cpu_runs_the_rows_apart_by_default() -> None:
+    mb = collate(samples(), 0)
+    assert scored(make_trainer(share=True))[3] == int(mb.attention_mask.sum()) - 3 * 60
+
+
+@pytest.mark.parametrize("apart", [True, False])
+def test_ppo_values_read_the_same_position_after_the_prefix(apart) -> None:
     whole = scored(make_trainer(share=False, algorithm="ppo"))
-    shared = scored(make_trainer(share=True, algorithm="ppo"))
+    shared = scored(make_trainer(share=True, algorithm="ppo"), apart)
     assert whole[1] is not None and shared[1] is not None
     torch.testing.assert_close(shared[1], whole[1], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(shared[2], whole[2], atol=1e-6, rtol=1e-4)

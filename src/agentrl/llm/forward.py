@@ -10,6 +10,7 @@ positions, then apply `lm_head` to those rows alone.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -116,10 +117,11 @@ class PolicyHead(nn.Module):
     It is the unit DistributedDataParallel wraps, so gradient sync covers LM and value head.
 
     With `share_prefix`, the prompt tokens all rows of a micro-batch begin with (a tool-use
-    job's system prompt: 250-275 of its rows' ~400 tokens) run once, as a batch of one, and
-    every row continues from that K/V (expanded, so the gradient through the adapters on the
-    prefix is the sum over rows, as when each row runs it): the same log-probs and gradients
-    up to float rounding, and about half the work of a tool-use job's forward and backward.
+    job's system prompt: 201 of its rows' ~450 tokens) run once, as a batch of one, and
+    every row continues from that K/V (shared, so the gradient through the adapters on the
+    prefix is the sum over rows, as when each row runs it); on a CPU each row's own part then
+    runs unpadded. The same log-probs and gradients up to float rounding, for about half the
+    positions of a tool-use job's forward and backward.
     """
 
     def __init__(
@@ -133,6 +135,9 @@ class PolicyHead(nn.Module):
         self.model = model
         self.temperature = temperature
         self.share_prefix = share_prefix
+        # after a shared prefix, rows run one by one unpadded (True), expanded together
+        # (False), or one by one on a CPU only (None: a GPU wants the batch)
+        self.rows_apart: bool | None = None
         body, head = body_and_head(model)
         # Plain attributes (not submodules) so parameters are not registered twice.
         object.__setattr__(self, "_body", body)
@@ -203,6 +208,23 @@ class PolicyHead(nn.Module):
             out = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
             return (out[0] if isinstance(out, tuple) else out.last_hidden_state), 0
         rows, width = input_ids.shape
+        lengths = attention_mask.sum(1)
+        apart = self.rows_apart
+        if apart is None:
+            apart = input_ids.device.type == "cpu"
+        if apart and _right_padded(attention_mask, lengths):
+            # on a CPU each row's own part runs alone, unpadded: a batch of one costs a
+            # matrix product no more per token there, and the padding (a fifth of a
+            # tool-use job's positions) is not run at all
+            parts = []
+            for r, end in enumerate(lengths.tolist()):
+                out = body(
+                    input_ids=input_ids[r : r + 1, n:end],
+                    position_ids=torch.arange(n, end, device=input_ids.device).unsqueeze(0),
+                    use_cache=True, **{key: _fork(cache)},
+                )  # fmt: skip
+                parts.append(F.pad(out.last_hidden_state, (0, 0, 0, width - end)))
+            return torch.cat(parts), n
         for layer in cache.layers:  # one row's K/V seen by every row (autograd sums)
             layer.keys = layer.keys.expand(rows, -1, -1, -1)
             layer.values = layer.values.expand(rows, -1, -1, -1)
@@ -212,6 +234,20 @@ class PolicyHead(nn.Module):
             use_cache=True, **{key: cache},
         )  # fmt: skip
         return out.last_hidden_state, n
+
+
+def _right_padded(attention_mask: torch.Tensor, lengths: torch.Tensor) -> bool:
+    """Each row's mask is ones then zeros (as `samples.collate` pads)."""
+    return bool((attention_mask.cumprod(1).sum(1) == lengths).all())
+
+
+def _fork(cache: Any) -> Any:
+    """A cache over the same prefix K/V that a row can extend without touching the others
+    (a layer's update concatenates into a new tensor; the prefix's stay shared, so autograd
+    sums every row's gradient through them)."""
+    own = copy.copy(cache)
+    own.layers = [copy.copy(layer) for layer in cache.layers]
+    return own
 
 
 def run_head(
