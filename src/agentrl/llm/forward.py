@@ -162,7 +162,6 @@ class PolicyHead(nn.Module):
         entropy_grad: bool = False,
         allowed: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
-        body: Any = self._body
         head: Any = self._head
         first = int(pred_t.min()) if pred_t.numel() else 0
         if self.value_head is not None and value_t is not None and value_t.numel():
@@ -204,7 +203,9 @@ class PolicyHead(nn.Module):
             cache = getattr(pre, "cache", None)
             if cache is None:  # (transformers before the rename)
                 cache = getattr(pre, "past_key_values", None)
-        if cache is None or not hasattr(cache, "layers"):  # no prefix, or a cache of its own
+        if (
+            key is None or cache is None or not hasattr(cache, "layers")
+        ):  # no prefix, or a cache of its own
             out = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
             return (out[0] if isinstance(out, tuple) else out.last_hidden_state), 0
         rows, width = input_ids.shape
