@@ -47,6 +47,12 @@ class TrainerConfig(BaseModel):
     batch_size: int = Field(32, gt=0, description="Samples (steps or pairs) per optimiser step.")
     epochs: int = Field(1, gt=0, description="Passes over each batch of samples.")
     micro_batch_tokens: int = Field(4096, gt=0, description="Padded tokens per forward pass.")
+    share_prefix: bool = Field(
+        True,
+        description="Run the prompt tokens all rows of a micro-batch begin with once "
+        "(`forward.PolicyHead`): same log-probs and gradients up to rounding, about half a "
+        "tool-use job's forward and backward.",
+    )
     max_length: int = Field(2048, gt=8)
     weight_decay: float = Field(0.0, ge=0.0)
     adam_betas: tuple[float, float] = (0.9, 0.999)

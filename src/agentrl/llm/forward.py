@@ -10,6 +10,8 @@ positions, then apply `lm_head` to those rows alone.
 
 from __future__ import annotations
 
+import copy
+import inspect
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -24,6 +26,9 @@ from agentrl.llm.samples import MicroBatch
 # same mask it was sampled under, so its importance ratio compares like with like.
 MASKED = -1e30  # a forbidden token's logit: exp() is 0 in float32 and 0 x MASKED is 0 (no NaN)
 BITMASK_KEY = "token_bitmask"  # PolicySample.meta: llguidance's packed allowed tokens
+# A micro-batch whose rows all start with at least this many equal prompt tokens runs that
+# prefix once (`shared_prefix_len`); shorter common prefixes are not worth the second call.
+MIN_SHARED_PREFIX = 32
 
 
 def base_of(model: Any) -> Any:
@@ -81,17 +86,58 @@ def logprob_and_entropy(
     return out
 
 
+def shared_prefix_len(input_ids: torch.Tensor, attention_mask: torch.Tensor, first: int) -> int:
+    """Leading positions every row of a right-padded micro-batch has equal and unpadded,
+    ending at `first` (the earliest position whose hidden state is read: every scored and
+    value position stays in the rows' own part); 0 for one row or below MIN_SHARED_PREFIX."""
+    if input_ids.shape[0] < 2 or first < MIN_SHARED_PREFIX:
+        return 0
+    same = (input_ids == input_ids[:1]).all(0) & attention_mask.bool().all(0)
+    n = min(int(same.long().cumprod(0).sum()), first)
+    return n if n >= MIN_SHARED_PREFIX else 0
+
+
+def _cache_kwarg(body: Any) -> str | None:
+    """The name the decoder's forward takes a K/V cache by (transformers renamed it), or
+    None when it takes none (then every row runs whole)."""
+    try:
+        params = inspect.signature(body.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    return None
+
+
 class PolicyHead(nn.Module):
     """The policy as a module: (micro-batch tensors) -> log-probs of action tokens, their
     entropy and optionally V(s) from a linear value head on the last prompt position.
 
     It is the unit DistributedDataParallel wraps, so gradient sync covers LM and value head.
+
+    With `share_prefix`, the prompt tokens all rows of a micro-batch begin with (a tool-use
+    job's system prompt: 201 of its rows' ~450 tokens) run once, as a batch of one, and
+    every row continues from that K/V (shared, so the gradient through the adapters on the
+    prefix is the sum over rows, as when each row runs it); on a CPU each row's own part then
+    runs unpadded. The same log-probs and gradients up to float rounding, for about half the
+    positions of a tool-use job's forward and backward.
     """
 
-    def __init__(self, model: Any, value_head: bool = False, temperature: float = 1.0) -> None:
+    def __init__(
+        self,
+        model: Any,
+        value_head: bool = False,
+        temperature: float = 1.0,
+        share_prefix: bool = True,
+    ) -> None:
         super().__init__()
         self.model = model
         self.temperature = temperature
+        self.share_prefix = share_prefix
+        # after a shared prefix, rows run one by one unpadded (True), expanded together
+        # (False), or one by one on a CPU only (None: a GPU wants the batch)
+        self.rows_apart: bool | None = None
         body, head = body_and_head(model)
         # Plain attributes (not submodules) so parameters are not registered twice.
         object.__setattr__(self, "_body", body)
@@ -116,10 +162,14 @@ class PolicyHead(nn.Module):
         entropy_grad: bool = False,
         allowed: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
-        body: Any = self._body
         head: Any = self._head
-        out = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-        hidden = out[0] if isinstance(out, tuple) else out.last_hidden_state
+        first = int(pred_t.min()) if pred_t.numel() else 0
+        if self.value_head is not None and value_t is not None and value_t.numel():
+            first = min(first, int(value_t.min()))
+        hidden, skipped = self._hidden(input_ids, attention_mask, first)
+        if skipped:  # rows start after the shared prefix: positions move back by it
+            pred_t = pred_t - skipped
+            value_t = value_t - skipped if value_t is not None else None
         picked = hidden[pred_b, pred_t]  # [N, H]
         logits = head(picked).float()  # [N, V]  (the only vocab projection)
         if self.temperature != 1.0:
@@ -136,6 +186,69 @@ class PolicyHead(nn.Module):
             rows = torch.arange(hidden.shape[0], device=hidden.device)
             result["values"] = self.value_head(hidden[rows, value_t].float()).squeeze(-1)
         return result
+
+    def _hidden(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, first: int
+    ) -> tuple[torch.Tensor, int]:
+        """The decoder's last hidden states of the rows, and how many leading positions
+        they leave out (the shared prefix, run once; 0 when every position is there)."""
+        body: Any = self._body
+        key = _cache_kwarg(body) if self.share_prefix else None
+        n = shared_prefix_len(input_ids, attention_mask, first) if key else 0
+        cache = None
+        if n:
+            pre = body(
+                input_ids=input_ids[:1, :n], attention_mask=attention_mask[:1, :n], use_cache=True
+            )
+            cache = getattr(pre, "cache", None)
+            if cache is None:  # (transformers before the rename)
+                cache = getattr(pre, "past_key_values", None)
+        if (
+            key is None or cache is None or not hasattr(cache, "layers")
+        ):  # no prefix, or a cache of its own
+            out = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            return (out[0] if isinstance(out, tuple) else out.last_hidden_state), 0
+        rows, width = input_ids.shape
+        lengths = attention_mask.sum(1)
+        apart = self.rows_apart
+        if apart is None:
+            apart = input_ids.device.type == "cpu"
+        if apart and _right_padded(attention_mask, lengths):
+            # on a CPU each row's own part runs alone, unpadded: a batch of one costs a
+            # matrix product no more per token there, and the padding (a fifth of a
+            # tool-use job's positions) is not run at all
+            parts = []
+            for r, end in enumerate(lengths.tolist()):
+                out = body(
+                    input_ids=input_ids[r : r + 1, n:end],
+                    position_ids=torch.arange(n, end, device=input_ids.device).unsqueeze(0),
+                    use_cache=True, **{key: _fork(cache)},
+                )  # fmt: skip
+                parts.append(F.pad(out.last_hidden_state, (0, 0, 0, width - end)))
+            return torch.cat(parts), n
+        for layer in cache.layers:  # one row's K/V seen by every row (autograd sums)
+            layer.keys = layer.keys.expand(rows, -1, -1, -1)
+            layer.values = layer.values.expand(rows, -1, -1, -1)
+        positions = torch.arange(n, width, device=input_ids.device).unsqueeze(0).expand(rows, -1)
+        out = body(
+            input_ids=input_ids[:, n:], attention_mask=attention_mask, position_ids=positions,
+            use_cache=True, **{key: cache},
+        )  # fmt: skip
+        return out.last_hidden_state, n
+
+
+def _right_padded(attention_mask: torch.Tensor, lengths: torch.Tensor) -> bool:
+    """Each row's mask is ones then zeros (as `samples.collate` pads)."""
+    return bool((attention_mask.cumprod(1).sum(1) == lengths).all())
+
+
+def _fork(cache: Any) -> Any:
+    """A cache over the same prefix K/V that a row can extend without touching the others
+    (a layer's update concatenates into a new tensor; the prefix's stay shared, so autograd
+    sums every row's gradient through them)."""
+    own = copy.copy(cache)
+    own.layers = [copy.copy(layer) for layer in cache.layers]
+    return own
 
 
 def run_head(

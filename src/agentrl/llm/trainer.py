@@ -99,7 +99,10 @@ class PolicyTrainer:
         seed_everything(config.seed)
         self.device = torch.device(config.device)
         self.head = PolicyHead(
-            policy.model, value_head=config.algorithm == "ppo", temperature=config.temperature
+            policy.model,
+            value_head=config.algorithm == "ppo",
+            temperature=config.temperature,
+            share_prefix=config.share_prefix,
         ).to(self.device)
         self.head.train()
         # The reference policy: with LoRA the base with adapters off; else a frozen copy.
