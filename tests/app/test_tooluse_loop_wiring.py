@@ -232,3 +232,17 @@ def test_the_ablation_switches_reach_the_jobs_and_the_reward_service(tmp_path: A
     assert wiring(config("--set", "replay_episodes_per_family=0"))[0]["tooluse_replay"] is None
     warm = wiring(config("--set", "replay_warm_tasks_per_family=8"))[0]["tooluse_replay"]
     assert warm["warm_tasks_per_family"] == 8 and warm["max_steps"] >= 2
+    # the scripted data programs' form (issue 52, s33): unset by default, both parts told
+    assert hyper_default_form(wiring(on)[0]) == (None, None)
+    shown = wiring(config("--set", "data_program=shown"))[0]
+    assert hyper_default_form(shown) == ("shown", "shown")
+
+
+def hyper_default_form(hyper: dict[str, Any]) -> tuple[Any, Any]:
+    """(the hints' data program form, the replay's), as the jobs read them."""
+    from agentrl.learners.tooluse_job import JobHints
+    from agentrl.learners.tooluse_job_replay import JobReplaySettings
+
+    hints = JobHints.model_validate(hyper["tooluse_hints"])
+    replay = JobReplaySettings.model_validate(hyper["tooluse_replay"])
+    return hints.data_program, replay.data_program

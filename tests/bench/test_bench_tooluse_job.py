@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from agentrl.bench.tooluse_job import (
     VARIANTS,
@@ -387,3 +388,42 @@ def test_a_turn_rebuilt_from_the_trajectory_is_the_prompt_it_was_sampled_from(
             assert rebuilt == list(t.prompt_ids), (ep.family, k)
             later += k > 0
     assert later >= 2  # turns after a tool's (or an error's) message were compared
+
+
+def test_a_shown_form_variant_tells_its_hints_and_replay_and_the_after_stage_waits(
+    tmp_path: Path, smol_tokenizer: Any
+) -> None:
+    """`replay-sft-balanced-shown` (issue 52, s33): its hints' calls and its replay's scripted
+    data episodes are written in the solver's "shown" form, its control's in the default
+    one; `--stage after` waits for the held-out before another process saves whole."""
+    import threading
+
+    from agentrl.bench.tooluse_job import (
+        Settings,
+        hint_settings,
+        parser,
+        save_atomically,
+        wait_for_episodes,
+    )
+    from agentrl.learners.tooluse_job_replay import JobReplaySettings, replay_of_records
+
+    shown, control = VARIANTS["replay-sft-balanced-shown"], VARIANTS["replay-sft-balanced"]
+    assert {k: v for k, v in shown.items() if k != "data_program"} == control
+    s = Settings("start", str(tmp_path))
+    assert hint_settings(s, "sft", shown["data_program"]).data_program == "shown"
+    assert hint_settings(s, "sft").data_program is None
+    job = replay_of_records(
+        smol_tokenizer, [], JobReplaySettings(warm_tasks_per_family=1, data_program="shown")
+    )
+    (data,) = job.replay.held("data")
+    assert "C=[" in smol_tokenizer.decode(data[0].action_ids)
+    assert parser().parse_args(["--start", "s", "--out", "o", "--stage", "after"]).stage == "after"
+    path = tmp_path / "heldout_before.jsonl"
+    got: list[Any] = []
+    waiter = threading.Thread(target=lambda: got.extend(wait_for_episodes(path, print, 0.05)))
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive() and not got  # nothing there yet: still waiting
+    save_atomically(path, episodes())
+    waiter.join(5)
+    assert not waiter.is_alive() and [e.seed for e in got] == [e.seed for e in episodes()]

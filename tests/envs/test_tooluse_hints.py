@@ -129,3 +129,23 @@ def test_the_bench_levels_say_what_they_claim() -> None:
         assert "Reply with" not in str(got["checker"])
         assert "Reply with {" in str(got["plan"])
         assert CORRECTIONS["numbers"] in str(got["correction"])
+
+
+def test_a_data_hints_call_is_written_in_the_form_asked() -> None:
+    """`hint_for(data_form="shown")` (issue 52, s33): the plan's program copies the table
+    as the question shows it (header and cells in its order), never the answer; without a
+    form it is the solver's default, the canonical one the warm start learned."""
+    from agentrl.envs.tooluse.solver import data_program, first_reply
+
+    for seed in SEEDS:
+        task = generate_task(seed, "data")
+        hint = hint_for(task, [Attempt(answer="3")], data_form="shown")
+        assert hint.endswith(f"Reply with {first_reply(task, 'shown')}")
+        assert _planned_call(hint)["tool_args"] == {"code": data_program(task, "shown")}
+        assert "C=[" in hint and "d['" in hint
+        assert hint_for(task, [Attempt(answer="3")]).endswith(
+            f"Reply with {first_reply(task, 'canonical')}"
+        )
+        truth = str(task.answer)
+        if len(truth) >= 3 and truth not in task.question:
+            assert truth not in hint

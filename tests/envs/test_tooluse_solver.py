@@ -145,3 +145,65 @@ def test_long_tool_output_is_cut_to_head_and_tail() -> None:
 )
 def test_answer_is_read_off_the_tool_output(result: str, answer: str) -> None:
     assert answer_from(result) == answer
+
+
+def _lines(question: str) -> list[str]:
+    """The question's table lines, cells joined by ',' (a CSV line as it is, a markdown
+    row's cells stripped), the markdown rule left out."""
+    out = []
+    for line in question.splitlines():
+        if line.startswith("|") and not set(line) <= set("|-"):
+            out.append(",".join(c.strip() for c in line.strip().strip("|").split("|")))
+        elif line.count(",") == 2 and " " not in line:
+            out.append(line)
+    return out
+
+
+@pytest.mark.parametrize("pool", ["train", "unseen"])
+def test_the_shown_data_program_copies_the_table_in_the_order_shown(pool: str) -> None:
+    """`data_program(task, "shown")` (issue 52, s33): the header and every cell as the
+    question shows them, in its order, so writing the program is a copy, not the canonical
+    form's reordering of every row (the light warm start never wrote a right canonical
+    table at temperature 1). A CSV or markdown table's lines, cell for cell, are the
+    program's header and rows."""
+    import ast
+
+    from agentrl.envs.tooluse.tasks import generate_task
+
+    checked = 0
+    for seed in range(80):
+        task = generate_task(seed, "data", pool)
+        lines = _lines(task.question)
+        if not lines:  # rows as sentences: the canonical order is the order shown
+            continue
+        head, rows = solver.data_program(task, "shown").split("\n")[:2]
+        assert head.startswith("C=[") and rows.startswith("R=[")
+        header = list(ast.literal_eval(head[2:]))
+        assert header == list(task.spec["columns"])
+        # each cell as printed ("0.80", not 0.8): the literal's text holds it verbatim
+        written = [",".join(c.strip("'") for c in r.split(",")) for r in _tuples(rows)]
+        assert [",".join(header), *written] == lines, task.question
+        checked += 1
+    assert checked >= 15
+    canonical = solver.data_program(generate_task(13, "data"), "canonical")
+    assert canonical.startswith("R=[") and "C=[" not in canonical
+    task = generate_task(13, "data")  # the warm start's form stays the default
+    assert solver.first_reply(task) == solver.first_reply(task, "canonical")
+
+
+def _tuples(literal: str) -> list[str]:
+    """'[(a,b),(c,d)]' -> ['a,b', 'c,d'] (the literal's text, cells as written)."""
+    return re.findall(r"\(([^()]*)\)", literal)
+
+
+@pytest.mark.parametrize("pool", ["train", "unseen"])
+def test_shown_data_programs_succeed_and_fit_the_token_cap(pool: str, tokenizer) -> None:
+    env = ToolUseEnv(family="data", max_steps=4, pool=pool)
+    for seed in range(10):
+        ep = solve_episode(env, seed, "shown")
+        assert ep.success, (seed, ep.turns[0].reply)
+        assert "C=[" in ep.turns[0].reply
+        n = len(tokenizer(ep.turns[0].reply, add_special_tokens=False)["input_ids"])
+        assert n + 1 <= REPLY_TOKEN_CAP
+    with pytest.raises(ValueError, match="data program form"):
+        solver.data_program(env.task, "sorted")  # type: ignore[arg-type]

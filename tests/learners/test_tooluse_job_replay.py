@@ -191,6 +191,22 @@ def test_the_warm_starts_verified_episodes_join_the_replay_first(tokenizer: Any)
     assert data and '"tool_name": "response"' in tokenizer.decode(data[-1].action_ids)
 
 
+def test_the_warm_starts_data_episodes_are_written_in_the_form_asked(tokenizer: Any) -> None:
+    """`data_program="shown"` (issue 52, s33): the replay's scripted data episodes hold the
+    table as the question shows it, read by column name; unset, the canonical form."""
+    forms = {}
+    for form in (None, "shown"):
+        settings = JobReplaySettings(warm_tasks_per_family=2, data_program=form)
+        job = replay_of_records(tokenizer, [], settings)
+        calls = [
+            tokenizer.decode(items[0].action_ids) for items in job.replay.held("data") if items
+        ]
+        assert len(calls) == 2
+        forms[form] = calls
+    assert all("C=[" in c and "D=[dict(zip(C,r))" in c for c in forms["shown"])
+    assert all("C=[" not in c and "R=[(" in c for c in forms[None])
+
+
 def test_the_replay_leaves_out_families_the_policy_already_solves(tokenizer: Any) -> None:
     """`success_bar`: a family whose verified success among the job's trajectories is at
     or above it is not replayed (its successes come from the RL steps themselves), the warm

@@ -183,6 +183,12 @@ class LoopConfig(BaseModel):
     `JobHints.balance_openings`; on the job harness the balanced replay kept every family's
     first tool, and in the loop one generation gained 17 and lost 2 of 210 held-out tasks,
     2026-12-01). On in the tool-use profile."""
+    data_program: Literal["canonical", "shown"] | None = None
+    """Tool use: how the jobs' hints and replayed scripted episodes write a data program.
+
+    "shown": the table's header and cells in the order the question shows them, read by
+    column name (`solver.DATA_PROGRAMS`); None: the solver's default, the canonical column
+    order the warm start learned. Not measured yet (issue 52, s33)."""
 
     @classmethod
     def tooluse(cls, quick: bool = False, **kw: Any) -> LoopConfig:

@@ -244,6 +244,7 @@ def job_hints(cfg: Any) -> dict[str, Any] | None:
         "max_tasks": int(getattr(cfg, "hint_tasks", 8)),
         "samples": int(getattr(cfg, "hint_samples", 4)),
         "balance_openings": bool(getattr(cfg, "balance_openings", False)),
+        "data_program": getattr(cfg, "data_program", None),
     }
 
 
@@ -272,6 +273,8 @@ def job_replay(cfg: Any) -> dict[str, Any] | None:
         out.update(warm_tasks_per_family=warm, max_steps=max(2, cfg.max_steps))
     if getattr(cfg, "balance_openings", False):  # as many calculator openings as code_exe
         out["balance_openings"] = True
+    if getattr(cfg, "data_program", None):  # the scripted data programs' form
+        out["data_program"] = cfg.data_program
     return out
 
 

@@ -33,6 +33,12 @@ variant's time.
 
     python -m agentrl.bench.tooluse_job ... --stage rl --variant job   # the RL update only
     python -m agentrl.bench.tooluse_job ... --stage hints              # hinted resamples only
+    python -m agentrl.bench.tooluse_job ... --stage after --variant X  # beside the one that
+                                                                       # plays the held-out before
+
+A variant with `data_program` (`solver.DATA_PROGRAMS`) writes the data programs of its hints'
+calls and its replay's scripted episodes in that form (its hinted resamples saved apart, in
+`hinted-<form>.jsonl`).
 """
 
 from __future__ import annotations
@@ -114,6 +120,25 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "checked": True,
         "relabel": True,
         "balance_openings": True,
+    },
+    # the hint items (sft) and the replay balanced per opening tool, the data programs of the
+    # hints' calls and the replay's scripted episodes in the solver's "shown" form (the header
+    # and cells in the question's order, read by column name: `solver.data_program`), and
+    # its control in the canonical form the warm start learned (issue 52, s33)
+    "replay-sft-balanced": {
+        "hints": "sft",
+        "rl": False,
+        "replay": True,
+        "checked": True,
+        "balance_openings": True,
+    },
+    "replay-sft-balanced-shown": {
+        "hints": "sft",
+        "rl": False,
+        "replay": True,
+        "checked": True,
+        "balance_openings": True,
+        "data_program": "shown",
     },
 }
 
@@ -431,7 +456,7 @@ def job_update(trainer: Any, units: list[Any], epochs: int, seed: int) -> list[d
     return history
 
 
-def hint_settings(settings: Settings, mode: str) -> Any:
+def hint_settings(settings: Settings, mode: str, data_program: str | None = None) -> Any:
     """The job's hint settings as the loop sends them (`loop_tooluse.job_hints`), with the
     harness's number of hinted tasks and resamples."""
     from agentrl.app.loop_config import LoopConfig
@@ -445,6 +470,7 @@ def hint_settings(settings: Settings, mode: str) -> Any:
         samples=settings.hint_samples,
         max_steps=settings.max_steps,
         max_new_tokens=settings.max_new_tokens,
+        data_program=data_program,
     )
     if settings.hint_temperature is not None:
         d["temperature"] = settings.hint_temperature
@@ -509,16 +535,21 @@ def _extra_plays(trainer: Any, settings: Settings, families: Sequence[str]) -> l
 
 
 def hinted_resamples(
-    trainer: Any, settings: Settings, records: list[Any], completions: dict[str, Any]
+    trainer: Any,
+    settings: Settings,
+    records: list[Any],
+    completions: dict[str, Any],
+    data_program: str | None = None,
 ) -> list[Any]:
     """The start's hinted resamples of the failed logged tasks, sampled once (the job's
-    `hint_step`, importance mode) and saved; every hint variant reuses them. A failed task
-    the saved resamples lack (its family's extra plays added since) is hinted and saved
-    beside them; the saved ones are not played again."""
+    `hint_step`, importance mode) and saved; every hint variant of the same `data_program`
+    reuses them. A failed task the saved resamples lack (its family's extra plays added
+    since) is hinted and saved beside them; the saved ones are not played again."""
     from agentrl.learners.tooluse_job import failed_groups, hint_step, pick_tasks, task_key
 
-    path = Path(settings.out) / "hinted.jsonl"
-    hs = hint_settings(settings, "importance")
+    name = "hinted.jsonl" if data_program in (None, "canonical") else f"hinted-{data_program}.jsonl"
+    path = Path(settings.out) / name
+    hs = hint_settings(settings, "importance", data_program)
     saved = load_episodes(path) if path.exists() else []
     have = {(ep.family, ep.seed) for ep in saved}
     wanted = pick_tasks(failed_groups(records), hs.max_tasks)
@@ -658,7 +689,10 @@ def run(
     t0 = time.perf_counter()
     trainer = job_trainer(settings.start, 5e-4, settings.seed)
     say(f"loaded {settings.start} ({time.perf_counter() - t0:.0f}s, load {os.getloadavg()})")
-    episodes = _logged_episodes(trainer, settings, out / "episodes.jsonl", say)
+    if stage == "after":  # the other process samples them first
+        episodes = wait_for_episodes(out / "episodes.jsonl", say)
+    else:
+        episodes = _logged_episodes(trainer, settings, out / "episodes.jsonl", say)
     say(_line("logged (temperature 1)", summary(episodes)))
     book, key = response_format_hash(trainer.policy.tokenizer)
     if stage == "hints":  # (no held-out: another process may play it meanwhile)
@@ -672,9 +706,11 @@ def run(
         say(_line(f"hinted resamples ({time.perf_counter() - t:.0f}s)", summary(resampled)))
         say(f"process CPU {time.process_time():.0f}s, load {os.getloadavg()}")
         return []
-    before = _heldout_before(trainer, settings, out / "heldout_before.jsonl", say)
-    s_before = summary(before)
-    say(_line("before", s_before))
+    before_path = out / "heldout_before.jsonl"
+    before: list[Any] = []
+    if stage != "after":  # "after": another process plays it; waited for at the record
+        before = _heldout_before(trainer, settings, before_path, say)
+        say(_line("before", summary(before)))
     results = []
     for name in variants:
         v = _variant_settings(name)
@@ -688,15 +724,19 @@ def run(
         if stage == "rl":
             say(f"{name}: RL update saved to {out / rl_key(v)} ({update.rl_s:.0f}s)")
             continue
-        kl = heldout_kl(trainer, old_state, before)
         t = time.perf_counter()
         after = play(trainer, settings, heldout_tasks(settings.heldout_per_family), 0.0)
         save_episodes(out / f"heldout_{name}.jsonl", after)
+        eval_s = time.perf_counter() - t
         s_after = summary(after)
         say(_line(f"after {name}", s_after))
+        if not before:
+            before = wait_for_episodes(before_path, say)
+        s_before = summary(before)
+        kl = heldout_kl(trainer, old_state, before)
         rec = _variant_record(name, v, update, kl, s_before, s_after)
         rec |= {
-            "eval_s": round(time.perf_counter() - t, 1),
+            "eval_s": round(eval_s, 1),
             "process_cpu_s": round(time.process_time(), 1),
             "heldout_tasks": len(after),
             "failures_before": failure_table(before),
@@ -712,6 +752,15 @@ def run(
             fh.write(json.dumps(rec) + "\n")
         results.append(rec)
     return results
+
+
+def wait_for_episodes(path: Path, say: Any, poll_s: float = 10.0) -> list[Any]:
+    """The episodes another process saves at `path` (whole: `save_atomically`), once there."""
+    if not path.exists():
+        say(f"waiting for {path}")
+    while not path.exists():
+        time.sleep(poll_s)
+    return load_episodes(path)
 
 
 def _logged_episodes(trainer: Any, settings: Settings, path: Path, say: Any) -> list[Any]:
@@ -795,6 +844,7 @@ def _update(
             settings.seed,
             bool(v.get("retries")),
             bool(v.get("balance_openings")),
+            v.get("data_program"),
         )
         if v.get("replay")
         else None
@@ -851,17 +901,24 @@ def job_replay(
     seed: int,
     retries: bool = False,
     balance_openings: bool = False,
+    data_program: str | None = None,
 ) -> Any:
     """The job's replay of the logged episodes' verified hint-free successes and the warm
     start's scripted episodes (`REPLAY`), with `retries` the retries after their failed
     attempts' tool errors too, with `balance_openings` each pass balanced per tool of the
-    opening turn, as a job builds it (`replay_of_records`)."""
+    opening turn, the scripted data programs in `data_program`'s form, as a job builds it
+    (`replay_of_records`)."""
     from agentrl.learners.tooluse_job_replay import JobReplaySettings, replay_of_records
 
     return replay_of_records(
         trainer.policy.tokenizer,
         records,
-        JobReplaySettings(**REPLAY, retries=retries, balance_openings=balance_openings),
+        JobReplaySettings(
+            **REPLAY,
+            retries=retries,
+            balance_openings=balance_openings,
+            data_program=data_program,
+        ),
         completions,
         seed,
         max_length=trainer.config.max_length,
@@ -961,7 +1018,7 @@ def _hint_step(
     -> (the step, its settings, the records it hinted)."""
     from agentrl.learners.tooluse_job import hint_step
 
-    hs = hint_settings(settings, v["hints"])
+    hs = hint_settings(settings, v["hints"], v.get("data_program"))
     hs.epochs = int(v.get("hint_epochs", hs.epochs))
     hs.relabel_thoughts = bool(v.get("relabel", False))
     hs.balance_openings = bool(v.get("balance_openings", False))
@@ -977,7 +1034,7 @@ def _hint_step(
         h_recs, h_comps = records_of(more, key, v["partial_credit"])
     hinted: list[Any] | None = None
     if v["hints"] != "distill":
-        hinted = hinted_resamples(trainer, settings, h_recs, h_comps)
+        hinted = hinted_resamples(trainer, settings, h_recs, h_comps, v.get("data_program"))
     step = hint_step(
         trainer,
         h_recs,
@@ -1083,10 +1140,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--hint-extra-group", type=int, default=2, help="hint-free plays per extra task")
     p.add_argument(
         "--stage",
-        choices=("all", "rl", "hints"),
+        choices=("all", "rl", "hints", "after"),
         default="all",
         help="rl: the variants' RL updates only (saved); hints: the hinted resamples only "
-        "(no held-out)",
+        "(no held-out); after: the variants' updates and held-out after, the held-out before "
+        "waited for (another process plays it)",
     )
     return p
 

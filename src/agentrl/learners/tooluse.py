@@ -351,13 +351,16 @@ def resolve_device(name: str) -> str:
     return name
 
 
-def solved_episodes(max_steps: int, tasks: Sequence[tuple[str, int]]) -> list[Any]:
-    """The solver's episodes on `tasks`, only those the environment scored as solved."""
+def solved_episodes(
+    max_steps: int, tasks: Sequence[tuple[str, int]], data_form: str | None = None
+) -> list[Any]:
+    """The solver's episodes on `tasks` (data programs in `data_form`,
+    `solver.data_program`), only those the environment scored as solved."""
     from agentrl.envs.tooluse import ToolUseEnv
     from agentrl.envs.tooluse.solver import solve_episode
 
     envs = {f: ToolUseEnv(family=f, max_steps=max_steps) for f in FAMILIES}
-    episodes = [solve_episode(envs[family], seed) for family, seed in tasks]
+    episodes = [solve_episode(envs[family], seed, data_form) for family, seed in tasks]
     return [ep for ep in episodes if ep.success]
 
 

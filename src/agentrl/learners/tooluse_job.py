@@ -110,6 +110,13 @@ class JobHints(BaseModel):
         "arithmetic's 11 calculator ones, sent arithmetic to code_exe (2026-12-01)",
     )
 
+    data_program: Literal["canonical", "shown"] | None = Field(
+        None,
+        description="how a hint's call writes a data program (`solver.DATA_PROGRAMS`): "
+        "'shown' copies the table's header and cells in the order the question shows them; "
+        "None: the solver's default (the canonical column order the warm start learned)",
+    )
+
     @model_validator(mode="after")
     def _relabel_needs_sft(self) -> JobHints:
         if self.relabel_thoughts and self.mode != "sft":
@@ -394,6 +401,7 @@ def hint_step(
             reveal_answer=s.reveal_answer,
             correction=correction,
             plan=s.plan,
+            data_form=s.data_program,
         )
     step.counts["hinted_tasks"] = len(step.hints)
     families = {k: tasks[k].family for k in keys}

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -88,6 +88,13 @@ class JobReplaySettings(BaseModel):
         "pass opening more than twice as many episodes with code_exe (data's and numbers') "
         "as with the calculator sent arithmetic to code_exe (2026-12-01); off: the family "
         "draw alone",
+    )
+
+    data_program: Literal["canonical", "shown"] | None = Field(
+        None,
+        description="how the scripted episodes (the warm start's, a retry's call) write a data "
+        "program (`solver.DATA_PROGRAMS`); None: the solver's default, the canonical column "
+        "order the warm start learned",
     )
 
     @property
@@ -249,7 +256,7 @@ def _add_retry(
     if record.hint:
         skip("retry_corrected")
         return
-    items, why = retry_items(tokenizer, record.trajectory, s.max_steps)
+    items, why = retry_items(tokenizer, record.trajectory, s.max_steps, s.data_program)
     if not items:
         if why:
             skip(why)
@@ -261,7 +268,7 @@ def _add_retry(
 
 
 def retry_items(
-    tokenizer: Any, trajectory: dict[str, Any], max_steps: int
+    tokenizer: Any, trajectory: dict[str, Any], max_steps: int, data_form: str | None = None
 ) -> tuple[list[TokenItem], str | None]:
     """A retry after the first tool error of a failed, hint-free tool-use attempt, as NLL
     items: the prompt is the attempt's own turns up to the error's message as logged
@@ -295,7 +302,7 @@ def retry_items(
         _, _, done, _ = env.step(reply_text(turn))
         if done:
             return [], "retry_no_steps_left"
-    call = first_reply(task)
+    call = first_reply(task, data_form)
     result, _, done, called = env.step(call)
     if done:  # out of steps after the call: no turn left to answer in
         return [], "retry_no_steps_left"
@@ -349,7 +356,8 @@ def add_warm_start(
     n = settings.warm_tasks_per_family
     tasks = [(f, s) for f in FAMILIES for s in seeds_by_kind(f, n, WARM_SEED_BASE)]
     added = 0
-    for ep in solved_episodes(settings.max_steps, [t for t in tasks if t[0] not in leave_out]):
+    todo = [t for t in tasks if t[0] not in leave_out]
+    for ep in solved_episodes(settings.max_steps, todo, settings.data_program):
         items = solved_items(tokenizer, ep)
         if max_length is not None:
             items = [_fit(it, max_length) for it in items if len(it.action_ids) < max_length]

@@ -98,7 +98,7 @@ def what_the_task_needs(task: ToolTask) -> str:
     return f"{need}; use code_exe with a short program that prints it"
 
 
-def call_shape(task: ToolTask) -> str:
+def call_shape(task: ToolTask, data_form: str | None = None) -> str:
     """The first call to make, as the exact reply the model writes (thought first: the
     light warm start picks its tool from its thought, and with only the call's JSON in the
     hint it ran the right program in the calculator): the scripted solver's first reply,
@@ -111,11 +111,11 @@ def call_shape(task: ToolTask) -> str:
 
     Numbers too: its program in plain text made the light warm start call the calculator
     (0 of 7 failed training tasks solved), the reply's JSON 2 of 7 (docs/bench/2026-11.md,
-    "Hints", s29)."""
+    "Hints", s29). A data program in `data_form` (`solver.data_program`)."""
     from agentrl.envs.tooluse.solver import first_reply
 
     try:
-        call = first_reply(task)
+        call = first_reply(task, data_form)
     except (ValueError, KeyError):
         return ""
     return f"Reply with {call}"
@@ -128,19 +128,21 @@ def hint_for(
     reveal_answer: bool = False,
     correction: str | None = None,
     plan: bool = True,
+    data_form: str | None = None,
 ) -> str:
     """The hint for a task whose samples all failed. A user's `correction` (free text sent
     with feedback) takes the place of what the environment says the task needs, since in
     production a user's words are all there is; the checker's verdict stays beside it.
     `plan` (the default) adds the shape of the first call (`call_shape`); without it the
     hint says the quantity and the tool in words only (measured apart: bench
-    tooluse_hints, levels "checker" and "plan")."""
+    tooluse_hints, levels "checker" and "plan"); a data task's call writes its program in
+    `data_form` (`solver.data_program`)."""
     parts = []
     if attempts:
         parts.append(f"Earlier attempts failed: {what_was_wrong(task, attempts)}.")
     if correction and correction.strip():
         parts.append(f"A user's correction: {correction.strip()}")
-    elif plan and (shape := call_shape(task)):  # the quantity, then the call's shape
+    elif plan and (shape := call_shape(task, data_form)):  # the quantity, then the call's shape
         parts.append(f"The task needs {quantity(task)}. {shape}")
     else:
         parts.append(f"The task needs {what_the_task_needs(task)}.")

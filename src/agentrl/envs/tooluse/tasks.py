@@ -11,8 +11,8 @@ worded several ways (`phrasings.TRAIN`); "unseen" asks with wordings, table layo
 question kinds the training generator never produces (`phrasings.UNSEEN`), the held-out
 pool that tells learning the tools from learning the templates. A task carries its
 `kind`, its template id (`phrasing`) and a `spec`: what the question says in structured
-form (the expression, the table's rows, the numbers), never its answer, from which the
-scripted solver writes its program.
+form (the expression, the table's rows and the order its columns are shown in, the
+numbers), never its answer, from which the scripted solver writes its program.
 """
 
 from __future__ import annotations
@@ -166,7 +166,11 @@ def _cell(column: str, value: Any) -> str:
     return str(value)
 
 
-def _render_table(rng: random.Random, table: str, rows: list[tuple[Any, ...]], pool: str) -> str:
+def _render_table(
+    rng: random.Random, table: str, rows: list[tuple[Any, ...]], pool: str
+) -> tuple[str, tuple[str, ...]]:
+    """(the table as the question shows it, its columns in the order shown: a CSV or
+    markdown table's header order, the canonical order for row sentences)."""
     cols = _COLUMNS[table]
     layouts = ["csv", "markdown", "prose"] if pool == "train" else ["csv", "markdown"]
     if pool == "unseen":
@@ -178,7 +182,7 @@ def _render_table(rng: random.Random, table: str, rows: list[tuple[Any, ...]], p
     if layout in ("prose", "record", "log"):
         rows_t = {"prose": ph.TRAIN_PROSE_ROWS, "record": ph.UNSEEN_RECORD_ROWS,
                   "log": ph.UNSEEN_LOG_ROWS}[layout][table]  # fmt: skip
-        return "\n".join(rows_t.format(**c) for c in cells)
+        return "\n".join(rows_t.format(**c) for c in cells), tuple(cols)
     order = list(cols)
     rng.shuffle(order)
     if layout == "csv":
@@ -189,7 +193,7 @@ def _render_table(rng: random.Random, table: str, rows: list[tuple[Any, ...]], p
         text = head + "\n" + "\n".join("| " + " | ".join(c[k] for k in order) + " |"
                                        for c in cells)  # fmt: skip
     intro = rng.choice(ph.TRAIN_TABLE_INTROS) if pool == "train" else ""
-    return f"{intro}\n{text}" if intro else text
+    return (f"{intro}\n{text}" if intro else text), tuple(order)
 
 
 def _data_answer(kind: str, rows: list[tuple[Any, ...]], threshold: int) -> tuple[Any, float]:
@@ -231,10 +235,10 @@ def _data(rng: random.Random, task_id: str, pool: str) -> ToolTask:
     answer, tol = _data_answer(kind, rows, threshold)
     k = rng.randrange(len(wordings[kind]))
     question = wordings[kind][k].format(threshold=threshold)
-    shown = _render_table(rng, table, rows, pool)
+    shown, columns = _render_table(rng, table, rows, pool)
     text = f"{question}\n\n{shown}" if rng.random() < 0.6 else f"{shown}\n\n{question}"
     names = tuple(str(r[0]) for r in rows) if isinstance(answer, str) else ()
-    spec = {"table": table, "rows": rows, "threshold": threshold}
+    spec = {"table": table, "rows": rows, "threshold": threshold, "columns": columns}
     return ToolTask(task_id, "data", text, answer, tolerance=max(tol, 1e-6), candidates=names,
                     kind=kind, pool=pool, phrasing=f"{pool}/data/q/{kind}/{k}",
                     spec=spec)  # fmt: skip
