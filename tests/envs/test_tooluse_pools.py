@@ -5,6 +5,7 @@ by construction (the template sets) and by sampling (thousands of generated ques
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -129,3 +130,21 @@ def test_the_unseen_pool_is_solvable_in_the_environment(family: str) -> None:
     with ThreadPoolExecutor(2) as pool:
         results = [ok for part in pool.map(run, [seeds[0::2], seeds[1::2]]) for ok in part]
     assert all(results)
+
+
+def test_word_problems_never_ask_for_a_negative_count() -> None:
+    """A warehouse cannot send out more crates than it holds: every training word problem's
+    answer and the part it subtracts are counts (s33 found "had 594 crates and sent out 879"),
+    and its recorded expression still evaluates to its answer. Plain expressions may stay
+    negative."""
+    seeds = [*range(2000), *range(HELDOUT_OFFSET, HELDOUT_OFFSET + 2000)]
+    words = [t for s in seeds if "/word/" in (t := generate_task(s, "arithmetic")).phrasing]
+    assert len(words) > 800
+    for task in words:
+        assert task.answer >= 0, task.question
+        assert eval(task.spec["expression"], {"__builtins__": {}}) == task.answer
+        if task.kind == "sub_mul_add":  # the crates sent out are at most the crates held
+            held, sent = (int(n) for n in re.findall(r"\d+", task.question)[:2])
+            assert sent <= held, task.question
+    plain = [generate_task(s, "arithmetic") for s in range(2000)]
+    assert any(t.answer < 0 for t in plain if "/plain/" in t.phrasing)

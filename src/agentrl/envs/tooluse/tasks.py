@@ -64,18 +64,15 @@ def generate_task(seed: int, family: str = "mixed", pool: str = "train") -> Tool
 def _arithmetic(rng: random.Random, task_id: str, pool: str) -> ToolTask:
     a, b, c, d = (rng.randint(12, 999) for _ in range(4))
     m = c // 10 + 2
-    shapes = [
-        (f"({a} - {b}) * {c} + {d}", (a - b) * c + d),
-        (f"{a} * {b} - {c} * {d}", a * b - c * d),
-        (f"({a} + {b}) * ({c} - {d})", (a + b) * (c - d)),
-        (f"{a} * {b} * {m} - {d}", a * b * m - d),
-    ]
-    shape = rng.randrange(len(shapes))
-    expr, value = shapes[shape]
+    shape = rng.randrange(len(ph.ARITHMETIC_SHAPES))
     kind = ph.ARITHMETIC_SHAPES[shape]
+    expr, value = _arithmetic_shape(kind, a, b, c, d, m)
     spec = {"expression": expr}
     if pool == "train":
         if rng.random() < 0.3:
+            a, b, c, d = _countable(kind, a, b, c, d, m)
+            expr, value = _arithmetic_shape(kind, a, b, c, d, m)
+            spec = {"expression": expr}
             text = ph.TRAIN_ARITHMETIC_WORD[kind].format(a=a, b=b, c=c, d=d, m=m)
             phrasing = f"train/arithmetic/word/{kind}/0"
         else:
@@ -94,6 +91,33 @@ def _arithmetic(rng: random.Random, task_id: str, pool: str) -> ToolTask:
     return ToolTask(task_id, "arithmetic", text, answer, tolerance=tol, kind=kind,
                     pool="unseen", phrasing=f"unseen/arithmetic/kind/{kind}/0",
                     spec={"expression": expr})  # fmt: skip
+
+
+def _arithmetic_shape(kind: str, a: int, b: int, c: int, d: int, m: int) -> tuple[str, int]:
+    """The calculator expression of one arithmetic shape and its value."""
+    return {
+        "sub_mul_add": (f"({a} - {b}) * {c} + {d}", (a - b) * c + d),
+        "mul_sub_mul": (f"{a} * {b} - {c} * {d}", a * b - c * d),
+        "add_mul_sub": (f"({a} + {b}) * ({c} - {d})", (a + b) * (c - d)),
+        "mul_mul_sub": (f"{a} * {b} * {m} - {d}", a * b * m - d),
+    }[kind]
+
+
+def _countable(kind: str, a: int, b: int, c: int, d: int, m: int) -> tuple[int, int, int, int]:
+    """The numbers of a word problem reordered so that no count it asks for is negative.
+
+    A warehouse cannot send out more crates than it has, nor a printer spoil more pages than
+    it prints: the plain expression may go below zero, the story may not.
+    """
+    if kind == "sub_mul_add" and a < b:
+        return b, a, c, d
+    if kind == "mul_sub_mul" and a * b < c * d:
+        return c, d, a, b
+    if kind == "add_mul_sub" and c < d:
+        return a, b, d, c
+    if kind == "mul_mul_sub" and a * b * m < d:
+        return a, b, c, d % (a * b * m)
+    return a, b, c, d
 
 
 def _unseen_arithmetic(
