@@ -261,6 +261,13 @@ async def test_always_failing_version_is_rolled_back(harness: Harness) -> None:
     check = next(c for c in decision.evidence["checks"] if c["metric"] == "error_rate")
     assert check["verdict"] == "fail" and check["new"]["n"] >= 10 and check["diff_lower"] > 0.05
     assert stats.first_error_at is not None and rollback_at - stats.first_error_at < 45
+
+    async def routed_off() -> bool:
+        return not h.d.state.weights.get(v)
+
+    # the gateway follows the registry's split on its next sync (every 0.05 s here): the
+    # registry said rolled_back while the gateway still routed 2 of 30 to it (a CI run)
+    await h.wait_for(routed_off, 5.0)
     served = await h.traffic(30, prefix="after")
     assert served == {f"{h.public}-base": 30}  # traffic is back on the live version
     assert (await h.events())[-1]["metadata"]["action"] == "rollback"
