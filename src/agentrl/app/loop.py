@@ -176,6 +176,7 @@ def prepare(run: Run, log_file: str | None) -> Any:
         from agentrl.app import loop_tooluse
 
         loop_tooluse.write_reward_config(run.data_dir, run.cfg.partial_credit)
+        run.say(loop_tooluse.data_program_line(run.cfg))
     os.environ.update(loop_environment(run.cfg))
     return Settings(
         data_dir=run.data_dir,

@@ -188,7 +188,9 @@ class LoopConfig(BaseModel):
 
     "shown": the table's header and cells in the order the question shows them, read by
     column name (`solver.DATA_PROGRAMS`); None: the solver's default, the canonical column
-    order the warm start learned. Not measured yet (issue 52, s33)."""
+    order. Unset with `init_checkpoint`, the tool-use profile takes the form the warm start
+    recorded (`agentrl learn --set data_program=shown`); given, it wins. Not measured yet
+    (issue 52, s33)."""
 
     @classmethod
     def tooluse(cls, quick: bool = False, **kw: Any) -> LoopConfig:
@@ -260,6 +262,11 @@ class LoopConfig(BaseModel):
                 finish_in_flight=False,
                 task_repeats=1,
             )
+        if kw.get("init_checkpoint") and "data_program" not in kw:
+            # the form the warm start learned, where it recorded one (`agentrl learn`)
+            from agentrl.app.loop_tooluse import start_data_program
+
+            base["data_program"] = start_data_program(kw["init_checkpoint"])
         base.update(kw)
         return cls(**base)
 

@@ -278,6 +278,40 @@ def job_replay(cfg: Any) -> dict[str, Any] | None:
     return out
 
 
+def start_data_program(checkpoint: str | Path | None) -> str | None:
+    """The form of the data programs a warm start learned (`solver.DATA_PROGRAMS`), as
+    `agentrl learn` records it in the checkpoint's metrics.json (`ToolUseLearner.save`);
+    None where it is not recorded (a checkpoint from before s34 learned the canonical form,
+    a loop job's) or the checkpoint is not a local folder."""
+    from agentrl.envs.tooluse.solver import DATA_PROGRAMS
+
+    if not checkpoint:
+        return None
+    path = Path(checkpoint) / "metrics.json"
+    try:
+        form = json.loads(path.read_text()).get("data_program")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return form if form in DATA_PROGRAMS else None
+
+
+def data_program_line(cfg: Any) -> str:
+    """The config print's line on the data programs' form: the jobs' hints and replay write
+    them so, and whether the warm start learned that form."""
+    from agentrl.envs.tooluse.solver import DATA_PROGRAM
+
+    form = getattr(cfg, "data_program", None) or DATA_PROGRAM
+    start = start_data_program(getattr(cfg, "init_checkpoint", None))
+    line = f"data programs: the jobs' hints and replay write the {form} form"
+    if not getattr(cfg, "init_checkpoint", None):
+        return line
+    if start is None:
+        return line + " (the warm start does not record its form: canonical before s34)"
+    if start == form:
+        return line + f" (the warm start's, {Path(str(cfg.init_checkpoint)) / 'metrics.json'})"
+    return line + f" (set here; the warm start learned the {start} form)"
+
+
 def policy_kwargs(cfg: Any, session: str | None) -> dict[str, Any]:
     """What the agents' OpenAI policy sends besides the messages."""
     body: dict[str, Any] = {"response_format": response_format()} if cfg.structured else {}

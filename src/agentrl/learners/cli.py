@@ -124,12 +124,20 @@ def _learn(cfg: LearnOptions) -> None:
 
         tooluse: dict[str, Any] = {"model": cfg.model, "seed": cfg.seed, "out_dir": cfg.out}
         tooluse.update(iterations=cfg.iterations, rl_time_budget_s=cfg.time_budget_s)
+        tooluse["data_program"] = cfg.data_program  # None: the config's
         if cfg.heldout_seeds:
             tooluse["heldout_per_family"] = -(-cfg.heldout_seeds // 3)
         log_in(ToolUseConfig.from_file(cfg.config, **tooluse).out_dir)
         run_main(cfg.config, tooluse, console)
         return
-    overrides = {**cfg.model_dump(exclude={"config", "out"}), "out_dir": cfg.out}
+    if cfg.data_program is not None:
+        typer.echo(
+            f"error: data_program is a tool-use setting; {cfg.config} is not a tool-use "
+            "config (configs/tooluse-*.yaml)",
+            err=True,
+        )
+        raise typer.Exit(2)
+    overrides = {**cfg.model_dump(exclude={"config", "out", "data_program"}), "out_dir": cfg.out}
     from agentrl.learners.valid_action import ValidActionConfig
 
     log_in(ValidActionConfig.from_file(cfg.config, **overrides).out_dir)

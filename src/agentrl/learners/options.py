@@ -5,6 +5,7 @@ the commands draw their options from these models' fields and docstrings
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -118,3 +119,9 @@ class LearnOptions(_Options):
     """Override the config's seed."""
     out: str | None = None
     """Override: output folder (adapter, PNG, JSON)."""
+    data_program: Literal["canonical", "shown"] | None = None
+    """Tool use: how the scripted data programs hold the table.
+
+    canonical or shown (`solver.DATA_PROGRAMS`): the warm start's demonstrations, the hints'
+    plan and the replayed warm-start episodes; unset: the config's (canonical). Recorded in
+    the checkpoints' metrics.json and result.json; a tool-use config only."""

@@ -90,6 +90,13 @@ class ToolUseConfig(BaseModel):
     warm_fast: bool = Field(
         True, description="one sequence per episode, frozen layers once (tooluse_warm)"
     )
+    data_program: Literal["canonical", "shown"] | None = Field(
+        None,
+        description="how every scripted data program of the run holds the table (the warm "
+        "start's demonstrations, the hints' plan, the replayed warm-start episodes): "
+        "`solver.DATA_PROGRAMS`; None: canonical. Saved with the checkpoints (metrics.json), "
+        "so a loop started from one writes its hints and replay in the form it learned",
+    )
     # RL
     rl_method: Literal["rejection", "grpo", "none"] = "rejection"
     iterations: int = Field(4, ge=0)
@@ -308,17 +315,29 @@ class ToolUseLearner:
             return play(self.model, self.tokenizer, tasks, settings, **kwargs)
 
     def save(self, name: str, metrics: dict[str, Any]) -> str:
+        """A checkpoint `name`; its metrics.json also says the form its scripted data
+        programs were written in (`data_program`: what `loop_tooluse.start_data_program`
+        reads when a loop starts from it)."""
         from agentrl.llm.checkpoint import CheckpointManager
 
+        form = data_form(self.config)
         ckpt = CheckpointManager(
             self.trainer.config.storage_path,
             run_info={
                 "name": f"agentrl tool-use policy ({name})",
                 "data": "scripted solutions and RL episodes of training seeds "
-                f"(< {HELDOUT_OFFSET}) of the tool-use tasks, Agent Zero JSON",
+                f"(< {HELDOUT_OFFSET}) of the tool-use tasks, Agent Zero JSON; data "
+                f"programs in the {form} form",
             },
         )
-        return ckpt.save(self.trainer, metrics, name=name)
+        return ckpt.save(self.trainer, {**metrics, "data_program": form}, name=name)
+
+
+def data_form(config: ToolUseConfig) -> str:
+    """The form of the run's scripted data programs, by name (None is the solver's default)."""
+    from agentrl.envs.tooluse.solver import DATA_PROGRAM
+
+    return config.data_program or DATA_PROGRAM
 
 
 def lora_settings(config: ToolUseConfig, layers: int) -> Any:
@@ -364,15 +383,23 @@ def solved_episodes(
     return [ep for ep in episodes if ep.success]
 
 
+def warm_episodes(config: ToolUseConfig) -> list[Any]:
+    """The warm start's scripted episodes (`warm_tasks`), data programs in the config's
+    form: what it trains on, and what joins the replay (`replay_warm`)."""
+    return solved_episodes(config.max_steps, config.warm_tasks(), config.data_program)
+
+
 def demonstrations(learner: ToolUseLearner, tasks: Sequence[tuple[str, int]]) -> list[Any]:
     """The solver's replies on `tasks` as training samples (exact chat-template prompts),
-    only from episodes the environment scored as solved."""
+    only from episodes the environment scored as solved; data programs in the config's
+    form."""
     from agentrl.envs.tooluse.agent_prompt import messages_for
     from agentrl.llm.samples import PolicySample, encode_action, render_prompt
 
     tok = learner.tokenizer
     samples = []
-    for ep in solved_episodes(learner.config.max_steps, tasks):
+    cfg = learner.config
+    for ep in solved_episodes(cfg.max_steps, tasks, cfg.data_program):
         for i, turn in enumerate(ep.turns):
             prompt = render_prompt(tok, messages_for(ep.task.question, ep.turns[:i]))
             samples.append(
@@ -519,9 +546,7 @@ def hint_round(
 ) -> dict[str, Any]:
     """Hints for the tasks none of whose samples succeeded, and what to train from them:
     {"items", "hinted_tasks", "hinted_successes", "hinted_samples", "corrections_used"}."""
-    from agentrl.envs.tooluse.hints import hint_for
-    from agentrl.envs.tooluse.tasks import generate_task
-    from agentrl.learners.tooluse_hints import attempts_of, distill_items, importance_items
+    from agentrl.learners.tooluse_hints import distill_items, importance_items
 
     cfg = learner.config
     out: dict[str, Any] = {"items": [], "hinted_tasks": 0, "hinted_successes": 0,
@@ -538,9 +563,7 @@ def hint_round(
             continue
         correction = learner.corrections.get(key)
         out["corrections_used"] += int(correction is not None)
-        hints[key] = hint_for(generate_task(key[1], key[0]), attempts_of(eps),
-                              reveal_answer=cfg.hint_reveals_answer,
-                              correction=correction, plan=cfg.hint_plan)  # fmt: skip
+        hints[key] = task_hint(cfg, key, eps, correction)
     out["hinted_tasks"] = len(hints)
     if not hints:
         return out
@@ -555,6 +578,23 @@ def hint_round(
     out["hinted_successes"] = sum(ep.success for ep in again)
     out["items"] = importance_items(again)
     return out
+
+
+def task_hint(
+    cfg: ToolUseConfig,
+    key: tuple[str, int],
+    episodes: Sequence[EpisodeRecord],
+    correction: str | None = None,
+) -> str:
+    """The hint of task `key` (family, seed) whose `episodes` all failed, as the config asks:
+    the plan's call with a data program in the config's form (`data_program`)."""
+    from agentrl.envs.tooluse.hints import hint_for
+    from agentrl.envs.tooluse.tasks import generate_task
+    from agentrl.learners.tooluse_hints import attempts_of
+
+    return hint_for(generate_task(key[1], key[0]), attempts_of(episodes),
+                    reveal_answer=cfg.hint_reveals_answer, correction=correction,
+                    plan=cfg.hint_plan, data_form=cfg.data_program)  # fmt: skip
 
 
 def run_tooluse(
@@ -616,7 +656,7 @@ def run_tooluse(
         if config.warm_fast:
             from agentrl.learners.tooluse_warm import fast_warm_start
 
-            episodes = solved_episodes(config.max_steps, config.warm_tasks())
+            episodes = warm_episodes(config)
             losses, extra = fast_warm_start(learner, episodes, say, _load)
             res.timings.update(extra)
             n_demos = sum(len(ep.turns) for ep in episodes)
@@ -644,7 +684,7 @@ def run_tooluse(
     if config.replay_warm and config.replay_steps and config.warm_tasks_per_family:
         # the warm start's verified episodes (the same seeds it trained on) join the replay
         n = 0
-        for ep in solved_episodes(config.max_steps, config.warm_tasks()):
+        for ep in warm_episodes(config):
             learner.replay.add(ep.task.family, solved_items(learner.tokenizer, ep), "warm start")
             n += 1
         say(f"replay: {n} verified warm-start episodes")
@@ -698,6 +738,7 @@ def final_record(config: ToolUseConfig, res: ToolUseResult) -> dict[str, Any]:
         "hints": config.hints,
         "hint_reveals_answer": config.hint_reveals_answer,
         "hint_plan": config.hint_plan,
+        "data_program": data_form(config),
         "replay_steps": config.replay_steps,
         "unseen_tasks": fig("unseen_trained", field="episodes"),
         "rl_cut_by_token_cap": sum(r.get("cut_by_token_cap", 0) for r in res.curve),
@@ -753,7 +794,8 @@ def run_main(config_path: Path, overrides: dict[str, Any], console: Any) -> dict
     )
     console.print(
         f"[bold]tool-use learning[/]: {config.model}, Agent Zero JSON, structured outputs "
-        f"{'on' if config.structured else 'off'}, {warm}, {rl}; load {_load()}"
+        f"{'on' if config.structured else 'off'}, {warm}, {rl}, data programs in the "
+        f"{data_form(config)} form; load {_load()}"
     )
     res, record = run_tooluse(config, say=lambda m: console.print(m))
     table = Table(
